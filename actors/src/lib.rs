@@ -1,1 +1,3 @@
+//! The actix layer of dedupe: the actors that drive the domain core, and the command line.
 
+pub mod cli;

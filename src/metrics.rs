@@ -1,0 +1,151 @@
+//! Every metric the service exports: name, help text and labels, declared once.
+//!
+//! The Grafana dashboard (`deploy/grafana/`) and the alert rules (`deploy/prometheus/`) use these
+//! names; a test checks that every name they use is listed in [`ALL`], so change them together.
+
+use metrics::Unit;
+
+/// Label: the input partition a series is about.
+pub const LABEL_PARTITION: &str = "partition";
+
+// The worker.
+pub const RECORDS_IN: &str = "dedupe_records_in_total";
+pub const RECORDS_OUT: &str = "dedupe_records_out_total";
+pub const DUPLICATES_DROPPED: &str = "dedupe_duplicates_dropped_total";
+pub const UNKEYED: &str = "dedupe_unkeyed_records_total";
+pub const BATCH_RECORDS: &str = "dedupe_batch_records";
+pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
+pub const END_TO_END_SECONDS: &str = "dedupe_end_to_end_seconds";
+pub const DUPLICATE_AGE_SECONDS: &str = "dedupe_duplicate_age_seconds";
+pub const WINDOW_SECONDS: &str = "dedupe_window_seconds";
+pub const WINDOW_FORECAST_SECONDS: &str = "dedupe_window_forecast_seconds";
+pub const CONSUMER_LAG: &str = "dedupe_consumer_lag_records";
+pub const RECOVERY_REPLAYED: &str = "dedupe_recovery_replayed_records_total";
+pub const RECOVERY_SECONDS: &str = "dedupe_recovery_duration_seconds";
+pub const TRANSACTIONS: &str = "dedupe_transactions_total";
+pub const PARTITIONS_READY: &str = "dedupe_partitions_ready";
+pub const PARTITIONS_OWNED: &str = "dedupe_partitions_owned";
+pub const ERRORS: &str = "dedupe_errors_total";
+
+// The ledger.
+pub const LEDGER_BYTES: &str = "dedupe_ledger_bytes";
+pub const LEDGER_IDS: &str = "dedupe_ledger_ids";
+pub const LEDGER_GENERATIONS: &str = "dedupe_ledger_generations";
+pub const LEDGER_FILTER_BYTES: &str = "dedupe_ledger_filter_bytes";
+pub const LEDGER_BUDGET_BYTES: &str = "dedupe_ledger_budget_bytes";
+
+// Snapshots.
+pub const SNAPSHOT_LAST_SUCCESS: &str = "dedupe_snapshot_last_success_timestamp_seconds";
+pub const SNAPSHOT_FAILURES: &str = "dedupe_snapshot_failures_total";
+
+// The HTTP tracking API.
+pub const INGEST_REQUESTS: &str = "dedupe_ingest_requests_total";
+pub const INGEST_EVENTS: &str = "dedupe_ingest_events_total";
+pub const INGEST_REJECTED: &str = "dedupe_ingest_rejected_total";
+pub const INGEST_REQUEST_SECONDS: &str = "dedupe_ingest_request_seconds";
+
+/// Kind of a metric, as Prometheus renders it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One exported metric.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Option<Unit>,
+    pub labels: &'static [&'static str],
+    pub help: &'static str,
+}
+
+const fn m(name: &'static str, kind: Kind, unit: Option<Unit>, labels: &'static [&'static str], help: &'static str) -> Metric {
+    Metric { name, kind, unit, labels, help }
+}
+
+use Kind::{Counter, Gauge, Histogram};
+const P: &[&str] = &[LABEL_PARTITION];
+
+/// Every metric, with its help text and labels.
+pub const ALL: &[Metric] = &[
+    m(RECORDS_IN, Counter, None, P, "Input records read."),
+    m(RECORDS_OUT, Counter, None, P, "Records published to the output topic in committed transactions."),
+    m(DUPLICATES_DROPPED, Counter, None, P, "Records dropped because their id was already in the ledger."),
+    m(UNKEYED, Counter, None, &[LABEL_PARTITION, "reason", "policy"], "Records without a usable id, by reason (missing, empty, too_long, unreadable) and the policy applied (forward, drop, dead-letter)."),
+    m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
+    m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &["stage"], "Time spent per batch in each stage: lookup, publish, commit, record."),
+    m(END_TO_END_SECONDS, Histogram, Some(Unit::Seconds), P, "Time from an input record's append to its output transaction's commit."),
+    m(DUPLICATE_AGE_SECONDS, Histogram, Some(Unit::Seconds), &[], "Time between an id's first sighting and a duplicate of it: how large a window is really needed."),
+    m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
+    m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
+    m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
+    m(RECOVERY_REPLAYED, Counter, None, P, "Output records replayed into the ledger during recovery."),
+    m(RECOVERY_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the last recovery of the partition took."),
+    m(TRANSACTIONS, Counter, None, &["outcome"], "Output transactions by outcome: committed, aborted, fenced."),
+    m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
+    m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
+    m(ERRORS, Counter, None, &["kind"], "Errors by kind (kafka, ledger, config, fatal)."),
+    m(LEDGER_BYTES, Gauge, Some(Unit::Bytes), &[], "Bytes of SST files the ledger holds on disk."),
+    m(LEDGER_IDS, Gauge, None, &[], "Ids the ledger holds (an estimate)."),
+    m(LEDGER_GENERATIONS, Gauge, None, &[], "Generations (column families) the ledger holds."),
+    m(LEDGER_FILTER_BYTES, Gauge, Some(Unit::Bytes), &[], "Memory used by the ledger's filters."),
+    m(LEDGER_BUDGET_BYTES, Gauge, Some(Unit::Bytes), &[], "The ledger's configured disk budget."),
+    m(SNAPSHOT_LAST_SUCCESS, Gauge, Some(Unit::Seconds), &[], "Unix time of the last successful ledger snapshot."),
+    m(SNAPSHOT_FAILURES, Counter, None, &["stage"], "Failed snapshots, by stage (checkpoint, hook, prune)."),
+    m(INGEST_REQUESTS, Counter, None, &["endpoint", "status"], "HTTP requests to the tracking API by endpoint and status code."),
+    m(INGEST_EVENTS, Counter, None, &["type"], "Events accepted and acknowledged by Kafka, by type."),
+    m(INGEST_REJECTED, Counter, None, &["reason"], "Requests rejected, by reason."),
+    m(INGEST_REQUEST_SECONDS, Histogram, Some(Unit::Seconds), &["endpoint"], "Tracking API request latency, until Kafka acknowledged every event."),
+];
+
+/// Histogram buckets, so Prometheus gets real `_bucket` series (heatmaps, histogram_quantile).
+pub fn buckets(name: &str) -> &'static [f64] {
+    match name {
+        DUPLICATE_AGE_SECONDS => &[
+            1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3.0 * 3600.0, 6.0 * 3600.0, 12.0 * 3600.0, 86400.0,
+            2.0 * 86400.0, 4.0 * 86400.0, 7.0 * 86400.0,
+        ],
+        BATCH_RECORDS => &[1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 4096.0, 10000.0],
+        _ => &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+    }
+}
+
+/// Registers help texts and units with the installed recorder.
+pub fn describe() {
+    for metric in ALL {
+        match metric.kind {
+            Kind::Counter => match metric.unit {
+                Some(u) => metrics::describe_counter!(metric.name, u, metric.help),
+                None => metrics::describe_counter!(metric.name, metric.help),
+            },
+            Kind::Gauge => match metric.unit {
+                Some(u) => metrics::describe_gauge!(metric.name, u, metric.help),
+                None => metrics::describe_gauge!(metric.name, metric.help),
+            },
+            Kind::Histogram => match metric.unit {
+                Some(u) => metrics::describe_histogram!(metric.name, u, metric.help),
+                None => metrics::describe_histogram!(metric.name, metric.help),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_prometheus_shaped() {
+        let mut seen = std::collections::HashSet::new();
+        for metric in ALL {
+            assert!(seen.insert(metric.name), "{} declared twice", metric.name);
+            assert!(metric.name.starts_with("dedupe_"), "{}", metric.name);
+            assert!(metric.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+            assert_eq!(metric.kind == Kind::Counter, metric.name.ends_with("_total"), "{}", metric.name);
+            assert!(metric.help.ends_with('.'));
+        }
+    }
+}
