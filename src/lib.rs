@@ -4,3 +4,7 @@
 pub mod config;
 pub mod kafka;
 pub mod metrics;
+pub mod message_id;
+pub mod output;
+pub mod progress;
+pub mod recovery;

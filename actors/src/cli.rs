@@ -21,6 +21,90 @@ pub enum Command {
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Run the dedupe worker: read the input topic, publish each message id once to the output.
+    Run(RunArgs),
+    /// Read the input and output topics fully (read_committed) and check that every input id is
+    /// in the output exactly once. Prints a JSON summary; exits 1 on any duplicate or missing id.
+    Verify(VerifyArgs),
+    /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do.
+    Loadgen(LoadgenArgs),
+    /// Benchmarks that print their figures (the last line is JSON).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// The worker against a pass-through copy (same consumer, producer and transactions, no
+    /// ledger) on the real broker, in one run: throughput on a backlog, then latency.
+    Pipeline(PipelineBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PipelineBenchArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Messages in the backlog.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub messages: u64,
+    /// The share of messages that re-send an earlier id.
+    #[arg(long, default_value_t = 0.01)]
+    pub dup_ratio: f64,
+    /// Approximate value size.
+    #[arg(long, default_value_t = 300)]
+    pub value_bytes: usize,
+    /// Where the bench's ledgers go (default: a temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print only the final JSON line on stdout (progress still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Start even if the ledger is ahead of the output topic (trust the ledger; see README).
+    #[arg(long)]
+    pub accept_ledger_ahead: bool,
+    /// Bench baseline only: copy every record with the same consumer, producer and transaction
+    /// settings, without the ledger (no deduplication).
+    #[arg(long, hide = true)]
+    pub passthrough: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Give up if either topic cannot be read to its end within this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct LoadgenArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The topic to produce to.
+    #[arg(long)]
+    pub topic: String,
+    /// How many records to produce.
+    #[arg(long)]
+    pub count: u64,
+    /// The share of records that re-send an earlier id.
+    #[arg(long, default_value_t = 0.01)]
+    pub dup_ratio: f64,
+    /// Re-send ids at least this old (when there are any).
+    #[arg(long, default_value_t = 0)]
+    pub dup_delay_ms: u64,
+    /// Approximate size of each record's value.
+    #[arg(long, default_value_t = 300)]
+    pub value_bytes: usize,
+    /// Produce at most this many records per second (default: as fast as the broker takes them).
+    #[arg(long)]
+    pub rate: Option<f64>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -119,9 +119,18 @@ pub struct Record {
     pub timestamp: Option<i64>,
 }
 
+/// A record to produce: key, value, headers.
+pub type Outgoing = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>);
+
 /// Produces `(key, value)` records (idempotent, acks=all) and waits for every acknowledgement.
 /// Returns (partition, offset) of each.
 pub fn produce(topic: &str, records: &[(Option<Vec<u8>>, Option<Vec<u8>>)]) -> Vec<(i32, i64)> {
+    let full: Vec<Outgoing> = records.iter().map(|(k, v)| (k.clone(), v.clone(), Vec::new())).collect();
+    produce_full(topic, &full)
+}
+
+/// Produces records with headers, in order, and waits for every acknowledgement.
+pub fn produce_full(topic: &str, records: &[Outgoing]) -> Vec<(i32, i64)> {
     let producer: FutureProducer = client_config()
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -131,13 +140,20 @@ pub fn produce(topic: &str, records: &[(Option<Vec<u8>>, Option<Vec<u8>>)]) -> V
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let mut pending = Vec::with_capacity(records.len());
-        for (k, v) in records {
+        for (k, v, hs) in records {
             let mut r: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
             if let Some(k) = k {
                 r = r.key(k.as_slice());
             }
             if let Some(v) = v {
                 r = r.payload(v.as_slice());
+            }
+            if !hs.is_empty() {
+                let mut h = rdkafka::message::OwnedHeaders::new();
+                for (name, value) in hs {
+                    h = h.insert(rdkafka::message::Header { key: name, value: Some(value.as_slice()) });
+                }
+                r = r.headers(h);
             }
             pending.push(producer.send_result(r).map_err(|(e, _)| e).expect("enqueue"));
         }
@@ -214,3 +230,222 @@ pub fn try_consume_all(topic: &str, read_committed: bool, timeout: Duration) -> 
 pub fn is_unknown_topic(e: &KafkaError) -> bool {
     matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic))
 }
+
+/// The `dedupe` binary built by this test run (`target/<profile>/dedupe`).
+pub fn dedupe_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test>-<hash> → target/<profile>/dedupe
+    let bin = exe.parent().and_then(|d| d.parent()).expect("target dir").join("dedupe");
+    assert!(bin.exists(), "{} is missing: run the tests with `cargo test --workspace` so the binary is built", bin.display());
+    bin
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A `dedupe run` child process with its own ledger directory and metrics port.
+pub struct Worker {
+    pub child: std::process::Child,
+    pub metrics_port: u16,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+/// How to start a worker.
+#[derive(Clone)]
+pub struct WorkerSpec {
+    pub input: String,
+    pub output: String,
+    pub data_dir: PathBuf,
+    pub partitions: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub extra_args: Vec<String>,
+}
+
+impl WorkerSpec {
+    pub fn new(input: &str, output: &str, data_dir: &std::path::Path) -> Self {
+        Self {
+            input: input.into(),
+            output: output.into(),
+            data_dir: data_dir.to_path_buf(),
+            partitions: None,
+            env: vec![
+                ("DEDUPE_WORKER_BATCH_MAX_RECORDS".into(), "500".into()),
+                ("DEDUPE_WORKER_BATCH_LINGER_MS".into(), "5".into()),
+                ("DEDUPE_LEDGER_BUDGET_BYTES".into(), "256MiB".into()),
+                ("DEDUPE_LEDGER_WRITE_BUFFER_BYTES".into(), "8MiB".into()),
+                ("DEDUPE_WORKER_GROUP_ID".into(), format!("dedupe-test-{}", uuid::Uuid::new_v4().simple())),
+            ],
+            extra_args: Vec::new(),
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.retain(|(key, _)| key != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Starts `dedupe run`; its stderr goes to a log file in the data directory's parent.
+    pub fn start(&self) -> Worker {
+        let metrics_port = free_port();
+        let log = self.data_dir.with_extension(format!("log-{}", uuid::Uuid::new_v4().simple()));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(dedupe_bin());
+        cmd.arg("run")
+            .arg("--brokers")
+            .arg(brokers())
+            .arg("--input-topic")
+            .arg(&self.input)
+            .arg("--output-topic")
+            .arg(&self.output)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{metrics_port}"))
+            .args(&self.extra_args)
+            .stdout(std::process::Stdio::null())
+            .stderr(log_file);
+        if let Some(p) = &self.partitions {
+            cmd.arg("--partitions").arg(p);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn dedupe run");
+        Worker { child, metrics_port, data_dir: self.data_dir.clone(), log }
+    }
+}
+
+impl Worker {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The metrics page, if the worker serves it yet.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.metrics_port, "/metrics").map(|(_, body)| body)
+    }
+
+    /// Waits until /readyz answers 200 (every owned partition recovered).
+    pub fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((200, _)) = http_get(self.metrics_port, "/readyz") {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the worker exited with {status} before it was ready:\n{}", self.log_text());
+            }
+            assert!(Instant::now() < deadline, "the worker was not ready within {timeout:?}:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.wait(timeout)
+    }
+
+    /// SIGKILL: the crash case.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                panic!("the worker did not exit within {timeout:?}:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A minimal HTTP GET against 127.0.0.1:port; (status, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The value of a metric line (`name{labels} value`) whose name and label text match.
+pub fn metric_value(page: &str, name: &str, label_contains: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| l.contains(label_contains))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
+}
+
+/// Reads `topic` (read_committed) until it holds `expected` records, then checks for a moment
+/// that no more arrive.
+pub fn wait_for_records(topic: &str, expected: usize, timeout: Duration) -> Vec<Record> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = consume_all(topic, true);
+        if got.len() >= expected {
+            std::thread::sleep(Duration::from_millis(1500));
+            let again = consume_all(topic, true);
+            return again;
+        }
+        assert!(Instant::now() < deadline, "{topic} holds {} records, expected {expected}, after {timeout:?}", got.len());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Runs `dedupe verify` over the two topics; returns (exit code, JSON summary).
+pub fn verify(input: &str, output: &str) -> (i32, serde_json::Value) {
+    let out = Command::new(dedupe_bin())
+        .args(["verify", "--brokers", &brokers(), "--input-topic", input, "--output-topic", output])
+        .output()
+        .expect("dedupe verify");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!("verify printed no JSON: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
+    });
+    (out.status.code().unwrap_or(-1), json)
+}
+
+
+/// `n` fresh UUIDv4 message ids.
+pub fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|_| uuid::Uuid::new_v4().to_string()).collect()
+}
+
+/// Records keyed by these ids, with a small JSON value and a header.
+pub fn keyed(ids: &[&String]) -> Vec<Outgoing> {
+    ids.iter()
+        .map(|id| {
+            let value = format!(r#"{{"messageId":"{id}","n":1}}"#).into_bytes();
+            (Some(id.as_bytes().to_vec()), Some(value), vec![("trace".to_string(), id.as_bytes()[..8].to_vec())])
+        })
+        .collect()
+}
+

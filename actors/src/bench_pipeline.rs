@@ -1,0 +1,223 @@
+//! `dedupe bench pipeline`: the worker against a pass-through copy with the same consumer,
+//! producer and transaction settings and no ledger, on the real broker, in one run.
+//!
+//! For each mode it (1) measures throughput on a preloaded backlog: the input holds N messages
+//! before the worker starts, and the clock runs from readiness until every output transaction is
+//! committed; then (2) measures latency at a steady rate below both throughputs: input append
+//! time to output append time, both stamped by the broker (the bench's topics use
+//! `message.timestamp.type=LogAppendTime`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use dedupe::config::Config;
+use rdkafka::message::Message;
+use serde::Serialize;
+
+const PARTITIONS: i32 = 4;
+
+/// What one mode measured.
+#[derive(Debug, Serialize)]
+pub struct ModeResult {
+    pub mode: &'static str,
+    pub messages: u64,
+    pub output_records: u64,
+    pub seconds: f64,
+    pub msgs_per_sec: f64,
+    pub latency_messages: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// The bench's last line.
+#[derive(Debug, Serialize)]
+pub struct PipelineBench {
+    pub messages: u64,
+    pub dup_ratio: f64,
+    pub partitions: i32,
+    pub dedupe_msgs_per_sec: f64,
+    pub passthrough_msgs_per_sec: f64,
+    pub ratio: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub passthrough_p50_ms: f64,
+    pub passthrough_p99_ms: f64,
+}
+
+pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, work_dir: &Path) -> anyhow::Result<PipelineBench> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let input = format!("bench-in-{id}");
+    let out_pass = format!("bench-out-pass-{id}");
+    let out_dedupe = format!("bench-out-dedupe-{id}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    for topic in [&input, &out_pass, &out_dedupe] {
+        rt.block_on(dedupe::kafka::create_topic(
+            &config.kafka,
+            topic,
+            PARTITIONS,
+            1,
+            &[("message.timestamp.type", "LogAppendTime")],
+        ))
+        .with_context(|| format!("creating {topic}"))?;
+    }
+    eprintln!("bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}", dup_ratio * 100.0);
+    let load = crate::tools::loadgen(config, &input, messages, dup_ratio, Duration::ZERO, value_bytes, None, true)?;
+    eprintln!("bench: produced at {:.0} msgs/s", load.records_per_sec);
+
+    let pass = run_mode(config, "passthrough", &input, &out_pass, messages, messages, value_bytes, work_dir)?;
+    eprintln!("bench: {}", serde_json::to_string(&pass)?);
+    let dedupe = run_mode(config, "dedupe", &input, &out_dedupe, messages, load.distinct_ids, value_bytes, work_dir)?;
+    eprintln!("bench: {}", serde_json::to_string(&dedupe)?);
+
+    let rt_cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            dedupe::kafka::client_config(&config.kafka).create()?;
+        admin.delete_topics(&[&input, &out_pass, &out_dedupe], &rdkafka::admin::AdminOptions::new()).await?;
+        Ok(())
+    });
+    if let Err(e) = rt_cleanup {
+        eprintln!("bench: could not delete the bench topics: {e}");
+    }
+    Ok(PipelineBench {
+        messages,
+        dup_ratio,
+        partitions: PARTITIONS,
+        dedupe_msgs_per_sec: dedupe.msgs_per_sec,
+        passthrough_msgs_per_sec: pass.msgs_per_sec,
+        ratio: dedupe.msgs_per_sec / pass.msgs_per_sec,
+        p50_ms: dedupe.p50_ms,
+        p99_ms: dedupe.p99_ms,
+        passthrough_p50_ms: pass.p50_ms,
+        passthrough_p99_ms: pass.p99_ms,
+    })
+}
+
+struct Child2(Child);
+impl Drop for Child2 {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_mode(
+    config: &Config,
+    mode: &'static str,
+    input: &str,
+    output: &str,
+    messages: u64,
+    expected_out: u64,
+    value_bytes: usize,
+    work_dir: &Path,
+) -> anyhow::Result<ModeResult> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let data_dir = work_dir.join(format!("ledger-{mode}-{}", uuid::Uuid::new_v4().simple()));
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["run", "--brokers", &config.kafka.brokers, "--input-topic", input, "--output-topic", output])
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("DEDUPE_WORKER_GROUP_ID", format!("bench-{mode}-{}", uuid::Uuid::new_v4().simple()))
+        .env("DEDUPE_LOG_LEVEL", "warn")
+        .stdout(Stdio::null());
+    if mode == "passthrough" {
+        cmd.arg("--passthrough");
+    }
+    let child = Child2(cmd.spawn().context("starting the worker")?);
+    let started = Instant::now();
+    while http_get(port, "/readyz").map(|(s, _)| s) != Some(200) {
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("the {mode} worker was not ready within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Throughput on the backlog.
+    let t0 = Instant::now();
+    let out_counter = || -> f64 {
+        http_get(port, "/metrics")
+            .map(|(_, body)| sum_metric(&body, dedupe::metrics::RECORDS_OUT))
+            .unwrap_or(0.0)
+    };
+    let in_counter = || -> f64 {
+        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, dedupe::metrics::RECORDS_IN)).unwrap_or(0.0)
+    };
+    let count_in = if mode == "passthrough" { out_counter } else { in_counter };
+    loop {
+        if count_in() >= messages as f64 && out_counter() >= expected_out as f64 {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(1800) {
+            bail!("the {mode} worker did not finish the backlog within 30 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let msgs_per_sec = messages as f64 / seconds;
+
+    // Latency at a steady rate: half the measured throughput, capped, for about ten seconds.
+    let rate = (msgs_per_sec * 0.5).min(20_000.0);
+    let latency_messages = (rate * 10.0) as u64;
+    let in_start = dedupe::kafka::high_watermarks(&config.kafka, input)?;
+    let out_start = dedupe::kafka::high_watermarks(&config.kafka, output)?;
+    let before_out = out_counter();
+    let load = crate::tools::loadgen(config, input, latency_messages, 0.0, Duration::ZERO, value_bytes, Some(rate), false)?;
+    let t1 = Instant::now();
+    while out_counter() < before_out + load.distinct_ids as f64 {
+        if t1.elapsed() > Duration::from_secs(300) {
+            bail!("the {mode} worker did not publish the latency phase within 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(child);
+
+    let mut appended: HashMap<Vec<u8>, i64> = HashMap::new();
+    dedupe::kafka::read_from(&config.kafka, input, true, &in_start, Duration::from_secs(300), &mut |m| {
+        if let (Some(k), Some(ts)) = (m.key(), m.timestamp().to_millis()) {
+            appended.entry(k.to_vec()).or_insert(ts);
+        }
+    })?;
+    let mut latencies = Vec::new();
+    dedupe::kafka::read_from(&config.kafka, output, true, &out_start, Duration::from_secs(300), &mut |m| {
+        if let (Some(k), Some(ts)) = (m.key(), m.timestamp().to_millis()) {
+            if let Some(t_in) = appended.get(k) {
+                latencies.push((ts - t_in) as f64);
+            }
+        }
+    })?;
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let pct = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
+    let _ = std::fs::remove_dir_all(&data_dir);
+    Ok(ModeResult {
+        mode,
+        messages,
+        output_records: expected_out,
+        seconds,
+        msgs_per_sec,
+        latency_messages: latencies.len() as u64,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    })
+}
+
+fn sum_metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}

@@ -1,0 +1,492 @@
+//! `Coordinator` supervises the worker: it checks the topics, recovers every owned partition from
+//! the output topic before any input is read, starts one `Publisher` and one `PartitionConsumer`
+//! per partition, exports the ledger's window, restarts the pipeline when a partition fails, and
+//! drives graceful shutdown. It keeps one guarantee above all: no input is processed for a
+//! partition until that partition's ledger has been repaired against the output.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use anyhow::{bail, Context as _};
+use dedupe::config::Config;
+use dedupe::metrics as m;
+use dedupe::output::OutputWriter;
+use dedupe::progress::Progress;
+use dedupe::recovery::{now_ms, recover_partition, RecoveryInput};
+use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use crate::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
+use crate::ledger::{AllProgress, Flush, LedgerActor, Record, Stats};
+use crate::producer::Publisher;
+
+/// Liveness and readiness, shared with the HTTP endpoints.
+#[derive(Default)]
+pub struct Health {
+    pub owned: AtomicUsize,
+    pub ready: AtomicUsize,
+    pub stopping: AtomicBool,
+}
+
+impl Health {
+    pub fn is_ready(&self) -> bool {
+        let owned = self.owned.load(Ordering::Relaxed);
+        owned > 0 && self.ready.load(Ordering::Relaxed) == owned && !self.stopping.load(Ordering::Relaxed)
+    }
+}
+
+/// Choices made on the command line rather than in the configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Start even when the ledger is ahead of the output topic, trusting the ledger.
+    pub accept_ledger_ahead: bool,
+    /// Bench baseline: copy every record without the ledger.
+    pub passthrough: bool,
+}
+
+/// Exit codes the worker ends with.
+pub mod exit {
+    pub const OK: i32 = 0;
+    pub const FAILED: i32 = 1;
+    /// Another worker took over a partition (this one was fenced).
+    pub const FENCED: i32 = 3;
+}
+
+type Input = StreamConsumer<DefaultConsumerContext>;
+
+/// One running generation of the pipeline: torn down whole when a partition fails.
+struct Running {
+    consumer: Arc<Input>,
+    stop: watch::Sender<bool>,
+    arbiters: Vec<Arbiter>,
+    poller: tokio::task::JoinHandle<()>,
+    live: usize,
+}
+
+pub struct Coordinator {
+    config: Arc<Config>,
+    partitions: Vec<i32>,
+    ledger: Addr<LedgerActor>,
+    health: Arc<Health>,
+    options: RunOptions,
+    running: Option<Running>,
+    restarts: Vec<Instant>,
+    shutting_down: bool,
+    last_ids: Option<(Instant, u64)>,
+    id_rate_per_sec: f64,
+}
+
+impl Coordinator {
+    pub fn new(
+        config: Arc<Config>,
+        partitions: Vec<i32>,
+        ledger: Addr<LedgerActor>,
+        health: Arc<Health>,
+        options: RunOptions,
+    ) -> Self {
+        health.owned.store(partitions.len(), Ordering::Relaxed);
+        metrics::gauge!(m::PARTITIONS_OWNED).set(partitions.len() as f64);
+        metrics::gauge!(m::LEDGER_BUDGET_BYTES).set(config.ledger.budget_bytes.0 as f64);
+        Self {
+            config,
+            partitions,
+            ledger,
+            health,
+            options,
+            running: None,
+            restarts: Vec::new(),
+            shutting_down: false,
+            last_ids: None,
+            id_rate_per_sec: 0.0,
+        }
+    }
+
+    fn start_pipeline(&mut self, ctx: &mut Context<Self>) {
+        let fut = start_pipeline(
+            self.config.clone(),
+            self.partitions.clone(),
+            self.ledger.clone(),
+            self.options,
+            ctx.address().recipient(),
+        );
+        ctx.wait(fut.into_actor(self).map(|result, act, _ctx| match result {
+            Ok(running) => {
+                act.health.ready.store(running.live, Ordering::Relaxed);
+                metrics::gauge!(m::PARTITIONS_READY).set(running.live as f64);
+                tracing::info!(partitions = %dedupe::config::PartitionSet(act.partitions.clone()), "Every owned partition is recovered; processing input.");
+                act.running = Some(running);
+            }
+            Err(e) => {
+                metrics::counter!(m::ERRORS, "kind" => "fatal").increment(1);
+                tracing::error!("Starting the pipeline failed: {e:#}");
+                eprintln!("error: {e:#}");
+                System::current().stop_with_code(exit::FAILED);
+            }
+        }));
+    }
+
+    fn teardown(&mut self) {
+        if let Some(running) = self.running.take() {
+            let _ = running.stop.send(true);
+            running.poller.abort();
+            for a in running.arbiters {
+                a.stop();
+            }
+            drop(running.consumer);
+        }
+        self.health.ready.store(0, Ordering::Relaxed);
+        metrics::gauge!(m::PARTITIONS_READY).set(0.0);
+    }
+
+    fn export_stats(&mut self, ctx: &mut Context<Self>) {
+        let partitions = self.partitions.clone();
+        let msg = Stats { partitions, now_ms: now_ms() };
+        let budget = self.config.ledger.budget_bytes.0 as f64;
+        ctx.spawn(self.ledger.send(msg).into_actor(self).map(move |res, act, _| {
+            let Ok(Ok(report)) = res else { return };
+            let s = &report.stats;
+            metrics::gauge!(m::LEDGER_BYTES).set(s.live_sst_bytes as f64);
+            metrics::gauge!(m::LEDGER_IDS).set(s.ids_estimate as f64);
+            metrics::gauge!(m::LEDGER_GENERATIONS).set(s.generations as f64);
+            metrics::gauge!(m::LEDGER_FILTER_BYTES).set(s.filter_bytes as f64);
+            let now = Instant::now();
+            if let Some((then, ids)) = act.last_ids {
+                let dt = now.duration_since(then).as_secs_f64();
+                if dt > 0.0 && s.ids_estimate >= ids {
+                    let rate = (s.ids_estimate - ids) as f64 / dt;
+                    act.id_rate_per_sec = if act.id_rate_per_sec == 0.0 { rate } else { 0.8 * act.id_rate_per_sec + 0.2 * rate };
+                }
+            }
+            act.last_ids = Some((now, s.ids_estimate));
+            let bytes_per_id = if s.ids_estimate > 0 { s.live_sst_bytes as f64 / s.ids_estimate as f64 } else { 0.0 };
+            for (p, window) in &report.windows {
+                let label = p.to_string();
+                // No id held: no window to report (the ledger never reports one it does not hold).
+                let Some(w) = window else { continue };
+                metrics::gauge!(m::WINDOW_SECONDS, m::LABEL_PARTITION => label.clone()).set(w.as_secs_f64());
+                // Capacity in ids divided by the current id rate; idle, scale the held window by
+                // how full the ledger is.
+                let forecast = if act.id_rate_per_sec > 1.0 && bytes_per_id > 0.0 {
+                    budget / bytes_per_id / act.id_rate_per_sec
+                } else if s.live_sst_bytes > 0 {
+                    w.as_secs_f64() * (budget / s.live_sst_bytes as f64).max(1.0)
+                } else {
+                    w.as_secs_f64()
+                };
+                metrics::gauge!(m::WINDOW_FORECAST_SECONDS, m::LABEL_PARTITION => label).set(forecast);
+            }
+        }));
+        if let Some(running) = &self.running {
+            let consumer = running.consumer.clone();
+            let topic = self.config.worker.input_topic.clone();
+            let partitions = self.partitions.clone();
+            actix_rt::task::spawn_blocking(move || export_lag(&consumer, &topic, &partitions));
+        }
+    }
+}
+
+fn export_lag(consumer: &Input, topic: &str, partitions: &[i32]) {
+    let Ok(positions) = consumer.position() else { return };
+    for &p in partitions {
+        let Some(Offset::Offset(pos)) = positions.find_partition(topic, p).map(|e| e.offset()) else { continue };
+        if let Ok((_, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
+            metrics::gauge!(m::CONSUMER_LAG, m::LABEL_PARTITION => p.to_string()).set((high - pos).max(0) as f64);
+        }
+    }
+}
+
+impl Actor for Coordinator {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.start_pipeline(ctx);
+        ctx.run_interval(Duration::from_secs(5), |act, ctx| act.export_stats(ctx));
+    }
+}
+
+impl Handler<PartitionStopped> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: PartitionStopped, ctx: &mut Self::Context) {
+        if let Some(r) = &mut self.running {
+            r.live = r.live.saturating_sub(1);
+            self.health.ready.store(r.live, Ordering::Relaxed);
+        }
+        match msg.result {
+            Ok(()) => {}
+            Err(e) if e.is_fenced() => {
+                metrics::counter!(m::ERRORS, "kind" => "fenced").increment(1);
+                tracing::error!(
+                    partition = msg.partition,
+                    "Another worker took over partition {}; this worker was fenced and stops: {e}",
+                    msg.partition
+                );
+                self.teardown();
+                System::current().stop_with_code(exit::FENCED);
+            }
+            Err(e) => {
+                metrics::counter!(m::ERRORS, "kind" => "pipeline").increment(1);
+                tracing::error!(partition = msg.partition, "A partition pipeline failed; restarting the pipeline from recovery: {e}");
+                self.teardown();
+                let now = Instant::now();
+                self.restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
+                self.restarts.push(now);
+                if self.restarts.len() > 5 {
+                    tracing::error!("The pipeline failed more than 5 times in 10 minutes; exiting so the orchestrator restarts the worker.");
+                    System::current().stop_with_code(exit::FAILED);
+                    return;
+                }
+                let backoff = Duration::from_secs(1 << self.restarts.len().min(5));
+                ctx.run_later(backoff, |act, ctx| {
+                    if !act.shutting_down {
+                        act.start_pipeline(ctx);
+                    }
+                });
+            }
+        }
+        if self.shutting_down && self.running.as_ref().is_none_or(|r| r.live == 0) {
+            ctx.notify(Finish);
+        }
+    }
+}
+
+/// Stop gracefully: finish the batch in flight, flush the ledger, exit 0.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Finish;
+
+impl Handler<Shutdown> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        self.health.stopping.store(true, Ordering::Relaxed);
+        tracing::info!("Shutting down: finishing the batches in flight.");
+        match &self.running {
+            Some(r) if r.live > 0 => {
+                let _ = r.stop.send(true);
+                let timeout = Duration::from_millis(self.config.worker.shutdown_timeout_ms);
+                ctx.run_later(timeout, |_, ctx| {
+                    tracing::warn!("Shutdown timed out; exiting with batches in flight (their transactions are aborted when the next worker starts).");
+                    ctx.notify(Finish);
+                });
+            }
+            _ => ctx.notify(Finish),
+        }
+    }
+}
+
+impl Handler<Finish> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, _: Finish, ctx: &mut Self::Context) {
+        self.teardown();
+        ctx.spawn(self.ledger.send(Flush).into_actor(self).map(|res, _, _| {
+            match res {
+                Ok(Ok(())) => {
+                    tracing::info!("The ledger is flushed; exiting.");
+                    System::current().stop_with_code(exit::OK)
+                }
+                Ok(Err(e)) => {
+                    tracing::error!("Flushing the ledger failed: {e}");
+                    System::current().stop_with_code(exit::FAILED)
+                }
+                Err(e) => {
+                    tracing::error!("The ledger actor is gone: {e}");
+                    System::current().stop_with_code(exit::FAILED)
+                }
+            }
+        }));
+    }
+}
+
+/// Recovers every partition (in parallel), then starts the publishers and consumers.
+async fn start_pipeline(
+    config: Arc<Config>,
+    partitions: Vec<i32>,
+    ledger: Addr<LedgerActor>,
+    options: RunOptions,
+    report_to: Recipient<PartitionStopped>,
+) -> anyhow::Result<Running> {
+    let accept_ledger_ahead = options.accept_ledger_ahead;
+    let w = &config.worker;
+    let consumer: Input = dedupe::kafka::client_config(&config.kafka)
+        .set("group.id", &w.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .set("queued.max.messages.kbytes", "32768")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .context("creating the input consumer")?;
+    let consumer = Arc::new(consumer);
+    let group = Arc::new(consumer.group_metadata().context("the input consumer has no group metadata")?);
+
+    // Where the consumer group stands: committed with the output transactions.
+    let committed = {
+        let consumer = consumer.clone();
+        let topic = w.input_topic.clone();
+        let parts = partitions.clone();
+        actix_rt::task::spawn_blocking(move || -> anyhow::Result<HashMap<i32, Option<i64>>> {
+            let mut tpl = TopicPartitionList::new();
+            for p in &parts {
+                tpl.add_partition(&topic, *p);
+            }
+            let got = consumer.committed_offsets(tpl, Duration::from_secs(30)).context("reading committed input offsets")?;
+            Ok(parts
+                .iter()
+                .map(|p| {
+                    let off = got.find_partition(&topic, *p).and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    });
+                    (*p, off)
+                })
+                .collect())
+        })
+        .await??
+    };
+
+    let progress = ledger.send(AllProgress).await?.context("reading the ledger's progress records")?;
+
+    // Recover every partition in parallel: fence older producers, replay the output tail.
+    let mut tasks = Vec::new();
+    for &p in &partitions {
+        let config = config.clone();
+        let ledger = ledger.clone();
+        let ledger_progress = match progress.get(&(p as u32)) {
+            Some(bytes) => Some(Progress::decode(bytes).with_context(|| format!("partition {p}'s progress record"))?),
+            None => None,
+        };
+        let committed_input = committed.get(&p).copied().flatten();
+        tasks.push(actix_rt::task::spawn_blocking(move || -> anyhow::Result<(i32, OutputWriter, dedupe::recovery::RecoveryReport)> {
+            let started = Instant::now();
+            let w = &config.worker;
+            let writer = OutputWriter::open(&config.kafka, &w.output_topic, p, w.dead_letter_topic.as_deref(), w.transaction_timeout_ms)
+                .with_context(|| format!("opening the output producer of partition {p}"))?;
+            let input = RecoveryInput {
+                kafka: &config.kafka,
+                output_topic: &w.output_topic,
+                partition: p,
+                id_source: &w.id_source,
+                ledger_progress,
+                committed_input,
+                accept_ledger_ahead,
+                timeout: Duration::from_secs(3600),
+            };
+            let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Progress| -> Result<(), String> {
+                fail::fail_point!("recovery-mid-replay", !items.is_empty(), |_| {
+                    eprintln!("failpoint recovery-mid-replay: exiting");
+                    std::process::exit(86)
+                });
+                futures::executor::block_on(ledger.send(Record { partition: p, items: items.to_vec(), progress }))
+                    .map_err(|e| e.to_string())?
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            };
+            let bar = indicatif::ProgressBar::hidden();
+            let mut on_progress = |done: u64, at: i64, end: i64| {
+                if bar.is_hidden() && end - at > 100_000 {
+                    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                    bar.set_style(indicatif::ProgressStyle::with_template("recovering partition {msg} {bar:40} {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+                    bar.set_message(p.to_string());
+                }
+                bar.set_length(end.max(0) as u64);
+                bar.set_position(at.max(0) as u64);
+                let _ = done;
+            };
+            let report = recover_partition(&input, &mut record, &mut on_progress)?;
+            bar.finish_and_clear();
+            let label = p.to_string();
+            metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.replayed_records);
+            metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label).set(started.elapsed().as_secs_f64());
+            tracing::info!(
+                partition = p,
+                replayed = report.replayed_records,
+                from = report.replayed_from,
+                to = report.replayed_to,
+                resume_input_at = report.resume_input_at,
+                seconds = started.elapsed().as_secs_f64(),
+                "Recovered the partition from the output topic."
+            );
+            Ok((p, writer, report))
+        }));
+    }
+    let mut recovered = Vec::new();
+    for t in tasks {
+        recovered.push(t.await??);
+    }
+
+    // Publishers, each on its own thread; then split queues and assign at the resume offsets.
+    let settings = Arc::new(PipelineSettings {
+        id_source: w.id_source.clone(),
+        unkeyed_policy: w.unkeyed_policy,
+        batch_max_records: w.batch_max_records,
+        batch_max_bytes: w.batch_max_bytes.0 as usize,
+        batch_linger: Duration::from_millis(w.batch_linger_ms),
+        passthrough: options.passthrough,
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tpl = TopicPartitionList::new();
+    let mut arbiters = Vec::new();
+    let mut starts = Vec::new();
+    for (p, writer, report) in recovered {
+        let queue = consumer
+            .split_partition_queue(&w.input_topic, p)
+            .with_context(|| format!("splitting the queue of input partition {p}"))?;
+        let offset = report.resume_input_at.map(Offset::Offset).unwrap_or(Offset::Beginning);
+        tpl.add_partition_offset(&w.input_topic, p, offset)?;
+        let arbiter = Arbiter::new();
+        let publisher = Publisher::new(writer, w.input_topic.clone(), p, group.clone());
+        let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
+        arbiters.push(arbiter);
+        starts.push((p, queue, publisher, report.progress));
+    }
+    consumer.assign(&tpl).context("assigning the input partitions")?;
+    let poller = {
+        let consumer = consumer.clone();
+        actix_rt::spawn(async move {
+            // Every owned partition is split off; the main queue only carries errors and events.
+            loop {
+                match consumer.recv().await {
+                    Ok(_) => tracing::warn!("A record arrived on the main queue of the input consumer; it is not processed here."),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "The input consumer reported an error.");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        })
+    };
+    let live = starts.len();
+    for (p, queue, publisher, progress) in starts {
+        PartitionConsumer {
+            partition: p,
+            queue: Some(queue),
+            ledger: ledger.clone(),
+            publisher,
+            settings: settings.clone(),
+            progress,
+            stop: stop_rx.clone(),
+            report_to: report_to.clone(),
+        }
+        .start();
+    }
+    if live == 0 {
+        bail!("no partition to process");
+    }
+    Ok(Running { consumer, stop: stop_tx, arbiters, poller, live })
+}

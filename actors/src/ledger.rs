@@ -1,0 +1,120 @@
+//! `LedgerActor` owns the worker's one RocksDB ledger. It runs on a `SyncArbiter`, so blocking
+//! RocksDB calls never run on the async executor; its mailbox is actix's crossbeam channel, and
+//! callers bound what is in flight (one batch per partition).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use dedupe::identity::LedgerKey;
+use dedupe::ledger::{Ledger, LedgerError, LedgerStats, Verdict};
+use dedupe::progress::Progress;
+
+pub struct LedgerActor {
+    ledger: Arc<Ledger>,
+}
+
+impl LedgerActor {
+    pub fn new(ledger: Arc<Ledger>) -> Self {
+        Self { ledger }
+    }
+}
+
+impl Actor for LedgerActor {
+    type Context = SyncContext<Self>;
+}
+
+/// Looks ids up without recording them: the first-seen time of each id held.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<Option<i64>>, LedgerError>")]
+pub struct Lookup {
+    pub keys: Vec<LedgerKey>,
+}
+
+impl Handler<Lookup> for LedgerActor {
+    type Result = Result<Vec<Option<i64>>, LedgerError>;
+    fn handle(&mut self, msg: Lookup, _: &mut Self::Context) -> Self::Result {
+        self.ledger.check(&msg.keys)
+    }
+}
+
+/// Records a batch's ids (key, first-seen ms) with the partition's progress, atomically.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<Verdict>, LedgerError>")]
+pub struct Record {
+    pub partition: i32,
+    pub items: Vec<(LedgerKey, i64)>,
+    pub progress: Progress,
+}
+
+impl Handler<Record> for LedgerActor {
+    type Result = Result<Vec<Verdict>, LedgerError>;
+    fn handle(&mut self, msg: Record, _: &mut Self::Context) -> Self::Result {
+        fail::fail_point!("ledger-before-record", |_| {
+            eprintln!("failpoint ledger-before-record: exiting");
+            std::process::exit(86)
+        });
+        self.ledger.check_and_record(msg.partition as u32, &msg.items, &msg.progress.encode())
+    }
+}
+
+/// The progress record of every partition the ledger knows.
+#[derive(Message)]
+#[rtype(result = "Result<BTreeMap<u32, Vec<u8>>, LedgerError>")]
+pub struct AllProgress;
+
+impl Handler<AllProgress> for LedgerActor {
+    type Result = Result<BTreeMap<u32, Vec<u8>>, LedgerError>;
+    fn handle(&mut self, _: AllProgress, _: &mut Self::Context) -> Self::Result {
+        self.ledger.all_progress()
+    }
+}
+
+/// The ledger's stats and, per partition, its window at `now_ms`.
+#[derive(Message)]
+#[rtype(result = "Result<StatsReport, LedgerError>")]
+pub struct Stats {
+    pub partitions: Vec<i32>,
+    pub now_ms: i64,
+}
+
+pub struct StatsReport {
+    pub stats: LedgerStats,
+    pub windows: Vec<(i32, Option<std::time::Duration>)>,
+}
+
+impl Handler<Stats> for LedgerActor {
+    type Result = Result<StatsReport, LedgerError>;
+    fn handle(&mut self, msg: Stats, _: &mut Self::Context) -> Self::Result {
+        let stats = self.ledger.stats()?;
+        let windows = msg.partitions.iter().map(|&p| (p, self.ledger.window(p as u32, msg.now_ms))).collect();
+        Ok(StatsReport { stats, windows })
+    }
+}
+
+/// A consistent checkpoint (hard links) into `dir`; returns the progress records it holds.
+#[derive(Message)]
+#[rtype(result = "Result<BTreeMap<u32, Vec<u8>>, LedgerError>")]
+pub struct Checkpoint {
+    pub dir: PathBuf,
+}
+
+impl Handler<Checkpoint> for LedgerActor {
+    type Result = Result<BTreeMap<u32, Vec<u8>>, LedgerError>;
+    fn handle(&mut self, msg: Checkpoint, _: &mut Self::Context) -> Self::Result {
+        self.ledger.checkpoint(&msg.dir)
+    }
+}
+
+/// Flushes memtables to disk (on shutdown, so a clean stop replays nothing).
+#[derive(Message)]
+#[rtype(result = "Result<(), LedgerError>")]
+pub struct Flush;
+
+impl Handler<Flush> for LedgerActor {
+    type Result = Result<(), LedgerError>;
+    fn handle(&mut self, _: Flush, _: &mut Self::Context) -> Self::Result {
+        self.ledger.flush()
+    }
+}

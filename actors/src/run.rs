@@ -1,0 +1,121 @@
+//! `dedupe run`: open the ledger, check the topics, start the actors, wait for a signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use anyhow::{bail, Context as _};
+use dedupe::config::{Config, DurabilityMode};
+use dedupe::ledger::{Durability, Ledger, LedgerOptions};
+
+use crate::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
+use crate::ledger::LedgerActor;
+
+/// The ledger options the configuration asks for.
+pub fn ledger_options(config: &Config) -> LedgerOptions {
+    let l = &config.ledger;
+    LedgerOptions {
+        budget_bytes: l.budget_bytes.0,
+        generations: l.generations as u32,
+        durability: match l.durability {
+            DurabilityMode::SyncWal => Durability::SyncWal,
+            DurabilityMode::Wal => Durability::Wal,
+            DurabilityMode::NoWal => Durability::NoWal,
+        },
+        block_cache_bytes: l.block_cache_bytes.0 as usize,
+        write_buffer_bytes: l.write_buffer_bytes.0 as usize,
+        ..LedgerOptions::default()
+    }
+}
+
+/// Which input partitions this worker owns, after checking both topics.
+pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
+    let w = &config.worker;
+    let t = Duration::from_secs(30);
+    let input = dedupe::kafka::partition_count(&config.kafka, &w.input_topic, t)
+        .with_context(|| format!("reading metadata of {} from {}", w.input_topic, config.kafka.brokers))?;
+    let Some(input) = input else {
+        bail!("the input topic {} does not exist on {}; create it (partitioned by message id)", w.input_topic, config.kafka.brokers)
+    };
+    let output = dedupe::kafka::partition_count(&config.kafka, &w.output_topic, t)
+        .with_context(|| format!("reading metadata of {}", w.output_topic))?;
+    let Some(output) = output else {
+        bail!("the output topic {} does not exist; create it with at least {input} partitions", w.output_topic)
+    };
+    if output < input {
+        bail!(
+            "the output topic {} has {output} partitions but the input {} has {input}; the output needs at least {input}",
+            w.output_topic,
+            w.input_topic
+        );
+    }
+    let all: Vec<i32> = (0..input as i32).collect();
+    let owned = match (&w.partitions, w.worker_index, w.worker_count) {
+        (Some(set), _, _) => {
+            if let Some(p) = set.0.iter().find(|&&p| p as usize >= input) {
+                bail!("worker.partitions names partition {p}, but the input topic {} has only {input}", w.input_topic);
+            }
+            set.0.clone()
+        }
+        (None, Some(i), Some(n)) => all.into_iter().filter(|p| *p as u32 % n == i).collect(),
+        _ => all,
+    };
+    if owned.is_empty() {
+        bail!("this worker owns no partition of {} ({input} partitions)", w.input_topic);
+    }
+    Ok(owned)
+}
+
+/// Runs the worker until a signal or a fatal error; returns the process exit code.
+pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
+    let handle = crate::telemetry::init_metrics()?;
+    let partitions = owned_partitions(&config)?;
+    let path = config.worker.data_dir.clone();
+    std::fs::create_dir_all(&path).with_context(|| format!("creating the ledger directory {}", path.display()))?;
+    let ledger = Arc::new(Ledger::open(&path, ledger_options(&config)).context("opening the ledger")?);
+    tracing::info!(
+        ledger = %path.display(),
+        partitions = %dedupe::config::PartitionSet(partitions.clone()),
+        input = %config.worker.input_topic,
+        output = %config.worker.output_topic,
+        "Starting the dedupe worker."
+    );
+    let config = Arc::new(config);
+    let system = System::new();
+    let code = system.block_on(async move {
+        let health = Arc::new(Health::default());
+        let server = match crate::telemetry::serve(config.metrics.addr, handle, health.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return Err(e);
+            }
+        };
+        let server_handle = server.handle();
+        actix_rt::spawn(server);
+        tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");
+        let ledger_addr = {
+            let ledger = ledger.clone();
+            SyncArbiter::start(2, move || LedgerActor::new(ledger.clone()))
+        };
+        let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health, options).start();
+        actix_rt::spawn(async move {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("Received a stop signal.");
+            coordinator.do_send(Shutdown);
+        });
+        let _ = server_handle;
+        Ok(())
+    });
+    code?;
+    let exit_code = system.run_with_code().unwrap_or(exit::FAILED);
+    drop(ledger);
+    Ok(exit_code)
+}

@@ -1,0 +1,163 @@
+//! Operator tools: `dedupe verify` (does the output hold every input id exactly once?) and
+//! `dedupe loadgen` (keyed UUIDv4 messages, a share of them re-sent as retrying clients do).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use dedupe::config::{Config, IdSource};
+use dedupe::identity::LedgerKey;
+use dedupe::message_id::{message_key, RecordView};
+use rand::Rng;
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use serde::Serialize;
+
+/// What `dedupe verify` found.
+#[derive(Debug, Serialize)]
+pub struct VerifySummary {
+    pub input_records: u64,
+    pub input_unkeyed: u64,
+    pub distinct_input_ids: u64,
+    pub output_records: u64,
+    pub output_unkeyed: u64,
+    pub duplicate_ids_in_output: u64,
+    pub input_ids_missing_from_output: u64,
+    pub output_ids_not_in_input: u64,
+    pub ok: bool,
+}
+
+fn key_of(m: &rdkafka::message::BorrowedMessage<'_>, source: &IdSource) -> Option<LedgerKey> {
+    let headers = m.headers();
+    let view = RecordView {
+        key: m.key(),
+        header: |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value)),
+        value: m.payload(),
+    };
+    message_key(&view, source).ok()
+}
+
+/// Reads both topics fully (`read_committed`) and compares their ids.
+pub fn verify(config: &Config, timeout: Duration) -> anyhow::Result<VerifySummary> {
+    let w = &config.worker;
+    let mut input_ids = HashSet::new();
+    let mut input_unkeyed = 0u64;
+    let input_records = dedupe::kafka::read_to_end(&config.kafka, &w.input_topic, true, timeout, &mut |m| {
+        match key_of(m, &w.id_source) {
+            Some(k) => {
+                input_ids.insert(k);
+            }
+            None => input_unkeyed += 1,
+        }
+    })
+    .with_context(|| format!("reading the input topic {}", w.input_topic))?;
+    let mut output_counts: HashMap<LedgerKey, u32> = HashMap::new();
+    let mut output_unkeyed = 0u64;
+    let output_records = dedupe::kafka::read_to_end(&config.kafka, &w.output_topic, true, timeout, &mut |m| {
+        match key_of(m, &w.id_source) {
+            Some(k) => *output_counts.entry(k).or_default() += 1,
+            None => output_unkeyed += 1,
+        }
+    })
+    .with_context(|| format!("reading the output topic {}", w.output_topic))?;
+    let duplicates = output_counts.values().filter(|&&c| c > 1).count() as u64;
+    let missing = input_ids.iter().filter(|k| !output_counts.contains_key(k)).count() as u64;
+    let extra = output_counts.keys().filter(|k| !input_ids.contains(k)).count() as u64;
+    Ok(VerifySummary {
+        input_records,
+        input_unkeyed,
+        distinct_input_ids: input_ids.len() as u64,
+        output_records,
+        output_unkeyed,
+        duplicate_ids_in_output: duplicates,
+        input_ids_missing_from_output: missing,
+        output_ids_not_in_input: extra,
+        ok: duplicates == 0 && missing == 0 && extra == 0,
+    })
+}
+
+/// What `dedupe loadgen` sent.
+#[derive(Debug, Serialize)]
+pub struct LoadgenSummary {
+    pub records_sent: u64,
+    pub distinct_ids: u64,
+    pub resent: u64,
+    pub seconds: f64,
+    pub records_per_sec: f64,
+}
+
+/// Produces `count` records keyed by UUIDv4; a share `dup_ratio` of them re-send an id sent
+/// `dup_delay` earlier (or the most recent ones, when nothing is that old yet).
+pub fn loadgen(
+    config: &Config,
+    topic: &str,
+    count: u64,
+    dup_ratio: f64,
+    dup_delay: Duration,
+    value_bytes: usize,
+    rate_per_sec: Option<f64>,
+    show_progress: bool,
+) -> anyhow::Result<LoadgenSummary> {
+    let producer: ThreadedProducer<DefaultProducerContext> = dedupe::kafka::client_config(&config.kafka)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "10")
+        .set("batch.size", "1000000")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.kbytes", "262144")
+        .create()
+        .context("creating the loadgen producer")?;
+    let bar = if show_progress { indicatif::ProgressBar::new(count) } else { indicatif::ProgressBar::hidden() };
+    let mut rng = rand::rng();
+    let mut recent: std::collections::VecDeque<(Instant, String)> = std::collections::VecDeque::new();
+    let mut distinct = 0u64;
+    let mut resent = 0u64;
+    let started = Instant::now();
+    let filler: String = "x".repeat(value_bytes.saturating_sub(90));
+    for i in 0..count {
+        let resend = !recent.is_empty() && rng.random_bool(dup_ratio.clamp(0.0, 1.0));
+        let id = if resend {
+            resent += 1;
+            // The oldest id at least dup_delay old, else a random recent one.
+            let now = Instant::now();
+            let due = recent.iter().position(|(t, _)| now.duration_since(*t) >= dup_delay);
+            let idx = due.unwrap_or_else(|| rng.random_range(0..recent.len()));
+            recent[idx].1.clone()
+        } else {
+            distinct += 1;
+            let id = uuid::Uuid::new_v4().to_string();
+            recent.push_back((Instant::now(), id.clone()));
+            if recent.len() > 10_000 {
+                recent.pop_front();
+            }
+            id
+        };
+        let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
+        let mut record = BaseRecord::to(topic).key(&id).payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => return Err(e).context("producing a loadgen record"),
+            }
+        }
+        if i % 1024 == 0 {
+            bar.set_position(i);
+        }
+        if let Some(rate) = rate_per_sec {
+            // Pace the load: never run ahead of `rate` records per second.
+            let due = started + Duration::from_secs_f64((i + 1) as f64 / rate);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(120)).context("flushing loadgen records")?;
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, seconds, records_per_sec: count as f64 / seconds })
+}

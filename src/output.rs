@@ -1,0 +1,279 @@
+//! The output writer: one transactional producer per owned partition. A batch's new records and
+//! the input offset that follows it are committed in one Kafka transaction, so the output and the
+//! consumer group's position never disagree.
+//!
+//! Fencing: the `transactional.id` is derived from the output topic and the partition
+//! ([`transactional_id`]). A newer worker that starts for the same partition calls
+//! `init_transactions`, which aborts the older one's open transaction and fences it: the older
+//! one's next transactional call fails with a fatal "fenced" error, and it stops.
+//!
+//! All calls block; the actor layer runs this on a thread of its own.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::config::KafkaConfig;
+use crate::kafka::client_config;
+
+/// A record to publish, owned (copied out of the consumer's buffers).
+#[derive(Debug, Clone, Default)]
+pub struct OutRecord {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// What one committed transaction wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// Output offset of the last record written to the partition, if any was.
+    pub last_output_offset: Option<i64>,
+}
+
+/// Why a transaction did not commit, and what the caller must do.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Another worker took over the partition. Stop; never retry.
+    #[error("another worker with transactional.id {transactional_id} took over (this producer is fenced): {source}")]
+    Fenced { transactional_id: String, source: KafkaError },
+    /// The transaction was aborted; nothing of it is visible. Retrying the same batch is safe.
+    #[error("the transaction was aborted and can be retried: {source}")]
+    Aborted { source: KafkaError },
+    /// The producer is unusable. Make a new one (which aborts whatever was open) and recover.
+    #[error("the output producer failed fatally: {source}")]
+    Fatal { source: KafkaError },
+}
+
+impl PublishError {
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. })
+    }
+}
+
+/// The transactional id of the producer that owns `partition` of `output_topic`.
+pub fn transactional_id(output_topic: &str, partition: i32) -> String {
+    format!("dedupe-{output_topic}-{partition}")
+}
+
+/// Counts delivery results so a transaction knows where its records landed.
+#[derive(Default)]
+pub struct DeliveryTracker {
+    last_offset: AtomicI64,
+    failures: AtomicU64,
+}
+
+impl ClientContext for Arc<DeliveryTracker> {}
+
+impl ProducerContext for Arc<DeliveryTracker> {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                self.last_offset.fetch_max(rdkafka::Message::offset(m), Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The transactional producer of one output partition.
+pub struct OutputWriter {
+    producer: BaseProducer<Arc<DeliveryTracker>>,
+    tracker: Arc<DeliveryTracker>,
+    topic: String,
+    partition: i32,
+    dead_letter_topic: Option<String>,
+    transactional_id: String,
+    timeout: Duration,
+}
+
+impl OutputWriter {
+    /// Creates the producer and calls `init_transactions`, which fences any older producer of
+    /// the same partition and aborts its open transaction.
+    pub fn open(
+        kafka: &KafkaConfig,
+        topic: &str,
+        partition: i32,
+        dead_letter_topic: Option<&str>,
+        transaction_timeout_ms: u64,
+    ) -> Result<Self, PublishError> {
+        let transactional_id = transactional_id(topic, partition);
+        let tracker = Arc::new(DeliveryTracker::default());
+        let producer: BaseProducer<Arc<DeliveryTracker>> = client_config(kafka)
+            .set("transactional.id", &transactional_id)
+            .set("transaction.timeout.ms", transaction_timeout_ms.to_string())
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .set("batch.size", "1000000")
+            .set("compression.type", "lz4")
+            .set("queue.buffering.max.kbytes", "262144")
+            .create_with_context(tracker.clone())
+            .map_err(|source| PublishError::Fatal { source })?;
+        let timeout = Duration::from_millis(transaction_timeout_ms.max(10_000));
+        producer.init_transactions(timeout).map_err(|e| classify(e, &transactional_id))?;
+        Ok(Self {
+            producer,
+            tracker,
+            topic: topic.to_string(),
+            partition,
+            dead_letter_topic: dead_letter_topic.map(str::to_string),
+            transactional_id,
+            timeout,
+        })
+    }
+
+    pub fn transactional_id(&self) -> &str {
+        &self.transactional_id
+    }
+
+    /// Publishes `records` to the output partition and `dead_letters` to the dead-letter topic,
+    /// and commits them with `next_input_offset` for the input partition, in one transaction.
+    /// On any error the transaction is aborted (or the producer is declared unusable).
+    pub fn publish(
+        &mut self,
+        records: &[OutRecord],
+        dead_letters: &[OutRecord],
+        input_topic: &str,
+        input_partition: i32,
+        next_input_offset: i64,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<Committed, PublishError> {
+        self.tracker.last_offset.store(-1, Ordering::Relaxed);
+        self.tracker.failures.store(0, Ordering::Relaxed);
+        self.producer.begin_transaction().map_err(|e| classify(e, &self.transactional_id))?;
+        let result = self.fill_and_commit(records, dead_letters, input_topic, input_partition, next_input_offset, group);
+        match result {
+            Ok(c) => Ok(c),
+            Err(PublishError::Aborted { source }) => {
+                // Abort so the next batch starts clean; if even that fails the producer is unusable.
+                self.producer
+                    .abort_transaction(self.timeout)
+                    .map_err(|e| classify(e, &self.transactional_id))?;
+                Err(PublishError::Aborted { source })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fill_and_commit(
+        &mut self,
+        records: &[OutRecord],
+        dead_letters: &[OutRecord],
+        input_topic: &str,
+        input_partition: i32,
+        next_input_offset: i64,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<Committed, PublishError> {
+        fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
+            source: KafkaError::Transaction(rdkafka::error::RDKafkaError::from(RDKafkaErrorCode::Fail)),
+        }));
+        for r in records {
+            self.send(&self.topic.clone(), Some(self.partition), r)?;
+        }
+        if let Some(dlq) = self.dead_letter_topic.clone() {
+            for r in dead_letters {
+                self.send(&dlq, None, r)?;
+            }
+        }
+        self.producer.flush(self.timeout).map_err(|e| classify(e, &self.transactional_id))?;
+        if self.tracker.failures.load(Ordering::Relaxed) > 0 {
+            return Err(PublishError::Aborted {
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
+            });
+        }
+        let mut offsets = TopicPartitionList::new();
+        offsets
+            .add_partition_offset(input_topic, input_partition, Offset::Offset(next_input_offset))
+            .map_err(|source| PublishError::Fatal { source })?;
+        self.producer
+            .send_offsets_to_transaction(&offsets, group, self.timeout)
+            .map_err(|e| classify(e, &self.transactional_id))?;
+        fail::fail_point!("output-before-commit", |_| {
+            eprintln!("failpoint output-before-commit: exiting");
+            std::process::exit(86)
+        });
+        self.commit_with_retries()?;
+        let last = self.tracker.last_offset.load(Ordering::Relaxed);
+        Ok(Committed { last_output_offset: (last >= 0).then_some(last) })
+    }
+
+    fn send(&self, topic: &str, partition: Option<i32>, r: &OutRecord) -> Result<(), PublishError> {
+        loop {
+            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+            if let Some(p) = partition {
+                rec = rec.partition(p);
+            }
+            if let Some(k) = &r.key {
+                rec = rec.key(k.as_slice());
+            }
+            if let Some(v) = &r.value {
+                rec = rec.payload(v.as_slice());
+            }
+            if let Some(ts) = r.timestamp_ms {
+                rec = rec.timestamp(ts);
+            }
+            if !r.headers.is_empty() {
+                let mut h = OwnedHeaders::new_with_capacity(r.headers.len());
+                for (key, value) in &r.headers {
+                    h = h.insert(Header { key, value: value.as_deref() });
+                }
+                rec = rec.headers(h);
+            }
+            match self.producer.send(rec) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    self.producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(classify(e, &self.transactional_id)),
+            }
+        }
+    }
+
+    fn commit_with_retries(&mut self) -> Result<(), PublishError> {
+        let mut attempts = 0;
+        loop {
+            match self.producer.commit_transaction(self.timeout) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(ref e)) if e.is_retriable() && attempts < 5 => {
+                    attempts += 1;
+                    tracing::warn!(attempts, "Committing the output transaction timed out; retrying the commit.");
+                }
+                Err(e) => return Err(classify(e, &self.transactional_id)),
+            }
+        }
+    }
+}
+
+/// Sorts a transactional error into fenced / abortable / fatal.
+fn classify(e: KafkaError, transactional_id: &str) -> PublishError {
+    if let KafkaError::Transaction(ref t) = e {
+        let code = t.code();
+        if matches!(code, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch) {
+            return PublishError::Fenced { transactional_id: transactional_id.to_string(), source: e };
+        }
+        if t.txn_requires_abort() {
+            return PublishError::Aborted { source: e };
+        }
+        if t.is_fatal() {
+            return PublishError::Fatal { source: e };
+        }
+        // Retriable errors that ran out of retries: abort and try the batch again.
+        return PublishError::Aborted { source: e };
+    }
+    if matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced)) {
+        return PublishError::Fenced { transactional_id: transactional_id.to_string(), source: e };
+    }
+    PublishError::Aborted { source: e }
+}

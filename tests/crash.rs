@@ -1,0 +1,150 @@
+//! Crash tests against the real broker, in the shape: produce, process, crash, restart, and
+//! assert on what the output topic holds (read_committed).
+//!
+//! - A crash matrix with failpoints (the binary is built with the `failpoints` feature): in the
+//!   middle of a transaction, after the publish and before the ledger write, after the ledger
+//!   write, and in the middle of recovery.
+//! - Process chaos: SIGKILL at random moments, many times (DEDUPE_CHAOS_KILLS, default 20, and
+//!   DEDUPE_CHAOS_MESSAGES, default 200000, raise them for soak runs).
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::Rng;
+
+/// Produces `unique` ids, with `resent` earlier ids re-sent among them; returns the distinct count.
+fn produce_with_repeats(topic: &str, unique: usize, resent: usize) -> usize {
+    let all = ids(unique);
+    let mut rng = rand::rng();
+    let mut order: Vec<&String> = all.iter().collect();
+    for _ in 0..resent {
+        let at = rng.random_range(1..order.len());
+        let earlier = order[rng.random_range(0..at)];
+        order.insert(at, earlier);
+    }
+    produce_full(topic, &keyed(&order));
+    unique
+}
+
+/// Crashes the worker at a failpoint, restarts it clean, and checks the output.
+fn crash_at(failpoints: &str, durability: &str) {
+    let input = TestTopic::create("crash-in", 2);
+    let output = TestTopic::create("crash-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let distinct = produce_with_repeats(&input.name, 3000, 600);
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_LEDGER_DURABILITY", durability)
+        .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
+
+    // The failpoint fires and the process dies there (exit 86), mid-stream.
+    let mut crashing = spec.clone().env("FAILPOINTS", failpoints).start();
+    let code = crashing.wait(Duration::from_secs(90));
+    assert_eq!(code, Some(86), "the failpoint {failpoints} did not fire:\n{}", crashing.log_text());
+    let partial = consume_all(&output.name, true).len();
+    assert!(partial < distinct, "the crash happened before the end ({partial} of {distinct})");
+
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(90));
+    let out = wait_for_records(&output.name, distinct, Duration::from_secs(90));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys.len(), out.len(), "duplicates in the output after a crash at {failpoints}");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{failpoints}: {summary}");
+    assert_eq!(summary["duplicate_ids_in_output"], 0);
+    assert_eq!(summary["input_ids_missing_from_output"], 0);
+}
+
+#[test]
+fn crash_in_the_middle_of_a_transaction() {
+    crash_at("output-before-commit=3*off->return", "no-wal");
+}
+
+#[test]
+fn crash_after_publish_before_the_ledger_write() {
+    // With the WAL on, the ledger keeps everything it wrote: the gap is exactly the last batch.
+    crash_at("worker-after-publish=3*off->return", "wal");
+}
+
+#[test]
+fn crash_after_publish_without_wal_loses_the_unflushed_tail_and_recovers_it() {
+    crash_at("ledger-before-record=5*off->return", "no-wal");
+}
+
+#[test]
+fn crash_after_the_ledger_write_before_the_next_batch() {
+    crash_at("worker-after-record=4*off->return", "sync-wal");
+}
+
+#[test]
+fn crash_in_the_middle_of_recovery() {
+    let input = TestTopic::create("crash-rec-in", 2);
+    let output = TestTopic::create("crash-rec-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let distinct = produce_with_repeats(&input.name, 3000, 600);
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_LEDGER_DURABILITY", "no-wal")
+        .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
+    // First crash: after several publishes, leaving an output tail the ledger lacks.
+    let mut first = spec.clone().env("FAILPOINTS", "worker-after-publish=6*off->return").start();
+    assert_eq!(first.wait(Duration::from_secs(90)), Some(86), "{}", first.log_text());
+    // Second crash: while that tail is being replayed into the ledger.
+    let mut second = spec.clone().env("FAILPOINTS", "recovery-mid-replay=return").start();
+    assert_eq!(second.wait(Duration::from_secs(90)), Some(86), "{}", second.log_text());
+    // Third start: clean.
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(90));
+    wait_for_records(&output.name, distinct, Duration::from_secs(90));
+    let page = worker.metrics().unwrap();
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", "").unwrap_or(0.0) > 0.0, "recovery replayed the tail");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn chaos_sigkill_at_random_moments() {
+    let kills: usize = std::env::var("DEDUPE_CHAOS_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
+    let messages: u64 = std::env::var("DEDUPE_CHAOS_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    let input = TestTopic::create("chaos-in", 4);
+    let output = TestTopic::create("chaos-out", 4);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "2000");
+
+    // The load: real clients' retries, 5% of ids re-sent, produced while the worker is killed.
+    let loadgen = Command::new(dedupe_bin())
+        .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name])
+        .args(["--count", &messages.to_string(), "--dup-ratio", "0.05", "--value-bytes", "200"])
+        .stderr(std::process::Stdio::null())
+        .output();
+    let loadgen = loadgen.expect("dedupe loadgen");
+    assert!(loadgen.status.success(), "loadgen failed");
+    let summary: serde_json::Value = serde_json::from_slice(&loadgen.stdout).expect("loadgen JSON");
+    let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
+
+    let mut rng = rand::rng();
+    let started = Instant::now();
+    for kill in 0..kills {
+        let mut w = spec.start();
+        // Some kills land during recovery, most while batches are in flight.
+        std::thread::sleep(Duration::from_millis(rng.random_range(300..2500)));
+        if let Ok(Some(status)) = w.child.try_wait() {
+            panic!("kill {kill}: the worker exited by itself with {status}:\n{}", w.log_text());
+        }
+        w.kill();
+    }
+    let mut w = spec.start();
+    w.wait_ready(Duration::from_secs(120));
+    let out = wait_for_records(&output.name, distinct, Duration::from_secs(300));
+    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys.len(), out.len(), "duplicates after {kills} kills");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "after {kills} SIGKILLs: {summary}");
+    eprintln!("chaos: {kills} kills, {messages} messages, {distinct} distinct ids, {:?}", started.elapsed());
+}

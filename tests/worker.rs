@@ -1,0 +1,261 @@
+//! The dedupe worker against the real broker: duplicates removed in order, across batches and
+//! restarts; bad input under every policy; failure paths (aborted transactions, a zombie worker).
+//! Crash tests live in `tests/crash.rs`.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
+    let input = TestTopic::create("golden-in", 2);
+    let output = TestTopic::create("golden-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"));
+    let all = ids(600);
+
+    // Phase 1: 300 ids; every tenth is re-sent right away, so the repeat lands in the same batch.
+    let mut phase1 = Vec::new();
+    for (i, id) in all[..300].iter().enumerate() {
+        phase1.push(id);
+        if i % 10 == 0 {
+            phase1.push(id);
+        }
+    }
+    produce_full(&input.name, &keyed(&phase1));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 300, Duration::from_secs(60));
+
+    // Phase 2: ids 0..50 again (a later batch) and 100 new ones.
+    let phase2: Vec<&String> = all[..50].iter().chain(&all[300..400]).collect();
+    produce_full(&input.name, &keyed(&phase2));
+    wait_for_records(&output.name, 400, Duration::from_secs(60));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "SIGTERM exits 0:\n{}", worker.log_text());
+
+    // Phase 3: while the worker is down, ids 50..100 again and 200 new; then a restart.
+    let phase3: Vec<&String> = all[50..100].iter().chain(&all[400..600]).collect();
+    produce_full(&input.name, &keyed(&phase3));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    let out = wait_for_records(&output.name, 600, Duration::from_secs(60));
+    let page = worker.metrics().expect("metrics page");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+
+    // Each id exactly once.
+    let out_keys: Vec<Vec<u8>> = out.iter().map(|r| r.key.clone().unwrap()).collect();
+    let distinct: HashSet<_> = out_keys.iter().collect();
+    assert_eq!(out.len(), 600);
+    assert_eq!(distinct.len(), 600, "no id twice in the output");
+
+    // Per partition, the output is the input's first occurrences in input order, with value,
+    // headers and timestamp kept.
+    let inp = consume_all(&input.name, true);
+    let mut expected: BTreeMap<i32, Vec<&Record>> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    for r in &inp {
+        if seen.insert(r.key.clone()) {
+            expected.entry(r.partition).or_default().push(r);
+        }
+    }
+    for (p, want) in &expected {
+        let got: Vec<&Record> = out.iter().filter(|r| r.partition == *p).collect();
+        assert_eq!(got.len(), want.len(), "partition {p}");
+        for (g, w) in got.iter().zip(want) {
+            assert_eq!(g.key, w.key, "partition {p}: order differs");
+            assert_eq!(g.value, w.value);
+            assert_eq!(g.headers, w.headers);
+            assert_eq!(g.timestamp, w.timestamp);
+        }
+    }
+
+    // The restarted worker counted the re-sent ids of phase 3 as duplicates.
+    let dropped = metric_value(&page, "dedupe_duplicates_dropped_total", "").unwrap_or(0.0);
+    assert_eq!(dropped, 50.0, "phase 3 re-sent 50 ids");
+
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+    assert_eq!(summary["duplicate_ids_in_output"], 0);
+    assert_eq!(summary["input_ids_missing_from_output"], 0);
+    assert_eq!(summary["distinct_input_ids"], 600);
+    assert_eq!(summary["input_records"], 330 + 150 + 250);
+}
+
+#[test]
+fn verify_fails_on_a_duplicate_and_on_a_missing_id() {
+    let input = TestTopic::create("verify-in", 1);
+    let output = TestTopic::create("verify-out", 1);
+    let [a, b, c] = [ids(1), ids(1), ids(1)].map(|mut v| v.remove(0));
+    produce_full(&input.name, &keyed(&[&a, &b, &c]));
+    // The output repeats a and lacks c.
+    produce_full(&output.name, &keyed(&[&a, &b, &a]));
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 1, "{summary}");
+    assert_eq!(summary["duplicate_ids_in_output"], 1);
+    assert_eq!(summary["input_ids_missing_from_output"], 1);
+}
+
+/// The bad-input records of one run: (expected keyed ids, records).
+fn bad_input() -> (usize, Vec<Outgoing>) {
+    let good = ids(5);
+    let non_utf8 = vec![0xff, 0xfe, 0x00, 0x80, 0x41];
+    let tombstone_key = uuid::Uuid::new_v4().to_string().into_bytes();
+    let v = |s: &str| Some(s.as_bytes().to_vec());
+    let mut records: Vec<Outgoing> = good.iter().map(|id| (Some(id.as_bytes().to_vec()), v("good"), vec![])).collect();
+    records.push((Some(good[0].as_bytes().to_vec()), v("repeat"), vec![])); // a duplicate
+    records.push((None, v("null key 1"), vec![]));
+    records.push((None, v("null key 2"), vec![]));
+    records.push((Some(vec![]), v("empty key 1"), vec![]));
+    records.push((Some(vec![]), v("empty key 2"), vec![]));
+    records.push((Some(vec![b'k'; 2048]), v("2 KiB key 1"), vec![]));
+    records.push((Some(vec![b'q'; 2048]), v("2 KiB key 2"), vec![]));
+    records.push((Some(non_utf8.clone()), v("non-utf8"), vec![])); // a valid id: its bytes hash
+    records.push((Some(non_utf8), v("non-utf8 again"), vec![])); // its duplicate
+    records.push((Some(tombstone_key.clone()), None, vec![])); // a keyed tombstone
+    records.push((Some(tombstone_key), None, vec![])); // and its duplicate
+    records.push((None, None, vec![])); // a tombstone without a key
+    (7, records)
+}
+
+fn run_bad_input(policy: &str) {
+    let input = TestTopic::create("bad-in", 1);
+    let output = TestTopic::create("bad-out", 1);
+    let dlq = TestTopic::create("bad-dlq", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (keyed_unique, records) = bad_input();
+    let unkeyed = 7; // 2 null keys, 2 empty, 2 too long, 1 keyless tombstone
+    produce_full(&input.name, &records);
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_UNKEYED_POLICY", policy)
+        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dlq.name);
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    let expected_out = if policy == "forward" { keyed_unique + unkeyed } else { keyed_unique };
+    let out = wait_for_records(&output.name, expected_out, Duration::from_secs(60));
+    let page = worker.metrics().expect("metrics");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+
+    assert_eq!(out.len(), expected_out, "policy {policy}");
+    let unkeyed_out = out.iter().filter(|r| matches!(&r.key, None) || r.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 1024)).count();
+    assert_eq!(unkeyed_out, if policy == "forward" { unkeyed } else { 0 }, "policy {policy}");
+    let dead = consume_all(&dlq.name, true);
+    assert_eq!(dead.len(), if policy == "dead-letter" { unkeyed } else { 0 }, "policy {policy}");
+    if policy == "dead-letter" {
+        let values: HashSet<_> = dead.iter().map(|r| r.value.clone()).collect();
+        assert!(values.contains(&Some(b"2 KiB key 1".to_vec())));
+    }
+    // Each case is counted with its reason and the policy applied.
+    let label = format!("policy=\"{policy}\"");
+    assert_eq!(metric_value(&page, "dedupe_unkeyed_records_total", &label), Some(unkeyed as f64), "{page}");
+    let by_reason = |r: &str| {
+        page.lines()
+            .filter(|l| l.starts_with("dedupe_unkeyed_records_total") && l.contains(&format!("reason=\"{r}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert_eq!(by_reason("missing"), 3.0);
+    assert_eq!(by_reason("empty"), 2.0);
+    assert_eq!(by_reason("too_long"), 2.0);
+    // Keyed records, non-UTF-8 and tombstones included, were deduplicated.
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", ""), Some(3.0));
+    // The warning names the cause and never the payload.
+    let log = worker.log_text();
+    assert!(log.contains("no usable message id"), "{log}");
+    assert!(!log.contains("2 KiB key"), "payloads must not be logged");
+}
+
+#[test]
+fn bad_input_is_forwarded_by_default() {
+    run_bad_input("forward");
+}
+
+#[test]
+fn bad_input_can_be_dropped() {
+    run_bad_input("drop");
+}
+
+#[test]
+fn bad_input_can_go_to_a_dead_letter_topic() {
+    run_bad_input("dead-letter");
+}
+
+#[test]
+fn aborted_transactions_are_retried_without_loss() {
+    let input = TestTopic::create("abort-in", 1);
+    let output = TestTopic::create("abort-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let all = ids(200);
+    let refs: Vec<&String> = all.iter().chain(&all[..20]).collect();
+    produce_full(&input.name, &keyed(&refs));
+    // The first two transactions fail before anything is produced, and are aborted.
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("FAILPOINTS", "output-before-produce=2*return->off");
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    let out = wait_for_records(&output.name, 200, Duration::from_secs(60));
+    let page = worker.metrics().unwrap();
+    worker.terminate(Duration::from_secs(30));
+    assert_eq!(out.len(), 200);
+    assert_eq!(metric_value(&page, "dedupe_transactions_total", "outcome=\"aborted\""), Some(2.0), "{page}");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
+    let input = TestTopic::create("zombie-in", 1);
+    let output = TestTopic::create("zombie-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let spec_a = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger-a"));
+    // Same group, same partition, another ledger: a copy of the worker left running elsewhere.
+    let group = spec_a.env.iter().find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID").unwrap().1.clone();
+    let spec_b = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger-b")).env("DEDUPE_WORKER_GROUP_ID", &group);
+
+    let mut a = spec_a.start();
+    a.wait_ready(Duration::from_secs(60));
+    // A steady trickle of input, with re-sent ids, while the second worker starts.
+    let topic = input.name.clone();
+    let feeder = std::thread::spawn(move || {
+        let mut sent = Vec::new();
+        for round in 0..40 {
+            let fresh = ids(25);
+            let mut batch: Vec<&String> = fresh.iter().collect();
+            if round > 0 {
+                batch.extend(sent.iter().rev().take(5));
+            }
+            produce_full(&topic, &keyed(&batch));
+            sent.extend(fresh);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sent.len()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let mut b = spec_b.start();
+    b.wait_ready(Duration::from_secs(60));
+    let code = a.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(3), "the older worker stops itself once fenced:\n{}", a.log_text());
+    assert!(a.log_text().contains("fenced"), "{}", a.log_text());
+    let distinct = feeder.join().unwrap();
+    let out = wait_for_records(&output.name, distinct, Duration::from_secs(60));
+    assert_eq!(b.terminate(Duration::from_secs(30)), Some(0));
+    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys.len(), out.len(), "no duplicates in the output");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn missing_topics_and_too_few_output_partitions_are_refused() {
+    let input = TestTopic::create("refuse-in", 4);
+    let output = TestTopic::create("refuse-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = WorkerSpec::new(&input.name, &output.name, &dir.path().join("l")).start();
+    assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
+    assert!(w.log_text().contains("needs at least 4"), "{}", w.log_text());
+    let mut w = WorkerSpec::new(&input.name, "no-such-topic-here", &dir.path().join("l")).start();
+    assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
+    assert!(w.log_text().contains("does not exist"), "{}", w.log_text());
+}
