@@ -666,7 +666,9 @@ impl Config {
 
     /// Checks the rules the types cannot carry.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let bad = ConfigError::invalid;
+        fn bad(key: &str, message: impl Into<String>) -> ConfigError {
+            ConfigError::invalid(key, message)
+        }
         if self.kafka.brokers.trim().is_empty() {
             return Err(bad("kafka.brokers", "must name at least one broker"));
         }

@@ -2,9 +2,12 @@
 //! configuration, Kafka client factories and metric names. It knows nothing of actix.
 
 pub mod config;
+pub mod identity;
+pub mod ledger;
 pub mod kafka;
 pub mod metrics;
 pub mod message_id;
 pub mod output;
 pub mod progress;
 pub mod recovery;
+pub mod snapshot;

@@ -10,7 +10,6 @@
 //! All calls block; the actor layer runs this on a thread of its own.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -70,9 +69,9 @@ pub struct DeliveryTracker {
     failures: AtomicU64,
 }
 
-impl ClientContext for Arc<DeliveryTracker> {}
+impl ClientContext for DeliveryTracker {}
 
-impl ProducerContext for Arc<DeliveryTracker> {
+impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
@@ -89,8 +88,7 @@ impl ProducerContext for Arc<DeliveryTracker> {
 
 /// The transactional producer of one output partition.
 pub struct OutputWriter {
-    producer: BaseProducer<Arc<DeliveryTracker>>,
-    tracker: Arc<DeliveryTracker>,
+    producer: BaseProducer<DeliveryTracker>,
     topic: String,
     partition: i32,
     dead_letter_topic: Option<String>,
@@ -109,8 +107,7 @@ impl OutputWriter {
         transaction_timeout_ms: u64,
     ) -> Result<Self, PublishError> {
         let transactional_id = transactional_id(topic, partition);
-        let tracker = Arc::new(DeliveryTracker::default());
-        let producer: BaseProducer<Arc<DeliveryTracker>> = client_config(kafka)
+        let producer: BaseProducer<DeliveryTracker> = client_config(kafka)
             .set("transactional.id", &transactional_id)
             .set("transaction.timeout.ms", transaction_timeout_ms.to_string())
             .set("enable.idempotence", "true")
@@ -119,13 +116,12 @@ impl OutputWriter {
             .set("batch.size", "1000000")
             .set("compression.type", "lz4")
             .set("queue.buffering.max.kbytes", "262144")
-            .create_with_context(tracker.clone())
+            .create_with_context(DeliveryTracker::default())
             .map_err(|source| PublishError::Fatal { source })?;
         let timeout = Duration::from_millis(transaction_timeout_ms.max(10_000));
         producer.init_transactions(timeout).map_err(|e| classify(e, &transactional_id))?;
         Ok(Self {
             producer,
-            tracker,
             topic: topic.to_string(),
             partition,
             dead_letter_topic: dead_letter_topic.map(str::to_string),
@@ -150,8 +146,8 @@ impl OutputWriter {
         next_input_offset: i64,
         group: &ConsumerGroupMetadata,
     ) -> Result<Committed, PublishError> {
-        self.tracker.last_offset.store(-1, Ordering::Relaxed);
-        self.tracker.failures.store(0, Ordering::Relaxed);
+        self.producer.context().last_offset.store(-1, Ordering::Relaxed);
+        self.producer.context().failures.store(0, Ordering::Relaxed);
         self.producer.begin_transaction().map_err(|e| classify(e, &self.transactional_id))?;
         let result = self.fill_and_commit(records, dead_letters, input_topic, input_partition, next_input_offset, group);
         match result {
@@ -177,7 +173,7 @@ impl OutputWriter {
         group: &ConsumerGroupMetadata,
     ) -> Result<Committed, PublishError> {
         fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
-            source: KafkaError::Transaction(rdkafka::error::RDKafkaError::from(RDKafkaErrorCode::Fail)),
+            source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
         }));
         for r in records {
             self.send(&self.topic.clone(), Some(self.partition), r)?;
@@ -188,7 +184,7 @@ impl OutputWriter {
             }
         }
         self.producer.flush(self.timeout).map_err(|e| classify(e, &self.transactional_id))?;
-        if self.tracker.failures.load(Ordering::Relaxed) > 0 {
+        if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
             return Err(PublishError::Aborted {
                 source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
             });
@@ -205,7 +201,7 @@ impl OutputWriter {
             std::process::exit(86)
         });
         self.commit_with_retries()?;
-        let last = self.tracker.last_offset.load(Ordering::Relaxed);
+        let last = self.producer.context().last_offset.load(Ordering::Relaxed);
         Ok(Committed { last_output_offset: (last >= 0).then_some(last) })
     }
 

@@ -137,17 +137,14 @@ fn run_mode(
     }
     // Throughput on the backlog.
     let t0 = Instant::now();
-    let out_counter = || -> f64 {
-        http_get(port, "/metrics")
-            .map(|(_, body)| sum_metric(&body, dedupe::metrics::RECORDS_OUT))
-            .unwrap_or(0.0)
+    let counter = |name: &str| -> f64 {
+        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name)).unwrap_or(0.0)
     };
-    let in_counter = || -> f64 {
-        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, dedupe::metrics::RECORDS_IN)).unwrap_or(0.0)
-    };
-    let count_in = if mode == "passthrough" { out_counter } else { in_counter };
+    let out_counter = || counter(dedupe::metrics::RECORDS_OUT);
+    // The pass-through does not count records in; everything it reads it publishes.
+    let in_name = if mode == "passthrough" { dedupe::metrics::RECORDS_OUT } else { dedupe::metrics::RECORDS_IN };
     loop {
-        if count_in() >= messages as f64 && out_counter() >= expected_out as f64 {
+        if counter(in_name) >= messages as f64 && out_counter() >= expected_out as f64 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(1800) {

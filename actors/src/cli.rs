@@ -28,9 +28,37 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do.
     Loadgen(LoadgenArgs),
+    /// Inspect, snapshot and restore the ledger.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Benchmarks that print their figures (the last line is JSON).
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Print the ledger's stats and every partition's progress as JSON (the worker must be stopped;
+    /// a running worker exports the same on /metrics).
+    Stats(ConfigArgs),
+    /// Take a snapshot now: asks the running worker at metrics.addr, or checkpoints a stopped
+    /// worker's ledger directly into snapshots.dir.
+    Snapshot(ConfigArgs),
+    /// Restore a snapshot into the ledger directory (the worker must be stopped). The next start
+    /// replays the output topic from the snapshot's progress records.
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The snapshot (checkpoint) directory to restore.
+    #[arg(long, value_name = "DIR")]
+    pub from: PathBuf,
+    /// Move an existing ledger aside (never deleted) instead of refusing.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -205,6 +205,77 @@ impl Actor for Coordinator {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.start_pipeline(ctx);
         ctx.run_interval(Duration::from_secs(5), |act, ctx| act.export_stats(ctx));
+        let snapshots = &self.config.snapshots;
+        if snapshots.dir.is_some() && snapshots.interval_secs > 0 {
+            ctx.run_interval(Duration::from_secs(snapshots.interval_secs), |_, ctx| {
+                ctx.notify(TakeSnapshot { reply: None });
+            });
+        }
+    }
+}
+
+/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. Failures are
+/// counted and logged and never stop the pipeline.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TakeSnapshot {
+    /// Where to send the snapshot's directory, or why it failed.
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<std::path::PathBuf, String>>>,
+}
+
+impl Handler<TakeSnapshot> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) {
+        let snapshots = self.config.snapshots.clone();
+        let Some(root) = snapshots.dir.clone() else {
+            if let Some(reply) = msg.reply {
+                let _ = reply.send(Err("snapshots.dir is not configured".into()));
+            }
+            return;
+        };
+        let ledger = self.ledger.clone();
+        let fut = async move {
+            use dedupe::snapshot::{next_snapshot_dir, prune, run_hook, SnapshotError};
+            std::fs::create_dir_all(&root).map_err(|source| SnapshotError::CreateDir { dir: root.clone(), source })?;
+            let dir = next_snapshot_dir(&root);
+            let progress = ledger
+                .send(crate::ledger::Checkpoint { dir: dir.clone() })
+                .await
+                .map_err(|e| SnapshotError::Checkpoint { dir: dir.clone(), message: e.to_string() })?
+                .map_err(|e| SnapshotError::Checkpoint { dir: dir.clone(), message: e.to_string() })?;
+            let partitions: Vec<u32> = progress.keys().copied().collect();
+            let keep = snapshots.keep;
+            let hook = snapshots.hook.clone();
+            let hook_dir = dir.clone();
+            actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
+                prune(&root, keep)?;
+                if let Some(hook) = hook {
+                    run_hook(&hook, &hook_dir, &partitions, Duration::from_secs(600))?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|e| SnapshotError::Hook { hook: "(the hook's thread)".into(), message: e.to_string() })??;
+            Ok::<_, SnapshotError>(dir)
+        };
+        ctx.spawn(fut.into_actor(self).map(|result, _, _| {
+            let reply_value = match result {
+                Ok(dir) => {
+                    metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(now_ms() as f64 / 1000.0);
+                    tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
+                    Ok(dir)
+                }
+                Err(e) => {
+                    metrics::counter!(m::SNAPSHOT_FAILURES, "stage" => e.stage()).increment(1);
+                    tracing::error!("A ledger snapshot failed; the pipeline goes on: {e}");
+                    Err(e.to_string())
+                }
+            };
+            if let Some(reply) = msg.reply {
+                let _ = reply.send(reply_value);
+            }
+        }));
     }
 }
 
@@ -311,6 +382,25 @@ impl Handler<Finish> for Coordinator {
     }
 }
 
+/// Errors that go away by themselves: the coordinator moved or is loading, a timeout.
+fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::NotCoordinator
+                | C::CoordinatorNotAvailable
+                | C::CoordinatorLoadInProgress
+                | C::RequestTimedOut
+                | C::OperationTimedOut
+                | C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+        )
+    )
+}
+
 /// Recovers every partition (in parallel), then starts the publishers and consumers.
 async fn start_pipeline(
     config: Arc<Config>,
@@ -345,7 +435,18 @@ async fn start_pipeline(
             for p in &parts {
                 tpl.add_partition(&topic, *p);
             }
-            let got = consumer.committed_offsets(tpl, Duration::from_secs(30)).context("reading committed input offsets")?;
+            // The group coordinator may not be known yet right after start: retry what is retriable.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let got = loop {
+                match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+                    Ok(got) => break got,
+                    Err(e) if Instant::now() < deadline && is_retriable(&e) => {
+                        tracing::debug!(error = %e, "Reading committed offsets failed; retrying.");
+                        std::thread::sleep(Duration::from_millis(250));
+                    }
+                    Err(e) => return Err(e).context("reading committed input offsets"),
+                }
+            };
             Ok(parts
                 .iter()
                 .map(|p| {

@@ -5,22 +5,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use dedupe_actors::cli::{BenchCommand, Cli, Command, ConfigCommand};
+use dedupe::config::Config;
+use dedupe_actors::cli::{BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, LedgerCommand};
 use dedupe_actors::coordinator::RunOptions;
 use dedupe_actors::{bench_pipeline, run, telemetry, tools};
 
 fn main() -> ExitCode {
     // Crash tests name failpoints in FAILPOINTS; without the `failpoints` feature this does nothing.
     let _failpoints = fail::FailScenario::setup();
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Config(ConfigCommand::Check(args)) => match args.load() {
-            Ok(config) => {
-                print!("{}", config.to_toml());
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
-        },
+    match Cli::parse().command {
+        Command::Config(ConfigCommand::Check(args)) => with_config(&args, |config| Ok(config.to_toml())),
         Command::Run(args) => {
             let config = match args.config.load() {
                 Ok(c) => c,
@@ -41,6 +35,7 @@ fn main() -> ExitCode {
             match tools::verify(&config, Duration::from_secs(args.timeout_secs)) {
                 Ok(summary) => {
                     println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+                    // 1: the output is wrong; 2 (from `fail`): the check itself could not run.
                     if summary.ok {
                         ExitCode::SUCCESS
                     } else {
@@ -50,65 +45,69 @@ fn main() -> ExitCode {
                 Err(e) => fail(format!("{e:#}")),
             }
         }
-        Command::Bench(command) => bench(command),
-        Command::Loadgen(args) => {
-            let config = match args.config.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
+        Command::Loadgen(args) => with_config(&args.config, |config| {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            match tools::loadgen(
+            let delay = Duration::from_millis(args.dup_delay_ms);
+            let summary = tools::loadgen(
                 &config,
                 &args.topic,
                 args.count,
                 args.dup_ratio,
-                Duration::from_millis(args.dup_delay_ms),
+                delay,
                 args.value_bytes,
                 args.rate,
                 progress,
-            ) {
-                Ok(summary) => {
-                    println!("{}", serde_json::to_string(&summary).unwrap_or_default());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("{e:#}")),
-            }
+            )?;
+            Ok(serde_json::to_string(&summary)?)
+        }),
+        Command::Ledger(command) => {
+            let args = match &command {
+                LedgerCommand::Stats(a) | LedgerCommand::Snapshot(a) => a,
+                LedgerCommand::Restore(r) => &r.config,
+            };
+            with_config(args, |config| {
+                let json = match &command {
+                    LedgerCommand::Stats(_) => tools::ledger_stats(&config)?,
+                    LedgerCommand::Snapshot(_) => tools::ledger_snapshot(&config)?,
+                    LedgerCommand::Restore(r) => tools::ledger_restore(&config, &r.from, r.force)?,
+                };
+                Ok(json.to_string())
+            })
         }
+        Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| {
+            let tmp = tempfile::tempdir()?;
+            let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+            let result = bench_pipeline::run(&config, args.messages, args.dup_ratio, args.value_bytes, &dir)?;
+            let mut out = String::new();
+            if !args.json {
+                out.push_str(&format!(
+                    "dedupe {:.0} msgs/s, pass-through {:.0} msgs/s, ratio {:.2}, p50 {:.0} ms, p99 {:.0} ms\n",
+                    result.dedupe_msgs_per_sec, result.passthrough_msgs_per_sec, result.ratio, result.p50_ms, result.p99_ms
+                ));
+            }
+            out.push_str(&serde_json::to_string(&result)?);
+            Ok(out)
+        }),
     }
 }
 
-fn bench(command: BenchCommand) -> ExitCode {
-    match command {
-        BenchCommand::Pipeline(args) => {
-            let config = match args.config.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            let tmp;
-            let dir = match &args.dir {
-                Some(d) => d.clone(),
-                None => match tempfile::tempdir() {
-                    Ok(t) => {
-                        tmp = t;
-                        tmp.path().to_path_buf()
-                    }
-                    Err(e) => return fail(format!("cannot make a temporary directory: {e}")),
-                },
-            };
-            match bench_pipeline::run(&config, args.messages, args.dup_ratio, args.value_bytes, &dir) {
-                Ok(result) => {
-                    if !args.json {
-                        println!(
-                            "dedupe {:.0} msgs/s, pass-through {:.0} msgs/s, ratio {:.2}, p50 {:.0} ms, p99 {:.0} ms",
-                            result.dedupe_msgs_per_sec, result.passthrough_msgs_per_sec, result.ratio, result.p50_ms, result.p99_ms
-                        );
-                    }
-                    println!("{}", serde_json::to_string(&result).unwrap_or_default());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(format!("{e:#}")),
+/// Loads the configuration, runs `body`, prints what it returns; errors become one line on
+/// stderr and exit code 2.
+fn with_config(args: &ConfigArgs, body: impl FnOnce(Config) -> anyhow::Result<String>) -> ExitCode {
+    let config = match args.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    match body(config) {
+        Ok(text) => {
+            if text.ends_with('\n') {
+                print!("{text}");
+            } else {
+                println!("{text}");
             }
+            ExitCode::SUCCESS
         }
+        Err(e) => fail(format!("{e:#}")),
     }
 }
 

@@ -82,9 +82,12 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     );
     let config = Arc::new(config);
     let system = System::new();
+    let db = ledger.clone();
     let code = system.block_on(async move {
         let health = Arc::new(Health::default());
-        let server = match crate::telemetry::serve(config.metrics.addr, handle, health.clone()) {
+        let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
+        let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health.clone(), options).start();
+        let server = match crate::telemetry::serve(config.metrics.addr, handle, health, coordinator.clone()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -94,11 +97,6 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
         let server_handle = server.handle();
         actix_rt::spawn(server);
         tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");
-        let ledger_addr = {
-            let ledger = ledger.clone();
-            SyncArbiter::start(2, move || LedgerActor::new(ledger.clone()))
-        };
-        let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health, options).start();
         actix_rt::spawn(async move {
             let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                 Ok(s) => s,

@@ -11,12 +11,13 @@ use dedupe::metrics as m;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::coordinator::Health;
+use crate::coordinator::{Coordinator, Health, TakeSnapshot};
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
 pub fn init_tracing(log: &LogConfig) {
     let filter = EnvFilter::try_new(&log.level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     let _ = match log.format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
@@ -34,12 +35,34 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`.
-pub fn serve(addr: SocketAddr, handle: PrometheusHandle, health: Arc<Health>) -> anyhow::Result<actix_web::dev::Server> {
+/// Serves `/metrics`, `/healthz`, `/readyz`, and `POST /admin/snapshot` (take a ledger snapshot
+/// now) on `addr`, which is loopback unless configured otherwise.
+pub fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+    coordinator: actix::Addr<Coordinator>,
+) -> anyhow::Result<actix_web::dev::Server> {
     let server = HttpServer::new(move || {
         let handle = handle.clone();
         let health = health.clone();
+        let coordinator = coordinator.clone();
         App::new()
+            .route(
+                "/admin/snapshot",
+                web::post().to(move || {
+                    let coordinator = coordinator.clone();
+                    async move {
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        coordinator.do_send(TakeSnapshot { reply: Some(tx) });
+                        match rx.await {
+                            Ok(Ok(dir)) => HttpResponse::Ok().json(serde_json::json!({ "snapshot": dir })),
+                            Ok(Err(e)) => HttpResponse::InternalServerError().json(serde_json::json!({ "error": e })),
+                            Err(_) => HttpResponse::ServiceUnavailable().json(serde_json::json!({ "error": "the worker is stopping" })),
+                        }
+                    }
+                }),
+            )
             .route(
                 "/metrics",
                 web::get().to(move || {

@@ -161,3 +161,115 @@ pub fn loadgen(
     let seconds = started.elapsed().as_secs_f64();
     Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, seconds, records_per_sec: count as f64 / seconds })
 }
+
+/// `dedupe ledger stats`: the ledger's stats and every partition's progress, as JSON. The
+/// ledger must not be open in a running worker (RocksDB allows one process); the worker exports
+/// the same figures on /metrics.
+pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
+    let path = &config.worker.data_dir;
+    if !path.join("CURRENT").exists() {
+        anyhow::bail!("no ledger at {}", path.display());
+    }
+    let ledger = dedupe::ledger::Ledger::open(path, crate::run::ledger_options(config))
+        .with_context(|| format!("opening the ledger at {} (is a worker running on it?)", path.display()))?;
+    let s = ledger.stats()?;
+    let now = dedupe::recovery::now_ms();
+    let mut partitions = serde_json::Map::new();
+    for (p, bytes) in ledger.all_progress()? {
+        let entry = match dedupe::progress::Progress::decode(&bytes) {
+            Ok(pr) => serde_json::json!({
+                "next_input_offset": pr.next_input_offset,
+                "next_output_offset": pr.next_output_offset,
+                "window_seconds": ledger.window(p, now).map(|w| w.as_secs_f64()),
+            }),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        partitions.insert(p.to_string(), entry);
+    }
+    Ok(serde_json::json!({
+        "path": path,
+        "ids_estimate": s.ids_estimate,
+        "live_sst_bytes": s.live_sst_bytes,
+        "total_sst_bytes": s.total_sst_bytes,
+        "memtable_bytes": s.memtable_bytes,
+        "generations": s.generations,
+        "filter_bytes": s.filter_bytes,
+        "budget_bytes": config.ledger.budget_bytes.0,
+        "oldest_first_seen_ms": s.oldest_first_seen_ms,
+        "newest_first_seen_ms": s.newest_first_seen_ms,
+        "window_seconds": ledger.window_overall(now).map(|w| w.as_secs_f64()),
+        "partitions": partitions,
+    }))
+}
+
+/// `dedupe ledger snapshot`: asks the running worker (its metrics address) to take a snapshot;
+/// when no worker answers there, checkpoints the ledger directly.
+pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
+    let addr = config.metrics.addr;
+    match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        Ok(mut stream) => {
+            use std::io::{Read, Write};
+            stream.set_read_timeout(Some(Duration::from_secs(900)))?;
+            write!(stream, "POST /admin/snapshot HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
+            let mut text = String::new();
+            stream.read_to_string(&mut text)?;
+            let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+            let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+            let json: serde_json::Value = serde_json::from_str(body).unwrap_or(serde_json::json!({ "body": body }));
+            if status != 200 {
+                anyhow::bail!("the worker at {addr} could not take a snapshot: {json}");
+            }
+            Ok(json)
+        }
+        Err(_) => {
+            let root = config
+                .snapshots
+                .dir
+                .clone()
+                .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
+            let ledger = dedupe::ledger::Ledger::open(&config.worker.data_dir, crate::run::ledger_options(config))
+                .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
+            std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+            let dir = dedupe::snapshot::next_snapshot_dir(&root);
+            let progress = ledger.checkpoint(&dir)?;
+            dedupe::snapshot::prune(&root, config.snapshots.keep)?;
+            if let Some(hook) = &config.snapshots.hook {
+                let parts: Vec<u32> = progress.keys().copied().collect();
+                dedupe::snapshot::run_hook(hook, &dir, &parts, Duration::from_secs(600))?;
+            }
+            Ok(serde_json::json!({ "snapshot": dir }))
+        }
+    }
+}
+
+/// `dedupe ledger restore --from DIR`: copies a checkpoint into the (stopped) worker's ledger
+/// directory. An existing ledger is moved aside (`<dir>.replaced-<unix ms>`) only with `force`,
+/// never deleted.
+pub fn ledger_restore(config: &Config, from: &std::path::Path, force: bool) -> anyhow::Result<serde_json::Value> {
+    let target = &config.worker.data_dir;
+    // The checkpoint must open as a ledger before anything is touched.
+    let checkpoint = dedupe::ledger::Ledger::open(from, crate::run::ledger_options(config))
+        .with_context(|| format!("{} is not a ledger checkpoint that opens", from.display()))?;
+    let progress = checkpoint.all_progress()?;
+    drop(checkpoint);
+    let mut moved_aside = None;
+    let used = std::fs::read_dir(target).map(|mut d| d.next().is_some()).unwrap_or(false);
+    if used {
+        if !force {
+            anyhow::bail!("{} already holds a ledger; stop the worker and pass --force to move it aside", target.display());
+        }
+        let aside = std::path::PathBuf::from(format!("{}.replaced-{}", target.display(), dedupe::recovery::now_ms()));
+        std::fs::rename(target, &aside).with_context(|| format!("moving {} aside", target.display()))?;
+        moved_aside = Some(aside);
+    }
+    dedupe::ledger::Ledger::restore_from(from, target, false)
+        .with_context(|| format!("restoring {} into {}", from.display(), target.display()))?;
+    let partitions: Vec<serde_json::Value> = progress
+        .iter()
+        .map(|(p, bytes)| match dedupe::progress::Progress::decode(bytes) {
+            Ok(pr) => serde_json::json!({ "partition": p, "next_input_offset": pr.next_input_offset, "next_output_offset": pr.next_output_offset }),
+            Err(e) => serde_json::json!({ "partition": p, "error": e.to_string() }),
+        })
+        .collect();
+    Ok(serde_json::json!({ "restored": target, "from": from, "moved_aside": moved_aside, "progress": partitions }))
+}

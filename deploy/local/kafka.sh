@@ -6,6 +6,8 @@
 #   deploy/local/kafka.sh down     stop the broker this script started (by its pid file)
 #   deploy/local/kafka.sh status   say whether it runs and where
 #   deploy/local/kafka.sh classpath  print the classpath (for Kafka's own tools in tests and benches)
+#   deploy/local/kafka.sh create-topic NAME PARTITIONS [CONFIG=VALUE ...]
+#                                  create a topic (idempotent) with Kafka's own TopicCommand
 #
 # Environment:
 #   KAFKA_PORT       client port (default 9092); the controller listens on KAFKA_PORT+1
@@ -20,7 +22,9 @@ port=${KAFKA_PORT:-9092}
 controller_port=$((port + 1))
 version=${KAFKA_VERSION:-$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/pom.xml")}
 cache=${DEDUPE_CACHE:-$HOME/.cache/dedupe}
-libs="$cache/kafka-$version/libs"
+# The cache is keyed by the version and the pom's content, so a changed pom gathers anew.
+pom_hash=$(sha256sum "$here/pom.xml" | cut -c1-12)
+libs="$cache/kafka-$version-$pom_hash/libs"
 run_dir=${KAFKA_RUN_DIR:-${TMPDIR:-/tmp}/dedupe-kafka-$port}
 pid_file="$run_dir/kafka.pid"
 bootstrap="127.0.0.1:$port"
@@ -180,10 +184,22 @@ status() {
   fi
 }
 
+create_topic() {
+  local name=${1:?topic name} partitions=${2:?partition count}
+  shift 2
+  local configs=() kv
+  for kv in "$@"; do configs+=(--config "$kv"); done
+  gather
+  java -Xmx256m "-Dlog4j2.configurationFile=$here/log4j2-tools.properties" -cp "$(classpath)" \
+    org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" --create --if-not-exists \
+    --topic "$name" --partitions "$partitions" --replication-factor 1 ${configs[@]+"${configs[@]}"}
+}
+
 case "${1:-}" in
   up) up ;;
+  create-topic) shift; create_topic "$@" ;;
   down) down ;;
   status) status ;;
   classpath) gather; classpath ;;
-  *) echo "usage: $0 up|down|status|classpath" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|classpath|create-topic NAME PARTITIONS [CONFIG=VALUE ...]" >&2; exit 2 ;;
 esac

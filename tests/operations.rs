@@ -1,0 +1,145 @@
+//! Operations against the real broker: a real Prometheus scrapes a running worker, and a ledger
+//! snapshot restored after more traffic loses nothing the output topic still holds.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
+    let input = TestTopic::create("prom-in", 3);
+    let output = TestTopic::create("prom-out", 3);
+    let dir = tempfile::tempdir().unwrap();
+    // Enough ids that every partition holds some.
+    let all = ids(300);
+    let refs: Vec<&String> = all.iter().collect();
+    let acks = produce_full(&input.name, &keyed(&refs));
+    let used: std::collections::BTreeSet<i32> = acks.iter().map(|(p, _)| *p).collect();
+    assert_eq!(used.len(), 3, "300 ids reach all 3 partitions");
+    let mut worker = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 300, Duration::from_secs(60));
+
+    let prometheus = which("prometheus");
+    let prom_port = free_port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: dedupe\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            worker.metrics_port
+        ),
+    )
+    .unwrap();
+    let mut prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let query = "/api/v1/query?query=dedupe_window_seconds";
+    let result = loop {
+        if let Some((200, body)) = http_get(prom_port, query) {
+            let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let series = json["data"]["result"].as_array().cloned().unwrap_or_default();
+            if series.len() == 3 {
+                break series;
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = prom.kill();
+            panic!("Prometheus did not return the window of 3 partitions within 60 s:\n{}", worker.metrics().unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let _ = prom.kill();
+    let _ = prom.wait();
+    let mut partitions: Vec<String> = result.iter().map(|s| s["metric"]["partition"].as_str().unwrap().to_string()).collect();
+    partitions.sort();
+    assert_eq!(partitions, ["0", "1", "2"]);
+    for s in &result {
+        let v: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
+        assert!((0.0..3600.0).contains(&v), "a fresh ledger's window is seconds old, got {v}");
+    }
+    // The page's expression evaluates too (and is false: the window is young, well under 24 h,
+    // which is exactly when it would fire in production).
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+}
+
+fn which(name: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().unwrap();
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(!path.is_empty(), "{name} is not installed (apt-get install prometheus); .ci/run installs it");
+    path
+}
+
+#[test]
+fn a_restored_snapshot_loses_nothing_the_output_holds() {
+    let input = TestTopic::create("snap-in", 2);
+    let output = TestTopic::create("snap-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let hook_log = dir.path().join("hook.log");
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
+        .env("DEDUPE_SNAPSHOTS_KEEP", "2")
+        .env("DEDUPE_SNAPSHOTS_HOOK", &format!("echo \"$DEDUPE_SNAPSHOT_DIR $DEDUPE_SNAPSHOT_PARTITIONS\" >> {}", hook_log.display()));
+
+    // Phase A, then a snapshot taken on demand through the running worker.
+    let a = ids(400);
+    produce_full(&input.name, &keyed(&a.iter().collect::<Vec<_>>()));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 400, Duration::from_secs(60));
+    let snap = Command::new(dedupe_bin())
+        .args(["ledger", "snapshot", "--metrics-addr", &format!("127.0.0.1:{}", worker.metrics_port)])
+        .output()
+        .unwrap();
+    assert!(snap.status.success(), "{}", String::from_utf8_lossy(&snap.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&snap.stdout).unwrap();
+    let snapshot_dir = json["snapshot"].as_str().unwrap().to_string();
+    assert!(std::path::Path::new(&snapshot_dir).join("CURRENT").exists());
+    let hook = std::fs::read_to_string(&hook_log).unwrap();
+    assert!(hook.starts_with(&snapshot_dir), "the hook ran with the snapshot's path: {hook}");
+    let page = worker.metrics().unwrap();
+    assert!(metric_value(&page, "dedupe_snapshot_last_success_timestamp_seconds", "").unwrap() > 0.0);
+
+    // Phase B after the snapshot: the snapshot does not know these ids.
+    let b = ids(300);
+    produce_full(&input.name, &keyed(&b.iter().collect::<Vec<_>>()));
+    wait_for_records(&output.name, 700, Duration::from_secs(60));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+
+    // Restore the snapshot over the newer ledger (moved aside, not deleted).
+    let data_dir = dir.path().join("ledger");
+    let restore = Command::new(dedupe_bin())
+        .args(["ledger", "restore", "--from", &snapshot_dir, "--force", "--data-dir"])
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    assert!(restore.status.success(), "{}", String::from_utf8_lossy(&restore.stderr));
+    let restored: serde_json::Value = serde_json::from_slice(&restore.stdout).unwrap();
+    let aside = restored["moved_aside"].as_str().expect("the newer ledger was moved aside");
+    assert!(std::path::Path::new(aside).join("CURRENT").exists());
+
+    // Clients retry phase B's ids. The restarted worker replays the output tail written after the
+    // snapshot, so it knows them, and drops every retry.
+    produce_full(&input.name, &keyed(&b.iter().collect::<Vec<_>>()));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(2));
+    let out = wait_for_records(&output.name, 700, Duration::from_secs(60));
+    let page = worker.metrics().unwrap();
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(out.len(), 700, "no retried id was published again");
+    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", "").unwrap() >= 300.0, "{page}");
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", ""), Some(300.0));
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
