@@ -39,15 +39,12 @@ fn declared_metrics() -> BTreeMap<String, String> {
         let Some(rest) = line.trim().strip_prefix("m(") else { continue };
         let mut fields = rest.split(',').map(str::trim);
         let (Some(ident), Some(kind)) = (fields.next(), fields.next()) else { continue };
-        let name = by_const.get(ident).unwrap_or_else(|| panic!("src/metrics.rs: ALL names {ident}, not a metric constant"));
+        let name =
+            by_const.get(ident).unwrap_or_else(|| panic!("src/metrics.rs: ALL names {ident}, not a metric constant"));
         kinds.insert(name.clone(), kind.to_string());
     }
     assert!(kinds.len() >= 20, "parsed only {} metrics from src/metrics.rs: has its shape changed?", kinds.len());
-    assert_eq!(
-        kinds.len(),
-        by_const.len(),
-        "every metric constant in src/metrics.rs is listed in ALL, and only those"
-    );
+    assert_eq!(kinds.len(), by_const.len(), "every metric constant in src/metrics.rs is listed in ALL, and only those");
     kinds
 }
 
@@ -60,7 +57,9 @@ fn metric_tokens(text: &str) -> BTreeSet<String> {
         let start = i + offset;
         let preceded_by_word = start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
         let mut end = start + "dedupe_".len();
-        while end < bytes.len() && (bytes[end].is_ascii_lowercase() || bytes[end].is_ascii_digit() || bytes[end] == b'_') {
+        while end < bytes.len()
+            && (bytes[end].is_ascii_lowercase() || bytes[end].is_ascii_digit() || bytes[end] == b'_')
+        {
             end += 1;
         }
         if !preceded_by_word {
@@ -142,7 +141,8 @@ fn alert_rules_and_dashboard_use_only_declared_metrics() {
     }
 
     // Every expression and template query of the dashboard.
-    let dashboard: serde_json::Value = serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
     let mut queries = Vec::new();
     collect_strings(&dashboard, &["expr", "definition"], &mut queries);
     assert!(queries.len() >= 20, "found only {} queries in the dashboard", queries.len());
@@ -244,11 +244,17 @@ fn every_alert_has_a_firing_and_a_silent_unit_test() {
     }
     for alert in alerts(&read("deploy/prometheus/rules.yml")) {
         let (silent, firing) = cases.get(&alert.name).copied().unwrap_or_default();
-        assert!(silent >= 1 && firing >= 1, "{}: {silent} silent and {firing} firing cases in rules.test.yml", alert.name);
+        assert!(
+            silent >= 1 && firing >= 1,
+            "{}: {silent} silent and {firing} firing cases in rules.test.yml",
+            alert.name
+        );
     }
     // The page is tested a minute before and at the end of its 10 minutes.
     assert!(tests.contains("eval_time: 30m\n        alertname: DedupeWindowUnder24h\n        exp_alerts: []"));
-    assert!(tests.contains("eval_time: 31m\n        alertname: DedupeWindowUnder24h\n        exp_alerts:\n          - exp_labels:"));
+    assert!(tests.contains(
+        "eval_time: 31m\n        alertname: DedupeWindowUnder24h\n        exp_alerts:\n          - exp_labels:"
+    ));
 }
 
 /// Runs promtool with `args` in the repository root and asserts it succeeds.
@@ -281,19 +287,21 @@ fn prometheus_rule_for_kubernetes_carries_the_same_rules() {
     // deploy/k8s/gen-prometheusrule.sh: everything from `groups:` on, indented under `spec:`.
     let rules = read("deploy/prometheus/rules.yml");
     let start = rules.find("\ngroups:").expect("rules.yml has a top-level groups:") + 1;
-    let indented: String = rules[start..]
-        .lines()
-        .map(|l| if l.is_empty() { "\n".to_string() } else { format!("  {l}\n") })
-        .collect();
+    let indented: String =
+        rules[start..].lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("  {l}\n") }).collect();
     let k8s = read("deploy/k8s/prometheusrule.yaml");
     let (head, spec) = k8s.split_once("\nspec:\n").expect("prometheusrule.yaml has spec:");
     assert!(head.contains("apiVersion: monitoring.coreos.com/v1") && head.contains("kind: PrometheusRule"));
-    assert!(spec == indented, "deploy/k8s/prometheusrule.yaml differs from deploy/prometheus/rules.yml: run deploy/k8s/gen-prometheusrule.sh");
+    assert!(
+        spec == indented,
+        "deploy/k8s/prometheusrule.yaml differs from deploy/prometheus/rules.yml: run deploy/k8s/gen-prometheusrule.sh"
+    );
 }
 
 #[test]
 fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
-    let dashboard: serde_json::Value = serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
     assert!(dashboard["schemaVersion"].as_u64().is_some_and(|v| v >= 36), "schemaVersion >= 36");
     assert_eq!(dashboard["uid"], "dedupe");
     let variables = dashboard["templating"]["list"].as_array().expect("templating.list");
@@ -322,7 +330,11 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     let panel_with = |needle: &str| {
         panels
             .iter()
-            .find(|p| p["targets"].as_array().is_some_and(|ts| ts.iter().any(|t| t["expr"].as_str().unwrap_or("").contains(needle))))
+            .find(|p| {
+                p["targets"]
+                    .as_array()
+                    .is_some_and(|ts| ts.iter().any(|t| t["expr"].as_str().unwrap_or("").contains(needle)))
+            })
             .unwrap_or_else(|| panic!("no dashboard panel queries {needle}"))
     };
     // The window per partition (the raw series, not an aggregate), with the 24-hour line.
@@ -340,14 +352,19 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     panel_with("time() - dedupe_snapshot_last_success_timestamp_seconds");
     panel_with("dedupe_transactions_total");
     panel_with("dedupe_ledger_budget_bytes");
-    for histogram in ["dedupe_stage_seconds_bucket", "dedupe_end_to_end_seconds_bucket", "dedupe_ingest_request_seconds_bucket"] {
+    for histogram in
+        ["dedupe_stage_seconds_bucket", "dedupe_end_to_end_seconds_bucket", "dedupe_ingest_request_seconds_bucket"]
+    {
         assert!(panel_with(histogram)["targets"][0]["expr"].as_str().unwrap().starts_with("histogram_quantile("));
     }
     // The duplicate-age heatmap reads the buckets as a heatmap.
     let heatmap = panel_with("dedupe_duplicate_age_seconds_bucket");
     assert_eq!(heatmap["type"], "heatmap");
     assert_eq!(heatmap["targets"][0]["format"], "heatmap");
-    assert!(heatmap["targets"][0]["expr"].as_str().unwrap().starts_with("sum by (le) (rate(dedupe_duplicate_age_seconds_bucket"));
+    assert!(heatmap["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .starts_with("sum by (le) (rate(dedupe_duplicate_age_seconds_bucket"));
 }
 
 #[test]
@@ -430,7 +447,10 @@ fn image_builds_like_the_readme_and_runs_unprivileged() {
     // The runtime stage copies the binary and the configuration, nothing else.
     let runtime = dockerfile.rsplit_once("FROM debian:bookworm-slim").unwrap().1;
     for copy in runtime.lines().filter(|l| l.starts_with("COPY ")) {
-        assert!(copy.starts_with("COPY --from=build /usr/local/bin/dedupe ") || copy.starts_with("COPY config/ "), "{copy}");
+        assert!(
+            copy.starts_with("COPY --from=build /usr/local/bin/dedupe ") || copy.starts_with("COPY config/ "),
+            "{copy}"
+        );
     }
     let ignore = read(".dockerignore");
     assert!(ignore.lines().any(|l| l == "target/"), ".dockerignore keeps target/ out of the build context");
@@ -470,14 +490,22 @@ fn deployment_environment_variables_are_configuration_keys() {
     for file in files {
         let text = read(file);
         for (start, _) in text.match_indices("DEDUPE_") {
-            let name: String = text[start..].chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
             if not_keys.contains(&name.as_str()) {
                 continue;
             }
             let rest = name["DEDUPE_".len()..].to_ascii_lowercase();
-            let Some(section) = documented.keys().find(|s| rest.starts_with(&format!("{s}_"))) else { continue };
+            let Some(section) = documented.keys().find(|s| rest.starts_with(&format!("{s}_"))) else {
+                continue;
+            };
             let key = &rest[section.len() + 1..];
-            assert!(documented[section].contains(key), "{file}: {name} sets {section}.{key}, which config/dedupe.toml does not document");
+            assert!(
+                documented[section].contains(key),
+                "{file}: {name} sets {section}.{key}, which config/dedupe.toml does not document"
+            );
             seen += 1;
         }
     }
