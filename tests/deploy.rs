@@ -1,0 +1,533 @@
+//! The deployment files against the service: every metric name the alert rules and the dashboard
+//! use is one `src/metrics.rs` declares, the rules pass their promtool unit tests, the Kubernetes
+//! PrometheusRule carries the same rules, the dashboard shows the key series, every file the compose
+//! setup mounts exists, every `DEDUPE_*` variable the deployments set is a configuration key, and
+//! the Operations section documents every metric.
+//!
+//! Reads files only (no broker). promtool must be installed (Debian's `prometheus` package): a
+//! missing promtool fails the test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(relative: &str) -> String {
+    let path = root().join(relative);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// Metric name -> kind ("Counter", "Gauge", "Histogram"), parsed from the text of `src/metrics.rs`:
+/// the `pub const NAME: &str = "dedupe_…";` lines, and the kinds given in `ALL`.
+fn declared_metrics() -> BTreeMap<String, String> {
+    let text = read("src/metrics.rs");
+    let mut by_const = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim().strip_prefix("pub const ") else { continue };
+        let Some((ident, value)) = rest.split_once(": &str = \"") else { continue };
+        let Some(name) = value.strip_suffix("\";") else { continue };
+        if name.starts_with("dedupe_") {
+            by_const.insert(ident.to_string(), name.to_string());
+        }
+    }
+    let mut kinds = BTreeMap::new();
+    for line in text.lines() {
+        // `m(RECORDS_IN, Counter, None, P, "…"),`
+        let Some(rest) = line.trim().strip_prefix("m(") else { continue };
+        let mut fields = rest.split(',').map(str::trim);
+        let (Some(ident), Some(kind)) = (fields.next(), fields.next()) else { continue };
+        let name =
+            by_const.get(ident).unwrap_or_else(|| panic!("src/metrics.rs: ALL names {ident}, not a metric constant"));
+        kinds.insert(name.clone(), kind.to_string());
+    }
+    assert!(kinds.len() >= 20, "parsed only {} metrics from src/metrics.rs: has its shape changed?", kinds.len());
+    assert_eq!(kinds.len(), by_const.len(), "every metric constant in src/metrics.rs is listed in ALL, and only those");
+    kinds
+}
+
+/// Every `dedupe_[a-z0-9_]+` token in `text`.
+fn metric_tokens(text: &str) -> BTreeSet<String> {
+    let bytes = text.as_bytes();
+    let mut found = BTreeSet::new();
+    let mut i = 0;
+    while let Some(offset) = text[i..].find("dedupe_") {
+        let start = i + offset;
+        let preceded_by_word = start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let mut end = start + "dedupe_".len();
+        while end < bytes.len()
+            && (bytes[end].is_ascii_lowercase() || bytes[end].is_ascii_digit() || bytes[end] == b'_')
+        {
+            end += 1;
+        }
+        if !preceded_by_word {
+            found.insert(text[start..end].to_string());
+        }
+        i = end;
+    }
+    found
+}
+
+/// The declared metric a used series name refers to: itself, or a histogram's `_bucket`, `_sum`
+/// or `_count` series.
+fn resolve<'a>(used: &str, declared: &'a BTreeMap<String, String>) -> Option<&'a str> {
+    if let Some((name, _)) = declared.get_key_value(used) {
+        return Some(name);
+    }
+    ["_bucket", "_sum", "_count"].iter().find_map(|suffix| {
+        let base = used.strip_suffix(suffix)?;
+        let (name, kind) = declared.get_key_value(base)?;
+        (kind == "Histogram").then_some(name.as_str())
+    })
+}
+
+fn assert_all_declared(source: &str, used: &BTreeSet<String>, declared: &BTreeMap<String, String>) {
+    let unknown: Vec<_> = used.iter().filter(|u| resolve(u, declared).is_none()).collect();
+    assert!(
+        unknown.is_empty(),
+        "{source} uses metric names that src/metrics.rs does not declare: {unknown:?}\n(declared: {:?})",
+        declared.keys().collect::<Vec<_>>()
+    );
+}
+
+/// One alert rule of rules.yml, parsed as text: its name and the lines of its block.
+struct Alert {
+    name: String,
+    block: String,
+}
+
+impl Alert {
+    /// The value of `key:` in the block (inline, or a folded `>-` block).
+    fn field(&self, key: &str) -> Option<String> {
+        let lines: Vec<&str> = self.block.lines().collect();
+        let at = lines.iter().position(|l| l.trim_start().starts_with(&format!("{key}:")))?;
+        let indent = lines[at].len() - lines[at].trim_start().len();
+        let inline = lines[at].trim_start()[key.len() + 1..].trim();
+        if inline != ">-" && inline != ">" && inline != "|" {
+            return Some(inline.trim_matches('"').to_string());
+        }
+        let folded: Vec<&str> = lines[at + 1..]
+            .iter()
+            .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+            .map(|l| l.trim())
+            .collect();
+        Some(folded.join(" ").trim().to_string())
+    }
+}
+
+fn alerts(rules: &str) -> Vec<Alert> {
+    let mut alerts: Vec<Alert> = Vec::new();
+    for line in rules.lines() {
+        if let Some(name) = line.trim_start().strip_prefix("- alert: ") {
+            alerts.push(Alert { name: name.trim().to_string(), block: String::new() });
+        } else if let Some(alert) = alerts.last_mut() {
+            // Comments between rules belong to the next rule; they carry no fields.
+            if !line.trim_start().starts_with('#') {
+                alert.block.push_str(line);
+                alert.block.push('\n');
+            }
+        }
+    }
+    alerts
+}
+
+#[test]
+fn alert_rules_and_dashboard_use_only_declared_metrics() {
+    let declared = declared_metrics();
+    for file in ["deploy/prometheus/rules.yml", "deploy/k8s/prometheusrule.yaml", "deploy/OPERATIONS.md"] {
+        assert_all_declared(file, &metric_tokens(&read(file)), &declared);
+    }
+
+    // Every expression and template query of the dashboard.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
+    let mut queries = Vec::new();
+    collect_strings(&dashboard, &["expr", "definition"], &mut queries);
+    assert!(queries.len() >= 20, "found only {} queries in the dashboard", queries.len());
+    let used: BTreeSet<String> = queries.iter().flat_map(|q| metric_tokens(q)).collect();
+    assert_all_declared("deploy/grafana/dedupe.json", &used, &declared);
+
+    // The rules' expressions name the series they are about.
+    let rules = read("deploy/prometheus/rules.yml");
+    let exprs: String = alerts(&rules).iter().filter_map(|a| a.field("expr")).collect::<Vec<_>>().join("\n");
+    for name in [
+        "dedupe_window_seconds",
+        "dedupe_window_forecast_seconds",
+        "dedupe_consumer_lag_records",
+        "dedupe_snapshot_failures_total",
+        "dedupe_snapshot_last_success_timestamp_seconds",
+        "dedupe_transactions_total",
+        "dedupe_partitions_ready",
+        "dedupe_partitions_owned",
+    ] {
+        assert!(metric_tokens(&exprs).contains(name), "no alert expression uses {name}");
+    }
+}
+
+fn collect_strings(value: &serde_json::Value, keys: &[&str], out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match v {
+                    serde_json::Value::String(s) if keys.contains(&k.as_str()) => out.push(s.clone()),
+                    _ => collect_strings(v, keys, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_strings(v, keys, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
+    let rules = read("deploy/prometheus/rules.yml");
+    let alerts = alerts(&rules);
+    let by_name: BTreeMap<&str, &Alert> = alerts.iter().map(|a| (a.name.as_str(), a)).collect();
+    let expected = [
+        ("DedupeWindowUnder24h", "page"),
+        ("DedupeWindowForecastUnder36h", "warn"),
+        ("DedupeConsumerLagGrowing", "warn"),
+        ("DedupeSnapshotsFailing", "warn"),
+        ("DedupeProducerFenced", "warn"),
+        ("DedupeWorkerDown", "page"),
+        ("DedupeWorkerNotReady", "warn"),
+    ];
+    for (name, severity) in expected {
+        let alert = by_name.get(name).unwrap_or_else(|| panic!("rules.yml has no alert {name}"));
+        assert_eq!(alert.field("severity").as_deref(), Some(severity), "{name}: severity");
+        for key in ["summary", "description"] {
+            assert!(alert.field(key).is_some_and(|v| v.len() > 20), "{name}: needs a {key} annotation");
+        }
+        assert_eq!(alert.field("runbook").as_deref(), Some("README.md#operations"), "{name}: runbook");
+    }
+    assert_eq!(alerts.len(), expected.len(), "an alert was added: add it to this test and to rules.test.yml");
+
+    // The page: 24 hours, held for 10 minutes.
+    let page = by_name["DedupeWindowUnder24h"];
+    assert!(page.field("expr").unwrap().contains("dedupe_window_seconds) < 86400"), "{}", page.block);
+    assert_eq!(page.field("for").as_deref(), Some("10m"));
+    let forecast = by_name["DedupeWindowForecastUnder36h"];
+    assert!(forecast.field("expr").unwrap().contains("< 129600"));
+    assert_eq!(forecast.field("for").as_deref(), Some("30m"));
+    // Three missed hourly snapshots.
+    assert!(by_name["DedupeSnapshotsFailing"].field("expr").unwrap().contains("> 10800"));
+    assert!(by_name["DedupeWorkerDown"].field("expr").unwrap().contains("up{job=\"dedupe\"} == 0"));
+
+    // The Operations section describes every alert.
+    let operations = read("deploy/OPERATIONS.md");
+    for (name, _) in expected {
+        assert!(operations.contains(name), "deploy/OPERATIONS.md does not describe {name}");
+    }
+}
+
+#[test]
+fn every_alert_has_a_firing_and_a_silent_unit_test() {
+    // alertname -> (cases expecting no alert, cases expecting alerts)
+    let tests = read("deploy/prometheus/rules.test.yml");
+    let mut cases: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in tests.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("alertname: ") {
+            current = Some(name.trim().to_string());
+        } else if let Some(rest) = line.strip_prefix("exp_alerts:") {
+            let name = current.take().expect("exp_alerts without an alertname");
+            let entry = cases.entry(name).or_default();
+            if rest.trim() == "[]" {
+                entry.0 += 1;
+            } else {
+                entry.1 += 1;
+            }
+        }
+    }
+    for alert in alerts(&read("deploy/prometheus/rules.yml")) {
+        let (silent, firing) = cases.get(&alert.name).copied().unwrap_or_default();
+        assert!(
+            silent >= 1 && firing >= 1,
+            "{}: {silent} silent and {firing} firing cases in rules.test.yml",
+            alert.name
+        );
+    }
+    // The page is tested a minute before and at the end of its 10 minutes.
+    assert!(tests.contains("eval_time: 30m\n        alertname: DedupeWindowUnder24h\n        exp_alerts: []"));
+    assert!(tests.contains(
+        "eval_time: 31m\n        alertname: DedupeWindowUnder24h\n        exp_alerts:\n          - exp_labels:"
+    ));
+}
+
+/// Runs promtool with `args` in the repository root and asserts it succeeds.
+fn promtool(args: &[&str]) {
+    let output = Command::new("promtool").args(args).current_dir(root()).output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run promtool ({e}): install Debian's `prometheus` package (apt-get install prometheus), \
+             which ships /usr/bin/promtool"
+        )
+    });
+    assert!(
+        output.status.success(),
+        "promtool {} failed ({}):\n{}\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn promtool_checks_rules_config_and_runs_the_rule_tests() {
+    promtool(&["check", "rules", "deploy/prometheus/rules.yml"]);
+    promtool(&["check", "config", "deploy/prometheus/prometheus.yml"]);
+    promtool(&["test", "rules", "deploy/prometheus/rules.test.yml"]);
+}
+
+#[test]
+fn prometheus_rule_for_kubernetes_carries_the_same_rules() {
+    // deploy/k8s/gen-prometheusrule.sh: everything from `groups:` on, indented under `spec:`.
+    let rules = read("deploy/prometheus/rules.yml");
+    let start = rules.find("\ngroups:").expect("rules.yml has a top-level groups:") + 1;
+    let indented: String =
+        rules[start..].lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("  {l}\n") }).collect();
+    let k8s = read("deploy/k8s/prometheusrule.yaml");
+    let (head, spec) = k8s.split_once("\nspec:\n").expect("prometheusrule.yaml has spec:");
+    assert!(head.contains("apiVersion: monitoring.coreos.com/v1") && head.contains("kind: PrometheusRule"));
+    assert!(
+        spec == indented,
+        "deploy/k8s/prometheusrule.yaml differs from deploy/prometheus/rules.yml: run deploy/k8s/gen-prometheusrule.sh"
+    );
+}
+
+#[test]
+fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
+    assert!(dashboard["schemaVersion"].as_u64().is_some_and(|v| v >= 36), "schemaVersion >= 36");
+    assert_eq!(dashboard["uid"], "dedupe");
+    let variables = dashboard["templating"]["list"].as_array().expect("templating.list");
+    assert!(
+        variables.iter().any(|v| v["type"] == "datasource" && v["name"] == "datasource" && v["query"] == "prometheus"),
+        "a `datasource` variable of type prometheus"
+    );
+
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut ids = BTreeSet::new();
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap_or("?");
+        assert!(ids.insert(panel["id"].as_u64().expect("panel id")), "panel id of {title} repeats");
+        let grid = &panel["gridPos"];
+        let (x, w) = (grid["x"].as_u64().unwrap(), grid["w"].as_u64().unwrap());
+        assert!(x + w <= 24 && grid["h"].as_u64().unwrap() > 0, "{title}: gridPos {grid}");
+        if panel["type"] != "row" {
+            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}: uses the datasource variable");
+            for target in panel["targets"].as_array().expect("targets") {
+                assert_eq!(target["datasource"]["uid"], "${datasource}", "{title}: target datasource");
+                assert!(target["expr"].as_str().is_some_and(|e| !e.is_empty()), "{title}: empty expr");
+            }
+        }
+    }
+
+    let panel_with = |needle: &str| {
+        panels
+            .iter()
+            .find(|p| {
+                p["targets"]
+                    .as_array()
+                    .is_some_and(|ts| ts.iter().any(|t| t["expr"].as_str().unwrap_or("").contains(needle)))
+            })
+            .unwrap_or_else(|| panic!("no dashboard panel queries {needle}"))
+    };
+    // The window per partition (the raw series, not an aggregate), with the 24-hour line.
+    let window = panels
+        .iter()
+        .find(|p| p["targets"][0]["expr"].as_str().is_some_and(|e| e.starts_with("dedupe_window_seconds{")))
+        .expect("a panel plots dedupe_window_seconds per partition");
+    assert_eq!(window["type"], "timeseries");
+    assert_eq!(window["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"], "line");
+    let steps = window["fieldConfig"]["defaults"]["thresholds"]["steps"].as_array().unwrap();
+    assert!(steps.iter().any(|s| s["value"] == 86400), "window panel has a threshold at 86400: {steps:?}");
+    panel_with("dedupe_window_forecast_seconds");
+    panel_with("dedupe_consumer_lag_records");
+    panel_with("rate(dedupe_duplicates_dropped_total");
+    panel_with("time() - dedupe_snapshot_last_success_timestamp_seconds");
+    panel_with("dedupe_transactions_total");
+    panel_with("dedupe_ledger_budget_bytes");
+    for histogram in
+        ["dedupe_stage_seconds_bucket", "dedupe_end_to_end_seconds_bucket", "dedupe_ingest_request_seconds_bucket"]
+    {
+        assert!(panel_with(histogram)["targets"][0]["expr"].as_str().unwrap().starts_with("histogram_quantile("));
+    }
+    // The duplicate-age heatmap reads the buckets as a heatmap.
+    let heatmap = panel_with("dedupe_duplicate_age_seconds_bucket");
+    assert_eq!(heatmap["type"], "heatmap");
+    assert_eq!(heatmap["targets"][0]["format"], "heatmap");
+    assert!(heatmap["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .starts_with("sum by (le) (rate(dedupe_duplicate_age_seconds_bucket"));
+}
+
+#[test]
+fn operations_section_lists_every_metric() {
+    let operations = read("deploy/OPERATIONS.md");
+    let table_rows: Vec<&str> = operations.lines().filter(|l| l.starts_with('|')).collect();
+    for (name, kind) in declared_metrics() {
+        let row = table_rows
+            .iter()
+            .find(|r| r.contains(&format!("`{name}`")))
+            .unwrap_or_else(|| panic!("deploy/OPERATIONS.md's metrics table has no row for `{name}`"));
+        assert!(row.to_lowercase().contains(&kind.to_lowercase()), "the row of {name} gives its kind, {kind}: {row}");
+    }
+    assert!(operations.starts_with("## Operations"), "the fragment opens with the README's Operations heading");
+}
+
+/// Host paths a compose file references: bind-mount sources, env files (their default), the build
+/// context and Dockerfile.
+fn compose_references(compose: &str) -> Vec<PathBuf> {
+    let deploy = root().join("deploy");
+    let mut paths = Vec::new();
+    let mut context = None;
+    for line in compose.lines().map(str::trim) {
+        if line.starts_with('#') {
+            continue;
+        }
+        let item = line.strip_prefix("- ").unwrap_or(line).trim_matches('"');
+        if let Some(source) = item.strip_prefix("./").and_then(|s| s.split(':').next()) {
+            paths.push(deploy.join(source));
+        } else if let Some(dir) = item.strip_prefix("context: ") {
+            context = Some(deploy.join(dir));
+            paths.push(deploy.join(dir));
+        } else if let Some(file) = item.strip_prefix("dockerfile: ") {
+            paths.push(context.clone().expect("context: before dockerfile:").join(file));
+        } else if let Some(var) = item.strip_prefix("${").and_then(|s| s.strip_suffix('}')) {
+            let (_, default) = var.split_once(":-").unwrap_or_else(|| panic!("{item}: give a default"));
+            paths.push(deploy.join(default));
+        }
+    }
+    paths
+}
+
+#[test]
+fn compose_references_files_that_exist() {
+    let compose = read("deploy/compose.yaml");
+    let paths = compose_references(&compose);
+    assert!(paths.len() >= 7, "found only {paths:?} in compose.yaml");
+    for path in &paths {
+        assert!(path.exists(), "deploy/compose.yaml references {}, which does not exist", path.display());
+    }
+    for service in ["kafka:", "topics:", "worker:", "ingest:", "prometheus:", "grafana:"] {
+        assert!(compose.contains(&format!("\n  {service}\n")), "compose.yaml has no service {service}");
+    }
+    assert!(compose.contains("image: apache/kafka:4.1.1"));
+    assert!(compose.contains("command: [\"run\"") && compose.contains("command: [\"ingest\"]"));
+    assert!(compose.contains("DEDUPE_WRITE_KEYS") || read("deploy/ingest.env.example").contains("DEDUPE_WRITE_KEYS="));
+}
+
+#[test]
+fn image_builds_like_the_readme_and_runs_unprivileged() {
+    let dockerfile = read("deploy/Dockerfile");
+    for needle in [
+        "FROM rust:1.95-bookworm AS build",
+        "libclang-dev libssl-dev pkg-config",
+        "cargo build --release --locked -p dedupe-actors --bin dedupe",
+        "FROM debian:bookworm-slim",
+        "ca-certificates libssl3",
+        "--uid 10001",
+        "USER 10001:10001",
+        "VOLUME /var/lib/dedupe",
+        "EXPOSE 9464 8080",
+        "STOPSIGNAL SIGTERM",
+        "HEALTHCHECK",
+        "/healthz",
+        "DEDUPE_METRICS_ADDR=0.0.0.0:9464",
+        "DEDUPE_INGEST_LISTEN=0.0.0.0:8080",
+    ] {
+        assert!(dockerfile.contains(needle), "deploy/Dockerfile lacks {needle:?}");
+    }
+    // The runtime stage copies the binary and the configuration, nothing else.
+    let runtime = dockerfile.rsplit_once("FROM debian:bookworm-slim").unwrap().1;
+    for copy in runtime.lines().filter(|l| l.starts_with("COPY ")) {
+        assert!(
+            copy.starts_with("COPY --from=build /usr/local/bin/dedupe ") || copy.starts_with("COPY config/ "),
+            "{copy}"
+        );
+    }
+    let ignore = read(".dockerignore");
+    assert!(ignore.lines().any(|l| l == "target/"), ".dockerignore keeps target/ out of the build context");
+}
+
+/// section -> keys named in config/dedupe.toml (set or commented out).
+fn documented_config_keys() -> BTreeMap<String, BTreeSet<String>> {
+    let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut section = String::new();
+    for line in read("config/dedupe.toml").lines() {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.split_once(']')).map(|(n, _)| n) {
+            section = name.to_string();
+            keys.entry(section.clone()).or_default();
+        } else if let Some((key, _)) = line.trim_start_matches('#').trim_start().split_once(" = ") {
+            if !section.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                keys.entry(section.clone()).or_default().insert(key.to_string());
+            }
+        }
+    }
+    keys
+}
+
+#[test]
+fn deployment_environment_variables_are_configuration_keys() {
+    // The configuration reads DEDUPE_<SECTION>_<KEY>; an unknown key in a known section stops the
+    // service at start. Variables outside the sections are passed through untouched.
+    let documented = documented_config_keys();
+    let not_keys = ["DEDUPE_WRITE_KEYS", "DEDUPE_KAFKA_SASL_PASSWORD"];
+    let files = [
+        "deploy/Dockerfile",
+        "deploy/compose.yaml",
+        "deploy/ingest.env.example",
+        "deploy/k8s/worker.yaml",
+        "deploy/k8s/ingest.yaml",
+    ];
+    let mut seen = 0;
+    for file in files {
+        let text = read(file);
+        for (start, _) in text.match_indices("DEDUPE_") {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if not_keys.contains(&name.as_str()) {
+                continue;
+            }
+            let rest = name["DEDUPE_".len()..].to_ascii_lowercase();
+            let Some(section) = documented.keys().find(|s| rest.starts_with(&format!("{s}_"))) else {
+                continue;
+            };
+            let key = &rest[section.len() + 1..];
+            assert!(
+                documented[section].contains(key),
+                "{file}: {name} sets {section}.{key}, which config/dedupe.toml does not document"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 5, "found only {seen} configuration variables in the deployment files");
+    assert!(Path::new(&root().join("config/dedupe.toml")).exists());
+}
+
+#[test]
+fn test_helpers_parse_what_they_claim() {
+    // Tokens: words that merely contain dedupe_ are not metric names.
+    let tokens = metric_tokens("rate(dedupe_x_total[5m]) + my_dedupe_y + dedupe_z_bucket{le=\"1\"}");
+    assert_eq!(tokens, BTreeSet::from(["dedupe_x_total".to_string(), "dedupe_z_bucket".to_string()]));
+    // Only histograms have _bucket series.
+    let declared = BTreeMap::from([
+        ("dedupe_a_seconds".to_string(), "Histogram".to_string()),
+        ("dedupe_b".to_string(), "Gauge".to_string()),
+    ]);
+    assert_eq!(resolve("dedupe_a_seconds_bucket", &declared), Some("dedupe_a_seconds"));
+    assert_eq!(resolve("dedupe_b_bucket", &declared), None);
+    assert_eq!(resolve("dedupe_c", &declared), None);
+    // Folded expressions are read whole.
+    let a = &alerts("    - alert: A\n      expr: >-\n        x\n        and y\n      for: 5m\n")[0];
+    assert_eq!(a.field("expr").as_deref(), Some("x and y"));
+    assert_eq!(a.field("for").as_deref(), Some("5m"));
+}
