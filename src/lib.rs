@@ -4,3 +4,4 @@
 pub mod config;
 pub mod kafka;
 pub mod metrics;
+pub mod tracking;
