@@ -10,3 +10,11 @@ deploy/local/kafka.sh up
 
 # Rust: every crate, every test target, with failpoints compiled in for the crash tests.
 cargo test --release --workspace --features dedupe-actors/failpoints -- --test-threads="${TEST_THREADS:-2}"
+
+# Python: Segment's own client (segment-analytics-python) against the real `dedupe ingest`, in a
+# venv of pinned packages. The worker half of the retry scenario (test_retry_duplicates_removed_by_worker)
+# needs `dedupe run` and `dedupe verify`; it is deselected until they exist.
+venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q -r tests/python/requirements.txt
+DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python -k "not worker"
