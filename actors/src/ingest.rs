@@ -10,6 +10,10 @@
 //! worker removes the duplicates a retry makes). Bad input is refused whole with 400 before
 //! anything is produced; a missing or unknown write key is refused with 401.
 //!
+//! Checks, in order: a write key in the `Authorization` header (401 if unknown, before the body is
+//! read); the body's size (raw and decompressed) and JSON syntax (400); the write key from the
+//! header or the body's `writeKey` (401); every message's fields and size (400); then Kafka.
+//!
 //! Records: key `<source>:<messageId>`, value the message's JSON, header `dedupe-source`, timestamp
 //! the receive time, partition chosen by librdkafka's `murmur2_random` partitioner (the Java
 //! client's murmur2), so clients in other languages agree on where a key lands.
@@ -396,4 +400,47 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     }
     info!("The tracking API stopped.");
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_fully_acknowledged_request_is_200() {
+        // Bad input is 400, a missing or unknown key 401, anything short of every ack 503.
+        let cases = [
+            (Outcome::Accepted(vec![EventType::Track]), 200, "accepted"),
+            (Outcome::Rejected(Rejection::EmptyBatch), 400, "empty_batch"),
+            (Outcome::Rejected(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES }), 400, "request_too_large"),
+            (Outcome::Unreadable("connection reset".into()), 400, "unreadable_body"),
+            (Outcome::Unauthorized(AuthError::Missing), 401, "missing_write_key"),
+            (Outcome::Unauthorized(AuthError::Unknown), 401, "unknown_write_key"),
+            (Outcome::Unavailable(DeliveryError::Timeout(Duration::from_secs(1))), 503, "kafka_timeout"),
+            (Outcome::Unavailable(DeliveryError::Dropped), 503, "kafka_dropped"),
+            (Outcome::Unavailable(DeliveryError::Delivery(KafkaError::Canceled)), 503, "kafka_delivery"),
+        ];
+        for (outcome, status, reason) in cases {
+            assert_eq!((outcome.status().as_u16(), outcome.reason()), (status, reason));
+            assert_eq!(outcome.response().status().as_u16(), status);
+        }
+    }
+
+    #[test]
+    fn error_bodies_carry_a_code_and_a_message() {
+        let body = error_body("empty_batch", "`batch` is empty");
+        assert_eq!(body, json!({"success": false, "code": "empty_batch", "message": "`batch` is empty"}));
+    }
+
+    #[test]
+    fn readiness_needs_a_recent_metadata_answer() {
+        // Never answered: not ready. Answered just now: ready. Answered long ago: not ready.
+        let r = Readiness { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) };
+        assert!(r.check().is_err());
+        let now = tracking::unix_millis(SystemTime::now());
+        r.last_ok_ms.store(now, Ordering::Relaxed);
+        assert!(r.check().is_ok());
+        r.last_ok_ms.store(now - 2 * READINESS_FRESH.as_millis() as i64, Ordering::Relaxed);
+        assert!(r.check().is_err());
+    }
 }
