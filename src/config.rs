@@ -693,7 +693,7 @@ impl Config {
                     return Err(bad("worker.worker_count", "must be at least 1"));
                 }
                 if i >= n {
-                    return Err(bad("worker.worker_index", format!("{i} must be less than worker.worker_count ({n})")));
+                    return Err(bad("worker.worker_index", &format!("{i} must be less than worker.worker_count ({n})")));
                 }
                 if w.partitions.is_some() {
                     return Err(bad("worker.partitions", "set either partitions or worker_index/worker_count, not both"));

@@ -11,3 +11,4 @@ pub mod output;
 pub mod progress;
 pub mod recovery;
 pub mod snapshot;
+pub mod tracking;

@@ -26,6 +26,8 @@ pub enum Command {
     /// Read the input and output topics fully (read_committed) and check that every input id is
     /// in the output exactly once. Prints a JSON summary; exits 1 on any duplicate or missing id.
     Verify(VerifyArgs),
+    /// Serve the Segment-compatible HTTP tracking API and log every message to the input topic.
+    Ingest(IngestArgs),
     /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do.
     Loadgen(LoadgenArgs),
     /// Inspect, snapshot and restore the ledger.
@@ -187,6 +189,51 @@ impl ConfigArgs {
             partitions: self.partitions.clone(),
             worker_index: self.worker_index,
             worker_count: self.worker_count,
+            metrics_addr: self.metrics_addr.clone(),
+            log_format: self.log_format.clone(),
+            ..Overrides::default()
+        }
+    }
+
+    /// Loads and validates the configuration from the file, the process environment and the flags.
+    pub fn load(&self) -> Result<dedupe::config::Config, dedupe::config::ConfigError> {
+        dedupe::config::Config::load(self.config.as_deref(), std::env::vars(), &self.overrides())
+    }
+}
+
+/// Flags of `dedupe ingest`; each wins over the file and the environment.
+#[derive(Debug, Clone, Args)]
+pub struct IngestArgs {
+    /// The TOML configuration file (see config/dedupe.toml).
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where the HTTP API listens (ingest.listen).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, value_name = "HOST:PORT,...")]
+    pub brokers: Option<String>,
+    /// The topic every message is logged to (ingest.topic).
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// File of `KEY SOURCE` lines (ingest.write_keys_file); or set DEDUPE_WRITE_KEYS=KEY=SOURCE,...
+    #[arg(long, value_name = "FILE")]
+    pub write_keys_file: Option<PathBuf>,
+    /// Where /metrics is served (metrics.addr).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// human or json.
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+}
+
+impl IngestArgs {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            brokers: self.brokers.clone(),
+            listen: self.listen.clone(),
+            ingest_topic: self.topic.clone(),
+            write_keys_file: self.write_keys_file.clone(),
             metrics_addr: self.metrics_addr.clone(),
             log_format: self.log_format.clone(),
             ..Overrides::default()

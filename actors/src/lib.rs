@@ -9,6 +9,7 @@ pub mod bench_pipeline;
 pub mod cli;
 pub mod consumer;
 pub mod coordinator;
+pub mod ingest;
 pub mod ledger;
 pub mod producer;
 pub mod run;

@@ -8,7 +8,7 @@ use clap::Parser;
 use dedupe::config::Config;
 use dedupe_actors::cli::{BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, LedgerCommand};
 use dedupe_actors::coordinator::RunOptions;
-use dedupe_actors::{bench_pipeline, run, telemetry, tools};
+use dedupe_actors::{bench_pipeline, ingest, run, telemetry, tools};
 
 fn main() -> ExitCode {
     // Crash tests name failpoints in FAILPOINTS; without the `failpoints` feature this does nothing.
@@ -24,6 +24,23 @@ fn main() -> ExitCode {
             let options = RunOptions { accept_ledger_ahead: args.accept_ledger_ahead, passthrough: args.passthrough };
             match run::run(config, options) {
                 Ok(code) => ExitCode::from(code as u8),
+                Err(e) => fail(format!("{e:#}")),
+            }
+        }
+        Command::Ingest(args) => {
+            let config = match args.load() {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            telemetry::init_tracing(&config.log);
+            let result = actix_web::rt::System::new().block_on(async move {
+                let handle = telemetry::init_metrics()?;
+                let metrics = telemetry::serve_metrics(config.metrics.addr, handle)?;
+                actix_web::rt::spawn(metrics);
+                ingest::serve(config).await.map_err(anyhow::Error::from)
+            });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(e) => fail(format!("{e:#}")),
             }
         }

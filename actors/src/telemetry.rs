@@ -92,3 +92,24 @@ pub fn serve(
     .run();
     Ok(server)
 }
+
+/// Serves `/metrics` alone on `addr`: for `dedupe ingest`, whose own listener has `/healthz` and
+/// `/readyz`.
+pub fn serve_metrics(addr: SocketAddr, handle: PrometheusHandle) -> anyhow::Result<actix_web::dev::Server> {
+    let server = HttpServer::new(move || {
+        let handle = handle.clone();
+        App::new().route(
+            "/metrics",
+            web::get().to(move || {
+                let body = handle.render();
+                async move { HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body) }
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addr)
+    .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?
+    .run();
+    Ok(server)
+}

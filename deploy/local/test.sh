@@ -12,5 +12,12 @@ deploy/local/kafka.sh up
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests.
 cargo test --release --locked --workspace --features dedupe-actors/failpoints -- --test-threads="${TEST_THREADS:-2}"
 
+# Python: Segment's own client (segment-analytics-python) against the real `dedupe ingest` and
+# worker, in a venv of pinned packages.
+venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q -r tests/python/requirements.txt
+DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
+
 # Deployment files: alert rules and their promtool unit tests, Kubernetes schemas, compose.
 deploy/check.sh

@@ -5,6 +5,8 @@
 //! skips.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,0 +1,446 @@
+//! The HTTP tracking API (`dedupe ingest`): an actix-web server that takes Segment-compatible
+//! requests (`/v1/track`, `identify`, `page`, `screen`, `group`, `alias`, `batch`), authenticates
+//! them with a write key, and logs every message to the input topic with an idempotent, `acks=all`
+//! producer. It owns the HTTP listener, the input topic's producer and the readiness probe; the
+//! parsing, validation and key rules live in the core's `dedupe::tracking`.
+//!
+//! Guarantee: never 200 for a message that is not in Kafka. A request is answered 200 only after
+//! Kafka acknowledged every one of its messages; a delivery error, or no acknowledgement within
+//! `ingest.ack_timeout_ms`, is answered 503 so the client retries with the same message ids (the
+//! worker removes the duplicates a retry makes). Bad input is refused whole with 400 before
+//! anything is produced; a missing or unknown write key is refused with 401.
+//!
+//! Checks, in order: a write key in the `Authorization` header (401 if unknown, before the body is
+//! read); the body's size (raw and decompressed) and JSON syntax (400); the write key from the
+//! header or the body's `writeKey` (401); every message's fields and size (400); then Kafka.
+//!
+//! Records: key `<source>:<messageId>`, value the message's JSON, header `dedupe-source`, timestamp
+//! the receive time, partition chosen by librdkafka's `murmur2_random` partitioner (the Java
+//! client's murmur2), so clients in other languages agree on where a key lands.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use actix_web::http::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH};
+use actix_web::http::StatusCode;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use dedupe::config::Config;
+use dedupe::metrics::{INGEST_EVENTS, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS};
+use dedupe::tracking::{
+    self, AuthError, Endpoint, Envelope, EventType, Message, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS,
+    HEADER_SOURCE, MAX_REQUEST_BYTES,
+};
+use futures::StreamExt;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+/// librdkafka's partitioner that matches the Java client's for keyed records.
+pub const PARTITIONER: &str = "murmur2_random";
+/// How often the readiness probe asks the broker for the topic's metadata.
+const READINESS_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a metadata answer keeps the server ready: a few missed probes, not one.
+const READINESS_FRESH: Duration = Duration::from_secs(10);
+/// How long the producer may take to deliver what is in flight when the server stops.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the tracking API could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("cannot load the write keys: {0}")]
+    WriteKeys(#[from] WriteKeysError),
+    #[error("cannot create the Kafka producer for topic {topic}: {source}")]
+    CreateProducer { topic: String, source: KafkaError },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("the HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Why a request's messages are not all in Kafka. Every variant is answered 503: each is worth
+/// retrying, and a retry can only make duplicates, which the worker removes.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("the producer refused a message: {0}")]
+    Enqueue(KafkaError),
+    #[error("Kafka did not take a message: {0}")]
+    Delivery(KafkaError),
+    #[error("the producer dropped a message before it was acknowledged")]
+    Dropped,
+    #[error("Kafka did not acknowledge within {0:?}")]
+    Timeout(Duration),
+}
+
+impl DeliveryError {
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::Enqueue(_) => "kafka_enqueue",
+            Self::Delivery(_) => "kafka_delivery",
+            Self::Dropped => "kafka_dropped",
+            Self::Timeout(_) => "kafka_timeout",
+        }
+    }
+}
+
+/// How a request ended.
+enum Outcome {
+    /// Every message is in Kafka.
+    Accepted(Vec<EventType>),
+    /// Bad input: nothing was produced.
+    Rejected(Rejection),
+    /// The body could not be read (the client went away or was too slow).
+    Unreadable(String),
+    /// No usable write key: nothing was produced.
+    Unauthorized(AuthError),
+    /// Not every message is known to be in Kafka.
+    Unavailable(DeliveryError),
+}
+
+impl Outcome {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Accepted(_) => StatusCode::OK,
+            Self::Rejected(_) | Self::Unreadable(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::Accepted(_) => "accepted",
+            Self::Rejected(r) => r.reason(),
+            Self::Unreadable(_) => "unreadable_body",
+            Self::Unauthorized(a) => a.reason(),
+            Self::Unavailable(d) => d.reason(),
+        }
+    }
+
+    fn response(&self) -> HttpResponse {
+        let body = match self {
+            Self::Accepted(_) => json!({ "success": true }),
+            Self::Rejected(r) => error_body(self.reason(), &r.to_string()),
+            Self::Unreadable(e) => error_body(self.reason(), &format!("the request body could not be read: {e}")),
+            Self::Unauthorized(a) => error_body(self.reason(), &a.to_string()),
+            // The Kafka error text names brokers and topics, not payloads; the client only needs to retry.
+            Self::Unavailable(_) => {
+                error_body(self.reason(), "the messages could not be confirmed in Kafka; retry the same request")
+            }
+        };
+        // No Retry-After on 503: Segment's clients then retry at once and back off by count,
+        // rather than pausing their whole pipeline as they do for a rate limit.
+        HttpResponse::build(self.status()).json(body)
+    }
+}
+
+fn error_body(code: &str, message: &str) -> serde_json::Value {
+    json!({ "success": false, "code": code, "message": message })
+}
+
+/// A finished request, logged and counted once, here. Never carries a payload or a key.
+struct RequestFinished<'a> {
+    endpoint: &'a str,
+    outcome: &'a Outcome,
+    source: Option<&'a str>,
+    elapsed: Duration,
+}
+
+impl RequestFinished<'_> {
+    fn emit(&self) {
+        let status = self.outcome.status().as_u16();
+        metrics::counter!(INGEST_REQUESTS, "endpoint" => self.endpoint.to_string(), "status" => status.to_string())
+            .increment(1);
+        metrics::histogram!(INGEST_REQUEST_SECONDS, "endpoint" => self.endpoint.to_string())
+            .record(self.elapsed.as_secs_f64());
+        let source = self.source.unwrap_or("-");
+        match self.outcome {
+            Outcome::Accepted(types) => {
+                for t in types {
+                    metrics::counter!(INGEST_EVENTS, "type" => t.as_str()).increment(1);
+                }
+                debug!(endpoint = self.endpoint, source, events = types.len(), "Every message of the request is in Kafka.");
+            }
+            Outcome::Unavailable(e) => {
+                metrics::counter!(INGEST_REJECTED, "reason" => self.outcome.reason()).increment(1);
+                warn!(endpoint = self.endpoint, source, error = %e, "Answered 503: the request's messages are not confirmed in Kafka.");
+            }
+            other => {
+                metrics::counter!(INGEST_REJECTED, "reason" => other.reason()).increment(1);
+                info!(endpoint = self.endpoint, source, status, reason = other.reason(), "Refused a request.");
+            }
+        }
+    }
+}
+
+/// What every request handler shares.
+struct Ingest {
+    producer: FutureProducer,
+    topic: String,
+    keys: WriteKeys,
+    ack_timeout: Duration,
+    readiness: Arc<Readiness>,
+}
+
+impl Ingest {
+    async fn handle(&self, endpoint: Endpoint, req: &HttpRequest, payload: web::Payload) -> (Outcome, Option<String>) {
+        let authorization = req.headers().get(AUTHORIZATION).map(|h| h.to_str().unwrap_or(""));
+        // A header with a wrong key is refused before the body is even read.
+        if let Some(header) = authorization {
+            if let Err(e) = self.keys.authenticate(Some(header), None) {
+                return (Outcome::Unauthorized(e), None);
+            }
+        }
+        let raw = match read_body(req, payload).await {
+            Ok(raw) => raw,
+            Err(outcome) => return (outcome, None),
+        };
+        let encoding = req.headers().get(CONTENT_ENCODING).map(|h| h.to_str().unwrap_or("unreadable"));
+        let envelope = match tracking::decode_body(&raw, encoding).and_then(|body| Envelope::parse(endpoint, &body)) {
+            Ok(envelope) => envelope,
+            Err(r) => return (Outcome::Rejected(r), None),
+        };
+        let source = match self.keys.authenticate(authorization, envelope.write_key()) {
+            Ok(source) => source.to_string(),
+            Err(e) => return (Outcome::Unauthorized(e), None),
+        };
+        let received_at = SystemTime::now();
+        let messages = match envelope.into_messages(received_at) {
+            Ok(messages) => messages,
+            Err(r) => return (Outcome::Rejected(r), Some(source)),
+        };
+        let outcome = match self.deliver(&source, &messages, tracking::unix_millis(received_at)).await {
+            Ok(()) => Outcome::Accepted(messages.iter().map(|m| m.event_type).collect()),
+            Err(e) => Outcome::Unavailable(e),
+        };
+        (outcome, Some(source))
+    }
+
+    /// Produces every message and waits until Kafka acknowledged all of them, or gives up.
+    async fn deliver(&self, source: &str, messages: &[Message], received_ms: i64) -> Result<(), DeliveryError> {
+        if let Some((code, _)) = self.producer.client().fatal_error() {
+            return Err(DeliveryError::Enqueue(KafkaError::MessageProduction(code)));
+        }
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let key = tracking::record_key(source, &m.message_id);
+            let headers = OwnedHeaders::new_with_capacity(1).insert(Header { key: HEADER_SOURCE, value: Some(source) });
+            let record = FutureRecord::to(&self.topic)
+                .key(&key)
+                .payload(&m.value)
+                .headers(headers)
+                .timestamp(received_ms);
+            // Messages already handed over may still land; the client's retry makes duplicates
+            // of them, which the worker removes.
+            pending.push(self.producer.send_result(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?);
+        }
+        let acks = tokio::time::timeout(self.ack_timeout, futures::future::join_all(pending))
+            .await
+            .map_err(|_| DeliveryError::Timeout(self.ack_timeout))?;
+        for ack in acks {
+            match ack {
+                Ok(Ok(_delivery)) => {}
+                Ok(Err((e, _message))) => return Err(DeliveryError::Delivery(e)),
+                Err(_canceled) => return Err(DeliveryError::Dropped),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the raw body, refusing it as soon as it is known to be over the limit.
+async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, Outcome> {
+    let too_large = || Outcome::Rejected(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_REQUEST_BYTES) {
+        return Err(too_large());
+    }
+    let mut body = web::BytesMut::with_capacity(declared.unwrap_or(8192));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| Outcome::Unreadable(e.to_string()))?;
+        if body.len() + chunk.len() > MAX_REQUEST_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+async fn post_message(
+    req: HttpRequest,
+    name: web::Path<String>,
+    payload: web::Payload,
+    ingest: web::Data<Ingest>,
+) -> HttpResponse {
+    let started = Instant::now();
+    let Some(endpoint) = Endpoint::from_name(&name) else {
+        return HttpResponse::NotFound().json(error_body("unknown_endpoint", "no such endpoint"));
+    };
+    let (outcome, source) = ingest.handle(endpoint, &req, payload).await;
+    RequestFinished { endpoint: endpoint.as_str(), outcome: &outcome, source: source.as_deref(), elapsed: started.elapsed() }
+        .emit();
+    outcome.response()
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({ "status": "up" }))
+}
+
+async fn readyz(ingest: web::Data<Ingest>) -> HttpResponse {
+    match ingest.readiness.check() {
+        Ok(()) => HttpResponse::Ok().json(json!({ "status": "ready" })),
+        Err(why) => HttpResponse::ServiceUnavailable().json(json!({ "status": "not ready", "message": why })),
+    }
+}
+
+/// Whether the producer can reach the topic: a metadata request for it succeeded recently.
+struct Readiness {
+    last_ok_ms: AtomicI64,
+    stop: AtomicBool,
+}
+
+impl Readiness {
+    /// Probes in a thread of its own: metadata requests block.
+    fn start(producer: FutureProducer, topic: String) -> Arc<Self> {
+        let readiness = Arc::new(Self { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) });
+        let probe = Arc::clone(&readiness);
+        let spawned = std::thread::Builder::new().name("ingest-readiness".into()).spawn(move || {
+            while !probe.stop.load(Ordering::Relaxed) {
+                let found = producer.client().fetch_metadata(Some(&topic), READINESS_INTERVAL).map(|md| {
+                    md.topics()
+                        .iter()
+                        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+                });
+                match found {
+                    Ok(true) => probe.last_ok_ms.store(tracking::unix_millis(SystemTime::now()), Ordering::Relaxed),
+                    Ok(false) => debug!(topic = %topic, "The input topic is not in the broker's metadata."),
+                    Err(e) => debug!(error = %e, "The readiness probe's metadata request failed."),
+                }
+                std::thread::sleep(READINESS_INTERVAL);
+            }
+        });
+        if let Err(e) = spawned {
+            warn!(error = %e, "Cannot start the readiness probe; /readyz will say not ready.");
+        }
+        readiness
+    }
+
+    fn check(&self) -> Result<(), &'static str> {
+        let age_ms = tracking::unix_millis(SystemTime::now()) - self.last_ok_ms.load(Ordering::Relaxed);
+        if age_ms <= READINESS_FRESH.as_millis() as i64 {
+            Ok(())
+        } else {
+            Err("no recent metadata for the input topic from Kafka")
+        }
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The input topic's producer: idempotent, `acks=all`, Java-compatible partitioning, and giving
+/// up on a message no earlier than the request does.
+pub fn producer(config: &Config) -> Result<FutureProducer, KafkaError> {
+    dedupe::kafka::client_config(&config.kafka)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("partitioner", PARTITIONER)
+        .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string())
+        // A short linger batches concurrent requests without adding much to each one's latency.
+        .set("linger.ms", "2")
+        .create()
+}
+
+fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/v1/{endpoint}", web::post().to(post_message))
+        .route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .default_service(web::to(|| async { HttpResponse::NotFound().json(error_body("not_found", "no such path")) }));
+}
+
+/// Runs the tracking API until the process is told to stop (SIGINT, SIGTERM), then lets requests
+/// in flight finish and flushes the producer.
+pub async fn serve(config: Config) -> Result<(), IngestError> {
+    let ingest_config = &config.ingest;
+    let keys = WriteKeys::load(ingest_config.write_keys_file.as_deref(), std::env::var(ENV_WRITE_KEYS).ok().as_deref())?;
+    let topic = ingest_config.topic.clone();
+    let producer =
+        producer(&config).map_err(|source| IngestError::CreateProducer { topic: topic.clone(), source })?;
+    let readiness = Readiness::start(producer.clone(), topic.clone());
+    let ack_timeout = Duration::from_millis(ingest_config.ack_timeout_ms);
+    info!(sources = ?keys, "Loaded the write keys.");
+    let ingest = web::Data::new(Ingest {
+        producer: producer.clone(),
+        topic: topic.clone(),
+        keys,
+        ack_timeout,
+        readiness: Arc::clone(&readiness),
+    });
+    let addr = ingest_config.listen;
+    let server = HttpServer::new(move || App::new().app_data(ingest.clone()).configure(routes))
+        .max_connections(ingest_config.max_connections)
+        .client_request_timeout(Duration::from_millis(ingest_config.request_timeout_ms))
+        // Requests in flight may wait up to the ack timeout for Kafka.
+        .shutdown_timeout(ack_timeout.as_secs() + 1)
+        .bind(addr)
+        .map_err(|source| IngestError::Bind { addr, source })?;
+    info!(addr = %addr, topic = %topic, "The tracking API is listening.");
+    let result = server.run().await.map_err(IngestError::Serve);
+    readiness.stop();
+    if let Err(e) = producer.flush(FLUSH_TIMEOUT) {
+        warn!(error = %e, "The producer did not flush before shutdown.");
+    }
+    info!("The tracking API stopped.");
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_fully_acknowledged_request_is_200() {
+        // Bad input is 400, a missing or unknown key 401, anything short of every ack 503.
+        let cases = [
+            (Outcome::Accepted(vec![EventType::Track]), 200, "accepted"),
+            (Outcome::Rejected(Rejection::EmptyBatch), 400, "empty_batch"),
+            (Outcome::Rejected(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES }), 400, "request_too_large"),
+            (Outcome::Unreadable("connection reset".into()), 400, "unreadable_body"),
+            (Outcome::Unauthorized(AuthError::Missing), 401, "missing_write_key"),
+            (Outcome::Unauthorized(AuthError::Unknown), 401, "unknown_write_key"),
+            (Outcome::Unavailable(DeliveryError::Timeout(Duration::from_secs(1))), 503, "kafka_timeout"),
+            (Outcome::Unavailable(DeliveryError::Dropped), 503, "kafka_dropped"),
+            (Outcome::Unavailable(DeliveryError::Delivery(KafkaError::Canceled)), 503, "kafka_delivery"),
+        ];
+        for (outcome, status, reason) in cases {
+            assert_eq!((outcome.status().as_u16(), outcome.reason()), (status, reason));
+            assert_eq!(outcome.response().status().as_u16(), status);
+        }
+    }
+
+    #[test]
+    fn error_bodies_carry_a_code_and_a_message() {
+        let body = error_body("empty_batch", "`batch` is empty");
+        assert_eq!(body, json!({"success": false, "code": "empty_batch", "message": "`batch` is empty"}));
+    }
+
+    #[test]
+    fn readiness_needs_a_recent_metadata_answer() {
+        // Never answered: not ready. Answered just now: ready. Answered long ago: not ready.
+        let r = Readiness { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) };
+        assert!(r.check().is_err());
+        let now = tracking::unix_millis(SystemTime::now());
+        r.last_ok_ms.store(now, Ordering::Relaxed);
+        assert!(r.check().is_ok());
+        r.last_ok_ms.store(now - 2 * READINESS_FRESH.as_millis() as i64, Ordering::Relaxed);
+        assert!(r.check().is_err());
+    }
+}

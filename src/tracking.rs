@@ -1,0 +1,799 @@
+//! The Segment-compatible tracking API's pure logic: write keys and authentication, body decoding
+//! (gzip, size limits), parsing and validation of `track`/`identify`/`page`/`screen`/`group`/`alias`
+//! and `batch` requests, merging a batch's shared fields into its messages, message identity, and
+//! the record key. It knows nothing of HTTP servers or Kafka; `dedupe-actors`' `ingest` drives it.
+//!
+//! Guarantee: a request is taken whole or not at all. [`Envelope::into_messages`] either returns
+//! every message of the request ready for Kafka, or one [`Rejection`] naming the first problem;
+//! one bad message rejects the whole request, so nothing is ever half-accepted.
+//!
+//! Merging: a batch's top-level `context` and `integrations` are deep-merged into each message
+//! (objects merge key by key, recursively; wherever both have a value the message's own wins, an
+//! explicit `null` included), and a top-level `sentAt` is copied into messages that have none.
+//! `writeKey` is removed from every message: it is a secret and never reaches Kafka.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use serde_json::{Map, Value};
+
+/// Most bytes of one message as the client sent it (Segment's documented limit: 32 KB).
+pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+/// Most bytes of a request body, after decompression (Segment's documented limit: 500 KB).
+pub const MAX_REQUEST_BYTES: usize = 500 * 1024;
+/// Most bytes of a client's `messageId`; with a source name of at most [`MAX_SOURCE_BYTES`] the
+/// record key stays well under the 1 KiB the worker accepts as an id.
+pub const MAX_MESSAGE_ID_BYTES: usize = 256;
+/// Most bytes of a source name.
+pub const MAX_SOURCE_BYTES: usize = 128;
+/// The environment variable holding write keys as `KEY=SOURCE,KEY2=SOURCE2`.
+pub const ENV_WRITE_KEYS: &str = "DEDUPE_WRITE_KEYS";
+/// The record header naming the source a message came from.
+pub const HEADER_SOURCE: &str = "dedupe-source";
+/// Separates the source from the message id in a record key. Source names may not contain it, so
+/// two sources' ids never make the same key.
+pub const KEY_SEPARATOR: char = ':';
+
+/// The kinds of message the tracking API takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Track,
+    Identify,
+    Page,
+    Screen,
+    Group,
+    Alias,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 6] = [Self::Track, Self::Identify, Self::Page, Self::Screen, Self::Group, Self::Alias];
+
+    /// The name used in the `type` field and in the endpoint's path.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Track => "track",
+            Self::Identify => "identify",
+            Self::Page => "page",
+            Self::Screen => "screen",
+            Self::Group => "group",
+            Self::Alias => "alias",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+}
+
+/// The endpoint a request was posted to: `/v1/<type>` for one message, `/v1/batch` for many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Single(EventType),
+    Batch,
+}
+
+impl Endpoint {
+    /// The endpoint for the last path segment (`track`, ..., `batch`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        if name == "batch" {
+            Some(Self::Batch)
+        } else {
+            EventType::parse(name).map(Self::Single)
+        }
+    }
+
+    /// The endpoint's name, as used in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Single(t) => t.as_str(),
+            Self::Batch => "batch",
+        }
+    }
+}
+
+/// Where in a request a problem is: the single message, or one item of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location(pub Option<usize>);
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(i) => write!(f, "batch[{i}]"),
+            None => f.write_str("the message"),
+        }
+    }
+}
+
+/// Why a request is refused with 400. The message names the problem and where it is; it never
+/// quotes the payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("the request body is over the limit of {limit} bytes")]
+    RequestTooLarge { limit: usize },
+    #[error("Content-Encoding `{0}` is not supported (send gzip or no encoding)")]
+    UnsupportedEncoding(String),
+    #[error("the gzip body cannot be decompressed: {0}")]
+    BadGzip(String),
+    #[error("the body is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("the body must be a JSON object")]
+    NotAnObject,
+    #[error("`writeKey` must be a string")]
+    BadWriteKey,
+    #[error("`batch` is missing or is not an array")]
+    BatchNotArray,
+    #[error("`batch` is empty")]
+    EmptyBatch,
+    #[error("{at}: is not a JSON object")]
+    MessageNotObject { at: Location },
+    #[error("{at}: `type` is missing")]
+    MissingType { at: Location },
+    #[error("{at}: `type` is not one of track, identify, page, screen, group, alias")]
+    UnknownType { at: Location },
+    #[error("{at}: a track message needs an `event` name")]
+    MissingEvent { at: Location },
+    #[error("{at}: needs a `userId` or an `anonymousId`")]
+    MissingIdentity { at: Location },
+    #[error("{at}: an alias message needs `previousId` and `userId`")]
+    MissingAliasIds { at: Location },
+    #[error("{at}: a group message needs a `groupId`")]
+    MissingGroupId { at: Location },
+    #[error("{at}: `messageId` must be a non-empty string of at most {MAX_MESSAGE_ID_BYTES} bytes")]
+    BadMessageId { at: Location },
+    #[error("{at}: is {bytes} bytes; the limit per message is {MAX_MESSAGE_BYTES} bytes")]
+    MessageTooLarge { at: Location, bytes: usize },
+}
+
+impl Rejection {
+    /// A short stable name for the problem: the `reason` label of the rejection counter and the
+    /// `code` field of the error body.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::RequestTooLarge { .. } => "request_too_large",
+            Self::UnsupportedEncoding(_) => "unsupported_encoding",
+            Self::BadGzip(_) => "bad_gzip",
+            Self::MalformedJson(_) => "malformed_json",
+            Self::NotAnObject => "not_an_object",
+            Self::BadWriteKey => "bad_write_key",
+            Self::BatchNotArray => "batch_not_array",
+            Self::EmptyBatch => "empty_batch",
+            Self::MessageNotObject { .. } => "message_not_object",
+            Self::MissingType { .. } => "missing_type",
+            Self::UnknownType { .. } => "unknown_type",
+            Self::MissingEvent { .. } => "missing_event",
+            Self::MissingIdentity { .. } => "missing_identity",
+            Self::MissingAliasIds { .. } => "missing_alias_ids",
+            Self::MissingGroupId { .. } => "missing_group_id",
+            Self::BadMessageId { .. } => "bad_message_id",
+            Self::MessageTooLarge { .. } => "message_too_large",
+        }
+    }
+}
+
+/// Why a request is refused with 401. Never names the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("a write key is required: HTTP Basic auth with the key as user name, or `writeKey` in the body")]
+    Missing,
+    #[error("the Authorization header is not HTTP Basic auth with a write key as user name")]
+    Malformed,
+    #[error("the write key is not known")]
+    Unknown,
+}
+
+impl AuthError {
+    /// The `reason` label and `code` field for this refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Missing => "missing_write_key",
+            Self::Malformed => "malformed_authorization",
+            Self::Unknown => "unknown_write_key",
+        }
+    }
+}
+
+/// Why the write keys could not be loaded. Never quotes a key.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteKeysError {
+    #[error("cannot read the write keys file {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{origin}, entry {entry}: {message}")]
+    Invalid { origin: String, entry: usize, message: String },
+    #[error("no write keys: set ingest.write_keys_file (--write-keys-file) or {ENV_WRITE_KEYS}")]
+    Empty,
+}
+
+/// The write keys and the source each one stands for. `Debug` lists sources, never keys.
+#[derive(Clone, Default)]
+pub struct WriteKeys {
+    sources: HashMap<String, String>,
+}
+
+impl fmt::Debug for WriteKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sources: Vec<&str> = self.sources.values().map(String::as_str).collect();
+        sources.sort_unstable();
+        f.debug_struct("WriteKeys").field("keys", &self.sources.len()).field("sources", &sources).finish()
+    }
+}
+
+impl WriteKeys {
+    /// Loads keys from the file (`KEY SOURCE` per line, `#` comments, blank lines ignored) and
+    /// from the environment's `KEY=SOURCE,...`; both may be given. Having none is an error.
+    pub fn load(file: Option<&Path>, env: Option<&str>) -> Result<Self, WriteKeysError> {
+        let mut keys = Self::default();
+        if let Some(path) = file {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| WriteKeysError::Read { path: path.to_path_buf(), source })?;
+            keys.add_file(&path.display().to_string(), &text)?;
+        }
+        if let Some(text) = env {
+            keys.add_env(text)?;
+        }
+        if keys.sources.is_empty() {
+            return Err(WriteKeysError::Empty);
+        }
+        Ok(keys)
+    }
+
+    /// Adds the `KEY SOURCE` lines of a write keys file; `origin` names it in errors.
+    pub fn add_file(&mut self, origin: &str, text: &str) -> Result<(), WriteKeysError> {
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(key), Some(source), None) = (words.next(), words.next(), words.next()) else {
+                return Err(invalid(origin, i + 1, "must be `KEY SOURCE`"));
+            };
+            self.add(origin, i + 1, key, source)?;
+        }
+        Ok(())
+    }
+
+    /// Adds `KEY=SOURCE,KEY2=SOURCE2` as `DEDUPE_WRITE_KEYS` holds them.
+    pub fn add_env(&mut self, text: &str) -> Result<(), WriteKeysError> {
+        for (i, entry) in text.split(',').map(str::trim).enumerate().filter(|(_, e)| !e.is_empty()) {
+            let Some((key, source)) = entry.split_once('=') else {
+                return Err(invalid(ENV_WRITE_KEYS, i + 1, "must be `KEY=SOURCE`"));
+            };
+            self.add(ENV_WRITE_KEYS, i + 1, key.trim(), source.trim())?;
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, origin: &str, entry: usize, key: &str, source: &str) -> Result<(), WriteKeysError> {
+        if key.is_empty() {
+            return Err(invalid(origin, entry, "the key is empty"));
+        }
+        if source.is_empty() || source.len() > MAX_SOURCE_BYTES {
+            return Err(invalid(origin, entry, format!("the source must be 1 to {MAX_SOURCE_BYTES} bytes")));
+        }
+        if source.contains(KEY_SEPARATOR) || source.chars().any(char::is_control) {
+            return Err(invalid(origin, entry, format!("the source must not contain `{KEY_SEPARATOR}` or control characters")));
+        }
+        if self.sources.insert(key.to_string(), source.to_string()).is_some() {
+            return Err(invalid(origin, entry, "repeats a write key given earlier"));
+        }
+        Ok(())
+    }
+
+    /// The source `key` stands for, if it is known.
+    pub fn source(&self, key: &str) -> Option<&str> {
+        self.sources.get(key).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.sources.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// The source a request is from: the key in the `Authorization` header (HTTP Basic, key as
+    /// user name; the password is ignored) if there is one, else `writeKey` from the body.
+    pub fn authenticate(&self, authorization: Option<&str>, body_key: Option<&str>) -> Result<&str, AuthError> {
+        let key = match authorization {
+            Some(header) => Cow::Owned(basic_auth_user(header)?),
+            None => Cow::Borrowed(body_key.ok_or(AuthError::Missing)?),
+        };
+        if key.is_empty() {
+            return Err(AuthError::Missing);
+        }
+        self.source(&key).ok_or(AuthError::Unknown)
+    }
+}
+
+fn invalid(origin: &str, entry: usize, message: impl Into<String>) -> WriteKeysError {
+    WriteKeysError::Invalid { origin: origin.to_string(), entry, message: message.into() }
+}
+
+/// The user name of an HTTP Basic `Authorization` header value.
+pub fn basic_auth_user(header: &str) -> Result<String, AuthError> {
+    let header = header.trim();
+    let (scheme, encoded) = header.split_once(' ').ok_or(AuthError::Malformed)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(AuthError::Malformed);
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .map_err(|_| AuthError::Malformed)?;
+    let text = String::from_utf8(decoded).map_err(|_| AuthError::Malformed)?;
+    let (user, _password) = text.split_once(':').ok_or(AuthError::Malformed)?;
+    Ok(user.to_string())
+}
+
+/// The request body as JSON bytes: decompressed when `Content-Encoding` is gzip, and never more
+/// than [`MAX_REQUEST_BYTES`] either way. Decompression stops one byte past the limit, so a small
+/// gzip bomb cannot make a large buffer.
+pub fn decode_body<'a>(raw: &'a [u8], content_encoding: Option<&str>) -> Result<Cow<'a, [u8]>, Rejection> {
+    let too_large = Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES };
+    if raw.len() > MAX_REQUEST_BYTES {
+        return Err(too_large);
+    }
+    let encoding = content_encoding.map(|e| e.trim().to_ascii_lowercase()).unwrap_or_default();
+    match encoding.as_str() {
+        "" | "identity" => Ok(Cow::Borrowed(raw)),
+        "gzip" | "x-gzip" => {
+            let mut out = Vec::with_capacity(raw.len() * 4);
+            flate2::read::MultiGzDecoder::new(raw)
+                .take(MAX_REQUEST_BYTES as u64 + 1)
+                .read_to_end(&mut out)
+                .map_err(|e| Rejection::BadGzip(e.to_string()))?;
+            if out.len() > MAX_REQUEST_BYTES {
+                return Err(too_large);
+            }
+            Ok(Cow::Owned(out))
+        }
+        other => Err(Rejection::UnsupportedEncoding(other.to_string())),
+    }
+}
+
+/// A request body that is a well-formed JSON object, before authentication and validation.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    endpoint: Endpoint,
+    body: Map<String, Value>,
+    write_key: Option<String>,
+}
+
+/// One message ready for Kafka.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The client's `messageId`, or a UUIDv4 assigned here.
+    pub message_id: String,
+    pub event_type: EventType,
+    /// The message as JSON: what the client sent, merged, with `messageId`, `type` and
+    /// `receivedAt` set and `writeKey` removed.
+    pub value: Vec<u8>,
+}
+
+impl Envelope {
+    /// Parses a decoded body. Only checks that it is a JSON object (with a string `writeKey`, if
+    /// any), so a client learns nothing more about its payload before it is authenticated.
+    pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, Rejection> {
+        if body.len() > MAX_REQUEST_BYTES {
+            return Err(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+        }
+        let value: Value = serde_json::from_slice(body).map_err(|e| Rejection::MalformedJson(e.to_string()))?;
+        let Value::Object(mut body) = value else { return Err(Rejection::NotAnObject) };
+        let write_key = match body.remove("writeKey") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(k)) => Some(k),
+            Some(_) => return Err(Rejection::BadWriteKey),
+        };
+        Ok(Self { endpoint, body, write_key })
+    }
+
+    /// The `writeKey` the body carried, if any.
+    pub fn write_key(&self) -> Option<&str> {
+        self.write_key.as_deref()
+    }
+
+    /// Validates every message and makes it ready for Kafka, all or nothing.
+    pub fn into_messages(self, received_at: SystemTime) -> Result<Vec<Message>, Rejection> {
+        let received_at = Value::String(rfc3339_millis(received_at));
+        match self.endpoint {
+            Endpoint::Single(event_type) => {
+                let at = Location(None);
+                let mut body = self.body;
+                check_size(at, &body)?;
+                // The path says what the message is.
+                body.insert("type".into(), Value::String(event_type.as_str().into()));
+                Ok(vec![finish(at, body, &received_at)?])
+            }
+            Endpoint::Batch => {
+                let mut body = self.body;
+                let Some(Value::Array(items)) = body.remove("batch") else { return Err(Rejection::BatchNotArray) };
+                if items.is_empty() {
+                    return Err(Rejection::EmptyBatch);
+                }
+                let shared = Shared::from_batch(&body);
+                let mut out = Vec::with_capacity(items.len());
+                for (i, item) in items.into_iter().enumerate() {
+                    let at = Location(Some(i));
+                    let Value::Object(mut item) = item else { return Err(Rejection::MessageNotObject { at }) };
+                    check_size(at, &item)?;
+                    item.remove("writeKey");
+                    shared.merge_into(&mut item);
+                    out.push(finish(at, item, &received_at)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// The fields of a batch that apply to each of its messages.
+struct Shared<'a> {
+    context: Option<&'a Map<String, Value>>,
+    integrations: Option<&'a Map<String, Value>>,
+    sent_at: Option<&'a Value>,
+}
+
+impl<'a> Shared<'a> {
+    fn from_batch(body: &'a Map<String, Value>) -> Self {
+        Self {
+            context: body.get("context").and_then(Value::as_object),
+            integrations: body.get("integrations").and_then(Value::as_object),
+            sent_at: body.get("sentAt").filter(|v| !v.is_null()),
+        }
+    }
+
+    fn merge_into(&self, item: &mut Map<String, Value>) {
+        for (name, shared) in [("context", self.context), ("integrations", self.integrations)] {
+            if let Some(shared) = shared {
+                merge_defaults(item, name, shared);
+            }
+        }
+        if let Some(sent_at) = self.sent_at {
+            item.entry("sentAt").or_insert_with(|| sent_at.clone());
+        }
+    }
+}
+
+/// Deep-merges `defaults` into `target[name]`: keys missing from the target are added, objects on
+/// both sides are merged recursively, and any other value the target has wins.
+fn merge_defaults(target: &mut Map<String, Value>, name: &str, defaults: &Map<String, Value>) {
+    match target.get_mut(name) {
+        None => {
+            target.insert(name.to_string(), Value::Object(defaults.clone()));
+        }
+        Some(Value::Object(own)) => {
+            for (k, v) in defaults {
+                match (own.get_mut(k), v) {
+                    (None, _) => {
+                        own.insert(k.clone(), v.clone());
+                    }
+                    (Some(Value::Object(_)), Value::Object(inner)) => merge_defaults(own, k, inner),
+                    (Some(_), _) => {}
+                }
+            }
+        }
+        // The message's own non-object value (null included) wins.
+        Some(_) => {}
+    }
+}
+
+/// Counts the bytes the message serializes to, without building the text.
+fn check_size(at: Location, item: &Map<String, Value>) -> Result<(), Rejection> {
+    struct Count(usize);
+    impl io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing JSON to a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, item);
+    if count.0 > MAX_MESSAGE_BYTES {
+        return Err(Rejection::MessageTooLarge { at, bytes: count.0 });
+    }
+    Ok(())
+}
+
+/// Validates one message and gives it its id and `receivedAt`.
+fn finish(at: Location, mut item: Map<String, Value>, received_at: &Value) -> Result<Message, Rejection> {
+    let event_type = match item.get("type") {
+        None | Some(Value::Null) => return Err(Rejection::MissingType { at }),
+        Some(Value::String(t)) => EventType::parse(t).ok_or(Rejection::UnknownType { at })?,
+        Some(_) => return Err(Rejection::UnknownType { at }),
+    };
+    match event_type {
+        EventType::Alias => {
+            if !has_id(&item, "previousId") || !has_id(&item, "userId") {
+                return Err(Rejection::MissingAliasIds { at });
+            }
+        }
+        _ => {
+            if !has_id(&item, "userId") && !has_id(&item, "anonymousId") {
+                return Err(Rejection::MissingIdentity { at });
+            }
+        }
+    }
+    match event_type {
+        EventType::Track if !item.get("event").and_then(Value::as_str).is_some_and(|e| !e.is_empty()) => {
+            return Err(Rejection::MissingEvent { at })
+        }
+        EventType::Group if !has_id(&item, "groupId") => return Err(Rejection::MissingGroupId { at }),
+        _ => {}
+    }
+    let message_id = match item.get("messageId") {
+        None | Some(Value::Null) => {
+            let id = uuid::Uuid::new_v4().to_string();
+            item.insert("messageId".into(), Value::String(id.clone()));
+            id
+        }
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= MAX_MESSAGE_ID_BYTES => id.clone(),
+        Some(_) => return Err(Rejection::BadMessageId { at }),
+    };
+    item.insert("receivedAt".into(), received_at.clone());
+    let value = serde_json::to_vec(&item).expect("a JSON map always serializes");
+    Ok(Message { message_id, event_type, value })
+}
+
+/// True if `item[name]` is a non-empty string or a number (Segment accepts numeric ids).
+fn has_id(item: &Map<String, Value>, name: &str) -> bool {
+    match item.get(name) {
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Number(_)) => true,
+        _ => false,
+    }
+}
+
+/// The record key of a message: `<source>:<messageId>`. Source names cannot contain the
+/// separator, so two sources' ids never make the same key.
+pub fn record_key(source: &str, message_id: &str) -> String {
+    let mut key = String::with_capacity(source.len() + 1 + message_id.len());
+    key.push_str(source);
+    key.push(KEY_SEPARATOR);
+    key.push_str(message_id);
+    key
+}
+
+/// Milliseconds since the Unix epoch (0 for times before it).
+pub fn unix_millis(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// `t` as RFC 3339 in UTC with milliseconds, e.g. `2024-02-29T13:05:09.042Z`.
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    let ms = unix_millis(t);
+    let (days, ms_of_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::Duration;
+
+    fn keys() -> WriteKeys {
+        let mut k = WriteKeys::default();
+        k.add_file("test", "# comment\n\nkey-a web   # the website\nkey-b ios\n").unwrap();
+        k
+    }
+
+    fn at(ms: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(ms)
+    }
+
+    fn messages(endpoint: &str, body: &str) -> Result<Vec<Message>, Rejection> {
+        Envelope::parse(Endpoint::from_name(endpoint).unwrap(), body.as_bytes())?.into_messages(at(0))
+    }
+
+    fn json(m: &Message) -> Value {
+        serde_json::from_slice(&m.value).unwrap()
+    }
+
+    fn basic(user_and_password: &str) -> String {
+        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(user_and_password))
+    }
+
+    #[test]
+    fn write_keys_file_and_env() {
+        let k = keys();
+        assert_eq!(k.source("key-a"), Some("web"));
+        assert_eq!(k.source("key-b"), Some("ios"));
+        assert_eq!(k.source("web"), None);
+        let mut k = WriteKeys::default();
+        k.add_env(" k1=s1, k2 = s2 ,").unwrap();
+        assert_eq!((k.source("k1"), k.source("k2"), k.len()), (Some("s1"), Some("s2"), 2));
+    }
+
+    #[test]
+    fn write_key_errors_never_quote_the_key() {
+        let mut k = WriteKeys::default();
+        let err = k.add_file("f", "secret-1 web\nsecret-1 ios\n").unwrap_err().to_string();
+        assert_eq!(err, "f, entry 2: repeats a write key given earlier");
+        let err = WriteKeys::default().add_file("f", "secret-2\n").unwrap_err().to_string();
+        assert!(!err.contains("secret-2"), "{err}");
+        // A colon in a source would let two sources' keys collide.
+        let err = WriteKeys::default().add_env("secret-3=a:b").unwrap_err().to_string();
+        assert!(err.contains("must not contain `:`") && !err.contains("secret-3"), "{err}");
+        assert!(matches!(WriteKeys::load(None, Some(" , ")), Err(WriteKeysError::Empty)));
+        assert!(!format!("{:?}", keys()).contains("key-a"));
+    }
+
+    #[test]
+    fn write_keys_load_merges_file_and_env() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        writeln!(f, "key-a web").unwrap();
+        let k = WriteKeys::load(Some(f.path()), Some("key-c=server")).unwrap();
+        assert_eq!((k.source("key-a"), k.source("key-c")), (Some("web"), Some("server")));
+        assert!(matches!(WriteKeys::load(Some(Path::new("/nonexistent/keys")), None), Err(WriteKeysError::Read { .. })));
+    }
+
+    #[test]
+    fn authentication() {
+        let k = keys();
+        // Basic auth: the key is the user name, the password is empty.
+        assert_eq!(k.authenticate(Some(&basic("key-a:")), None), Ok("web"));
+        // The header wins over the body.
+        assert_eq!(k.authenticate(Some(&basic("key-a:")), Some("key-b")), Ok("web"));
+        assert_eq!(k.authenticate(Some(&basic("nope:")), Some("key-b")), Err(AuthError::Unknown));
+        // Without a header, the body's writeKey.
+        assert_eq!(k.authenticate(None, Some("key-b")), Ok("ios"));
+        assert_eq!(k.authenticate(None, Some("key-x")), Err(AuthError::Unknown));
+        assert_eq!(k.authenticate(None, None), Err(AuthError::Missing));
+        assert_eq!(k.authenticate(Some(&basic(":")), None), Err(AuthError::Missing));
+        assert_eq!(k.authenticate(Some("Bearer key-a"), None), Err(AuthError::Malformed));
+        assert_eq!(k.authenticate(Some("Basic !!!"), None), Err(AuthError::Malformed));
+        assert_eq!(k.authenticate(Some(&basic("key-a")), None), Err(AuthError::Malformed));
+    }
+
+    #[test]
+    fn single_message_takes_type_from_path_and_gets_id_and_received_at() {
+        let m = messages("track", r#"{"userId":"u1","event":"Bought","type":"identify","writeKey":"key-a","timestamp":"2020-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].event_type, EventType::Track);
+        let v = json(&m[0]);
+        assert_eq!(v["type"], "track");
+        assert_eq!(v["receivedAt"], "1970-01-01T00:00:00.000Z");
+        // The timestamp is kept as sent; the key is not stored.
+        assert_eq!(v["timestamp"], "2020-01-01T00:00:00Z");
+        assert!(v.get("writeKey").is_none());
+        // No messageId was sent, so a UUIDv4 is assigned.
+        let id = uuid::Uuid::parse_str(&m[0].message_id).unwrap();
+        assert_eq!(id.get_version_num(), 4);
+        assert_eq!(v["messageId"], m[0].message_id.as_str());
+    }
+
+    #[test]
+    fn batch_splits_keeps_ids_and_merges_shared_fields() {
+        let body = r#"{
+            "batch": [
+                {"type":"track","event":"A","userId":"u","messageId":"m1","context":{"ip":"1.2.3.4","library":{"name":"own"}}},
+                {"type":"identify","anonymousId":"x","messageId":"m2","sentAt":"own-sent","context":null},
+                {"type":"page","userId":"u"}
+            ],
+            "context": {"library":{"name":"shared","version":"1"},"locale":"de"},
+            "integrations": {"All": false},
+            "sentAt": "batch-sent",
+            "writeKey": "key-a"
+        }"#;
+        let m = messages("batch", body).unwrap();
+        assert_eq!(m.iter().map(|m| m.event_type).collect::<Vec<_>>(), [EventType::Track, EventType::Identify, EventType::Page]);
+        assert_eq!((m[0].message_id.as_str(), m[1].message_id.as_str()), ("m1", "m2"));
+        let first = json(&m[0]);
+        // Deep merge: the message's own library name wins, the shared version and locale fill in.
+        assert_eq!(first["context"], serde_json::json!({"ip":"1.2.3.4","library":{"name":"own","version":"1"},"locale":"de"}));
+        assert_eq!(first["integrations"], serde_json::json!({"All": false}));
+        assert_eq!(first["sentAt"], "batch-sent");
+        // The second message's explicit null context and own sentAt win.
+        let second = json(&m[1]);
+        assert_eq!(second["context"], Value::Null);
+        assert_eq!(second["sentAt"], "own-sent");
+        // The third had no context at all, so it gets the shared one whole.
+        assert_eq!(json(&m[2])["context"]["locale"], "de");
+        assert_ne!(m[2].message_id, "");
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("batch", "{not json", "malformed_json"),
+            ("batch", "[1]", "not_an_object"),
+            ("batch", r#"{"batch":[]}"#, "empty_batch"),
+            ("batch", r#"{"batch":{}}"#, "batch_not_array"),
+            ("batch", r#"{"writeKey":5,"batch":[]}"#, "bad_write_key"),
+            ("batch", r#"{"batch":[7]}"#, "message_not_object"),
+            ("batch", r#"{"batch":[{"userId":"u","event":"e"}]}"#, "missing_type"),
+            ("batch", r#"{"batch":[{"type":"purchase","userId":"u"}]}"#, "unknown_type"),
+            ("track", r#"{"userId":"u"}"#, "missing_event"),
+            ("track", r#"{"userId":"u","event":""}"#, "missing_event"),
+            ("identify", r#"{"traits":{}}"#, "missing_identity"),
+            ("page", r#"{"userId":""}"#, "missing_identity"),
+            ("alias", r#"{"userId":"u"}"#, "missing_alias_ids"),
+            ("group", r#"{"userId":"u"}"#, "missing_group_id"),
+            ("screen", r#"{"userId":"u","messageId":5}"#, "bad_message_id"),
+            ("screen", r#"{"userId":"u","messageId":""}"#, "bad_message_id"),
+        ];
+        for (endpoint, body, reason) in cases {
+            let err = messages(endpoint, body).unwrap_err();
+            assert_eq!(err.reason(), *reason, "{endpoint} {body}: {err}");
+        }
+        // Numeric ids are accepted, and alias needs no anonymousId.
+        messages("identify", r#"{"userId":42}"#).unwrap();
+        messages("alias", r#"{"userId":"u","previousId":"p"}"#).unwrap();
+        messages("group", r#"{"anonymousId":"a","groupId":"g"}"#).unwrap();
+    }
+
+    #[test]
+    fn one_bad_message_rejects_the_whole_batch_and_says_where() {
+        let err = messages("batch", r#"{"batch":[{"type":"track","event":"e","userId":"u"},{"type":"track","userId":"u"}]}"#)
+            .unwrap_err();
+        assert_eq!(err, Rejection::MissingEvent { at: Location(Some(1)) });
+        assert_eq!(err.to_string(), "batch[1]: a track message needs an `event` name");
+    }
+
+    #[test]
+    fn message_and_request_limits() {
+        // A message just under 32 KB passes; one just over is refused, wherever it is.
+        let pad = |n: usize| format!(r#"{{"type":"track","event":"e","userId":"u","p":"{}"}}"#, "x".repeat(n));
+        let overhead = pad(0).len();
+        let fits = pad(MAX_MESSAGE_BYTES - overhead);
+        assert_eq!(fits.len(), MAX_MESSAGE_BYTES);
+        messages("batch", &format!(r#"{{"batch":[{fits}]}}"#)).unwrap();
+        let over = pad(MAX_MESSAGE_BYTES - overhead + 1);
+        let err = messages("batch", &format!(r#"{{"batch":[{fits},{over}]}}"#)).unwrap_err();
+        assert_eq!(err, Rejection::MessageTooLarge { at: Location(Some(1)), bytes: MAX_MESSAGE_BYTES + 1 });
+        assert_eq!(messages("track", &over).unwrap_err().reason(), "message_too_large");
+        // Sixteen messages of 32 KB are over 500 KB.
+        let items = vec![fits; 16].join(",");
+        let err = messages("batch", &format!(r#"{{"batch":[{items}]}}"#)).unwrap_err();
+        assert_eq!(err, Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+        assert!(decode_body(&vec![b' '; MAX_REQUEST_BYTES + 1], None).is_err());
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_bodies_and_bombs() {
+        let body = br#"{"batch":[{"type":"track","event":"e","userId":"u"}]}"#;
+        assert_eq!(decode_body(&gzip(body), Some("gzip")).unwrap().as_ref(), body);
+        assert_eq!(decode_body(body, None).unwrap().as_ref(), body);
+        // 10 MB of spaces compress to about 10 KB; the limit holds on the decompressed size.
+        let bomb = gzip(&vec![b' '; 10 << 20]);
+        assert!(bomb.len() < MAX_REQUEST_BYTES);
+        assert_eq!(decode_body(&bomb, Some("gzip")).unwrap_err(), Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+        assert_eq!(decode_body(b"not gzip", Some("gzip")).unwrap_err().reason(), "bad_gzip");
+        assert_eq!(decode_body(body, Some("br")).unwrap_err().reason(), "unsupported_encoding");
+    }
+
+    #[test]
+    fn record_keys_and_times() {
+        assert_eq!(record_key("web", "m-1"), "web:m-1");
+        assert_eq!(rfc3339_millis(at(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_millis(at(951_782_400_000)), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339_millis(at(1_709_211_909_042)), "2024-02-29T13:05:09.042Z");
+        assert_eq!(rfc3339_millis(at(4_102_444_799_999)), "2099-12-31T23:59:59.999Z");
+    }
+}

@@ -1,0 +1,387 @@
+//! The tracking API end to end: the real `dedupe ingest` binary against the real broker. A batch
+//! lands as one record per message, keyed `<source>:<messageId>` on the partition the Java client
+//! would choose; refused requests produce nothing; without Kafka nothing is ever answered 200.
+//!
+//! The binary is the one `cargo test --release --workspace` builds next to this test
+//! (`target/release/dedupe`); after changing it, rebuild with `cargo build --release -p dedupe-actors`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use common::http::{self, Response};
+use common::{brokers, consume_all, TestTopic};
+use serde_json::{json, Value};
+
+const KEY_WEB: &str = "test-key-web";
+const KEY_IOS: &str = "test-key-ios";
+
+/// The Java client's partitioner for keyed records, written from its reference definition:
+/// `toPositive(murmur2(key)) % partitions` (org.apache.kafka.common.utils.Utils).
+fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+fn murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let mut h = SEED ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = chunks.remainder();
+    if tail.len() >= 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+#[test]
+fn murmur2_matches_the_java_clients_known_vectors() {
+    // Vectors from the Java client's own tests (UtilsTest.testMurmur2), and the partition its
+    // partitioner picks for a record key of ours out of four.
+    for (input, hash) in [
+        ("21", -973_932_308),
+        ("foobar", -790_332_482),
+        ("a-little-bit-long-string", -985_981_536),
+        ("a-little-bit-longer-string", -1_486_304_829),
+        ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+        ("abc", 479_470_107),
+    ] {
+        assert_eq!(murmur2(input.as_bytes()), hash, "murmur2({input})");
+    }
+    assert_eq!(java_partition(b"web:m-1", 4), 3);
+}
+
+/// The `dedupe` binary built next to this test.
+fn dedupe_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let path = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps").join("dedupe");
+    assert!(
+        path.exists(),
+        "the dedupe binary is not at {}: build it with `cargo build --release -p dedupe-actors` \
+         (the test command `cargo test --release --workspace` builds it)",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    listener.local_addr().unwrap()
+}
+
+fn basic(key: &str) -> String {
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{key}:")))
+}
+
+/// A running `dedupe ingest`, killed when dropped.
+struct Ingest {
+    child: Child,
+    addr: SocketAddr,
+    log: tempfile::NamedTempFile,
+    _keys: tempfile::NamedTempFile,
+}
+
+impl Ingest {
+    fn start(brokers: &str, topic: &str, env: &[(&str, &str)]) -> Self {
+        let mut keys = tempfile::NamedTempFile::new().unwrap();
+        writeln!(keys, "# test keys\n{KEY_WEB} web\n{KEY_IOS} ios").unwrap();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let addr = free_port();
+        let metrics = free_port();
+        let mut cmd = Command::new(dedupe_binary());
+        cmd.arg("ingest")
+            .args(["--listen", &addr.to_string(), "--brokers", brokers, "--topic", topic])
+            .args(["--metrics-addr", &metrics.to_string()])
+            .arg("--write-keys-file")
+            .arg(keys.path())
+            .env_remove("DEDUPE_WRITE_KEYS")
+            .env("DEDUPE_LOG_LEVEL", "info")
+            .stdin(Stdio::null())
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("start dedupe ingest");
+        let mut ingest = Self { child, addr, log, _keys: keys };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http::get(addr, "/healthz") {
+                assert_eq!(r.status, 200);
+                return ingest;
+            }
+            if let Ok(Some(status)) = ingest.child.try_wait() {
+                panic!("dedupe ingest exited with {status} during start:\n{}", ingest.log_text());
+            }
+            assert!(Instant::now() < deadline, "dedupe ingest did not answer /healthz within 30 s:\n{}", ingest.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        let mut all = vec![("Content-Type", "application/json")];
+        all.extend_from_slice(headers);
+        http::request(self.addr, "POST", path, &all, body).unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", self.log_text()))
+    }
+
+    fn post_json(&self, path: &str, key: Option<&str>, body: &Value) -> Response {
+        let auth = key.map(basic);
+        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        self.post(path, &headers, body.to_string().as_bytes())
+    }
+
+    /// Waits until /readyz answers `status`.
+    fn wait_ready(&self, status: u16) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = http::get(self.addr, "/readyz").expect("GET /readyz");
+            if r.status == status {
+                return;
+            }
+            assert!(Instant::now() < deadline, "/readyz did not answer {status} within 20 s (last {})", r.status);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The log must never hold a write key.
+        let log = self.log_text();
+        if !std::thread::panicking() {
+            assert!(!log.contains(KEY_WEB) && !log.contains(KEY_IOS), "a write key was logged:\n{log}");
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
+    let topic = TestTopic::create("ingest-batch", 4);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    ingest.wait_ready(200);
+
+    // Forty messages: even ones carry their own messageId, odd ones get one assigned.
+    let n = 40;
+    let batch: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut m = json!({"type": "track", "event": "Played", "userId": format!("u{i}"),
+                               "properties": {"i": i}, "timestamp": "2024-01-01T00:00:00.000Z",
+                               "context": {"library": {"name": "own"}}});
+            if i % 2 == 0 {
+                m["messageId"] = json!(format!("m-{i}"));
+            }
+            m
+        })
+        .collect();
+    let before = now_ms();
+    let r = ingest.post_json(
+        "/v1/batch",
+        Some(KEY_WEB),
+        &json!({"batch": batch, "sentAt": "2024-01-01T00:00:01.000Z",
+                "context": {"library": {"name": "shared", "version": "9"}, "locale": "de"}}),
+    );
+    let after = now_ms();
+    assert_eq!((r.status, r.json()), (200, json!({"success": true})), "{}", ingest.log_text());
+
+    let records = consume_all(&topic.name, false);
+    assert_eq!(records.len(), n, "one record per message");
+    let mut ids = BTreeSet::new();
+    let mut partitions = BTreeSet::new();
+    for rec in &records {
+        let key = rec.key.clone().expect("every record is keyed");
+        let value: Value = serde_json::from_slice(rec.value.as_deref().unwrap()).unwrap();
+        let id = value["messageId"].as_str().expect("messageId in the value").to_string();
+        // The key is <source>:<messageId>, and the partition is the Java client's for that key.
+        assert_eq!(String::from_utf8(key.clone()).unwrap(), format!("web:{id}"));
+        assert_eq!(rec.partition, java_partition(&key, 4), "key {id} is not on the murmur2 partition");
+        partitions.insert(rec.partition);
+        // Client ids are kept; the others got a UUIDv4.
+        let i = value["properties"]["i"].as_u64().unwrap();
+        if i % 2 == 0 {
+            assert_eq!(id, format!("m-{i}"));
+        } else {
+            assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);
+        }
+        ids.insert(id);
+        // The shared context is merged under the message's own fields; times are kept as sent.
+        assert_eq!(value["context"], json!({"library": {"name": "own", "version": "9"}, "locale": "de"}));
+        assert_eq!(value["sentAt"], "2024-01-01T00:00:01.000Z");
+        assert_eq!(value["timestamp"], "2024-01-01T00:00:00.000Z");
+        assert!(value["receivedAt"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 24), "{value}");
+        assert!(value.get("writeKey").is_none());
+        // The source header, and the receive time as the record's timestamp.
+        assert_eq!(rec.headers, vec![("dedupe-source".to_string(), Some(b"web".to_vec()))]);
+        let ts = rec.timestamp.expect("a record timestamp");
+        assert!(ts >= before - 1 && ts <= after + 1, "timestamp {ts} not within the request ({before}..{after})");
+    }
+    assert_eq!(ids.len(), n, "every message has its own id");
+    assert!(partitions.len() > 1, "forty keys all landed on one partition");
+}
+
+#[test]
+fn single_message_endpoints_take_gzip_and_the_body_write_key() {
+    let topic = TestTopic::create("ingest-single", 2);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+
+    // Each single-message endpoint, authenticated by writeKey in the body, sent gzipped.
+    let messages = [
+        ("track", json!({"userId": "u", "event": "Clicked", "messageId": "s-track"})),
+        ("identify", json!({"userId": "u", "traits": {"plan": "pro"}, "messageId": "s-identify"})),
+        ("page", json!({"anonymousId": "a", "name": "Home", "messageId": "s-page"})),
+        ("screen", json!({"anonymousId": "a", "name": "Feed", "messageId": "s-screen"})),
+        ("group", json!({"userId": "u", "groupId": "g", "messageId": "s-group"})),
+        ("alias", json!({"previousId": "a", "userId": "u", "messageId": "s-alias"})),
+    ];
+    for (endpoint, body) in &messages {
+        let mut body = body.clone();
+        body["writeKey"] = json!(KEY_IOS);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(body.to_string().as_bytes()).unwrap();
+        let r = ingest.post(&format!("/v1/{endpoint}"), &[("Content-Encoding", "gzip")], &gz.finish().unwrap());
+        assert_eq!((r.status, r.json()), (200, json!({"success": true})), "/v1/{endpoint}");
+    }
+
+    let records = consume_all(&topic.name, false);
+    let by_key: BTreeMap<String, Value> = records
+        .iter()
+        .map(|r| (String::from_utf8(r.key.clone().unwrap()).unwrap(), serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()))
+        .collect();
+    assert_eq!(by_key.len(), messages.len());
+    for (endpoint, _) in &messages {
+        let value = &by_key[&format!("ios:s-{endpoint}")];
+        // The type comes from the path, and the key never reaches Kafka.
+        assert_eq!(value["type"], *endpoint);
+        assert!(value.get("writeKey").is_none());
+    }
+}
+
+#[test]
+fn requests_without_a_known_write_key_are_refused_and_produce_nothing() {
+    let topic = TestTopic::create("ingest-auth", 2);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let batch = json!({"batch": [{"type": "track", "event": "e", "userId": "u"}]});
+
+    let cases = [
+        ("no key at all", None, batch.clone(), "missing_write_key"),
+        ("an unknown key in the header", Some("wrong-key"), batch.clone(), "unknown_write_key"),
+        ("an unknown key in the body", None, json!({"writeKey": "wrong-key", "batch": batch["batch"]}), "unknown_write_key"),
+        // A wrong header key is not rescued by a right body key.
+        ("a wrong header with a right body key", Some("wrong-key"), json!({"writeKey": KEY_WEB, "batch": batch["batch"]}), "unknown_write_key"),
+    ];
+    for (what, key, body, code) in cases {
+        let r = ingest.post_json("/v1/batch", key, &body);
+        assert_eq!(r.status, 401, "{what}");
+        assert_eq!(r.json()["code"], code, "{what}");
+        assert_eq!(r.json()["success"], false, "{what}");
+    }
+    let r = ingest.post("/v1/batch", &[("Authorization", "Bearer test-key-web")], batch.to_string().as_bytes());
+    assert_eq!((r.status, r.json()["code"].clone()), (401, json!("malformed_authorization")));
+
+    assert!(consume_all(&topic.name, false).is_empty(), "a refused request produced records");
+}
+
+#[test]
+fn bad_input_is_refused_whole_with_the_problem_named() {
+    let topic = TestTopic::create("ingest-bad", 2);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let good = json!({"type": "track", "event": "e", "userId": "u"});
+    let big = "x".repeat(33 * 1024);
+
+    let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
+        ("malformed JSON", "/v1/batch", b"{\"batch\": [".to_vec(), "malformed_json"),
+        ("an empty batch", "/v1/batch", json!({"batch": []}).to_string().into_bytes(), "empty_batch"),
+        ("a batch item without type", "/v1/batch",
+         json!({"batch": [good, {"event": "e", "userId": "u"}]}).to_string().into_bytes(), "missing_type"),
+        ("a track without event", "/v1/batch",
+         json!({"batch": [good, {"type": "track", "userId": "u"}]}).to_string().into_bytes(), "missing_event"),
+        ("neither userId nor anonymousId", "/v1/identify", json!({"traits": {}}).to_string().into_bytes(), "missing_identity"),
+        ("an alias without previousId", "/v1/alias", json!({"userId": "u"}).to_string().into_bytes(), "missing_alias_ids"),
+        ("a group without groupId", "/v1/group", json!({"userId": "u"}).to_string().into_bytes(), "missing_group_id"),
+        ("a message over 32 KB", "/v1/batch",
+         json!({"batch": [good, {"type": "track", "event": "e", "userId": "u", "p": big}]}).to_string().into_bytes(),
+         "message_too_large"),
+        ("a request over 500 KB", "/v1/batch",
+         json!({"batch": vec![json!({"type": "track", "event": "e", "userId": "u", "p": "x".repeat(30 * 1024)}); 18]})
+             .to_string()
+             .into_bytes(),
+         "request_too_large"),
+    ];
+    for (what, path, body, code) in &cases {
+        let auth = basic(KEY_WEB);
+        let r = ingest.post(path, &[("Authorization", &auth)], body);
+        assert_eq!(r.status, 400, "{what}: {}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!((v["success"].clone(), v["code"].as_str()), (json!(false), Some(*code)), "{what}: {v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {v}");
+    }
+
+    // A gzip bomb: 20 MB of spaces in a few KB; refused on its decompressed size.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&vec![b' '; 20 << 20]).unwrap();
+    let bomb = gz.finish().unwrap();
+    let auth = basic(KEY_WEB);
+    let r = ingest.post("/v1/batch", &[("Authorization", &auth), ("Content-Encoding", "gzip")], &bomb);
+    assert_eq!((r.status, r.json()["code"].clone()), (400, json!("request_too_large")));
+
+    // The problem is named, with where it is.
+    let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [good, {"type": "track", "userId": "u"}]}));
+    assert_eq!(r.json()["message"], "batch[1]: a track message needs an `event` name");
+
+    // The good messages next to the bad ones were not produced either.
+    assert!(consume_all(&topic.name, false).is_empty(), "a refused request produced records");
+}
+
+#[test]
+fn without_kafka_requests_are_answered_503_and_never_200() {
+    // A broker address nothing listens on, and a short ack timeout.
+    let ingest = Ingest::start("127.0.0.1:1", "ingest-unreachable", &[("DEDUPE_INGEST_ACK_TIMEOUT_MS", "1500")]);
+    for i in 0..3 {
+        let started = Instant::now();
+        let r = ingest.post_json(
+            "/v1/batch",
+            Some(KEY_WEB),
+            &json!({"batch": [{"type": "track", "event": "e", "userId": "u", "messageId": format!("x{i}")}]}),
+        );
+        assert_eq!(r.status, 503, "request {i} was answered {}: {}", r.status, String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["success"], false);
+        assert!(started.elapsed() < Duration::from_secs(10), "the 503 took {:?}", started.elapsed());
+    }
+    // The process is up, but not ready.
+    assert_eq!(http::get(ingest.addr, "/healthz").unwrap().status, 200);
+    assert_eq!(http::get(ingest.addr, "/readyz").unwrap().status, 503);
+}
