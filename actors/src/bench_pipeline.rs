@@ -141,10 +141,8 @@ fn run_mode(
         http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name)).unwrap_or(0.0)
     };
     let out_counter = || counter(dedupe::metrics::RECORDS_OUT);
-    // The pass-through does not count records in; everything it reads it publishes.
-    let in_name = if mode == "passthrough" { dedupe::metrics::RECORDS_OUT } else { dedupe::metrics::RECORDS_IN };
     loop {
-        if counter(in_name) >= messages as f64 && out_counter() >= expected_out as f64 {
+        if counter(dedupe::metrics::RECORDS_IN) >= messages as f64 && out_counter() >= expected_out as f64 {
             break;
         }
         if t0.elapsed() > Duration::from_secs(1800) {

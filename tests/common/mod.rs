@@ -7,7 +7,6 @@
 
 pub mod http;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -17,11 +16,9 @@ use dedupe::config::KafkaConfig;
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 
 /// The repository's top directory.
 pub fn repo_root() -> PathBuf {
@@ -174,64 +171,26 @@ pub fn consume_all(topic: &str, read_committed: bool) -> Vec<Record> {
     try_consume_all(topic, read_committed, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}"))
 }
 
-pub fn try_consume_all(topic: &str, read_committed: bool, timeout: Duration) -> Result<Vec<Record>, KafkaError> {
-    let consumer: BaseConsumer = client_config()
-        .set("group.id", format!("test-reader-{}", uuid::Uuid::new_v4().simple()))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
-        .create()?;
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let parts: Vec<i32> = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    assert!(!parts.is_empty(), "topic {topic} has no partitions");
-    let mut tpl = TopicPartitionList::new();
-    for p in &parts {
-        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut at_end: HashMap<i32, bool> = parts.iter().map(|p| (*p, false)).collect();
+pub fn try_consume_all(topic: &str, read_committed: bool, timeout: Duration) -> Result<Vec<Record>, dedupe::kafka::ReadError> {
     let mut out = Vec::new();
-    let deadline = Instant::now() + timeout;
-    while at_end.values().any(|e| !e) {
-        if Instant::now() > deadline {
-            panic!("reading {topic} did not reach the end of every partition within {timeout:?}");
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p, true);
-            }
-            Some(Err(e)) => return Err(e),
-            Some(Ok(m)) => {
-                at_end.insert(m.partition(), false);
-                let headers = m
-                    .headers()
-                    .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec()))).collect())
-                    .unwrap_or_default();
-                out.push(Record {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(|k| k.to_vec()),
-                    value: m.payload().map(|v| v.to_vec()),
-                    headers,
-                    timestamp: m.timestamp().to_millis(),
-                });
-            }
-        }
-    }
+    dedupe::kafka::read_to_end(&kafka_config(), topic, read_committed, timeout, &mut |m| {
+        let headers = m
+            .headers()
+            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec()))).collect())
+            .unwrap_or_default();
+        out.push(Record {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(|k| k.to_vec()),
+            value: m.payload().map(|v| v.to_vec()),
+            headers,
+            timestamp: m.timestamp().to_millis(),
+        });
+    })?;
     out.sort_by_key(|r| (r.partition, r.offset));
     Ok(out)
 }
 
-/// True if `e` is the error a broker gives for an unknown topic or partition.
-pub fn is_unknown_topic(e: &KafkaError) -> bool {
-    matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic))
-}
 
 /// The `dedupe` binary built by this test run (`target/<profile>/dedupe`).
 pub fn dedupe_bin() -> PathBuf {
