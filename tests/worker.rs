@@ -259,3 +259,124 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
     assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
     assert!(w.log_text().contains("does not exist"), "{}", w.log_text());
 }
+
+#[test]
+fn an_unreachable_broker_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port(); // nothing listens there
+    let out = std::process::Command::new(dedupe_bin())
+        .args(["run", "--brokers", &format!("127.0.0.1:{port}"), "--input-topic", "i", "--output-topic", "o"])
+        .arg("--data-dir")
+        .arg(dir.path().join("ledger"))
+        .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "the error names the broker: {stderr}");
+    // Nothing was created before the broker answered.
+    assert!(!dir.path().join("ledger").exists());
+}
+
+#[test]
+fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
+    let input = TestTopic::create("corrupt-in", 1);
+    let output = TestTopic::create("corrupt-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    // A ledger that worked once...
+    produce_full(&input.name, &keyed(&ids(10).iter().collect::<Vec<_>>()));
+    let spec = WorkerSpec::new(&input.name, &output.name, &ledger);
+    let mut w = spec.start();
+    w.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 10, Duration::from_secs(60));
+    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    // ...then its CURRENT file is overwritten with garbage.
+    std::fs::write(ledger.join("CURRENT"), b"garbage\n").unwrap();
+    let files_before: Vec<_> = std::fs::read_dir(&ledger).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let mut w = spec.start();
+    assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
+    let log = w.log_text();
+    assert!(log.contains("opening the ledger") && log.contains(ledger.to_str().unwrap()), "{log}");
+    // The directory was neither deleted nor recreated.
+    assert_eq!(std::fs::read(ledger.join("CURRENT")).unwrap(), b"garbage\n");
+    let files_after: Vec<_> = std::fs::read_dir(&ledger).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files_before, files_after);
+}
+
+/// A small tmpfs mounted for one test (the suite runs as root, as CI does).
+struct SmallDisk {
+    path: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(path: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(path).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "the full-disk test mounts a small tmpfs and needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { path: path.to_path_buf() }
+    }
+
+    fn grow(&self, size: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+#[test]
+fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
+    let input = TestTopic::create("diskfull-in", 2);
+    let output = TestTopic::create("diskfull-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let disk = SmallDisk::mount(&dir.path().join("disk"), "12m");
+    let summary = std::process::Command::new(dedupe_bin())
+        .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name, "--count", "600000", "--dup-ratio", "0.02"])
+        .args(["--value-bytes", "100"])
+        .output()
+        .unwrap();
+    assert!(summary.status.success());
+    let summary: serde_json::Value = serde_json::from_slice(&summary.stdout).unwrap();
+    let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
+    let spec = WorkerSpec::new(&input.name, &output.name, &disk.path.join("ledger"))
+        .env("DEDUPE_LEDGER_WRITE_BUFFER_BYTES", "4MiB")
+        .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "4096");
+
+    // The ledger outgrows the 12 MiB disk long before its budget: the worker stops with an error
+    // that names the cause.
+    let mut w = spec.start();
+    let code = w.wait(Duration::from_secs(240));
+    let log = w.log_text();
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains("No space left on device"), "the error names the cause:\n{log}");
+    // Everything published so far is there once.
+    let (_, partial) = verify(&input.name, &output.name);
+    assert_eq!(partial["duplicate_ids_in_output"], 0, "{partial}");
+    assert!(partial["input_ids_missing_from_output"].as_u64().unwrap() > 0, "the disk filled before the end: {partial}");
+
+    // With room again, a restart finishes the job: nothing lost, nothing twice.
+    disk.grow("512m");
+    let mut w = spec.start();
+    w.wait_ready(Duration::from_secs(120));
+    wait_for_records(&output.name, distinct, Duration::from_secs(240));
+    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}

@@ -31,7 +31,7 @@ pub fn ledger_options(config: &Config) -> LedgerOptions {
 /// Which input partitions this worker owns, after checking both topics.
 pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
     let w = &config.worker;
-    let t = Duration::from_secs(30);
+    let t = Duration::from_secs(15);
     let input = dedupe::kafka::partition_count(&config.kafka, &w.input_topic, t)
         .with_context(|| format!("reading metadata of {} from {}", w.input_topic, config.kafka.brokers))?;
     let Some(input) = input else {
