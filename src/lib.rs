@@ -12,3 +12,4 @@ pub mod progress;
 pub mod recovery;
 pub mod snapshot;
 pub mod tracking;
+pub mod window;

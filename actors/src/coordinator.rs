@@ -16,6 +16,7 @@ use dedupe::metrics as m;
 use dedupe::output::OutputWriter;
 use dedupe::progress::Progress;
 use dedupe::recovery::{now_ms, recover_partition, RecoveryInput};
+use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
 use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
@@ -76,8 +77,8 @@ pub struct Coordinator {
     running: Option<Running>,
     restarts: Vec<Instant>,
     shutting_down: bool,
-    last_ids: Option<(Instant, u64)>,
-    id_rate_per_sec: f64,
+    last_stats_at: Option<Instant>,
+    id_rate: IdRate,
 }
 
 impl Coordinator {
@@ -100,8 +101,8 @@ impl Coordinator {
             running: None,
             restarts: Vec::new(),
             shutting_down: false,
-            last_ids: None,
-            id_rate_per_sec: 0.0,
+            last_stats_at: None,
+            id_rate: IdRate::default(),
         }
     }
 
@@ -145,7 +146,7 @@ impl Coordinator {
     fn export_stats(&mut self, ctx: &mut Context<Self>) {
         let partitions = self.partitions.clone();
         let msg = Stats { partitions, now_ms: now_ms() };
-        let budget = self.config.ledger.budget_bytes.0 as f64;
+        let budget = self.config.ledger.budget_bytes.0;
         ctx.spawn(self.ledger.send(msg).into_actor(self).map(move |res, act, _| {
             let Ok(Ok(report)) = res else { return };
             let s = &report.stats;
@@ -154,29 +155,16 @@ impl Coordinator {
             metrics::gauge!(m::LEDGER_GENERATIONS).set(s.generations as f64);
             metrics::gauge!(m::LEDGER_FILTER_BYTES).set(s.filter_bytes as f64);
             let now = Instant::now();
-            if let Some((then, ids)) = act.last_ids {
-                let dt = now.duration_since(then).as_secs_f64();
-                if dt > 0.0 && s.ids_estimate >= ids {
-                    let rate = (s.ids_estimate - ids) as f64 / dt;
-                    act.id_rate_per_sec = if act.id_rate_per_sec == 0.0 { rate } else { 0.8 * act.id_rate_per_sec + 0.2 * rate };
-                }
-            }
-            act.last_ids = Some((now, s.ids_estimate));
-            let bytes_per_id = if s.ids_estimate > 0 { s.live_sst_bytes as f64 / s.ids_estimate as f64 } else { 0.0 };
+            let elapsed = act.last_stats_at.map(|t| now.duration_since(t)).unwrap_or_default();
+            act.last_stats_at = Some(now);
+            act.id_rate.observe(elapsed, s.ids_estimate);
+            let fill = LedgerFill { budget_bytes: budget, bytes: s.live_sst_bytes, ids: s.ids_estimate };
             for (p, window) in &report.windows {
                 let label = p.to_string();
                 // No id held: no window to report (the ledger never reports one it does not hold).
                 let Some(w) = window else { continue };
                 metrics::gauge!(m::WINDOW_SECONDS, m::LABEL_PARTITION => label.clone()).set(w.as_secs_f64());
-                // Capacity in ids divided by the current id rate; idle, scale the held window by
-                // how full the ledger is.
-                let forecast = if act.id_rate_per_sec > 1.0 && bytes_per_id > 0.0 {
-                    budget / bytes_per_id / act.id_rate_per_sec
-                } else if s.live_sst_bytes > 0 {
-                    w.as_secs_f64() * (budget / s.live_sst_bytes as f64).max(1.0)
-                } else {
-                    w.as_secs_f64()
-                };
+                let forecast = forecast_seconds(fill, act.id_rate.per_sec(), *w);
                 metrics::gauge!(m::WINDOW_FORECAST_SECONDS, m::LABEL_PARTITION => label).set(forecast);
             }
         }));
