@@ -1,1 +1,4 @@
 //! dedupe core
+pub mod bench;
+pub mod identity;
+pub mod ledger;
