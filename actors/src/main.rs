@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use dedupe::bench::ledger::{run, LedgerBenchConfig};
-use dedupe::ledger::Durability;
+use dedupe::ledger::{Durability, MemtableKind};
 
 #[derive(Parser)]
 #[command(name = "dedupe", about = "Deduplicates a Kafka stream by client-made message ids.")]
@@ -69,6 +69,21 @@ struct LedgerArgs {
     /// Ledger generations (G).
     #[arg(long)]
     generations: Option<u32>,
+    /// Ledger memtable.
+    #[arg(long, value_enum)]
+    memtable: Option<MemtableArg>,
+    /// Ledger write buffer (one memtable), MiB.
+    #[arg(long)]
+    write_buffer_mib: Option<usize>,
+    /// Ledger data-block restart interval.
+    #[arg(long)]
+    restart_interval: Option<i32>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MemtableArg {
+    SkipList,
+    HashLinkList,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -96,6 +111,22 @@ fn bench_ledger(args: LedgerArgs) -> anyhow::Result<()> {
             None => defaults.durability,
         },
         generations: args.generations.unwrap_or(defaults.generations),
+        ledger: {
+            let mut ledger = defaults.ledger.clone();
+            if let Some(m) = args.memtable {
+                ledger.memtable = match m {
+                    MemtableArg::SkipList => MemtableKind::SkipList,
+                    MemtableArg::HashLinkList => MemtableKind::HashLinkList,
+                };
+            }
+            if let Some(mib) = args.write_buffer_mib {
+                ledger.write_buffer_bytes = mib << 20;
+            }
+            if let Some(r) = args.restart_interval {
+                ledger.block_restart_interval = r;
+            }
+            ledger
+        },
         ..defaults
     };
     let report = run(&config).context("the ledger bench failed")?;

@@ -70,6 +70,8 @@ pub struct LedgerBenchConfig {
     pub durability: Durability,
     /// Ledger generations.
     pub generations: u32,
+    /// Further ledger options (budget, generations and durability above win).
+    pub ledger: LedgerOptions,
     /// Id stream seed.
     pub seed: u64,
     /// Draw a progress bar on stderr.
@@ -88,6 +90,7 @@ impl Default for LedgerBenchConfig {
             skip_baselines: false,
             durability: LedgerOptions::default().durability,
             generations: LedgerOptions::default().generations,
+            ledger: LedgerOptions::default(),
             seed: 42,
             progress: true,
         }
@@ -231,7 +234,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
             .unwrap_or(config.keys.saturating_mul(UNAGED_BUDGET_BYTES_PER_KEY).max(1 << 30)),
         generations: config.generations,
         durability: config.durability,
-        ..LedgerOptions::default()
+        ..config.ledger.clone()
     };
     let generation_bytes = options.generation_target_bytes();
     let ledger_dir = root.join("ledger");
