@@ -65,6 +65,9 @@ pub struct RestoreArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Insert random UUIDv4 ids into the ledger, some re-sent, and compare in the same run with
+    /// Segment's design (key per id + sequence index, default tuning) and an in-memory HashSet.
+    Ledger(LedgerBenchArgs),
     /// The worker against a pass-through copy (same consumer, producer and transactions, no
     /// ledger) on the real broker, in one run: throughput on a backlog, then latency.
     Pipeline(PipelineBenchArgs),
@@ -243,5 +246,100 @@ impl IngestArgs {
     /// Loads and validates the configuration from the file, the process environment and the flags.
     pub fn load(&self) -> Result<dedupe::config::Config, dedupe::config::ConfigError> {
         dedupe::config::Config::load(self.config.as_deref(), std::env::vars(), &self.overrides())
+    }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DurabilityArg {
+    SyncWal,
+    Wal,
+    NoWal,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum MemtableArg {
+    SkipList,
+    HashLinkList,
+}
+
+#[derive(Debug, Args)]
+pub struct LedgerBenchArgs {
+    /// Ids to insert.
+    #[arg(long)]
+    pub keys: u64,
+    /// Share of ids re-sent from recent batches (client retries).
+    #[arg(long, default_value_t = 0.01)]
+    pub dup_ratio: f64,
+    /// Disk budget in bytes (default: never age).
+    #[arg(long)]
+    pub budget: Option<u64>,
+    /// Ids per batch.
+    #[arg(long, default_value_t = 4096)]
+    pub batch: usize,
+    /// Print only the JSON report (it is always the last stdout line).
+    #[arg(long)]
+    pub json: bool,
+    /// Parent directory for the stores (default: the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Run the baselines on only the first M ids.
+    #[arg(long)]
+    pub baseline_keys: Option<u64>,
+    /// Skip the baselines.
+    #[arg(long)]
+    pub no_baselines: bool,
+    /// Ledger durability.
+    #[arg(long, value_enum)]
+    pub durability: Option<DurabilityArg>,
+    /// Ledger generations (G).
+    #[arg(long)]
+    pub generations: Option<u32>,
+    /// Ledger memtable.
+    #[arg(long, value_enum)]
+    pub memtable: Option<MemtableArg>,
+    /// Ledger write buffer (one memtable), MiB.
+    #[arg(long)]
+    pub write_buffer_mib: Option<usize>,
+    /// Ledger data-block restart interval.
+    #[arg(long)]
+    pub restart_interval: Option<i32>,
+}
+
+impl LedgerBenchArgs {
+    /// The bench configuration these flags ask for.
+    pub fn bench_config(&self) -> dedupe::bench::ledger::LedgerBenchConfig {
+        use dedupe::ledger::{Durability, MemtableKind};
+        let defaults = dedupe::bench::ledger::LedgerBenchConfig::default();
+        let mut ledger = defaults.ledger.clone();
+        if let Some(m) = self.memtable {
+            ledger.memtable = match m {
+                MemtableArg::SkipList => MemtableKind::SkipList,
+                MemtableArg::HashLinkList => MemtableKind::HashLinkList,
+            };
+        }
+        if let Some(mib) = self.write_buffer_mib {
+            ledger.write_buffer_bytes = mib << 20;
+        }
+        if let Some(r) = self.restart_interval {
+            ledger.block_restart_interval = r;
+        }
+        dedupe::bench::ledger::LedgerBenchConfig {
+            keys: self.keys,
+            dup_ratio: self.dup_ratio,
+            budget_bytes: self.budget,
+            batch: self.batch,
+            dir: self.dir.clone(),
+            baseline_keys: self.baseline_keys,
+            skip_baselines: self.no_baselines,
+            durability: match self.durability {
+                Some(DurabilityArg::SyncWal) => Durability::SyncWal,
+                Some(DurabilityArg::Wal) => Durability::Wal,
+                Some(DurabilityArg::NoWal) => Durability::NoWal,
+                None => defaults.durability,
+            },
+            generations: self.generations.unwrap_or(defaults.generations),
+            ledger,
+            ..defaults
+        }
     }
 }

@@ -91,6 +91,17 @@ fn main() -> ExitCode {
                 Ok(json.to_string())
             })
         }
+        Command::Bench(BenchCommand::Ledger(args)) => {
+            let report = match dedupe::bench::ledger::run(&args.bench_config()) {
+                Ok(r) => r,
+                Err(e) => return fail(format!("the ledger bench failed: {e:#}")),
+            };
+            if !args.json {
+                eprintln!("{report:#?}");
+            }
+            println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
         Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| {
             let tmp = tempfile::tempdir()?;
             let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());

@@ -1,0 +1,413 @@
+//! `dedupe bench ledger`: throughput, bytes per key and memory of the ledger on random UUIDv4
+//! ids with a share of client retries, against Segment's design and an in-memory HashSet run on
+//! the same ids in the same process.
+//!
+//! Only the time spent inside the store calls is counted (id generation is excluded for all three
+//! stores alike). `peak_rss_bytes` is read right after the ledger phase, before the baselines run,
+//! so it is the ledger's peak.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::segment_baseline::SegmentLedger;
+use crate::identity::LedgerKey;
+use crate::ledger::{Durability, Ledger, LedgerError, LedgerOptions, Verdict};
+
+/// Batches a re-sent id may reach back over (client retries re-send recent messages).
+const RETRY_HORIZON_BATCHES: usize = 16;
+/// Simulated stream rate used to give ids event times.
+const SIMULATED_IDS_PER_MS: u64 = 100;
+/// Budget per id when no budget is given: comfortably more than an id takes, so nothing ages.
+const UNAGED_BUDGET_BYTES_PER_KEY: u64 = 40;
+/// How often (in batches) disk use and generations are sampled.
+const SAMPLE_EVERY_BATCHES: u64 = 32;
+
+/// Errors of the bench.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The ledger failed.
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The Segment baseline failed.
+    #[error("segment baseline: {0}")]
+    Baseline(#[from] rocksdb::Error),
+    /// Preparing the bench directory failed.
+    #[error("cannot prepare the bench directory {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The bench verified its own answers and found them wrong.
+    #[error("wrong answers: {0}")]
+    Wrong(String),
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LedgerBenchConfig {
+    /// Ids to insert.
+    pub keys: u64,
+    /// Share of ids that are re-sent copies of recent ids.
+    pub dup_ratio: f64,
+    /// Disk budget; `None` = one large enough never to age (40 bytes per id).
+    pub budget_bytes: Option<u64>,
+    /// Ids per batch.
+    pub batch: usize,
+    /// Parent directory for the stores (a fresh subdirectory is created and removed).
+    pub dir: Option<PathBuf>,
+    /// Ids the baselines run on (a prefix of the same stream); `None` = all.
+    pub baseline_keys: Option<u64>,
+    /// Skip the baselines.
+    pub skip_baselines: bool,
+    /// Ledger durability.
+    pub durability: Durability,
+    /// Ledger generations.
+    pub generations: u32,
+    /// Further ledger options (budget, generations and durability above win).
+    pub ledger: LedgerOptions,
+    /// Id stream seed.
+    pub seed: u64,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for LedgerBenchConfig {
+    fn default() -> Self {
+        LedgerBenchConfig {
+            keys: 1_000_000,
+            dup_ratio: 0.01,
+            budget_bytes: None,
+            batch: 4096,
+            dir: None,
+            baseline_keys: None,
+            skip_baselines: false,
+            durability: LedgerOptions::default().durability,
+            generations: LedgerOptions::default().generations,
+            ledger: LedgerOptions::default(),
+            seed: 42,
+            progress: true,
+        }
+    }
+}
+
+/// The figures, printed as one JSON line.
+#[derive(Debug, Clone, Serialize)]
+pub struct LedgerBenchReport {
+    pub keys: u64,
+    pub batch: usize,
+    pub dup_ratio: f64,
+    pub durability: String,
+    pub generations_configured: u32,
+    pub budget_bytes: Option<u64>,
+    pub ids_per_sec: f64,
+    pub wall_secs: f64,
+    pub unaged_ids_per_sec: Option<f64>,
+    pub aged_ids_per_sec: Option<f64>,
+    pub bytes_per_key: f64,
+    pub live_sst_bytes: u64,
+    pub max_disk_bytes: u64,
+    pub disk_limit_bytes: Option<u64>,
+    pub peak_rss_bytes: u64,
+    pub window_ids: u64,
+    pub generations: u64,
+    pub filter_bytes: u64,
+    pub duplicates_found: u64,
+    pub duplicates_expected: u64,
+    pub baseline_keys: u64,
+    pub baseline_segment_design_ids_per_sec: Option<f64>,
+    pub baseline_segment_bytes: Option<u64>,
+    pub baseline_hashset_ids_per_sec: Option<f64>,
+    pub ratio_vs_segment: Option<f64>,
+}
+
+/// A deterministic stream of random UUIDv4 ids with re-sent recent ids mixed in.
+pub struct IdStream {
+    rng: SmallRng,
+    dup_ratio: f64,
+    recent: VecDeque<LedgerKey>,
+    recent_cap: usize,
+    emitted: u64,
+}
+
+impl IdStream {
+    /// A stream; the same seed gives the same ids.
+    pub fn new(seed: u64, dup_ratio: f64, batch: usize) -> IdStream {
+        IdStream {
+            rng: SmallRng::seed_from_u64(seed),
+            dup_ratio,
+            recent: VecDeque::new(),
+            recent_cap: batch * RETRY_HORIZON_BATCHES,
+            emitted: 0,
+        }
+    }
+
+    /// Fills `out` with the next `n` ids; returns how many are re-sent.
+    pub fn next_batch(&mut self, n: usize, out: &mut Vec<(LedgerKey, i64)>) -> u64 {
+        out.clear();
+        let mut resent = 0;
+        for _ in 0..n {
+            let time_ms = (self.emitted / SIMULATED_IDS_PER_MS) as i64;
+            self.emitted += 1;
+            if !self.recent.is_empty() && self.rng.random_bool(self.dup_ratio) {
+                let i = self.rng.random_range(0..self.recent.len());
+                out.push((self.recent[i], time_ms));
+                resent += 1;
+                continue;
+            }
+            let mut bytes = self.rng.random::<u128>().to_be_bytes();
+            bytes[6] = (bytes[6] & 0x0f) | 0x40;
+            bytes[8] = (bytes[8] & 0x3f) | 0x80;
+            let key = LedgerKey(bytes);
+            if self.recent.len() == self.recent_cap {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(key);
+            out.push((key, time_ms));
+        }
+        resent
+    }
+}
+
+fn progress_bar(config: &LedgerBenchConfig, len: u64, what: &str) -> indicatif::ProgressBar {
+    if !config.progress {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg:>10} [{elapsed_precise}] {wide_bar} {human_pos}/{human_len} ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style);
+    }
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Peak resident set size of this process (VmHWM).
+pub fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn dir_bytes(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Runs the bench.
+pub fn run(config: &LedgerBenchConfig) -> Result<LedgerBenchReport, BenchError> {
+    let parent = config.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let root = parent.join(format!("dedupe-bench-ledger-{}", std::process::id()));
+    std::fs::create_dir_all(&root).map_err(|source| BenchError::Dir {
+        path: root.clone(),
+        source,
+    })?;
+    let result = run_in(config, &root);
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, BenchError> {
+    let options = LedgerOptions {
+        // Without a budget, one large enough never to forget anything in this run.
+        budget_bytes: config
+            .budget_bytes
+            .unwrap_or(config.keys.saturating_mul(UNAGED_BUDGET_BYTES_PER_KEY).max(1 << 30)),
+        generations: config.generations,
+        durability: config.durability,
+        ..config.ledger.clone()
+    };
+    let generation_bytes = options.generation_target_bytes();
+    let ledger_dir = root.join("ledger");
+    let ledger = Ledger::open(&ledger_dir, options)?;
+
+    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
+    let mut items = Vec::with_capacity(config.batch);
+    let bar = progress_bar(config, config.keys, "ledger");
+    let wall = Instant::now();
+    let mut timed = Duration::ZERO;
+    let mut done = 0u64;
+    let mut batches = 0u64;
+    let (mut duplicates_found, mut duplicates_expected) = (0u64, 0u64);
+    let mut max_disk = 0u64;
+    let mut first_generation = None;
+    let mut aging_started: Option<(u64, Duration)> = None;
+    while done < config.keys {
+        let n = (config.keys - done).min(config.batch as u64) as usize;
+        duplicates_expected += stream.next_batch(n, &mut items);
+        let progress = (batches + 1).to_le_bytes();
+        let started = Instant::now();
+        let verdicts = ledger.check_and_record(0, &items, &progress)?;
+        timed += started.elapsed();
+        duplicates_found += verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Duplicate { .. }))
+            .count() as u64;
+        done += n as u64;
+        batches += 1;
+        if batches % SAMPLE_EVERY_BATCHES == 0 {
+            max_disk = max_disk.max(dir_bytes(&ledger_dir));
+            if aging_started.is_none() && config.budget_bytes.is_some() {
+                let oldest = ledger.generations()?.first().map(|g| g.meta.id);
+                if first_generation.is_none() {
+                    first_generation = oldest;
+                } else if oldest != first_generation {
+                    aging_started = Some((done, timed));
+                }
+            }
+            bar.set_position(done);
+        }
+    }
+    bar.finish_and_clear();
+    let wall_secs = wall.elapsed().as_secs_f64();
+    ledger.flush()?;
+    max_disk = max_disk.max(dir_bytes(&ledger_dir));
+    let stats = ledger.stats()?;
+    let peak_rss = peak_rss_bytes();
+    drop(ledger);
+
+    let ids_per_sec = config.keys as f64 / timed.as_secs_f64();
+    let (unaged, aged) = match aging_started {
+        Some((ids, at)) if done > ids => (
+            Some(ids as f64 / at.as_secs_f64()),
+            Some((done - ids) as f64 / (timed - at).as_secs_f64()),
+        ),
+        _ => (None, None),
+    };
+    if config.budget_bytes.is_none() && duplicates_found != duplicates_expected {
+        return Err(BenchError::Wrong(format!(
+            "{duplicates_found} duplicates found, {duplicates_expected} re-sent"
+        )));
+    }
+
+    let baseline_keys = config.baseline_keys.unwrap_or(config.keys).min(config.keys);
+    let (segment, segment_bytes, hashset) = if config.skip_baselines {
+        (None, None, None)
+    } else {
+        let (rate, bytes) = run_segment(config, baseline_keys, &root.join("segment"))?;
+        (Some(rate), Some(bytes), Some(run_hashset(config, baseline_keys)))
+    };
+    Ok(LedgerBenchReport {
+        keys: config.keys,
+        batch: config.batch,
+        dup_ratio: config.dup_ratio,
+        durability: format!("{:?}", config.durability),
+        generations_configured: config.generations,
+        budget_bytes: config.budget_bytes,
+        ids_per_sec,
+        wall_secs,
+        unaged_ids_per_sec: unaged,
+        aged_ids_per_sec: aged,
+        bytes_per_key: stats.live_sst_bytes as f64 / stats.ids_estimate.max(1) as f64,
+        live_sst_bytes: stats.live_sst_bytes,
+        max_disk_bytes: max_disk,
+        disk_limit_bytes: config.budget_bytes.map(|b| b + generation_bytes),
+        peak_rss_bytes: peak_rss,
+        window_ids: stats.ids_estimate,
+        generations: stats.generations,
+        filter_bytes: stats.filter_bytes,
+        duplicates_found,
+        duplicates_expected,
+        baseline_keys,
+        baseline_segment_design_ids_per_sec: segment,
+        baseline_segment_bytes: segment_bytes,
+        baseline_hashset_ids_per_sec: hashset,
+        ratio_vs_segment: segment.map(|s| ids_per_sec / s),
+    })
+}
+
+fn run_segment(
+    config: &LedgerBenchConfig,
+    keys: u64,
+    dir: &Path,
+) -> Result<(f64, u64), BenchError> {
+    let mut store = SegmentLedger::open(dir, config.budget_bytes)?;
+    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
+    let mut items = Vec::with_capacity(config.batch);
+    let mut raw = Vec::with_capacity(config.batch);
+    let bar = progress_bar(config, keys, "segment");
+    let mut timed = Duration::ZERO;
+    let mut done = 0u64;
+    while done < keys {
+        let n = (keys - done).min(config.batch as u64) as usize;
+        stream.next_batch(n, &mut items);
+        raw.clear();
+        raw.extend(items.iter().map(|(k, _)| k.0));
+        let started = Instant::now();
+        store.check_and_record(&raw)?;
+        timed += started.elapsed();
+        done += n as u64;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    let bytes = store.size_bytes()?;
+    Ok((keys as f64 / timed.as_secs_f64(), bytes))
+}
+
+fn run_hashset(config: &LedgerBenchConfig, keys: u64) -> f64 {
+    let mut set: HashSet<[u8; 16]> = HashSet::new();
+    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
+    let mut items = Vec::with_capacity(config.batch);
+    let mut dups = Vec::with_capacity(config.batch);
+    let mut timed = Duration::ZERO;
+    let mut done = 0u64;
+    while done < keys {
+        let n = (keys - done).min(config.batch as u64) as usize;
+        stream.next_batch(n, &mut items);
+        let started = Instant::now();
+        dups.clear();
+        dups.extend(items.iter().map(|(k, _)| !set.insert(k.0)));
+        timed += started.elapsed();
+        done += n as u64;
+    }
+    std::hint::black_box(&dups);
+    keys as f64 / timed.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_bench_finds_every_resent_id() {
+        // A tiny run: every re-sent id is found, and the baselines agree on the same stream.
+        let dir = tempfile::tempdir().unwrap();
+        let config = LedgerBenchConfig {
+            keys: 20_000,
+            batch: 1000,
+            dup_ratio: 0.05,
+            dir: Some(dir.path().to_path_buf()),
+            progress: false,
+            ..LedgerBenchConfig::default()
+        };
+        let report = run(&config).unwrap();
+        assert!(report.duplicates_expected > 0);
+        assert_eq!(report.duplicates_found, report.duplicates_expected);
+        assert_eq!(
+            report.window_ids,
+            config.keys - report.duplicates_expected
+        );
+        assert!(report.baseline_segment_design_ids_per_sec.is_some());
+        // The bench cleans up after itself.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

@@ -1,0 +1,4 @@
+//! Benchmarks that run inside the core, so the binary's `bench` subcommands are thin calls.
+
+pub mod ledger;
+pub mod segment_baseline;
