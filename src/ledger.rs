@@ -667,6 +667,12 @@ impl Ledger {
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
             self.start_generation(&mut state)?;
         }
+        if fresh && self.options.durability == Durability::NoWal {
+            // Without a WAL the format marker and the first generation's metadata live only in
+            // memtables until a flush: a crash before the first flush would leave column families
+            // without their marker, which the next open must refuse as corrupt. Flush them now.
+            self.flush_locked(&state)?;
+        }
         Ok(())
     }
 

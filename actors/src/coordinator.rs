@@ -4,7 +4,6 @@
 //! drives graceful shutdown. It keeps one guarantee above all: no input is processed for a
 //! partition until that partition's ledger has been repaired against the output.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -370,6 +369,28 @@ impl Handler<Finish> for Coordinator {
     }
 }
 
+/// The consumer group's committed offset for one input partition (committed with the output
+/// transactions), retrying while the group coordinator is not yet known or offsets are unstable.
+fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> anyhow::Result<Option<i64>> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let got = loop {
+        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
+            Ok(got) => break got,
+            Err(e) if Instant::now() < deadline && is_retriable(&e) => {
+                tracing::debug!(partition, error = %e, "Reading the committed offset failed; retrying.");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading the committed offset of input partition {partition}")),
+        }
+    };
+    Ok(got.find_partition(topic, partition).and_then(|e| match e.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }))
+}
+
 /// Errors that go away by themselves: the coordinator moved or is loading, a timeout.
 fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
@@ -413,42 +434,6 @@ async fn start_pipeline(
     let consumer = Arc::new(consumer);
     let group = Arc::new(consumer.group_metadata().context("the input consumer has no group metadata")?);
 
-    // Where the consumer group stands: committed with the output transactions.
-    let committed = {
-        let consumer = consumer.clone();
-        let topic = w.input_topic.clone();
-        let parts = partitions.clone();
-        actix_rt::task::spawn_blocking(move || -> anyhow::Result<HashMap<i32, Option<i64>>> {
-            let mut tpl = TopicPartitionList::new();
-            for p in &parts {
-                tpl.add_partition(&topic, *p);
-            }
-            // The group coordinator may not be known yet right after start: retry what is retriable.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            let got = loop {
-                match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
-                    Ok(got) => break got,
-                    Err(e) if Instant::now() < deadline && is_retriable(&e) => {
-                        tracing::debug!(error = %e, "Reading committed offsets failed; retrying.");
-                        std::thread::sleep(Duration::from_millis(250));
-                    }
-                    Err(e) => return Err(e).context("reading committed input offsets"),
-                }
-            };
-            Ok(parts
-                .iter()
-                .map(|p| {
-                    let off = got.find_partition(&topic, *p).and_then(|e| match e.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    });
-                    (*p, off)
-                })
-                .collect())
-        })
-        .await??
-    };
-
     let progress = ledger.send(AllProgress).await?.context("reading the ledger's progress records")?;
 
     // Recover every partition in parallel: fence older producers, replay the output tail.
@@ -460,12 +445,15 @@ async fn start_pipeline(
             Some(bytes) => Some(Progress::decode(bytes).with_context(|| format!("partition {p}'s progress record"))?),
             None => None,
         };
-        let committed_input = committed.get(&p).copied().flatten();
+        let consumer = consumer.clone();
         tasks.push(actix_rt::task::spawn_blocking(move || -> anyhow::Result<(i32, OutputWriter, dedupe::recovery::RecoveryReport)> {
             let started = Instant::now();
             let w = &config.worker;
+            // Fence first: init_transactions aborts an older producer's open transaction, whose
+            // pending offsets would otherwise keep the group's committed offset unstable.
             let writer = OutputWriter::open(&config.kafka, &w.output_topic, p, w.dead_letter_topic.as_deref(), w.transaction_timeout_ms)
                 .with_context(|| format!("opening the output producer of partition {p}"))?;
+            let committed_input = committed_offset(&consumer, &w.input_topic, p)?;
             let input = RecoveryInput {
                 kafka: &config.kafka,
                 output_topic: &w.output_topic,
