@@ -136,9 +136,10 @@ fn alerts(rules: &str) -> Vec<Alert> {
 #[test]
 fn alert_rules_and_dashboard_use_only_declared_metrics() {
     let declared = declared_metrics();
-    for file in ["deploy/prometheus/rules.yml", "deploy/k8s/prometheusrule.yaml", "deploy/OPERATIONS.md"] {
+    for file in ["deploy/prometheus/rules.yml", "deploy/k8s/prometheusrule.yaml"] {
         assert_all_declared(file, &metric_tokens(&read(file)), &declared);
     }
+    assert_all_declared("README.md#operations", &metric_tokens(&operations_section()), &declared);
 
     // Every expression and template query of the dashboard.
     let dashboard: serde_json::Value =
@@ -217,9 +218,9 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
     assert!(by_name["DedupeWorkerDown"].field("expr").unwrap().contains("up{job=\"dedupe\"} == 0"));
 
     // The Operations section describes every alert.
-    let operations = read("deploy/OPERATIONS.md");
+    let operations = operations_section();
     for (name, _) in expected {
-        assert!(operations.contains(name), "deploy/OPERATIONS.md does not describe {name}");
+        assert!(operations.contains(name), "the README's Operations section does not describe {name}");
     }
 }
 
@@ -369,16 +370,24 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
 
 #[test]
 fn operations_section_lists_every_metric() {
-    let operations = read("deploy/OPERATIONS.md");
+    let operations = operations_section();
     let table_rows: Vec<&str> = operations.lines().filter(|l| l.starts_with('|')).collect();
     for (name, kind) in declared_metrics() {
         let row = table_rows
             .iter()
             .find(|r| r.contains(&format!("`{name}`")))
-            .unwrap_or_else(|| panic!("deploy/OPERATIONS.md's metrics table has no row for `{name}`"));
+            .unwrap_or_else(|| panic!("the README's Operations metrics table has no row for `{name}`"));
         assert!(row.to_lowercase().contains(&kind.to_lowercase()), "the row of {name} gives its kind, {kind}: {row}");
     }
-    assert!(operations.starts_with("## Operations"), "the fragment opens with the README's Operations heading");
+}
+
+/// The README's Operations section: from its heading to the next second-level heading.
+fn operations_section() -> String {
+    let readme = read("README.md");
+    let start = readme.find("\n## Operations\n").expect("the README has an Operations section");
+    let rest = &readme[start + 1..];
+    let end = rest[3..].find("\n## ").map(|i| i + 4).unwrap_or(rest.len());
+    rest[..end].to_string()
 }
 
 /// Host paths a compose file references: bind-mount sources, env files (their default), the build
