@@ -669,6 +669,9 @@ impl Ledger {
             }
         }
         generations.sort_by_key(|g| g.meta.id);
+        for g in generations.iter().filter(|g| g.meta.sealed) {
+            self.compact_when_sealed(&g.name)?;
+        }
         let mut state = self.lock();
         state.generations = generations;
         state.forgotten = forgotten;
@@ -917,12 +920,16 @@ impl Ledger {
         // hold several small generations' worth of disk. Then let RocksDB compact it into one
         // sorted run in the background: one filter probe per lookup, zeroed sequence numbers.
         self.flush_all(state, false)?;
-        let cf = self.cf(&sealed_name)?;
+        self.compact_when_sealed(&sealed_name)?;
+        self.age(state)
+    }
+
+    /// A sealed generation takes no more writes: compact any L0 file into its single run.
+    fn compact_when_sealed(&self, name: &str) -> Result<()> {
+        let cf = self.cf(name)?;
         self.db
             .set_options_cf(&cf, &[("level0_file_num_compaction_trigger", "1")])
-            .map_err(rocks(Doing::Write))?;
-        drop(cf);
-        self.age(state)
+            .map_err(rocks(Doing::Write))
     }
 
     /// Drops the oldest sealed generations while the live ones exceed the budget.
