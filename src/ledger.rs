@@ -465,13 +465,21 @@ fn db_options(options: &LedgerOptions, create: bool) -> Options {
     // One writer at a time (the ledger lock); hash memtables require this.
     db.set_allow_concurrent_memtable_write(false);
     db.set_max_background_jobs(options.background_jobs);
-    db.set_db_write_buffer_size(
-        options.write_buffer_bytes * usize::try_from(options.max_write_buffers.max(1)).unwrap_or(1),
-    );
+    let memtables_bytes = effective_write_buffer_bytes(options)
+        * usize::try_from(options.max_write_buffers.max(1)).unwrap_or(1);
+    db.set_db_write_buffer_size(memtables_bytes);
+    db.set_max_total_wal_size(memtables_bytes as u64);
     db.set_keep_log_file_num(4);
     db.set_max_log_file_size(16 << 20);
     db.set_log_level(rocksdb::LogLevel::Warn);
     db
+}
+
+/// A memtable never holds more than half a generation, so a small budget is not exceeded by
+/// memtables and the WAL that backs them.
+fn effective_write_buffer_bytes(options: &LedgerOptions) -> usize {
+    let half_generation = usize::try_from(options.generation_target_bytes() / 2).unwrap_or(usize::MAX);
+    options.write_buffer_bytes.min(half_generation.max(1 << 20))
 }
 
 fn small_cf_options() -> Options {
@@ -493,7 +501,7 @@ fn generation_cf_options(options: &LedgerOptions, cache: &Cache) -> Options {
     let mut cf = Options::default();
     cf.set_block_based_table_factory(&table);
     cf.set_compression_type(DBCompressionType::Lz4);
-    cf.set_write_buffer_size(options.write_buffer_bytes);
+    cf.set_write_buffer_size(effective_write_buffer_bytes(options));
     cf.set_max_write_buffer_number(options.max_write_buffers);
     if options.memtable == MemtableKind::HashLinkList {
         // The "prefix" is the whole key, so it adds nothing to the filters.
@@ -661,6 +669,9 @@ impl Ledger {
             }
         }
         generations.sort_by_key(|g| g.meta.id);
+        for g in generations.iter().filter(|g| g.meta.sealed) {
+            self.compact_when_sealed(&g.name)?;
+        }
         let mut state = self.lock();
         state.generations = generations;
         state.forgotten = forgotten;
@@ -902,11 +913,29 @@ impl Ledger {
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;
-        if let Some(last) = state.generations.last_mut() {
-            last.meta = sealed;
-        }
+        let sealed_name = match state.generations.last_mut() {
+            Some(last) => {
+                last.meta = sealed;
+                last.name.clone()
+            }
+            None => return Ok(()),
+        };
         self.start_generation(state)?;
+        // Flush without waiting (all column families together, so NoWal stays a consistent
+        // prefix): the sealed generation leaves the memtables and the WAL, which would otherwise
+        // hold several small generations' worth of disk. Then let RocksDB compact it into one
+        // sorted run in the background: one filter probe per lookup, zeroed sequence numbers.
+        self.flush_all(state, false)?;
+        self.compact_when_sealed(&sealed_name)?;
         self.age(state)
+    }
+
+    /// A sealed generation takes no more writes: compact any L0 file into its single run.
+    fn compact_when_sealed(&self, name: &str) -> Result<()> {
+        let cf = self.cf(name)?;
+        self.db
+            .set_options_cf(&cf, &[("level0_file_num_compaction_trigger", "1")])
+            .map_err(rocks(Doing::Write))
     }
 
     /// Drops the oldest sealed generations while the live ones exceed the budget.
@@ -915,7 +944,12 @@ impl Ledger {
         for generation in &state.generations {
             sizes.push(self.generation_bytes(generation)?);
         }
-        let mut total: u64 = sizes.iter().sum();
+        // The WAL backing the memtables takes disk too: keep room for it, up to a generation.
+        let wal_bytes = ((effective_write_buffer_bytes(&self.options)
+            * usize::try_from(self.options.max_write_buffers.max(1)).unwrap_or(1))
+            as u64)
+            .min(self.options.generation_target_bytes());
+        let mut total: u64 = sizes.iter().sum::<u64>() + wal_bytes;
         let mut dropped = 0;
         while total > self.options.budget_bytes && dropped + 1 < state.generations.len() {
             total -= sizes[dropped];
@@ -1062,13 +1096,17 @@ impl Ledger {
     }
 
     fn flush_locked(&self, state: &State) -> Result<()> {
+        self.flush_all(state, true)
+    }
+
+    fn flush_all(&self, state: &State, wait: bool) -> Result<()> {
         let mut handles = vec![self.cf(CF_META)?, self.cf(CF_PROGRESS)?];
         for g in &state.generations {
             handles.push(self.cf(&g.name)?);
         }
         let refs: Vec<_> = handles.iter().collect();
         let mut flush = FlushOptions::default();
-        flush.set_wait(true);
+        flush.set_wait(wait);
         self.db
             .flush_cfs_opt(&refs, &flush)
             .map_err(rocks(Doing::Write))
