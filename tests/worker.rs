@@ -380,3 +380,46 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
+
+#[test]
+fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
+    let input = TestTopic::create("ahead-in", 1);
+    let output = TestTopic::create("ahead-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    produce_full(&input.name, &keyed(&ids(50).iter().collect::<Vec<_>>()));
+    let spec = WorkerSpec::new(&input.name, &output.name, &ledger);
+    let mut w = spec.start();
+    w.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 50, Duration::from_secs(60));
+    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+
+    // `dedupe ledger stats` reads the stopped worker's ledger: 50 ids, and partition 0's progress.
+    let stats = std::process::Command::new(dedupe_bin())
+        .args(["ledger", "stats", "--data-dir"])
+        .arg(&ledger)
+        .output()
+        .unwrap();
+    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["ids_estimate"], 50, "{stats}");
+    assert_eq!(stats["partitions"]["0"]["next_input_offset"], 50, "{stats}");
+    assert!(stats["partitions"]["0"]["next_output_offset"].as_i64().unwrap() >= 50, "{stats}");
+
+    // The output topic is deleted and created again, empty: the ledger now vouches for ids the
+    // output does not hold. Starting would drop re-read messages that never reached the output.
+    output.recreate();
+    let mut w = spec.start();
+    assert_eq!(w.wait(Duration::from_secs(60)), Some(1), "{}", w.log_text());
+    assert!(w.log_text().contains("the ledger is ahead of the output topic"), "{}", w.log_text());
+
+    // The operator may choose to trust the ledger: then nothing already recorded is published again.
+    let mut accepting = spec.clone();
+    accepting.extra_args.push("--accept-ledger-ahead".into());
+    let mut w = accepting.start();
+    w.wait_ready(Duration::from_secs(60));
+    produce_full(&input.name, &keyed(&ids(5).iter().collect::<Vec<_>>()));
+    let out = wait_for_records(&output.name, 5, Duration::from_secs(60));
+    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(out.len(), 5, "only the new ids are published");
+}

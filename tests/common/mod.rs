@@ -78,6 +78,30 @@ impl TestTopic {
     }
 }
 
+impl TestTopic {
+    /// Deletes the topic and creates it again, empty, under the same name.
+    pub fn recreate(&self) {
+        let admin: AdminClient<DefaultClientContext> = client_config().create().expect("admin client");
+        futures::executor::block_on(admin.delete_topics(&[&self.name], &AdminOptions::new()))
+            .expect("delete topics request");
+        // Deletion completes asynchronously: wait until the metadata no longer lists the topic.
+        let consumer: BaseConsumer = client_config().create().expect("consumer");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let md = consumer.fetch_metadata(Some(&self.name), Duration::from_secs(5));
+            let gone = md.map(|md| md.topics().iter().all(|t| t.name() != self.name || t.error().is_some())).unwrap_or(false);
+            if gone {
+                break;
+            }
+            assert!(Instant::now() < deadline, "topic {} was not deleted within 30 s", self.name);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &self.name, self.partitions, 1, &[]))
+            .unwrap_or_else(|e| panic!("cannot create topic {} again: {e}", self.name));
+        wait_for_topic(&self.name, self.partitions as usize);
+    }
+}
+
 impl Drop for TestTopic {
     fn drop(&mut self) {
         let admin: Result<AdminClient<DefaultClientContext>, _> = client_config().create();
