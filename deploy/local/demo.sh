@@ -2,7 +2,8 @@
 # See it work: start the local broker, create the topics, run the worker, produce messages with
 # re-sent ids, print the verify summary and where the metrics are served.
 #
-#   deploy/local/demo.sh            (DEMO_MESSAGES=200000 DEMO_DUP_RATIO=0.05 to change the load)
+#   deploy/local/demo.sh   (DEMO_MESSAGES=200000 DEMO_DUP_RATIO=0.05 change the load;
+#                           DEMO_KEEP_RUNNING=1 leaves the worker running afterwards)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
@@ -42,8 +43,16 @@ done
 sleep 6 # one more stats interval, so the lag gauge is fresh
 
 echo "demo: verify (every input id exactly once in the output):"
-"$dedupe" verify --config config/local.toml --brokers "$brokers" --input-topic "$input" --output-topic "$output"
+verified=0
+"$dedupe" verify --config config/local.toml --brokers "$brokers" --input-topic "$input" --output-topic "$output" || verified=$?
 echo "demo: metrics at http://$metrics/metrics (readiness /readyz); duplicates dropped:"
 curl -s "http://$metrics/metrics" | grep -E '^dedupe_(duplicates_dropped_total|records_in_total|records_out_total|window_seconds)' || true
-echo "demo: the worker keeps running until you press Ctrl-C (its log: $work/worker.log)"
-wait $worker
+if [ "${DEMO_KEEP_RUNNING:-0}" = 1 ]; then
+  echo "demo: the worker keeps running until you press Ctrl-C (its log: $work/worker.log)"
+  wait $worker
+else
+  echo "demo: stopping the worker (DEMO_KEEP_RUNNING=1 keeps it running; its log: $work/worker.log)"
+  kill -TERM $worker
+  wait $worker || true
+fi
+exit $verified
