@@ -63,13 +63,7 @@ pub fn serve(
                     }
                 }),
             )
-            .route(
-                "/metrics",
-                web::get().to(move || {
-                    let body = handle.render();
-                    async move { HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body) }
-                }),
-            )
+            .route("/metrics", metrics_route(handle))
             .route("/healthz", web::get().to(|| async { HttpResponse::Ok().body("ok\n") }))
             .route(
                 "/readyz",
@@ -96,20 +90,19 @@ pub fn serve(
 /// Serves `/metrics` alone on `addr`: for `dedupe ingest`, whose own listener has `/healthz` and
 /// `/readyz`.
 pub fn serve_metrics(addr: SocketAddr, handle: PrometheusHandle) -> anyhow::Result<actix_web::dev::Server> {
-    let server = HttpServer::new(move || {
-        let handle = handle.clone();
-        App::new().route(
-            "/metrics",
-            web::get().to(move || {
-                let body = handle.render();
-                async move { HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body) }
-            }),
-        )
-    })
-    .workers(1)
-    .disable_signals()
-    .bind(addr)
-    .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?
-    .run();
+    let server = HttpServer::new(move || App::new().route("/metrics", metrics_route(handle.clone())))
+        .workers(1)
+        .disable_signals()
+        .bind(addr)
+        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?
+        .run();
     Ok(server)
+}
+
+/// `GET /metrics`: the Prometheus text rendering of every metric.
+fn metrics_route(handle: PrometheusHandle) -> actix_web::Route {
+    web::get().to(move || {
+        let body = handle.render();
+        async move { HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body) }
+    })
 }
