@@ -54,14 +54,15 @@
 //!
 //! Default: [`Durability::Wal`] — see [`LedgerOptions::durability`] for the measurement.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, DBWithThreadMode,
-    FlushOptions, MultiThreaded, Options, WriteBatch, WriteOptions,
+    FlushOptions, IngestExternalFileOptions, MultiThreaded, Options, SstFileWriter, WriteBatch,
+    WriteOptions,
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +82,15 @@ pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;
 const META_FORMAT_VERSION: &[u8] = b"format_version";
 const META_GENERATION_PREFIX: &[u8] = b"gen/";
 const META_FORGOTTEN: &[u8] = b"forgotten";
+const META_COMMIT_SEQ: &[u8] = b"commit_seq";
+/// Key of the commit record in a generation column family: longer than any id, and after every
+/// id in key order, so it is the last key of an ingested file and never answers a lookup.
+const COMMIT_KEY: &[u8] = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xffcommit";
+/// Extension of the files written for ingestion (moved into the database when ingested).
+const INGEST_FILE_EXTENSION: &str = "ingest";
+/// What a buffered batch's progress record and metadata are assumed to cost towards the write
+/// buffer, so batches without new ids are committed too.
+const BUFFERED_BATCH_OVERHEAD_BYTES: u64 = 64;
 /// Bytes per id assumed for data still in memtables, before any SST tells us better.
 const DEFAULT_BYTES_PER_ID_ESTIMATE: u64 = 24;
 
@@ -388,6 +398,25 @@ struct State {
     generations: Vec<Generation>,
     /// Per partition: latest first-seen time of any id already forgotten.
     forgotten: BTreeMap<u32, i64>,
+    /// [`Durability::NoWal`] only: ids recorded into the active generation since its last
+    /// commit, with their stored first-seen times. Nothing of them is in RocksDB yet.
+    pending: HashMap<LedgerKey, i64>,
+    /// [`Durability::NoWal`] only: progress records written since the last commit.
+    pending_progress: BTreeMap<u32, Vec<u8>>,
+    /// [`Durability::NoWal`] only: batches recorded since the last commit.
+    pending_batches: u64,
+    /// Sequence number of the last commit applied to the metadata and progress column families.
+    commit_seq: u64,
+}
+
+/// The commit record ingested with a buffered run of ids ([`COMMIT_KEY`]): what the metadata
+/// and progress column families must say once that file is in. Cumulative, so the newest one
+/// alone restores them.
+#[derive(Debug, Serialize, Deserialize)]
+struct CommitRecord {
+    seq: u64,
+    meta: GenerationMeta,
+    progress: BTreeMap<u32, Vec<u8>>,
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;
@@ -588,6 +617,10 @@ impl Ledger {
             state: Mutex::new(State {
                 generations: Vec::new(),
                 forgotten: BTreeMap::new(),
+                pending: HashMap::new(),
+                pending_progress: BTreeMap::new(),
+                pending_batches: 0,
+                commit_seq: 0,
             }),
         };
         ledger.load(fresh, &names)?;
@@ -669,12 +702,15 @@ impl Ledger {
             }
         }
         generations.sort_by_key(|g| g.meta.id);
+        let commit_seq = self.recover_commit(&mut generations)?;
+        self.remove_ingest_leftovers()?;
         for g in generations.iter().filter(|g| g.meta.sealed) {
             self.compact_when_sealed(&g.name)?;
         }
         let mut state = self.lock();
         state.generations = generations;
         state.forgotten = forgotten;
+        state.commit_seq = commit_seq;
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
             self.start_generation(&mut state)?;
         }
@@ -682,9 +718,168 @@ impl Ledger {
             // Without a WAL the format marker and the first generation's metadata live only in
             // memtables until a flush: a crash before the first flush would leave column families
             // without their marker, which the next open must refuse as corrupt. Flush them now.
-            self.flush_locked(&state)?;
+            self.flush_locked(&mut state)?;
         }
         Ok(())
+    }
+
+    /// A buffered run of ids becomes durable when its file is ingested; the metadata and progress
+    /// records that go with it are written (and flushed) just after. If a crash fell between the
+    /// two, the file's commit record says what they must be: apply it. Returns the sequence
+    /// number of the last commit applied.
+    fn recover_commit(&self, generations: &mut [Generation]) -> Result<u64> {
+        let meta_cf = self.cf(CF_META)?;
+        let applied = match self.db.get_cf(&meta_cf, META_COMMIT_SEQ).map_err(rocks(Doing::Read))? {
+            Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
+                .map(u64::from_le_bytes)
+                .map_err(|_| LedgerError::CorruptMetadata {
+                    what: format!("commit sequence is {} bytes, not 8", bytes.len()),
+                })?,
+            None => 0,
+        };
+        let mut newest: Option<(usize, CommitRecord)> = None;
+        for (i, g) in generations.iter().enumerate() {
+            let cf = self.cf(&g.name)?;
+            if let Some(bytes) = self.db.get_cf(&cf, COMMIT_KEY).map_err(rocks(Doing::Read))? {
+                let record: CommitRecord = parse_json("commit record", &bytes)?;
+                if newest.as_ref().is_none_or(|(_, n)| record.seq > n.seq) {
+                    newest = Some((i, record));
+                }
+            }
+        }
+        let Some((i, record)) = newest.filter(|(_, r)| r.seq > applied) else {
+            return Ok(applied);
+        };
+        let mut meta = record.meta;
+        meta.sealed |= generations[i].meta.sealed;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&meta_cf, generation_meta_key(meta.id), to_json(&meta));
+        batch.put_cf(&meta_cf, META_COMMIT_SEQ, record.seq.to_le_bytes());
+        let progress_cf = self.cf(CF_PROGRESS)?;
+        for (partition, value) in &record.progress {
+            batch.put_cf(&progress_cf, progress_key(*partition), value);
+        }
+        self.db
+            .write_opt(batch, &self.sync_write_options())
+            .map_err(rocks(Doing::Write))?;
+        self.flush_cfs(&[CF_META, CF_PROGRESS], true)?;
+        generations[i].meta = meta;
+        Ok(record.seq)
+    }
+
+    /// Files written for an ingestion that a crash interrupted.
+    fn remove_ingest_leftovers(&self) -> Result<()> {
+        for entry in std::fs::read_dir(&self.path).map_err(io_error("read", &self.path))? {
+            let path = entry.map_err(io_error("read", &self.path))?.path();
+            if path.extension().is_some_and(|e| e == INGEST_FILE_EXTENSION) {
+                std::fs::remove_file(&path).map_err(io_error("remove", &path))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_cfs(&self, names: &[&str], wait: bool) -> Result<()> {
+        let handles = names.iter().map(|n| self.cf(n)).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<_> = handles.iter().collect();
+        let mut flush = FlushOptions::default();
+        flush.set_wait(wait);
+        self.db
+            .flush_cfs_opt(&refs, &flush)
+            .map_err(rocks(Doing::Write))
+    }
+
+    /// Whether new ids skip the memtables: buffered in memory, then written as one sorted file
+    /// per write buffer's worth and ingested ([`Durability::NoWal`]).
+    fn buffered(&self) -> bool {
+        self.options.durability == Durability::NoWal
+    }
+
+    /// Makes the buffered ids, progress records and metadata durable together: the ids and a
+    /// commit record go into one file ingested into the active generation (the atomic step), then
+    /// the metadata and progress column families are brought in line and flushed.
+    fn commit_pending(&self, state: &mut State) -> Result<()> {
+        if state.pending.is_empty() && state.pending_progress.is_empty() {
+            return Ok(());
+        }
+        let seq = state.commit_seq + 1;
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
+        let mut progress = self.durable_progress()?;
+        progress.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
+        let record = CommitRecord {
+            seq,
+            meta: active.meta.clone(),
+            progress,
+        };
+        let base_ms = active.meta.base_ms.unwrap_or(0);
+        let mut ids: Vec<(LedgerKey, i64)> = state.pending.iter().map(|(k, t)| (*k, *t)).collect();
+        ids.sort_unstable_by_key(|(k, _)| *k);
+        let file = self.path.join(format!("commit-{seq:012}.{INGEST_FILE_EXTENSION}"));
+        let cf_options = generation_cf_options(&self.options, &self.block_cache);
+        let mut writer = SstFileWriter::create(&cf_options);
+        writer.open(&file).map_err(rocks(Doing::Write))?;
+        let mut value = Vec::with_capacity(4);
+        for (key, t) in &ids {
+            value.clear();
+            encode_first_seen(base_ms, *t, &mut value);
+            writer.put(key.0, &value).map_err(rocks(Doing::Write))?;
+        }
+        writer.put(COMMIT_KEY, to_json(&record)).map_err(rocks(Doing::Write))?;
+        writer.finish().map_err(rocks(Doing::Write))?;
+        drop(writer);
+        let mut ingest = IngestExternalFileOptions::default();
+        ingest.set_move_files(true);
+        let cf = self.cf(&active.name)?;
+        let ingested = self
+            .db
+            .ingest_external_file_cf_opts(&cf, &ingest, vec![file.clone()])
+            .map_err(rocks(Doing::Write));
+        drop(cf);
+        if ingested.is_err() {
+            let _ = std::fs::remove_file(&file);
+        }
+        ingested?;
+        #[cfg(test)]
+        if std::env::var_os(tests::CRASH_AFTER_INGEST_ENV).is_some() {
+            // The crash test's child dies between the atomic step and the bookkeeping after it.
+            std::process::abort();
+        }
+        let meta_cf = self.cf(CF_META)?;
+        let progress_cf = self.cf(CF_PROGRESS)?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&meta_cf, generation_meta_key(record.meta.id), to_json(&record.meta));
+        batch.put_cf(&meta_cf, META_COMMIT_SEQ, seq.to_le_bytes());
+        for (partition, value) in &state.pending_progress {
+            batch.put_cf(&progress_cf, progress_key(*partition), value);
+        }
+        drop((meta_cf, progress_cf));
+        self.db
+            .write_opt(batch, &self.write_options())
+            .map_err(rocks(Doing::Write))?;
+        state.commit_seq = seq;
+        state.pending = HashMap::new();
+        state.pending_progress.clear();
+        state.pending_batches = 0;
+        // Everything written to the small column families before (generation starts, seals,
+        // forgetting) goes with it: one atomic flush.
+        self.flush_all(state, true)
+    }
+
+    /// Progress records in the progress column family.
+    fn durable_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
+        let cf = self.cf(CF_PROGRESS)?;
+        let mut all = BTreeMap::new();
+        for item in self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
+            let (key, value) = item.map_err(rocks(Doing::Read))?;
+            let partition = <[u8; 4]>::try_from(&key[..])
+                .map(u32::from_be_bytes)
+                .map_err(|_| LedgerError::CorruptMetadata {
+                    what: format!("progress key {key:?} is not a partition number"),
+                })?;
+            all.insert(partition, value.to_vec());
+        }
+        Ok(all)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -747,7 +942,19 @@ impl Ledger {
     /// each key held.
     fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
         let mut found = vec![None; keys.len()];
-        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut pending: Vec<usize> = if state.pending.is_empty() {
+            (0..keys.len()).collect()
+        } else {
+            // Buffered ids belong to the active generation, the newest: answer them first.
+            let mut still = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                match state.pending.get(key) {
+                    Some(&t) => found[i] = Some(t),
+                    None => still.push(i),
+                }
+            }
+            still
+        };
         for generation in state.generations.iter().rev() {
             if pending.is_empty() {
                 break;
@@ -819,6 +1026,36 @@ impl Ledger {
             sp.ids += 1;
         }
 
+        if self.buffered() {
+            let active_meta = &mut state.generations[active_index].meta;
+            if let Some(sp) = span {
+                active_meta.base_ms = Some(base_ms);
+                active_meta.ids += sp.ids;
+                active_meta
+                    .partitions
+                    .entry(partition)
+                    .and_modify(|e| {
+                        e.first_seen_ms = e.first_seen_ms.min(sp.first_seen_ms);
+                        e.last_seen_ms = e.last_seen_ms.max(sp.last_seen_ms);
+                        e.ids += sp.ids;
+                    })
+                    .or_insert(sp);
+                for (key, time_ms) in sorted.iter().zip(&recorded) {
+                    if let Some(t) = time_ms {
+                        state.pending.insert(*key, *t);
+                    }
+                }
+            }
+            state.pending_progress.insert(partition, progress.to_vec());
+            state.pending_batches += 1;
+            let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
+                + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
+            if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
+                self.commit_pending(&mut state)?;
+            }
+            self.maybe_seal(&mut state)?;
+            return Ok(verdicts);
+        }
         let mut new_meta = active.meta.clone();
         let mut batch = WriteBatch::default();
         if let Some(sp) = span {
@@ -879,10 +1116,16 @@ impl Ledger {
     }
 
     /// Estimated bytes of one generation once on disk.
-    fn generation_bytes(&self, generation: &Generation) -> Result<u64> {
+    fn generation_bytes(&self, state: &State, generation: &Generation) -> Result<u64> {
         let sst = self.int_property(&generation.name, "rocksdb.live-sst-files-size")?;
+        let buffered = if state.generations.last().is_some_and(|g| g.meta.id == generation.meta.id) {
+            state.pending.len() as u64
+        } else {
+            0
+        };
         let mem_ids = self.int_property(&generation.name, "rocksdb.num-entries-active-mem-table")?
-            + self.int_property(&generation.name, "rocksdb.num-entries-imm-mem-tables")?;
+            + self.int_property(&generation.name, "rocksdb.num-entries-imm-mem-tables")?
+            + buffered;
         let sst_ids = generation.meta.ids.saturating_sub(mem_ids);
         let per_id = if sst_ids > 0 && sst > 0 {
             sst.div_ceil(sst_ids)
@@ -902,10 +1145,16 @@ impl Ledger {
             .options
             .seal_after_ids
             .is_some_and(|n| active.meta.ids >= n);
-        if !full_by_ids && self.generation_bytes(active)? < self.options.generation_target_bytes()
+        if !full_by_ids
+            && self.generation_bytes(state, active)? < self.options.generation_target_bytes()
         {
             return Ok(());
         }
+        // The sealed generation's buffered ids go in before it is sealed.
+        self.commit_pending(state)?;
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
         let mut sealed = active.meta.clone();
         sealed.sealed = true;
         let mut batch = WriteBatch::default();
@@ -942,7 +1191,7 @@ impl Ledger {
     fn age(&self, state: &mut State) -> Result<()> {
         let mut sizes = Vec::with_capacity(state.generations.len());
         for generation in &state.generations {
-            sizes.push(self.generation_bytes(generation)?);
+            sizes.push(self.generation_bytes(state, generation)?);
         }
         // The WAL backing the memtables takes disk too: keep room for it, up to a generation.
         let wal_bytes = ((effective_write_buffer_bytes(&self.options)
@@ -1017,7 +1266,7 @@ impl Ledger {
             .map(|g| {
                 Ok(GenerationInfo {
                     meta: g.meta.clone(),
-                    bytes: self.generation_bytes(g)?,
+                    bytes: self.generation_bytes(&state, g)?,
                 })
             })
             .collect()
@@ -1066,6 +1315,9 @@ impl Ledger {
 
     /// The progress record last written for `partition`.
     pub fn progress(&self, partition: u32) -> Result<Option<Vec<u8>>> {
+        if let Some(value) = self.lock().pending_progress.get(&partition) {
+            return Ok(Some(value.clone()));
+        }
         let cf = self.cf(CF_PROGRESS)?;
         self.db
             .get_cf(&cf, progress_key(partition))
@@ -1074,28 +1326,21 @@ impl Ledger {
 
     /// Every partition's progress record.
     pub fn all_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
-        let cf = self.cf(CF_PROGRESS)?;
-        let mut all = BTreeMap::new();
-        for item in self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
-            let (key, value) = item.map_err(rocks(Doing::Read))?;
-            let partition = <[u8; 4]>::try_from(&key[..])
-                .map(u32::from_be_bytes)
-                .map_err(|_| LedgerError::CorruptMetadata {
-                    what: format!("progress key {key:?} is not a partition number"),
-                })?;
-            all.insert(partition, value.to_vec());
-        }
+        let state = self.lock();
+        let mut all = self.durable_progress()?;
+        all.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
         Ok(all)
     }
 
     /// Flushes every memtable to SST files (all column families together). In
     /// [`Durability::NoWal`] mode this is what makes recorded batches durable.
     pub fn flush(&self) -> Result<()> {
-        let state = self.lock();
-        self.flush_locked(&state)
+        let mut state = self.lock();
+        self.flush_locked(&mut state)
     }
 
-    fn flush_locked(&self, state: &State) -> Result<()> {
+    fn flush_locked(&self, state: &mut State) -> Result<()> {
+        self.commit_pending(state)?;
         self.flush_all(state, true)
     }
 
@@ -1116,15 +1361,16 @@ impl Ledger {
     /// exist, and returns the progress records it contains. No batch is recorded meanwhile.
     pub fn checkpoint(&self, dir: impl AsRef<Path>) -> Result<BTreeMap<u32, Vec<u8>>> {
         let dir = dir.as_ref();
-        let state = self.lock();
-        self.flush_locked(&state)?;
+        let mut state = self.lock();
+        self.flush_locked(&mut state)?;
         let checkpoint =
             rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(rocks(Doing::Checkpoint(dir)))?;
         checkpoint
             .create_checkpoint(dir)
             .map_err(rocks(Doing::Checkpoint(dir)))?;
-        // Still under the lock: the live progress records are those in the checkpoint.
-        self.all_progress()
+        // Still under the lock: the live progress records are those in the checkpoint (nothing
+        // is buffered after the flush).
+        self.durable_progress()
     }
 
     /// Copies a checkpoint into `target_dir` so it can be opened as a ledger. Refuses a non-empty
@@ -1196,7 +1442,7 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        // Without a WAL, unflushed batches would be lost on a clean close.
+        // Without a WAL, buffered and unflushed batches would be lost on a clean close.
         if self.options.durability == Durability::NoWal {
             let _ = self.flush();
         }
@@ -1578,6 +1824,7 @@ mod tests {
     const CRASH_MODE_ENV: &str = "DEDUPE_LEDGER_CRASH_MODE";
     const CRASH_BATCH_IDS: u64 = 64;
     const CRASH_KILLS_PER_MODE: usize = 12;
+    pub(super) const CRASH_AFTER_INGEST_ENV: &str = "DEDUPE_LEDGER_CRASH_AFTER_INGEST";
 
     fn crash_options(mode: Durability) -> LedgerOptions {
         LedgerOptions {
@@ -1624,6 +1871,50 @@ mod tests {
                 items.push((crash_key(batch - 1, 0), batch as i64 * 1000));
             }
             ledger.check_and_record(0, &items, &batch.to_le_bytes()).unwrap();
+        }
+    }
+
+    /// Opens the crash test's ledger and checks that batches 1..=n are entirely there, n + 1 is
+    /// entirely absent and the metadata counts exactly their ids. Returns n.
+    fn check_crashed_ledger(dir: &Path, mode: Durability, what: &str) -> u64 {
+        let ledger = Ledger::open(dir, crash_options(mode)).unwrap();
+        let n = ledger
+            .progress(0)
+            .unwrap()
+            .map_or(0, |p| u64::from_le_bytes(p.try_into().unwrap()));
+        for b in 1..=n {
+            let keys: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(b, i)).collect();
+            let found = ledger.check(&keys).unwrap();
+            assert!(found.iter().all(|f| *f == Some(b as i64 * 1000)), "{what}: batch {b} of {n} is incomplete");
+        }
+        let next: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(n + 1, i)).collect();
+        assert!(ledger.check(&next).unwrap().iter().all(Option::is_none), "{what}: batch {} is there without its progress record {n}", n + 1);
+        assert_eq!(ledger.stats().unwrap().ids_estimate, n * CRASH_BATCH_IDS, "{what}");
+        n
+    }
+
+    /// Without a WAL, buffered ids become durable when their file is ingested; a crash right
+    /// after the ingestion, before the metadata and progress records are written, must still
+    /// leave exactly the committed batches with their progress record.
+    #[test]
+    fn a_crash_between_ingestion_and_bookkeeping_keeps_the_commit() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut last = 0u64;
+        for crash in 0..3 {
+            let status = std::process::Command::new(&exe)
+                .args(["--exact", "ledger::tests::crash_child_writer", "--nocapture", "--test-threads", "1"])
+                .env(CRASH_DIR_ENV, dir.path())
+                .env(CRASH_MODE_ENV, "NoWal")
+                .env(CRASH_AFTER_INGEST_ENV, "1")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(!status.success(), "crash {crash}: the child was meant to abort");
+            let n = check_crashed_ledger(dir.path(), Durability::NoWal, &format!("crash {crash}"));
+            assert!(n > last, "crash {crash}: the ingested batches were lost (progress {n}, before {last})");
+            last = n;
         }
     }
 
