@@ -407,6 +407,130 @@ struct State {
     pending_batches: u64,
     /// Sequence number of the last commit applied to the metadata and progress column families.
     commit_seq: u64,
+    /// With a WAL ([`Durability::Wal`], [`Durability::SyncWal`]): the log of the batches
+    /// buffered since the last commit.
+    log: Option<BatchLog>,
+}
+
+/// A checked batch as the buffer and the batch log hold it: its new ids with their event times.
+struct LoggedBatch {
+    partition: u32,
+    /// Base the active generation takes if this batch is its first.
+    base_ms: i64,
+    new_ids: Vec<(LedgerKey, i64)>,
+    progress: Vec<u8>,
+}
+
+/// The ledger's own write-ahead log of buffered batches: `batches-<commit seq>.log` holds the
+/// batches that commit will ingest. Records are `[payload length u32 LE][XXH3-64 of the payload
+/// u64 LE][payload]`; a torn or corrupt record ends the log, so what replays is a prefix.
+struct BatchLog {
+    file: std::fs::File,
+    path: PathBuf,
+    buf: Vec<u8>,
+}
+
+const LOG_FILE_PREFIX: &str = "batches-";
+const LOG_FILE_EXTENSION: &str = "log";
+const LOG_RECORD_HEADER: usize = 12;
+
+fn log_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{LOG_FILE_PREFIX}{seq:012}.{LOG_FILE_EXTENSION}"))
+}
+
+impl BatchLog {
+    /// Opens (creating it if needed) the log of commit `seq`, keeping its first `len` bytes.
+    fn open(dir: &Path, seq: u64, len: u64) -> Result<BatchLog> {
+        let path = log_path(dir, seq);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_error("open", &path))?;
+        file.set_len(len).map_err(io_error("truncate", &path))?;
+        let mut log = BatchLog {
+            file,
+            path,
+            buf: Vec::new(),
+        };
+        std::io::Seek::seek(&mut log.file, std::io::SeekFrom::Start(len))
+            .map_err(io_error("seek in", &log.path))?;
+        Ok(log)
+    }
+
+    fn append(&mut self, batch: &LoggedBatch, sync: bool) -> Result<()> {
+        let buf = &mut self.buf;
+        buf.clear();
+        buf.resize(LOG_RECORD_HEADER, 0);
+        buf.extend_from_slice(&batch.partition.to_le_bytes());
+        buf.extend_from_slice(&batch.base_ms.to_le_bytes());
+        buf.extend_from_slice(&(batch.progress.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&batch.progress);
+        buf.extend_from_slice(&(batch.new_ids.len() as u32).to_le_bytes());
+        for (key, time_ms) in &batch.new_ids {
+            buf.extend_from_slice(&key.0);
+            buf.extend_from_slice(&time_ms.to_le_bytes());
+        }
+        let payload_len = (buf.len() - LOG_RECORD_HEADER) as u32;
+        let checksum = xxhash_rust::xxh3::xxh3_64(&buf[LOG_RECORD_HEADER..]);
+        buf[..4].copy_from_slice(&payload_len.to_le_bytes());
+        buf[4..LOG_RECORD_HEADER].copy_from_slice(&checksum.to_le_bytes());
+        std::io::Write::write_all(&mut self.file, buf).map_err(io_error("append to", &self.path))?;
+        if sync {
+            self.file.sync_data().map_err(io_error("sync", &self.path))?;
+        }
+        Ok(())
+    }
+
+    /// The batches of a log, up to the first torn or corrupt record, and the length they take.
+    fn read(path: &Path) -> Result<(Vec<LoggedBatch>, u64)> {
+        let bytes = std::fs::read(path).map_err(io_error("read", path))?;
+        let mut batches = Vec::new();
+        let mut at = 0usize;
+        while let Some(header) = bytes.get(at..at + LOG_RECORD_HEADER) {
+            let len = u32::from_le_bytes(header[..4].try_into().unwrap_or_default()) as usize;
+            let checksum = u64::from_le_bytes(header[4..].try_into().unwrap_or_default());
+            let Some(payload) = bytes.get(at + LOG_RECORD_HEADER..at + LOG_RECORD_HEADER + len) else {
+                break;
+            };
+            if xxhash_rust::xxh3::xxh3_64(payload) != checksum {
+                break;
+            }
+            let Some(batch) = Self::parse(payload) else {
+                break;
+            };
+            batches.push(batch);
+            at += LOG_RECORD_HEADER + len;
+        }
+        Ok((batches, at as u64))
+    }
+
+    fn parse(payload: &[u8]) -> Option<LoggedBatch> {
+        let mut rest = payload;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, tail) = (rest.get(..n)?, rest.get(n..)?);
+            rest = tail;
+            Some(head)
+        };
+        let partition = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let base_ms = i64::from_le_bytes(take(8)?.try_into().ok()?);
+        let progress_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let progress = take(progress_len)?.to_vec();
+        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let mut new_ids = Vec::with_capacity(count.min(payload.len() / 24));
+        for _ in 0..count {
+            let key = LedgerKey(take(LEDGER_KEY_BYTES)?.try_into().ok()?);
+            let time_ms = i64::from_le_bytes(take(8)?.try_into().ok()?);
+            new_ids.push((key, time_ms));
+        }
+        Some(LoggedBatch {
+            partition,
+            base_ms,
+            new_ids,
+            progress,
+        })
+    }
 }
 
 /// The commit record ingested with a buffered run of ids ([`COMMIT_KEY`]): what the metadata
@@ -621,6 +745,7 @@ impl Ledger {
                 pending_progress: BTreeMap::new(),
                 pending_batches: 0,
                 commit_seq: 0,
+                log: None,
             }),
         };
         ledger.load(fresh, &names)?;
@@ -714,6 +839,7 @@ impl Ledger {
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
             self.start_generation(&mut state)?;
         }
+        self.replay_log(&mut state)?;
         if fresh && self.options.durability == Durability::NoWal {
             // Without a WAL the format marker and the first generation's metadata live only in
             // memtables until a flush: a crash before the first flush would leave column families
@@ -767,6 +893,38 @@ impl Ledger {
         Ok(record.seq)
     }
 
+    /// Replays the batch log of the next commit into the buffer and commits it at once (a clean
+    /// start for the new log), removes logs of earlier commits, and opens the log when there is
+    /// a WAL.
+    fn replay_log(&self, state: &mut State) -> Result<()> {
+        let next = log_path(&self.path, state.commit_seq + 1);
+        if next.exists() {
+            let (batches, _) = BatchLog::read(&next)?;
+            for batch in batches {
+                self.record_buffered(state, batch);
+            }
+            self.commit_pending(state)?;
+        }
+        for entry in std::fs::read_dir(&self.path).map_err(io_error("read", &self.path))? {
+            let path = entry.map_err(io_error("read", &self.path))?.path();
+            let seq = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix(LOG_FILE_PREFIX))
+                .and_then(|n| n.strip_suffix(LOG_FILE_EXTENSION))
+                .and_then(|n| n.strip_suffix('.'))
+                .and_then(|n| n.parse::<u64>().ok());
+            // Logs of commits already made, and a torn log just replayed and committed.
+            if seq.is_some_and(|seq| seq <= state.commit_seq) {
+                std::fs::remove_file(&path).map_err(io_error("remove", &path))?;
+            }
+        }
+        if self.options.durability != Durability::NoWal && state.log.is_none() {
+            state.log = Some(BatchLog::open(&self.path, state.commit_seq + 1, 0)?);
+        }
+        Ok(())
+    }
+
     /// Files written for an ingestion that a crash interrupted.
     fn remove_ingest_leftovers(&self) -> Result<()> {
         for entry in std::fs::read_dir(&self.path).map_err(io_error("read", &self.path))? {
@@ -786,12 +944,6 @@ impl Ledger {
         self.db
             .flush_cfs_opt(&refs, &flush)
             .map_err(rocks(Doing::Write))
-    }
-
-    /// Whether new ids skip the memtables: buffered in memory, then written as one sorted file
-    /// per write buffer's worth and ingested ([`Durability::NoWal`]).
-    fn buffered(&self) -> bool {
-        self.options.durability == Durability::NoWal
     }
 
     /// Makes the buffered ids, progress records and metadata durable together: the ids and a
@@ -863,7 +1015,13 @@ impl Ledger {
         state.pending_batches = 0;
         // Everything written to the small column families before (generation starts, seals,
         // forgetting) goes with it: one atomic flush.
-        self.flush_all(state, true)
+        self.flush_all(state, true)?;
+        // The log starts again, empty, for the next commit; the committed one is not needed.
+        if let Some(old) = state.log.take() {
+            state.log = Some(BatchLog::open(&self.path, seq + 1, 0)?);
+            std::fs::remove_file(&old.path).map_err(io_error("remove", &old.path))?;
+        }
+        Ok(())
     }
 
     /// Progress records in the progress column family.
@@ -1008,91 +1166,64 @@ impl Ledger {
         // Time each distinct key is recorded at in this batch, if it is new.
         let mut recorded: Vec<Option<i64>> = vec![None; sorted.len()];
         let mut verdicts = Vec::with_capacity(items.len());
-        let mut span: Option<PartitionSpan> = None;
-        for ((_, time_ms), &s) in items.iter().zip(&slot) {
+        let mut new_ids: Vec<(LedgerKey, i64)> = Vec::with_capacity(items.len());
+        for ((key, time_ms), &s) in items.iter().zip(&slot) {
             if let Some(first_seen_ms) = found[s].or(recorded[s]) {
                 verdicts.push(Verdict::Duplicate { first_seen_ms });
                 continue;
             }
             recorded[s] = Some(stored_first_seen_ms(base_ms, *time_ms));
             verdicts.push(Verdict::New);
-            let sp = span.get_or_insert(PartitionSpan {
-                first_seen_ms: *time_ms,
-                last_seen_ms: *time_ms,
-                ids: 0,
-            });
-            sp.first_seen_ms = sp.first_seen_ms.min(*time_ms);
-            sp.last_seen_ms = sp.last_seen_ms.max(*time_ms);
-            sp.ids += 1;
+            new_ids.push((*key, *time_ms));
         }
-
-        if self.buffered() {
-            let active_meta = &mut state.generations[active_index].meta;
-            if let Some(sp) = span {
-                active_meta.base_ms = Some(base_ms);
-                active_meta.ids += sp.ids;
-                active_meta
-                    .partitions
-                    .entry(partition)
-                    .and_modify(|e| {
-                        e.first_seen_ms = e.first_seen_ms.min(sp.first_seen_ms);
-                        e.last_seen_ms = e.last_seen_ms.max(sp.last_seen_ms);
-                        e.ids += sp.ids;
-                    })
-                    .or_insert(sp);
-                for (key, time_ms) in sorted.iter().zip(&recorded) {
-                    if let Some(t) = time_ms {
-                        state.pending.insert(*key, *t);
-                    }
-                }
-            }
-            state.pending_progress.insert(partition, progress.to_vec());
-            state.pending_batches += 1;
-            let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
-                + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
-            if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
-                self.commit_pending(&mut state)?;
-            }
-            self.maybe_seal(&mut state)?;
-            return Ok(verdicts);
+        let batch = LoggedBatch {
+            partition,
+            base_ms,
+            new_ids,
+            progress: progress.to_vec(),
+        };
+        if let Some(log) = state.log.as_mut() {
+            log.append(&batch, self.options.durability == Durability::SyncWal)?;
         }
-        let mut new_meta = active.meta.clone();
-        let mut batch = WriteBatch::default();
-        if let Some(sp) = span {
-            new_meta.base_ms = Some(base_ms);
-            new_meta.ids += sp.ids;
-            new_meta
-                .partitions
-                .entry(partition)
-                .and_modify(|e| {
-                    e.first_seen_ms = e.first_seen_ms.min(sp.first_seen_ms);
-                    e.last_seen_ms = e.last_seen_ms.max(sp.last_seen_ms);
-                    e.ids += sp.ids;
-                })
-                .or_insert(sp);
-            let cf = self.cf(&active.name)?;
-            let mut value = Vec::with_capacity(4);
-            // Sorted order: the memtable inserts walk the skiplist with some locality.
-            for (key, time_ms) in sorted.iter().zip(&recorded) {
-                if let Some(t) = time_ms {
-                    value.clear();
-                    encode_first_seen(base_ms, *t, &mut value);
-                    batch.put_cf(&cf, key.0, &value);
-                }
-            }
-            batch.put_cf(
-                &self.cf(CF_META)?,
-                generation_meta_key(new_meta.id),
-                to_json(&new_meta),
-            );
+        self.record_buffered(&mut state, batch);
+        let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
+            + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
+        if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
+            self.commit_pending(&mut state)?;
         }
-        batch.put_cf(&self.cf(CF_PROGRESS)?, progress_key(partition), progress);
-        self.db
-            .write_opt(batch, &self.write_options())
-            .map_err(rocks(Doing::Write))?;
-        state.generations[active_index].meta = new_meta;
         self.maybe_seal(&mut state)?;
         Ok(verdicts)
+    }
+
+    /// Applies a checked batch to the in-memory state: its new ids join the buffer of the
+    /// active generation, whose metadata counts them; its progress record is buffered too.
+    fn record_buffered(&self, state: &mut State, batch: LoggedBatch) {
+        let LoggedBatch {
+            partition,
+            base_ms,
+            new_ids,
+            progress,
+        } = batch;
+        if let Some(active) = state.generations.last_mut() {
+            if let Some(&(_, first)) = new_ids.first() {
+                let meta = &mut active.meta;
+                let base_ms = *meta.base_ms.get_or_insert(base_ms);
+                let span = meta.partitions.entry(partition).or_insert(PartitionSpan {
+                    first_seen_ms: first,
+                    last_seen_ms: first,
+                    ids: 0,
+                });
+                for (key, time_ms) in &new_ids {
+                    span.first_seen_ms = span.first_seen_ms.min(*time_ms);
+                    span.last_seen_ms = span.last_seen_ms.max(*time_ms);
+                    state.pending.insert(*key, stored_first_seen_ms(base_ms, *time_ms));
+                }
+                span.ids += new_ids.len() as u64;
+                meta.ids += new_ids.len() as u64;
+            }
+        }
+        state.pending_progress.insert(partition, progress);
+        state.pending_batches += 1;
     }
 
     /// Same as [`Ledger::check_and_record`]: recording always checks, so a key recorded by a
@@ -1442,7 +1573,8 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        // Without a WAL, buffered and unflushed batches would be lost on a clean close.
+        // Without a WAL, buffered and unflushed batches would be lost on a clean close (with
+        // one, the next open replays the batch log).
         if self.options.durability == Durability::NoWal {
             let _ = self.flush();
         }
@@ -1891,6 +2023,44 @@ mod tests {
         assert!(ledger.check(&next).unwrap().iter().all(Option::is_none), "{what}: batch {} is there without its progress record {n}", n + 1);
         assert_eq!(ledger.stats().unwrap().ids_estimate, n * CRASH_BATCH_IDS, "{what}");
         n
+    }
+
+    /// With a WAL, buffered batches are replayed from the batch log on open; a torn record at
+    /// its end (a crash mid-append) ends the replay, and later batches append after the good part.
+    #[test]
+    fn batch_log_replays_a_prefix_and_drops_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let items = |b: u64| -> Vec<(LedgerKey, i64)> { (0..10).map(|i| (key(b * 100 + i), b as i64 * 1000)).collect() };
+        for mode in [Durability::Wal, Durability::SyncWal] {
+            let dir = dir.path().join(format!("{mode:?}"));
+            {
+                let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
+                for b in 1..=3 {
+                    ledger.check_and_record(0, &items(b), &b.to_le_bytes()).unwrap();
+                }
+            }
+            let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(LOG_FILE_PREFIX)).collect();
+            assert_eq!(logs.len(), 1, "{logs:?}");
+            let mut bytes = std::fs::read(&logs[0]).unwrap();
+            let whole = bytes.len();
+            bytes.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
+            std::fs::write(&logs[0], &bytes).unwrap();
+            assert!(whole > 0);
+            {
+                let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
+                assert_eq!(ledger.progress(0).unwrap(), Some(3u64.to_le_bytes().to_vec()));
+                assert_eq!(ledger.stats().unwrap().ids_estimate, 30);
+                let verdicts = ledger.check_and_record(0, &items(3), &4u64.to_le_bytes()).unwrap();
+                assert!(verdicts.iter().all(|v| *v == Verdict::Duplicate { first_seen_ms: 3000 }), "{verdicts:?}");
+                ledger.check_and_record(0, &items(5), &5u64.to_le_bytes()).unwrap();
+            }
+            let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
+            assert_eq!(ledger.progress(0).unwrap(), Some(5u64.to_le_bytes().to_vec()));
+            assert_eq!(ledger.stats().unwrap().ids_estimate, 40);
+            for b in [1, 2, 3, 5] {
+                assert!(ledger.check(&items(b).iter().map(|(k, _)| *k).collect::<Vec<_>>()).unwrap().iter().all(|f| *f == Some(b as i64 * 1000)));
+            }
+        }
     }
 
     /// Without a WAL, buffered ids become durable when their file is ingested; a crash right
