@@ -3,12 +3,15 @@
 //! # What it guarantees
 //! - **Answers.** [`Ledger::check_and_record`] returns, in input order, [`Verdict::New`] for an id it
 //!   does not hold and [`Verdict::Duplicate`] (with the first-seen time) for one it holds; an id
-//!   repeated inside one batch is `New` once, then `Duplicate`. A batch costs one batched lookup per
-//!   live generation (newest first; ids found in a newer generation are not looked up in older
-//!   ones) and exactly one atomic RocksDB write.
-//! - **Atomicity and order.** The write carries the batch's new ids, the partition's progress
-//!   record (opaque bytes: the pipeline keeps its offsets there) and the generation metadata the
-//!   batch changes. After a crash at any instant, a batch is there entirely with its progress
+//!   repeated inside one batch is `New` once, then `Duplicate`. A batch costs a look in the
+//!   in-memory buffer of the active generation, one batched lookup per live generation (newest
+//!   first; ids found in a newer generation are not looked up in older ones), and recording is an
+//!   insert into that buffer plus, with a WAL, one append to the batch log. New ids never go
+//!   through a memtable (see *How ids are written*).
+//! - **Atomicity and order.** A batch's new ids, the partition's progress record (opaque bytes:
+//!   the pipeline keeps its offsets there) and the generation metadata the batch changes become
+//!   durable together: in one checksummed batch-log record, and in one ingested file with its
+//!   commit record. After a crash at any instant, a batch is there entirely with its progress
 //!   record, or not at all, and the surviving batches are a prefix of the batches written.
 //! - **Durability** is a choice ([`Durability`]): which tail of recent batches may be lost on a
 //!   crash. A lost tail is repaired by the worker, which replays the output topic from the progress
@@ -23,10 +26,10 @@
 //!   `now - window` is held. It is never reported for data the ledger does not hold.
 //! - **Safe opening.** A missing ledger is created. A directory that cannot be opened is an error
 //!   naming the path and RocksDB's reason; the ledger never deletes or recreates it. A ledger of
-//!   an unknown format version is refused.
+//!   an unknown format version is refused; a version 1 ledger is upgraded.
 //! - **Memory** is bounded by configuration: the block cache (`block_cache_bytes`, data blocks
-//!   only), the write buffers (`write_buffer_bytes * max_write_buffers`, shared by all column
-//!   families through `db_write_buffer_size`), plus the filter and index blocks of the live SST
+//!   only), the id buffer (about `write_buffer_bytes / 24` ids at ~32 bytes each, i.e. ~1.4 ×
+//!   `write_buffer_bytes`), the memtables of the small column families, plus the filter and index blocks of the live SST
 //!   files, which are held by the table readers (not in the block cache, so a lookup never pays a
 //!   disk read for a filter). Those take about `filter_bits_per_key / 8` bytes per id held plus a
 //!   small index share, i.e. about 5% of the disk budget.
@@ -38,19 +41,37 @@
 //!   times are therefore rounded down to the second relative to the generation's base.
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
 //!   `forgotten` = JSON map partition → last first-seen time (ms) of any id already forgotten.
+//!   `commit_seq` (u64 LE) = the last commit applied to this column family and [`CF_PROGRESS`].
 //! - [`CF_PROGRESS`]: key = partition (u32 BE), value = the caller's progress record.
+//! - Commit records: in a generation column family, key `[0xff; 16] ++ "commit"` (never an id:
+//!   ids are 16 bytes) = JSON `{seq, meta, progress}`, the generation's metadata and every
+//!   partition's progress record as of that commit.
+//! - Batch log `batches-<12 digit commit seq>.log` (with a WAL): records `[payload length u32 LE]
+//!   [XXH3-64 of the payload, u64 LE][payload]`, payload = partition u32, base ms i64, progress
+//!   length u32 and bytes, id count u32, then per new id its 16 bytes and event time ms i64 (all LE).
 //! - Message identity ([`crate::identity`]) is part of the format too.
 //!
+//! # How ids are written
+//! New ids of the active generation are kept in an in-memory hash map (which answers lookups
+//! first), not in RocksDB memtables: a memtable insert of a random 16-byte key is a skiplist walk
+//! of cache misses, and was 60% of the CPU. When the buffer reaches a write buffer's worth
+//! (`write_buffer_bytes` at 24 bytes per id), the ids are sorted and written with a commit record
+//! into one SST file, which is ingested into the generation's column family (the atomic step);
+//! then the generation metadata, the progress records and `commit_seq` are written to their
+//! column families and flushed together. If a crash falls between the two, opening applies the
+//! newest commit record whose sequence is above `commit_seq`. Generation seals and checkpoints
+//! commit the buffer first. With a WAL, every batch is first appended to the batch log of the
+//! next commit; opening replays it up to the first torn or corrupt record and commits it.
+//!
 //! # Durability: what each mode costs
-//! - [`Durability::SyncWal`]: every batch is fsynced in the write-ahead log before the call
-//!   returns. Nothing is lost even on power failure; costs an fsync per batch (milliseconds on
-//!   most disks), which caps batches per second.
-//! - [`Durability::Wal`]: the batch is written to the WAL (the OS page cache) before the call
-//!   returns. A process crash loses nothing; a machine crash may lose the last few batches.
-//!   Costs a WAL append per batch (about the size of the batch).
-//! - [`Durability::NoWal`]: no WAL; column families are flushed together (`atomic_flush`), so a
-//!   crash, even of the process, loses the batches since the last flush (up to a write buffer's
-//!   worth), and what survives is a consistent prefix. The cheapest mode.
+//! - [`Durability::SyncWal`]: every batch is appended to the batch log and fsynced
+//!   (`fdatasync`) before the call returns. Nothing is lost even on power failure; costs an fsync
+//!   per batch (milliseconds on most disks), which caps batches per second.
+//! - [`Durability::Wal`]: the batch is appended to the batch log (the OS page cache) before the
+//!   call returns. A process crash loses nothing; a machine crash may lose the last few batches.
+//!   Costs an append of ~24 bytes per new id.
+//! - [`Durability::NoWal`]: no log; a crash, even of the process, loses the batches since the
+//!   last commit (up to a write buffer's worth), and what survives is a consistent prefix.
 //!
 //! Default: [`Durability::Wal`] — see [`LedgerOptions::durability`] for the measurement.
 
@@ -75,7 +96,12 @@ pub const CF_PROGRESS: &str = "progress";
 /// Prefix of the generation column families (`gen-000000000042`).
 pub const GENERATION_CF_PREFIX: &str = "gen-";
 /// The on-disk format this code reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the batch log, ingested files and commit records; a version 1 ledger (ids in
+/// memtables, RocksDB's WAL) is read and upgraded on open. Older code must not open a version 2
+/// ledger: it would neither replay the batch log nor apply a commit record.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this code opens (and upgrades).
+const OLDEST_READABLE_FORMAT_VERSION: u32 = 1;
 /// Resolution of stored first-seen times.
 pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;
 
@@ -166,7 +192,7 @@ pub enum LedgerError {
         what: String,
     },
     /// The ledger was written in a format version this code does not know.
-    #[error("the ledger has format version {found}; this build reads version {FORMAT_VERSION} only")]
+    #[error("the ledger has format version {found}; this build reads versions {OLDEST_READABLE_FORMAT_VERSION} to {FORMAT_VERSION}")]
     UnknownFormat {
         /// Version found on disk.
         found: u32,
@@ -260,8 +286,8 @@ pub struct LedgerOptions {
     /// (`None`: by size only). Useful to bound a generation's time span, and in tests.
     pub seal_after_ids: Option<u64>,
     /// Crash durability. Default [`Durability::Wal`]: measured with the bench (5M ids, 4096-id
-    /// batches, this 2-core machine) `Wal` ran at 0.42M ids/s and `NoWal` at 0.40-0.45M ids/s,
-    /// the same within noise, because memtable inserts dominate; `SyncWal` ran at 0.24M ids/s.
+    /// batches, this 2-core machine) `Wal` ran at 1.90M ids/s, `NoWal` at 2.02M ids/s and
+    /// `SyncWal` at 1.72M ids/s: the batch log append costs little next to lookups and commits.
     /// `Wal` loses nothing on a process crash, so replays after a crash stay short; the worker
     /// must still be able to replay a lost tail from the output topic, since a machine crash
     /// loses the unsynced tail.
@@ -269,19 +295,21 @@ pub struct LedgerOptions {
     /// Shared LRU block cache for data blocks. Default 64 MiB: recent retries hit recent
     /// blocks; most lookups are answered by filters, which do not live in this cache.
     pub block_cache_bytes: usize,
-    /// Size of one memtable. Default 64 MiB (32-64 MiB measured best here; larger memtables make
-    /// fewer, larger L0 files).
+    /// Size of one memtable, and the amount of buffered ids (at 24 bytes per id, i.e. ~2.8M ids by
+    /// default) committed as one ingested file. Default 64 MiB. Never more than half a generation.
     pub write_buffer_bytes: usize,
-    /// Memtables per column family (one being written, the rest flushing). Default 3.
+    /// Memtables per column family (one being written, the rest flushing). Default 3. Only the
+    /// small metadata and progress column families and version 1 data use memtables now.
     pub max_write_buffers: i32,
     /// Ribbon filter size, in bloom-equivalent bits per key. Default 10 (~1% false positives,
     /// ~7 bits per key for ribbon).
     pub filter_bits_per_key: f64,
     /// RocksDB background threads (flush + compaction). Default 2, the core count measured on.
     pub background_jobs: i32,
-    /// Memtable implementation (see [`MemtableKind`]). Default [`MemtableKind::SkipList`]:
-    /// `HashLinkList` measured slower (0.31M vs 0.45M ids/s at 5M ids) because the flush thread,
-    /// which then sorts each memtable through a skiplist, becomes the bottleneck.
+    /// Memtable implementation of the generation column families (see [`MemtableKind`]). Default
+    /// [`MemtableKind::SkipList`]. Since ids are buffered and ingested, generation memtables stay
+    /// empty (only a version 1 ledger's WAL replays into them), so this hardly matters any more;
+    /// when ids went through memtables, `HashLinkList` measured slower (0.31M vs 0.45M ids/s).
     pub memtable: MemtableKind,
     /// Keys between restart points in data blocks. Larger shares more key prefix (random keys
     /// share ~3 bytes with their neighbour) at the cost of a longer scan inside a block on a hit.
@@ -813,8 +841,16 @@ impl Ledger {
                     .map_err(|_| LedgerError::CorruptMetadata {
                         what: format!("format version is {} bytes, not 4", bytes.len()),
                     })?;
-                if found != FORMAT_VERSION {
+                if !(OLDEST_READABLE_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) {
                     return Err(LedgerError::UnknownFormat { found });
+                }
+                if found != FORMAT_VERSION {
+                    // The older format's data reads as is; from now on batch logs and commit
+                    // records are written, which older code would ignore.
+                    let mut batch = WriteBatch::default();
+                    batch.put_cf(&meta, META_FORMAT_VERSION, FORMAT_VERSION.to_le_bytes());
+                    self.db.write_opt(batch, &sync).map_err(rocks(Doing::Write))?;
+                    self.flush_cfs(&[CF_META], true)?;
                 }
             }
             None if fresh => {
@@ -1833,6 +1869,24 @@ mod tests {
         assert!(matches!(err, LedgerError::NotALedger { .. }), "{err}");
         assert_eq!(std::fs::read(dir.path().join("notes.txt")).unwrap(), b"mine");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_version_1_ledger_is_read_and_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+            ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
+            ledger.flush().unwrap();
+            let meta = ledger.cf(CF_META).unwrap();
+            ledger.db.put_cf(&meta, META_FORMAT_VERSION, 1u32.to_le_bytes()).unwrap();
+        }
+        let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+        assert_eq!(ledger.check(&[key(1)]).unwrap(), vec![Some(1000)]);
+        assert_eq!(ledger.progress(0).unwrap(), Some(b"p".to_vec()));
+        let meta = ledger.cf(CF_META).unwrap();
+        let marker = ledger.db.get_cf(&meta, META_FORMAT_VERSION).unwrap().unwrap();
+        assert_eq!(marker, FORMAT_VERSION.to_le_bytes());
     }
 
     #[test]
