@@ -1239,6 +1239,13 @@ impl Ledger {
     ) -> Result<Vec<Verdict>> {
         let (sorted, slot) = sort_distinct(items.iter().map(|(k, _)| *k));
         let mut state = self.lock();
+        // A full buffer is committed before this batch is recorded, so that an error (worth a
+        // retry) always means the batch was not recorded.
+        let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
+            + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
+        if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
+            self.commit_pending(&mut state)?;
+        }
         let found = self.lookup_sorted(&state, &sorted)?;
 
         let active_index = state.generations.len() - 1;
@@ -1271,11 +1278,6 @@ impl Ledger {
             log.append(&batch, self.options.durability == Durability::SyncWal)?;
         }
         self.record_buffered(&mut state, batch);
-        let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
-            + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
-        if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
-            self.commit_pending(&mut state)?;
-        }
         self.maybe_seal(&mut state)?;
         Ok(verdicts)
     }
