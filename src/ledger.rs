@@ -3,12 +3,15 @@
 //! # What it guarantees
 //! - **Answers.** [`Ledger::check_and_record`] returns, in input order, [`Verdict::New`] for an id it
 //!   does not hold and [`Verdict::Duplicate`] (with the first-seen time) for one it holds; an id
-//!   repeated inside one batch is `New` once, then `Duplicate`. A batch costs one batched lookup per
-//!   live generation (newest first; ids found in a newer generation are not looked up in older
-//!   ones) and exactly one atomic RocksDB write.
-//! - **Atomicity and order.** The write carries the batch's new ids, the partition's progress
-//!   record (opaque bytes: the pipeline keeps its offsets there) and the generation metadata the
-//!   batch changes. After a crash at any instant, a batch is there entirely with its progress
+//!   repeated inside one batch is `New` once, then `Duplicate`. A batch costs a look in the
+//!   in-memory buffer of the active generation, one batched lookup per live generation (newest
+//!   first; ids found in a newer generation are not looked up in older ones), and recording is an
+//!   insert into that buffer plus, with a WAL, one append to the batch log. New ids never go
+//!   through a memtable (see *How ids are written*).
+//! - **Atomicity and order.** A batch's new ids, the partition's progress record (opaque bytes:
+//!   the pipeline keeps its offsets there) and the generation metadata the batch changes become
+//!   durable together: in one checksummed batch-log record, and in one ingested file with its
+//!   commit record. After a crash at any instant, a batch is there entirely with its progress
 //!   record, or not at all, and the surviving batches are a prefix of the batches written.
 //! - **Durability** is a choice ([`Durability`]): which tail of recent batches may be lost on a
 //!   crash. A lost tail is repaired by the worker, which replays the output topic from the progress
@@ -23,10 +26,10 @@
 //!   `now - window` is held. It is never reported for data the ledger does not hold.
 //! - **Safe opening.** A missing ledger is created. A directory that cannot be opened is an error
 //!   naming the path and RocksDB's reason; the ledger never deletes or recreates it. A ledger of
-//!   an unknown format version is refused.
+//!   an unknown format version is refused; a version 1 ledger is upgraded.
 //! - **Memory** is bounded by configuration: the block cache (`block_cache_bytes`, data blocks
-//!   only), the write buffers (`write_buffer_bytes * max_write_buffers`, shared by all column
-//!   families through `db_write_buffer_size`), plus the filter and index blocks of the live SST
+//!   only), the id buffer (about `write_buffer_bytes / 24` ids at ~32 bytes each, i.e. ~1.4 ×
+//!   `write_buffer_bytes`), the memtables of the small column families, plus the filter and index blocks of the live SST
 //!   files, which are held by the table readers (not in the block cache, so a lookup never pays a
 //!   disk read for a filter). Those take about `filter_bits_per_key / 8` bytes per id held plus a
 //!   small index share, i.e. about 5% of the disk budget.
@@ -38,30 +41,49 @@
 //!   times are therefore rounded down to the second relative to the generation's base.
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
 //!   `forgotten` = JSON map partition → last first-seen time (ms) of any id already forgotten.
+//!   `commit_seq` (u64 LE) = the last commit applied to this column family and [`CF_PROGRESS`].
 //! - [`CF_PROGRESS`]: key = partition (u32 BE), value = the caller's progress record.
+//! - Commit records: in a generation column family, key `[0xff; 16] ++ "commit"` (never an id:
+//!   ids are 16 bytes) = JSON `{seq, meta, progress}`, the generation's metadata and every
+//!   partition's progress record as of that commit.
+//! - Batch log `batches-<12 digit commit seq>.log` (with a WAL): records `[payload length u32 LE]
+//!   [XXH3-64 of the payload, u64 LE][payload]`, payload = partition u32, base ms i64, progress
+//!   length u32 and bytes, id count u32, then per new id its 16 bytes and event time ms i64 (all LE).
 //! - Message identity ([`crate::identity`]) is part of the format too.
 //!
+//! # How ids are written
+//! New ids of the active generation are kept in an in-memory hash map (which answers lookups
+//! first), not in RocksDB memtables: a memtable insert of a random 16-byte key is a skiplist walk
+//! of cache misses, and was 60% of the CPU. When the buffer reaches a write buffer's worth
+//! (`write_buffer_bytes` at 24 bytes per id), the ids are sorted and written with a commit record
+//! into one SST file, which is ingested into the generation's column family (the atomic step);
+//! then the generation metadata, the progress records and `commit_seq` are written to their
+//! column families and flushed together. If a crash falls between the two, opening applies the
+//! newest commit record whose sequence is above `commit_seq`. Generation seals and checkpoints
+//! commit the buffer first. With a WAL, every batch is first appended to the batch log of the
+//! next commit; opening replays it up to the first torn or corrupt record and commits it.
+//!
 //! # Durability: what each mode costs
-//! - [`Durability::SyncWal`]: every batch is fsynced in the write-ahead log before the call
-//!   returns. Nothing is lost even on power failure; costs an fsync per batch (milliseconds on
-//!   most disks), which caps batches per second.
-//! - [`Durability::Wal`]: the batch is written to the WAL (the OS page cache) before the call
-//!   returns. A process crash loses nothing; a machine crash may lose the last few batches.
-//!   Costs a WAL append per batch (about the size of the batch).
-//! - [`Durability::NoWal`]: no WAL; column families are flushed together (`atomic_flush`), so a
-//!   crash, even of the process, loses the batches since the last flush (up to a write buffer's
-//!   worth), and what survives is a consistent prefix. The cheapest mode.
+//! - [`Durability::SyncWal`]: every batch is appended to the batch log and fsynced
+//!   (`fdatasync`) before the call returns. Nothing is lost even on power failure; costs an fsync
+//!   per batch (milliseconds on most disks), which caps batches per second.
+//! - [`Durability::Wal`]: the batch is appended to the batch log (the OS page cache) before the
+//!   call returns. A process crash loses nothing; a machine crash may lose the last few batches.
+//!   Costs an append of ~24 bytes per new id.
+//! - [`Durability::NoWal`]: no log; a crash, even of the process, loses the batches since the
+//!   last commit (up to a write buffer's worth), and what survives is a consistent prefix.
 //!
 //! Default: [`Durability::Wal`] — see [`LedgerOptions::durability`] for the measurement.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use rocksdb::{
     BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, DBWithThreadMode,
-    FlushOptions, MultiThreaded, Options, WriteBatch, WriteOptions,
+    FlushOptions, IngestExternalFileOptions, MultiThreaded, Options, SstFileWriter, WriteBatch,
+    WriteOptions,
 };
 use serde::{Deserialize, Serialize};
 
@@ -74,13 +96,27 @@ pub const CF_PROGRESS: &str = "progress";
 /// Prefix of the generation column families (`gen-000000000042`).
 pub const GENERATION_CF_PREFIX: &str = "gen-";
 /// The on-disk format this code reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version 2 added the batch log, ingested files and commit records; a version 1 ledger (ids in
+/// memtables, RocksDB's WAL) is read and upgraded on open. Older code must not open a version 2
+/// ledger: it would neither replay the batch log nor apply a commit record.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format this code opens (and upgrades).
+const OLDEST_READABLE_FORMAT_VERSION: u32 = 1;
 /// Resolution of stored first-seen times.
 pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;
 
 const META_FORMAT_VERSION: &[u8] = b"format_version";
 const META_GENERATION_PREFIX: &[u8] = b"gen/";
 const META_FORGOTTEN: &[u8] = b"forgotten";
+const META_COMMIT_SEQ: &[u8] = b"commit_seq";
+/// Key of the commit record in a generation column family: longer than any id, and after every
+/// id in key order, so it is the last key of an ingested file and never answers a lookup.
+const COMMIT_KEY: &[u8] = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xffcommit";
+/// Extension of the files written for ingestion (moved into the database when ingested).
+const INGEST_FILE_EXTENSION: &str = "ingest";
+/// What a buffered batch's progress record and metadata are assumed to cost towards the write
+/// buffer, so batches without new ids are committed too.
+const BUFFERED_BATCH_OVERHEAD_BYTES: u64 = 64;
 /// Bytes per id assumed for data still in memtables, before any SST tells us better.
 const DEFAULT_BYTES_PER_ID_ESTIMATE: u64 = 24;
 
@@ -156,7 +192,7 @@ pub enum LedgerError {
         what: String,
     },
     /// The ledger was written in a format version this code does not know.
-    #[error("the ledger has format version {found}; this build reads version {FORMAT_VERSION} only")]
+    #[error("the ledger has format version {found}; this build reads versions {OLDEST_READABLE_FORMAT_VERSION} to {FORMAT_VERSION}")]
     UnknownFormat {
         /// Version found on disk.
         found: u32,
@@ -250,8 +286,8 @@ pub struct LedgerOptions {
     /// (`None`: by size only). Useful to bound a generation's time span, and in tests.
     pub seal_after_ids: Option<u64>,
     /// Crash durability. Default [`Durability::Wal`]: measured with the bench (5M ids, 4096-id
-    /// batches, this 2-core machine) `Wal` ran at 0.42M ids/s and `NoWal` at 0.40-0.45M ids/s,
-    /// the same within noise, because memtable inserts dominate; `SyncWal` ran at 0.24M ids/s.
+    /// batches, this 2-core machine) `Wal` ran at 1.90M ids/s, `NoWal` at 2.02M ids/s and
+    /// `SyncWal` at 1.72M ids/s: the batch log append costs little next to lookups and commits.
     /// `Wal` loses nothing on a process crash, so replays after a crash stay short; the worker
     /// must still be able to replay a lost tail from the output topic, since a machine crash
     /// loses the unsynced tail.
@@ -259,19 +295,21 @@ pub struct LedgerOptions {
     /// Shared LRU block cache for data blocks. Default 64 MiB: recent retries hit recent
     /// blocks; most lookups are answered by filters, which do not live in this cache.
     pub block_cache_bytes: usize,
-    /// Size of one memtable. Default 64 MiB (32-64 MiB measured best here; larger memtables make
-    /// fewer, larger L0 files).
+    /// Size of one memtable, and the amount of buffered ids (at 24 bytes per id, i.e. ~2.8M ids by
+    /// default) committed as one ingested file. Default 64 MiB. Never more than half a generation.
     pub write_buffer_bytes: usize,
-    /// Memtables per column family (one being written, the rest flushing). Default 3.
+    /// Memtables per column family (one being written, the rest flushing). Default 3. Only the
+    /// small metadata and progress column families and version 1 data use memtables now.
     pub max_write_buffers: i32,
     /// Ribbon filter size, in bloom-equivalent bits per key. Default 10 (~1% false positives,
     /// ~7 bits per key for ribbon).
     pub filter_bits_per_key: f64,
     /// RocksDB background threads (flush + compaction). Default 2, the core count measured on.
     pub background_jobs: i32,
-    /// Memtable implementation (see [`MemtableKind`]). Default [`MemtableKind::SkipList`]:
-    /// `HashLinkList` measured slower (0.31M vs 0.45M ids/s at 5M ids) because the flush thread,
-    /// which then sorts each memtable through a skiplist, becomes the bottleneck.
+    /// Memtable implementation of the generation column families (see [`MemtableKind`]). Default
+    /// [`MemtableKind::SkipList`]. Since ids are buffered and ingested, generation memtables stay
+    /// empty (only a version 1 ledger's WAL replays into them), so this hardly matters any more;
+    /// when ids went through memtables, `HashLinkList` measured slower (0.31M vs 0.45M ids/s).
     pub memtable: MemtableKind,
     /// Keys between restart points in data blocks. Larger shares more key prefix (random keys
     /// share ~3 bytes with their neighbour) at the cost of a longer scan inside a block on a hit.
@@ -388,6 +426,182 @@ struct State {
     generations: Vec<Generation>,
     /// Per partition: latest first-seen time of any id already forgotten.
     forgotten: BTreeMap<u32, i64>,
+    /// [`Durability::NoWal`] only: ids recorded into the active generation since its last
+    /// commit, with their stored first-seen times. Nothing of them is in RocksDB yet.
+    pending: HashMap<LedgerKey, i64, KeyHashing>,
+    /// [`Durability::NoWal`] only: progress records written since the last commit.
+    pending_progress: BTreeMap<u32, Vec<u8>>,
+    /// [`Durability::NoWal`] only: batches recorded since the last commit.
+    pending_batches: u64,
+    /// Sequence number of the last commit applied to the metadata and progress column families.
+    commit_seq: u64,
+    /// With a WAL ([`Durability::Wal`], [`Durability::SyncWal`]): the log of the batches
+    /// buffered since the last commit.
+    log: Option<BatchLog>,
+}
+
+/// Hashing of buffered keys: XXH3 with a random per-ledger seed (ids come from clients, so a
+/// fixed hash would let them choose colliding ids). Several times cheaper than SipHash on
+/// 16-byte keys.
+#[derive(Clone)]
+struct KeyHashing(u64);
+
+struct KeyHasher {
+    seed: u64,
+    hash: u64,
+}
+
+impl std::hash::BuildHasher for KeyHashing {
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher {
+            seed: self.0,
+            hash: 0,
+        }
+    }
+}
+
+impl std::hash::Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.hash = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.seed ^ self.hash);
+    }
+    fn write_usize(&mut self, _length: usize) {
+        // The length prefix of a slice: keys are all 16 bytes long.
+    }
+    fn finish(&self) -> u64 {
+        self.hash
+    }
+}
+
+/// A checked batch as the buffer and the batch log hold it: its new ids with their event times.
+struct LoggedBatch {
+    partition: u32,
+    /// Base the active generation takes if this batch is its first.
+    base_ms: i64,
+    new_ids: Vec<(LedgerKey, i64)>,
+    progress: Vec<u8>,
+}
+
+/// The ledger's own write-ahead log of buffered batches: `batches-<commit seq>.log` holds the
+/// batches that commit will ingest. Records are `[payload length u32 LE][XXH3-64 of the payload
+/// u64 LE][payload]`; a torn or corrupt record ends the log, so what replays is a prefix.
+struct BatchLog {
+    file: std::fs::File,
+    path: PathBuf,
+    buf: Vec<u8>,
+}
+
+const LOG_FILE_PREFIX: &str = "batches-";
+const LOG_FILE_EXTENSION: &str = "log";
+const LOG_RECORD_HEADER: usize = 12;
+
+fn log_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{LOG_FILE_PREFIX}{seq:012}.{LOG_FILE_EXTENSION}"))
+}
+
+impl BatchLog {
+    /// Opens (creating it if needed) the log of commit `seq`, keeping its first `len` bytes.
+    fn open(dir: &Path, seq: u64, len: u64) -> Result<BatchLog> {
+        let path = log_path(dir, seq);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_error("open", &path))?;
+        file.set_len(len).map_err(io_error("truncate", &path))?;
+        let mut log = BatchLog {
+            file,
+            path,
+            buf: Vec::new(),
+        };
+        std::io::Seek::seek(&mut log.file, std::io::SeekFrom::Start(len))
+            .map_err(io_error("seek in", &log.path))?;
+        Ok(log)
+    }
+
+    fn append(&mut self, batch: &LoggedBatch, sync: bool) -> Result<()> {
+        let buf = &mut self.buf;
+        buf.clear();
+        buf.resize(LOG_RECORD_HEADER, 0);
+        buf.extend_from_slice(&batch.partition.to_le_bytes());
+        buf.extend_from_slice(&batch.base_ms.to_le_bytes());
+        buf.extend_from_slice(&(batch.progress.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&batch.progress);
+        buf.extend_from_slice(&(batch.new_ids.len() as u32).to_le_bytes());
+        for (key, time_ms) in &batch.new_ids {
+            buf.extend_from_slice(&key.0);
+            buf.extend_from_slice(&time_ms.to_le_bytes());
+        }
+        let payload_len = (buf.len() - LOG_RECORD_HEADER) as u32;
+        let checksum = xxhash_rust::xxh3::xxh3_64(&buf[LOG_RECORD_HEADER..]);
+        buf[..4].copy_from_slice(&payload_len.to_le_bytes());
+        buf[4..LOG_RECORD_HEADER].copy_from_slice(&checksum.to_le_bytes());
+        std::io::Write::write_all(&mut self.file, buf).map_err(io_error("append to", &self.path))?;
+        if sync {
+            self.file.sync_data().map_err(io_error("sync", &self.path))?;
+        }
+        Ok(())
+    }
+
+    /// The batches of a log, up to the first torn or corrupt record, and the length they take.
+    fn read(path: &Path) -> Result<(Vec<LoggedBatch>, u64)> {
+        let bytes = std::fs::read(path).map_err(io_error("read", path))?;
+        let mut batches = Vec::new();
+        let mut at = 0usize;
+        while let Some(header) = bytes.get(at..at + LOG_RECORD_HEADER) {
+            let len = u32::from_le_bytes(header[..4].try_into().unwrap_or_default()) as usize;
+            let checksum = u64::from_le_bytes(header[4..].try_into().unwrap_or_default());
+            let Some(payload) = bytes.get(at + LOG_RECORD_HEADER..at + LOG_RECORD_HEADER + len) else {
+                break;
+            };
+            if xxhash_rust::xxh3::xxh3_64(payload) != checksum {
+                break;
+            }
+            let Some(batch) = Self::parse(payload) else {
+                break;
+            };
+            batches.push(batch);
+            at += LOG_RECORD_HEADER + len;
+        }
+        Ok((batches, at as u64))
+    }
+
+    fn parse(payload: &[u8]) -> Option<LoggedBatch> {
+        let mut rest = payload;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (head, tail) = (rest.get(..n)?, rest.get(n..)?);
+            rest = tail;
+            Some(head)
+        };
+        let partition = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let base_ms = i64::from_le_bytes(take(8)?.try_into().ok()?);
+        let progress_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let progress = take(progress_len)?.to_vec();
+        let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let mut new_ids = Vec::with_capacity(count.min(payload.len() / 24));
+        for _ in 0..count {
+            let key = LedgerKey(take(LEDGER_KEY_BYTES)?.try_into().ok()?);
+            let time_ms = i64::from_le_bytes(take(8)?.try_into().ok()?);
+            new_ids.push((key, time_ms));
+        }
+        Some(LoggedBatch {
+            partition,
+            base_ms,
+            new_ids,
+            progress,
+        })
+    }
+}
+
+/// The commit record ingested with a buffered run of ids ([`COMMIT_KEY`]): what the metadata
+/// and progress column families must say once that file is in. Cumulative, so the newest one
+/// alone restores them.
+#[derive(Debug, Serialize, Deserialize)]
+struct CommitRecord {
+    seq: u64,
+    meta: GenerationMeta,
+    progress: BTreeMap<u32, Vec<u8>>,
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;
@@ -489,9 +703,24 @@ fn small_cf_options() -> Options {
 }
 
 fn generation_cf_options(options: &LedgerOptions, cache: &Cache) -> Options {
+    generation_options(options, cache, true)
+}
+
+/// Options of the files ingested into a generation: the same table format with a bloom filter,
+/// which is several times cheaper to build than a ribbon filter. These files are short-lived (the
+/// generation's compaction rewrites them with ribbon filters) and readers accept either kind.
+fn ingest_file_options(options: &LedgerOptions, cache: &Cache) -> Options {
+    generation_options(options, cache, false)
+}
+
+fn generation_options(options: &LedgerOptions, cache: &Cache, ribbon: bool) -> Options {
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(cache);
-    table.set_ribbon_filter(options.filter_bits_per_key);
+    if ribbon {
+        table.set_ribbon_filter(options.filter_bits_per_key);
+    } else {
+        table.set_bloom_filter(options.filter_bits_per_key, false);
+    }
     table.set_whole_key_filtering(true);
     // Filters and indexes stay with the table readers: bounded by ids held, never evicted.
     table.set_cache_index_and_filter_blocks(false);
@@ -588,6 +817,11 @@ impl Ledger {
             state: Mutex::new(State {
                 generations: Vec::new(),
                 forgotten: BTreeMap::new(),
+                pending: HashMap::with_hasher(KeyHashing(rand::random())),
+                pending_progress: BTreeMap::new(),
+                pending_batches: 0,
+                commit_seq: 0,
+                log: None,
             }),
         };
         ledger.load(fresh, &names)?;
@@ -607,8 +841,16 @@ impl Ledger {
                     .map_err(|_| LedgerError::CorruptMetadata {
                         what: format!("format version is {} bytes, not 4", bytes.len()),
                     })?;
-                if found != FORMAT_VERSION {
+                if !(OLDEST_READABLE_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) {
                     return Err(LedgerError::UnknownFormat { found });
+                }
+                if found != FORMAT_VERSION {
+                    // The older format's data reads as is; from now on batch logs and commit
+                    // records are written, which older code would ignore.
+                    let mut batch = WriteBatch::default();
+                    batch.put_cf(&meta, META_FORMAT_VERSION, FORMAT_VERSION.to_le_bytes());
+                    self.db.write_opt(batch, &sync).map_err(rocks(Doing::Write))?;
+                    self.flush_cfs(&[CF_META], true)?;
                 }
             }
             None if fresh => {
@@ -669,22 +911,218 @@ impl Ledger {
             }
         }
         generations.sort_by_key(|g| g.meta.id);
+        let commit_seq = self.recover_commit(&mut generations)?;
+        self.remove_ingest_leftovers()?;
         for g in generations.iter().filter(|g| g.meta.sealed) {
             self.compact_when_sealed(&g.name)?;
         }
         let mut state = self.lock();
         state.generations = generations;
         state.forgotten = forgotten;
+        state.commit_seq = commit_seq;
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
             self.start_generation(&mut state)?;
         }
+        self.replay_log(&mut state)?;
         if fresh && self.options.durability == Durability::NoWal {
             // Without a WAL the format marker and the first generation's metadata live only in
             // memtables until a flush: a crash before the first flush would leave column families
             // without their marker, which the next open must refuse as corrupt. Flush them now.
-            self.flush_locked(&state)?;
+            self.flush_locked(&mut state)?;
         }
         Ok(())
+    }
+
+    /// A buffered run of ids becomes durable when its file is ingested; the metadata and progress
+    /// records that go with it are written (and flushed) just after. If a crash fell between the
+    /// two, the file's commit record says what they must be: apply it. Returns the sequence
+    /// number of the last commit applied.
+    fn recover_commit(&self, generations: &mut [Generation]) -> Result<u64> {
+        let meta_cf = self.cf(CF_META)?;
+        let applied = match self.db.get_cf(&meta_cf, META_COMMIT_SEQ).map_err(rocks(Doing::Read))? {
+            Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
+                .map(u64::from_le_bytes)
+                .map_err(|_| LedgerError::CorruptMetadata {
+                    what: format!("commit sequence is {} bytes, not 8", bytes.len()),
+                })?,
+            None => 0,
+        };
+        let mut newest: Option<(usize, CommitRecord)> = None;
+        for (i, g) in generations.iter().enumerate() {
+            let cf = self.cf(&g.name)?;
+            if let Some(bytes) = self.db.get_cf(&cf, COMMIT_KEY).map_err(rocks(Doing::Read))? {
+                let record: CommitRecord = parse_json("commit record", &bytes)?;
+                if newest.as_ref().is_none_or(|(_, n)| record.seq > n.seq) {
+                    newest = Some((i, record));
+                }
+            }
+        }
+        let Some((i, record)) = newest.filter(|(_, r)| r.seq > applied) else {
+            return Ok(applied);
+        };
+        let mut meta = record.meta;
+        meta.sealed |= generations[i].meta.sealed;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&meta_cf, generation_meta_key(meta.id), to_json(&meta));
+        batch.put_cf(&meta_cf, META_COMMIT_SEQ, record.seq.to_le_bytes());
+        let progress_cf = self.cf(CF_PROGRESS)?;
+        for (partition, value) in &record.progress {
+            batch.put_cf(&progress_cf, progress_key(*partition), value);
+        }
+        self.db
+            .write_opt(batch, &self.sync_write_options())
+            .map_err(rocks(Doing::Write))?;
+        self.flush_cfs(&[CF_META, CF_PROGRESS], true)?;
+        generations[i].meta = meta;
+        Ok(record.seq)
+    }
+
+    /// Replays the batch log of the next commit into the buffer and commits it at once (a clean
+    /// start for the new log), removes logs of earlier commits, and opens the log when there is
+    /// a WAL.
+    fn replay_log(&self, state: &mut State) -> Result<()> {
+        let next = log_path(&self.path, state.commit_seq + 1);
+        if next.exists() {
+            let (batches, _) = BatchLog::read(&next)?;
+            for batch in batches {
+                self.record_buffered(state, batch);
+            }
+            self.commit_pending(state)?;
+        }
+        for entry in std::fs::read_dir(&self.path).map_err(io_error("read", &self.path))? {
+            let path = entry.map_err(io_error("read", &self.path))?.path();
+            let seq = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix(LOG_FILE_PREFIX))
+                .and_then(|n| n.strip_suffix(LOG_FILE_EXTENSION))
+                .and_then(|n| n.strip_suffix('.'))
+                .and_then(|n| n.parse::<u64>().ok());
+            // Logs of commits already made, and a torn log just replayed and committed.
+            if seq.is_some_and(|seq| seq <= state.commit_seq) {
+                std::fs::remove_file(&path).map_err(io_error("remove", &path))?;
+            }
+        }
+        if self.options.durability != Durability::NoWal && state.log.is_none() {
+            state.log = Some(BatchLog::open(&self.path, state.commit_seq + 1, 0)?);
+        }
+        Ok(())
+    }
+
+    /// Files written for an ingestion that a crash interrupted.
+    fn remove_ingest_leftovers(&self) -> Result<()> {
+        for entry in std::fs::read_dir(&self.path).map_err(io_error("read", &self.path))? {
+            let path = entry.map_err(io_error("read", &self.path))?.path();
+            if path.extension().is_some_and(|e| e == INGEST_FILE_EXTENSION) {
+                std::fs::remove_file(&path).map_err(io_error("remove", &path))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_cfs(&self, names: &[&str], wait: bool) -> Result<()> {
+        let handles = names.iter().map(|n| self.cf(n)).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<_> = handles.iter().collect();
+        let mut flush = FlushOptions::default();
+        flush.set_wait(wait);
+        self.db
+            .flush_cfs_opt(&refs, &flush)
+            .map_err(rocks(Doing::Write))
+    }
+
+    /// Makes the buffered ids, progress records and metadata durable together: the ids and a
+    /// commit record go into one file ingested into the active generation (the atomic step), then
+    /// the metadata and progress column families are brought in line and flushed.
+    fn commit_pending(&self, state: &mut State) -> Result<()> {
+        if state.pending.is_empty() && state.pending_progress.is_empty() {
+            return Ok(());
+        }
+        let seq = state.commit_seq + 1;
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
+        let mut progress = self.durable_progress()?;
+        progress.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
+        let record = CommitRecord {
+            seq,
+            meta: active.meta.clone(),
+            progress,
+        };
+        let base_ms = active.meta.base_ms.unwrap_or(0);
+        let mut ids: Vec<(LedgerKey, i64)> = state.pending.iter().map(|(k, t)| (*k, *t)).collect();
+        ids.sort_unstable_by_key(|(k, _)| *k);
+        let file = self.path.join(format!("commit-{seq:012}.{INGEST_FILE_EXTENSION}"));
+        let cf_options = ingest_file_options(&self.options, &self.block_cache);
+        let mut writer = SstFileWriter::create(&cf_options);
+        writer.open(&file).map_err(rocks(Doing::Write))?;
+        let mut value = Vec::with_capacity(4);
+        for (key, t) in &ids {
+            value.clear();
+            encode_first_seen(base_ms, *t, &mut value);
+            writer.put(key.0, &value).map_err(rocks(Doing::Write))?;
+        }
+        writer.put(COMMIT_KEY, to_json(&record)).map_err(rocks(Doing::Write))?;
+        writer.finish().map_err(rocks(Doing::Write))?;
+        drop(writer);
+        let mut ingest = IngestExternalFileOptions::default();
+        ingest.set_move_files(true);
+        let cf = self.cf(&active.name)?;
+        let ingested = self
+            .db
+            .ingest_external_file_cf_opts(&cf, &ingest, vec![file.clone()])
+            .map_err(rocks(Doing::Write));
+        drop(cf);
+        if ingested.is_err() {
+            let _ = std::fs::remove_file(&file);
+        }
+        ingested?;
+        #[cfg(test)]
+        if std::env::var_os(tests::CRASH_AFTER_INGEST_ENV).is_some() {
+            // The crash test's child dies between the atomic step and the bookkeeping after it.
+            std::process::abort();
+        }
+        let meta_cf = self.cf(CF_META)?;
+        let progress_cf = self.cf(CF_PROGRESS)?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&meta_cf, generation_meta_key(record.meta.id), to_json(&record.meta));
+        batch.put_cf(&meta_cf, META_COMMIT_SEQ, seq.to_le_bytes());
+        for (partition, value) in &state.pending_progress {
+            batch.put_cf(&progress_cf, progress_key(*partition), value);
+        }
+        drop((meta_cf, progress_cf));
+        self.db
+            .write_opt(batch, &self.write_options())
+            .map_err(rocks(Doing::Write))?;
+        state.commit_seq = seq;
+        // Keeps its capacity: the next run of ids fills it without rehashing.
+        state.pending.clear();
+        state.pending_progress.clear();
+        state.pending_batches = 0;
+        // Everything written to the small column families before (generation starts, seals,
+        // forgetting) goes with it: one atomic flush.
+        self.flush_all(state, true)?;
+        // The log starts again, empty, for the next commit; the committed one is not needed.
+        if let Some(old) = state.log.take() {
+            state.log = Some(BatchLog::open(&self.path, seq + 1, 0)?);
+            std::fs::remove_file(&old.path).map_err(io_error("remove", &old.path))?;
+        }
+        Ok(())
+    }
+
+    /// Progress records in the progress column family.
+    fn durable_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
+        let cf = self.cf(CF_PROGRESS)?;
+        let mut all = BTreeMap::new();
+        for item in self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
+            let (key, value) = item.map_err(rocks(Doing::Read))?;
+            let partition = <[u8; 4]>::try_from(&key[..])
+                .map(u32::from_be_bytes)
+                .map_err(|_| LedgerError::CorruptMetadata {
+                    what: format!("progress key {key:?} is not a partition number"),
+                })?;
+            all.insert(partition, value.to_vec());
+        }
+        Ok(all)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -747,7 +1185,19 @@ impl Ledger {
     /// each key held.
     fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
         let mut found = vec![None; keys.len()];
-        let mut pending: Vec<usize> = (0..keys.len()).collect();
+        let mut pending: Vec<usize> = if state.pending.is_empty() {
+            (0..keys.len()).collect()
+        } else {
+            // Buffered ids belong to the active generation, the newest: answer them first.
+            let mut still = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                match state.pending.get(key) {
+                    Some(&t) => found[i] = Some(t),
+                    None => still.push(i),
+                }
+            }
+            still
+        };
         for generation in state.generations.iter().rev() {
             if pending.is_empty() {
                 break;
@@ -789,6 +1239,13 @@ impl Ledger {
     ) -> Result<Vec<Verdict>> {
         let (sorted, slot) = sort_distinct(items.iter().map(|(k, _)| *k));
         let mut state = self.lock();
+        // A full buffer is committed before this batch is recorded, so that an error (worth a
+        // retry) always means the batch was not recorded.
+        let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
+            + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
+        if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
+            self.commit_pending(&mut state)?;
+        }
         let found = self.lookup_sorted(&state, &sorted)?;
 
         let active_index = state.generations.len() - 1;
@@ -801,61 +1258,59 @@ impl Ledger {
         // Time each distinct key is recorded at in this batch, if it is new.
         let mut recorded: Vec<Option<i64>> = vec![None; sorted.len()];
         let mut verdicts = Vec::with_capacity(items.len());
-        let mut span: Option<PartitionSpan> = None;
-        for ((_, time_ms), &s) in items.iter().zip(&slot) {
+        let mut new_ids: Vec<(LedgerKey, i64)> = Vec::with_capacity(items.len());
+        for ((key, time_ms), &s) in items.iter().zip(&slot) {
             if let Some(first_seen_ms) = found[s].or(recorded[s]) {
                 verdicts.push(Verdict::Duplicate { first_seen_ms });
                 continue;
             }
             recorded[s] = Some(stored_first_seen_ms(base_ms, *time_ms));
             verdicts.push(Verdict::New);
-            let sp = span.get_or_insert(PartitionSpan {
-                first_seen_ms: *time_ms,
-                last_seen_ms: *time_ms,
-                ids: 0,
-            });
-            sp.first_seen_ms = sp.first_seen_ms.min(*time_ms);
-            sp.last_seen_ms = sp.last_seen_ms.max(*time_ms);
-            sp.ids += 1;
+            new_ids.push((*key, *time_ms));
         }
-
-        let mut new_meta = active.meta.clone();
-        let mut batch = WriteBatch::default();
-        if let Some(sp) = span {
-            new_meta.base_ms = Some(base_ms);
-            new_meta.ids += sp.ids;
-            new_meta
-                .partitions
-                .entry(partition)
-                .and_modify(|e| {
-                    e.first_seen_ms = e.first_seen_ms.min(sp.first_seen_ms);
-                    e.last_seen_ms = e.last_seen_ms.max(sp.last_seen_ms);
-                    e.ids += sp.ids;
-                })
-                .or_insert(sp);
-            let cf = self.cf(&active.name)?;
-            let mut value = Vec::with_capacity(4);
-            // Sorted order: the memtable inserts walk the skiplist with some locality.
-            for (key, time_ms) in sorted.iter().zip(&recorded) {
-                if let Some(t) = time_ms {
-                    value.clear();
-                    encode_first_seen(base_ms, *t, &mut value);
-                    batch.put_cf(&cf, key.0, &value);
-                }
-            }
-            batch.put_cf(
-                &self.cf(CF_META)?,
-                generation_meta_key(new_meta.id),
-                to_json(&new_meta),
-            );
+        let batch = LoggedBatch {
+            partition,
+            base_ms,
+            new_ids,
+            progress: progress.to_vec(),
+        };
+        if let Some(log) = state.log.as_mut() {
+            log.append(&batch, self.options.durability == Durability::SyncWal)?;
         }
-        batch.put_cf(&self.cf(CF_PROGRESS)?, progress_key(partition), progress);
-        self.db
-            .write_opt(batch, &self.write_options())
-            .map_err(rocks(Doing::Write))?;
-        state.generations[active_index].meta = new_meta;
+        self.record_buffered(&mut state, batch);
         self.maybe_seal(&mut state)?;
         Ok(verdicts)
+    }
+
+    /// Applies a checked batch to the in-memory state: its new ids join the buffer of the
+    /// active generation, whose metadata counts them; its progress record is buffered too.
+    fn record_buffered(&self, state: &mut State, batch: LoggedBatch) {
+        let LoggedBatch {
+            partition,
+            base_ms,
+            new_ids,
+            progress,
+        } = batch;
+        if let Some(active) = state.generations.last_mut() {
+            if let Some(&(_, first)) = new_ids.first() {
+                let meta = &mut active.meta;
+                let base_ms = *meta.base_ms.get_or_insert(base_ms);
+                let span = meta.partitions.entry(partition).or_insert(PartitionSpan {
+                    first_seen_ms: first,
+                    last_seen_ms: first,
+                    ids: 0,
+                });
+                for (key, time_ms) in &new_ids {
+                    span.first_seen_ms = span.first_seen_ms.min(*time_ms);
+                    span.last_seen_ms = span.last_seen_ms.max(*time_ms);
+                    state.pending.insert(*key, stored_first_seen_ms(base_ms, *time_ms));
+                }
+                span.ids += new_ids.len() as u64;
+                meta.ids += new_ids.len() as u64;
+            }
+        }
+        state.pending_progress.insert(partition, progress);
+        state.pending_batches += 1;
     }
 
     /// Same as [`Ledger::check_and_record`]: recording always checks, so a key recorded by a
@@ -879,10 +1334,16 @@ impl Ledger {
     }
 
     /// Estimated bytes of one generation once on disk.
-    fn generation_bytes(&self, generation: &Generation) -> Result<u64> {
+    fn generation_bytes(&self, state: &State, generation: &Generation) -> Result<u64> {
         let sst = self.int_property(&generation.name, "rocksdb.live-sst-files-size")?;
+        let buffered = if state.generations.last().is_some_and(|g| g.meta.id == generation.meta.id) {
+            state.pending.len() as u64
+        } else {
+            0
+        };
         let mem_ids = self.int_property(&generation.name, "rocksdb.num-entries-active-mem-table")?
-            + self.int_property(&generation.name, "rocksdb.num-entries-imm-mem-tables")?;
+            + self.int_property(&generation.name, "rocksdb.num-entries-imm-mem-tables")?
+            + buffered;
         let sst_ids = generation.meta.ids.saturating_sub(mem_ids);
         let per_id = if sst_ids > 0 && sst > 0 {
             sst.div_ceil(sst_ids)
@@ -902,10 +1363,16 @@ impl Ledger {
             .options
             .seal_after_ids
             .is_some_and(|n| active.meta.ids >= n);
-        if !full_by_ids && self.generation_bytes(active)? < self.options.generation_target_bytes()
+        if !full_by_ids
+            && self.generation_bytes(state, active)? < self.options.generation_target_bytes()
         {
             return Ok(());
         }
+        // The sealed generation's buffered ids go in before it is sealed.
+        self.commit_pending(state)?;
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
         let mut sealed = active.meta.clone();
         sealed.sealed = true;
         let mut batch = WriteBatch::default();
@@ -942,7 +1409,7 @@ impl Ledger {
     fn age(&self, state: &mut State) -> Result<()> {
         let mut sizes = Vec::with_capacity(state.generations.len());
         for generation in &state.generations {
-            sizes.push(self.generation_bytes(generation)?);
+            sizes.push(self.generation_bytes(state, generation)?);
         }
         // The WAL backing the memtables takes disk too: keep room for it, up to a generation.
         let wal_bytes = ((effective_write_buffer_bytes(&self.options)
@@ -1017,7 +1484,7 @@ impl Ledger {
             .map(|g| {
                 Ok(GenerationInfo {
                     meta: g.meta.clone(),
-                    bytes: self.generation_bytes(g)?,
+                    bytes: self.generation_bytes(&state, g)?,
                 })
             })
             .collect()
@@ -1066,6 +1533,9 @@ impl Ledger {
 
     /// The progress record last written for `partition`.
     pub fn progress(&self, partition: u32) -> Result<Option<Vec<u8>>> {
+        if let Some(value) = self.lock().pending_progress.get(&partition) {
+            return Ok(Some(value.clone()));
+        }
         let cf = self.cf(CF_PROGRESS)?;
         self.db
             .get_cf(&cf, progress_key(partition))
@@ -1074,28 +1544,21 @@ impl Ledger {
 
     /// Every partition's progress record.
     pub fn all_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
-        let cf = self.cf(CF_PROGRESS)?;
-        let mut all = BTreeMap::new();
-        for item in self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
-            let (key, value) = item.map_err(rocks(Doing::Read))?;
-            let partition = <[u8; 4]>::try_from(&key[..])
-                .map(u32::from_be_bytes)
-                .map_err(|_| LedgerError::CorruptMetadata {
-                    what: format!("progress key {key:?} is not a partition number"),
-                })?;
-            all.insert(partition, value.to_vec());
-        }
+        let state = self.lock();
+        let mut all = self.durable_progress()?;
+        all.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
         Ok(all)
     }
 
     /// Flushes every memtable to SST files (all column families together). In
     /// [`Durability::NoWal`] mode this is what makes recorded batches durable.
     pub fn flush(&self) -> Result<()> {
-        let state = self.lock();
-        self.flush_locked(&state)
+        let mut state = self.lock();
+        self.flush_locked(&mut state)
     }
 
-    fn flush_locked(&self, state: &State) -> Result<()> {
+    fn flush_locked(&self, state: &mut State) -> Result<()> {
+        self.commit_pending(state)?;
         self.flush_all(state, true)
     }
 
@@ -1116,15 +1579,16 @@ impl Ledger {
     /// exist, and returns the progress records it contains. No batch is recorded meanwhile.
     pub fn checkpoint(&self, dir: impl AsRef<Path>) -> Result<BTreeMap<u32, Vec<u8>>> {
         let dir = dir.as_ref();
-        let state = self.lock();
-        self.flush_locked(&state)?;
+        let mut state = self.lock();
+        self.flush_locked(&mut state)?;
         let checkpoint =
             rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(rocks(Doing::Checkpoint(dir)))?;
         checkpoint
             .create_checkpoint(dir)
             .map_err(rocks(Doing::Checkpoint(dir)))?;
-        // Still under the lock: the live progress records are those in the checkpoint.
-        self.all_progress()
+        // Still under the lock: the live progress records are those in the checkpoint (nothing
+        // is buffered after the flush).
+        self.durable_progress()
     }
 
     /// Copies a checkpoint into `target_dir` so it can be opened as a ledger. Refuses a non-empty
@@ -1196,7 +1660,8 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        // Without a WAL, unflushed batches would be lost on a clean close.
+        // Without a WAL, buffered and unflushed batches would be lost on a clean close (with
+        // one, the next open replays the batch log).
         if self.options.durability == Durability::NoWal {
             let _ = self.flush();
         }
@@ -1409,6 +1874,24 @@ mod tests {
     }
 
     #[test]
+    fn a_version_1_ledger_is_read_and_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+            ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
+            ledger.flush().unwrap();
+            let meta = ledger.cf(CF_META).unwrap();
+            ledger.db.put_cf(&meta, META_FORMAT_VERSION, 1u32.to_le_bytes()).unwrap();
+        }
+        let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+        assert_eq!(ledger.check(&[key(1)]).unwrap(), vec![Some(1000)]);
+        assert_eq!(ledger.progress(0).unwrap(), Some(b"p".to_vec()));
+        let meta = ledger.cf(CF_META).unwrap();
+        let marker = ledger.db.get_cf(&meta, META_FORMAT_VERSION).unwrap().unwrap();
+        assert_eq!(marker, FORMAT_VERSION.to_le_bytes());
+    }
+
+    #[test]
     fn unknown_format_version_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -1578,6 +2061,7 @@ mod tests {
     const CRASH_MODE_ENV: &str = "DEDUPE_LEDGER_CRASH_MODE";
     const CRASH_BATCH_IDS: u64 = 64;
     const CRASH_KILLS_PER_MODE: usize = 12;
+    pub(super) const CRASH_AFTER_INGEST_ENV: &str = "DEDUPE_LEDGER_CRASH_AFTER_INGEST";
 
     fn crash_options(mode: Durability) -> LedgerOptions {
         LedgerOptions {
@@ -1624,6 +2108,88 @@ mod tests {
                 items.push((crash_key(batch - 1, 0), batch as i64 * 1000));
             }
             ledger.check_and_record(0, &items, &batch.to_le_bytes()).unwrap();
+        }
+    }
+
+    /// Opens the crash test's ledger and checks that batches 1..=n are entirely there, n + 1 is
+    /// entirely absent and the metadata counts exactly their ids. Returns n.
+    fn check_crashed_ledger(dir: &Path, mode: Durability, what: &str) -> u64 {
+        let ledger = Ledger::open(dir, crash_options(mode)).unwrap();
+        let n = ledger
+            .progress(0)
+            .unwrap()
+            .map_or(0, |p| u64::from_le_bytes(p.try_into().unwrap()));
+        for b in 1..=n {
+            let keys: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(b, i)).collect();
+            let found = ledger.check(&keys).unwrap();
+            assert!(found.iter().all(|f| *f == Some(b as i64 * 1000)), "{what}: batch {b} of {n} is incomplete");
+        }
+        let next: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(n + 1, i)).collect();
+        assert!(ledger.check(&next).unwrap().iter().all(Option::is_none), "{what}: batch {} is there without its progress record {n}", n + 1);
+        assert_eq!(ledger.stats().unwrap().ids_estimate, n * CRASH_BATCH_IDS, "{what}");
+        n
+    }
+
+    /// With a WAL, buffered batches are replayed from the batch log on open; a torn record at
+    /// its end (a crash mid-append) ends the replay, and later batches append after the good part.
+    #[test]
+    fn batch_log_replays_a_prefix_and_drops_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let items = |b: u64| -> Vec<(LedgerKey, i64)> { (0..10).map(|i| (key(b * 100 + i), b as i64 * 1000)).collect() };
+        for mode in [Durability::Wal, Durability::SyncWal] {
+            let dir = dir.path().join(format!("{mode:?}"));
+            {
+                let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
+                for b in 1..=3 {
+                    ledger.check_and_record(0, &items(b), &b.to_le_bytes()).unwrap();
+                }
+            }
+            let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(LOG_FILE_PREFIX)).collect();
+            assert_eq!(logs.len(), 1, "{logs:?}");
+            let mut bytes = std::fs::read(&logs[0]).unwrap();
+            let whole = bytes.len();
+            bytes.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
+            std::fs::write(&logs[0], &bytes).unwrap();
+            assert!(whole > 0);
+            {
+                let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
+                assert_eq!(ledger.progress(0).unwrap(), Some(3u64.to_le_bytes().to_vec()));
+                assert_eq!(ledger.stats().unwrap().ids_estimate, 30);
+                let verdicts = ledger.check_and_record(0, &items(3), &4u64.to_le_bytes()).unwrap();
+                assert!(verdicts.iter().all(|v| *v == Verdict::Duplicate { first_seen_ms: 3000 }), "{verdicts:?}");
+                ledger.check_and_record(0, &items(5), &5u64.to_le_bytes()).unwrap();
+            }
+            let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
+            assert_eq!(ledger.progress(0).unwrap(), Some(5u64.to_le_bytes().to_vec()));
+            assert_eq!(ledger.stats().unwrap().ids_estimate, 40);
+            for b in [1, 2, 3, 5] {
+                assert!(ledger.check(&items(b).iter().map(|(k, _)| *k).collect::<Vec<_>>()).unwrap().iter().all(|f| *f == Some(b as i64 * 1000)));
+            }
+        }
+    }
+
+    /// Without a WAL, buffered ids become durable when their file is ingested; a crash right
+    /// after the ingestion, before the metadata and progress records are written, must still
+    /// leave exactly the committed batches with their progress record.
+    #[test]
+    fn a_crash_between_ingestion_and_bookkeeping_keeps_the_commit() {
+        let exe = std::env::current_exe().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut last = 0u64;
+        for crash in 0..3 {
+            let status = std::process::Command::new(&exe)
+                .args(["--exact", "ledger::tests::crash_child_writer", "--nocapture", "--test-threads", "1"])
+                .env(CRASH_DIR_ENV, dir.path())
+                .env(CRASH_MODE_ENV, "NoWal")
+                .env(CRASH_AFTER_INGEST_ENV, "1")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .unwrap();
+            assert!(!status.success(), "crash {crash}: the child was meant to abort");
+            let n = check_crashed_ledger(dir.path(), Durability::NoWal, &format!("crash {crash}"));
+            assert!(n > last, "crash {crash}: the ingested batches were lost (progress {n}, before {last})");
+            last = n;
         }
     }
 
