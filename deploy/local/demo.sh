@@ -15,6 +15,7 @@ input=demo.in.$run_id
 output=demo.out.$run_id
 work=.dedupe-local/demo-$run_id
 
+deploy/local/install-deps.sh
 deploy/local/kafka.sh up
 brokers=$(deploy/local/kafka.sh up | tail -n 1)
 cargo build --release --locked -p dedupe-actors --bin dedupe

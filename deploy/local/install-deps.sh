@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks to build dedupe and run its local broker and tests.
+# Used by .ci/run and deploy/local/demo.sh; does nothing when everything is present.
+set -euo pipefail
+
+# Debian packages: libclang-dev (RocksDB's bindings), libssl-dev + pkg-config (rdkafka's TLS),
+# kcat (the broker readiness check), curl (the demo), prometheus (promtool and the scrape test), docker-compose
+# (checks the compose file; no engine needed), maven and a JDK (Apache Kafka's jars).
+packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jre-headless)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# A JDK or Maven installed outside Debian's packages serves as well.
+if command -v java >/dev/null && command -v mvn >/dev/null; then
+  missing=("${missing[@]/openjdk-17-jre-headless}")
+  missing=("${missing[@]/maven}")
+fi
+read -r -a missing <<<"${missing[*]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
