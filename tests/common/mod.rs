@@ -366,17 +366,10 @@ impl Drop for Worker {
     }
 }
 
-/// A minimal HTTP GET against 127.0.0.1:port; (status, body).
+/// GET http://127.0.0.1:port/path; (status, body), or None if nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
+    let response = http::get(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).ok()?;
+    Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
 }
 
 /// The value of a metric line (`name{labels} value`) whose name and label text match.
