@@ -114,7 +114,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let b = ids(300);
     produce_full(&input.name, &keyed(&b.iter().collect::<Vec<_>>()));
     wait_for_records(&output.name, 700, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
 
     // Restore the snapshot over the newer ledger (moved aside, not deleted).
     let data_dir = dir.path().join("ledger");

@@ -114,6 +114,29 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     });
     code?;
     let exit_code = system.run_with_code().unwrap_or(exit::FAILED);
-    drop(ledger);
+    close_ledger(ledger);
     Ok(exit_code)
+}
+
+/// Closes the ledger once the ledger actor's threads have let go of it. RocksDB must be closed
+/// before the process exits: exiting with the database open races its background threads against
+/// the process's exit handlers.
+fn close_ledger(mut ledger: Arc<Ledger>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Arc::try_unwrap(ledger) {
+            Ok(ledger) => {
+                drop(ledger);
+                return;
+            }
+            Err(shared) if std::time::Instant::now() < deadline => {
+                ledger = shared;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => {
+                tracing::warn!("The ledger is still in use 10 s after the actors stopped; exiting without closing it (it was flushed; the next start recovers).");
+                return;
+            }
+        }
+    }
 }
