@@ -2214,24 +2214,12 @@ mod tests {
                 child.kill().unwrap();
                 child.wait().unwrap();
 
-                let ledger = Ledger::open(dir.path(), crash_options(mode)).unwrap();
-                let n = ledger
-                    .progress(0)
-                    .unwrap()
-                    .map_or(0, |p| u64::from_le_bytes(p.try_into().unwrap()));
+                // Every batch up to n is entirely there; batch n + 1 is entirely absent; the
+                // generation metadata counts exactly their ids.
+                let n = check_crashed_ledger(dir.path(), mode, &format!("{mode:?} kill {kill}"));
                 // Batches never go back: a batch seen after one reopen survives (closing the
                 // ledger flushes, so this holds without a WAL too).
                 assert!(n >= last, "{mode:?} kill {kill}: progress went back from {last} to {n}");
-                // Every batch up to n is entirely there; batch n + 1 is entirely absent.
-                for b in 1..=n {
-                    let keys: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(b, i)).collect();
-                    let found = ledger.check(&keys).unwrap();
-                    assert!(found.iter().all(|f| *f == Some(b as i64 * 1000)), "{mode:?} kill {kill}: batch {b} of {n} is incomplete");
-                }
-                let next: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(n + 1, i)).collect();
-                assert!(ledger.check(&next).unwrap().iter().all(Option::is_none), "{mode:?} kill {kill}: batch {} is there without its progress record {n}", n + 1);
-                // The generation metadata was written with the batches: it counts exactly their ids.
-                assert_eq!(ledger.stats().unwrap().ids_estimate, n * CRASH_BATCH_IDS, "{mode:?} kill {kill}");
                 last = n;
             }
             assert!(last > 0, "{mode:?}: no batch ever survived a kill; the test proves nothing");
