@@ -3,11 +3,12 @@
 //! # What it guarantees
 //! - **Answers.** [`Ledger::check_and_record`] returns, in input order, [`Verdict::New`] for an id it
 //!   does not hold and [`Verdict::Duplicate`] (with the first-seen time) for one it holds; an id
-//!   repeated inside one batch is `New` once, then `Duplicate`. A batch costs a look in the
-//!   in-memory buffer of the active generation, one batched lookup per live generation (newest
-//!   first; ids found in a newer generation are not looked up in older ones), and recording is an
-//!   insert into that buffer plus, with a WAL, one append to the batch log. New ids never go
-//!   through a memtable (see *How ids are written*).
+//!   repeated inside one batch is `New` once, then `Duplicate`. A batch costs one probe per id of
+//!   the in-memory id index ([`index`]: 16-bit fingerprints tagged with their generation), which
+//!   answers "not held" for almost every new id; the other ids get one batched lookup in the
+//!   buffer and in each generation the index names. Recording is an insert into the buffer and
+//!   the index plus, with a WAL, one append to the batch log. New ids never go through a
+//!   memtable (see *How ids are written*).
 //! - **Atomicity and order.** A batch's new ids, the partition's progress record (opaque bytes:
 //!   the pipeline keeps its offsets there) and the generation metadata the batch changes become
 //!   durable together: in one checksummed batch-log record, and in one ingested file with its
@@ -27,12 +28,13 @@
 //! - **Safe opening.** A missing ledger is created. A directory that cannot be opened is an error
 //!   naming the path and RocksDB's reason; the ledger never deletes or recreates it. A ledger of
 //!   an unknown format version is refused; a version 1 ledger is upgraded.
-//! - **Memory** is bounded by configuration: the block cache (`block_cache_bytes`, data blocks
-//!   only), the id buffer (about `write_buffer_bytes / 24` ids at ~32 bytes each, i.e. ~1.4 ×
-//!   `write_buffer_bytes`), the memtables of the small column families, plus the filter and index blocks of the live SST
-//!   files, which are held by the table readers (not in the block cache, so a lookup never pays a
-//!   disk read for a filter). Those take about `filter_bits_per_key / 8` bytes per id held plus a
-//!   small index share, i.e. about 5% of the disk budget.
+//! - **Memory** is bounded by configuration: the id index (about 3.4 bytes per id of
+//!   `index_capacity_ids`, by default `budget_bytes / 16`: about a fifth of the disk budget), the
+//!   block cache (`block_cache_bytes`, data blocks only), the id buffer (about
+//!   `write_buffer_bytes / 24` ids at ~32 bytes each, i.e. ~1.4 × `write_buffer_bytes`), the
+//!   memtables of the small column families, plus the filter and index blocks of the live SST
+//!   files, held by the table readers. Only the active generation's files carry filters
+//!   (`filter_bits_per_key / 8` bytes per id); a sealed generation's single run has none.
 //!
 //! # On-disk format (version [`FORMAT_VERSION`])
 //! - `gen-<12 digit id>` column families: key = the 16-byte [`LedgerKey`], value = zigzag varint
@@ -63,6 +65,15 @@
 //! commit the buffer first. With a WAL, every batch is first appended to the batch log of the
 //! next commit; opening replays it up to the first torn or corrupt record and commits it.
 //!
+//! The active generation is never compacted: its committed files pile up in L0, each with its own
+//! bloom filter, and a lookup reaches them only for ids the id index names. Compacting a growing
+//! generation rewrote its whole sorted run every few commits, which made throughput fall with the
+//! number of ids. A sealed generation is compacted once, in the background, into one sorted run
+//! without a filter (the index already turns new ids away), compressed with ZSTD.
+//!
+//! The id index is not stored: opening rebuilds it by reading every generation's keys in order
+//! (see [`LedgerStats`] and the log line "rebuilt the ledger's id index" for its size and time).
+//!
 //! # Durability: what each mode costs
 //! - [`Durability::SyncWal`]: every batch is appended to the batch log and fsynced
 //!   (`fdatasync`) before the call returns. Nothing is lost even on power failure; costs an fsync
@@ -88,6 +99,9 @@ use rocksdb::{
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
+
+mod index;
+use index::{IdIndex, Probe};
 
 /// Column family holding format version and generation metadata.
 pub const CF_META: &str = "meta";
@@ -301,8 +315,8 @@ pub struct LedgerOptions {
     /// Memtables per column family (one being written, the rest flushing). Default 3. Only the
     /// small metadata and progress column families and version 1 data use memtables now.
     pub max_write_buffers: i32,
-    /// Ribbon filter size, in bloom-equivalent bits per key. Default 10 (~1% false positives,
-    /// ~7 bits per key for ribbon).
+    /// Bloom filter size of the active generation's files, in bits per key. Default 10 (~1%
+    /// false positives). A sealed generation's compacted run has no filter.
     pub filter_bits_per_key: f64,
     /// RocksDB background threads (flush + compaction). Default 2, the core count measured on.
     pub background_jobs: i32,
@@ -316,6 +330,11 @@ pub struct LedgerOptions {
     /// Default 64 (RocksDB's is 16): measured 22.7 instead of 23.2 bytes per id; only hits
     /// (retries and filter false positives, ~2% of lookups) pay the scan.
     pub block_restart_interval: i32,
+    /// Ids the in-memory id index is sized for (`None`: `budget_bytes / 16`, more ids than the
+    /// budget can hold). The index takes about 3.4 bytes per id of capacity, i.e. about a fifth
+    /// of the disk budget in memory. If more ids than this are held, lookups of some ids fall
+    /// back to RocksDB in every generation (still exact, slower); see [`LedgerStats`].
+    pub index_capacity_ids: Option<u64>,
 }
 
 impl Default for LedgerOptions {
@@ -332,6 +351,7 @@ impl Default for LedgerOptions {
             background_jobs: 2,
             memtable: MemtableKind::SkipList,
             block_restart_interval: 64,
+            index_capacity_ids: None,
         }
     }
 }
@@ -340,6 +360,17 @@ impl LedgerOptions {
     /// Size at which the active generation is sealed.
     pub fn generation_target_bytes(&self) -> u64 {
         (self.budget_bytes / u64::from(self.generations.max(1))).max(1)
+    }
+
+    /// Ids the in-memory id index is sized for.
+    pub fn index_capacity(&self) -> u64 {
+        self.index_capacity_ids
+            .unwrap_or_else(|| IdIndex::capacity_for_budget(self.budget_bytes))
+    }
+
+    /// Bytes of memory the id index takes.
+    pub fn index_bytes(&self) -> u64 {
+        IdIndex::bytes_for_capacity(self.index_capacity())
     }
 }
 
@@ -414,6 +445,13 @@ pub struct LedgerStats {
     pub oldest_first_seen_ms: Option<i64>,
     /// First-seen time of the newest id held, ms.
     pub newest_first_seen_ms: Option<i64>,
+    /// Bytes of the in-memory id index.
+    pub index_bytes: u64,
+    /// Ids in the id index.
+    pub index_ids: u64,
+    /// Index buckets that overflowed: ids hashing to them are looked up in every generation.
+    /// Zero unless the ledger holds more ids than `index_capacity_ids`.
+    pub index_overflowed_buckets: u64,
 }
 
 struct Generation {
@@ -438,6 +476,8 @@ struct State {
     /// With a WAL ([`Durability::Wal`], [`Durability::SyncWal`]): the log of the batches
     /// buffered since the last commit.
     log: Option<BatchLog>,
+    /// Fingerprints of every id held, tagged with their generation (see [`index`]).
+    index: IdIndex,
 }
 
 /// Hashing of buffered keys: XXH3 with a random per-ledger seed (ids come from clients, so a
@@ -729,7 +769,13 @@ fn generation_options(options: &LedgerOptions, cache: &Cache, ribbon: bool) -> O
     table.set_block_restart_interval(options.block_restart_interval);
     let mut cf = Options::default();
     cf.set_block_based_table_factory(&table);
-    cf.set_compression_type(DBCompressionType::Lz4);
+    cf.set_compression_type(DBCompressionType::Zstd);
+    // Most of an entry is its 16 random key bytes; ZSTD's entropy coding packs the rest (entry
+    // headers, the zeroed sequence numbers, the first-seen offsets) into about 2 bytes, where
+    // LZ4 spends about 5.
+    cf.set_compression_options(-14, ZSTD_LEVEL, 0, 0);
+    cf.set_bottommost_compression_type(DBCompressionType::Zstd);
+    cf.set_bottommost_compression_options(-14, ZSTD_LEVEL, 0, 0, true);
     cf.set_write_buffer_size(effective_write_buffer_bytes(options));
     cf.set_max_write_buffer_number(options.max_write_buffers);
     if options.memtable == MemtableKind::HashLinkList {
@@ -742,14 +788,28 @@ fn generation_options(options: &LedgerOptions, cache: &Cache, ribbon: bool) -> O
     cf.set_memtable_prefix_bloom_ratio(0.1);
     cf.set_memtable_whole_key_filtering(true);
     cf.set_target_file_size_base(64 << 20);
-    // A generation never grows past `budget / G`: with a base level that large and dynamic level
-    // sizes, its flushed L0 files are compacted straight into the last level, so a generation is
-    // at most a few L0 files plus one sorted run (few filter probes, write amplification ~2), and
-    // bottommost data gets zeroed sequence numbers, which compress.
+    // The active generation is never compacted: each commit adds one sorted file (L0) with its
+    // own filter, and lookups reach it only for ids the id index names. Compacting as it grows
+    // would rewrite the generation once per few commits. When it is sealed, it is compacted once
+    // into a single sorted run in the last level ([`Ledger::compact_when_sealed`]).
+    cf.set_disable_auto_compactions(true);
+    cf.set_level_zero_slowdown_writes_trigger(1 << 20);
+    cf.set_level_zero_stop_writes_trigger(1 << 20);
+    cf.set_soft_pending_compaction_bytes_limit(0);
+    cf.set_hard_pending_compaction_bytes_limit(0);
+    // With dynamic level sizes and a base level as large as a generation, the sealed
+    // generation's compaction goes straight into the last level. That run has no filter: the id
+    // index sends a lookup there only for ids it holds (or, rarely, a fingerprint collision),
+    // which a filter would not turn away.
     cf.set_level_compaction_dynamic_level_bytes(true);
     cf.set_max_bytes_for_level_base(options.generation_target_bytes().max(256 << 20));
+    cf.set_optimize_filters_for_hits(true);
     cf
 }
+
+/// ZSTD level of generation files. Measured at 20M ids: level 3 stores 17.7 bytes per id, level 1
+/// 18.5, at the same throughput (compression is a small share of the CPU).
+const ZSTD_LEVEL: i32 = 3;
 
 fn parse_json<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| LedgerError::CorruptMetadata {
@@ -809,6 +869,7 @@ impl Ledger {
         });
         let db = Db::open_cf_descriptors(&db_opts, &path, descriptors)
             .map_err(rocks(Doing::Open(&path)))?;
+        let index = IdIndex::new(options.index_capacity(), rand::random());
         let ledger = Ledger {
             db,
             path,
@@ -822,6 +883,7 @@ impl Ledger {
                 pending_batches: 0,
                 commit_seq: 0,
                 log: None,
+                index,
             }),
         };
         ledger.load(fresh, &names)?;
@@ -920,6 +982,7 @@ impl Ledger {
         state.generations = generations;
         state.forgotten = forgotten;
         state.commit_seq = commit_seq;
+        self.build_index(&mut state)?;
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
             self.start_generation(&mut state)?;
         }
@@ -929,6 +992,42 @@ impl Ledger {
             // memtables until a flush: a crash before the first flush would leave column families
             // without their marker, which the next open must refuse as corrupt. Flush them now.
             self.flush_locked(&mut state)?;
+        }
+        Ok(())
+    }
+
+    /// Fills the id index with every id of every generation (the index is not stored).
+    fn build_index(&self, state: &mut State) -> Result<()> {
+        let started = std::time::Instant::now();
+        let State {
+            generations, index, ..
+        } = state;
+        let mut ids = 0u64;
+        for g in generations.iter() {
+            let tag = IdIndex::tag(g.meta.id);
+            index.start(tag);
+            let cf = self.cf(&g.name)?;
+            let mut read = rocksdb::ReadOptions::default();
+            read.fill_cache(false);
+            read.set_readahead_size(4 << 20);
+            let mut iter = self.db.raw_iterator_cf_opt(&cf, read);
+            iter.seek_to_first();
+            while let Some(key) = iter.key() {
+                if let Ok(key) = <[u8; LEDGER_KEY_BYTES]>::try_from(key) {
+                    index.insert(&index.place(&LedgerKey(key)), tag);
+                    ids += 1;
+                }
+                iter.next();
+            }
+            iter.status().map_err(rocks(Doing::Read))?;
+        }
+        if ids > 0 {
+            tracing::info!(
+                ids,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                overflowed_buckets = index.overflowed_buckets(),
+                "rebuilt the ledger's id index"
+            );
         }
         Ok(())
     }
@@ -1177,46 +1276,78 @@ impl Ledger {
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;
+        state.index.start(IdIndex::tag(id));
         state.generations.push(Generation { name, meta });
         Ok(())
     }
 
-    /// Looks up sorted, distinct keys, newest generation first. Returns the first-seen time of
-    /// each key held.
+    /// Looks up sorted, distinct keys. Returns the first-seen time of each key held.
+    ///
+    /// The id index answers most keys ("not held") from memory. The others are looked up in the
+    /// buffer and in RocksDB, only in the generations the index names (in every generation, newest
+    /// first, when the index cannot tell).
     fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
+        /// Keys whose buckets are prefetched ahead of the one being probed.
+        const PREFETCH_AHEAD: usize = 8;
         let mut found = vec![None; keys.len()];
-        let mut pending: Vec<usize> = if state.pending.is_empty() {
-            (0..keys.len()).collect()
-        } else {
-            // Buffered ids belong to the active generation, the newest: answer them first.
-            let mut still = Vec::with_capacity(keys.len());
-            for (i, key) in keys.iter().enumerate() {
-                match state.pending.get(key) {
-                    Some(&t) => found[i] = Some(t),
-                    None => still.push(i),
+        let gens = &state.generations;
+        let active_tag = gens.last().map(|g| IdIndex::tag(g.meta.id));
+        let mut position_of_tag = [usize::MAX; 256];
+        for (i, g) in gens.iter().enumerate() {
+            position_of_tag[usize::from(IdIndex::tag(g.meta.id))] = i;
+        }
+        // Per generation (by position), the keys to look up in it, in key order.
+        let mut to_read: Vec<Vec<usize>> = vec![Vec::new(); gens.len()];
+        let index = &state.index;
+        let places: Vec<_> = keys.iter().map(|k| index.place(k)).collect();
+        for place in places.iter().take(PREFETCH_AHEAD) {
+            index.prefetch(place);
+        }
+        for (i, place) in places.iter().enumerate() {
+            if let Some(ahead) = places.get(i + PREFETCH_AHEAD) {
+                index.prefetch(ahead);
+            }
+            let (tags, len, every) = match index.probe(place) {
+                Probe::Absent => continue,
+                Probe::Maybe { tags, len } => (tags, usize::from(len), false),
+                Probe::Unknown => ([0; 4], 0, true),
+            };
+            if every || tags[..len].iter().any(|t| Some(*t) == active_tag) {
+                if let Some(&t) = state.pending.get(&keys[i]) {
+                    found[i] = Some(t);
+                    continue;
                 }
             }
-            still
-        };
-        for generation in state.generations.iter().rev() {
-            if pending.is_empty() {
-                break;
+            if every {
+                to_read.iter_mut().for_each(|list| list.push(i));
+            } else {
+                for &tag in &tags[..len] {
+                    if let Some(list) = to_read.get_mut(position_of_tag[usize::from(tag)]) {
+                        list.push(i);
+                    }
+                }
             }
+        }
+        for (position, list) in to_read.iter().enumerate().rev() {
+            let generation = &gens[position];
             let Some(base_ms) = generation.meta.base_ms else {
                 continue;
             };
+            // Found in a newer generation already: an id lives in one generation only, but an
+            // index false positive can name an older one too.
+            let list: Vec<usize> = list.iter().copied().filter(|&i| found[i].is_none()).collect();
+            if list.is_empty() {
+                continue;
+            }
             let cf = self.cf(&generation.name)?;
-            let results =
-                self.db
-                    .batched_multi_get_cf(&cf, pending.iter().map(|&i| &keys[i].0), true);
-            let mut still = Vec::with_capacity(pending.len());
-            for (&i, result) in pending.iter().zip(results) {
-                match result.map_err(rocks(Doing::Read))? {
-                    Some(value) => found[i] = Some(decode_first_seen(base_ms, &value)?),
-                    None => still.push(i),
+            let results = self
+                .db
+                .batched_multi_get_cf(&cf, list.iter().map(|&i| &keys[i].0), true);
+            for (&i, result) in list.iter().zip(results) {
+                if let Some(value) = result.map_err(rocks(Doing::Read))? {
+                    found[i] = Some(decode_first_seen(base_ms, &value)?);
                 }
             }
-            pending = still;
         }
         Ok(found)
     }
@@ -1291,7 +1422,14 @@ impl Ledger {
             new_ids,
             progress,
         } = batch;
-        if let Some(active) = state.generations.last_mut() {
+        let State {
+            generations,
+            pending,
+            index,
+            ..
+        } = state;
+        if let Some(active) = generations.last_mut() {
+            let tag = IdIndex::tag(active.meta.id);
             if let Some(&(_, first)) = new_ids.first() {
                 let meta = &mut active.meta;
                 let base_ms = *meta.base_ms.get_or_insert(base_ms);
@@ -1303,7 +1441,8 @@ impl Ledger {
                 for (key, time_ms) in &new_ids {
                     span.first_seen_ms = span.first_seen_ms.min(*time_ms);
                     span.last_seen_ms = span.last_seen_ms.max(*time_ms);
-                    state.pending.insert(*key, stored_first_seen_ms(base_ms, *time_ms));
+                    pending.insert(*key, stored_first_seen_ms(base_ms, *time_ms));
+                    index.insert(&index.place(key), tag);
                 }
                 span.ids += new_ids.len() as u64;
                 meta.ids += new_ids.len() as u64;
@@ -1397,11 +1536,18 @@ impl Ledger {
         self.age(state)
     }
 
-    /// A sealed generation takes no more writes: compact any L0 file into its single run.
+    /// A sealed generation takes no more writes: let RocksDB compact its files into one sorted
+    /// run, in the background.
     fn compact_when_sealed(&self, name: &str) -> Result<()> {
         let cf = self.cf(name)?;
         self.db
-            .set_options_cf(&cf, &[("level0_file_num_compaction_trigger", "1")])
+            .set_options_cf(
+                &cf,
+                &[
+                    ("level0_file_num_compaction_trigger", "1"),
+                    ("disable_auto_compactions", "false"),
+                ],
+            )
             .map_err(rocks(Doing::Write))
     }
 
@@ -1440,6 +1586,7 @@ impl Ledger {
             self.db
                 .drop_cf(&generation.name)
                 .map_err(rocks(Doing::Generation("drop", &generation.name)))?;
+            state.index.forget(IdIndex::tag(generation.meta.id));
         }
         Ok(())
     }
@@ -1503,6 +1650,9 @@ impl Ledger {
             block_cache_bytes: self.block_cache.get_usage() as u64,
             oldest_first_seen_ms: None,
             newest_first_seen_ms: None,
+            index_bytes: state.index.table_bytes(),
+            index_ids: state.index.live_slots(),
+            index_overflowed_buckets: state.index.overflowed_buckets(),
         };
         let mut names: Vec<&str> = vec![CF_META, CF_PROGRESS];
         names.extend(state.generations.iter().map(|g| g.name.as_str()));

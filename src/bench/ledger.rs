@@ -23,7 +23,7 @@ const RETRY_HORIZON_BATCHES: usize = 16;
 /// Simulated stream rate used to give ids event times.
 const SIMULATED_IDS_PER_MS: u64 = 100;
 /// Budget per id when no budget is given: comfortably more than an id takes, so nothing ages.
-const UNAGED_BUDGET_BYTES_PER_KEY: u64 = 40;
+const UNAGED_BUDGET_BYTES_PER_KEY: u64 = 24;
 /// How often (in batches) disk use and generations are sampled.
 const SAMPLE_EVERY_BATCHES: u64 = 32;
 
