@@ -32,6 +32,9 @@ pub const LEDGER_BYTES: &str = "dedupe_ledger_bytes";
 pub const LEDGER_IDS: &str = "dedupe_ledger_ids";
 pub const LEDGER_GENERATIONS: &str = "dedupe_ledger_generations";
 pub const LEDGER_FILTER_BYTES: &str = "dedupe_ledger_filter_bytes";
+pub const LEDGER_INDEX_BYTES: &str = "dedupe_ledger_index_bytes";
+pub const LEDGER_INDEX_OVERFLOWED_BUCKETS: &str = "dedupe_ledger_index_overflowed_buckets";
+pub const LEDGER_DISK_LOOKUPS: &str = "dedupe_ledger_disk_lookups_total";
 pub const LEDGER_BUDGET_BYTES: &str = "dedupe_ledger_budget_bytes";
 
 // Snapshots.
@@ -92,6 +95,9 @@ pub const ALL: &[Metric] = &[
     m(LEDGER_IDS, Gauge, None, &[], "Ids the ledger holds (an estimate)."),
     m(LEDGER_GENERATIONS, Gauge, None, &[], "Generations (column families) the ledger holds."),
     m(LEDGER_FILTER_BYTES, Gauge, Some(Unit::Bytes), &[], "Memory used by the ledger's filters."),
+    m(LEDGER_INDEX_BYTES, Gauge, Some(Unit::Bytes), &[], "Memory of the ledger's in-memory id index (sized from the disk budget)."),
+    m(LEDGER_INDEX_OVERFLOWED_BUCKETS, Gauge, None, &[], "Id index buckets that overflowed; ids hashing there are looked up in every generation. Non-zero means the index is too small for the ids held."),
+    m(LEDGER_DISK_LOOKUPS, Counter, None, &[], "Ids looked up in a ledger generation on disk because the id index named it (duplicates and rare fingerprint collisions)."),
     m(LEDGER_BUDGET_BYTES, Gauge, Some(Unit::Bytes), &[], "The ledger's configured disk budget."),
     m(SNAPSHOT_LAST_SUCCESS, Gauge, Some(Unit::Seconds), &[], "Unix time of the last successful ledger snapshot."),
     m(SNAPSHOT_FAILURES, Counter, None, &["stage"], "Failed snapshots, by stage (checkpoint, hook, prune)."),

@@ -153,6 +153,9 @@ impl Coordinator {
             metrics::gauge!(m::LEDGER_IDS).set(s.ids_estimate as f64);
             metrics::gauge!(m::LEDGER_GENERATIONS).set(s.generations as f64);
             metrics::gauge!(m::LEDGER_FILTER_BYTES).set(s.filter_bytes as f64);
+            metrics::gauge!(m::LEDGER_INDEX_BYTES).set(s.index_bytes as f64);
+            metrics::gauge!(m::LEDGER_INDEX_OVERFLOWED_BUCKETS).set(s.index_overflowed_buckets as f64);
+            metrics::counter!(m::LEDGER_DISK_LOOKUPS).absolute(s.disk_lookups);
             let now = Instant::now();
             let elapsed = act.last_stats_at.map(|t| now.duration_since(t)).unwrap_or_default();
             act.last_stats_at = Some(now);

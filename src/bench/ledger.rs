@@ -118,6 +118,12 @@ pub struct LedgerBenchReport {
     pub window_ids: u64,
     pub generations: u64,
     pub filter_bytes: u64,
+    /// Memory of the id index.
+    pub index_bytes: u64,
+    /// Ids looked up on disk because the id index named their generation.
+    pub disk_lookups: u64,
+    /// Time to reopen the ledger after the run: mostly rebuilding the id index from disk.
+    pub reopen_secs: f64,
     pub duplicates_found: u64,
     pub duplicates_expected: u64,
     pub baseline_keys: u64,
@@ -238,7 +244,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     };
     let generation_bytes = options.generation_target_bytes();
     let ledger_dir = root.join("ledger");
-    let ledger = Ledger::open(&ledger_dir, options)?;
+    let ledger = Ledger::open(&ledger_dir, options.clone())?;
 
     let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
     let mut items = Vec::with_capacity(config.batch);
@@ -284,6 +290,17 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let stats = ledger.stats()?;
     let peak_rss = peak_rss_bytes();
     drop(ledger);
+    let reopen = Instant::now();
+    let reopened = Ledger::open(&ledger_dir, options)?;
+    let reopen_secs = reopen.elapsed().as_secs_f64();
+    let reopened_ids = reopened.stats()?.index_ids;
+    drop(reopened);
+    if reopened_ids != stats.index_ids {
+        return Err(BenchError::Wrong(format!(
+            "the reopened index holds {reopened_ids} ids, not {}",
+            stats.index_ids
+        )));
+    }
 
     let ids_per_sec = config.keys as f64 / timed.as_secs_f64();
     let (unaged, aged) = match aging_started {
@@ -325,6 +342,9 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         window_ids: stats.ids_estimate,
         generations: stats.generations,
         filter_bytes: stats.filter_bytes,
+        index_bytes: stats.index_bytes,
+        disk_lookups: stats.disk_lookups,
+        reopen_secs,
         duplicates_found,
         duplicates_expected,
         baseline_keys,
