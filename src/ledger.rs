@@ -30,8 +30,9 @@
 //!   an unknown format version is refused; a version 1 ledger is upgraded.
 //! - **Memory** is bounded by configuration: the id index (about 3.4 bytes per id of
 //!   `index_capacity_ids`, by default `budget_bytes / 16`: about a fifth of the disk budget), the
-//!   block cache (`block_cache_bytes`, data blocks only), the id buffer (about
-//!   `write_buffer_bytes / 24` ids at ~32 bytes each, i.e. ~1.4 × `write_buffer_bytes`), the
+//!   block cache (`block_cache_bytes`, data blocks only), the id buffer and the commit in flight
+//!   (each about `write_buffer_bytes / 24` ids at ~32 bytes each, so ~2.8 × `write_buffer_bytes`
+//!   together), the
 //!   memtables of the small column families, plus the filter and index blocks of the live SST
 //!   files, held by the table readers. Only the active generation's files carry filters
 //!   (`filter_bits_per_key / 8` bytes per id); a sealed generation's single run has none.
@@ -57,13 +58,17 @@
 //! New ids of the active generation are kept in an in-memory hash map (which answers lookups
 //! first), not in RocksDB memtables: a memtable insert of a random 16-byte key is a skiplist walk
 //! of cache misses, and was 60% of the CPU. When the buffer reaches a write buffer's worth
-//! (`write_buffer_bytes` at 24 bytes per id), the ids are sorted and written with a commit record
-//! into one SST file, which is ingested into the generation's column family (the atomic step);
-//! then the generation metadata, the progress records and `commit_seq` are written to their
+//! (`write_buffer_bytes` at 24 bytes per id), it becomes the commit *in flight* and a fresh buffer
+//! takes new ids. A background thread sorts the commit's ids and writes them with a commit record
+//! into one SST file, while the in-flight ids keep answering lookups from memory. The next ledger
+//! call that finds the file written ingests it into the generation's column family (the atomic
+//! step); then the generation metadata, the progress records and `commit_seq` are written to their
 //! column families and flushed together. If a crash falls between the two, opening applies the
-//! newest commit record whose sequence is above `commit_seq`. Generation seals and checkpoints
-//! commit the buffer first. With a WAL, every batch is first appended to the batch log of the
-//! next commit; opening replays it up to the first torn or corrupt record and commits it.
+//! newest commit record whose sequence is above `commit_seq`. At most one commit is in flight;
+//! generation seals and checkpoints finish it and commit the buffer on the caller's thread. With a
+//! WAL, every batch is first appended to the batch log of the commit it belongs to; opening
+//! replays the logs of uncommitted commits in order (at most two: the one in flight and the next),
+//! each up to the first torn or corrupt record, stops at a torn one, and commits them.
 //!
 //! The active generation is never compacted: its committed files pile up in L0, each with its own
 //! bloom filter, and a lookup reaches them only for ids the id index names. Compacting a growing
@@ -82,7 +87,8 @@
 //!   call returns. A process crash loses nothing; a machine crash may lose the last few batches.
 //!   Costs an append of ~24 bytes per new id.
 //! - [`Durability::NoWal`]: no log; a crash, even of the process, loses the batches since the
-//!   last commit (up to a write buffer's worth), and what survives is a consistent prefix.
+//!   last applied commit (up to two write buffers' worth: the buffer and the commit in flight),
+//!   and what survives is a consistent prefix.
 //!
 //! Default: [`Durability::Wal`] — see [`LedgerOptions::durability`] for the measurement.
 
@@ -316,6 +322,7 @@ pub struct LedgerOptions {
     pub block_cache_bytes: usize,
     /// Size of one memtable, and the amount of buffered ids (at 24 bytes per id, i.e. ~2.8M ids by
     /// default) committed as one ingested file. Default 64 MiB. Never more than half a generation.
+    /// Two buffers' worth can be in memory: one filling, one being committed.
     pub write_buffer_bytes: usize,
     /// Memtables per column family (one being written, the rest flushing). Default 3. Only the
     /// small metadata and progress column families and version 1 data use memtables now.
@@ -486,6 +493,24 @@ struct State {
     log: Option<BatchLog>,
     /// Fingerprints of every id held, tagged with their generation (see [`index`]).
     index: IdIndex,
+    /// The commit whose file a background thread is writing, if any. Its ids still answer
+    /// lookups from memory until the file is ingested.
+    in_flight: Option<InFlight>,
+    /// An emptied buffer kept for the next commit (a buffer's worth of hash map, allocated once).
+    spare: Option<HashMap<LedgerKey, i64, KeyHashing>>,
+}
+
+/// A buffer of ids being committed: written to a file by a background thread, then ingested by
+/// whichever ledger call finds the thread done.
+struct InFlight {
+    record: CommitRecord,
+    ids: std::sync::Arc<HashMap<LedgerKey, i64, KeyHashing>>,
+    /// The progress records of the buffered batches (the newest per partition).
+    progress: BTreeMap<u32, Vec<u8>>,
+    /// The log of the batches in this commit, removed once it is applied.
+    log: Option<PathBuf>,
+    /// `None` once joined and failed: the next attempt writes the file on the caller's thread.
+    job: Option<std::thread::JoinHandle<Result<PathBuf>>>,
 }
 
 /// Hashing of buffered keys: XXH3 with a random per-ledger seed (ids come from clients, so a
@@ -653,6 +678,56 @@ struct CommitRecord {
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;
+
+/// Writes a commit's file: its ids sorted, then its commit record. Needs nothing of the open
+/// database, so it runs on a thread of its own.
+struct CommitWriter {
+    file: PathBuf,
+    options: Options,
+    base_ms: i64,
+    record: Vec<u8>,
+    ids: std::sync::Arc<HashMap<LedgerKey, i64, KeyHashing>>,
+}
+
+impl CommitWriter {
+    fn new(
+        ledger: &Ledger,
+        record: &CommitRecord,
+        ids: std::sync::Arc<HashMap<LedgerKey, i64, KeyHashing>>,
+    ) -> CommitWriter {
+        CommitWriter {
+            file: ledger
+                .path
+                .join(format!("commit-{:012}.{INGEST_FILE_EXTENSION}", record.seq)),
+            options: ingest_file_options(&ledger.options, &ledger.block_cache),
+            base_ms: record.meta.base_ms.unwrap_or(0),
+            record: to_json(record),
+            ids,
+        }
+    }
+
+    fn write(self) -> Result<PathBuf> {
+        let mut ids: Vec<(LedgerKey, i64)> = self.ids.iter().map(|(k, t)| (*k, *t)).collect();
+        ids.sort_unstable_by_key(|(k, _)| *k);
+        let written = (|| {
+            let mut writer = SstFileWriter::create(&self.options);
+            writer.open(&self.file)?;
+            let mut value = Vec::with_capacity(4);
+            for (key, t) in &ids {
+                value.clear();
+                encode_first_seen(self.base_ms, *t, &mut value);
+                writer.put(key.0, &value)?;
+            }
+            writer.put(COMMIT_KEY, &self.record)?;
+            writer.finish()
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&self.file);
+        }
+        written.map_err(rocks(Doing::Write))?;
+        Ok(self.file)
+    }
+}
 
 /// The ledger. `Send + Sync`: all methods take `&self` and serialize on an internal lock.
 pub struct Ledger {
@@ -894,6 +969,8 @@ impl Ledger {
                 commit_seq: 0,
                 log: None,
                 index,
+                in_flight: None,
+                spare: None,
             }),
             disk_lookups: std::sync::atomic::AtomicU64::new(0),
         };
@@ -1105,13 +1182,24 @@ impl Ledger {
     /// start for the new log), removes logs of earlier commits, and opens the log when there is
     /// a WAL.
     fn replay_log(&self, state: &mut State) -> Result<()> {
-        let next = log_path(&self.path, state.commit_seq + 1);
-        if next.exists() {
-            let (batches, _) = BatchLog::read(&next)?;
+        // Two logs can be there: one of a commit that was in flight, and the next. They are
+        // replayed in order, each committed on its own. A torn log ends the replay: batches after
+        // a lost one must not survive it (the later log may have reached the disk first).
+        loop {
+            let next = log_path(&self.path, state.commit_seq + 1);
+            if !next.exists() {
+                break;
+            }
+            let (batches, valid) = BatchLog::read(&next)?;
+            let torn = std::fs::metadata(&next).map_err(io_error("read", &next))?.len() > valid;
             for batch in batches {
                 self.record_buffered(state, batch);
             }
+            let before = state.commit_seq;
             self.commit_pending(state)?;
+            if torn || state.commit_seq == before {
+                break;
+            }
         }
         for entry in std::fs::read_dir(&self.path).map_err(io_error("read", &self.path))? {
             let path = entry.map_err(io_error("read", &self.path))?.path();
@@ -1154,16 +1242,35 @@ impl Ledger {
             .map_err(rocks(Doing::Write))
     }
 
-    /// Makes the buffered ids, progress records and metadata durable together: the ids and a
-    /// commit record go into one file ingested into the active generation (the atomic step), then
-    /// the metadata and progress column families are brought in line and flushed.
+    /// Makes the buffered ids, progress records and metadata durable together, on the caller's
+    /// thread: a commit in flight is finished first, then the buffer is committed.
     fn commit_pending(&self, state: &mut State) -> Result<()> {
+        self.finish_in_flight(state, true)?;
+        if self.take_commit(state, false)? {
+            self.finish_in_flight(state, true)?;
+        }
+        Ok(())
+    }
+
+    /// Starts committing the buffer in the background: the file is written by another thread
+    /// while batches keep being recorded into a fresh buffer. A previous commit still in flight
+    /// is finished first.
+    fn start_commit(&self, state: &mut State) -> Result<()> {
+        self.finish_in_flight(state, true)?;
+        self.take_commit(state, true)?;
+        Ok(())
+    }
+
+    /// Moves the buffer into a commit in flight; with `background`, its file is written by a
+    /// new thread. False when there was nothing to commit.
+    fn take_commit(&self, state: &mut State, background: bool) -> Result<bool> {
+        debug_assert!(state.in_flight.is_none());
         if state.pending.is_empty() && state.pending_progress.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let seq = state.commit_seq + 1;
         let Some(active) = state.generations.last() else {
-            return Ok(());
+            return Ok(false);
         };
         let mut progress = self.durable_progress()?;
         progress.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
@@ -1172,25 +1279,66 @@ impl Ledger {
             meta: active.meta.clone(),
             progress,
         };
-        let base_ms = active.meta.base_ms.unwrap_or(0);
-        let mut ids: Vec<(LedgerKey, i64)> = state.pending.iter().map(|(k, t)| (*k, *t)).collect();
-        ids.sort_unstable_by_key(|(k, _)| *k);
-        let file = self.path.join(format!("commit-{seq:012}.{INGEST_FILE_EXTENSION}"));
-        let cf_options = ingest_file_options(&self.options, &self.block_cache);
-        let mut writer = SstFileWriter::create(&cf_options);
-        writer.open(&file).map_err(rocks(Doing::Write))?;
-        let mut value = Vec::with_capacity(4);
-        for (key, t) in &ids {
-            value.clear();
-            encode_first_seen(base_ms, *t, &mut value);
-            writer.put(key.0, &value).map_err(rocks(Doing::Write))?;
-        }
-        writer.put(COMMIT_KEY, to_json(&record)).map_err(rocks(Doing::Write))?;
-        writer.finish().map_err(rocks(Doing::Write))?;
-        drop(writer);
+        // Batches recorded from now on go to the next commit's log.
+        let log = match state.log.take() {
+            Some(old) => {
+                state.log = Some(BatchLog::open(&self.path, seq + 1, 0)?);
+                Some(old.path)
+            }
+            None => None,
+        };
+        let fresh = match state.spare.take() {
+            Some(map) => map,
+            None => HashMap::with_capacity_and_hasher(state.pending.capacity(), state.pending.hasher().clone()),
+        };
+        let ids = std::sync::Arc::new(std::mem::replace(&mut state.pending, fresh));
+        let job = if background {
+            let writer = CommitWriter::new(self, &record, ids.clone());
+            let spawned = std::thread::Builder::new()
+                .name("ledger-commit".into())
+                .spawn(move || writer.write());
+            // Without a thread, the file is written on the caller's thread when finishing.
+            spawned.ok()
+        } else {
+            None
+        };
+        state.in_flight = Some(InFlight {
+            record,
+            ids,
+            progress: std::mem::take(&mut state.pending_progress),
+            log,
+            job,
+        });
+        state.pending_batches = 0;
+        Ok(true)
+    }
+
+    /// Applies the commit in flight, if any: waits for its file (or, with `wait` false, returns
+    /// at once if it is not written yet), ingests it into its generation (the atomic step), then
+    /// brings the metadata and progress column families in line and flushes them. On an error the
+    /// commit stays in flight (its ids keep answering lookups, its log stays on disk) and the
+    /// next call retries it.
+    fn finish_in_flight(&self, state: &mut State, wait: bool) -> Result<()> {
+        let Some(in_flight) = state.in_flight.as_mut() else {
+            return Ok(());
+        };
+        let written = match in_flight.job.take() {
+            Some(job) if !wait && !job.is_finished() => {
+                in_flight.job = Some(job);
+                return Ok(());
+            }
+            Some(job) => job.join().unwrap_or_else(|_| {
+                Err(LedgerError::CorruptMetadata {
+                    what: "the commit thread panicked".into(),
+                })
+            }),
+            None => CommitWriter::new(self, &in_flight.record, in_flight.ids.clone()).write(),
+        };
+        let file = written?;
+        let record = &in_flight.record;
         let mut ingest = IngestExternalFileOptions::default();
         ingest.set_move_files(true);
-        let cf = self.cf(&active.name)?;
+        let cf = self.cf(&generation_cf_name(record.meta.id))?;
         let ingested = self
             .db
             .ingest_external_file_cf_opts(&cf, &ingest, vec![file.clone()])
@@ -1209,26 +1357,29 @@ impl Ledger {
         let progress_cf = self.cf(CF_PROGRESS)?;
         let mut batch = WriteBatch::default();
         batch.put_cf(&meta_cf, generation_meta_key(record.meta.id), to_json(&record.meta));
-        batch.put_cf(&meta_cf, META_COMMIT_SEQ, seq.to_le_bytes());
-        for (partition, value) in &state.pending_progress {
+        batch.put_cf(&meta_cf, META_COMMIT_SEQ, record.seq.to_le_bytes());
+        for (partition, value) in &in_flight.progress {
             batch.put_cf(&progress_cf, progress_key(*partition), value);
         }
         drop((meta_cf, progress_cf));
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;
-        state.commit_seq = seq;
-        // Keeps its capacity: the next run of ids fills it without rehashing.
-        state.pending.clear();
-        state.pending_progress.clear();
-        state.pending_batches = 0;
+        state.commit_seq = record.seq;
         // Everything written to the small column families before (generation starts, seals,
         // forgetting) goes with it: one atomic flush.
         self.flush_all(state, true)?;
-        // The log starts again, empty, for the next commit; the committed one is not needed.
-        if let Some(old) = state.log.take() {
-            state.log = Some(BatchLog::open(&self.path, seq + 1, 0)?);
-            std::fs::remove_file(&old.path).map_err(io_error("remove", &old.path))?;
+        let Some(done) = state.in_flight.take() else {
+            return Ok(());
+        };
+        // The committed batches' log is not needed any more.
+        if let Some(log) = &done.log {
+            std::fs::remove_file(log).map_err(io_error("remove", log))?;
+        }
+        // Keeps its capacity: the next buffer fills it without rehashing.
+        if let Ok(mut map) = std::sync::Arc::try_unwrap(done.ids) {
+            map.clear();
+            state.spare = Some(map);
         }
         Ok(())
     }
@@ -1338,7 +1489,10 @@ impl Ledger {
                 Probe::Unknown => ([0; 4], 0, true),
             };
             if every || tags[..len].iter().any(|t| Some(*t) == active_tag) {
-                if let Some(&t) = state.pending.get(&keys[i]) {
+                let buffered = state.pending.get(&keys[i]).or_else(|| {
+                    state.in_flight.as_ref().and_then(|f| f.ids.get(&keys[i]))
+                });
+                if let Some(&t) = buffered {
                     found[i] = Some(t);
                     continue;
                 }
@@ -1397,12 +1551,14 @@ impl Ledger {
     ) -> Result<Vec<Verdict>> {
         let (sorted, slot) = sort_distinct(items.iter().map(|(k, _)| *k));
         let mut state = self.lock();
-        // A full buffer is committed before this batch is recorded, so that an error (worth a
-        // retry) always means the batch was not recorded.
+        // Commits happen before this batch is recorded, so that an error (worth a retry) always
+        // means the batch was not recorded: a finished background commit is applied, and a full
+        // buffer starts the next one.
+        self.finish_in_flight(&mut state, false)?;
         let buffered_bytes = state.pending.len() as u64 * DEFAULT_BYTES_PER_ID_ESTIMATE
             + state.pending_batches * BUFFERED_BATCH_OVERHEAD_BYTES;
         if buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64 {
-            self.commit_pending(&mut state)?;
+            self.start_commit(&mut state)?;
         }
         let found = self.lookup_sorted(&state, &sorted)?;
 
@@ -1506,7 +1662,11 @@ impl Ledger {
             state.pending.len() as u64
         } else {
             0
-        };
+        } + state
+            .in_flight
+            .as_ref()
+            .filter(|f| f.record.meta.id == generation.meta.id)
+            .map_or(0, |f| f.ids.len() as u64);
         let mem_ids = self.int_property(&generation.name, "rocksdb.num-entries-active-mem-table")?
             + self.int_property(&generation.name, "rocksdb.num-entries-imm-mem-tables")?
             + buffered;
@@ -1714,7 +1874,11 @@ impl Ledger {
 
     /// The progress record last written for `partition`.
     pub fn progress(&self, partition: u32) -> Result<Option<Vec<u8>>> {
-        if let Some(value) = self.lock().pending_progress.get(&partition) {
+        let state = self.lock();
+        let buffered = state.pending_progress.get(&partition).or_else(|| {
+            state.in_flight.as_ref().and_then(|f| f.progress.get(&partition))
+        });
+        if let Some(value) = buffered {
             return Ok(Some(value.clone()));
         }
         let cf = self.cf(CF_PROGRESS)?;
@@ -1727,6 +1891,9 @@ impl Ledger {
     pub fn all_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
         let state = self.lock();
         let mut all = self.durable_progress()?;
+        if let Some(f) = &state.in_flight {
+            all.extend(f.progress.iter().map(|(p, v)| (*p, v.clone())));
+        }
         all.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
         Ok(all)
     }
@@ -1845,6 +2012,12 @@ impl Drop for Ledger {
         // one, the next open replays the batch log).
         if self.options.durability == Durability::NoWal {
             let _ = self.flush();
+        }
+        // A commit file still being written is left for the next open to remove; its batches
+        // are in the log. Wait for the thread so it does not outlive the ledger.
+        let in_flight = self.lock().in_flight.take();
+        if let Some(job) = in_flight.and_then(|f| f.job) {
+            let _ = job.join();
         }
     }
 }
@@ -2234,6 +2407,7 @@ mod tests {
         mode: Durability,
         seal_after: u64,
         index_capacity_ids: Option<u64>,
+        write_buffer_bytes: usize,
         ops: Vec<Op>,
     ) -> Result<(), TestCaseError> {
         let dir = tempfile::tempdir().unwrap();
@@ -2244,6 +2418,9 @@ mod tests {
             generations: 3,
             // Sometimes far too small an index: answers must stay exact when it overflows.
             index_capacity_ids,
+            // Sometimes a buffer of a few batches: commits run in the background while batches
+            // are recorded, and reopens find them in flight.
+            write_buffer_bytes,
             ..small_options(mode)
         };
         let mut ledger = Ledger::open(dir.path(), options.clone()).unwrap();
@@ -2323,9 +2500,10 @@ mod tests {
             mode in mode(),
             seal_after in 4u64..40,
             index_capacity_ids in prop_oneof![3 => Just(None), 1 => (1u64..64).prop_map(Some)],
+            write_buffer_bytes in prop_oneof![Just(1usize << 20), 300usize..2_000],
             ops in prop::collection::vec(op(), 1..40),
         ) {
-            run_model(mode, seal_after, index_capacity_ids, ops)?;
+            run_model(mode, seal_after, index_capacity_ids, write_buffer_bytes, ops)?;
         }
     }
 
