@@ -195,6 +195,7 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         ("DedupeProducerFenced", "warn"),
         ("DedupeWorkerDown", "page"),
         ("DedupeWorkerNotReady", "warn"),
+        ("DedupeLedgerIndexOverflowed", "warn"),
     ];
     for (name, severity) in expected {
         let alert = by_name.get(name).unwrap_or_else(|| panic!("rules.yml has no alert {name}"));
