@@ -28,6 +28,15 @@ pub fn ledger_options(config: &Config) -> LedgerOptions {
     }
 }
 
+/// Ledger options for maintenance commands (stats, offline snapshots, checking a checkpoint):
+/// the id index is not built, so opening a large ledger is quick and takes no index memory.
+pub fn maintenance_ledger_options(config: &Config) -> LedgerOptions {
+    LedgerOptions {
+        build_index: false,
+        ..ledger_options(config)
+    }
+}
+
 /// Which input partitions this worker owns, after checking both topics.
 pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
     let w = &config.worker;

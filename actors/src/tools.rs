@@ -170,7 +170,7 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
     if !path.join("CURRENT").exists() {
         anyhow::bail!("no ledger at {}", path.display());
     }
-    let ledger = dedupe::ledger::Ledger::open(path, crate::run::ledger_options(config))
+    let ledger = dedupe::ledger::Ledger::open(path, crate::run::maintenance_ledger_options(config))
         .with_context(|| format!("opening the ledger at {} (is a worker running on it?)", path.display()))?;
     let s = ledger.stats()?;
     let now = dedupe::recovery::now_ms();
@@ -230,7 +230,7 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
                 .dir
                 .clone()
                 .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
-            let ledger = dedupe::ledger::Ledger::open(&config.worker.data_dir, crate::run::ledger_options(config))
+            let ledger = dedupe::ledger::Ledger::open(&config.worker.data_dir, crate::run::maintenance_ledger_options(config))
                 .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
             std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
             let dir = dedupe::snapshot::next_snapshot_dir(&root);
@@ -251,7 +251,7 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
 pub fn ledger_restore(config: &Config, from: &std::path::Path, force: bool) -> anyhow::Result<serde_json::Value> {
     let target = &config.worker.data_dir;
     // The checkpoint must open as a ledger before anything is touched.
-    let checkpoint = dedupe::ledger::Ledger::open(from, crate::run::ledger_options(config))
+    let checkpoint = dedupe::ledger::Ledger::open(from, crate::run::maintenance_ledger_options(config))
         .with_context(|| format!("{} is not a ledger checkpoint that opens", from.display()))?;
     let progress = checkpoint.all_progress()?;
     drop(checkpoint);
