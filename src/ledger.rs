@@ -1094,55 +1094,106 @@ impl Ledger {
         Ok(())
     }
 
-    /// Fills the id index with every id of every generation (the index is not stored).
+    /// Fills the id index with every id of every generation (the index is not stored). Reader
+    /// threads (one per core, generations shared out among them) read the keys and work out their
+    /// places; this thread inserts them, a prefetched run at a time.
     fn build_index(&self, state: &mut State) -> Result<()> {
         let started = std::time::Instant::now();
         let State {
             generations, index, ..
         } = state;
-        let mut ids = 0u64;
         for g in generations.iter() {
-            let tag = IdIndex::tag(g.meta.id);
-            index.start(tag);
-            if !self.options.build_index {
-                continue;
+            index.start(IdIndex::tag(g.meta.id));
+        }
+        if !self.options.build_index || generations.is_empty() {
+            return Ok(());
+        }
+        let work: Vec<(u8, String)> = generations
+            .iter()
+            .map(|g| (IdIndex::tag(g.meta.id), g.name.clone()))
+            .collect();
+        let readers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(work.len());
+        let placer = index.placer();
+        let mut ids = 0u64;
+        let mut failed = None;
+        std::thread::scope(|scope| {
+            let (tx, rx) = crossbeam_channel::bounded::<Result<(u8, Vec<index::Place>)>>(64);
+            for r in 0..readers {
+                let tx = tx.clone();
+                let mine: Vec<&(u8, String)> = work.iter().skip(r).step_by(readers).collect();
+                scope.spawn(move || {
+                    for (tag, name) in mine {
+                        if let Err(e) = self.read_places(name, *tag, placer, &tx) {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    }
+                });
             }
-            let cf = self.cf(&g.name)?;
-            let mut read = rocksdb::ReadOptions::default();
-            read.fill_cache(false);
-            read.set_readahead_size(4 << 20);
-            let mut iter = self.db.raw_iterator_cf_opt(&cf, read);
-            iter.seek_to_first();
-            // Inserts go in runs whose buckets are prefetched first, so their cache misses
-            // overlap.
-            let mut run = Vec::with_capacity(REBUILD_RUN);
-            loop {
-                let key = iter.key();
-                if let Some(key) = key.and_then(|k| <[u8; LEDGER_KEY_BYTES]>::try_from(k).ok()) {
-                    let place = index.place(&LedgerKey(key));
-                    index.prefetch(&place);
-                    run.push(place);
-                }
-                if run.len() == REBUILD_RUN || (key.is_none() && !run.is_empty()) {
-                    ids += run.len() as u64;
-                    for place in run.drain(..) {
-                        index.insert(&place, tag);
+            drop(tx);
+            for message in rx {
+                match message {
+                    Ok((tag, places)) => {
+                        ids += places.len() as u64;
+                        for run in places.chunks(REBUILD_RUN) {
+                            for place in run {
+                                index.prefetch(place);
+                            }
+                            for place in run {
+                                index.insert(place, tag);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
                     }
                 }
-                if key.is_none() {
-                    break;
-                }
-                iter.next();
             }
-            iter.status().map_err(rocks(Doing::Read))?;
+        });
+        if let Some(e) = failed {
+            return Err(e);
         }
-        if ids > 0 {
-            tracing::info!(
-                ids,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                overflowed_buckets = index.overflowed_buckets(),
-                "rebuilt the ledger's id index"
-            );
+        tracing::info!(
+            ids,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            overflowed_buckets = index.overflowed_buckets(),
+            "rebuilt the ledger's id index"
+        );
+        Ok(())
+    }
+
+    /// Reads a generation's keys and sends their index places, in chunks.
+    fn read_places(
+        &self,
+        name: &str,
+        tag: u8,
+        placer: index::Placer,
+        tx: &crossbeam_channel::Sender<Result<(u8, Vec<index::Place>)>>,
+    ) -> Result<()> {
+        const CHUNK: usize = 16 << 10;
+        let cf = self.cf(name)?;
+        let mut read = rocksdb::ReadOptions::default();
+        read.fill_cache(false);
+        read.set_readahead_size(4 << 20);
+        let mut iter = self.db.raw_iterator_cf_opt(&cf, read);
+        iter.seek_to_first();
+        let mut chunk = Vec::with_capacity(CHUNK);
+        while let Some(key) = iter.key() {
+            if let Ok(key) = <[u8; LEDGER_KEY_BYTES]>::try_from(key) {
+                chunk.push(placer.place(&LedgerKey(key)));
+                if chunk.len() == CHUNK {
+                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+                    // The receiver only goes away once every sender has.
+                    let _ = tx.send(Ok((tag, full)));
+                }
+            }
+            iter.next();
+        }
+        iter.status().map_err(rocks(Doing::Read))?;
+        if !chunk.is_empty() {
+            let _ = tx.send(Ok((tag, chunk)));
         }
         Ok(())
     }

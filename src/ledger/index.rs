@@ -156,6 +156,28 @@ impl IdIndex {
 
     /// Where `key` lives.
     pub(crate) fn place(&self, key: &LedgerKey) -> Place {
+        self.placer().place(key)
+    }
+
+    /// What computing places takes, for other threads.
+    pub(crate) fn placer(&self) -> Placer {
+        Placer {
+            seed: self.seed,
+            buckets: self.buckets,
+        }
+    }
+}
+
+/// Computes where keys live in one index (its seed and size), apart from the table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placer {
+    seed: u64,
+    buckets: usize,
+}
+
+impl Placer {
+    /// Where `key` lives.
+    pub(crate) fn place(&self, key: &LedgerKey) -> Place {
         let h = xxh3_128_with_seed(&key.0, self.seed);
         let lo = h as u64;
         let hi = (h >> 64) as u64;
@@ -172,7 +194,9 @@ impl IdIndex {
             fingerprint,
         }
     }
+}
 
+impl IdIndex {
     /// Asks the CPU to start loading the buckets of `place` (lookups of a batch overlap their
     /// cache misses this way).
     pub(crate) fn prefetch(&self, place: &Place) {
