@@ -301,25 +301,26 @@ pub enum MemtableKind {
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
     /// Disk budget for ids, in bytes. Disk use stays within this plus one generation.
-    /// Default 16 GiB: about 800M ids at ~20 bytes each.
+    /// Default 16 GiB: about 950M ids at ~18 bytes each.
     pub budget_bytes: u64,
     /// Number of generations the budget is split into (G). More generations make forgetting
-    /// finer-grained (disk ≤ budget × (1 + 1/G)) but add one filter probe per id per generation.
+    /// finer-grained (disk ≤ budget × (1 + 1/G)); they cost a lookup nothing, since the id index
+    /// names the one generation to look in. At most 200 live at once (the index has 256 tags).
     /// Default 8, as the design proposes.
     pub generations: u32,
     /// Seal the active generation after this many ids even if it is under `budget / G`
     /// (`None`: by size only). Useful to bound a generation's time span, and in tests.
     pub seal_after_ids: Option<u64>,
     /// Crash durability. Default [`Durability::Wal`]: measured with the bench (5M ids, 4096-id
-    /// batches, this 2-core machine, single runs varying by about ±5%) `Wal` ran at 2.65M ids/s,
-    /// `NoWal` at 2.39M ids/s and `SyncWal` at 2.00M ids/s: the batch log append is within the
-    /// noise, an fsync per batch is not.
+    /// batches, this shared 2-core machine) `Wal` ran at 2.34M and 2.46M ids/s, `NoWal` at 2.54M
+    /// ids/s and `SyncWal` at 1.81M ids/s: the batch log append costs a few percent, an fsync per
+    /// batch about a quarter.
     /// `Wal` loses nothing on a process crash, so replays after a crash stay short; the worker
     /// must still be able to replay a lost tail from the output topic, since a machine crash
     /// loses the unsynced tail.
     pub durability: Durability,
     /// Shared LRU block cache for data blocks. Default 64 MiB: recent retries hit recent
-    /// blocks; most lookups are answered by filters, which do not live in this cache.
+    /// blocks; most lookups are answered by the id index and never read a block.
     pub block_cache_bytes: usize,
     /// Size of one memtable, and the amount of buffered ids (at 24 bytes per id, i.e. ~2.8M ids by
     /// default) committed as one ingested file. Default 64 MiB. Never more than half a generation.
@@ -340,8 +341,8 @@ pub struct LedgerOptions {
     pub memtable: MemtableKind,
     /// Keys between restart points in data blocks. Larger shares more key prefix (random keys
     /// share ~3 bytes with their neighbour) at the cost of a longer scan inside a block on a hit.
-    /// Default 64 (RocksDB's is 16): measured 22.7 instead of 23.2 bytes per id; only hits
-    /// (retries and filter false positives, ~2% of lookups) pay the scan.
+    /// Default 64 (RocksDB's is 16): measured (with LZ4) 22.7 instead of 23.2 bytes per id; only
+    /// lookups that reach the disk (duplicates and index false positives) pay the scan.
     pub block_restart_interval: i32,
     /// Ids the in-memory id index is sized for (`None`: `budget_bytes / 16`, more ids than the
     /// budget can hold). The index takes about 3.4 bytes per id of capacity, i.e. about a fifth
@@ -838,8 +839,8 @@ fn generation_cf_options(options: &LedgerOptions, cache: &Cache) -> Options {
 }
 
 /// Options of the files ingested into a generation: the same table format with a bloom filter,
-/// which is several times cheaper to build than a ribbon filter. These files are short-lived (the
-/// generation's compaction rewrites them with ribbon filters) and readers accept either kind.
+/// which is several times cheaper to build than a ribbon filter. These files stay in L0 while
+/// their generation is active; its compaction at seal rewrites them into one run without filters.
 fn ingest_file_options(options: &LedgerOptions, cache: &Cache) -> Options {
     generation_options(options, cache, false)
 }
@@ -862,8 +863,8 @@ fn generation_options(options: &LedgerOptions, cache: &Cache, ribbon: bool) -> O
     cf.set_block_based_table_factory(&table);
     cf.set_compression_type(DBCompressionType::Zstd);
     // Most of an entry is its 16 random key bytes; ZSTD's entropy coding packs the rest (entry
-    // headers, the zeroed sequence numbers, the first-seen offsets) into about 2 bytes, where
-    // LZ4 spends about 5.
+    // headers, the zeroed sequence numbers, the first-seen offsets) far better than LZ4: 17.7
+    // bytes per id at 20M ids, against 20.9 with LZ4 and ribbon filters (~0.9 of those).
     cf.set_compression_options(-14, ZSTD_LEVEL, 0, 0);
     cf.set_bottommost_compression_type(DBCompressionType::Zstd);
     cf.set_bottommost_compression_options(-14, ZSTD_LEVEL, 0, 0, true);
@@ -1781,7 +1782,7 @@ impl Ledger {
         // Flush without waiting (all column families together, so NoWal stays a consistent
         // prefix): the sealed generation leaves the memtables and the WAL, which would otherwise
         // hold several small generations' worth of disk. Then let RocksDB compact it into one
-        // sorted run in the background: one filter probe per lookup, zeroed sequence numbers.
+        // sorted run in the background, without filters (see `generation_options`).
         self.flush_all(state, false)?;
         self.compact_when_sealed(&sealed_name)?;
         self.age(state)
