@@ -1109,13 +1109,10 @@ impl Ledger {
         if !self.options.build_index || generations.is_empty() {
             return Ok(());
         }
-        let work: Vec<(u8, String)> = generations
-            .iter()
-            .map(|g| (IdIndex::tag(g.meta.id), g.name.clone()))
-            .collect();
+        let generations: &[Generation] = generations;
         let readers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
-            .min(work.len());
+            .min(generations.len());
         let placer = index.placer();
         let mut ids = 0u64;
         let mut failed = None;
@@ -1123,10 +1120,10 @@ impl Ledger {
             let (tx, rx) = crossbeam_channel::bounded::<Result<(u8, Vec<index::Place>)>>(64);
             for r in 0..readers {
                 let tx = tx.clone();
-                let mine: Vec<&(u8, String)> = work.iter().skip(r).step_by(readers).collect();
                 scope.spawn(move || {
-                    for (tag, name) in mine {
-                        if let Err(e) = self.read_places(name, *tag, placer, &tx) {
+                    for g in generations.iter().skip(r).step_by(readers) {
+                        let tag = IdIndex::tag(g.meta.id);
+                        if let Err(e) = self.read_places(&g.name, tag, placer, &tx) {
                             let _ = tx.send(Err(e));
                             return;
                         }

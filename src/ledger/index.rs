@@ -326,7 +326,7 @@ impl IdIndex {
             for b in 0..self.buckets {
                 let bucket = self.bucket_mut(b);
                 for i in 0..SLOTS {
-                    if bucket[i * SLOT_BYTES] == tag && bucket[i * SLOT_BYTES + 1..i * SLOT_BYTES + 3] != [0, 0] {
+                    if Self::slot(bucket, i).0 == tag {
                         bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES].fill(0);
                     }
                 }
