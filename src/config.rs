@@ -19,6 +19,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const ENV_PREFIX: &str = "DEDUPE_";
 /// The one secret key, settable only from the environment.
 pub const ENV_SASL_PASSWORD: &str = "DEDUPE_KAFKA_SASL_PASSWORD";
+/// The bearer token the worker's admin endpoints (`POST /admin/snapshot`) require, settable only
+/// from the environment. Without one, they answer loopback clients only.
+pub const ENV_ADMIN_TOKEN: &str = "DEDUPE_ADMIN_TOKEN";
 /// The top-level sections, in the order they are documented.
 pub const SECTIONS: &[&str] = &["kafka", "worker", "ledger", "snapshots", "ingest", "metrics", "log"];
 
@@ -57,7 +60,9 @@ pub struct KafkaConfig {
     /// `sasl.password`: from `DEDUPE_KAFKA_SASL_PASSWORD` only; never in a file.
     #[serde(skip_deserializing)]
     pub sasl_password: Option<Secret>,
-    /// Extra librdkafka properties passed through as given (e.g. `"ssl.ca.location"`).
+    /// Extra librdkafka properties passed through as given (e.g. `"ssl.ca.location"`). Values of
+    /// secret-looking properties ([`is_secret_property`]) print as `<redacted>`.
+    #[serde(serialize_with = "serialize_properties")]
     pub properties: BTreeMap<String, String>,
 }
 
@@ -107,6 +112,26 @@ impl SecurityProtocol {
             Self::SaslSsl => "sasl_ssl",
         }
     }
+}
+
+/// Whether a librdkafka property holds a secret (`sasl.password`, `ssl.key.password`,
+/// `ssl.keystore.password`, `ssl.key.pem`, `sasl.oauthbearer.client.secret`, ...): its value is
+/// never printed.
+pub fn is_secret_property(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["password", "secret", "key.pem", "oauthbearer.config", "jaas", "token", "credential"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+fn serialize_properties<S: Serializer>(properties: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(properties.len()))?;
+    for (name, value) in properties {
+        let shown = if is_secret_property(name) { "<redacted>" } else { value.as_str() };
+        map.serialize_entry(name, shown)?;
+    }
+    map.end()
 }
 
 /// A value that must never be printed.
@@ -454,12 +479,19 @@ pub struct SnapshotConfig {
     /// How many checkpoints to keep.
     pub keep: usize,
     /// A command run after each checkpoint, with DEDUPE_SNAPSHOT_DIR and DEDUPE_SNAPSHOT_PARTITIONS set.
+    /// It runs in a process group of its own with a clean environment: `PATH`, `HOME`, `LANG`,
+    /// `TZ`, `TMPDIR` and the variables named in `hook_env`, never the worker's secrets.
     pub hook: Option<String>,
+    /// Names of further environment variables the hook receives (e.g. a cloud CLI's profile).
+    pub hook_env: Vec<String>,
+    /// How long the hook may run before its whole process group is killed.
+    pub hook_timeout_secs: u64,
 }
 
 impl Default for SnapshotConfig {
     fn default() -> Self {
-        Self { dir: None, interval_secs: 3600, keep: 3, hook: None }
+        // Ten minutes: a volume snapshot API call, with retries, finishes well within it.
+        Self { dir: None, interval_secs: 3600, keep: 3, hook: None, hook_env: Vec::new(), hook_timeout_secs: 600 }
     }
 }
 
@@ -475,9 +507,12 @@ pub struct IngestConfig {
     pub write_keys_file: Option<PathBuf>,
     /// How long a request waits for Kafka's acknowledgement before it answers 503.
     pub ack_timeout_ms: u64,
-    /// How long a client may take to send a request.
+    /// How long a client may take to send a request (head and body), on every request of a
+    /// keep-alive connection. A request must also be answered within this plus `ack_timeout_ms`
+    /// plus one second of its first byte, or its connection is closed.
     pub request_timeout_ms: u64,
-    /// Most concurrent connections per worker thread.
+    /// Most connections held at once, all worker threads together. Past it, new connections wait
+    /// in the listen backlog. Needs as many file descriptors (plus 256), checked at start.
     pub max_connections: usize,
 }
 
@@ -490,8 +525,9 @@ impl Default for IngestConfig {
             // Segment's clients time out at 10-15 s; answer before they give up.
             ack_timeout_ms: 10_000,
             request_timeout_ms: 5_000,
-            // actix-web's default.
-            max_connections: 25_000,
+            // Well within the 1,024 files Debian and most container runtimes allow by default;
+            // at a few ms per request this serves tens of thousands of requests per second.
+            max_connections: 512,
         }
     }
 }
@@ -500,13 +536,18 @@ impl Default for IngestConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    /// Where /metrics, /healthz and /readyz are served; loopback by default.
+    /// Where /metrics, /healthz, /readyz and the worker's admin endpoints are served; loopback
+    /// by default.
     pub addr: SocketAddr,
+    /// The admin endpoints' bearer token: from `DEDUPE_ADMIN_TOKEN` only; never in a file. Without
+    /// one, the admin endpoints answer only clients on loopback.
+    #[serde(skip_deserializing)]
+    pub admin_token: Option<Secret>,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        Self { addr: SocketAddr::from(([127, 0, 0, 1], 9464)) }
+        Self { addr: SocketAddr::from(([127, 0, 0, 1], 9464)), admin_token: None }
     }
 }
 
@@ -584,18 +625,33 @@ impl Config {
                     .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
                 text.parse::<toml::Table>().map_err(|e| ConfigError::Syntax {
                     path: path.to_path_buf(),
-                    message: one_line(&e.to_string()),
+                    message: syntax_message(&text, &e),
                 })?
             }
             None => toml::Table::new(),
         };
         let mut password = None;
+        let mut admin_token = None;
         for (name, value) in env {
             if name == ENV_SASL_PASSWORD {
                 password = Some(Secret::new(value));
                 continue;
             }
+            if name == ENV_ADMIN_TOKEN {
+                admin_token = Some(Secret::new(value)).filter(|t| !t.expose().is_empty());
+                continue;
+            }
             apply_env(&mut table, &name, &value)?;
+        }
+        if table
+            .get("metrics")
+            .and_then(|k| k.as_table())
+            .is_some_and(|k| k.contains_key("admin_token"))
+        {
+            return Err(ConfigError::invalid(
+                "metrics.admin_token",
+                format!("secrets may only come from the environment ({ENV_ADMIN_TOKEN})"),
+            ));
         }
         if table
             .get("kafka")
@@ -612,6 +668,7 @@ impl Config {
             ConfigError::invalid(if key == "." { "config".to_string() } else { key }, one_line(&e.inner().to_string()))
         })?;
         config.kafka.sasl_password = password;
+        config.metrics.admin_token = admin_token;
         config.apply(overrides)?;
         config.validate()?;
         Ok(config)
@@ -748,6 +805,12 @@ impl Config {
         if self.ingest.ack_timeout_ms == 0 {
             return Err(bad("ingest.ack_timeout_ms", "must be positive"));
         }
+        if self.ingest.request_timeout_ms == 0 {
+            return Err(bad("ingest.request_timeout_ms", "must be positive"));
+        }
+        if self.snapshots.hook_timeout_secs == 0 {
+            return Err(bad("snapshots.hook_timeout_secs", "must be positive"));
+        }
         if self.ingest.max_connections == 0 {
             return Err(bad("ingest.max_connections", "must be at least 1"));
         }
@@ -791,6 +854,20 @@ fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), Con
         .unwrap_or_else(|| toml::Value::String(value.to_string()));
     section_table.insert(key.to_string(), parsed);
     Ok(())
+}
+
+/// Where a TOML syntax error is and what it is, without quoting the line: it may hold a secret.
+fn syntax_message(text: &str, e: &toml::de::Error) -> String {
+    let what = one_line(e.message());
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("line {line}, column {column}: {what}")
+        }
+        None => what,
+    }
 }
 
 fn one_line(text: &str) -> String {
@@ -871,6 +948,33 @@ mod tests {
         assert_eq!(c.kafka.sasl_password.as_ref().unwrap().expose(), "hunter2");
         assert!(!c.to_toml().contains("hunter2"));
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn secret_kafka_properties_never_print() {
+        let text = "[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.password\" = \"k3y-pass\"\n\"sasl.oauthbearer.client.secret\" = \"oauth-s3cret\"\n\"ssl.ca.location\" = \"/etc/ca.pem\"\n";
+        let c = load_str(text, &[]).unwrap();
+        let shown = c.to_toml();
+        for secret in ["hunter2", "k3y-pass", "oauth-s3cret"] {
+            assert!(!shown.contains(secret), "{secret} printed:\n{shown}");
+            assert!(!format!("{c:?}").contains(secret));
+        }
+        // Not secrets: shown as given, and the secrets still reach librdkafka.
+        assert!(shown.contains("/etc/ca.pem"), "{shown}");
+        assert_eq!(c.kafka.properties["sasl.password"], "hunter2");
+        assert!(is_secret_property("ssl.keystore.password") && is_secret_property("ssl.key.pem"));
+        assert!(!is_secret_property("ssl.ca.location") && !is_secret_property("bootstrap.servers"));
+    }
+
+    #[test]
+    fn a_syntax_error_names_the_place_but_never_quotes_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, "[kafka.properties]\n\"sasl.password\" = \"hunter2\n").unwrap();
+        let err = Config::load(Some(&path), Vec::new(), &Overrides::default()).unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("bad.toml"), "{err}");
     }
 
     #[test]

@@ -899,6 +899,44 @@ fn generation_options(options: &LedgerOptions, cache: &Cache, ribbon: bool) -> O
     cf
 }
 
+/// A file present in the ledger directory only while the ledger is being created.
+pub const CREATING_MARKER: &str = "CREATING";
+
+/// Writes `name` in `dir` and makes both the file and its directory entry durable.
+fn write_durably(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join(name);
+    let mut file = std::fs::File::create(&path).map_err(io_error("create", &path))?;
+    file.write_all(contents).and_then(|()| file.sync_all()).map_err(io_error("write", &path))?;
+    sync_dir(dir)
+}
+
+/// Removes `name` from `dir` and makes the removal durable.
+fn remove_durably(dir: &Path, name: &str) -> Result<()> {
+    let path = dir.join(name);
+    std::fs::remove_file(&path).map_err(io_error("remove", &path))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))
+}
+
+/// Removes everything inside `dir` (which is kept).
+fn clear_dir(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(io_error("read", dir))? {
+        let entry = entry.map_err(io_error("read", dir))?;
+        let path = entry.path();
+        let removed = if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        removed.map_err(io_error("clear", &path))?;
+    }
+    sync_dir(dir)
+}
+
 /// ZSTD level of generation files. Measured at 20M ids: level 3 stores 17.7 bytes per id, level 1
 /// 18.5, at the same throughput (compression is a small share of the CPU).
 const ZSTD_LEVEL: i32 = 3;
@@ -916,16 +954,53 @@ fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
 
 impl Ledger {
     /// Opens the ledger at `path`, creating it if the directory is missing or empty.
+    ///
+    /// Creating is atomic: a [`CREATING_MARKER`] file is made durable before RocksDB writes
+    /// anything, and removed only once the format marker is durable. A directory that still holds
+    /// the marker is a creation that a crash interrupted; it can hold no recorded id (nothing is
+    /// recorded before `open` returns), so it is cleared and created again, with a warning and
+    /// [`crate::metrics::LEDGER_CREATIONS_RESTARTED`] counted.
     pub fn open(path: impl AsRef<Path>, options: LedgerOptions) -> Result<Ledger> {
-        let path = path.as_ref().to_path_buf();
-        let fresh = match std::fs::read_dir(&path) {
+        Self::open_inner(path.as_ref(), options, true)
+    }
+
+    /// Opens an existing ledger, never creating one: a missing or empty directory is refused
+    /// with [`LedgerError::NotALedger`]. For maintenance commands that read a ledger or a
+    /// checkpoint an operator named, where a typo must not make an empty ledger.
+    pub fn open_existing(path: impl AsRef<Path>, options: LedgerOptions) -> Result<Ledger> {
+        Self::open_inner(path.as_ref(), options, false)
+    }
+
+    fn open_inner(path: &Path, options: LedgerOptions, create: bool) -> Result<Ledger> {
+        let path = path.to_path_buf();
+        let refuse = |reason: &str| LedgerError::NotALedger { path: path.clone(), reason: reason.into() };
+        let mut fresh = match std::fs::read_dir(&path) {
             Ok(mut entries) => entries.next().is_none(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
                 std::fs::create_dir_all(&path).map_err(io_error("create", &path))?;
                 true
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(refuse("the directory does not exist")),
             Err(e) => return Err(io_error("read", &path)(e)),
         };
+        if fresh && !create {
+            return Err(refuse("the directory is empty"));
+        }
+        if !fresh && path.join(CREATING_MARKER).exists() {
+            if !create {
+                return Err(refuse("its creation never finished (a crash during the first start)"));
+            }
+            tracing::warn!(
+                path = %path.display(),
+                "The ledger's creation was interrupted by a crash before it held any id; creating it again."
+            );
+            metrics::counter!(crate::metrics::LEDGER_CREATIONS_RESTARTED).increment(1);
+            clear_dir(&path)?;
+            fresh = true;
+        }
+        if fresh {
+            write_durably(&path, CREATING_MARKER, b"this ledger is being created\n")?;
+        }
         if !fresh && !path.join("CURRENT").exists() {
             return Err(LedgerError::NotALedger {
                 path,
@@ -945,7 +1020,7 @@ impl Ledger {
                     .map_err(rocks(Doing::Open(&path)))?;
                 return Err(LedgerError::NotALedger {
                     path,
-                    reason: format!("it is a RocksDB database without the {CF_META} and {CF_PROGRESS} column families"),
+                    reason: format!("its MANIFEST lists no {CF_META} and {CF_PROGRESS} column families (a damaged MANIFEST, or another database)"),
                 });
             }
             names
@@ -986,7 +1061,26 @@ impl Ledger {
             disk_lookups: std::sync::atomic::AtomicU64::new(0),
         };
         ledger.load(fresh, &names)?;
+        if fresh {
+            // The format marker must be on disk before the creation marker goes: without a WAL
+            // it is only in a memtable until flushed.
+            ledger.flush_cfs(&[CF_META, CF_PROGRESS], true)?;
+            remove_durably(&ledger.path, CREATING_MARKER)?;
+        }
         Ok(ledger)
+    }
+
+    /// True if the ledger has no progress record and no generation holds a key.
+    fn holds_nothing(&self, cf_names: &[String]) -> Result<bool> {
+        let holders = cf_names.iter().filter(|n| n.starts_with(GENERATION_CF_PREFIX)).map(String::as_str);
+        for name in std::iter::once(CF_PROGRESS).chain(holders) {
+            let cf = self.cf(name)?;
+            if let Some(item) = self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start).next() {
+                item.map_err(rocks(Doing::Read))?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Reads the format marker and generation metadata, and reconciles them with the column
@@ -1019,9 +1113,22 @@ impl Ledger {
                 batch.put_cf(&meta, META_FORMAT_VERSION, FORMAT_VERSION.to_le_bytes());
                 self.db.write_opt(batch, &sync).map_err(rocks(Doing::Write))?;
             }
+            None if self.holds_nothing(cf_names)? => {
+                // Left by a build whose creation was not atomic, killed before the marker was
+                // written: no generation, no progress record, no metadata; nothing to lose.
+                tracing::warn!(
+                    path = %self.path.display(),
+                    "The ledger has no format marker and holds nothing (a creation interrupted by a crash); initializing it."
+                );
+                metrics::counter!(crate::metrics::LEDGER_CREATIONS_RESTARTED).increment(1);
+                let mut batch = WriteBatch::default();
+                batch.put_cf(&meta, META_FORMAT_VERSION, FORMAT_VERSION.to_le_bytes());
+                self.db.write_opt(batch, &sync).map_err(rocks(Doing::Write))?;
+                self.flush_cfs(&[CF_META], true)?;
+            }
             None => {
                 return Err(LedgerError::CorruptMetadata {
-                    what: "the format version marker is missing".into(),
+                    what: "the format version marker is missing, yet the ledger holds generations or progress records".into(),
                 })
             }
         }
@@ -2275,7 +2382,12 @@ mod tests {
         std::fs::write(&manifest, &bytes[..bytes.len() / 3]).unwrap();
         let before = std::fs::read_dir(dir.path()).unwrap().count();
         let err = Ledger::open(dir.path(), small_options(Durability::Wal)).err().expect("opened a truncated MANIFEST");
-        assert!(matches!(&err, LedgerError::Open { path, .. } if path == dir.path()), "{err}");
+        // RocksDB refuses the MANIFEST, or reads a prefix of it that lacks the ledger's column
+        // families: either way the ledger is refused and named.
+        assert!(
+            matches!(&err, LedgerError::Open { path, .. } | LedgerError::NotALedger { path, .. } if path == dir.path()),
+            "{err}"
+        );
         assert!(err.to_string().contains(&dir.path().display().to_string()));
         assert_eq!(std::fs::read(&manifest).unwrap().len(), bytes.len() / 3);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), before);
@@ -2634,6 +2746,8 @@ mod tests {
     #[test]
     fn crash_child_writer() {
         let (Ok(dir), Ok(mode)) = (std::env::var(CRASH_DIR_ENV), std::env::var(CRASH_MODE_ENV)) else {
+            // Run on its own, as part of the suite, it has nothing to do.
+            assert!(std::env::var_os(CRASH_DIR_ENV).is_none(), "the crash tests' child is run without its mode");
             return;
         };
         let ledger = Ledger::open(&dir, crash_options(parse_mode(&mode))).unwrap();
@@ -2651,10 +2765,29 @@ mod tests {
         }
     }
 
+    /// The child side of the creation crash test: opens a fresh ledger with the default options
+    /// (the default budget's 3.4 GiB id index included), then writes batches forever.
+    #[test]
+    fn crash_child_creator() {
+        let Ok(dir) = std::env::var(CRASH_DIR_ENV) else {
+            assert!(std::env::var_os(CRASH_MODE_ENV).is_none(), "the crash tests' child is run without its directory");
+            return;
+        };
+        let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
+        for batch in 1.. {
+            let items: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| (crash_key(batch, i), batch as i64 * 1000)).collect();
+            ledger.check_and_record(0, &items, &batch.to_le_bytes()).unwrap();
+        }
+    }
+
     /// Opens the crash test's ledger and checks that batches 1..=n are entirely there, n + 1 is
     /// entirely absent and the metadata counts exactly their ids. Returns n.
     fn check_crashed_ledger(dir: &Path, mode: Durability, what: &str) -> u64 {
-        let ledger = Ledger::open(dir, crash_options(mode)).unwrap();
+        check_crashed_ledger_with(dir, crash_options(mode), what)
+    }
+
+    fn check_crashed_ledger_with(dir: &Path, options: LedgerOptions, what: &str) -> u64 {
+        let ledger = Ledger::open(dir, options).unwrap_or_else(|e| panic!("{what}: the ledger does not open again: {e}"));
         let n = ledger
             .progress(0)
             .unwrap()
@@ -2730,6 +2863,98 @@ mod tests {
             let n = check_crashed_ledger(dir.path(), Durability::NoWal, &format!("crash {crash}"));
             assert!(n > last, "crash {crash}: the ingested batches were lost (progress {n}, before {last})");
             last = n;
+        }
+    }
+
+    /// A worker killed during its first start, with the default budget, at any moment from the
+    /// very first: the ledger always opens again, and holds a prefix of the batches.
+    #[test]
+    fn a_kill_at_any_moment_of_creation_never_bricks_the_ledger() {
+        let exe = std::env::current_exe().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let check = LedgerOptions { build_index: false, ..LedgerOptions::default() };
+        let mut survived = 0;
+        // Kills at fixed moments of the creation (which takes seconds: the index is made
+        // resident), then at moments after it finished, while batches are written.
+        let during = [0u64, 1, 3, 8, 15, 30, 60, 100, 160, 250, 400, 600, 900, 1300, 1800, 2500].map(|ms| (ms, false));
+        let after = [0u64, 50, 300].map(|ms| (ms, true));
+        for (n, (delay_ms, after_creation)) in during.into_iter().chain(after).enumerate() {
+            let dir = root.path().join(format!("kill-{n}"));
+            let mut child = std::process::Command::new(&exe)
+                .args(["--exact", "ledger::tests::crash_child_creator", "--nocapture", "--test-threads", "1"])
+                .env(CRASH_DIR_ENV, &dir)
+                .env(CRASH_MODE_ENV, "default")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            if after_creation {
+                let deadline = std::time::Instant::now() + Duration::from_secs(120);
+                while !(dir.join("CURRENT").exists() && !dir.join(CREATING_MARKER).exists()) {
+                    assert!(std::time::Instant::now() < deadline, "the child never finished creating its ledger");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            child.kill().unwrap();
+            child.wait().unwrap();
+            if !dir.exists() {
+                continue; // Killed before it made anything.
+            }
+            let batches = check_crashed_ledger_with(&dir, check.clone(), &format!("killed {delay_ms} ms into its first start"));
+            survived += usize::from(batches > 0);
+            // Opened once, it opens again: the creation is over.
+            assert!(!dir.join(CREATING_MARKER).exists(), "killed at {delay_ms} ms: the creation marker is still there");
+        }
+        assert!(survived > 0, "no kill landed after the ledger was created and written; the test proves nothing");
+    }
+
+    #[test]
+    fn an_interrupted_creation_is_started_again_and_maintenance_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // What a kill during creation leaves: the marker, and some of RocksDB's files.
+        std::fs::write(dir.path().join(CREATING_MARKER), b"").unwrap();
+        std::fs::write(dir.path().join("CURRENT"), b"MANIFEST-000005\n").unwrap();
+        std::fs::write(dir.path().join("000004.log"), b"torn").unwrap();
+        match Ledger::open_existing(dir.path(), small_options(Durability::Wal)) {
+            Err(LedgerError::NotALedger { reason, .. }) => assert!(reason.contains("never finished"), "{reason}"),
+            other => panic!("maintenance opened a half-created ledger: {:?}", other.map(|_| ())),
+        }
+        let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+        assert!(!dir.path().join(CREATING_MARKER).exists());
+        assert!(!dir.path().join("000004.log").exists());
+        ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
+        drop(ledger);
+        let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+        assert_eq!(ledger.check(&[key(1)]).unwrap(), vec![Some(1000)]);
+    }
+
+    #[test]
+    fn a_ledger_without_its_format_marker_is_initialized_only_if_it_holds_nothing() {
+        for mode in [Durability::NoWal, Durability::Wal] {
+            // Empty: what an older build left when killed before writing the marker.
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
+                let meta = ledger.cf(CF_META).unwrap();
+                ledger.db.delete_cf(&meta, META_FORMAT_VERSION).unwrap();
+                ledger.flush_cfs(&[CF_META], true).unwrap();
+            }
+            let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
+            drop(ledger);
+            // Holding a batch: a missing marker is damage, refused and left alone.
+            let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
+            ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
+            ledger.flush().unwrap();
+            let meta = ledger.cf(CF_META).unwrap();
+            ledger.db.delete_cf(&meta, META_FORMAT_VERSION).unwrap();
+            ledger.flush_cfs(&[CF_META], true).unwrap();
+            drop(meta);
+            drop(ledger);
+            match Ledger::open(dir.path(), small_options(mode)) {
+                Err(LedgerError::CorruptMetadata { what }) => assert!(what.contains("format version marker is missing"), "{what}"),
+                other => panic!("{mode:?}: a ledger holding ids without its marker opened: {:?}", other.map(|_| ())),
+            }
         }
     }
 

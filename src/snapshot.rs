@@ -19,33 +19,91 @@ pub const ENV_SNAPSHOT_PARTITIONS: &str = "DEDUPE_SNAPSHOT_PARTITIONS";
 /// Every snapshot directory's name starts with this.
 pub const SNAPSHOT_PREFIX: &str = "ledger-";
 
+/// Environment variables every hook receives when the worker has them; nothing else is passed
+/// unless named in `snapshots.hook_env`, so the worker's secrets never reach the hook.
+pub const HOOK_BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+/// Prefix of a checkpoint still being written; never listed, pruned or handed to a hook.
+const PARTIAL_PREFIX: &str = ".partial-";
+
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
+    #[error("snapshots.dir is not configured")]
+    NotConfigured,
+    #[error("a snapshot is already being taken; try again when it has finished")]
+    Busy,
+    #[error("the worker is stopping")]
+    Stopping,
     #[error("creating the snapshot directory {dir}: {source}")]
     CreateDir { dir: PathBuf, source: std::io::Error },
-    #[error("checkpointing the ledger into {dir}: {message}")]
-    Checkpoint { dir: PathBuf, message: String },
-    #[error("the snapshot hook `{hook}` failed: {message}")]
-    Hook { hook: String, message: String },
+    #[error("checkpointing the ledger into {dir}: {source}")]
+    Checkpoint { dir: PathBuf, source: crate::ledger::LedgerError },
+    #[error("moving the finished checkpoint to {dir}: {source}")]
+    Publish { dir: PathBuf, source: std::io::Error },
+    #[error("the snapshot hook `{hook}` failed: {failure}")]
+    Hook { hook: String, failure: HookFailure },
     #[error("pruning old snapshots in {dir}: {source}")]
     Prune { dir: PathBuf, source: std::io::Error },
+}
+
+/// How a snapshot hook failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HookFailure {
+    #[error("it could not be started: {0}")]
+    Start(std::io::Error),
+    #[error("it exited with {0}")]
+    Exit(std::process::ExitStatus),
+    #[error("it ran longer than {}s; its process group was killed", .0.as_secs())]
+    TimedOut(Duration),
+    #[error("waiting for it failed: {0}")]
+    Wait(std::io::Error),
 }
 
 impl SnapshotError {
     /// The metric label of the stage that failed.
     pub fn stage(&self) -> &'static str {
         match self {
-            Self::CreateDir { .. } | Self::Checkpoint { .. } => "checkpoint",
+            Self::NotConfigured | Self::Busy | Self::Stopping => "refused",
+            Self::CreateDir { .. } | Self::Checkpoint { .. } | Self::Publish { .. } => "checkpoint",
             Self::Hook { .. } => "hook",
             Self::Prune { .. } => "prune",
         }
     }
 }
 
-/// A fresh, sortable snapshot directory name under `root`: `ledger-<unix ms>`.
-pub fn next_snapshot_dir(root: &Path) -> PathBuf {
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-    root.join(format!("{SNAPSHOT_PREFIX}{ms:015}"))
+/// Where a new snapshot is written, then published.
+#[derive(Debug, Clone)]
+pub struct SnapshotSlot {
+    /// The checkpoint is written here (a name [`list_snapshots`] ignores)...
+    pub partial: PathBuf,
+    /// ...and renamed to this once complete: `ledger-<unix ms>`, unique under the root.
+    pub dir: PathBuf,
+}
+
+impl SnapshotSlot {
+    /// Reserves a fresh, sortable name under `root` (created if missing): the current time in
+    /// milliseconds, moved on past any name already taken.
+    pub fn reserve(root: &Path) -> Result<Self, SnapshotError> {
+        std::fs::create_dir_all(root).map_err(|source| SnapshotError::CreateDir { dir: root.to_path_buf(), source })?;
+        let mut ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        loop {
+            let name = format!("{SNAPSHOT_PREFIX}{ms:015}");
+            let slot = Self { partial: root.join(format!("{PARTIAL_PREFIX}{name}")), dir: root.join(name) };
+            if !slot.dir.exists() && !slot.partial.exists() {
+                return Ok(slot);
+            }
+            ms += 1;
+        }
+    }
+
+    /// Moves the complete checkpoint to its published name.
+    pub fn publish(&self) -> Result<(), SnapshotError> {
+        std::fs::rename(&self.partial, &self.dir).map_err(|source| SnapshotError::Publish { dir: self.dir.clone(), source })
+    }
+
+    /// Removes what a failed checkpoint left behind.
+    pub fn discard(&self) {
+        let _ = std::fs::remove_dir_all(&self.partial);
+    }
 }
 
 /// Snapshot directories under `root`, oldest first.
@@ -76,31 +134,51 @@ pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, SnapshotError> {
     Ok(removed)
 }
 
-/// Runs the operator's hook through `sh -c`, with the snapshot's path and partitions in its
-/// environment, and waits at most `timeout` for it.
-pub fn run_hook(hook: &str, dir: &Path, partitions: &[u32], timeout: Duration) -> Result<(), SnapshotError> {
+/// Runs the operator's hook through `sh -c`, with the snapshot's path and partitions, the
+/// variables of [`HOOK_BASE_ENV`] and those named in `pass_env` in an otherwise empty
+/// environment, in a process group of its own; waits at most `timeout`, then kills the group.
+pub fn run_hook(
+    hook: &str,
+    dir: &Path,
+    partitions: &[u32],
+    pass_env: &[String],
+    timeout: Duration,
+) -> Result<(), SnapshotError> {
+    use std::os::unix::process::CommandExt;
     let list = partitions.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    let err = |message: String| SnapshotError::Hook { hook: hook.to_string(), message };
+    let err = |failure: HookFailure| SnapshotError::Hook { hook: hook.to_string(), failure };
+    let kept = HOOK_BASE_ENV
+        .iter()
+        .copied()
+        .chain(pass_env.iter().map(String::as_str))
+        .filter_map(|name| std::env::var_os(name).map(|v| (name.to_string(), v)));
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(hook)
+        .env_clear()
+        .envs(kept)
         .env(ENV_SNAPSHOT_DIR, dir)
         .env(ENV_SNAPSHOT_PARTITIONS, &list)
         .stdin(std::process::Stdio::null())
+        .process_group(0)
         .spawn()
-        .map_err(|e| err(format!("cannot start it: {e}")))?;
+        .map_err(|e| err(HookFailure::Start(e)))?;
     let deadline = std::time::Instant::now() + timeout;
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => return Err(err(format!("it exited with {status}"))),
+            Ok(Some(status)) => return Err(err(HookFailure::Exit(status))),
             Ok(None) if std::time::Instant::now() > deadline => {
-                let _ = child.kill();
+                // The hook leads its own group: the shell and everything it started go together.
+                if let Ok(pgid) = i32::try_from(child.id()) {
+                    // SAFETY: kill(2) with a negative pid signals that process group; no memory is involved.
+                    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                }
                 let _ = child.wait();
-                return Err(err(format!("it ran longer than {}s and was killed", timeout.as_secs())));
+                return Err(err(HookFailure::TimedOut(timeout)));
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(err(e.to_string())),
+            Err(e) => return Err(err(HookFailure::Wait(e))),
         }
     }
 }
@@ -133,12 +211,65 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let out = root.path().join("out");
         let hook = format!("echo \"${ENV_SNAPSHOT_DIR} ${ENV_SNAPSHOT_PARTITIONS}\" > {}", out.display());
-        run_hook(&hook, Path::new("/snap/x"), &[0, 3], Duration::from_secs(10)).unwrap();
+        run_hook(&hook, Path::new("/snap/x"), &[0, 3], &[], Duration::from_secs(10)).unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "/snap/x 0,3");
-        let e = run_hook("exit 7", Path::new("/x"), &[], Duration::from_secs(10)).unwrap_err();
+        let e = run_hook("exit 7", Path::new("/x"), &[], &[], Duration::from_secs(10)).unwrap_err();
         assert_eq!(e.stage(), "hook");
         assert!(e.to_string().contains("exit status: 7"), "{e}");
-        let e = run_hook("sleep 5", Path::new("/x"), &[], Duration::from_millis(200)).unwrap_err();
+        let e = run_hook("sleep 5", Path::new("/x"), &[], &[], Duration::from_millis(200)).unwrap_err();
         assert!(e.to_string().contains("killed"), "{e}");
+    }
+
+    #[test]
+    fn the_hook_never_sees_the_workers_secrets() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("env");
+        // SAFETY (test): this test alone reads or writes these variables.
+        std::env::set_var("DEDUPE_KAFKA_SASL_PASSWORD", "hunter2");
+        std::env::set_var("DEDUPE_WRITE_KEYS", "wk-secret=web");
+        std::env::set_var("SNAPSHOT_TEST_PROFILE", "backup-profile");
+        let hook = format!("env > {}", out.display());
+        run_hook(&hook, Path::new("/snap/x"), &[1], &["SNAPSHOT_TEST_PROFILE".to_string()], Duration::from_secs(10)).unwrap();
+        let env = std::fs::read_to_string(&out).unwrap();
+        assert!(!env.contains("hunter2") && !env.contains("wk-secret"), "{env}");
+        assert!(env.contains("SNAPSHOT_TEST_PROFILE=backup-profile"), "{env}");
+        assert!(env.contains("PATH="), "{env}");
+    }
+
+    #[test]
+    fn a_hook_that_times_out_is_killed_with_its_children() {
+        let root = tempfile::tempdir().unwrap();
+        let pid_file = root.path().join("child.pid");
+        // The shell starts a background child that would outlive a kill of the shell alone.
+        let hook = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
+        let e = run_hook(&hook, Path::new("/x"), &[], &[], Duration::from_millis(500)).unwrap_err();
+        assert!(matches!(e, SnapshotError::Hook { failure: HookFailure::TimedOut(_), .. }), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        // The child was killed with its group (it may linger a moment as a zombie of init).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let gone = state.is_empty() || state.split_whitespace().nth(2) == Some("Z");
+            if gone {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the hook's child {pid} outlived the timeout: {state}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    #[test]
+    fn reserved_names_are_unique_and_partial_checkpoints_are_never_listed() {
+        let root = tempfile::tempdir().unwrap();
+        let mut names = std::collections::HashSet::new();
+        for _ in 0..50 {
+            let slot = SnapshotSlot::reserve(root.path()).unwrap();
+            assert!(names.insert(slot.dir.clone()), "{} reserved twice", slot.dir.display());
+            std::fs::create_dir(&slot.partial).unwrap();
+            // Not yet published: invisible to listing and pruning.
+            assert!(!list_snapshots(root.path()).unwrap().contains(&slot.dir));
+            slot.publish().unwrap();
+        }
+        assert_eq!(list_snapshots(root.path()).unwrap().len(), 50);
     }
 }

@@ -26,6 +26,19 @@ use serde_json::{Map, Value};
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 /// Most bytes of a request body, after decompression (Segment's documented limit: 500 KB).
 pub const MAX_REQUEST_BYTES: usize = 500 * 1024;
+/// Most messages in one request. Segment's libraries send at most a few hundred; a batch of
+/// minimal valid messages under [`MAX_REQUEST_BYTES`] holds about 5,000.
+pub const MAX_BATCH_EVENTS: usize = 5_000;
+/// Most bytes a batch's messages may come to once its shared `context`, `integrations` and
+/// `sentAt` are merged into each of them, reckoned before anything is merged: the sum over its
+/// messages of their own size plus the shared fields' size. Four times [`MAX_REQUEST_BYTES`], so
+/// a small shared context over a full batch passes, while a large one repeated over thousands of
+/// messages is refused without being copied once.
+pub const MAX_MERGED_BYTES: usize = 4 * MAX_REQUEST_BYTES;
+/// Most bytes of a record value produced to Kafka: a message within [`MAX_MESSAGE_BYTES`] after
+/// merging, plus the fields this service sets (`messageId` of at most [`MAX_MESSAGE_ID_BYTES`],
+/// `type`, `receivedAt`).
+pub const MAX_RECORD_BYTES: usize = MAX_MESSAGE_BYTES + 1024;
 /// Most bytes of a client's `messageId`; with a source name of at most [`MAX_SOURCE_BYTES`] the
 /// record key stays well under the 1 KiB the worker accepts as an id.
 pub const MAX_MESSAGE_ID_BYTES: usize = 256;
@@ -143,10 +156,16 @@ pub enum Rejection {
     MissingAliasIds { at: Location },
     #[error("{at}: a group message needs a `groupId`")]
     MissingGroupId { at: Location },
-    #[error("{at}: `messageId` must be a non-empty string of at most {MAX_MESSAGE_ID_BYTES} bytes")]
+    #[error("{at}: `messageId` must be a non-empty string of at most {MAX_MESSAGE_ID_BYTES} bytes without control characters")]
     BadMessageId { at: Location },
     #[error("{at}: is {bytes} bytes; the limit per message is {MAX_MESSAGE_BYTES} bytes")]
     MessageTooLarge { at: Location, bytes: usize },
+    #[error("{at}: is {bytes} bytes once the batch's `context`, `integrations` and `sentAt` are merged into it; the limit per message is {MAX_MESSAGE_BYTES} bytes")]
+    MergedMessageTooLarge { at: Location, bytes: usize },
+    #[error("`batch` has {count} messages; the limit is {MAX_BATCH_EVENTS}")]
+    TooManyEvents { count: usize },
+    #[error("the batch's messages would come to at least {bytes} bytes once its shared `context`, `integrations` and `sentAt` are merged into each; the limit is {MAX_MERGED_BYTES} bytes")]
+    MergedBatchTooLarge { bytes: usize },
 }
 
 impl Rejection {
@@ -171,6 +190,9 @@ impl Rejection {
             Self::MissingGroupId { .. } => "missing_group_id",
             Self::BadMessageId { .. } => "bad_message_id",
             Self::MessageTooLarge { .. } => "message_too_large",
+            Self::MergedMessageTooLarge { .. } => "merged_message_too_large",
+            Self::TooManyEvents { .. } => "too_many_events",
+            Self::MergedBatchTooLarge { .. } => "merged_batch_too_large",
         }
     }
 }
@@ -415,14 +437,35 @@ impl Envelope {
                 if items.is_empty() {
                     return Err(Rejection::EmptyBatch);
                 }
+                if items.len() > MAX_BATCH_EVENTS {
+                    return Err(Rejection::TooManyEvents { count: items.len() });
+                }
                 let shared = Shared::from_batch(&body);
+                // What merging would make, bounded before anything is copied: the work and memory
+                // a request can cause stay proportional to its size.
+                let shared_bytes = shared.serialized_bytes();
+                let mut merged_bound = 0usize;
+                for (i, item) in items.iter().enumerate() {
+                    let at = Location(Some(i));
+                    let Value::Object(item) = item else { return Err(Rejection::MessageNotObject { at }) };
+                    let own = check_size(at, item)?;
+                    merged_bound = merged_bound.saturating_add(own + shared_bytes);
+                }
+                if merged_bound > MAX_MERGED_BYTES {
+                    return Err(Rejection::MergedBatchTooLarge { bytes: merged_bound });
+                }
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.into_iter().enumerate() {
                     let at = Location(Some(i));
                     let Value::Object(mut item) = item else { return Err(Rejection::MessageNotObject { at }) };
-                    check_size(at, &item)?;
                     item.remove("writeKey");
-                    shared.merge_into(&mut item);
+                    if shared_bytes > 0 {
+                        shared.merge_into(&mut item);
+                        let merged = serialized_bytes(&item);
+                        if merged > MAX_MESSAGE_BYTES {
+                            return Err(Rejection::MergedMessageTooLarge { at, bytes: merged });
+                        }
+                    }
                     out.push(finish(at, item, &received_at)?);
                 }
                 Ok(out)
@@ -445,6 +488,13 @@ impl<'a> Shared<'a> {
             integrations: body.get("integrations").and_then(Value::as_object),
             sent_at: body.get("sentAt").filter(|v| !v.is_null()),
         }
+    }
+
+    /// At most what merging adds to one message: the shared values and their names.
+    fn serialized_bytes(&self) -> usize {
+        let objects = [self.context, self.integrations].into_iter().flatten().map(|o| serialized_bytes(o) + 24);
+        let sent_at = self.sent_at.map_or(0, |v| serde_json::to_string(v).map_or(0, |t| t.len()) + 16);
+        objects.sum::<usize>() + sent_at
     }
 
     fn merge_into(&self, item: &mut Map<String, Value>) {
@@ -482,8 +532,17 @@ fn merge_defaults(target: &mut Map<String, Value>, name: &str, defaults: &Map<St
     }
 }
 
-/// Counts the bytes the message serializes to, without building the text.
-fn check_size(at: Location, item: &Map<String, Value>) -> Result<(), Rejection> {
+/// Refuses a message over [`MAX_MESSAGE_BYTES`] as the client sent it; returns its size.
+fn check_size(at: Location, item: &Map<String, Value>) -> Result<usize, Rejection> {
+    let bytes = serialized_bytes(item);
+    if bytes > MAX_MESSAGE_BYTES {
+        return Err(Rejection::MessageTooLarge { at, bytes });
+    }
+    Ok(bytes)
+}
+
+/// Counts the bytes a JSON object serializes to, without building the text.
+fn serialized_bytes(item: &Map<String, Value>) -> usize {
     struct Count(usize);
     impl io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -497,10 +556,7 @@ fn check_size(at: Location, item: &Map<String, Value>) -> Result<(), Rejection> 
     let mut count = Count(0);
     // Writing JSON to a counter cannot fail.
     let _ = serde_json::to_writer(&mut count, item);
-    if count.0 > MAX_MESSAGE_BYTES {
-        return Err(Rejection::MessageTooLarge { at, bytes: count.0 });
-    }
-    Ok(())
+    count.0
 }
 
 /// Validates one message and gives it its id and `receivedAt`.
@@ -535,12 +591,22 @@ fn finish(at: Location, mut item: Map<String, Value>, received_at: &Value) -> Re
             item.insert("messageId".into(), Value::String(id.clone()));
             id
         }
-        Some(Value::String(id)) if !id.is_empty() && id.len() <= MAX_MESSAGE_ID_BYTES => id.clone(),
+        Some(Value::String(id)) if valid_message_id(id) => id.clone(),
         Some(_) => return Err(Rejection::BadMessageId { at }),
     };
     item.insert("receivedAt".into(), received_at.clone());
     let value = serde_json::to_vec(&item).expect("a JSON map always serializes");
+    // The limit holds on what is produced, whatever was added on the way.
+    if value.len() > MAX_RECORD_BYTES {
+        return Err(Rejection::MergedMessageTooLarge { at, bytes: value.len() });
+    }
     Ok(Message { message_id, event_type, value })
+}
+
+/// A `messageId` becomes part of the record key: 1 to [`MAX_MESSAGE_ID_BYTES`] bytes, and no
+/// control character (CR, LF, NUL...) that would reach logs, keys and downstream tools.
+fn valid_message_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_MESSAGE_ID_BYTES && !id.chars().any(char::is_control)
 }
 
 /// True if `item[name]` is a non-empty string or a number (Segment accepts numeric ids).
@@ -767,6 +833,58 @@ mod tests {
         let err = messages("batch", &format!(r#"{{"batch":[{items}]}}"#)).unwrap_err();
         assert_eq!(err, Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
         assert!(decode_body(&vec![b' '; MAX_REQUEST_BYTES + 1], None).is_err());
+    }
+
+    #[test]
+    fn a_shared_context_cannot_amplify_a_batch() {
+        // 250 KB of context over 1,000 small messages would be 250 MB once merged: refused from
+        // the sizes alone, before a single copy is made.
+        let context = format!(r#"{{"blob":"{}"}}"#, "c".repeat(250 << 10));
+        let event = r#"{"type":"track","event":"e","userId":"u"}"#;
+        let body = format!(r#"{{"context":{context},"batch":[{}]}}"#, vec![event; 1000].join(","));
+        assert!(body.len() < MAX_REQUEST_BYTES);
+        let err = messages("batch", &body).unwrap_err();
+        assert!(matches!(err, Rejection::MergedBatchTooLarge { bytes } if bytes > 200 << 20), "{err:?}");
+        assert_eq!(err.reason(), "merged_batch_too_large");
+        // The same context over one message still makes a message over 32 KB: refused too.
+        let one = format!(r#"{{"context":{context},"batch":[{event}]}}"#);
+        let err = messages("batch", &one).unwrap_err();
+        assert!(matches!(err, Rejection::MergedMessageTooLarge { at: Location(Some(0)), .. }), "{err:?}");
+    }
+
+    #[test]
+    fn limits_hold_on_the_merged_messages_that_are_produced() {
+        // Each message is 20 KB and the shared context 20 KB: each passes alone, none merged.
+        let context = format!(r#"{{"page":{{"title":"{}"}}}}"#, "t".repeat(20 << 10));
+        let event = format!(r#"{{"type":"track","event":"e","userId":"u","properties":{{"p":"{}"}}}}"#, "p".repeat(20 << 10));
+        let err = messages("batch", &format!(r#"{{"context":{context},"batch":[{event}]}}"#)).unwrap_err();
+        assert!(matches!(err, Rejection::MergedMessageTooLarge { at: Location(Some(0)), bytes } if bytes > MAX_MESSAGE_BYTES), "{err:?}");
+        // A small context over a full batch is fine, and every record stays within the limit.
+        let small = r#"{"library":{"name":"analytics-python","version":"2.3.3"}}"#;
+        let event = r#"{"type":"track","event":"e","userId":"u"}"#;
+        let ok = messages("batch", &format!(r#"{{"context":{small},"batch":[{}]}}"#, vec![event; 2000].join(","))).unwrap();
+        assert_eq!(ok.len(), 2000);
+        assert!(ok.iter().all(|m| m.value.len() <= MAX_RECORD_BYTES && json(m)["context"]["library"]["name"] == "analytics-python"));
+    }
+
+    #[test]
+    fn a_batch_has_at_most_the_event_limit() {
+        let event = r#"{"type":"track","event":"e","userId":"u"}"#;
+        messages("batch", &format!(r#"{{"batch":[{}]}}"#, vec![event; MAX_BATCH_EVENTS].join(","))).unwrap();
+        let err = messages("batch", &format!(r#"{{"batch":[{}]}}"#, vec![event; MAX_BATCH_EVENTS + 1].join(","))).unwrap_err();
+        assert_eq!(err, Rejection::TooManyEvents { count: MAX_BATCH_EVENTS + 1 });
+        assert_eq!(err.reason(), "too_many_events");
+    }
+
+    #[test]
+    fn message_ids_with_control_characters_are_refused() {
+        for id in [r"a\r\nb", r"a\u0000b", r"tab\there", r"\u007f", r"\u0085"] {
+            let body = format!(r#"{{"type":"track","event":"e","userId":"u","messageId":"{id}"}}"#);
+            assert_eq!(messages("track", &body).unwrap_err(), Rejection::BadMessageId { at: Location(None) }, "{id}");
+        }
+        // Unicode that is not a control character is fine.
+        let ok = messages("track", r#"{"type":"track","event":"e","userId":"u","messageId":"é-✓-1"}"#).unwrap();
+        assert_eq!(ok[0].message_id, "é-✓-1");
     }
 
     fn gzip(data: &[u8]) -> Vec<u8> {

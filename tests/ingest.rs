@@ -385,3 +385,191 @@ fn without_kafka_requests_are_answered_503_and_never_200() {
     assert_eq!(http::get(ingest.addr, "/healthz").unwrap().status, 200);
     assert_eq!(http::get(ingest.addr, "/readyz").unwrap().status, 503);
 }
+
+/// The process's resident memory and its peak so far, in KiB, from `/proc/<pid>/status`.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn a_small_gzip_request_cannot_amplify_memory_through_the_shared_context() {
+    let topic = TestTopic::create("ingest-amplify", 1);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    ingest.wait_ready(200);
+    // Warm up the allocator and the blocking pool with ordinary requests of the same route.
+    for _ in 0..3 {
+        let ok = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [{"type": "track", "event": "e", "userId": "u"}]}));
+        assert_eq!(ok.status, 200, "{:?}", ok.json());
+    }
+    let pid = ingest.child.id();
+    let (idle_rss, idle_peak) = memory_kib(pid);
+
+    // 250 KB of context shared by 5,000 tiny events: under 500 KB as sent, about 1.2 GB once
+    // merged into every event, and about a kilobyte gzipped.
+    let context = json!({ "blob": "c".repeat(250 << 10) });
+    let events: Vec<Value> = (0..5000).map(|_| json!({"type": "track", "event": "e", "userId": "u"})).collect();
+    let body = json!({ "context": context, "batch": events }).to_string();
+    assert!(body.len() < 500 << 10);
+    let bomb = gzip(body.as_bytes());
+    assert!(bomb.len() < 4096, "{} bytes gzipped", bomb.len());
+
+    // Four at once, while the process's memory is sampled.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut max_rss = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                max_rss = max_rss.max(memory_kib(pid).0);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            max_rss
+        })
+    };
+    let auth = basic(KEY_WEB);
+    let answers: Vec<Response> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| ingest.post("/v1/batch", &[("Authorization", &auth), ("Content-Encoding", "gzip")], &bomb)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let max_rss = sampler.join().unwrap();
+    let (_, peak) = memory_kib(pid);
+
+    for r in &answers {
+        assert_eq!(r.status, 400, "{:?}", r.json());
+        assert_eq!(r.json()["code"], "merged_batch_too_large", "{:?}", r.json());
+        assert!(r.json()["message"].as_str().unwrap().contains("limit"), "{:?}", r.json());
+    }
+    let grew_mib = (max_rss.max(peak).saturating_sub(idle_rss.max(idle_peak))) as f64 / 1024.0;
+    eprintln!("amplification: idle RSS {idle_rss} KiB (peak {idle_peak}), during {max_rss} KiB, peak after {peak} KiB");
+    assert!(grew_mib < 16.0, "memory grew by {grew_mib:.1} MiB under four amplification requests");
+    // Nothing of a refused request reached Kafka: only the three warm-up events are there.
+    assert_eq!(consume_all(&topic.name, true).len(), 3);
+}
+
+/// Opens a connection and sends `bytes`, without waiting for an answer.
+fn open_with(addr: SocketAddr, bytes: &[u8]) -> std::net::TcpStream {
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    stream.write_all(bytes).unwrap();
+    stream
+}
+
+/// Feeds `stream` one byte of `rest` every `every` until the server closes it or `give_up` passes;
+/// returns how long the server took to close it, or None if it never did.
+fn trickle_until_closed(stream: &mut std::net::TcpStream, rest: &[u8], every: Duration, give_up: Duration) -> Option<Duration> {
+    use std::io::Read;
+    let started = Instant::now();
+    stream.set_read_timeout(Some(every)).unwrap();
+    let mut sink = [0u8; 4096];
+    let mut at = 0;
+    while started.elapsed() < give_up {
+        if stream.write_all(&rest[at % rest.len()..at % rest.len() + 1]).is_err() {
+            return Some(started.elapsed());
+        }
+        at += 1;
+        match stream.read(&mut sink) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => {} // An answer (a 408): the close follows.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+    None
+}
+
+const SLOW_LIMITS: &[(&str, &str)] = &[
+    ("DEDUPE_INGEST_REQUEST_TIMEOUT_MS", "1000"),
+    ("DEDUPE_INGEST_ACK_TIMEOUT_MS", "2000"),
+    ("DEDUPE_INGEST_MAX_CONNECTIONS", "4"),
+];
+
+#[test]
+fn a_body_that_does_not_arrive_in_time_is_answered_408_and_closed() {
+    let topic = TestTopic::create("ingest-slow-body", 1);
+    let ingest = Ingest::start(&brokers(), &topic.name, SLOW_LIMITS);
+    ingest.wait_ready(200);
+    let head = format!(
+        "POST /v1/batch HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"batch\":",
+        basic(KEY_WEB)
+    );
+    let mut stream = open_with(ingest.addr, head.as_bytes());
+    let started = Instant::now();
+    use std::io::Read;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "a stalled body got: {text:?} after {:?}", started.elapsed());
+    assert!(text.contains("request_timeout"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5), "answered after {:?}", started.elapsed());
+}
+
+#[test]
+fn the_second_request_of_a_keep_alive_connection_is_timed_too() {
+    use std::io::Read;
+    let topic = TestTopic::create("ingest-slow-head", 1);
+    let ingest = Ingest::start(&brokers(), &topic.name, SLOW_LIMITS);
+    ingest.wait_ready(200);
+    // A whole first request, answered, on a connection that stays open.
+    let body = r#"{"batch":[{"type":"track","event":"e","userId":"u"}]}"#;
+    let first = format!(
+        "POST /v1/batch HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        basic(KEY_WEB),
+        body.len()
+    );
+    let mut stream = open_with(ingest.addr, first.as_bytes());
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    // The second request's head, a byte every 300 ms: never complete.
+    let closed = trickle_until_closed(&mut stream, b"POST /v1/batch HTTP/1.1\r\nX-Slow: ", Duration::from_millis(300), Duration::from_secs(15));
+    let closed = closed.expect("the server held a trickling keep-alive connection open for 15 s");
+    // The limit: request timeout + ack timeout + 1 s = 4 s.
+    assert!(closed < Duration::from_secs(7), "closed after {closed:?}");
+}
+
+#[test]
+fn slow_clients_cannot_hold_every_connection() {
+    let topic = TestTopic::create("ingest-slowloris", 1);
+    let ingest = Ingest::start(&brokers(), &topic.name, SLOW_LIMITS);
+    ingest.wait_ready(200);
+    // Twelve trickling clients against a limit of four connections.
+    let started = Instant::now();
+    let slow: Vec<_> = (0..12)
+        .map(|_| {
+            let addr = ingest.addr;
+            std::thread::spawn(move || {
+                let mut s = open_with(addr, b"POST /v1/batch HTTP/1.1\r\n");
+                trickle_until_closed(&mut s, b"X-Slow: abcdefgh\r\n", Duration::from_millis(300), Duration::from_secs(40))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    // A real client still gets through, once the slow ones are cut off.
+    let ok = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [{"type": "track", "event": "e", "userId": "u"}]}));
+    let served_after = started.elapsed();
+    assert_eq!(ok.status, 200, "{:?}", ok.json());
+    assert!(served_after < Duration::from_secs(20), "a real request waited {served_after:?}");
+    for (i, s) in slow.into_iter().enumerate() {
+        let closed = s.join().unwrap();
+        assert!(closed.is_some_and(|d| d < Duration::from_secs(30)), "slow client {i} was held open: {closed:?}");
+    }
+}

@@ -143,3 +143,71 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
+
+#[test]
+fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
+    let input = TestTopic::create("admin-in", 1);
+    let output = TestTopic::create("admin-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let hook_log = dir.path().join("hook.log");
+    // The hook is slow, so concurrent requests overlap it; it records whether its directory
+    // still exists when it finishes (a concurrent prune would have removed it).
+    let hook = format!(
+        "sleep 0.3; if [ -f \"$DEDUPE_SNAPSHOT_DIR/CURRENT\" ]; then echo ok; else echo gone; fi >> {}",
+        hook_log.display()
+    );
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
+        .env("DEDUPE_SNAPSHOTS_KEEP", "2")
+        .env("DEDUPE_SNAPSHOTS_HOOK", &hook)
+        .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests");
+    produce_full(&input.name, &keyed(&ids(100).iter().collect::<Vec<_>>()));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", worker.metrics_port).parse().unwrap();
+
+    // Without the token, or with a wrong one: refused, nothing taken.
+    let none = common::http::request(addr, "POST", "/admin/snapshot", &[], b"").unwrap();
+    assert_eq!(none.status, 401, "{:?}", none.json());
+    let wrong = common::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer nope")], b"").unwrap();
+    assert_eq!(wrong.status, 401);
+    assert!(!snapshots.exists() || std::fs::read_dir(&snapshots).unwrap().count() == 0);
+
+    // Twenty at once with the token: each is taken or refused as busy; none fails.
+    let answers: Vec<common::http::Response> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..20)
+            .map(|_| {
+                s.spawn(move || {
+                    common::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer t0ken-for-tests")], b"")
+                        .unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let taken: Vec<String> = answers.iter().filter(|r| r.status == 200).map(|r| r.json()["snapshot"].as_str().unwrap().to_string()).collect();
+    let busy = answers.iter().filter(|r| r.status == 409).count();
+    assert!(!taken.is_empty(), "no snapshot was taken: {answers:?}");
+    assert_eq!(taken.len() + busy, 20, "every request is taken (200) or refused as busy (409): {answers:?}");
+    let unique: std::collections::HashSet<_> = taken.iter().collect();
+    assert_eq!(unique.len(), taken.len(), "two snapshots got one name: {taken:?}");
+    let hooks = std::fs::read_to_string(&hook_log).unwrap();
+    assert_eq!(hooks.lines().count(), taken.len(), "{hooks}");
+    assert!(hooks.lines().all(|l| l == "ok"), "a hook saw its directory pruned away: {hooks}");
+    let page = worker.metrics().unwrap();
+    assert_eq!(metric_value(&page, "dedupe_snapshot_failures_total", "").unwrap_or(0.0), 0.0, "refusals are not failures: {page}");
+    // Only published snapshots are listed; keep = 2 holds.
+    let left: Vec<_> = std::fs::read_dir(&snapshots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(left.len() <= 2 && left.iter().all(|n| n.starts_with("ledger-")), "{left:?}");
+
+    // `dedupe ledger snapshot` passes the token from its environment.
+    let snap = Command::new(dedupe_bin())
+        .args(["ledger", "snapshot", "--metrics-addr", &addr.to_string()])
+        .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests")
+        .output()
+        .unwrap();
+    assert!(snap.status.success(), "{}", String::from_utf8_lossy(&snap.stderr));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert!(!worker.log_text().contains("t0ken-for-tests"), "the admin token was logged");
+}

@@ -5,6 +5,7 @@
 //! partition until that partition's ledger has been repaired against the output.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use dedupe::metrics as m;
 use dedupe::output::OutputWriter;
 use dedupe::progress::Progress;
 use dedupe::recovery::{now_ms, recover_partition, RecoveryInput};
+use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot};
 use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
 use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
@@ -78,6 +80,8 @@ pub struct Coordinator {
     shutting_down: bool,
     last_stats_at: Option<Instant>,
     id_rate: IdRate,
+    /// A snapshot (checkpoint, prune, hook) is under way: one at a time.
+    snapshot_running: bool,
 }
 
 impl Coordinator {
@@ -102,6 +106,7 @@ impl Coordinator {
             shutting_down: false,
             last_stats_at: None,
             id_rate: IdRate::default(),
+            snapshot_running: false,
         }
     }
 
@@ -204,67 +209,79 @@ impl Actor for Coordinator {
     }
 }
 
-/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. Failures are
-/// counted and logged and never stop the pipeline.
+/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
+/// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
+/// one is skipped), so no prune ever runs under a running hook. Failures are counted and logged
+/// and never stop the pipeline.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct TakeSnapshot {
-    /// Where to send the snapshot's directory, or why it failed.
-    pub reply: Option<tokio::sync::oneshot::Sender<Result<std::path::PathBuf, String>>>,
+    /// Where to send the snapshot's directory, or why there is none.
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>,
 }
 
 impl Handler<TakeSnapshot> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) {
+        fn answer(reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>, result: Result<PathBuf, SnapshotError>) {
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+        }
         let snapshots = self.config.snapshots.clone();
         let Some(root) = snapshots.dir.clone() else {
-            if let Some(reply) = msg.reply {
-                let _ = reply.send(Err("snapshots.dir is not configured".into()));
-            }
-            return;
+            return answer(msg.reply, Err(SnapshotError::NotConfigured));
         };
+        if self.snapshot_running {
+            tracing::info!("A snapshot is already under way; this request is refused.");
+            return answer(msg.reply, Err(SnapshotError::Busy));
+        }
+        self.snapshot_running = true;
         let ledger = self.ledger.clone();
         let fut = async move {
-            use dedupe::snapshot::{next_snapshot_dir, prune, run_hook, SnapshotError};
-            std::fs::create_dir_all(&root).map_err(|source| SnapshotError::CreateDir { dir: root.clone(), source })?;
-            let dir = next_snapshot_dir(&root);
-            let progress = ledger
-                .send(crate::ledger::Checkpoint { dir: dir.clone() })
-                .await
-                .map_err(|e| SnapshotError::Checkpoint { dir: dir.clone(), message: e.to_string() })?
-                .map_err(|e| SnapshotError::Checkpoint { dir: dir.clone(), message: e.to_string() })?;
+            let slot = SnapshotSlot::reserve(&root)?;
+            let checkpoint = ledger.send(crate::ledger::Checkpoint { dir: slot.partial.clone() }).await;
+            let progress = match checkpoint {
+                Ok(Ok(progress)) => progress,
+                Ok(Err(source)) => {
+                    slot.discard();
+                    return Err(SnapshotError::Checkpoint { dir: slot.dir, source });
+                }
+                Err(_mailbox) => {
+                    slot.discard();
+                    return Err(SnapshotError::Stopping);
+                }
+            };
+            slot.publish()?;
             let partitions: Vec<u32> = progress.keys().copied().collect();
-            let keep = snapshots.keep;
-            let hook = snapshots.hook.clone();
-            let hook_dir = dir.clone();
+            let dir = slot.dir.clone();
             actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
-                prune(&root, keep)?;
-                if let Some(hook) = hook {
-                    run_hook(&hook, &hook_dir, &partitions, Duration::from_secs(600))?;
+                prune(&root, snapshots.keep)?;
+                if let Some(hook) = &snapshots.hook {
+                    let timeout = Duration::from_secs(snapshots.hook_timeout_secs);
+                    run_hook(hook, &dir, &partitions, &snapshots.hook_env, timeout)?;
                 }
                 Ok(())
             })
             .await
-            .map_err(|e| SnapshotError::Hook { hook: "(the hook's thread)".into(), message: e.to_string() })??;
-            Ok::<_, SnapshotError>(dir)
+            .map_err(|_join| SnapshotError::Stopping)??;
+            Ok::<_, SnapshotError>(slot.dir)
         };
-        ctx.spawn(fut.into_actor(self).map(|result, _, _| {
-            let reply_value = match result {
+        ctx.spawn(fut.into_actor(self).map(|result, act, _| {
+            act.snapshot_running = false;
+            match &result {
                 Ok(dir) => {
                     metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(now_ms() as f64 / 1000.0);
                     tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
-                    Ok(dir)
                 }
+                Err(SnapshotError::Stopping) => tracing::info!("A ledger snapshot was abandoned: the worker is stopping."),
                 Err(e) => {
                     metrics::counter!(m::SNAPSHOT_FAILURES, "stage" => e.stage()).increment(1);
                     tracing::error!("A ledger snapshot failed; the pipeline goes on: {e}");
-                    Err(e.to_string())
                 }
-            };
-            if let Some(reply) = msg.reply {
-                let _ = reply.send(reply_value);
             }
+            answer(msg.reply, result);
         }));
     }
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use actix_web::http::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH};
 use actix_web::http::StatusCode;
-use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpRequest, HttpResponse};
 use dedupe::config::Config;
 use dedupe::metrics::{INGEST_EVENTS, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS};
 use dedupe::tracking::{
@@ -38,6 +38,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde_json::json;
 use tracing::{debug, info, warn};
+
+use crate::http_server::{serve_http, Limits, LimitsError};
 
 /// librdkafka's partitioner that matches the Java client's for keyed records.
 pub const PARTITIONER: &str = "murmur2_random";
@@ -59,6 +61,8 @@ pub enum IngestError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("ingest.{0} (raise `ulimit -n` or lower ingest.max_connections)")]
+    Limits(#[from] LimitsError),
 }
 
 /// Why a request's messages are not all in Kafka. Every variant is answered 503: each is worth
@@ -92,8 +96,10 @@ enum Outcome {
     Accepted(Vec<EventType>),
     /// Bad input: nothing was produced.
     Rejected(Rejection),
-    /// The body could not be read (the client went away or was too slow).
+    /// The body could not be read (the client went away).
     Unreadable(String),
+    /// The body did not arrive within `ingest.request_timeout_ms`.
+    TooSlow(Duration),
     /// No usable write key: nothing was produced.
     Unauthorized(AuthError),
     /// Not every message is known to be in Kafka.
@@ -105,6 +111,7 @@ impl Outcome {
         match self {
             Self::Accepted(_) => StatusCode::OK,
             Self::Rejected(_) | Self::Unreadable(_) => StatusCode::BAD_REQUEST,
+            Self::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -115,6 +122,7 @@ impl Outcome {
             Self::Accepted(_) => "accepted",
             Self::Rejected(r) => r.reason(),
             Self::Unreadable(_) => "unreadable_body",
+            Self::TooSlow(_) => "request_timeout",
             Self::Unauthorized(a) => a.reason(),
             Self::Unavailable(d) => d.reason(),
         }
@@ -125,6 +133,9 @@ impl Outcome {
             Self::Accepted(_) => json!({ "success": true }),
             Self::Rejected(r) => error_body(self.reason(), &r.to_string()),
             Self::Unreadable(e) => error_body(self.reason(), &format!("the request body could not be read: {e}")),
+            Self::TooSlow(limit) => {
+                error_body(self.reason(), &format!("the request body did not arrive within {} ms", limit.as_millis()))
+            }
             Self::Unauthorized(a) => error_body(self.reason(), &a.to_string()),
             // The Kafka error text names brokers and topics, not payloads; the client only needs to retry.
             Self::Unavailable(_) => {
@@ -133,7 +144,12 @@ impl Outcome {
         };
         // No Retry-After on 503: Segment's clients then retry at once and back off by count,
         // rather than pausing their whole pipeline as they do for a rate limit.
-        HttpResponse::build(self.status()).json(body)
+        let mut response = HttpResponse::build(self.status());
+        if matches!(self, Self::TooSlow(_) | Self::Unreadable(_)) {
+            // The rest of a body that did not arrive must not be read as the next request.
+            response.insert_header((actix_web::http::header::CONNECTION, "close"));
+        }
+        response.json(body)
     }
 }
 
@@ -180,8 +196,9 @@ impl RequestFinished<'_> {
 struct Ingest {
     producer: FutureProducer,
     topic: String,
-    keys: WriteKeys,
+    keys: Arc<WriteKeys>,
     ack_timeout: Duration,
+    request_timeout: Duration,
     readiness: Arc<Readiness>,
 }
 
@@ -194,23 +211,31 @@ impl Ingest {
                 return (Outcome::Unauthorized(e), None);
             }
         }
-        let raw = match read_body(req, payload).await {
-            Ok(raw) => raw,
+        let raw = match read_body(req, payload, self.request_timeout).await {
+            Ok(raw) => raw.freeze(),
             Err(outcome) => return (outcome, None),
         };
-        let encoding = req.headers().get(CONTENT_ENCODING).map(|h| h.to_str().unwrap_or("unreadable"));
-        let envelope = match tracking::decode_body(&raw, encoding).and_then(|body| Envelope::parse(endpoint, &body)) {
-            Ok(envelope) => envelope,
-            Err(r) => return (Outcome::Rejected(r), None),
-        };
-        let source = match self.keys.authenticate(authorization, envelope.write_key()) {
-            Ok(source) => source.to_string(),
-            Err(e) => return (Outcome::Unauthorized(e), None),
-        };
+        let raw_len = raw.len();
+        let encoding = req.headers().get(CONTENT_ENCODING).map(|h| h.to_str().unwrap_or("unreadable").to_string());
+        let authorization = authorization.map(str::to_string);
+        let keys = Arc::clone(&self.keys);
         let received_at = SystemTime::now();
-        let messages = match envelope.into_messages(received_at) {
-            Ok(messages) => messages,
-            Err(r) => return (Outcome::Rejected(r), Some(source)),
+        let decode = move || {
+            decode_and_validate(endpoint, &raw, encoding.as_deref(), authorization.as_deref(), &keys, received_at)
+        };
+        // Decoding and validating cost time in proportion to the body (bounded by the request
+        // limits); a large body is handled off the server's event loop so it delays no one else.
+        let decoded = if raw_len <= INLINE_BODY_BYTES {
+            decode()
+        } else {
+            match web::block(decode).await {
+                Ok(decoded) => decoded,
+                Err(e) => return (Outcome::Unreadable(format!("the request could not be decoded: {e}")), None),
+            }
+        };
+        let (source, messages) = match decoded {
+            Ok(decoded) => decoded,
+            Err(refused) => return refused,
         };
         let outcome = match self.deliver(&source, &messages, tracking::unix_millis(received_at)).await {
             Ok(()) => Outcome::Accepted(messages.iter().map(|m| m.event_type).collect()),
@@ -251,8 +276,38 @@ impl Ingest {
     }
 }
 
-/// Reads the raw body, refusing it as soon as it is known to be over the limit.
-async fn read_body(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, Outcome> {
+/// Bodies up to this size are decoded on the event loop; larger ones on the blocking pool.
+const INLINE_BODY_BYTES: usize = 16 * 1024;
+
+/// Decodes, parses, authenticates and validates a request: the source and its messages, or the
+/// refusal (with the source when it is known).
+fn decode_and_validate(
+    endpoint: Endpoint,
+    raw: &[u8],
+    encoding: Option<&str>,
+    authorization: Option<&str>,
+    keys: &WriteKeys,
+    received_at: SystemTime,
+) -> Result<(String, Vec<Message>), (Outcome, Option<String>)> {
+    let envelope = tracking::decode_body(raw, encoding)
+        .and_then(|body| Envelope::parse(endpoint, &body))
+        .map_err(|r| (Outcome::Rejected(r), None))?;
+    let source = match keys.authenticate(authorization, envelope.write_key()) {
+        Ok(source) => source.to_string(),
+        Err(e) => return Err((Outcome::Unauthorized(e), None)),
+    };
+    match envelope.into_messages(received_at) {
+        Ok(messages) => Ok((source, messages)),
+        Err(r) => Err((Outcome::Rejected(r), Some(source))),
+    }
+}
+
+/// Reads the raw body within `timeout`, refusing it as soon as it is known to be over the limit.
+async fn read_body(req: &HttpRequest, payload: web::Payload, timeout: Duration) -> Result<web::BytesMut, Outcome> {
+    tokio::time::timeout(timeout, read_body_unbounded(req, payload)).await.map_err(|_| Outcome::TooSlow(timeout))?
+}
+
+async fn read_body_unbounded(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, Outcome> {
     let too_large = || Outcome::Rejected(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
     let declared = req
         .headers()
@@ -380,20 +435,17 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     let ingest = web::Data::new(Ingest {
         producer: producer.clone(),
         topic: topic.clone(),
-        keys,
+        keys: Arc::new(keys),
         ack_timeout,
+        request_timeout: Duration::from_millis(ingest_config.request_timeout_ms),
         readiness: Arc::clone(&readiness),
     });
     let addr = ingest_config.listen;
-    let server = HttpServer::new(move || App::new().app_data(ingest.clone()).configure(routes))
-        .max_connections(ingest_config.max_connections)
-        .client_request_timeout(Duration::from_millis(ingest_config.request_timeout_ms))
-        // Requests in flight may wait up to the ack timeout for Kafka.
-        .shutdown_timeout(ack_timeout.as_secs() + 1)
-        .bind(addr)
+    let limits = Limits::from_ingest(ingest_config)?;
+    let server = serve_http(addr, limits, move || App::new().app_data(ingest.clone()).configure(routes))
         .map_err(|source| IngestError::Bind { addr, source })?;
-    info!(addr = %addr, topic = %topic, "The tracking API is listening.");
-    let result = server.run().await.map_err(IngestError::Serve);
+    info!(addr = %addr, topic = %topic, max_connections = limits.max_connections, "The tracking API is listening.");
+    let result = server.await.map_err(IngestError::Serve);
     readiness.stop();
     if let Err(e) = producer.flush(FLUSH_TIMEOUT) {
         warn!(error = %e, "The producer did not flush before shutdown.");
@@ -414,6 +466,7 @@ mod tests {
             (Outcome::Rejected(Rejection::EmptyBatch), 400, "empty_batch"),
             (Outcome::Rejected(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES }), 400, "request_too_large"),
             (Outcome::Unreadable("connection reset".into()), 400, "unreadable_body"),
+            (Outcome::TooSlow(Duration::from_secs(5)), 408, "request_timeout"),
             (Outcome::Unauthorized(AuthError::Missing), 401, "missing_write_key"),
             (Outcome::Unauthorized(AuthError::Unknown), 401, "unknown_write_key"),
             (Outcome::Unavailable(DeliveryError::Timeout(Duration::from_secs(1))), 503, "kafka_timeout"),

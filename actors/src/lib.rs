@@ -9,6 +9,8 @@ pub mod bench_pipeline;
 pub mod cli;
 pub mod consumer;
 pub mod coordinator;
+pub mod guarded_stream;
+pub mod http_server;
 pub mod ingest;
 pub mod ledger;
 pub mod producer;

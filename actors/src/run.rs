@@ -96,7 +96,7 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
         let health = Arc::new(Health::default());
         let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
         let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health.clone(), options).start();
-        let server = match crate::telemetry::serve(config.metrics.addr, handle, health, coordinator.clone()) {
+        let server = match crate::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("error: {e:#}");

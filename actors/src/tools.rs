@@ -170,7 +170,7 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
     if !path.join("CURRENT").exists() {
         anyhow::bail!("no ledger at {}", path.display());
     }
-    let ledger = dedupe::ledger::Ledger::open(path, crate::run::maintenance_ledger_options(config))
+    let ledger = dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
         .with_context(|| format!("opening the ledger at {} (is a worker running on it?)", path.display()))?;
     let s = ledger.stats()?;
     let now = dedupe::recovery::now_ms();
@@ -212,7 +212,11 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
         Ok(mut stream) => {
             use std::io::{Read, Write};
             stream.set_read_timeout(Some(Duration::from_secs(900)))?;
-            write!(stream, "POST /admin/snapshot HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
+            let authorization = match &config.metrics.admin_token {
+                Some(token) => format!("Authorization: Bearer {}\r\n", token.expose()),
+                None => String::new(),
+            };
+            write!(stream, "POST /admin/snapshot HTTP/1.0\r\nHost: {addr}\r\n{authorization}Content-Length: 0\r\n\r\n")?;
             let mut text = String::new();
             stream.read_to_string(&mut text)?;
             let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -229,17 +233,24 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
                 .dir
                 .clone()
                 .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
-            let ledger = dedupe::ledger::Ledger::open(&config.worker.data_dir, crate::run::maintenance_ledger_options(config))
+            let ledger = dedupe::ledger::Ledger::open_existing(&config.worker.data_dir, crate::run::maintenance_ledger_options(config))
                 .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
-            std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-            let dir = dedupe::snapshot::next_snapshot_dir(&root);
-            let progress = ledger.checkpoint(&dir)?;
+            let slot = dedupe::snapshot::SnapshotSlot::reserve(&root)?;
+            let progress = match ledger.checkpoint(&slot.partial) {
+                Ok(progress) => progress,
+                Err(e) => {
+                    slot.discard();
+                    return Err(e).with_context(|| format!("checkpointing the ledger into {}", slot.dir.display()));
+                }
+            };
+            slot.publish()?;
             dedupe::snapshot::prune(&root, config.snapshots.keep)?;
             if let Some(hook) = &config.snapshots.hook {
                 let parts: Vec<u32> = progress.keys().copied().collect();
-                dedupe::snapshot::run_hook(hook, &dir, &parts, Duration::from_secs(600))?;
+                let timeout = Duration::from_secs(config.snapshots.hook_timeout_secs);
+                dedupe::snapshot::run_hook(hook, &slot.dir, &parts, &config.snapshots.hook_env, timeout)?;
             }
-            Ok(serde_json::json!({ "snapshot": dir }))
+            Ok(serde_json::json!({ "snapshot": slot.dir }))
         }
     }
 }
@@ -250,7 +261,7 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
 pub fn ledger_restore(config: &Config, from: &std::path::Path, force: bool) -> anyhow::Result<serde_json::Value> {
     let target = &config.worker.data_dir;
     // The checkpoint must open as a ledger before anything is touched.
-    let checkpoint = dedupe::ledger::Ledger::open(from, crate::run::maintenance_ledger_options(config))
+    let checkpoint = dedupe::ledger::Ledger::open_existing(from, crate::run::maintenance_ledger_options(config))
         .with_context(|| format!("{} is not a ledger checkpoint that opens", from.display()))?;
     let progress = checkpoint.all_progress()?;
     drop(checkpoint);

@@ -28,3 +28,67 @@ fn ingest_refuses_to_start_without_write_keys() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no write keys"), "{err}");
 }
+
+#[test]
+fn config_check_never_prints_secret_kafka_properties() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dedupe.toml");
+    std::fs::write(
+        &path,
+        "[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.password\" = \"k3y-pass\"\n\"ssl.ca.location\" = \"/etc/ca.pem\"\n",
+    )
+    .unwrap();
+    let out = dedupe()
+        .args(["config", "check", "--config"])
+        .arg(&path)
+        .env("DEDUPE_ADMIN_TOKEN", "adm1n-t0ken")
+        .env("DEDUPE_KAFKA_SASL_PASSWORD", "env-passw0rd")
+        .output()
+        .unwrap();
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{all}");
+    for secret in ["hunter2", "k3y-pass", "adm1n-t0ken", "env-passw0rd"] {
+        assert!(!all.contains(secret), "`config check` printed {secret}:\n{all}");
+    }
+    assert!(all.contains("/etc/ca.pem") && all.contains("<redacted>"), "{all}");
+}
+
+#[test]
+fn a_toml_syntax_error_names_the_line_without_echoing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dedupe.toml");
+    std::fs::write(&path, "[kafka]\nbrokers = \"b:9092\"\n[kafka.properties]\n\"sasl.password\" = \"hunter2\n").unwrap();
+    let out = dedupe().args(["config", "check", "--config"]).arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!err.contains("hunter2"), "the syntax error echoed the secret:\n{err}");
+    assert!(err.contains("line 4"), "{err}");
+}
+
+#[test]
+fn restore_from_a_mistyped_directory_creates_nothing_and_replaces_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("ledger");
+    // A real ledger to protect, holding one marker file of ours beside RocksDB's.
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let typo = dir.path().join("snapshots/ledger-00000000000001");
+    for force in [false, true] {
+        let mut cmd = dedupe();
+        cmd.args(["ledger", "restore", "--from"]).arg(&typo).arg("--data-dir").arg(&data_dir);
+        if force {
+            cmd.arg("--force");
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "restore from a missing directory succeeded (force {force})");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(!typo.exists(), "restore created {}", typo.display());
+    }
+    // An empty directory is no checkpoint either.
+    std::fs::create_dir_all(&typo).unwrap();
+    let out = dedupe().args(["ledger", "restore", "--force", "--from"]).arg(&typo).arg("--data-dir").arg(&data_dir).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is empty"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(&typo).unwrap().count(), 0, "restore wrote into the empty directory");
+    assert!(data_dir.exists(), "the ledger directory was moved aside for nothing");
+}

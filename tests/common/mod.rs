@@ -273,6 +273,12 @@ impl WorkerSpec {
         self
     }
 
+    /// Drops a setting, so the worker runs with the default (e.g. the default ledger budget).
+    pub fn without(mut self, k: &str) -> Self {
+        self.env.retain(|(key, _)| key != k);
+        self
+    }
+
     /// Starts `dedupe run`; its stderr goes to a log file in the data directory's parent.
     pub fn start(&self) -> Worker {
         let metrics_port = free_port();
