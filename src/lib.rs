@@ -1,6 +1,8 @@
 //! The domain core of dedupe: message identity, the ledger, the commit and recovery protocol,
 //! configuration, Kafka client factories and metric names. It knows nothing of actix.
 
+pub mod batch;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod config;
 pub mod identity;

@@ -7,6 +7,13 @@ use metrics::Unit;
 
 /// Label: the input partition a series is about.
 pub const LABEL_PARTITION: &str = "partition";
+/// Label of [`ERRORS`], and its values.
+pub const LABEL_KIND: &str = "kind";
+pub const KIND_KAFKA: &str = "kafka";
+pub const KIND_PIPELINE: &str = "pipeline";
+pub const KIND_FENCED: &str = "fenced";
+pub const KIND_FATAL: &str = "fatal";
+pub const KIND_ADMIN_UNAUTHORIZED: &str = "admin_unauthorized";
 
 // The worker.
 pub const RECORDS_IN: &str = "dedupe_records_in_total";
@@ -91,7 +98,7 @@ pub const ALL: &[Metric] = &[
     m(TRANSACTIONS, Counter, None, &["outcome"], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
-    m(ERRORS, Counter, None, &["kind"], "Errors by kind (kafka, pipeline, fenced, fatal)."),
+    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, admin_unauthorized)."),
     m(LEDGER_BYTES, Gauge, Some(Unit::Bytes), &[], "Bytes of SST files the ledger holds on disk."),
     m(LEDGER_IDS, Gauge, None, &[], "Ids the ledger holds (an estimate)."),
     m(LEDGER_GENERATIONS, Gauge, None, &[], "Generations (column families) the ledger holds."),

@@ -49,8 +49,9 @@ fn crash_at(failpoints: &str, durability: &str) {
 
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(90));
-    let out = wait_for_records(&output.name, distinct, Duration::from_secs(90));
+    wait_for_records(&output.name, distinct, Duration::from_secs(90));
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let out = consume_all(&output.name, true);
     let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), out.len(), "duplicates in the output after a crash at {failpoints}");
     let (code, summary) = verify(&input.name, &output.name);
@@ -116,19 +117,21 @@ fn chaos_sigkill_at_random_moments() {
     let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "2000");
 
-    // The load: real clients' retries, 5% of ids re-sent, produced while the worker is killed.
-    let loadgen = Command::new(dedupe_bin())
+    // The load: real clients' retries, 5% of ids re-sent (many of them seconds after their first
+    // copy), produced while the worker is killed: paced to last about as long as the kills.
+    let pace = (messages as f64 / (kills as f64 * 1.4)).max(1000.0);
+    let mut loadgen = Command::new(dedupe_bin())
         .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name])
-        .args(["--count", &messages.to_string(), "--dup-ratio", "0.05", "--value-bytes", "200"])
+        .args(["--count", &messages.to_string(), "--dup-ratio", "0.05", "--dup-delay-ms", "3000", "--value-bytes", "200"])
+        .args(["--rate", &format!("{pace:.0}")])
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
-        .output();
-    let loadgen = loadgen.expect("dedupe loadgen");
-    assert!(loadgen.status.success(), "loadgen failed");
-    let summary: serde_json::Value = serde_json::from_slice(&loadgen.stdout).expect("loadgen JSON");
-    let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
+        .spawn()
+        .expect("dedupe loadgen");
 
     let mut rng = rand::rng();
     let started = Instant::now();
+    let mut kills_while_producing = 0;
     for kill in 0..kills {
         let mut w = spec.start();
         // Some kills land during recovery, most while batches are in flight.
@@ -136,17 +139,24 @@ fn chaos_sigkill_at_random_moments() {
         if let Ok(Some(status)) = w.child.try_wait() {
             panic!("kill {kill}: the worker exited by itself with {status}:\n{}", w.log_text());
         }
+        kills_while_producing += usize::from(matches!(loadgen.try_wait(), Ok(None)));
         w.kill();
     }
+    let produced = loadgen.wait_with_output().expect("loadgen's summary");
+    assert!(produced.status.success(), "loadgen failed");
+    assert!(kills_while_producing >= kills / 2, "only {kills_while_producing} of {kills} kills landed while input was produced");
+    let summary: serde_json::Value = serde_json::from_slice(&produced.stdout).expect("loadgen JSON");
+    let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(120));
-    let out = wait_for_records(&output.name, distinct, Duration::from_secs(300));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    wait_for_records(&output.name, distinct, Duration::from_secs(300));
+    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    let out = consume_all(&output.name, true);
     let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), out.len(), "duplicates after {kills} kills");
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "after {kills} SIGKILLs: {summary}");
-    eprintln!("chaos: {kills} kills, {messages} messages, {distinct} distinct ids, {:?}", started.elapsed());
+    eprintln!("chaos: {kills} kills ({kills_while_producing} while producing), {messages} messages, {distinct} distinct ids, {:?}", started.elapsed());
 }
 
 /// An orchestrator kills a worker during its first start on an empty volume, with the default
@@ -176,8 +186,9 @@ fn a_kill_at_any_moment_of_the_first_start_never_bricks_the_worker() {
 
         let mut again = spec.start();
         again.wait_ready(Duration::from_secs(120));
-        let out = wait_for_records(&output.name, distinct, Duration::from_secs(60));
+        wait_for_records(&output.name, distinct, Duration::from_secs(60));
         assert_eq!(again.terminate(Duration::from_secs(60)), Some(0), "killed at {delay_ms} ms:\n{}", again.log_text());
+        let out = consume_all(&output.name, true);
         let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
         assert_eq!(keys.len(), out.len(), "killed at {delay_ms} ms: duplicates in the output");
         let (code, summary) = verify(&input.name, &output.name);

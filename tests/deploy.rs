@@ -20,32 +20,10 @@ fn read(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
 
-/// Metric name -> kind ("Counter", "Gauge", "Histogram"), parsed from the text of `src/metrics.rs`:
-/// the `pub const NAME: &str = "dedupe_…";` lines, and the kinds given in `ALL`.
+/// Metric name -> kind ("Counter", "Gauge", "Histogram"), from `dedupe::metrics::ALL`, the list
+/// the service itself registers.
 fn declared_metrics() -> BTreeMap<String, String> {
-    let text = read("src/metrics.rs");
-    let mut by_const = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.trim().strip_prefix("pub const ") else { continue };
-        let Some((ident, value)) = rest.split_once(": &str = \"") else { continue };
-        let Some(name) = value.strip_suffix("\";") else { continue };
-        if name.starts_with("dedupe_") {
-            by_const.insert(ident.to_string(), name.to_string());
-        }
-    }
-    let mut kinds = BTreeMap::new();
-    for line in text.lines() {
-        // `m(RECORDS_IN, Counter, None, P, "…"),`
-        let Some(rest) = line.trim().strip_prefix("m(") else { continue };
-        let mut fields = rest.split(',').map(str::trim);
-        let (Some(ident), Some(kind)) = (fields.next(), fields.next()) else { continue };
-        let name =
-            by_const.get(ident).unwrap_or_else(|| panic!("src/metrics.rs: ALL names {ident}, not a metric constant"));
-        kinds.insert(name.clone(), kind.to_string());
-    }
-    assert!(kinds.len() >= 20, "parsed only {} metrics from src/metrics.rs: has its shape changed?", kinds.len());
-    assert_eq!(kinds.len(), by_const.len(), "every metric constant in src/metrics.rs is listed in ALL, and only those");
-    kinds
+    dedupe::metrics::ALL.iter().map(|m| (m.name.to_string(), format!("{:?}", m.kind))).collect()
 }
 
 /// Every `dedupe_[a-z0-9_]+` token in `text`.

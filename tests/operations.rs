@@ -58,8 +58,6 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
         }
         std::thread::sleep(Duration::from_millis(500));
     };
-    let _ = prom.kill();
-    let _ = prom.wait();
     let mut partitions: Vec<String> = result.iter().map(|s| s["metric"]["partition"].as_str().unwrap().to_string()).collect();
     partitions.sort();
     assert_eq!(partitions, ["0", "1", "2"]);
@@ -67,8 +65,23 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
         let v: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
         assert!((0.0..3600.0).contains(&v), "a fresh ledger's window is seconds old, got {v}");
     }
-    // The page's expression evaluates too (and is false: the window is young, well under 24 h,
-    // which is exactly when it would fire in production).
+    // The page's own expression, read from the rules file, selects this worker: its window is
+    // seconds old, under 24 h (in production it fires once that has lasted 10 minutes).
+    let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yml")).unwrap();
+    let page_expr = rules
+        .split("alert: DedupeWindowUnder24h")
+        .nth(1)
+        .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("expr:")))
+        .expect("the DedupeWindowUnder24h rule and its expr")
+        .trim()
+        .to_string();
+    let encoded: String = page_expr.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let (status, body) = http_get(prom_port, &format!("/api/v1/query?query={encoded}")).expect("the page's expression");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json["data"]["result"].as_array().map(Vec::len), Some(1), "{page_expr} should select the young worker: {body}");
+    let _ = prom.kill();
+    let _ = prom.wait();
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }
 
@@ -133,10 +146,19 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     produce_full(&input.name, &keyed(&b.iter().collect::<Vec<_>>()));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
-    std::thread::sleep(Duration::from_secs(2));
-    let out = wait_for_records(&output.name, 700, Duration::from_secs(60));
-    let page = worker.metrics().unwrap();
+    // Every retry is read and dropped...
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let page = loop {
+        let page = worker.metrics().unwrap_or_default();
+        if metric_value(&page, "dedupe_duplicates_dropped_total", "").unwrap_or(0.0) >= 300.0 {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "the retries were not all dropped within 60 s:\n{page}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    // ...and, the worker stopped, the output is final: nothing was published again.
+    let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 700, "no retried id was published again");
     assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", "").unwrap() >= 300.0, "{page}");
     assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", ""), Some(300.0));

@@ -41,9 +41,10 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     produce_full(&input.name, &keyed(&phase3));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
-    let out = wait_for_records(&output.name, 600, Duration::from_secs(60));
+    wait_for_records(&output.name, 600, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let out = consume_all(&output.name, true);
 
     // Each id exactly once.
     let out_keys: Vec<Vec<u8>> = out.iter().map(|r| r.key.clone().unwrap()).collect();
@@ -134,9 +135,10 @@ fn run_bad_input(policy: &str) {
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     let expected_out = if policy == "forward" { keyed_unique + unkeyed } else { keyed_unique };
-    let out = wait_for_records(&output.name, expected_out, Duration::from_secs(60));
+    wait_for_records(&output.name, expected_out, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics");
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let out = consume_all(&output.name, true);
 
     assert_eq!(out.len(), expected_out, "policy {policy}");
     let unkeyed_out = out.iter().filter(|r| matches!(&r.key, None) || r.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 1024)).count();
@@ -195,9 +197,10 @@ fn aborted_transactions_are_retried_without_loss() {
         .env("FAILPOINTS", "output-before-produce=2*return->off");
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
-    let out = wait_for_records(&output.name, 200, Duration::from_secs(60));
+    wait_for_records(&output.name, 200, Duration::from_secs(60));
     let page = worker.metrics().unwrap();
-    worker.terminate(Duration::from_secs(30));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
     assert_eq!(metric_value(&page, "dedupe_transactions_total", "outcome=\"aborted\""), Some(2.0), "{page}");
     let (code, summary) = verify(&input.name, &output.name);
@@ -232,15 +235,17 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
         }
         sent.len()
     });
-    std::thread::sleep(Duration::from_secs(1));
+    // The second worker starts once the first is publishing the trickle.
+    wait_for_records(&output.name, 25, Duration::from_secs(60));
     let mut b = spec_b.start();
     b.wait_ready(Duration::from_secs(60));
     let code = a.wait(Duration::from_secs(60));
     assert_eq!(code, Some(3), "the older worker stops itself once fenced:\n{}", a.log_text());
     assert!(a.log_text().contains("fenced"), "{}", a.log_text());
     let distinct = feeder.join().unwrap();
-    let out = wait_for_records(&output.name, distinct, Duration::from_secs(60));
+    wait_for_records(&output.name, distinct, Duration::from_secs(60));
     assert_eq!(b.terminate(Duration::from_secs(30)), Some(0));
+    let out = consume_all(&output.name, true);
     let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), out.len(), "no duplicates in the output");
     let (code, summary) = verify(&input.name, &output.name);
@@ -419,7 +424,8 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     let mut w = accepting.start();
     w.wait_ready(Duration::from_secs(60));
     produce_full(&input.name, &keyed(&ids(5).iter().collect::<Vec<_>>()));
-    let out = wait_for_records(&output.name, 5, Duration::from_secs(60));
+    wait_for_records(&output.name, 5, Duration::from_secs(60));
     assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 5, "only the new ids are published");
 }

@@ -11,13 +11,14 @@
 //! was not committed, and the batch is read again. Recording before publishing would instead
 //! leave ids in the ledger whose messages never reached the output: silent loss.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dedupe::batch::{self, Candidate, Fate};
 use dedupe::config::{IdSource, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
+use dedupe::ledger::LedgerError;
 use dedupe::message_id::{message_key, RecordView, Unkeyed};
 use dedupe::metrics as m;
 use dedupe::output::{OutRecord, PublishError};
@@ -29,7 +30,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::ledger::{LedgerActor, Lookup, Record};
+use crate::ledger::{CheckAndRecord, LedgerActor, Lookup};
 use crate::producer::{Publish, Publisher};
 
 /// Settings every partition pipeline shares.
@@ -50,15 +51,26 @@ pub struct PipelineSettings {
 pub enum PipelineError {
     #[error("partition {partition}: {source}")]
     Publish { partition: i32, source: PublishError },
-    #[error("partition {partition}: the ledger failed: {message}")]
-    Ledger { partition: i32, message: String },
-    #[error("partition {partition}: an actor is gone: {message}")]
-    Mailbox { partition: i32, message: String },
+    #[error("partition {partition}: the ledger failed: {source}")]
+    Ledger { partition: i32, source: LedgerError },
+    #[error("partition {partition}: an actor is gone: {source}")]
+    Mailbox { partition: i32, source: MailboxError },
 }
 
 impl PipelineError {
     pub fn is_fenced(&self) -> bool {
         matches!(self, Self::Publish { source, .. } if source.is_fenced())
+    }
+
+    /// Whether restarting the pipeline in process may help (transient trouble: the ledger's own
+    /// retry hint, an actor gone because the pipeline is being torn down), as opposed to a state
+    /// that a restart repeats (a corrupt ledger, a fenced producer).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Publish { source, .. } => !source.is_fenced(),
+            Self::Ledger { source, .. } => source.is_retryable(),
+            Self::Mailbox { .. } => true,
+        }
     }
 }
 
@@ -140,7 +152,11 @@ impl Pipeline {
             let first = batch[0].offset;
             let last = batch[batch.len() - 1].offset;
             let span = tracing::info_span!("batch", partition = self.partition, first_offset = first, last_offset = last);
-            self.process(batch).instrument(span).await?;
+            if self.settings.passthrough {
+                self.copy_through(batch).instrument(span).await?;
+            } else {
+                self.process(batch).instrument(span).await?;
+            }
         }
     }
 
@@ -165,8 +181,7 @@ impl Pipeline {
                     }
                 }
                 Ok(Err(e)) => {
-                    metrics::counter!(m::ERRORS, "kind" => "kafka").increment(1);
-                    tracing::warn!(partition = self.partition, error = %e, "Reading the input partition failed; librdkafka retries.");
+                    crate::events::InputReadFailed { partition: self.partition, error: &e }.emit();
                     if batch.is_empty() {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -196,6 +211,19 @@ impl Pipeline {
         InRecord { offset: msg.offset(), id, out }
     }
 
+    /// The bench's baseline (`--passthrough`): every record copied in the same transactions,
+    /// without the ledger.
+    async fn copy_through(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
+        let label = self.partition.to_string();
+        let next_input_offset = batch[batch.len() - 1].offset + 1;
+        metrics::counter!(m::RECORDS_IN, m::LABEL_PARTITION => label.clone()).increment(batch.len() as u64);
+        let records: Vec<OutRecord> = batch.into_iter().map(|r| r.out).collect();
+        let out_count = records.len() as u64;
+        self.publish(records, Vec::new(), next_input_offset).await?;
+        metrics::counter!(m::RECORDS_OUT, m::LABEL_PARTITION => label).increment(out_count);
+        Ok(())
+    }
+
     async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
         let p = self.partition;
         let label = p.to_string();
@@ -203,14 +231,6 @@ impl Pipeline {
         let next_input_offset = batch[n - 1].offset + 1;
         metrics::counter!(m::RECORDS_IN, m::LABEL_PARTITION => label.clone()).increment(n as u64);
         metrics::histogram!(m::BATCH_RECORDS, m::LABEL_PARTITION => label.clone()).record(n as f64);
-
-        if self.settings.passthrough {
-            let records: Vec<OutRecord> = batch.into_iter().map(|r| r.out).collect();
-            let out_count = records.len() as u64;
-            self.publish(records, Vec::new(), next_input_offset).await?;
-            metrics::counter!(m::RECORDS_OUT, m::LABEL_PARTITION => label).increment(out_count);
-            return Ok(());
-        }
 
         // 1. Look the ids up.
         let t = Instant::now();
@@ -221,51 +241,38 @@ impl Pipeline {
             self.ledger
                 .send(Lookup { keys })
                 .await
-                .map_err(|e| PipelineError::Mailbox { partition: p, message: e.to_string() })?
-                .map_err(|e| PipelineError::Ledger { partition: p, message: e.to_string() })?
+                .map_err(|source| PipelineError::Mailbox { partition: p, source })?
+                .map_err(|source| PipelineError::Ledger { partition: p, source })?
         };
         metrics::histogram!(m::STAGE_SECONDS, "stage" => "lookup").record(t.elapsed().as_secs_f64());
 
         // 2. Decide, in input order: new ids are published once, repeats are dropped.
-        let now = now_ms();
-        let mut found = found.into_iter();
-        let mut seen_in_batch = HashSet::new();
+        let candidates: Vec<Candidate> =
+            batch.iter().map(|r| Candidate { id: r.id, timestamp_ms: r.out.timestamp_ms }).collect();
+        let decision = batch::decide(&candidates, &found, self.settings.unkeyed_policy, now_ms());
         let mut records = Vec::with_capacity(n);
         let mut dead_letters = Vec::new();
-        let mut new_ids = Vec::with_capacity(n);
-        let mut duplicates = 0u64;
-        let mut oldest_ts = i64::MAX;
-        for r in batch {
-            let ts = r.out.timestamp_ms.unwrap_or(now);
-            match r.id {
-                Ok(key) => {
-                    let first_seen = found.next().flatten();
-                    if let Some(first) = first_seen {
-                        duplicates += 1;
-                        metrics::histogram!(m::DUPLICATE_AGE_SECONDS).record(((ts - first).max(0) as f64) / 1000.0);
-                    } else if !seen_in_batch.insert(key) {
-                        duplicates += 1;
-                        metrics::histogram!(m::DUPLICATE_AGE_SECONDS).record(0.0);
-                    } else {
-                        oldest_ts = oldest_ts.min(ts);
-                        new_ids.push((key, ts.min(now)));
-                        records.push(r.out);
-                    }
+        for (r, fate) in batch.into_iter().zip(&decision.fates) {
+            match *fate {
+                Fate::Publish => records.push(r.out),
+                Fate::Duplicate { age_ms } => metrics::histogram!(m::DUPLICATE_AGE_SECONDS).record(age_ms as f64 / 1000.0),
+                Fate::Forward(reason) => {
+                    self.unkeyed(reason, UnkeyedPolicy::Forward);
+                    records.push(r.out);
                 }
-                Err(reason) => {
-                    let policy = self.settings.unkeyed_policy;
-                    self.unkeyed(reason, policy);
-                    match policy {
-                        UnkeyedPolicy::Forward => records.push(r.out),
-                        UnkeyedPolicy::DeadLetter => dead_letters.push(r.out),
-                        UnkeyedPolicy::Drop => {}
-                    }
+                Fate::DeadLetter(reason) => {
+                    self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
+                    dead_letters.push(r.out);
                 }
+                Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
             }
         }
+        let duplicates = decision.duplicates() as u64;
         if duplicates > 0 {
             metrics::counter!(m::DUPLICATES_DROPPED, m::LABEL_PARTITION => label.clone()).increment(duplicates);
         }
+        let new_ids = decision.new_ids;
+        let oldest_ts = decision.oldest_new_ms.unwrap_or(i64::MAX);
 
         // 3. Publish the new records and the input offset in one transaction.
         let t = Instant::now();
@@ -290,10 +297,10 @@ impl Pipeline {
         let t = Instant::now();
         let progress = Progress { next_input_offset, next_output_offset: self.next_output_offset };
         self.ledger
-            .send(Record { partition: p, items: new_ids, progress })
+            .send(CheckAndRecord { partition: p, items: new_ids, progress })
             .await
-            .map_err(|e| PipelineError::Mailbox { partition: p, message: e.to_string() })?
-            .map_err(|e| PipelineError::Ledger { partition: p, message: e.to_string() })?;
+            .map_err(|source| PipelineError::Mailbox { partition: p, source })?
+            .map_err(|source| PipelineError::Ledger { partition: p, source })?;
         metrics::histogram!(m::STAGE_SECONDS, "stage" => "record").record(t.elapsed().as_secs_f64());
         fail::fail_point!("worker-after-record", |_| {
             eprintln!("failpoint worker-after-record: exiting");
@@ -316,7 +323,7 @@ impl Pipeline {
                 .publisher
                 .send(Publish { records: records.clone(), dead_letters: dead_letters.clone(), next_input_offset })
                 .await
-                .map_err(|e| PipelineError::Mailbox { partition: p, message: e.to_string() })?;
+                .map_err(|source| PipelineError::Mailbox { partition: p, source })?;
             match result {
                 Ok(c) => return Ok(c),
                 Err(PublishError::Aborted { source }) if attempt < 5 => {

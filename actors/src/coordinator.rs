@@ -15,7 +15,7 @@ use dedupe::config::Config;
 use dedupe::metrics as m;
 use dedupe::output::OutputWriter;
 use dedupe::progress::Progress;
-use dedupe::recovery::{now_ms, recover_partition, RecoveryInput};
+use dedupe::recovery::{now_ms, recover_partition, RecordFailure, RecoveryInput};
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot};
 use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
 use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
@@ -23,7 +23,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use crate::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
-use crate::ledger::{AllProgress, Flush, LedgerActor, Record, Stats};
+use crate::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
+use crate::ledger::{AllProgress, CheckAndRecord, Flush, LedgerActor, Stats};
 use crate::producer::Publisher;
 
 /// Liveness and readiness, shared with the HTTP endpoints.
@@ -126,9 +127,7 @@ impl Coordinator {
                 act.running = Some(running);
             }
             Err(e) => {
-                metrics::counter!(m::ERRORS, "kind" => "fatal").increment(1);
-                tracing::error!("Starting the pipeline failed: {e:#}");
-                eprintln!("error: {e:#}");
+                PipelineStartFailed { error: &e }.emit();
                 System::current().stop_with_code(exit::FAILED);
             }
         }));
@@ -297,18 +296,19 @@ impl Handler<PartitionStopped> for Coordinator {
         match msg.result {
             Ok(()) => {}
             Err(e) if e.is_fenced() => {
-                metrics::counter!(m::ERRORS, "kind" => "fenced").increment(1);
-                tracing::error!(
-                    partition = msg.partition,
-                    "Another worker took over partition {}; this worker was fenced and stops: {e}",
-                    msg.partition
-                );
+                Fenced { partition: msg.partition, error: &e }.emit();
                 self.teardown();
                 System::current().stop_with_code(exit::FENCED);
             }
+            Err(e) if !e.is_retryable() => {
+                // A state a restart in process would only repeat (a corrupt or unreadable
+                // ledger): exit for the orchestrator, which restarts the process or pages.
+                PipelineFatal { partition: msg.partition, error: &e }.emit();
+                self.teardown();
+                System::current().stop_with_code(exit::FAILED);
+            }
             Err(e) => {
-                metrics::counter!(m::ERRORS, "kind" => "pipeline").increment(1);
-                tracing::error!(partition = msg.partition, "A partition pipeline failed; restarting the pipeline from recovery: {e}");
+                PipelineFailed { partition: msg.partition, error: &e }.emit();
                 self.teardown();
                 let now = Instant::now();
                 self.restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
@@ -484,15 +484,14 @@ async fn start_pipeline(
                 accept_ledger_ahead,
                 timeout: Duration::from_secs(3600),
             };
-            let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Progress| -> Result<(), String> {
+            let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Progress| -> Result<(), RecordFailure> {
                 fail::fail_point!("recovery-mid-replay", !items.is_empty(), |_| {
                     eprintln!("failpoint recovery-mid-replay: exiting");
                     std::process::exit(86)
                 });
-                futures::executor::block_on(ledger.send(Record { partition: p, items: items.to_vec(), progress }))
-                    .map_err(|e| e.to_string())?
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
+                futures::executor::block_on(ledger.send(CheckAndRecord { partition: p, items: items.to_vec(), progress }))
+                    .map_err(|_mailbox| RecordFailure::LedgerGone)??;
+                Ok(())
             };
             let bar = indicatif::ProgressBar::hidden();
             let mut on_progress = |done: u64, at: i64, end: i64| {

@@ -147,7 +147,7 @@ impl Outcome {
         let mut response = HttpResponse::build(self.status());
         if matches!(self, Self::TooSlow(_) | Self::Unreadable(_)) {
             // The rest of a body that did not arrive must not be read as the next request.
-            response.insert_header((actix_web::http::header::CONNECTION, "close"));
+            response.force_close();
         }
         response.json(body)
     }
@@ -479,10 +479,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn error_bodies_carry_a_code_and_a_message() {
-        let body = error_body("empty_batch", "`batch` is empty");
-        assert_eq!(body, json!({"success": false, "code": "empty_batch", "message": "`batch` is empty"}));
+    #[actix_rt::test]
+    async fn refusals_answer_a_body_with_their_code_and_a_message_naming_the_problem() {
+        let cases = [
+            (Outcome::Rejected(Rejection::EmptyBatch), "empty_batch", "`batch` is empty"),
+            (Outcome::Rejected(Rejection::TooManyEvents { count: 6000 }), "too_many_events", "the limit is 5000"),
+            (Outcome::TooSlow(Duration::from_millis(1500)), "request_timeout", "within 1500 ms"),
+            (Outcome::Unauthorized(AuthError::Unknown), "unknown_write_key", "not known"),
+            (Outcome::Unavailable(DeliveryError::Dropped), "kafka_dropped", "retry the same request"),
+        ];
+        for (outcome, code, names) in cases {
+            let response = outcome.response();
+            let closes = !response.head().keep_alive();
+            let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(body["success"], false, "{body}");
+            assert_eq!(body["code"], code, "{body}");
+            assert!(body["message"].as_str().unwrap().contains(names), "{body}");
+            // A body that did not arrive in time closes the connection; other refusals keep it.
+            assert_eq!(closes, code == "request_timeout", "{code}");
+        }
     }
 
     #[test]

@@ -39,18 +39,19 @@ impl Handler<Lookup> for LedgerActor {
     }
 }
 
-/// Records a batch's ids (key, first-seen ms) with the partition's progress, atomically.
+/// Checks a batch's ids (key, first-seen ms) and records the new ones with the partition's
+/// progress, atomically; answers each id's verdict.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<Verdict>, LedgerError>")]
-pub struct Record {
+pub struct CheckAndRecord {
     pub partition: i32,
     pub items: Vec<(LedgerKey, i64)>,
     pub progress: Progress,
 }
 
-impl Handler<Record> for LedgerActor {
+impl Handler<CheckAndRecord> for LedgerActor {
     type Result = Result<Vec<Verdict>, LedgerError>;
-    fn handle(&mut self, msg: Record, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: CheckAndRecord, _: &mut Self::Context) -> Self::Result {
         fail::fail_point!("ledger-before-record", |_| {
             eprintln!("failpoint ledger-before-record: exiting");
             std::process::exit(86)

@@ -9,6 +9,7 @@ pub mod bench_pipeline;
 pub mod cli;
 pub mod consumer;
 pub mod coordinator;
+pub mod events;
 pub mod guarded_stream;
 pub mod http_server;
 pub mod ingest;

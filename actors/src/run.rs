@@ -96,13 +96,8 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
         let health = Arc::new(Health::default());
         let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
         let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health.clone(), options).start();
-        let server = match crate::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                return Err(e);
-            }
-        };
+        let server =
+            crate::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone())?;
         let server_handle = server.handle();
         actix_rt::spawn(server);
         tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");

@@ -16,6 +16,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::coordinator::{Coordinator, Health, TakeSnapshot};
+use crate::events::AdminRefused;
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
 pub fn init_tracing(log: &LogConfig) {
@@ -130,14 +131,12 @@ async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpRespon
     let peer = req.peer_addr().map(|a| a.ip());
     match authorize(admin.token.as_ref(), authorization, peer) {
         Err(AdminRefusal::BadToken) => {
-            metrics::counter!(m::ERRORS, "kind" => "admin_unauthorized").increment(1);
-            tracing::warn!(peer = ?peer, "Refused an admin request: missing or wrong bearer token.");
+            AdminRefused { peer, why: "missing or wrong bearer token" }.emit();
             return HttpResponse::Unauthorized()
                 .json(json!({ "error": format!("send Authorization: Bearer <{ENV_ADMIN_TOKEN}>") }));
         }
         Err(AdminRefusal::NotLoopback) => {
-            metrics::counter!(m::ERRORS, "kind" => "admin_unauthorized").increment(1);
-            tracing::warn!(peer = ?peer, "Refused an admin request from outside loopback: no admin token is set.");
+            AdminRefused { peer, why: "a client outside loopback, and no admin token is set" }.emit();
             return HttpResponse::Forbidden().json(
                 json!({ "error": format!("admin endpoints answer loopback clients only unless {ENV_ADMIN_TOKEN} is set") }),
             );

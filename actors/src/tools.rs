@@ -208,51 +208,59 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
 /// when no worker answers there, checkpoints the ledger directly.
 pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
     let addr = config.metrics.addr;
-    match std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-        Ok(mut stream) => {
-            use std::io::{Read, Write};
-            stream.set_read_timeout(Some(Duration::from_secs(900)))?;
-            let authorization = match &config.metrics.admin_token {
-                Some(token) => format!("Authorization: Bearer {}\r\n", token.expose()),
-                None => String::new(),
-            };
-            write!(stream, "POST /admin/snapshot HTTP/1.0\r\nHost: {addr}\r\n{authorization}Content-Length: 0\r\n\r\n")?;
-            let mut text = String::new();
-            stream.read_to_string(&mut text)?;
-            let status: u16 = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-            let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-            let json: serde_json::Value = serde_json::from_str(body).unwrap_or(serde_json::json!({ "body": body }));
-            if status != 200 {
-                anyhow::bail!("the worker at {addr} could not take a snapshot: {json}");
-            }
-            Ok(json)
+    let mut request = ureq::AgentBuilder::new()
+        .timeout_connect(Duration::from_secs(2))
+        // A snapshot with its hook may take as long as the hook's timeout.
+        .timeout_read(Duration::from_secs(config.snapshots.hook_timeout_secs + 300))
+        .build()
+        .post(&format!("http://{addr}/admin/snapshot"));
+    if let Some(token) = &config.metrics.admin_token {
+        request = request.set("Authorization", &format!("Bearer {}", token.expose()));
+    }
+    let answered = match request.call() {
+        Ok(response) => Ok(response),
+        Err(ureq::Error::Status(_, response)) => Err(response),
+        // No worker listens there: checkpoint the stopped worker's ledger directly.
+        Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => {
+            return ledger_snapshot_offline(config)
         }
-        Err(_) => {
-            let root = config
-                .snapshots
-                .dir
-                .clone()
-                .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
-            let ledger = dedupe::ledger::Ledger::open_existing(&config.worker.data_dir, crate::run::maintenance_ledger_options(config))
-                .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
-            let slot = dedupe::snapshot::SnapshotSlot::reserve(&root)?;
-            let progress = match ledger.checkpoint(&slot.partial) {
-                Ok(progress) => progress,
-                Err(e) => {
-                    slot.discard();
-                    return Err(e).with_context(|| format!("checkpointing the ledger into {}", slot.dir.display()));
-                }
-            };
-            slot.publish()?;
-            dedupe::snapshot::prune(&root, config.snapshots.keep)?;
-            if let Some(hook) = &config.snapshots.hook {
-                let parts: Vec<u32> = progress.keys().copied().collect();
-                let timeout = Duration::from_secs(config.snapshots.hook_timeout_secs);
-                dedupe::snapshot::run_hook(hook, &slot.dir, &parts, &config.snapshots.hook_env, timeout)?;
-            }
-            Ok(serde_json::json!({ "snapshot": slot.dir }))
+        Err(ureq::Error::Transport(t)) => anyhow::bail!("asking the worker at {addr} for a snapshot: {t}"),
+    };
+    match answered {
+        Ok(response) => Ok(serde_json::from_reader(response.into_reader())?),
+        Err(response) => {
+            let status = response.status();
+            let body = response.into_string().unwrap_or_default();
+            anyhow::bail!("the worker at {addr} could not take a snapshot ({status}): {body}")
         }
     }
+}
+
+/// Checkpoints a stopped worker's ledger directly, as the worker would.
+fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value> {
+    let root = config
+        .snapshots
+        .dir
+        .clone()
+        .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
+    let ledger = dedupe::ledger::Ledger::open_existing(&config.worker.data_dir, crate::run::maintenance_ledger_options(config))
+        .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
+    let slot = dedupe::snapshot::SnapshotSlot::reserve(&root)?;
+    let progress = match ledger.checkpoint(&slot.partial) {
+        Ok(progress) => progress,
+        Err(e) => {
+            slot.discard();
+            return Err(e).with_context(|| format!("checkpointing the ledger into {}", slot.dir.display()));
+        }
+    };
+    slot.publish()?;
+    dedupe::snapshot::prune(&root, config.snapshots.keep)?;
+    if let Some(hook) = &config.snapshots.hook {
+        let parts: Vec<u32> = progress.keys().copied().collect();
+        let timeout = Duration::from_secs(config.snapshots.hook_timeout_secs);
+        dedupe::snapshot::run_hook(hook, &slot.dir, &parts, &config.snapshots.hook_env, timeout)?;
+    }
+    Ok(serde_json::json!({ "snapshot": slot.dir }))
 }
 
 /// `dedupe ledger restore --from DIR`: copies a checkpoint into the (stopped) worker's ledger

@@ -1,0 +1,97 @@
+//! What happens to the worker that an operator must see, each emitted once from one place: the
+//! log line and the `dedupe_errors_total{kind}` count come from the same struct, so they never
+//! drift apart. Log lines never carry payloads or secrets.
+
+use dedupe::metrics as m;
+
+use crate::consumer::PipelineError;
+
+/// The pipeline could not start (topics missing, recovery refused, the broker unreachable).
+pub struct PipelineStartFailed<'a> {
+    pub error: &'a anyhow::Error,
+}
+
+impl PipelineStartFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
+        tracing::error!("Starting the pipeline failed; exiting: {:#}", self.error);
+    }
+}
+
+/// Another worker's producer fenced this one's on a partition: it must stop publishing.
+pub struct Fenced<'a> {
+    pub partition: i32,
+    pub error: &'a PipelineError,
+}
+
+impl Fenced<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
+        tracing::error!(
+            partition = self.partition,
+            "Another worker took over partition {}; this worker was fenced and stops: {}",
+            self.partition,
+            self.error
+        );
+    }
+}
+
+/// A partition's pipeline failed in a way a restart in process would only repeat.
+pub struct PipelineFatal<'a> {
+    pub partition: i32,
+    pub error: &'a PipelineError,
+}
+
+impl PipelineFatal<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
+        tracing::error!(
+            partition = self.partition,
+            "A partition pipeline failed in a way a restart cannot mend; exiting: {}",
+            self.error
+        );
+    }
+}
+
+/// A partition's pipeline failed; the pipeline restarts from recovery.
+pub struct PipelineFailed<'a> {
+    pub partition: i32,
+    pub error: &'a PipelineError,
+}
+
+impl PipelineFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
+        tracing::error!(
+            partition = self.partition,
+            "A partition pipeline failed; restarting the pipeline from recovery: {}",
+            self.error
+        );
+    }
+}
+
+/// Reading an input partition failed; librdkafka retries.
+pub struct InputReadFailed<'a> {
+    pub partition: i32,
+    pub error: &'a rdkafka::error::KafkaError,
+}
+
+impl InputReadFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
+        tracing::warn!(partition = self.partition, error = %self.error, "Reading the input partition failed; librdkafka retries.");
+    }
+}
+
+/// An admin request was refused before it did anything.
+pub struct AdminRefused<'a> {
+    pub peer: Option<std::net::IpAddr>,
+    pub why: &'a str,
+}
+
+impl AdminRefused<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_ADMIN_UNAUTHORIZED).increment(1);
+        tracing::warn!(peer = ?self.peer, "Refused an admin request: {}.", self.why);
+    }
+}
