@@ -1,0 +1,144 @@
+//! Unit tests of loading, overriding, validating and printing a configuration.
+
+use super::*;
+
+fn load_str(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, text).unwrap();
+    let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    Config::load(Some(&path), env, &Overrides::default())
+}
+
+#[test]
+fn shipped_config_files_load() {
+    for file in ["config/dedupe.toml", "config/local.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        Config::load(Some(&path), std::iter::empty(), &Overrides::default())
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}
+
+#[test]
+fn documented_defaults_match_code_defaults() {
+    // config/dedupe.toml spells out every default; it must not drift from the code.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/dedupe.toml");
+    let from_file = Config::load(Some(&path), std::iter::empty(), &Overrides::default()).unwrap();
+    assert_eq!(from_file, Config::default());
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let err = load_str("[ledger]\nbudget_bytez = 5\n", &[]).unwrap_err().to_string();
+    assert!(err.contains("budget_bytez"), "{err}");
+    assert!(!err.contains('\n'));
+}
+
+#[test]
+fn bad_value_is_named() {
+    let err = load_str("[ledger]\nbudget_bytes = \"12 parsecs\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("ledger.budget_bytes:"), "{err}");
+    let err = load_str("[ledger]\nbudget_bytes = \"1MiB\"\n", &[]).unwrap_err().to_string();
+    assert_eq!(err, "ledger.budget_bytes: must be at least 64MiB");
+}
+
+#[test]
+fn env_overrides_file_and_flags_override_env() {
+    let c = load_str(
+        "[worker]\ninput_topic = \"a\"\n",
+        &[("DEDUPE_WORKER_INPUT_TOPIC", "b"), ("DEDUPE_LEDGER_GENERATIONS", "4")],
+    )
+    .unwrap();
+    assert_eq!(c.worker.input_topic, "b");
+    assert_eq!(c.ledger.generations, 4);
+    let o = Overrides { input_topic: Some("c".into()), ..Default::default() };
+    let c = Config::load(None, [("DEDUPE_WORKER_INPUT_TOPIC".to_string(), "b".to_string())], &o).unwrap();
+    assert_eq!(c.worker.input_topic, "c");
+}
+
+#[test]
+fn unknown_env_key_in_a_section_is_an_error_but_other_vars_are_ignored() {
+    let err = load_str("", &[("DEDUPE_WORKER_INPUT_TOPICS", "x")]).unwrap_err().to_string();
+    assert!(err.contains("input_topics"), "{err}");
+    load_str("", &[("DEDUPE_WRITE_KEYS", "k=s"), ("DEDUPE_CACHE", "/tmp")]).unwrap();
+}
+
+#[test]
+fn password_only_from_env_and_redacted() {
+    let err = load_str("[kafka]\nsasl_password = \"hunter2\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.sasl_password"), "{err}");
+    assert!(!err.contains("hunter2"));
+    let c = load_str("", &[(ENV_SASL_PASSWORD, "hunter2")]).unwrap();
+    assert_eq!(c.kafka.sasl_password.as_ref().unwrap().expose(), "hunter2");
+    assert!(!c.to_toml().contains("hunter2"));
+    assert!(!format!("{c:?}").contains("hunter2"));
+}
+
+#[test]
+fn secret_kafka_properties_never_print() {
+    let text = "[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.password\" = \"k3y-pass\"\n\"sasl.oauthbearer.client.secret\" = \"oauth-s3cret\"\n\"ssl.ca.location\" = \"/etc/ca.pem\"\n";
+    let c = load_str(text, &[]).unwrap();
+    let shown = c.to_toml();
+    for secret in ["hunter2", "k3y-pass", "oauth-s3cret"] {
+        assert!(!shown.contains(secret), "{secret} printed:\n{shown}");
+        assert!(!format!("{c:?}").contains(secret));
+    }
+    // Not secrets: shown as given, and the secrets still reach librdkafka.
+    assert!(shown.contains("/etc/ca.pem"), "{shown}");
+    assert_eq!(c.kafka.properties["sasl.password"], "hunter2");
+    assert!(is_secret_property("ssl.keystore.password") && is_secret_property("ssl.key.pem"));
+    assert!(!is_secret_property("ssl.ca.location") && !is_secret_property("bootstrap.servers"));
+}
+
+#[test]
+fn a_syntax_error_names_the_place_but_never_quotes_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[kafka.properties]\n\"sasl.password\" = \"hunter2\n").unwrap();
+    let err = Config::load(Some(&path), Vec::new(), &Overrides::default()).unwrap_err().to_string();
+    assert!(!err.contains("hunter2"), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    assert!(err.contains("bad.toml"), "{err}");
+}
+
+#[test]
+fn partitions_parse_and_print() {
+    let p = PartitionSet::parse("7, 0-3,2").unwrap();
+    assert_eq!(p.0, vec![0, 1, 2, 3, 7]);
+    assert_eq!(p.to_string(), "0-3,7");
+    assert!(PartitionSet::parse("3-1").is_err());
+    assert!(PartitionSet::parse("x").is_err());
+    assert!(PartitionSet::parse("").is_err());
+}
+
+#[test]
+fn worker_index_rules() {
+    let err = load_str("[worker]\nworker_index = 3\nworker_count = 3\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.worker_index:"), "{err}");
+    let err = load_str("[worker]\nworker_index = 0\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.worker_count:"), "{err}");
+}
+
+#[test]
+fn dead_letter_needs_a_topic() {
+    let err = load_str("[worker]\nunkeyed_policy = \"dead-letter\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.dead_letter_topic:"), "{err}");
+    let c = load_str("[worker]\nunkeyed_policy = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n", &[]).unwrap();
+    assert_eq!(c.worker.unkeyed_policy, UnkeyedPolicy::DeadLetter);
+}
+
+#[test]
+fn id_source_forms() {
+    let c = load_str("[worker]\nid_source = \"json:/messageId\"\n", &[]).unwrap();
+    assert_eq!(c.worker.id_source, IdSource::JsonPointer("/messageId".into()));
+    let err = load_str("[worker]\nid_source = \"body\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.id_source:"), "{err}");
+}
+
+#[test]
+fn byte_sizes() {
+    assert_eq!(ByteSize::parse("64MiB").unwrap().0, 64 << 20);
+    assert_eq!(ByteSize::parse("1_000").unwrap().0, 1000);
+    assert_eq!(ByteSize(16 << 30).to_string(), "16GiB");
+    assert!(ByteSize::parse("5 parsecs").is_err());
+}

@@ -1,0 +1,151 @@
+//! [`Config::validate`]: the rules the types cannot carry, one helper per section.
+//!
+//! The checks run in one fixed order and the first failure is reported, so the helpers are called
+//! in that order; the snapshot and ingest checks interleave, as they always have, so that the
+//! error a given file gets does not change.
+
+use super::{ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, UnkeyedPolicy, WorkerConfig};
+
+fn bad(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::invalid(key, message)
+}
+
+impl Config {
+    /// Checks the rules the types cannot carry.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_kafka(&self.kafka)?;
+        check_worker_topics(&self.worker)?;
+        check_worker_ownership(&self.worker)?;
+        check_worker_unkeyed(&self.worker)?;
+        check_worker_batches(&self.worker)?;
+        check_ledger(&self.ledger)?;
+        check_snapshots_and_ingest(self)?;
+        if self.log.level.trim().is_empty() {
+            return Err(bad("log.level", "must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+fn check_kafka(k: &KafkaConfig) -> Result<(), ConfigError> {
+    if k.brokers.trim().is_empty() {
+        return Err(bad("kafka.brokers", "must name at least one broker"));
+    }
+    Ok(())
+}
+
+/// The input, output and group names.
+fn check_worker_topics(w: &WorkerConfig) -> Result<(), ConfigError> {
+    if w.input_topic.trim().is_empty() {
+        return Err(bad("worker.input_topic", "must not be empty"));
+    }
+    if w.output_topic.trim().is_empty() {
+        return Err(bad("worker.output_topic", "must not be empty"));
+    }
+    if w.input_topic == w.output_topic {
+        return Err(bad("worker.output_topic", "must differ from worker.input_topic"));
+    }
+    if w.group_id.trim().is_empty() {
+        return Err(bad("worker.group_id", "must not be empty"));
+    }
+    Ok(())
+}
+
+/// Which partitions the worker owns: `partitions`, or `worker_index` with `worker_count`.
+fn check_worker_ownership(w: &WorkerConfig) -> Result<(), ConfigError> {
+    match (w.worker_index, w.worker_count) {
+        (Some(_), None) => Err(bad("worker.worker_count", "must be set with worker.worker_index")),
+        (None, Some(_)) => Err(bad("worker.worker_index", "must be set with worker.worker_count")),
+        (Some(i), Some(n)) => {
+            if n == 0 {
+                return Err(bad("worker.worker_count", "must be at least 1"));
+            }
+            if i >= n {
+                return Err(bad("worker.worker_index", format!("{i} must be less than worker.worker_count ({n})")));
+            }
+            if w.partitions.is_some() {
+                return Err(bad("worker.partitions", "set either partitions or worker_index/worker_count, not both"));
+            }
+            Ok(())
+        }
+        (None, None) => Ok(()),
+    }
+}
+
+/// `dead-letter` needs a topic of its own.
+fn check_worker_unkeyed(w: &WorkerConfig) -> Result<(), ConfigError> {
+    if w.unkeyed_policy == UnkeyedPolicy::DeadLetter {
+        match &w.dead_letter_topic {
+            None => return Err(bad("worker.dead_letter_topic", "must be set when unkeyed_policy is dead-letter")),
+            Some(t) if t == &w.output_topic || t == &w.input_topic => {
+                return Err(bad("worker.dead_letter_topic", "must differ from the input and output topics"))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Batch limits and timeouts.
+fn check_worker_batches(w: &WorkerConfig) -> Result<(), ConfigError> {
+    if w.batch_max_records == 0 || w.batch_max_records > 100_000 {
+        return Err(bad("worker.batch_max_records", "must be between 1 and 100000"));
+    }
+    if w.batch_max_bytes.0 < 64 * ByteSize::KIB {
+        return Err(bad("worker.batch_max_bytes", "must be at least 64KiB"));
+    }
+    if w.batch_linger_ms > 60_000 {
+        return Err(bad("worker.batch_linger_ms", "must be at most 60000"));
+    }
+    if w.transaction_timeout_ms < 1_000 || w.transaction_timeout_ms > 900_000 {
+        return Err(bad("worker.transaction_timeout_ms", "must be between 1000 and 900000 (the broker's default max)"));
+    }
+    if w.shutdown_timeout_ms == 0 {
+        return Err(bad("worker.shutdown_timeout_ms", "must be positive"));
+    }
+    Ok(())
+}
+
+fn check_ledger(l: &LedgerConfig) -> Result<(), ConfigError> {
+    if l.budget_bytes.0 < 64 * ByteSize::MIB {
+        return Err(bad("ledger.budget_bytes", "must be at least 64MiB"));
+    }
+    if !(2..=64).contains(&l.generations) {
+        return Err(bad("ledger.generations", "must be between 2 and 64"));
+    }
+    if l.write_buffer_bytes.0 < 4 * ByteSize::MIB {
+        return Err(bad("ledger.write_buffer_bytes", "must be at least 4MiB"));
+    }
+    if l.write_buffer_bytes.0 > l.budget_bytes.0 / l.generations as u64 {
+        return Err(bad("ledger.write_buffer_bytes", "must not exceed one generation (ledger.budget_bytes / ledger.generations)"));
+    }
+    Ok(())
+}
+
+/// The snapshot and ingest checks, in their historical (interleaved) order.
+fn check_snapshots_and_ingest(c: &Config) -> Result<(), ConfigError> {
+    if c.snapshots.keep == 0 {
+        return Err(bad("snapshots.keep", "must be at least 1"));
+    }
+    check_ingest_topic_and_timeouts(&c.ingest)?;
+    if c.snapshots.hook_timeout_secs == 0 {
+        return Err(bad("snapshots.hook_timeout_secs", "must be positive"));
+    }
+    if c.ingest.max_connections == 0 {
+        return Err(bad("ingest.max_connections", "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn check_ingest_topic_and_timeouts(i: &IngestConfig) -> Result<(), ConfigError> {
+    if i.topic.trim().is_empty() {
+        return Err(bad("ingest.topic", "must not be empty"));
+    }
+    if i.ack_timeout_ms == 0 {
+        return Err(bad("ingest.ack_timeout_ms", "must be positive"));
+    }
+    if i.request_timeout_ms == 0 {
+        return Err(bad("ingest.request_timeout_ms", "must be positive"));
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! The `[worker]` section (`dedupe run`): topics, which partitions a worker owns, where a message
+//! id is read, and how records are batched.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::ByteSize;
+
+/// The dedupe worker.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// The input topic, partitioned by message id.
+    pub input_topic: String,
+    /// The output topic: the source of truth, needs at least as many partitions as the input.
+    pub output_topic: String,
+    /// The consumer group whose committed offsets the transactions carry.
+    pub group_id: String,
+    /// The input partitions this worker owns, e.g. `0-3,7`. Unset: derived from
+    /// `worker_index`/`worker_count`, or every partition of the input topic.
+    pub partitions: Option<PartitionSet>,
+    /// This worker's ordinal (a StatefulSet pod's ordinal); owns partitions p with p % count == index.
+    pub worker_index: Option<u32>,
+    /// How many workers share the input topic.
+    pub worker_count: Option<u32>,
+    /// The ledger's directory.
+    pub data_dir: PathBuf,
+    /// Where the message id is read: `key`, `header:NAME` or `json:/pointer`.
+    pub id_source: IdSource,
+    /// What to do with a record whose id is missing, empty, over 1 KiB or unreadable.
+    pub unkeyed_policy: UnkeyedPolicy,
+    /// Where `dead-letter` sends such records.
+    pub dead_letter_topic: Option<String>,
+    /// Most records per batch (one ledger lookup, one transaction).
+    pub batch_max_records: usize,
+    /// Most bytes of keys and values per batch.
+    pub batch_max_bytes: ByteSize,
+    /// How long a batch waits to fill before it is processed anyway.
+    pub batch_linger_ms: u64,
+    /// `transaction.timeout.ms` of the output producer.
+    pub transaction_timeout_ms: u64,
+    /// How long a graceful shutdown may take before the process exits anyway.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            // The topic names the local setup and the examples use.
+            input_topic: "events.in".into(),
+            output_topic: "events.out".into(),
+            group_id: "dedupe".into(),
+            // One worker owning every partition, unless told otherwise.
+            partitions: None,
+            worker_index: None,
+            worker_count: None,
+            // The volume the container image declares.
+            data_dir: PathBuf::from("/var/lib/dedupe/ledger"),
+            // The input topic is keyed by message id.
+            id_source: IdSource::Key,
+            // Never lose data: a record without a usable id goes on unchecked.
+            unkeyed_policy: UnkeyedPolicy::Forward,
+            dead_letter_topic: None,
+            // The ledger bench's batch size (src/bench/ledger.rs), at which the README's ledger
+            // figures were measured.
+            batch_max_records: 4096,
+            // librdkafka's default message.max.bytes is 1 MB; a few of those per transaction.
+            batch_max_bytes: ByteSize(4 * ByteSize::MIB),
+            // Enough to fill a 4096-record batch at ~200k msgs/s, short enough to keep p99 low.
+            batch_linger_ms: 20,
+            // librdkafka's default transaction.timeout.ms.
+            transaction_timeout_ms: 60_000,
+            // Kubernetes' default terminationGracePeriodSeconds is 30 s; leave it some slack.
+            shutdown_timeout_ms: 25_000,
+        }
+    }
+}
+
+/// Where a record's message id is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdSource {
+    /// The record key (the input topic is keyed by message id).
+    Key,
+    /// A record header with this name.
+    Header(String),
+    /// A JSON pointer (RFC 6901) into the record value, e.g. `/messageId`.
+    JsonPointer(String),
+}
+
+impl IdSource {
+    /// Parses `key`, `header:NAME` or `json:/POINTER`.
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "key" {
+            Ok(Self::Key)
+        } else if let Some(name) = text.strip_prefix("header:") {
+            if name.is_empty() {
+                return Err("header: needs a header name, e.g. header:message-id".into());
+            }
+            Ok(Self::Header(name.to_string()))
+        } else if let Some(pointer) = text.strip_prefix("json:") {
+            if !pointer.starts_with('/') {
+                return Err("json: needs a JSON pointer starting with '/', e.g. json:/messageId".into());
+            }
+            Ok(Self::JsonPointer(pointer.to_string()))
+        } else {
+            Err(format!("`{text}` is not one of key, header:NAME, json:/POINTER"))
+        }
+    }
+}
+
+impl fmt::Display for IdSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Key => f.write_str("key"),
+            Self::Header(name) => write!(f, "header:{name}"),
+            Self::JsonPointer(p) => write!(f, "json:{p}"),
+        }
+    }
+}
+
+impl Serialize for IdSource {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for IdSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What happens to a record whose id is missing, empty, longer than 1 KiB or unreadable.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnkeyedPolicy {
+    /// Publish it to the output unchecked: never lose data (the default).
+    Forward,
+    /// Drop it, counted and logged.
+    Drop,
+    /// Publish it to `worker.dead_letter_topic`, in the same transaction.
+    DeadLetter,
+}
+
+/// A set of input partitions, written `0-3,7`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PartitionSet(
+    /// The partitions; [`PartitionSet::parse`] sorts them and removes repeats.
+    pub Vec<i32>,
+);
+
+impl PartitionSet {
+    /// Parses a comma-separated list of partitions and inclusive ranges (`7, 0-3`); it must name
+    /// at least one partition.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut out = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (lo, hi) = match part.split_once('-') {
+                Some((lo, hi)) => (lo.trim(), hi.trim()),
+                None => (part, part),
+            };
+            let lo: i32 = lo.parse().map_err(|_| format!("`{part}` is not a partition or range like 0-3"))?;
+            let hi: i32 = hi.parse().map_err(|_| format!("`{part}` is not a partition or range like 0-3"))?;
+            if lo < 0 || hi < lo {
+                return Err(format!("`{part}` is not a valid range (need 0 <= low <= high)"));
+            }
+            out.extend(lo..=hi);
+        }
+        out.sort_unstable();
+        out.dedup();
+        if out.is_empty() {
+            return Err("names no partition".into());
+        }
+        Ok(Self(out))
+    }
+}
+
+/// Prints runs of consecutive partitions as ranges: `0-3,7`.
+impl fmt::Display for PartitionSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut i = 0;
+        while i < self.0.len() {
+            let lo = self.0[i];
+            let mut hi = lo;
+            while i + 1 < self.0.len() && self.0[i + 1] == hi + 1 {
+                i += 1;
+                hi = self.0[i];
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if lo == hi {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for PartitionSet {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PartitionSet {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
