@@ -462,23 +462,31 @@ fn run_model(
                 }
             }
         }
+        model.check(&ledger, &progress, now)?;
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Checks the ledger against the model after a step: windows, progress records, id counts.
+    fn check(&self, ledger: &Ledger, progress: &HashMap<u32, Vec<u8>>, now: i64) -> Result<(), TestCaseError> {
         // The window never claims an id it forgot, and exists exactly when ids are held.
         for p in 0..3u32 {
             let window = ledger.window(p, now);
-            let holds = model.held.values().any(|(_, q, _)| *q == p);
+            let holds = self.held.values().any(|(_, q, _)| *q == p);
             prop_assert_eq!(window.is_some(), holds, "partition {}", p);
-            if let (Some(w), Some(f)) = (window, model.forgotten_through.get(&p)) {
+            if let (Some(w), Some(f)) = (window, self.forgotten_through.get(&p)) {
                 prop_assert!(now - w.as_millis() as i64 >= *f);
             }
             prop_assert_eq!(ledger.progress(p).unwrap(), progress.get(&p).cloned());
         }
         let stats = ledger.stats().unwrap();
-        prop_assert_eq!(stats.ids_estimate, model.held.len() as u64);
+        prop_assert_eq!(stats.ids_estimate, self.held.len() as u64);
         if stats.index_overflowed_buckets == 0 {
-            prop_assert_eq!(stats.index_ids, model.held.len() as u64);
+            prop_assert_eq!(stats.index_ids, self.held.len() as u64);
         }
+        Ok(())
     }
-    Ok(())
 }
 
 proptest! {
