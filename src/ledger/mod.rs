@@ -193,12 +193,13 @@ struct State {
     generations: Vec<Generation>,
     /// Per partition: latest first-seen time of any id already forgotten.
     forgotten: BTreeMap<u32, i64>,
-    /// [`Durability::NoWal`] only: ids recorded into the active generation since its last
-    /// commit, with their stored first-seen times. Nothing of them is in RocksDB yet.
+    /// The id buffer: ids recorded into the active generation since the last commit was taken,
+    /// with their stored first-seen times, in every durability mode. Nothing of them is in
+    /// RocksDB yet (with a WAL, they are in the batch log).
     pending: IdBuffer,
-    /// [`Durability::NoWal`] only: progress records written since the last commit.
+    /// Progress records written since the last commit was taken (the newest per partition).
     pending_progress: BTreeMap<u32, Vec<u8>>,
-    /// [`Durability::NoWal`] only: batches recorded since the last commit.
+    /// Batches recorded since the last commit was taken: they count towards the buffer's size.
     pending_batches: u64,
     /// Sequence number of the last commit applied to the metadata and progress column families.
     commit_seq: u64,
@@ -278,17 +279,6 @@ impl Ledger {
         Ok(verdicts)
     }
 
-    /// Same as [`Ledger::check_and_record`]: recording always checks, so a key recorded by a
-    /// concurrent path is never recorded twice.
-    pub fn record(
-        &self,
-        partition: u32,
-        items: &[(LedgerKey, i64)],
-        progress: &[u8],
-    ) -> Result<Vec<Verdict>> {
-        self.check_and_record(partition, items, progress)
-    }
-
     /// How far back the ledger remembers one partition's ids: every id of `partition` first seen
     /// after `now_ms - window` is held. `None` when it holds none of that partition's ids.
     pub fn window(&self, partition: u32, now_ms: i64) -> Option<Duration> {
@@ -325,8 +315,9 @@ impl Ledger {
         self.read_all_progress(&state)
     }
 
-    /// Flushes every memtable to SST files (all column families together). In
-    /// [`Durability::NoWal`] mode this is what makes recorded batches durable.
+    /// Commits the buffered batches (the commit in flight first), then flushes every memtable to
+    /// SST files (all column families together). In [`Durability::NoWal`] mode this is what makes
+    /// recorded batches durable.
     pub fn flush(&self) -> Result<()> {
         let mut state = self.lock();
         self.flush_locked(&mut state)
@@ -358,16 +349,6 @@ impl Ledger {
     /// The options it was opened with.
     pub fn options(&self) -> &LedgerOptions {
         &self.options
-    }
-
-    /// Value of a RocksDB statistics-free integer property summed over generations (diagnostics).
-    pub fn generation_property(&self, property: &str) -> Result<u64> {
-        let state = self.lock();
-        let mut sum = 0;
-        for g in &state.generations {
-            sum += self.int_property(&g.name, property)?;
-        }
-        Ok(sum)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -7,12 +7,13 @@ use super::index::IdIndex;
 /// costs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// WAL, fsynced per batch: nothing is lost, even on power failure.
+    /// The batch log (the ledger's WAL), fsynced per batch: nothing is lost, even on power
+    /// failure.
     SyncWal,
-    /// WAL, not fsynced: a process crash loses nothing, a machine crash may lose a tail.
+    /// The batch log, not fsynced: a process crash loses nothing, a machine crash may lose a tail.
     Wal,
-    /// No WAL, atomic flushes: a crash loses the tail since the last flush; state stays a
-    /// consistent prefix.
+    /// No batch log: a crash, even of the process, loses the batches since the last applied
+    /// commit; what survives stays a consistent prefix.
     NoWal,
 }
 

@@ -11,7 +11,8 @@ use super::{Generation, GenerationMeta, Ledger, Result, State, CF_META, CF_PROGR
 pub struct GenerationInfo {
     /// Its metadata.
     pub meta: GenerationMeta,
-    /// Estimated bytes on disk (live SST bytes, plus memtable ids at the observed bytes per id).
+    /// Estimated bytes on disk (live SST bytes, plus the ids still in memtables or buffered, at
+    /// the observed bytes per id).
     pub bytes: u64,
 }
 
@@ -48,7 +49,8 @@ pub struct LedgerStats {
     pub disk_lookups: u64,
 }
 
-/// Bytes per id assumed for data still in memtables, before any SST tells us better.
+/// Bytes per id assumed for ids not in SST files yet (buffered, or in memtables), before any SST
+/// tells us better; also what a buffered id counts towards the write buffer.
 pub(super) const DEFAULT_BYTES_PER_ID_ESTIMATE: u64 = 24;
 
 impl Ledger {
@@ -110,7 +112,7 @@ impl Ledger {
         Ok(stats)
     }
 
-    pub(super) fn int_property(&self, cf_name: &str, property: &str) -> Result<u64> {
+    fn int_property(&self, cf_name: &str, property: &str) -> Result<u64> {
         let cf = self.cf(cf_name)?;
         Ok(self
             .db
