@@ -1,0 +1,260 @@
+//! The commit pipeline: how buffered batches become durable. A full buffer becomes the commit in
+//! flight, whose ids a background thread writes into one SST file with its commit record; the
+//! file is ingested into its generation (the atomic step), then the metadata and progress column
+//! families are brought in line and flushed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rocksdb::{FlushOptions, IngestExternalFileOptions, Options, SstFileWriter, WriteBatch};
+
+use super::batch_log::BatchLog;
+use super::buffer::IdBuffer;
+use super::error::{io_error, rocks, Doing};
+use super::format::{
+    encode_first_seen, generation_cf_name, generation_meta_key, progress_key, to_json, CommitRecord,
+    COMMIT_KEY, META_COMMIT_SEQ,
+};
+use super::tuning::ingest_file_options;
+use super::{Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
+use crate::identity::LedgerKey;
+
+/// Extension of the files written for ingestion (moved into the database when ingested).
+pub(super) const INGEST_FILE_EXTENSION: &str = "ingest";
+
+/// A buffer of ids being committed: written to a file by a background thread, then ingested by
+/// whichever ledger call finds the thread done.
+pub(super) struct InFlight {
+    pub(super) record: CommitRecord,
+    pub(super) ids: Arc<IdBuffer>,
+    /// The progress records of the buffered batches (the newest per partition).
+    pub(super) progress: BTreeMap<u32, Vec<u8>>,
+    /// The log of the batches in this commit, removed once it is applied.
+    log: Option<PathBuf>,
+    /// `None` once joined and failed: the next attempt writes the file on the caller's thread.
+    pub(super) job: Option<std::thread::JoinHandle<Result<PathBuf>>>,
+}
+
+/// Writes a commit's file: its ids sorted, then its commit record. Needs nothing of the open
+/// database, so it runs on a thread of its own.
+struct CommitWriter {
+    file: PathBuf,
+    options: Options,
+    base_ms: i64,
+    record: Vec<u8>,
+    ids: Arc<IdBuffer>,
+}
+
+impl CommitWriter {
+    fn new(ledger: &Ledger, record: &CommitRecord, ids: Arc<IdBuffer>) -> CommitWriter {
+        CommitWriter {
+            file: ledger
+                .path
+                .join(format!("commit-{:012}.{INGEST_FILE_EXTENSION}", record.seq)),
+            options: ingest_file_options(&ledger.options, &ledger.block_cache),
+            base_ms: record.meta.base_ms.unwrap_or(0),
+            record: to_json(record),
+            ids,
+        }
+    }
+
+    fn write(self) -> Result<PathBuf> {
+        let mut ids: Vec<(LedgerKey, i64)> = self.ids.iter().map(|(k, t)| (*k, *t)).collect();
+        ids.sort_unstable_by_key(|(k, _)| *k);
+        let written = (|| {
+            let mut writer = SstFileWriter::create(&self.options);
+            writer.open(&self.file)?;
+            let mut value = Vec::with_capacity(4);
+            for (key, t) in &ids {
+                value.clear();
+                encode_first_seen(self.base_ms, *t, &mut value);
+                writer.put(key.0, &value)?;
+            }
+            writer.put(COMMIT_KEY, &self.record)?;
+            writer.finish()
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&self.file);
+        }
+        written.map_err(rocks(Doing::Write))?;
+        Ok(self.file)
+    }
+}
+
+impl Ledger {
+    /// Makes the buffered ids, progress records and metadata durable together, on the caller's
+    /// thread: a commit in flight is finished first, then the buffer is committed.
+    pub(super) fn commit_pending(&self, state: &mut State) -> Result<()> {
+        self.finish_in_flight(state, true)?;
+        if self.take_commit(state, false)? {
+            self.finish_in_flight(state, true)?;
+        }
+        Ok(())
+    }
+
+    /// Starts committing the buffer in the background: the file is written by another thread
+    /// while batches keep being recorded into a fresh buffer. A previous commit still in flight
+    /// is finished first.
+    pub(super) fn start_commit(&self, state: &mut State) -> Result<()> {
+        self.finish_in_flight(state, true)?;
+        self.take_commit(state, true)?;
+        Ok(())
+    }
+
+    /// Moves the buffer into a commit in flight; with `background`, its file is written by a
+    /// new thread. False when there was nothing to commit.
+    fn take_commit(&self, state: &mut State, background: bool) -> Result<bool> {
+        debug_assert!(state.in_flight.is_none());
+        if state.pending.is_empty() && state.pending_progress.is_empty() {
+            return Ok(false);
+        }
+        let seq = state.commit_seq + 1;
+        let Some(active) = state.generations.last() else {
+            return Ok(false);
+        };
+        let mut progress = self.durable_progress()?;
+        progress.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
+        let record = CommitRecord {
+            seq,
+            meta: active.meta.clone(),
+            progress,
+        };
+        // Batches recorded from now on go to the next commit's log.
+        let log = match state.log.take() {
+            Some(old) => {
+                state.log = Some(BatchLog::open(&self.path, seq + 1, 0)?);
+                Some(old.path)
+            }
+            None => None,
+        };
+        let fresh = match state.spare.take() {
+            Some(map) => map,
+            None => HashMap::with_capacity_and_hasher(state.pending.capacity(), state.pending.hasher().clone()),
+        };
+        let ids = Arc::new(std::mem::replace(&mut state.pending, fresh));
+        let job = if background {
+            let writer = CommitWriter::new(self, &record, ids.clone());
+            let spawned = std::thread::Builder::new()
+                .name("ledger-commit".into())
+                .spawn(move || writer.write());
+            // Without a thread, the file is written on the caller's thread when finishing.
+            spawned.ok()
+        } else {
+            None
+        };
+        state.in_flight = Some(InFlight {
+            record,
+            ids,
+            progress: std::mem::take(&mut state.pending_progress),
+            log,
+            job,
+        });
+        state.pending_batches = 0;
+        Ok(true)
+    }
+
+    /// Applies the commit in flight, if any: waits for its file (or, with `wait` false, returns
+    /// at once if it is not written yet), ingests it into its generation (the atomic step), then
+    /// brings the metadata and progress column families in line and flushes them. On an error the
+    /// commit stays in flight (its ids keep answering lookups, its log stays on disk) and the
+    /// next call retries it.
+    pub(super) fn finish_in_flight(&self, state: &mut State, wait: bool) -> Result<()> {
+        let Some(in_flight) = state.in_flight.as_mut() else {
+            return Ok(());
+        };
+        let written = match in_flight.job.take() {
+            Some(job) if !wait && !job.is_finished() => {
+                in_flight.job = Some(job);
+                return Ok(());
+            }
+            Some(job) => job.join().unwrap_or_else(|_| {
+                Err(LedgerError::CorruptMetadata {
+                    what: "the commit thread panicked".into(),
+                })
+            }),
+            None => CommitWriter::new(self, &in_flight.record, in_flight.ids.clone()).write(),
+        };
+        let file = written?;
+        let record = &in_flight.record;
+        let mut ingest = IngestExternalFileOptions::default();
+        ingest.set_move_files(true);
+        let cf = self.cf(&generation_cf_name(record.meta.id))?;
+        let ingested = self
+            .db
+            .ingest_external_file_cf_opts(&cf, &ingest, vec![file.clone()])
+            .map_err(rocks(Doing::Write));
+        drop(cf);
+        if ingested.is_err() {
+            let _ = std::fs::remove_file(&file);
+        }
+        ingested?;
+        #[cfg(test)]
+        if std::env::var_os(super::tests::CRASH_AFTER_INGEST_ENV).is_some() {
+            // The crash test's child dies between the atomic step and the bookkeeping after it.
+            std::process::abort();
+        }
+        let meta_cf = self.cf(CF_META)?;
+        let progress_cf = self.cf(CF_PROGRESS)?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&meta_cf, generation_meta_key(record.meta.id), to_json(&record.meta));
+        batch.put_cf(&meta_cf, META_COMMIT_SEQ, record.seq.to_le_bytes());
+        for (partition, value) in &in_flight.progress {
+            batch.put_cf(&progress_cf, progress_key(*partition), value);
+        }
+        drop((meta_cf, progress_cf));
+        self.db
+            .write_opt(batch, &self.write_options())
+            .map_err(rocks(Doing::Write))?;
+        state.commit_seq = record.seq;
+        // Everything written to the small column families before (generation starts, seals,
+        // forgetting) goes with it: one atomic flush.
+        self.flush_all(state, true)?;
+        let Some(done) = state.in_flight.take() else {
+            return Ok(());
+        };
+        // The committed batches' log is not needed any more.
+        if let Some(log) = &done.log {
+            std::fs::remove_file(log).map_err(io_error("remove", log))?;
+        }
+        // Keeps its capacity: the next buffer fills it without rehashing.
+        if let Ok(mut map) = Arc::try_unwrap(done.ids) {
+            map.clear();
+            state.spare = Some(map);
+        }
+        Ok(())
+    }
+
+    /// Commits everything buffered, then flushes every column family and waits for it.
+    pub(super) fn flush_locked(&self, state: &mut State) -> Result<()> {
+        self.commit_pending(state)?;
+        self.flush_all(state, true)
+    }
+
+    /// Flushes the metadata, progress and live generations' column families together: one
+    /// atomic flush.
+    pub(super) fn flush_all(&self, state: &State, wait: bool) -> Result<()> {
+        let mut handles = vec![self.cf(CF_META)?, self.cf(CF_PROGRESS)?];
+        for g in &state.generations {
+            handles.push(self.cf(&g.name)?);
+        }
+        let refs: Vec<_> = handles.iter().collect();
+        let mut flush = FlushOptions::default();
+        flush.set_wait(wait);
+        self.db
+            .flush_cfs_opt(&refs, &flush)
+            .map_err(rocks(Doing::Write))
+    }
+
+    /// Flushes the named column families together.
+    pub(super) fn flush_cfs(&self, names: &[&str], wait: bool) -> Result<()> {
+        let handles = names.iter().map(|n| self.cf(n)).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<_> = handles.iter().collect();
+        let mut flush = FlushOptions::default();
+        flush.set_wait(wait);
+        self.db
+            .flush_cfs_opt(&refs, &flush)
+            .map_err(rocks(Doing::Write))
+    }
+
+}

@@ -1,0 +1,126 @@
+//! The on-disk format (see the [module docs](super)): the keys of the metadata and progress column
+//! families, generation column family names, the encoding of stored first-seen times, the
+//! generation metadata and the commit records, stored as JSON.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{LedgerError, Result, FIRST_SEEN_RESOLUTION_MS, GENERATION_CF_PREFIX};
+use crate::identity::LEDGER_KEY_BYTES;
+
+pub(super) const META_FORMAT_VERSION: &[u8] = b"format_version";
+pub(super) const META_GENERATION_PREFIX: &[u8] = b"gen/";
+pub(super) const META_FORGOTTEN: &[u8] = b"forgotten";
+pub(super) const META_COMMIT_SEQ: &[u8] = b"commit_seq";
+/// Key of the commit record in a generation column family: longer than any id, and after every
+/// id in key order, so it is the last key of an ingested file and never answers a lookup.
+pub(super) const COMMIT_KEY: &[u8] = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xffcommit";
+
+// Ids are 16 bytes: the commit key is longer than any id, and the batch log's records hold them.
+const _: () = assert!(LEDGER_KEY_BYTES == 16);
+
+pub(super) fn generation_cf_name(id: u64) -> String {
+    format!("{GENERATION_CF_PREFIX}{id:012}")
+}
+
+pub(super) fn generation_meta_key(id: u64) -> Vec<u8> {
+    let mut key = META_GENERATION_PREFIX.to_vec();
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+pub(super) fn progress_key(partition: u32) -> [u8; 4] {
+    partition.to_be_bytes()
+}
+
+/// Stored offset of an event time relative to a generation base (zigzag varint, seconds).
+pub(super) fn encode_first_seen(base_ms: i64, first_seen_ms: i64, out: &mut Vec<u8>) {
+    let delta = first_seen_ms.saturating_sub(base_ms).div_euclid(FIRST_SEEN_RESOLUTION_MS);
+    let mut zz = ((delta << 1) ^ (delta >> 63)) as u64;
+    loop {
+        let byte = (zz & 0x7f) as u8;
+        zz >>= 7;
+        if zz == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+pub(super) fn decode_first_seen(base_ms: i64, bytes: &[u8]) -> Result<i64> {
+    let mut zz: u64 = 0;
+    for (i, byte) in bytes.iter().enumerate() {
+        if i >= 10 {
+            break;
+        }
+        zz |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            let delta = ((zz >> 1) as i64) ^ -((zz & 1) as i64);
+            return Ok(base_ms.saturating_add(delta.saturating_mul(FIRST_SEEN_RESOLUTION_MS)));
+        }
+    }
+    Err(LedgerError::CorruptMetadata {
+        what: format!("a stored first-seen time is not a varint: {bytes:?}"),
+    })
+}
+
+/// The first-seen time a later lookup will report for an id recorded at `first_seen_ms`.
+pub fn stored_first_seen_ms(base_ms: i64, first_seen_ms: i64) -> i64 {
+    base_ms.saturating_add(
+        first_seen_ms
+            .saturating_sub(base_ms)
+            .div_euclid(FIRST_SEEN_RESOLUTION_MS)
+            .saturating_mul(FIRST_SEEN_RESOLUTION_MS),
+    )
+}
+
+/// First and last event times of the ids one partition recorded into one generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionSpan {
+    /// Earliest event time, ms.
+    pub first_seen_ms: i64,
+    /// Latest event time, ms.
+    pub last_seen_ms: i64,
+    /// Ids recorded.
+    pub ids: u64,
+}
+
+/// Metadata of one generation, stored in [`CF_META`](super::CF_META) and written atomically with
+/// the batches that change it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationMeta {
+    /// Generation number (increasing with age: higher is newer).
+    pub id: u64,
+    /// Event time the stored first-seen offsets are relative to (first id recorded), ms.
+    pub base_ms: Option<i64>,
+    /// No more ids are recorded into a sealed generation.
+    pub sealed: bool,
+    /// Ids recorded (exact; "approximate" only in that a crash in NoWal mode may roll it back
+    /// together with the ids).
+    pub ids: u64,
+    /// Per-partition spans.
+    pub partitions: BTreeMap<u32, PartitionSpan>,
+}
+
+/// The commit record ingested with a buffered run of ids ([`COMMIT_KEY`]): what the metadata
+/// and progress column families must say once that file is in. Cumulative, so the newest one
+/// alone restores them.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct CommitRecord {
+    pub(super) seq: u64,
+    pub(super) meta: GenerationMeta,
+    pub(super) progress: BTreeMap<u32, Vec<u8>>,
+}
+
+pub(super) fn parse_json<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| LedgerError::CorruptMetadata {
+        what: format!("{what}: {e}"),
+    })
+}
+
+pub(super) fn to_json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing these plain structs and maps with integer keys cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}

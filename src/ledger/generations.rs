@@ -1,0 +1,179 @@
+//! Generations: starting the active one, sealing it when it is full, compacting a sealed one,
+//! forgetting the oldest whole while the rest exceed the budget, and the window that what is
+//! left covers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rocksdb::WriteBatch;
+
+use super::error::{rocks, Doing};
+use super::format::{generation_cf_name, generation_meta_key, to_json, META_FORGOTTEN};
+use super::index::IdIndex;
+use super::tuning::{effective_write_buffer_bytes, generation_cf_options};
+use super::{Generation, GenerationMeta, Ledger, Result, State, CF_META};
+
+/// Live generations are capped below the id index's 256 generation tags, so no two live
+/// generations share a tag. Only tiny `seal_after_ids` settings come near it.
+pub(super) const MAX_LIVE_GENERATIONS: usize = 200;
+
+impl Ledger {
+    /// Creates the next generation, empty and active, and describes it in the metadata.
+    pub(super) fn start_generation(&self, state: &mut State) -> Result<()> {
+        let id = state.generations.last().map_or(1, |g| g.meta.id + 1);
+        let name = generation_cf_name(id);
+        self.db
+            .create_cf(&name, &generation_cf_options(&self.options, &self.block_cache))
+            .map_err(rocks(Doing::Generation("create", &name)))?;
+        let meta = GenerationMeta {
+            id,
+            base_ms: None,
+            sealed: false,
+            ids: 0,
+            partitions: BTreeMap::new(),
+        };
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(CF_META)?, generation_meta_key(id), to_json(&meta));
+        self.db
+            .write_opt(batch, &self.write_options())
+            .map_err(rocks(Doing::Write))?;
+        state.index.start(IdIndex::tag(id));
+        state.generations.push(Generation { name, meta });
+        Ok(())
+    }
+
+    /// Seals the active generation when it is full, then forgets the oldest generations until
+    /// the rest fit the budget.
+    pub(super) fn maybe_seal(&self, state: &mut State) -> Result<()> {
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
+        let full_by_ids = self
+            .options
+            .seal_after_ids
+            .is_some_and(|n| active.meta.ids >= n);
+        if !full_by_ids
+            && self.generation_bytes(state, active)? < self.options.generation_target_bytes()
+        {
+            return Ok(());
+        }
+        // The sealed generation's buffered ids go in before it is sealed.
+        self.commit_pending(state)?;
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
+        let mut sealed = active.meta.clone();
+        sealed.sealed = true;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(&self.cf(CF_META)?, generation_meta_key(sealed.id), to_json(&sealed));
+        self.db
+            .write_opt(batch, &self.write_options())
+            .map_err(rocks(Doing::Write))?;
+        let sealed_name = match state.generations.last_mut() {
+            Some(last) => {
+                last.meta = sealed;
+                last.name.clone()
+            }
+            None => return Ok(()),
+        };
+        self.start_generation(state)?;
+        // Flush without waiting (all column families together, so NoWal stays a consistent
+        // prefix): the sealed generation leaves the memtables and the WAL, which would otherwise
+        // hold several small generations' worth of disk. Then let RocksDB compact it into one
+        // sorted run in the background, without filters (see `tuning::generation_options`).
+        self.flush_all(state, false)?;
+        self.compact_when_sealed(&sealed_name)?;
+        self.age(state)
+    }
+
+    /// A sealed generation takes no more writes: let RocksDB compact its files into one sorted
+    /// run, in the background.
+    pub(super) fn compact_when_sealed(&self, name: &str) -> Result<()> {
+        let cf = self.cf(name)?;
+        self.db
+            .set_options_cf(
+                &cf,
+                &[
+                    ("level0_file_num_compaction_trigger", "1"),
+                    ("disable_auto_compactions", "false"),
+                ],
+            )
+            .map_err(rocks(Doing::Write))
+    }
+
+    /// Drops the oldest sealed generations while the live ones exceed the budget.
+    pub(super) fn age(&self, state: &mut State) -> Result<()> {
+        let mut sizes = Vec::with_capacity(state.generations.len());
+        for generation in &state.generations {
+            sizes.push(self.generation_bytes(state, generation)?);
+        }
+        // The WAL backing the memtables takes disk too: keep room for it, up to a generation.
+        let wal_bytes = ((effective_write_buffer_bytes(&self.options)
+            * usize::try_from(self.options.max_write_buffers.max(1)).unwrap_or(1))
+            as u64)
+            .min(self.options.generation_target_bytes());
+        let mut total: u64 = sizes.iter().sum::<u64>() + wal_bytes;
+        let mut dropped = 0;
+        let too_many = |dropped: usize| state.generations.len() - dropped > MAX_LIVE_GENERATIONS;
+        while (total > self.options.budget_bytes || too_many(dropped))
+            && dropped + 1 < state.generations.len()
+        {
+            total -= sizes[dropped];
+            dropped += 1;
+        }
+        for generation in state.generations.drain(..dropped).collect::<Vec<_>>() {
+            for (p, span) in &generation.meta.partitions {
+                let f = state.forgotten.entry(*p).or_insert(span.last_seen_ms);
+                *f = (*f).max(span.last_seen_ms);
+            }
+            // Metadata first: a crash between the two leaves an undescribed column family,
+            // which the next open drops.
+            let meta = self.cf(CF_META)?;
+            let mut batch = WriteBatch::default();
+            batch.delete_cf(&meta, generation_meta_key(generation.meta.id));
+            batch.put_cf(&meta, META_FORGOTTEN, to_json(&state.forgotten));
+            drop(meta);
+            self.db
+                .write_opt(batch, &self.write_options())
+                .map_err(rocks(Doing::Write))?;
+            self.db
+                .drop_cf(&generation.name)
+                .map_err(rocks(Doing::Generation("drop", &generation.name)))?;
+            state.index.forget(IdIndex::tag(generation.meta.id));
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// See [`Ledger::window`].
+    pub(super) fn window(&self, partition: u32, now_ms: i64) -> Option<Duration> {
+        let oldest = self
+            .generations
+            .iter()
+            .filter_map(|g| g.meta.partitions.get(&partition))
+            .map(|s| s.first_seen_ms)
+            .min()?;
+        let start = match self.forgotten.get(&partition) {
+            Some(&f) => oldest.max(f),
+            None => oldest,
+        };
+        Some(window_from(start, now_ms))
+    }
+
+    /// See [`Ledger::window_overall`].
+    pub(super) fn window_overall(&self, now_ms: i64) -> Option<Duration> {
+        let oldest = self
+            .generations
+            .iter()
+            .flat_map(|g| g.meta.partitions.values())
+            .map(|s| s.first_seen_ms)
+            .min()?;
+        let start = self.forgotten.values().copied().fold(oldest, i64::max);
+        Some(window_from(start, now_ms))
+    }
+}
+
+fn window_from(start_ms: i64, now_ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms.saturating_sub(start_ms)).unwrap_or(0))
+}

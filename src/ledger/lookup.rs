@@ -1,0 +1,186 @@
+//! Lookups: which of a batch's ids the ledger holds (the id index first, then the buffers, then
+//! the generations on disk the index names), the verdict on each, and the progress records.
+
+use std::collections::BTreeMap;
+
+use super::batch_log::LoggedBatch;
+use super::error::{rocks, Doing};
+use super::format::{decode_first_seen, progress_key};
+use super::index::{IdIndex, Probe};
+use super::{stored_first_seen_ms, Ledger, LedgerError, Result, State, Verdict, CF_PROGRESS};
+use crate::identity::LedgerKey;
+
+impl Ledger {
+    /// Looks up sorted, distinct keys. Returns the first-seen time of each key held.
+    ///
+    /// The id index answers most keys ("not held") from memory. The others are looked up in the
+    /// buffer and in RocksDB, only in the generations the index names (in every generation, newest
+    /// first, when the index cannot tell).
+    pub(super) fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
+        /// Keys whose buckets are prefetched ahead of the one being probed.
+        const PREFETCH_AHEAD: usize = 8;
+        let mut found = vec![None; keys.len()];
+        let gens = &state.generations;
+        let active_tag = gens.last().map(|g| IdIndex::tag(g.meta.id));
+        let mut position_of_tag = [usize::MAX; 256];
+        for (i, g) in gens.iter().enumerate() {
+            position_of_tag[usize::from(IdIndex::tag(g.meta.id))] = i;
+        }
+        // Per generation (by position), the keys to look up in it, in key order.
+        let mut to_read: Vec<Vec<usize>> = vec![Vec::new(); gens.len()];
+        let index = &state.index;
+        let places: Vec<_> = keys.iter().map(|k| index.place(k)).collect();
+        for place in places.iter().take(PREFETCH_AHEAD) {
+            index.prefetch(place);
+        }
+        for (i, place) in places.iter().enumerate() {
+            if let Some(ahead) = places.get(i + PREFETCH_AHEAD) {
+                index.prefetch(ahead);
+            }
+            let (tags, len, every) = match index.probe(place) {
+                Probe::Absent => continue,
+                Probe::Maybe { tags, len } => (tags, usize::from(len), false),
+                Probe::Unknown => ([0; 4], 0, true),
+            };
+            if every || tags[..len].iter().any(|t| Some(*t) == active_tag) {
+                let buffered = state.pending.get(&keys[i]).or_else(|| {
+                    state.in_flight.as_ref().and_then(|f| f.ids.get(&keys[i]))
+                });
+                if let Some(&t) = buffered {
+                    found[i] = Some(t);
+                    continue;
+                }
+            }
+            if every {
+                to_read.iter_mut().for_each(|list| list.push(i));
+            } else {
+                for &tag in &tags[..len] {
+                    if let Some(list) = to_read.get_mut(position_of_tag[usize::from(tag)]) {
+                        list.push(i);
+                    }
+                }
+            }
+        }
+        for (position, list) in to_read.iter().enumerate().rev() {
+            let generation = &gens[position];
+            let Some(base_ms) = generation.meta.base_ms else {
+                continue;
+            };
+            // Found in a newer generation already: an id lives in one generation only, but an
+            // index false positive can name an older one too.
+            let list: Vec<usize> = list.iter().copied().filter(|&i| found[i].is_none()).collect();
+            if list.is_empty() {
+                continue;
+            }
+            let cf = self.cf(&generation.name)?;
+            self.disk_lookups
+                .fetch_add(list.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            let results = self
+                .db
+                .batched_multi_get_cf(&cf, list.iter().map(|&i| &keys[i].0), true);
+            for (&i, result) in list.iter().zip(results) {
+                if let Some(value) = result.map_err(rocks(Doing::Read))? {
+                    found[i] = Some(decode_first_seen(base_ms, &value)?);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The progress record last written for `partition`: buffered, in flight, or on disk.
+    pub(super) fn read_progress(&self, state: &State, partition: u32) -> Result<Option<Vec<u8>>> {
+        let buffered = state.pending_progress.get(&partition).or_else(|| {
+            state.in_flight.as_ref().and_then(|f| f.progress.get(&partition))
+        });
+        if let Some(value) = buffered {
+            return Ok(Some(value.clone()));
+        }
+        let cf = self.cf(CF_PROGRESS)?;
+        self.db
+            .get_cf(&cf, progress_key(partition))
+            .map_err(rocks(Doing::Read))
+    }
+
+    /// Every partition's progress record: on disk, overridden by those in flight, then buffered.
+    pub(super) fn read_all_progress(&self, state: &State) -> Result<BTreeMap<u32, Vec<u8>>> {
+        let mut all = self.durable_progress()?;
+        if let Some(f) = &state.in_flight {
+            all.extend(f.progress.iter().map(|(p, v)| (*p, v.clone())));
+        }
+        all.extend(state.pending_progress.iter().map(|(p, v)| (*p, v.clone())));
+        Ok(all)
+    }
+
+    /// Progress records in the progress column family.
+    pub(super) fn durable_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
+        let cf = self.cf(CF_PROGRESS)?;
+        let mut all = BTreeMap::new();
+        for item in self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
+            let (key, value) = item.map_err(rocks(Doing::Read))?;
+            let partition = <[u8; 4]>::try_from(&key[..])
+                .map(u32::from_be_bytes)
+                .map_err(|_| LedgerError::CorruptMetadata {
+                    what: format!("progress key {key:?} is not a partition number"),
+                })?;
+            all.insert(partition, value.to_vec());
+        }
+        Ok(all)
+    }
+}
+
+/// The verdict on each item of a batch, in input order, and the batch to record: the new ids, at
+/// the base the active generation has or takes with them. `slot` gives each item's distinct key,
+/// `found` the first-seen time of each distinct key held.
+pub(super) fn judge_batch(
+    state: &State,
+    partition: u32,
+    items: &[(LedgerKey, i64)],
+    progress: &[u8],
+    slot: &[usize],
+    found: &[Option<i64>],
+) -> (Vec<Verdict>, LoggedBatch) {
+    let active_index = state.generations.len() - 1;
+    let active = &state.generations[active_index];
+    let base_ms = active
+        .meta
+        .base_ms
+        .or_else(|| items.first().map(|(_, t)| *t))
+        .unwrap_or(0);
+    // Time each distinct key is recorded at in this batch, if it is new.
+    let mut recorded: Vec<Option<i64>> = vec![None; found.len()];
+    let mut verdicts = Vec::with_capacity(items.len());
+    let mut new_ids: Vec<(LedgerKey, i64)> = Vec::with_capacity(items.len());
+    for ((key, time_ms), &s) in items.iter().zip(slot) {
+        if let Some(first_seen_ms) = found[s].or(recorded[s]) {
+            verdicts.push(Verdict::Duplicate { first_seen_ms });
+            continue;
+        }
+        recorded[s] = Some(stored_first_seen_ms(base_ms, *time_ms));
+        verdicts.push(Verdict::New);
+        new_ids.push((*key, *time_ms));
+    }
+    let batch = LoggedBatch {
+        partition,
+        base_ms,
+        new_ids,
+        progress: progress.to_vec(),
+    };
+    (verdicts, batch)
+}
+
+/// Sorted distinct keys, and for each input key the index of its distinct key.
+pub(super) fn sort_distinct(keys: impl Iterator<Item = LedgerKey>) -> (Vec<LedgerKey>, Vec<usize>) {
+    let keys: Vec<LedgerKey> = keys.collect();
+    let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| keys[i as usize]);
+    let mut sorted: Vec<LedgerKey> = Vec::with_capacity(keys.len());
+    let mut slot = vec![0usize; keys.len()];
+    for i in order {
+        let key = keys[i as usize];
+        if sorted.last() != Some(&key) {
+            sorted.push(key);
+        }
+        slot[i as usize] = sorted.len() - 1;
+    }
+    (sorted, slot)
+}

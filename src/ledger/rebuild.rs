@@ -1,0 +1,113 @@
+//! Rebuilding the id index when the ledger opens: the index is not stored, so every generation's
+//! keys are read again (see [`index`]).
+
+use super::error::{rocks, Doing};
+use super::index::{self, IdIndex};
+use super::{Generation, Ledger, Result, State};
+use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
+
+/// Keys whose index buckets are prefetched together while the index is rebuilt.
+const REBUILD_RUN: usize = 64;
+
+impl Ledger {
+    /// Fills the id index with every id of every generation (the index is not stored). Reader
+    /// threads (one per core, generations shared out among them) read the keys and work out their
+    /// places; this thread inserts them, a prefetched run at a time.
+    pub(super) fn build_index(&self, state: &mut State) -> Result<()> {
+        let started = std::time::Instant::now();
+        let State {
+            generations, index, ..
+        } = state;
+        for g in generations.iter() {
+            index.start(IdIndex::tag(g.meta.id));
+        }
+        if !self.options.build_index || generations.is_empty() {
+            return Ok(());
+        }
+        let generations: &[Generation] = generations;
+        let readers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(generations.len());
+        let placer = index.placer();
+        let mut ids = 0u64;
+        let mut failed = None;
+        std::thread::scope(|scope| {
+            let (tx, rx) = crossbeam_channel::bounded::<Result<(u8, Vec<index::Place>)>>(64);
+            for r in 0..readers {
+                let tx = tx.clone();
+                scope.spawn(move || {
+                    for g in generations.iter().skip(r).step_by(readers) {
+                        let tag = IdIndex::tag(g.meta.id);
+                        if let Err(e) = self.read_places(&g.name, tag, placer, &tx) {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            for message in rx {
+                match message {
+                    Ok((tag, places)) => {
+                        ids += places.len() as u64;
+                        for run in places.chunks(REBUILD_RUN) {
+                            for place in run {
+                                index.prefetch(place);
+                            }
+                            for place in run {
+                                index.insert(place, tag);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        tracing::info!(
+            ids,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            overflowed_buckets = index.overflowed_buckets(),
+            "rebuilt the ledger's id index"
+        );
+        Ok(())
+    }
+
+    /// Reads a generation's keys and sends their index places, in chunks.
+    fn read_places(
+        &self,
+        name: &str,
+        tag: u8,
+        placer: index::Placer,
+        tx: &crossbeam_channel::Sender<Result<(u8, Vec<index::Place>)>>,
+    ) -> Result<()> {
+        const CHUNK: usize = 16 << 10;
+        let cf = self.cf(name)?;
+        let mut read = rocksdb::ReadOptions::default();
+        read.fill_cache(false);
+        read.set_readahead_size(4 << 20);
+        let mut iter = self.db.raw_iterator_cf_opt(&cf, read);
+        iter.seek_to_first();
+        let mut chunk = Vec::with_capacity(CHUNK);
+        while let Some(key) = iter.key() {
+            if let Ok(key) = <[u8; LEDGER_KEY_BYTES]>::try_from(key) {
+                chunk.push(placer.place(&LedgerKey(key)));
+                if chunk.len() == CHUNK {
+                    let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+                    // The receiver only goes away once every sender has.
+                    let _ = tx.send(Ok((tag, full)));
+                }
+            }
+            iter.next();
+        }
+        iter.status().map_err(rocks(Doing::Read))?;
+        if !chunk.is_empty() {
+            let _ = tx.send(Ok((tag, chunk)));
+        }
+        Ok(())
+    }
+}
