@@ -114,7 +114,7 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
             coordinator.do_send(Shutdown);
         });
         let _ = server_handle;
-        Ok(())
+        Ok::<_, anyhow::Error>(())
     });
     code?;
     let exit_code = system.run_with_code().unwrap_or(exit::FAILED);
