@@ -55,6 +55,9 @@ pub enum RecoveryError {
     Timeout { partition: i32, target: i64, at: i64, seconds: u64 },
 }
 
+/// Records replayed ids (with their first-seen times) and the progress to store with them.
+pub type RecordReplayed<'a> = dyn FnMut(&[(LedgerKey, i64)], Progress) -> Result<(), RecordFailure> + 'a;
+
 /// Why the replayed ids could not be recorded.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordFailure {
@@ -102,7 +105,7 @@ pub struct RecoveryInput<'a> {
 /// the progress to store with them), and returns where the input resumes.
 pub fn recover_partition(
     input: &RecoveryInput<'_>,
-    record: &mut dyn FnMut(&[(LedgerKey, i64)], Progress) -> Result<(), RecordFailure>,
+    record: &mut RecordReplayed<'_>,
     on_progress: &mut dyn FnMut(u64, i64, i64),
 ) -> Result<RecoveryReport, RecoveryError> {
     let p = input.partition;

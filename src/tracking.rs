@@ -579,7 +579,7 @@ fn finish(at: Location, mut item: Map<String, Value>, received_at: &Value) -> Re
         }
     }
     match event_type {
-        EventType::Track if !item.get("event").and_then(Value::as_str).is_some_and(|e| !e.is_empty()) => {
+        EventType::Track if item.get("event").and_then(Value::as_str).is_none_or(str::is_empty) => {
             return Err(Rejection::MissingEvent { at })
         }
         EventType::Group if !has_id(&item, "groupId") => return Err(Rejection::MissingGroupId { at }),

@@ -232,7 +232,7 @@ fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
         partitions.insert(rec.partition);
         // Client ids are kept; the others got a UUIDv4.
         let i = value["properties"]["i"].as_u64().unwrap();
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             assert_eq!(id, format!("m-{i}"));
         } else {
             assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);

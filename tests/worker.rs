@@ -141,7 +141,7 @@ fn run_bad_input(policy: &str) {
     let out = consume_all(&output.name, true);
 
     assert_eq!(out.len(), expected_out, "policy {policy}");
-    let unkeyed_out = out.iter().filter(|r| matches!(&r.key, None) || r.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 1024)).count();
+    let unkeyed_out = out.iter().filter(|r| r.key.is_none() || r.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 1024)).count();
     assert_eq!(unkeyed_out, if policy == "forward" { unkeyed } else { 0 }, "policy {policy}");
     let dead = consume_all(&dlq.name, true);
     assert_eq!(dead.len(), if policy == "dead-letter" { unkeyed } else { 0 }, "policy {policy}");

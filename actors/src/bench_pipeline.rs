@@ -64,7 +64,10 @@ pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, w
         .with_context(|| format!("creating {topic}"))?;
     }
     eprintln!("bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}", dup_ratio * 100.0);
-    let load = crate::tools::loadgen(config, &input, messages, dup_ratio, Duration::ZERO, value_bytes, None, true)?;
+    let load = crate::tools::loadgen(
+        config,
+        crate::tools::Load { topic: &input, count: messages, dup_ratio, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true },
+    )?;
     eprintln!("bench: produced at {:.0} msgs/s", load.records_per_sec);
 
     let pass = run_mode(config, "passthrough", &input, &out_pass, messages, messages, value_bytes, work_dir)?;
@@ -159,7 +162,18 @@ fn run_mode(
     let in_start = dedupe::kafka::high_watermarks(&config.kafka, input)?;
     let out_start = dedupe::kafka::high_watermarks(&config.kafka, output)?;
     let before_out = out_counter();
-    let load = crate::tools::loadgen(config, input, latency_messages, 0.0, Duration::ZERO, value_bytes, Some(rate), false)?;
+    let load = crate::tools::loadgen(
+        config,
+        crate::tools::Load {
+            topic: input,
+            count: latency_messages,
+            dup_ratio: 0.0,
+            dup_delay: Duration::ZERO,
+            value_bytes,
+            rate_per_sec: Some(rate),
+            show_progress: false,
+        },
+    )?;
     let t1 = Instant::now();
     while out_counter() < before_out + load.distinct_ids as f64 {
         if t1.elapsed() > Duration::from_secs(300) {

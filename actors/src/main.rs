@@ -65,16 +65,16 @@ fn main() -> ExitCode {
         Command::Loadgen(args) => with_config(&args.config, |config| {
             let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
             let delay = Duration::from_millis(args.dup_delay_ms);
-            let summary = tools::loadgen(
-                &config,
-                &args.topic,
-                args.count,
-                args.dup_ratio,
-                delay,
-                args.value_bytes,
-                args.rate,
-                progress,
-            )?;
+            let load = tools::Load {
+                topic: &args.topic,
+                count: args.count,
+                dup_ratio: args.dup_ratio,
+                dup_delay: delay,
+                value_bytes: args.value_bytes,
+                rate_per_sec: args.rate,
+                show_progress: progress,
+            };
+            let summary = tools::loadgen(&config, load)?;
             Ok(serde_json::to_string(&summary)?)
         }),
         Command::Ledger(command) => {

@@ -86,18 +86,27 @@ pub struct LoadgenSummary {
     pub records_per_sec: f64,
 }
 
+/// What `loadgen` produces.
+#[derive(Debug, Clone, Copy)]
+pub struct Load<'a> {
+    pub topic: &'a str,
+    /// Records to produce.
+    pub count: u64,
+    /// The share of records that re-send an earlier id...
+    pub dup_ratio: f64,
+    /// ...sent at least this long before, when there is one that old.
+    pub dup_delay: Duration,
+    /// Approximate size of each record's value.
+    pub value_bytes: usize,
+    /// At most this many records per second; as fast as the broker takes them if None.
+    pub rate_per_sec: Option<f64>,
+    pub show_progress: bool,
+}
+
 /// Produces `count` records keyed by UUIDv4; a share `dup_ratio` of them re-send an id sent
 /// `dup_delay` earlier (or the most recent ones, when nothing is that old yet).
-pub fn loadgen(
-    config: &Config,
-    topic: &str,
-    count: u64,
-    dup_ratio: f64,
-    dup_delay: Duration,
-    value_bytes: usize,
-    rate_per_sec: Option<f64>,
-    show_progress: bool,
-) -> anyhow::Result<LoadgenSummary> {
+pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
+    let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress } = load;
     let producer: ThreadedProducer<DefaultProducerContext> = dedupe::kafka::client_config(&config.kafka)
         .set("enable.idempotence", "true")
         .set("acks", "all")

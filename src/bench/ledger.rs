@@ -270,7 +270,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
             .count() as u64;
         done += n as u64;
         batches += 1;
-        if batches % SAMPLE_EVERY_BATCHES == 0 {
+        if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
             max_disk = max_disk.max(dir_bytes(&ledger_dir));
             if aging_started.is_none() && config.budget_bytes.is_some() {
                 let oldest = ledger.generations()?.first().map(|g| g.meta.id);

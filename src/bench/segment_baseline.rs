@@ -81,7 +81,7 @@ impl SegmentLedger {
         }
         self.db.write(batch)?;
         self.batches += 1;
-        if self.batches % AGING_CHECK_EVERY_BATCHES == 0 {
+        if self.batches.is_multiple_of(AGING_CHECK_EVERY_BATCHES) {
             self.age()?;
         }
         Ok(dups)

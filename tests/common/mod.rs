@@ -61,6 +61,9 @@ pub fn client_config() -> ClientConfig {
     dedupe::kafka::client_config(&kafka_config())
 }
 
+/// A record to produce: its key and value, either possibly absent.
+pub type KeyAndValue = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// A topic with a unique name, deleted when dropped.
 pub struct TestTopic {
     pub name: String,
@@ -147,7 +150,7 @@ pub type Outgoing = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>);
 
 /// Produces `(key, value)` records (idempotent, acks=all) and waits for every acknowledgement.
 /// Returns (partition, offset) of each.
-pub fn produce(topic: &str, records: &[(Option<Vec<u8>>, Option<Vec<u8>>)]) -> Vec<(i32, i64)> {
+pub fn produce(topic: &str, records: &[KeyAndValue]) -> Vec<(i32, i64)> {
     let full: Vec<Outgoing> = records.iter().map(|(k, v)| (k.clone(), v.clone(), Vec::new())).collect();
     produce_full(topic, &full)
 }
