@@ -189,11 +189,8 @@ impl Ledger {
             let _ = std::fs::remove_file(&file);
         }
         ingested?;
-        #[cfg(test)]
-        if std::env::var_os(super::tests::CRASH_AFTER_INGEST_ENV).is_some() {
-            // The crash test's child dies between the atomic step and the bookkeeping after it.
-            std::process::abort();
-        }
+        // The crash tests die here: between the atomic step and the bookkeeping after it.
+        fail::fail_point!("ledger-after-ingest", |_| std::process::abort());
         let meta_cf = self.cf(CF_META)?;
         let progress_cf = self.cf(CF_PROGRESS)?;
         let mut batch = WriteBatch::default();
