@@ -12,6 +12,12 @@ deploy/local/kafka.sh up
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests.
 cargo test --release --locked --workspace --features dedupe-actors/failpoints -- --test-threads="${TEST_THREADS:-2}"
 
+# Lints: clippy on every target, warnings as errors (release: it reuses the compiled C++ above),
+# and no unused dependency.
+cargo clippy --release --locked --workspace --all-targets --features dedupe-actors/failpoints -- -D warnings
+command -v cargo-machete >/dev/null || cargo install --locked cargo-machete
+cargo machete
+
 # Python: Segment's own client (segment-analytics-python) against the real `dedupe ingest` and
 # worker, in a venv of pinned packages.
 venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
