@@ -15,7 +15,7 @@ use std::collections::HashSet;
 
 use crate::config::UnkeyedPolicy;
 use crate::identity::LedgerKey;
-use crate::message_id::Unkeyed;
+use crate::identity::Unkeyed;
 
 /// One input record, as far as the decision is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,6 @@ pub mod identity;
 pub mod ledger;
 pub mod kafka;
 pub mod metrics;
-pub mod message_id;
 pub mod output;
 pub mod progress;
 pub mod recovery;

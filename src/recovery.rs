@@ -32,7 +32,7 @@ use crate::config::{IdSource, KafkaConfig};
 use crate::identity::LedgerKey;
 use crate::ledger::LedgerError;
 use crate::kafka::client_config;
-use crate::message_id::{message_key, RecordView};
+use crate::identity::{message_key, RecordView};
 use crate::progress::Progress;
 
 /// How many replayed ids are recorded per ledger write.

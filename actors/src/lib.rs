@@ -1,20 +1,35 @@
-//! The actix layer of dedupe: the actors that drive the domain core, and the command line.
+//! The actix layer of dedupe, laid out as the service is:
 //!
-//! - [`consumer::PartitionConsumer`]: one per owned input partition.
-//! - [`ledger::LedgerActor`]: owns the worker's one RocksDB ledger (on a `SyncArbiter`).
-//! - [`producer::Publisher`]: writes the output topic, one transactional producer per partition.
-//! - [`coordinator::Coordinator`]: recovery, restarts, stats, graceful shutdown.
+//! - [`actors`]: the worker's actors. [`actors::consumer::PartitionConsumer`], one per owned input
+//!   partition; [`actors::ledger::LedgerActor`], which owns the worker's one RocksDB ledger (on a
+//!   `SyncArbiter`); [`actors::producer::Publisher`], which writes the output topic, one
+//!   transactional producer per partition; [`actors::coordinator::Coordinator`]: recovery,
+//!   restarts, snapshots, stats, graceful shutdown; and the [`actors::events`] they emit.
+//! - [`http`]: the HTTP servers. The tracking API ([`http::ingest`]), metrics and the admin
+//!   endpoint ([`http::telemetry`]), and what bounds every connection ([`http::server`],
+//!   [`http::guarded_stream`]).
+//! - [`cli`]: the command line and the operator's commands ([`cli::tools`]).
+//! - [`run`]: the worker, wired together.
+//! - [`bench`]: the pipeline bench.
 
-pub mod bench_pipeline;
+pub mod actors {
+    //! The worker's actors and the events they emit.
+    pub mod consumer;
+    pub mod coordinator;
+    pub mod events;
+    pub mod ledger;
+    pub mod producer;
+}
+pub mod bench {
+    //! Benches that run the real worker.
+    pub mod pipeline;
+}
 pub mod cli;
-pub mod consumer;
-pub mod coordinator;
-pub mod events;
-pub mod guarded_stream;
-pub mod http_server;
-pub mod ingest;
-pub mod ledger;
-pub mod producer;
+pub mod http {
+    //! The HTTP servers and what bounds their connections.
+    pub mod guarded_stream;
+    pub mod ingest;
+    pub mod server;
+    pub mod telemetry;
+}
 pub mod run;
-pub mod telemetry;
-pub mod tools;

@@ -7,8 +7,11 @@ use std::time::Duration;
 use clap::Parser;
 use dedupe::config::Config;
 use dedupe_actors::cli::{BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, LedgerCommand};
-use dedupe_actors::coordinator::RunOptions;
-use dedupe_actors::{bench_pipeline, ingest, run, telemetry, tools};
+use dedupe_actors::actors::coordinator::RunOptions;
+use dedupe_actors::bench::pipeline as bench_pipeline;
+use dedupe_actors::cli::tools;
+use dedupe_actors::http::{ingest, telemetry};
+use dedupe_actors::run;
 
 fn main() -> ExitCode {
     // Crash tests name failpoints in FAILPOINTS; without the `failpoints` feature this does nothing.

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
-use dedupe::config::{Config, DurabilityMode};
-use dedupe::ledger::{Durability, Ledger, LedgerOptions};
+use dedupe::config::Config;
+use dedupe::ledger::{Ledger, LedgerOptions};
 
-use crate::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
-use crate::ledger::LedgerActor;
+use crate::actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
+use crate::actors::ledger::LedgerActor;
 
 /// The ledger options the configuration asks for.
 pub fn ledger_options(config: &Config) -> LedgerOptions {
@@ -17,11 +17,7 @@ pub fn ledger_options(config: &Config) -> LedgerOptions {
     LedgerOptions {
         budget_bytes: l.budget_bytes.0,
         generations: l.generations as u32,
-        durability: match l.durability {
-            DurabilityMode::SyncWal => Durability::SyncWal,
-            DurabilityMode::Wal => Durability::Wal,
-            DurabilityMode::NoWal => Durability::NoWal,
-        },
+        durability: l.durability,
         block_cache_bytes: l.block_cache_bytes.0 as usize,
         write_buffer_bytes: l.write_buffer_bytes.0 as usize,
         ..LedgerOptions::default()
@@ -77,7 +73,7 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
 
 /// Runs the worker until a signal or a fatal error; returns the process exit code.
 pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
-    let handle = crate::telemetry::init_metrics()?;
+    let handle = crate::http::telemetry::init_metrics()?;
     let partitions = owned_partitions(&config)?;
     let path = config.worker.data_dir.clone();
     std::fs::create_dir_all(&path).with_context(|| format!("creating the ledger directory {}", path.display()))?;
@@ -97,7 +93,7 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
         let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
         let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health.clone(), options).start();
         let server =
-            crate::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone())?;
+            crate::http::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone())?;
         let server_handle = server.handle();
         actix_rt::spawn(server);
         tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");

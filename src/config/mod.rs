@@ -32,7 +32,7 @@ mod worker;
 
 pub use ingest::IngestConfig;
 pub use kafka::{is_secret_property, KafkaConfig, SecurityProtocol};
-pub use ledger::{DurabilityMode, LedgerConfig};
+pub use ledger::LedgerConfig;
 pub use secret::Secret;
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};

@@ -95,7 +95,7 @@
 //! # Where the code is
 //! - `mod.rs`: [`Ledger`] and its public methods, each a short entry point into the files below;
 //!   the in-memory state they share; the public constants.
-//! - `options.rs`: [`LedgerOptions`], [`Durability`], [`MemtableKind`].
+//! - `options.rs`: [`LedgerOptions`], [`Durability`].
 //! - `error.rs`: [`LedgerError`], and the one place RocksDB and I/O errors are converted.
 //! - `format.rs`: the on-disk format above: keys, first-seen encoding, metadata, commit records.
 //! - `batch_log.rs`: the batch log and its records.
@@ -142,7 +142,7 @@ mod tuning;
 
 pub use error::{LedgerError, Result};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
-pub use options::{Durability, LedgerOptions, MemtableKind};
+pub use options::{Durability, LedgerOptions};
 pub use stats::{GenerationInfo, LedgerStats};
 
 use batch_log::BatchLog;

@@ -1,11 +1,12 @@
-//! Configuration of a ledger: [`LedgerOptions`], with the crash [`Durability`] and the
-//! [`MemtableKind`] it chooses.
+//! Configuration of a ledger: [`LedgerOptions`], with the crash [`Durability`] it chooses.
 
 use super::index::IdIndex;
 
 /// How much of the most recent work may be lost on a crash (see the [module docs](super) for
-/// costs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// costs). The one type for it: the configuration's `ledger.durability` and the bench's
+/// `--durability` parse into it (`sync-wal`, `wal`, `no-wal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Durability {
     /// The batch log (the ledger's WAL), fsynced per batch: nothing is lost, even on power
     /// failure.
@@ -17,14 +18,31 @@ pub enum Durability {
     NoWal,
 }
 
-/// Memtable implementation of the generation column families.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemtableKind {
-    /// RocksDB's default sorted skiplist: every insert is an O(log n) walk with cache misses.
-    SkipList,
-    /// A hash table of short sorted lists, keyed by the whole 16-byte key: inserts and lookups
-    /// are O(1); the sort is paid once per memtable, by the flush thread.
-    HashLinkList,
+impl Durability {
+    pub const ALL: [Durability; 3] = [Self::SyncWal, Self::Wal, Self::NoWal];
+
+    /// The name used in configuration and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SyncWal => "sync-wal",
+            Self::Wal => "wal",
+            Self::NoWal => "no-wal",
+        }
+    }
+}
+
+impl std::fmt::Display for Durability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| format!("`{s}` is not one of sync-wal, wal, no-wal"))
+    }
 }
 
 /// Ledger configuration. A plain struct: the service maps its configuration onto it.
@@ -64,11 +82,6 @@ pub struct LedgerOptions {
     pub filter_bits_per_key: f64,
     /// RocksDB background threads (flush + compaction). Default 2, the core count measured on.
     pub background_jobs: i32,
-    /// Memtable implementation of the generation column families (see [`MemtableKind`]). Default
-    /// [`MemtableKind::SkipList`]. Since ids are buffered and ingested, generation memtables stay
-    /// empty (only a version 1 ledger's WAL replays into them), so this hardly matters any more;
-    /// when ids went through memtables, `HashLinkList` measured slower (0.31M vs 0.45M ids/s).
-    pub memtable: MemtableKind,
     /// Keys between restart points in data blocks. Larger shares more key prefix (random keys
     /// share ~3 bytes with their neighbour) at the cost of a longer scan inside a block on a hit.
     /// Default 64 (RocksDB's is 16): measured (with LZ4) 22.7 instead of 23.2 bytes per id; only
@@ -98,7 +111,6 @@ impl Default for LedgerOptions {
             max_write_buffers: 3,
             filter_bits_per_key: 10.0,
             background_jobs: 2,
-            memtable: MemtableKind::SkipList,
             block_restart_interval: 64,
             index_capacity_ids: None,
             build_index: true,

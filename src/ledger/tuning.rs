@@ -4,8 +4,7 @@
 
 use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, Options, WriteOptions};
 
-use super::{Durability, Ledger, LedgerOptions, MemtableKind};
-use crate::identity::LEDGER_KEY_BYTES;
+use super::{Durability, Ledger, LedgerOptions};
 
 pub(super) fn db_options(options: &LedgerOptions, create: bool) -> Options {
     let mut db = Options::default();
@@ -74,13 +73,9 @@ fn generation_options(options: &LedgerOptions, cache: &Cache, ribbon: bool) -> O
     cf.set_bottommost_compression_options(-14, ZSTD_LEVEL, 0, 0, true);
     cf.set_write_buffer_size(effective_write_buffer_bytes(options));
     cf.set_max_write_buffer_number(options.max_write_buffers);
-    if options.memtable == MemtableKind::HashLinkList {
-        // The "prefix" is the whole key, so it adds nothing to the filters.
-        cf.set_prefix_extractor(rocksdb::SliceTransform::create_fixed_prefix(LEDGER_KEY_BYTES));
-        cf.set_memtable_factory(rocksdb::MemtableFactory::HashLinkList {
-            bucket_count: (options.write_buffer_bytes / 48).max(1024),
-        });
-    }
+    // Ids are buffered and ingested as sorted files, so generation memtables stay empty (only a
+    // version 1 ledger's WAL replays into them): RocksDB's default skiplist serves. (When ids
+    // went through memtables, a hash-linked-list memtable measured slower: 0.31M vs 0.45M ids/s.)
     cf.set_memtable_prefix_bloom_ratio(0.1);
     cf.set_memtable_whole_key_filtering(true);
     cf.set_target_file_size_base(64 << 20);

@@ -19,7 +19,7 @@ use dedupe::batch::{self, Candidate, Fate};
 use dedupe::config::{IdSource, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
 use dedupe::ledger::LedgerError;
-use dedupe::message_id::{message_key, RecordView, Unkeyed};
+use dedupe::identity::{message_key, RecordView, Unkeyed};
 use dedupe::metrics as m;
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
@@ -30,8 +30,8 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::ledger::{CheckAndRecord, LedgerActor, Lookup};
-use crate::producer::{Publish, Publisher};
+use crate::actors::ledger::{CheckAndRecord, LedgerActor, Lookup};
+use crate::actors::producer::{Publish, Publisher};
 
 /// Settings every partition pipeline shares.
 #[derive(Debug, Clone)]
@@ -181,7 +181,7 @@ impl Pipeline {
                     }
                 }
                 Ok(Err(e)) => {
-                    crate::events::InputReadFailed { partition: self.partition, error: &e }.emit();
+                    crate::actors::events::InputReadFailed { partition: self.partition, error: &e }.emit();
                     if batch.is_empty() {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }

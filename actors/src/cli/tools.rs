@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use dedupe::config::{Config, IdSource};
 use dedupe::identity::LedgerKey;
-use dedupe::message_id::{message_key, RecordView};
+use dedupe::identity::{message_key, RecordView};
 use rand::Rng;
 use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};

@@ -15,8 +15,8 @@ use dedupe::metrics as m;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::coordinator::{Coordinator, Health, TakeSnapshot};
-use crate::events::AdminRefused;
+use crate::actors::coordinator::{Coordinator, Health, TakeSnapshot};
+use crate::actors::events::AdminRefused;
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
 pub fn init_tracing(log: &LogConfig) {

@@ -13,7 +13,14 @@
 //!   version): it is the same on every platform and never depends on partition count or anything
 //!   else about the deployment. The tests pin it with known vectors.
 
+//!
+//! Where a record's id is read from (its key, a header or a JSON field), and why a record has
+//! none, is the `record` submodule's part: [`message_key`], [`RecordView`], [`Unkeyed`].
+
 use std::fmt;
+
+mod record;
+pub use record::{message_key, RecordView, Unkeyed};
 
 /// Longest message id accepted, in bytes.
 pub const MAX_ID_BYTES: usize = 1024;

@@ -1,9 +1,12 @@
 //! The command line: every subcommand of `dedupe` and the flags that override the configuration.
 
+pub mod tools;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use dedupe::config::Overrides;
+use dedupe::ledger::Durability;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -249,19 +252,6 @@ impl IngestArgs {
     }
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum DurabilityArg {
-    SyncWal,
-    Wal,
-    NoWal,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum MemtableArg {
-    SkipList,
-    HashLinkList,
-}
-
 #[derive(Debug, Args)]
 pub struct LedgerBenchArgs {
     /// Ids to insert.
@@ -288,15 +278,12 @@ pub struct LedgerBenchArgs {
     /// Skip the baselines.
     #[arg(long)]
     pub no_baselines: bool,
-    /// Ledger durability.
-    #[arg(long, value_enum)]
-    pub durability: Option<DurabilityArg>,
+    /// Ledger durability: sync-wal, wal or no-wal.
+    #[arg(long)]
+    pub durability: Option<Durability>,
     /// Ledger generations (G).
     #[arg(long)]
     pub generations: Option<u32>,
-    /// Ledger memtable.
-    #[arg(long, value_enum)]
-    pub memtable: Option<MemtableArg>,
     /// Ledger write buffer (one memtable), MiB.
     #[arg(long)]
     pub write_buffer_mib: Option<usize>,
@@ -308,15 +295,8 @@ pub struct LedgerBenchArgs {
 impl LedgerBenchArgs {
     /// The bench configuration these flags ask for.
     pub fn bench_config(&self) -> dedupe::bench::ledger::LedgerBenchConfig {
-        use dedupe::ledger::{Durability, MemtableKind};
         let defaults = dedupe::bench::ledger::LedgerBenchConfig::default();
         let mut ledger = defaults.ledger.clone();
-        if let Some(m) = self.memtable {
-            ledger.memtable = match m {
-                MemtableArg::SkipList => MemtableKind::SkipList,
-                MemtableArg::HashLinkList => MemtableKind::HashLinkList,
-            };
-        }
         if let Some(mib) = self.write_buffer_mib {
             ledger.write_buffer_bytes = mib << 20;
         }
@@ -331,12 +311,7 @@ impl LedgerBenchArgs {
             dir: self.dir.clone(),
             baseline_keys: self.baseline_keys,
             skip_baselines: self.no_baselines,
-            durability: match self.durability {
-                Some(DurabilityArg::SyncWal) => Durability::SyncWal,
-                Some(DurabilityArg::Wal) => Durability::Wal,
-                Some(DurabilityArg::NoWal) => Durability::NoWal,
-                None => defaults.durability,
-            },
+            durability: self.durability.unwrap_or(defaults.durability),
             generations: self.generations.unwrap_or(defaults.generations),
             ledger,
             ..defaults

@@ -1,7 +1,7 @@
 //! Reading a record's message id and turning it into a ledger key, or saying why it has none.
 
 use crate::config::IdSource;
-use crate::identity::{ledger_key, IdError, LedgerKey};
+use super::{ledger_key, IdError, LedgerKey};
 
 /// Why a record has no usable id. The label values are part of the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -64,9 +64,9 @@ pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, w
         .with_context(|| format!("creating {topic}"))?;
     }
     eprintln!("bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}", dup_ratio * 100.0);
-    let load = crate::tools::loadgen(
+    let load = crate::cli::tools::loadgen(
         config,
-        crate::tools::Load { topic: &input, count: messages, dup_ratio, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true },
+        crate::cli::tools::Load { topic: &input, count: messages, dup_ratio, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true },
     )?;
     eprintln!("bench: produced at {:.0} msgs/s", load.records_per_sec);
 
@@ -162,9 +162,9 @@ fn run_mode(
     let in_start = dedupe::kafka::high_watermarks(&config.kafka, input)?;
     let out_start = dedupe::kafka::high_watermarks(&config.kafka, output)?;
     let before_out = out_counter();
-    let load = crate::tools::loadgen(
+    let load = crate::cli::tools::loadgen(
         config,
-        crate::tools::Load {
+        crate::cli::tools::Load {
             topic: input,
             count: latency_messages,
             dup_ratio: 0.0,

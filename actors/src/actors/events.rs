@@ -4,7 +4,7 @@
 
 use dedupe::metrics as m;
 
-use crate::consumer::PipelineError;
+use crate::actors::consumer::PipelineError;
 
 /// The pipeline could not start (topics missing, recovery refused, the broker unreachable).
 pub struct PipelineStartFailed<'a> {

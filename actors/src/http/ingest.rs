@@ -39,7 +39,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use crate::http_server::{serve_http, Limits, LimitsError};
+use crate::http::server::{serve_http, Limits, LimitsError};
 
 /// librdkafka's partitioner that matches the Java client's for keyed records.
 pub const PARTITIONER: &str = "murmur2_random";

@@ -22,10 +22,10 @@ use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
-use crate::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
-use crate::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
-use crate::ledger::{AllProgress, CheckAndRecord, Flush, LedgerActor, Stats};
-use crate::producer::Publisher;
+use crate::actors::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
+use crate::actors::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
+use crate::actors::ledger::{AllProgress, CheckAndRecord, Flush, LedgerActor, Stats};
+use crate::actors::producer::Publisher;
 
 /// Liveness and readiness, shared with the HTTP endpoints.
 #[derive(Default)]
@@ -240,7 +240,7 @@ impl Handler<TakeSnapshot> for Coordinator {
         let ledger = self.ledger.clone();
         let fut = async move {
             let slot = SnapshotSlot::reserve(&root)?;
-            let checkpoint = ledger.send(crate::ledger::Checkpoint { dir: slot.partial.clone() }).await;
+            let checkpoint = ledger.send(crate::actors::ledger::Checkpoint { dir: slot.partial.clone() }).await;
             let progress = match checkpoint {
                 Ok(Ok(progress)) => progress,
                 Ok(Err(source)) => {
