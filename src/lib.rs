@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod output;
 pub mod progress;
 pub mod recovery;
+pub mod retry;
 pub mod snapshot;
 pub mod tracking;
 pub mod window;

@@ -20,6 +20,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
 use crate::kafka::client_config;
+use crate::retry::Backoff;
 
 /// A record to publish, owned (copied out of the consumer's buffers).
 #[derive(Debug, Clone, Default)]
@@ -237,20 +238,33 @@ impl OutputWriter {
         }
     }
 
+    /// Commits, calling `commit_transaction` again on a retriable error (a timeout), as
+    /// librdkafka requires: the commit may have reached the broker, so the transaction must not
+    /// be aborted then. This is the commit's only retry; an aborted transaction is a different
+    /// failure, retried by the caller as a whole batch.
     fn commit_with_retries(&mut self) -> Result<(), PublishError> {
-        let mut attempts = 0;
+        let mut backoff = COMMIT_RETRIES;
         loop {
             match self.producer.commit_transaction(self.timeout) {
                 Ok(()) => return Ok(()),
-                Err(KafkaError::Transaction(ref e)) if e.is_retriable() && attempts < 5 => {
-                    attempts += 1;
-                    tracing::warn!(attempts, "Committing the output transaction timed out; retrying the commit.");
+                Err(e) => {
+                    let retriable = matches!(&e, KafkaError::Transaction(t) if t.is_retriable());
+                    match backoff.next_delay().filter(|_| retriable) {
+                        Some(delay) => {
+                            tracing::warn!(retries = backoff.retries(), "Committing the output transaction timed out; retrying the commit.");
+                            std::thread::sleep(delay);
+                        }
+                        None => return Err(classify(e, &self.transactional_id)),
+                    }
                 }
-                Err(e) => return Err(classify(e, &self.transactional_id)),
             }
         }
     }
 }
+
+/// Retries of a commit that timed out: at once (each call already waits up to the transaction
+/// timeout), five times.
+const COMMIT_RETRIES: Backoff = Backoff::new(Duration::ZERO, Duration::ZERO, 5);
 
 /// Sorts a transactional error into fenced / abortable / fatal.
 fn classify(e: KafkaError, transactional_id: &str) -> PublishError {

@@ -16,6 +16,7 @@ use dedupe::metrics as m;
 use dedupe::output::OutputWriter;
 use dedupe::progress::Progress;
 use dedupe::recovery::{now_ms, recover_partition, RecordFailure, RecoveryInput};
+use dedupe::retry::Backoff;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot};
 use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
 use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
@@ -26,6 +27,10 @@ use crate::actors::consumer::{PartitionConsumer, PartitionStopped, PipelineSetti
 use crate::actors::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
 use crate::actors::ledger::{AllProgress, CheckAndRecord, Flush, LedgerActor, Stats};
 use crate::actors::producer::Publisher;
+
+/// Waits before restarting a failed pipeline: 2, 4, 8, 16, 32 s for the restarts within ten
+/// minutes (after five the worker exits instead).
+const PIPELINE_RESTARTS: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(32), 5);
 
 /// Liveness and readiness, shared with the HTTP endpoints.
 #[derive(Default)]
@@ -318,7 +323,7 @@ impl Handler<PartitionStopped> for Coordinator {
                     System::current().stop_with_code(exit::FAILED);
                     return;
                 }
-                let backoff = Duration::from_secs(1 << self.restarts.len().min(5));
+                let backoff = PIPELINE_RESTARTS.delay(self.restarts.len() as u32);
                 ctx.run_later(backoff, |act, ctx| {
                     if !act.shutting_down {
                         act.start_pipeline(ctx);
