@@ -30,6 +30,23 @@ fn produce_with_repeats(topic: &str, unique: usize, resent: usize) -> usize {
     unique
 }
 
+/// Starts the worker again (ready within two minutes), lets it publish `distinct` ids within
+/// `publish_within`, stops it (exit 0), and checks that the output, now final, holds every input
+/// id exactly once.
+fn restart_and_check_exactly_once(spec: &WorkerSpec, input: &str, output: &str, distinct: usize, publish_within: Duration, what: &str) {
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(120));
+    wait_for_records(output, distinct, publish_within);
+    assert_eq!(worker.terminate(Duration::from_secs(60)), Some(0), "{what}:\n{}", worker.log_text());
+    let out = consume_all(output, true);
+    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys.len(), out.len(), "{what}: duplicates in the output");
+    let (code, summary) = verify(input, output);
+    assert_eq!(code, 0, "{what}: {summary}");
+    assert_eq!(summary["duplicate_ids_in_output"], 0, "{what}: {summary}");
+    assert_eq!(summary["input_ids_missing_from_output"], 0, "{what}: {summary}");
+}
+
 /// Crashes the worker at a failpoint, restarts it clean, and checks the output.
 fn crash_at(failpoints: &str, durability: &str) {
     let input = TestTopic::create("crash-in", 2);
@@ -47,17 +64,8 @@ fn crash_at(failpoints: &str, durability: &str) {
     let partial = consume_all(&output.name, true).len();
     assert!(partial < distinct, "the crash happened before the end ({partial} of {distinct})");
 
-    let mut worker = spec.start();
-    worker.wait_ready(Duration::from_secs(90));
-    wait_for_records(&output.name, distinct, Duration::from_secs(90));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
-    let out = consume_all(&output.name, true);
-    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
-    assert_eq!(keys.len(), out.len(), "duplicates in the output after a crash at {failpoints}");
-    let (code, summary) = verify(&input.name, &output.name);
-    assert_eq!(code, 0, "{failpoints}: {summary}");
-    assert_eq!(summary["duplicate_ids_in_output"], 0);
-    assert_eq!(summary["input_ids_missing_from_output"], 0);
+    let what = format!("after a crash at {failpoints}");
+    restart_and_check_exactly_once(&spec, &input.name, &output.name, distinct, Duration::from_secs(90), &what);
 }
 
 #[test]
@@ -147,15 +155,8 @@ fn chaos_sigkill_at_random_moments() {
     assert!(kills_while_producing >= kills / 2, "only {kills_while_producing} of {kills} kills landed while input was produced");
     let summary: serde_json::Value = serde_json::from_slice(&produced.stdout).expect("loadgen JSON");
     let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
-    let mut w = spec.start();
-    w.wait_ready(Duration::from_secs(120));
-    wait_for_records(&output.name, distinct, Duration::from_secs(300));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0), "{}", w.log_text());
-    let out = consume_all(&output.name, true);
-    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
-    assert_eq!(keys.len(), out.len(), "duplicates after {kills} kills");
-    let (code, summary) = verify(&input.name, &output.name);
-    assert_eq!(code, 0, "after {kills} SIGKILLs: {summary}");
+    let what = format!("after {kills} SIGKILLs");
+    restart_and_check_exactly_once(&spec, &input.name, &output.name, distinct, Duration::from_secs(300), &what);
     eprintln!("chaos: {kills} kills ({kills_while_producing} while producing), {messages} messages, {distinct} distinct ids, {:?}", started.elapsed());
 }
 
@@ -184,15 +185,8 @@ fn a_kill_at_any_moment_of_the_first_start_never_bricks_the_worker() {
         first.kill();
         opened += usize::from(data_dir.join("CURRENT").exists());
 
-        let mut again = spec.start();
-        again.wait_ready(Duration::from_secs(120));
-        wait_for_records(&output.name, distinct, Duration::from_secs(60));
-        assert_eq!(again.terminate(Duration::from_secs(60)), Some(0), "killed at {delay_ms} ms:\n{}", again.log_text());
-        let out = consume_all(&output.name, true);
-        let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
-        assert_eq!(keys.len(), out.len(), "killed at {delay_ms} ms: duplicates in the output");
-        let (code, summary) = verify(&input.name, &output.name);
-        assert_eq!(code, 0, "killed at {delay_ms} ms: {summary}");
+        let what = format!("killed at {delay_ms} ms of its first start");
+        restart_and_check_exactly_once(&spec, &input.name, &output.name, distinct, Duration::from_secs(60), &what);
     }
     assert!(opened > 0, "no kill landed after the ledger existed; the test proves nothing");
 }

@@ -231,16 +231,9 @@ impl Ledger {
     /// Flushes the metadata, progress and live generations' column families together: one
     /// atomic flush.
     pub(super) fn flush_all(&self, state: &State, wait: bool) -> Result<()> {
-        let mut handles = vec![self.cf(CF_META)?, self.cf(CF_PROGRESS)?];
-        for g in &state.generations {
-            handles.push(self.cf(&g.name)?);
-        }
-        let refs: Vec<_> = handles.iter().collect();
-        let mut flush = FlushOptions::default();
-        flush.set_wait(wait);
-        self.db
-            .flush_cfs_opt(&refs, &flush)
-            .map_err(rocks(Doing::Write))
+        let mut names = vec![CF_META, CF_PROGRESS];
+        names.extend(state.generations.iter().map(|g| g.name.as_str()));
+        self.flush_cfs(&names, wait)
     }
 
     /// Flushes the named column families together.
