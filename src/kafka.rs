@@ -68,6 +68,20 @@ pub async fn create_topic(
     Ok(())
 }
 
+/// The topic's `retention.ms` (-1: forever), or `None` when the broker does not say.
+pub async fn topic_retention_ms(kafka: &KafkaConfig, topic: &str) -> Result<Option<i64>, KafkaError> {
+    let admin: AdminClient<DefaultClientContext> = client_config(kafka).create()?;
+    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
+    let results = admin.describe_configs([&rdkafka::admin::ResourceSpecifier::Topic(topic)], &opts).await?;
+    for result in results {
+        let resource = result.map_err(KafkaError::AdminOp)?;
+        if let Some(value) = resource.get("retention.ms").and_then(|e| e.value.as_deref()) {
+            return Ok(value.parse().ok());
+        }
+    }
+    Ok(None)
+}
+
 /// Reads every partition of `topic` from its beginning to its end (the last stable offset when
 /// `read_committed`), calling `each` with every record, then returns how many were read.
 /// Fails if the end is not reached within `timeout`.

@@ -2,6 +2,7 @@
 //! configuration, Kafka client factories and metric names. It knows nothing of actix.
 
 pub mod batch;
+pub mod changelog;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod config;

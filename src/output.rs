@@ -2,6 +2,10 @@
 //! the input offset that follows it are committed in one Kafka transaction, so the output and the
 //! consumer group's position never disagree.
 //!
+//! Each transaction that publishes new ids also writes them to the id changelog
+//! ([`crate::changelog`]), partition for partition, so the changelog is exactly as committed as
+//! the output.
+//!
 //! Fencing: the `transactional.id` is derived from the output topic and the partition
 //! ([`transactional_id`]). A newer worker that starts for the same partition calls
 //! `init_transactions`, which aborts the older one's open transaction and fences it: the older
@@ -19,6 +23,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
+use crate::identity::LedgerKey;
 use crate::kafka::client_config;
 use crate::retry::Backoff;
 
@@ -36,6 +41,20 @@ pub struct OutRecord {
 pub struct Committed {
     /// Output offset of the last record written to the partition, if any was.
     pub last_output_offset: Option<i64>,
+    /// Offset of the changelog record written, if the batch had new ids.
+    pub changelog_offset: Option<i64>,
+}
+
+/// One batch to commit: its new records, its dead letters, its new ids (for the changelog) and
+/// the input offset that follows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub records: &'a [OutRecord],
+    pub dead_letters: &'a [OutRecord],
+    pub new_ids: &'a [(LedgerKey, i64)],
+    pub input_topic: &'a str,
+    pub input_partition: i32,
+    pub next_input_offset: i64,
 }
 
 /// Why a transaction did not commit, and what the caller must do.
@@ -58,16 +77,45 @@ impl PublishError {
     }
 }
 
+/// The topics one output producer writes.
+#[derive(Debug, Clone, Copy)]
+pub struct OutputTopics<'a> {
+    pub output: &'a str,
+    pub changelog: &'a str,
+    pub dead_letter: Option<&'a str>,
+}
+
 /// The transactional id of the producer that owns `partition` of `output_topic`.
 pub fn transactional_id(output_topic: &str, partition: i32) -> String {
     format!("dedupe-{output_topic}-{partition}")
 }
 
-/// Counts delivery results so a transaction knows where its records landed.
-#[derive(Default)]
+/// Counts delivery results so a transaction knows where its output records and its changelog
+/// record landed.
 pub struct DeliveryTracker {
-    last_offset: AtomicI64,
+    output_topic: String,
+    changelog_topic: String,
+    last_output: AtomicI64,
+    last_changelog: AtomicI64,
     failures: AtomicU64,
+}
+
+impl DeliveryTracker {
+    fn new(output_topic: &str, changelog_topic: &str) -> Self {
+        Self {
+            output_topic: output_topic.to_string(),
+            changelog_topic: changelog_topic.to_string(),
+            last_output: AtomicI64::new(-1),
+            last_changelog: AtomicI64::new(-1),
+            failures: AtomicU64::new(0),
+        }
+    }
+
+    fn reset(&self) {
+        self.last_output.store(-1, Ordering::Relaxed);
+        self.last_changelog.store(-1, Ordering::Relaxed);
+        self.failures.store(0, Ordering::Relaxed);
+    }
 }
 
 impl ClientContext for DeliveryTracker {}
@@ -78,7 +126,13 @@ impl ProducerContext for DeliveryTracker {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         match result {
             Ok(m) => {
-                self.last_offset.fetch_max(rdkafka::Message::offset(m), Ordering::Relaxed);
+                let topic = rdkafka::Message::topic(m);
+                let offset = rdkafka::Message::offset(m);
+                if topic == self.output_topic {
+                    self.last_output.fetch_max(offset, Ordering::Relaxed);
+                } else if topic == self.changelog_topic {
+                    self.last_changelog.fetch_max(offset, Ordering::Relaxed);
+                }
             }
             Err(_) => {
                 self.failures.fetch_add(1, Ordering::Relaxed);
@@ -92,6 +146,7 @@ pub struct OutputWriter {
     producer: BaseProducer<DeliveryTracker>,
     topic: String,
     partition: i32,
+    changelog_topic: String,
     dead_letter_topic: Option<String>,
     transactional_id: String,
     timeout: Duration,
@@ -100,13 +155,8 @@ pub struct OutputWriter {
 impl OutputWriter {
     /// Creates the producer and calls `init_transactions`, which fences any older producer of
     /// the same partition and aborts its open transaction.
-    pub fn open(
-        kafka: &KafkaConfig,
-        topic: &str,
-        partition: i32,
-        dead_letter_topic: Option<&str>,
-        transaction_timeout_ms: u64,
-    ) -> Result<Self, PublishError> {
+    pub fn open(kafka: &KafkaConfig, topics: &OutputTopics<'_>, partition: i32, transaction_timeout_ms: u64) -> Result<Self, PublishError> {
+        let topic = topics.output;
         let transactional_id = transactional_id(topic, partition);
         let producer: BaseProducer<DeliveryTracker> = client_config(kafka)
             .set("transactional.id", &transactional_id)
@@ -117,7 +167,7 @@ impl OutputWriter {
             .set("batch.size", "1000000")
             .set("compression.type", "lz4")
             .set("queue.buffering.max.kbytes", "262144")
-            .create_with_context(DeliveryTracker::default())
+            .create_with_context(DeliveryTracker::new(topic, topics.changelog))
             .map_err(|source| PublishError::Fatal { source })?;
         let timeout = Duration::from_millis(transaction_timeout_ms.max(10_000));
         producer.init_transactions(timeout).map_err(|e| classify(e, &transactional_id))?;
@@ -125,7 +175,8 @@ impl OutputWriter {
             producer,
             topic: topic.to_string(),
             partition,
-            dead_letter_topic: dead_letter_topic.map(str::to_string),
+            changelog_topic: topics.changelog.to_string(),
+            dead_letter_topic: topics.dead_letter.map(str::to_string),
             transactional_id,
             timeout,
         })
@@ -135,22 +186,14 @@ impl OutputWriter {
         &self.transactional_id
     }
 
-    /// Publishes `records` to the output partition and `dead_letters` to the dead-letter topic,
-    /// and commits them with `next_input_offset` for the input partition, in one transaction.
-    /// On any error the transaction is aborted (or the producer is declared unusable).
-    pub fn publish(
-        &mut self,
-        records: &[OutRecord],
-        dead_letters: &[OutRecord],
-        input_topic: &str,
-        input_partition: i32,
-        next_input_offset: i64,
-        group: &ConsumerGroupMetadata,
-    ) -> Result<Committed, PublishError> {
-        self.producer.context().last_offset.store(-1, Ordering::Relaxed);
-        self.producer.context().failures.store(0, Ordering::Relaxed);
+    /// Publishes the batch's records to the output partition, its dead letters to the dead-letter
+    /// topic and its new ids to the changelog partition, and commits them with the next input
+    /// offset for the input partition, in one transaction. On any error the transaction is
+    /// aborted (or the producer is declared unusable).
+    pub fn publish(&mut self, batch: &Batch<'_>, group: &ConsumerGroupMetadata) -> Result<Committed, PublishError> {
+        self.producer.context().reset();
         self.producer.begin_transaction().map_err(|e| classify(e, &self.transactional_id))?;
-        let result = self.fill_and_commit(records, dead_letters, input_topic, input_partition, next_input_offset, group);
+        let result = self.fill_and_commit(batch, group);
         match result {
             Ok(c) => Ok(c),
             Err(PublishError::Aborted { source }) => {
@@ -164,25 +207,21 @@ impl OutputWriter {
         }
     }
 
-    fn fill_and_commit(
-        &mut self,
-        records: &[OutRecord],
-        dead_letters: &[OutRecord],
-        input_topic: &str,
-        input_partition: i32,
-        next_input_offset: i64,
-        group: &ConsumerGroupMetadata,
-    ) -> Result<Committed, PublishError> {
+    fn fill_and_commit(&mut self, batch: &Batch<'_>, group: &ConsumerGroupMetadata) -> Result<Committed, PublishError> {
         fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
             source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
         }));
-        for r in records {
+        for r in batch.records {
             self.send(&self.topic.clone(), Some(self.partition), r)?;
         }
         if let Some(dlq) = self.dead_letter_topic.clone() {
-            for r in dead_letters {
+            for r in batch.dead_letters {
                 self.send(&dlq, None, r)?;
             }
+        }
+        if let Some(value) = crate::changelog::encode(batch.new_ids) {
+            let r = OutRecord { value: Some(value), ..OutRecord::default() };
+            self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
         }
         self.producer.flush(self.timeout).map_err(|e| classify(e, &self.transactional_id))?;
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
@@ -192,7 +231,7 @@ impl OutputWriter {
         }
         let mut offsets = TopicPartitionList::new();
         offsets
-            .add_partition_offset(input_topic, input_partition, Offset::Offset(next_input_offset))
+            .add_partition_offset(batch.input_topic, batch.input_partition, Offset::Offset(batch.next_input_offset))
             .map_err(|source| PublishError::Fatal { source })?;
         self.producer
             .send_offsets_to_transaction(&offsets, group, self.timeout)
@@ -202,8 +241,10 @@ impl OutputWriter {
             std::process::exit(86)
         });
         self.commit_with_retries()?;
-        let last = self.producer.context().last_offset.load(Ordering::Relaxed);
-        Ok(Committed { last_output_offset: (last >= 0).then_some(last) })
+        let tracker = self.producer.context();
+        let last = tracker.last_output.load(Ordering::Relaxed);
+        let changelog = tracker.last_changelog.load(Ordering::Relaxed);
+        Ok(Committed { last_output_offset: (last >= 0).then_some(last), changelog_offset: (changelog >= 0).then_some(changelog) })
     }
 
     fn send(&self, topic: &str, partition: Option<i32>, r: &OutRecord) -> Result<(), PublishError> {

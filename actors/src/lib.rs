@@ -19,9 +19,13 @@ pub mod actors {
     pub mod events;
     pub mod ledger;
     pub mod producer;
+    pub mod snapshots;
+    pub mod membership;
+    pub mod handover;
 }
 pub mod bench {
     //! Benches that run the real worker.
+    pub mod handoff;
     pub mod pipeline;
 }
 pub mod cli;

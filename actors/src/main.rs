@@ -105,6 +105,20 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&report).unwrap_or_default());
             ExitCode::SUCCESS
         }
+        Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| {
+            let tmp = tempfile::tempdir()?;
+            let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+            let result = dedupe_actors::bench::handoff::run(&config, args.ids, &dir)?;
+            let mut out = String::new();
+            if !args.json {
+                out.push_str(&format!(
+                    "{} ids: ready {:.2} s after the assignment, window back in {:.2} s ({:.0} s before, {:.0} s after)\n",
+                    result.ids, result.handover_ready_secs, result.window_restored_secs, result.window_before_secs, result.window_after_secs
+                ));
+            }
+            out.push_str(&serde_json::to_string(&result)?);
+            Ok(out)
+        }),
         Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| {
             let tmp = tempfile::tempdir()?;
             let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());

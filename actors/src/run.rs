@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
-use dedupe::config::Config;
+use dedupe::config::{Assignment, Config};
 use dedupe::ledger::{Ledger, LedgerOptions};
 
 use crate::actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
@@ -33,8 +33,34 @@ pub fn maintenance_ledger_options(config: &Config) -> LedgerOptions {
     }
 }
 
-/// Which input partitions this worker owns, after checking both topics.
+/// Which input partitions this worker owns (in static mode; none up front in group mode), after
+/// checking the input and output topics and making sure the id changelog is there.
 pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
+    let all = check_topics(config)?;
+    let input = all.len();
+    ensure_changelog(config, input)?;
+    if config.worker.assignment == Assignment::Group {
+        return Ok(Vec::new());
+    }
+    let w = &config.worker;
+    let owned = match (&w.partitions, w.worker_index, w.worker_count) {
+        (Some(set), _, _) => {
+            if let Some(p) = set.0.iter().find(|&&p| p as usize >= input) {
+                bail!("worker.partitions names partition {p}, but the input topic {} has only {input}", w.input_topic);
+            }
+            set.0.clone()
+        }
+        (None, Some(i), Some(n)) => all.into_iter().filter(|p| *p as u32 % n == i).collect(),
+        _ => all,
+    };
+    if owned.is_empty() {
+        bail!("this worker owns no partition of {} ({input} partitions)", w.input_topic);
+    }
+    Ok(owned)
+}
+
+/// Checks that the input and output topics exist and fit; returns every input partition.
+fn check_topics(config: &Config) -> anyhow::Result<Vec<i32>> {
     let w = &config.worker;
     let t = Duration::from_secs(15);
     let input = dedupe::kafka::partition_count(&config.kafka, &w.input_topic, t)
@@ -54,21 +80,44 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
             w.input_topic
         );
     }
-    let all: Vec<i32> = (0..input as i32).collect();
-    let owned = match (&w.partitions, w.worker_index, w.worker_count) {
-        (Some(set), _, _) => {
-            if let Some(p) = set.0.iter().find(|&&p| p as usize >= input) {
-                bail!("worker.partitions names partition {p}, but the input topic {} has only {input}", w.input_topic);
-            }
-            set.0.clone()
+    Ok((0..input as i32).collect())
+}
+
+/// Makes sure the id changelog exists with as many partitions as the input and keeps ids at
+/// least `worker.promised_window_secs`; creates it (with `worker.changelog_retention_secs`) when
+/// it is missing.
+fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
+    let w = &config.worker;
+    let topic = w.changelog_topic();
+    let t = Duration::from_secs(15);
+    let existing = dedupe::kafka::partition_count(&config.kafka, &topic, t)
+        .with_context(|| format!("worker.changelog_topic: reading metadata of {topic}"))?;
+    match existing {
+        None => {
+            let retention_ms = (w.changelog_retention_secs * 1000).to_string();
+            let configs = [("cleanup.policy", "delete"), ("retention.ms", retention_ms.as_str())];
+            futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, &topic, input_partitions as i32, -1, &configs))
+                .with_context(|| format!("worker.changelog_topic: the id changelog {topic} does not exist and could not be created; create it with {input_partitions} partitions and retention.ms >= {} s", w.promised_window_secs))?;
+            tracing::info!(topic = %topic, partitions = input_partitions, retention_secs = w.changelog_retention_secs, "Created the id changelog topic.");
         }
-        (None, Some(i), Some(n)) => all.into_iter().filter(|p| *p as u32 % n == i).collect(),
-        _ => all,
-    };
-    if owned.is_empty() {
-        bail!("this worker owns no partition of {} ({input} partitions)", w.input_topic);
+        Some(n) if n < input_partitions => {
+            bail!("worker.changelog_topic: the id changelog {topic} has {n} partitions but the input has {input_partitions}; it needs at least {input_partitions}")
+        }
+        Some(_) => {
+            let retention = futures::executor::block_on(dedupe::kafka::topic_retention_ms(&config.kafka, &topic))
+                .with_context(|| format!("worker.changelog_topic: reading the configuration of {topic}"))?;
+            if let Some(ms) = retention.filter(|&ms| ms >= 0) {
+                if (ms as u64) < w.promised_window_secs * 1000 {
+                    bail!(
+                        "worker.promised_window_secs: the id changelog {topic} keeps records {} s (retention.ms), less than the promised window of {} s; raise its retention.ms",
+                        ms / 1000,
+                        w.promised_window_secs
+                    );
+                }
+            }
+        }
     }
-    Ok(owned)
+    Ok(())
 }
 
 /// Runs the worker until a signal or a fatal error; returns the process exit code.

@@ -93,6 +93,13 @@ transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=4
 group.initial.rebalance.delay.ms=0
+# The consumer group protocol (KIP-848) of worker.assignment = "group": a member that dies is
+# replaced after the session timeout. Kafka's defaults (45 s, heartbeats every 5 s) suit
+# production; the local broker moves partitions faster so the tests and benches run quickly.
+group.consumer.min.session.timeout.ms=6000
+group.consumer.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.heartbeat.interval.ms=1000
 auto.create.topics.enable=false
 delete.topic.enable=true
 log.retention.hours=168

@@ -37,7 +37,7 @@ pub use secret::Secret;
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};
 pub use units::ByteSize;
-pub use worker::{IdSource, PartitionSet, UnkeyedPolicy, WorkerConfig};
+pub use worker::{Assignment, IdSource, PartitionSet, UnkeyedPolicy, WorkerConfig};
 
 #[cfg(test)]
 mod tests;
@@ -89,6 +89,10 @@ pub struct Overrides {
     pub worker_index: Option<u32>,
     /// `--worker-count`: `worker.worker_count`.
     pub worker_count: Option<u32>,
+    /// `--assignment`: `worker.assignment`, `static` or `group`.
+    pub assignment: Option<String>,
+    /// `--member-id`: `worker.member_id`.
+    pub member_id: Option<String>,
     /// `--metrics-addr`: `metrics.addr`, parsed as a socket address.
     pub metrics_addr: Option<String>,
     /// `--log-format`: `log.format`, `human` or `json`.
@@ -203,6 +207,12 @@ fn apply_worker(w: &mut WorkerConfig, o: &Overrides) -> Result<(), ConfigError> 
     }
     if let Some(v) = o.worker_count {
         w.worker_count = Some(v);
+    }
+    if let Some(v) = &o.assignment {
+        w.assignment = v.parse().map_err(|m| ConfigError::invalid("--assignment", m))?;
+    }
+    if let Some(v) = &o.member_id {
+        w.member_id = Some(v.clone());
     }
     Ok(())
 }

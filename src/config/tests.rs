@@ -142,3 +142,30 @@ fn byte_sizes() {
     assert_eq!(ByteSize(16 << 30).to_string(), "16GiB");
     assert!(ByteSize::parse("5 parsecs").is_err());
 }
+
+#[test]
+fn group_assignment_settings_are_checked_naming_the_key() {
+    let err = load_str("[worker]\nassignment = \"elastic\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.assignment:"), "{err}");
+    let err = load_str("", &[("DEDUPE_WORKER_ASSIGNMENT", "elastic")]).unwrap_err().to_string();
+    assert!(err.contains("worker.assignment"), "{err}");
+    let o = Overrides { assignment: Some("elastic".into()), ..Default::default() };
+    let err = Config::load(None, std::iter::empty(), &o).unwrap_err().to_string();
+    assert!(err.starts_with("--assignment:"), "{err}");
+
+    let err = load_str("[worker]\nassignment = \"group\"\npartitions = \"0-3\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.partitions:"), "{err}");
+    let err = load_str("[worker]\nassignment = \"group\"\nworker_index = 0\nworker_count = 2\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.worker_index:"), "{err}");
+    let err = load_str("[worker]\nchangelog_retention_secs = 3600\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.changelog_retention_secs:") && err.contains("promised_window_secs"), "{err}");
+    let err = load_str("[worker]\nchangelog_topic = \"events.out\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.changelog_topic:"), "{err}");
+    let err = load_str("[worker]\nmember_id = \" \"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.member_id:"), "{err}");
+
+    let c = load_str("[worker]\nassignment = \"group\"\nmember_id = \"w-1\"\n", &[]).unwrap();
+    assert_eq!(c.worker.assignment, Assignment::Group);
+    assert_eq!(c.worker.member_id().as_deref(), Some("w-1"));
+    assert_eq!(c.worker.changelog_topic(), "events.out.ids", "the default follows the output topic");
+}

@@ -4,7 +4,7 @@
 //! in that order; the snapshot and ingest checks interleave, as they always have, so that the
 //! error a given file gets does not change.
 
-use super::{ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, UnkeyedPolicy, WorkerConfig};
+use super::{Assignment, ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, UnkeyedPolicy, WorkerConfig};
 
 fn bad(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::invalid(key, message)
@@ -16,6 +16,7 @@ impl Config {
         check_kafka(&self.kafka)?;
         check_worker_topics(&self.worker)?;
         check_worker_ownership(&self.worker)?;
+        check_worker_changelog(&self.worker)?;
         check_worker_unkeyed(&self.worker)?;
         check_worker_batches(&self.worker)?;
         check_ledger(&self.ledger)?;
@@ -53,6 +54,14 @@ fn check_worker_topics(w: &WorkerConfig) -> Result<(), ConfigError> {
 
 /// Which partitions the worker owns: `partitions`, or `worker_index` with `worker_count`.
 fn check_worker_ownership(w: &WorkerConfig) -> Result<(), ConfigError> {
+    if w.assignment == Assignment::Group {
+        if w.partitions.is_some() {
+            return Err(bad("worker.partitions", "must not be set with worker.assignment = \"group\" (the group coordinator assigns partitions)"));
+        }
+        if w.worker_index.is_some() || w.worker_count.is_some() {
+            return Err(bad("worker.worker_index", "worker_index/worker_count must not be set with worker.assignment = \"group\" (the group coordinator assigns partitions)"));
+        }
+    }
     match (w.worker_index, w.worker_count) {
         (Some(_), None) => Err(bad("worker.worker_count", "must be set with worker.worker_index")),
         (None, Some(_)) => Err(bad("worker.worker_index", "must be set with worker.worker_count")),
@@ -70,6 +79,33 @@ fn check_worker_ownership(w: &WorkerConfig) -> Result<(), ConfigError> {
         }
         (None, None) => Ok(()),
     }
+}
+
+/// The id changelog and the window it must be able to move.
+fn check_worker_changelog(w: &WorkerConfig) -> Result<(), ConfigError> {
+    let changelog = w.changelog_topic();
+    if changelog.trim().is_empty() {
+        return Err(bad("worker.changelog_topic", "must not be empty"));
+    }
+    if changelog == w.input_topic || changelog == w.output_topic || w.dead_letter_topic.as_deref() == Some(changelog.as_str()) {
+        return Err(bad("worker.changelog_topic", "must differ from the input, output and dead-letter topics"));
+    }
+    if w.promised_window_secs == 0 {
+        return Err(bad("worker.promised_window_secs", "must be positive"));
+    }
+    if w.changelog_retention_secs < w.promised_window_secs {
+        return Err(bad(
+            "worker.changelog_retention_secs",
+            format!(
+                "{} s is shorter than worker.promised_window_secs ({} s): a partition that moves could not take its promised window with it",
+                w.changelog_retention_secs, w.promised_window_secs
+            ),
+        ));
+    }
+    if w.member_id.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        return Err(bad("worker.member_id", "must not be empty (leave it unset to use the host name)"));
+    }
+    Ok(())
 }
 
 /// `dead-letter` needs a topic of its own.

@@ -16,8 +16,27 @@ pub struct WorkerConfig {
     pub input_topic: String,
     /// The output topic: the source of truth, needs at least as many partitions as the input.
     pub output_topic: String,
-    /// The consumer group whose committed offsets the transactions carry.
+    /// The consumer group whose committed offsets the transactions carry (and, with
+    /// `assignment = "group"`, whose coordinator decides which worker owns which partition).
     pub group_id: String,
+    /// Who decides which input partitions this worker owns: `static` (this configuration:
+    /// `partitions`, or `worker_index`/`worker_count`, or every partition) or `group` (Kafka's
+    /// group coordinator, KIP-848; partitions move between workers as workers come and go).
+    pub assignment: Assignment,
+    /// With `assignment = "group"`: this worker's `group.instance.id` (static membership), so a
+    /// worker that restarts within the session timeout gets its partitions back. Unset: the host
+    /// name (a StatefulSet pod's name).
+    pub member_id: Option<String>,
+    /// The id changelog: every output transaction also writes its new ids here, partition for
+    /// partition, and a worker assigned a partition loads the partition's ids from it. Unset:
+    /// `<output_topic>.ids`. Created when missing.
+    pub changelog_topic: Option<String>,
+    /// `retention.ms` (in seconds) the worker gives the changelog topic when it creates it. It
+    /// bounds the longest window that can move with a partition.
+    pub changelog_retention_secs: u64,
+    /// The dedupe window the operators promise (the alerts page below it). The changelog must
+    /// keep ids at least this long, or a moved partition could not get its window back.
+    pub promised_window_secs: u64,
     /// The input partitions this worker owns, e.g. `0-3,7`. Unset: derived from
     /// `worker_index`/`worker_count`, or every partition of the input topic.
     pub partitions: Option<PartitionSet>,
@@ -52,6 +71,16 @@ impl Default for WorkerConfig {
             input_topic: "events.in".into(),
             output_topic: "events.out".into(),
             group_id: "dedupe".into(),
+            // A fixed owner restarts at once after a crash; under the group protocol a killed
+            // member's partitions wait for the broker's session timeout (45 s by default). See the
+            // README's Scaling section.
+            assignment: Assignment::Static,
+            member_id: None,
+            changelog_topic: None,
+            // A week: room for an outage over a weekend on top of the promised day.
+            changelog_retention_secs: 7 * 86_400,
+            // The alerts page when the window falls under 24 hours.
+            promised_window_secs: 86_400,
             // One worker owning every partition, unless told otherwise.
             partitions: None,
             worker_index: None,
@@ -74,6 +103,44 @@ impl Default for WorkerConfig {
             transaction_timeout_ms: 60_000,
             // Kubernetes' default terminationGracePeriodSeconds is 30 s; leave it some slack.
             shutdown_timeout_ms: 25_000,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The id changelog topic: `changelog_topic`, or `<output_topic>.ids`.
+    pub fn changelog_topic(&self) -> String {
+        self.changelog_topic.clone().unwrap_or_else(|| crate::changelog::default_topic(&self.output_topic))
+    }
+
+    /// The static member id: `member_id`, or the host name.
+    pub fn member_id(&self) -> Option<String> {
+        self.member_id.clone().or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+        })
+    }
+}
+
+/// Who decides which input partitions a worker owns.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Assignment {
+    /// This worker's configuration: fixed partitions.
+    Static,
+    /// Kafka's consumer group coordinator (KIP-848): partitions move as workers come and go.
+    Group,
+}
+
+impl std::str::FromStr for Assignment {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "static" => Ok(Self::Static),
+            "group" => Ok(Self::Group),
+            other => Err(format!("`{other}` is not one of static, group")),
         }
     }
 }

@@ -109,7 +109,9 @@ impl Drop for TestTopic {
     fn drop(&mut self) {
         let admin: Result<AdminClient<DefaultClientContext>, _> = client_config().create();
         if let Ok(admin) = admin {
-            let _ = futures::executor::block_on(admin.delete_topics(&[&self.name], &AdminOptions::new()));
+            // With the id changelog a worker made for it, when this is an output topic.
+            let changelog = dedupe::changelog::default_topic(&self.name);
+            let _ = futures::executor::block_on(admin.delete_topics(&[&self.name, &changelog], &AdminOptions::new()));
         }
     }
 }

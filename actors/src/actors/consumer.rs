@@ -1,8 +1,8 @@
 //! `PartitionConsumer` owns one input partition's queue (split from the worker's consumer). It
 //! never hands a batch on before the previous one is recorded: per batch it looks the ids up in
-//! the ledger, publishes the new records with the next input offset in one output transaction,
-//! then records the ids with the partition's progress. Order within the partition is kept, and
-//! at most one batch per partition is in flight.
+//! the ledger, publishes the new records (and their ids, to the id changelog) with the next input
+//! offset in one output transaction, then records the ids with the partition's progress. Order
+//! within the partition is kept, and at most one batch per partition is in flight.
 //!
 //! Why this order (look up → publish → record): the output topic is the source of truth. If the
 //! process dies after the publish and before the record, the ledger lacks ids the output has, and
@@ -25,8 +25,6 @@ use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
-use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
-use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -89,7 +87,7 @@ pub struct PartitionStopped {
     pub result: Result<(), PipelineError>,
 }
 
-type Queue = StreamPartitionQueue<DefaultConsumerContext>;
+use crate::actors::membership::Queue;
 
 pub struct PartitionConsumer {
     pub partition: i32,
@@ -116,6 +114,7 @@ impl Actor for PartitionConsumer {
             publisher: self.publisher.clone(),
             settings: self.settings.clone(),
             next_output_offset: self.progress.next_output_offset,
+            next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
         };
         let stop = self.stop.clone();
@@ -133,6 +132,7 @@ struct Pipeline {
     publisher: Addr<Publisher>,
     settings: Arc<PipelineSettings>,
     next_output_offset: i64,
+    next_changelog_offset: i64,
     unkeyed_warned_at: Option<Instant>,
 }
 
@@ -226,7 +226,7 @@ impl Pipeline {
         metrics::counter!(m::RECORDS_IN, m::LABEL_PARTITION => label.clone()).increment(batch.len() as u64);
         let records: Vec<OutRecord> = batch.into_iter().map(|r| r.out).collect();
         let out_count = records.len() as u64;
-        self.publish(records, Vec::new(), next_input_offset).await?;
+        self.publish(records, Vec::new(), Vec::new(), next_input_offset).await?;
         metrics::counter!(m::RECORDS_OUT, m::LABEL_PARTITION => label).increment(out_count);
         Ok(())
     }
@@ -284,12 +284,16 @@ impl Pipeline {
         // 3. Publish the new records and the input offset in one transaction.
         let t = Instant::now();
         let out_count = records.len() as u64;
-        let committed = self.publish(records, dead_letters, next_input_offset).await?;
+        let committed = self.publish(records, dead_letters, new_ids.clone(), next_input_offset).await?;
         metrics::histogram!(m::STAGE_SECONDS, "stage" => "publish").record(t.elapsed().as_secs_f64());
         metrics::counter!(m::TRANSACTIONS, "outcome" => "committed").increment(1);
         metrics::counter!(m::RECORDS_OUT, m::LABEL_PARTITION => label.clone()).increment(out_count);
         if let Some(last) = committed.last_output_offset {
             self.next_output_offset = last + 1;
+        }
+        if let Some(at) = committed.changelog_offset {
+            self.next_changelog_offset = at + 1;
+            metrics::counter!(m::CHANGELOG_RECORDS, m::LABEL_PARTITION => label.clone()).increment(1);
         }
         if oldest_ts != i64::MAX {
             metrics::histogram!(m::END_TO_END_SECONDS, m::LABEL_PARTITION => label.clone())
@@ -302,7 +306,11 @@ impl Pipeline {
 
         // 4. Record the ids with the progress that follows this batch.
         let t = Instant::now();
-        let progress = Progress { next_input_offset, next_output_offset: self.next_output_offset };
+        let progress = Progress {
+            next_input_offset,
+            next_output_offset: self.next_output_offset,
+            next_changelog_offset: self.next_changelog_offset,
+        };
         self.ledger
             .send(CheckAndRecord { partition: p, items: new_ids, progress })
             .await
@@ -321,6 +329,7 @@ impl Pipeline {
         &self,
         records: Vec<OutRecord>,
         dead_letters: Vec<OutRecord>,
+        new_ids: Vec<(LedgerKey, i64)>,
         next_input_offset: i64,
     ) -> Result<dedupe::output::Committed, PipelineError> {
         let p = self.partition;
@@ -328,7 +337,12 @@ impl Pipeline {
         loop {
             let result = self
                 .publisher
-                .send(Publish { records: records.clone(), dead_letters: dead_letters.clone(), next_input_offset })
+                .send(Publish {
+                    records: records.clone(),
+                    dead_letters: dead_letters.clone(),
+                    new_ids: new_ids.clone(),
+                    next_input_offset,
+                })
                 .await
                 .map_err(|source| PipelineError::Mailbox { partition: p, source })?;
             match result {

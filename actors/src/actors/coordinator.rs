@@ -1,32 +1,38 @@
-//! `Coordinator` supervises the worker: it checks the topics, recovers every owned partition from
-//! the output topic before any input is read, starts one `Publisher` and one `PartitionConsumer`
-//! per partition, exports the ledger's window, restarts the pipeline when a partition fails, and
-//! drives graceful shutdown. It keeps one guarantee above all: no input is processed for a
-//! partition until that partition's ledger has been repaired against the output.
+//! `Coordinator` supervises the worker: it owns the input consumer's membership, takes over each
+//! partition it is given (fence, load, then process: see [`handover`](crate::actors::handover)),
+//! starts one `Publisher` and one `PartitionConsumer` per partition, stops them when a partition
+//! is revoked, exports the ledger's window, restarts the pipeline when a partition fails, takes
+//! snapshots, and drives graceful shutdown. It keeps one guarantee above all: no input is
+//! processed for a partition until its previous owner is fenced and the ledger is up to date for
+//! it.
+//!
+//! Which partitions it owns comes from the configuration (`worker.assignment = "static"`: all are
+//! taken over together, then assigned) or from the consumer group (`"group"`: each assignment is
+//! taken over as it comes, while the others keep running).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use anyhow::{bail, Context as _};
-use dedupe::config::Config;
+use anyhow::Context as _;
+use dedupe::config::{Assignment, Config, PartitionSet};
 use dedupe::metrics as m;
-use dedupe::output::OutputWriter;
-use dedupe::progress::Progress;
-use dedupe::recovery::{now_ms, recover_partition, RecordFailure, RecoveryInput};
+use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
-use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot};
 use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
-use rdkafka::consumer::{Consumer, DefaultConsumerContext, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use crate::actors::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
 use crate::actors::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
-use crate::actors::ledger::{AllProgress, CheckAndRecord, Flush, LedgerActor, Stats};
+use crate::actors::handover::{decode_progress, take_over, TakenOver};
+use crate::actors::ledger::{AllProgress, Flush, LedgerActor, Stats};
+use crate::actors::membership::{Assigned, ConsumerFailed, Input, Membership, Queue, Revoking};
 use crate::actors::producer::Publisher;
+pub use crate::actors::snapshots::TakeSnapshot;
 
 /// Waits before restarting a failed pipeline: 2, 4, 8, 16, 32 s for the restarts within ten
 /// minutes (after five the worker exits instead).
@@ -38,12 +44,15 @@ pub struct Health {
     pub owned: AtomicUsize,
     pub ready: AtomicUsize,
     pub stopping: AtomicBool,
+    /// Group mode, joined: owning no partition (more workers than partitions) is a ready state.
+    pub idle_ok: AtomicBool,
 }
 
 impl Health {
     pub fn is_ready(&self) -> bool {
         let owned = self.owned.load(Ordering::Relaxed);
-        owned > 0 && self.ready.load(Ordering::Relaxed) == owned && !self.stopping.load(Ordering::Relaxed)
+        let some = owned > 0 || self.idle_ok.load(Ordering::Relaxed);
+        some && self.ready.load(Ordering::Relaxed) == owned && !self.stopping.load(Ordering::Relaxed)
     }
 }
 
@@ -60,100 +69,291 @@ pub struct RunOptions {
 pub mod exit {
     pub const OK: i32 = 0;
     pub const FAILED: i32 = 1;
-    /// Another worker took over a partition (this one was fenced).
+    /// Another worker took over a partition (this one was fenced, or lost it to the group).
     pub const FENCED: i32 = 3;
 }
 
-type Input = StreamConsumer<DefaultConsumerContext>;
+/// Where one owned partition stands.
+enum Stage {
+    /// Being taken over (fence, load). `queue` is its split input queue (group mode).
+    Loading { queue: Option<Queue> },
+    /// Taken over; waiting for the others before the static assignment.
+    Loaded { taken: Box<TakenOver> },
+    /// Processing.
+    Live { stop: watch::Sender<bool>, arbiter: Arbiter },
+    /// Told to stop (revoked, or shutting down); its batch in flight finishes first.
+    Stopping { arbiter: Arbiter },
+}
 
-/// One running generation of the pipeline: torn down whole when a partition fails.
+struct Owned {
+    stage: Stage,
+    assigned_at: Instant,
+    /// Which take-over this is, so a late result for an earlier one is ignored.
+    epoch: u64,
+}
+
+/// A take-over finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Loaded {
+    partition: i32,
+    epoch: u64,
+    result: anyhow::Result<TakenOver>,
+}
+
+/// One running membership: torn down whole when the pipeline restarts.
 struct Running {
-    consumer: Arc<Input>,
-    stop: watch::Sender<bool>,
-    arbiters: Vec<Arbiter>,
-    poller: tokio::task::JoinHandle<()>,
-    live: usize,
+    membership: Membership,
+    owned: BTreeMap<i32, Owned>,
+    /// Revocations waiting for their partitions to stop.
+    revocations: Vec<(Vec<i32>, std::sync::mpsc::Sender<()>)>,
 }
 
 pub struct Coordinator {
-    config: Arc<Config>,
-    partitions: Vec<i32>,
-    ledger: Addr<LedgerActor>,
+    pub(crate) config: Arc<Config>,
+    /// `static` assignment: the configured partitions.
+    static_partitions: Vec<i32>,
+    pub(crate) ledger: Addr<LedgerActor>,
     health: Arc<Health>,
     options: RunOptions,
+    settings: Arc<PipelineSettings>,
     running: Option<Running>,
+    next_epoch: u64,
     restarts: Vec<Instant>,
     shutting_down: bool,
+    /// The group took partitions away without this worker's consent: exit once they stopped.
+    exit_when_revoked: Option<i32>,
     last_stats_at: Option<Instant>,
     id_rate: IdRate,
     /// A snapshot (checkpoint, prune, hook) is under way: one at a time.
-    snapshot_running: bool,
+    pub(crate) snapshot_running: bool,
 }
 
 impl Coordinator {
     pub fn new(
         config: Arc<Config>,
-        partitions: Vec<i32>,
+        static_partitions: Vec<i32>,
         ledger: Addr<LedgerActor>,
         health: Arc<Health>,
         options: RunOptions,
     ) -> Self {
-        health.owned.store(partitions.len(), Ordering::Relaxed);
-        metrics::gauge!(m::PARTITIONS_OWNED).set(partitions.len() as f64);
         metrics::gauge!(m::LEDGER_BUDGET_BYTES).set(config.ledger.budget_bytes.0 as f64);
+        let w = &config.worker;
+        let settings = Arc::new(PipelineSettings {
+            id_source: w.id_source.clone(),
+            unkeyed_policy: w.unkeyed_policy,
+            batch_max_records: w.batch_max_records,
+            batch_max_bytes: w.batch_max_bytes.0 as usize,
+            batch_linger: Duration::from_millis(w.batch_linger_ms),
+            passthrough: options.passthrough,
+        });
         Self {
             config,
-            partitions,
+            static_partitions,
             ledger,
             health,
             options,
+            settings,
             running: None,
+            next_epoch: 0,
             restarts: Vec::new(),
             shutting_down: false,
+            exit_when_revoked: None,
             last_stats_at: None,
             id_rate: IdRate::default(),
             snapshot_running: false,
         }
     }
 
-    fn start_pipeline(&mut self, ctx: &mut Context<Self>) {
-        let fut = start_pipeline(
-            self.config.clone(),
-            self.partitions.clone(),
-            self.ledger.clone(),
-            self.options,
-            ctx.address().recipient(),
-        );
-        ctx.wait(fut.into_actor(self).map(|result, act, _ctx| match result {
-            Ok(running) => {
-                act.health.ready.store(running.live, Ordering::Relaxed);
-                metrics::gauge!(m::PARTITIONS_READY).set(running.live as f64);
-                tracing::info!(partitions = %dedupe::config::PartitionSet(act.partitions.clone()), "Every owned partition is recovered; processing input.");
-                act.running = Some(running);
-            }
-            Err(e) => {
-                PipelineStartFailed { error: &e }.emit();
-                System::current().stop_with_code(exit::FAILED);
-            }
-        }));
+    fn group_mode(&self) -> bool {
+        self.config.worker.assignment == Assignment::Group
     }
 
-    fn teardown(&mut self) {
-        if let Some(running) = self.running.take() {
-            let _ = running.stop.send(true);
-            running.poller.abort();
-            for a in running.arbiters {
-                a.stop();
-            }
-            drop(running.consumer);
+    /// Creates the input consumer; in static mode takes every configured partition over.
+    fn start_pipeline(&mut self, ctx: &mut Context<Self>) {
+        let me = ctx.address();
+        let membership = match Membership::start(&self.config, me.clone().recipient(), me.clone().recipient(), me.recipient()) {
+            Ok(m) => m,
+            Err(e) => return self.fail_start(&e),
+        };
+        self.running = Some(Running { membership, owned: BTreeMap::new(), revocations: Vec::new() });
+        if self.group_mode() {
+            self.health.idle_ok.store(true, Ordering::Relaxed);
+            tracing::info!(group = %self.config.worker.group_id, member = ?self.config.worker.member_id(), "Joined the consumer group; waiting for partitions.");
+        } else {
+            let partitions: Vec<(i32, Option<Queue>)> = self.static_partitions.iter().map(|&p| (p, None)).collect();
+            self.take_over(partitions, ctx);
         }
-        self.health.ready.store(0, Ordering::Relaxed);
-        metrics::gauge!(m::PARTITIONS_READY).set(0.0);
+        self.publish_health();
+    }
+
+    fn fail_start(&mut self, e: &anyhow::Error) {
+        PipelineStartFailed { error: e }.emit();
+        self.teardown();
+        System::current().stop_with_code(exit::FAILED);
+    }
+
+    /// Starts taking each partition over, on blocking threads, after reading the ledger's progress.
+    fn take_over(&mut self, partitions: Vec<(i32, Option<Queue>)>, ctx: &mut Context<Self>) {
+        let Some(running) = self.running.as_mut() else { return };
+        let mut started = Vec::new();
+        for (p, queue) in partitions {
+            metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string()).increment(1);
+            self.next_epoch += 1;
+            running.owned.insert(p, Owned { stage: Stage::Loading { queue }, assigned_at: Instant::now(), epoch: self.next_epoch });
+            started.push((p, self.next_epoch));
+        }
+        let (config, ledger, accept) = (self.config.clone(), self.ledger.clone(), self.options.accept_ledger_ahead);
+        let consumer = running.membership.consumer.clone();
+        let me = ctx.address();
+        actix_rt::spawn(async move {
+            let progress = match ledger.send(AllProgress).await {
+                Ok(Ok(all)) => all,
+                Ok(Err(e)) => {
+                    let error = anyhow::Error::new(e).context("reading the ledger's progress records");
+                    return me.do_send(Loaded { partition: started.first().map_or(-1, |s| s.0), epoch: started.first().map_or(0, |s| s.1), result: Err(error) });
+                }
+                Err(_) => return,
+            };
+            for (p, epoch) in started {
+                let (config, ledger, consumer, me) = (config.clone(), ledger.clone(), consumer.clone(), me.clone());
+                let progress = decode_progress(&progress, p);
+                actix_rt::task::spawn_blocking(move || {
+                    let result = progress.and_then(|progress| take_over(&config, &consumer, &ledger, p, progress, accept));
+                    me.do_send(Loaded { partition: p, epoch, result });
+                });
+            }
+        });
+    }
+
+    /// Starts the partition's publisher and consumer actor.
+    fn go_live(&mut self, p: i32, taken: TakenOver, queue: Queue, report_to: Recipient<PartitionStopped>) {
+        let Some(running) = self.running.as_mut() else { return };
+        let Some(owned) = running.owned.get_mut(&p) else { return };
+        let arbiter = Arbiter::new();
+        let w = &self.config.worker;
+        let publisher = Publisher::new(taken.writer, w.input_topic.clone(), p, running.membership.consumer.clone());
+        let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
+        let (stop, stop_rx) = watch::channel(false);
+        PartitionConsumer {
+            partition: p,
+            queue: Some(queue),
+            ledger: self.ledger.clone(),
+            publisher,
+            settings: self.settings.clone(),
+            progress: taken.report.progress,
+            stop: stop_rx,
+            report_to,
+        }
+        .start();
+        let seconds = owned.assigned_at.elapsed().as_secs_f64();
+        metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => p.to_string()).set(seconds);
+        owned.stage = Stage::Live { stop, arbiter };
+        tracing::info!(partition = p, seconds, "The partition is live: processing input.");
+    }
+
+    /// Static mode: once every partition is taken over, split their queues, assign them at their
+    /// resume offsets, and start them.
+    fn assign_static_when_loaded(&mut self, report_to: Recipient<PartitionStopped>) -> anyhow::Result<()> {
+        let Some(running) = self.running.as_mut() else { return Ok(()) };
+        if !running.owned.values().all(|o| matches!(o.stage, Stage::Loaded { .. })) {
+            return Ok(());
+        }
+        let topic = self.config.worker.input_topic.clone();
+        let consumer = running.membership.consumer.clone();
+        let mut tpl = TopicPartitionList::new();
+        let mut ready = Vec::new();
+        let partitions: Vec<i32> = running.owned.keys().copied().collect();
+        for p in partitions {
+            let Some(Owned { stage: Stage::Loaded { .. }, .. }) = running.owned.get(&p) else { continue };
+            let queue = consumer.split_partition_queue(&topic, p).with_context(|| format!("splitting the queue of input partition {p}"))?;
+            let Some(owned) = running.owned.get_mut(&p) else { continue };
+            let Stage::Loaded { taken } = std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) else { continue };
+            let offset = taken.report.resume_input_at.map(Offset::Offset).unwrap_or(Offset::Beginning);
+            tpl.add_partition_offset(&topic, p, offset)?;
+            ready.push((p, taken, queue));
+        }
+        consumer.assign(&tpl).context("assigning the input partitions")?;
+        for (p, taken, queue) in ready {
+            self.go_live(p, *taken, queue, report_to.clone());
+        }
+        tracing::info!(partitions = %PartitionSet(self.static_partitions.clone()), "Every owned partition is recovered; processing input.");
+        Ok(())
+    }
+
+    fn publish_health(&self) {
+        let (owned, live, loading, oldest) = match &self.running {
+            None => (0, 0, 0, 0.0),
+            Some(r) => {
+                let live = r.owned.values().filter(|o| matches!(o.stage, Stage::Live { .. })).count();
+                let loading: Vec<&Owned> = r.owned.values().filter(|o| matches!(o.stage, Stage::Loading { .. } | Stage::Loaded { .. })).collect();
+                let oldest = loading.iter().map(|o| o.assigned_at.elapsed().as_secs_f64()).fold(0.0, f64::max);
+                (r.owned.len(), live, loading.len(), oldest)
+            }
+        };
+        self.health.owned.store(owned, Ordering::Relaxed);
+        self.health.ready.store(live, Ordering::Relaxed);
+        metrics::gauge!(m::PARTITIONS_OWNED).set(owned as f64);
+        metrics::gauge!(m::PARTITIONS_READY).set(live as f64);
+        metrics::gauge!(m::PARTITIONS_LOADING).set(loading as f64);
+        metrics::gauge!(m::HANDOVER_IN_PROGRESS_SECONDS).set(oldest);
+    }
+
+    /// Stops everything: every partition, then the membership (leaving the group).
+    fn teardown(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            // Dropping the senders releases a rebalance callback that waits on them.
+            running.revocations.clear();
+            for (_, owned) in std::mem::take(&mut running.owned) {
+                match owned.stage {
+                    Stage::Live { stop, arbiter } => {
+                        let _ = stop.send(true);
+                        arbiter.stop();
+                    }
+                    Stage::Stopping { arbiter } => {
+                        arbiter.stop();
+                    }
+                    Stage::Loading { .. } | Stage::Loaded { .. } => {}
+                }
+            }
+            running.membership.close();
+        }
+        self.health.idle_ok.store(false, Ordering::Relaxed);
+        self.publish_health();
+    }
+
+    /// Removes a stopped partition and answers the revocations that waited for it.
+    fn forget(&mut self, p: i32) {
+        let Some(running) = self.running.as_mut() else { return };
+        if let Some(Owned { stage: Stage::Stopping { arbiter } | Stage::Live { arbiter, .. }, .. }) = running.owned.remove(&p) {
+            arbiter.stop();
+        }
+        self.settle_revocations();
+    }
+
+    /// Answers the revocations whose partitions have all stopped; exits if one of them asked to.
+    fn settle_revocations(&mut self) {
+        let Some(running) = self.running.as_mut() else { return };
+        let owned = &running.owned;
+        running.revocations.retain(|(partitions, done)| {
+            let waiting = partitions.iter().any(|p| owned.contains_key(p));
+            if !waiting {
+                let _ = done.send(());
+            }
+            waiting
+        });
+        if running.revocations.is_empty() {
+            if let Some(code) = self.exit_when_revoked.take() {
+                self.teardown();
+                System::current().stop_with_code(code);
+            }
+        }
     }
 
     fn export_stats(&mut self, ctx: &mut Context<Self>) {
-        let partitions = self.partitions.clone();
-        let msg = Stats { partitions, now_ms: now_ms() };
+        self.publish_health();
+        let partitions: Vec<i32> = self.running.as_ref().map(|r| r.owned.keys().copied().collect()).unwrap_or_default();
+        let msg = Stats { partitions: partitions.clone(), now_ms: now_ms() };
         let budget = self.config.ledger.budget_bytes.0;
         ctx.spawn(self.ledger.send(msg).into_actor(self).map(move |res, act, _| {
             let Ok(Ok(report)) = res else { return };
@@ -180,11 +380,29 @@ impl Coordinator {
             }
         }));
         if let Some(running) = &self.running {
-            let consumer = running.consumer.clone();
+            let consumer = running.membership.consumer.clone();
             let topic = self.config.worker.input_topic.clone();
-            let partitions = self.partitions.clone();
             actix_rt::task::spawn_blocking(move || export_lag(&consumer, &topic, &partitions));
         }
+    }
+
+    /// A failure a restart in process may mend: tear down, and start again after a backoff.
+    fn restart(&mut self, ctx: &mut Context<Self>) {
+        self.teardown();
+        let now = Instant::now();
+        self.restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
+        self.restarts.push(now);
+        if self.restarts.len() > 5 {
+            tracing::error!("The pipeline failed more than 5 times in 10 minutes; exiting so the orchestrator restarts the worker.");
+            System::current().stop_with_code(exit::FAILED);
+            return;
+        }
+        let backoff = PIPELINE_RESTARTS.delay(self.restarts.len() as u32);
+        ctx.run_later(backoff, |act, ctx| {
+            if !act.shutting_down {
+                act.start_pipeline(ctx);
+            }
+        });
     }
 }
 
@@ -213,80 +431,107 @@ impl Actor for Coordinator {
     }
 }
 
-/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
-/// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
-/// one is skipped), so no prune ever runs under a running hook. Failures are counted and logged
-/// and never stop the pipeline.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct TakeSnapshot {
-    /// Where to send the snapshot's directory, or why there is none.
-    pub reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>,
-}
-
-impl Handler<TakeSnapshot> for Coordinator {
+impl Handler<Assigned> for Coordinator {
     type Result = ();
 
-    fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) {
-        fn answer(reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>, result: Result<PathBuf, SnapshotError>) {
-            if let Some(reply) = reply {
-                let _ = reply.send(result);
+    fn handle(&mut self, msg: Assigned, ctx: &mut Self::Context) {
+        if self.shutting_down {
+            return;
+        }
+        let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
+        tracing::info!(partitions = %PartitionSet(partitions), "The group assigned partitions; taking them over.");
+        self.take_over(msg.partitions.into_iter().map(|(p, q)| (p, Some(q))).collect(), ctx);
+        self.publish_health();
+    }
+}
+
+impl Handler<Loaded> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Loaded, ctx: &mut Self::Context) {
+        let p = msg.partition;
+        let current = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
+        if !current {
+            // Revoked (or torn down) while loading: the producer is dropped with the result.
+            return;
+        }
+        let taken = match msg.result {
+            Ok(taken) => taken,
+            Err(e) => return self.fail_start(&e.context(format!("taking over partition {p}"))),
+        };
+        if self.group_mode() {
+            let Some(running) = self.running.as_mut() else { return };
+            let Some(owned) = running.owned.get_mut(&p) else { return };
+            let Stage::Loading { queue } = &mut owned.stage else { return };
+            let Some(queue) = queue.take() else { return };
+            if let Err(e) = running.membership.resume(&self.config.worker.input_topic, p) {
+                return self.fail_start(&e);
+            }
+            self.go_live(p, taken, queue, ctx.address().recipient());
+        } else {
+            if let Some(owned) = self.running.as_mut().and_then(|r| r.owned.get_mut(&p)) {
+                owned.stage = Stage::Loaded { taken: Box::new(taken) };
+            }
+            if let Err(e) = self.assign_static_when_loaded(ctx.address().recipient()) {
+                return self.fail_start(&e);
             }
         }
-        let snapshots = self.config.snapshots.clone();
-        let Some(root) = snapshots.dir.clone() else {
-            return answer(msg.reply, Err(SnapshotError::NotConfigured));
-        };
-        if self.snapshot_running {
-            tracing::info!("A snapshot is already under way; this request is refused.");
-            return answer(msg.reply, Err(SnapshotError::Busy));
-        }
-        self.snapshot_running = true;
-        let ledger = self.ledger.clone();
-        let fut = async move {
-            let slot = SnapshotSlot::reserve(&root)?;
-            let checkpoint = ledger.send(crate::actors::ledger::Checkpoint { dir: slot.partial.clone() }).await;
-            let progress = match checkpoint {
-                Ok(Ok(progress)) => progress,
-                Ok(Err(source)) => {
-                    slot.discard();
-                    return Err(SnapshotError::Checkpoint { dir: slot.dir, source });
+        // The window the partition has now, at once rather than at the next tick.
+        self.export_stats(ctx);
+    }
+}
+
+impl Handler<Revoking> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Revoking, _ctx: &mut Self::Context) {
+        let reason = if msg.lost { "lost" } else { "revoked" };
+        tracing::info!(partitions = %PartitionSet(msg.partitions.clone()), reason, "The group takes partitions away; stopping them.");
+        let Some(running) = self.running.as_mut() else { return };
+        for &p in &msg.partitions {
+            let label = p.to_string();
+            metrics::counter!(m::PARTITION_REVOCATIONS, m::LABEL_PARTITION => label.clone(), m::LABEL_REASON => reason).increment(1);
+            // This worker no longer vouches for the partition: its per-partition gauges become
+            // NaN ("no value"), which the alerts' min() and max() skip, instead of freezing at
+            // their last value.
+            for gauge in [m::WINDOW_SECONDS, m::WINDOW_FORECAST_SECONDS, m::CONSUMER_LAG] {
+                metrics::gauge!(gauge, m::LABEL_PARTITION => label.clone()).set(f64::NAN);
+            }
+            let Some(owned) = running.owned.get_mut(&p) else { continue };
+            match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
+                Stage::Live { stop, arbiter } => {
+                    let _ = stop.send(true);
+                    owned.stage = Stage::Stopping { arbiter };
                 }
-                Err(_mailbox) => {
-                    slot.discard();
-                    return Err(SnapshotError::Stopping);
-                }
-            };
-            slot.publish()?;
-            let partitions: Vec<u32> = progress.keys().copied().collect();
-            let dir = slot.dir.clone();
-            actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
-                prune(&root, snapshots.keep)?;
-                if let Some(hook) = &snapshots.hook {
-                    let timeout = Duration::from_secs(snapshots.hook_timeout_secs);
-                    run_hook(hook, &dir, &partitions, &snapshots.hook_env, timeout)?;
-                }
-                Ok(())
-            })
-            .await
-            .map_err(|_join| SnapshotError::Stopping)??;
-            Ok::<_, SnapshotError>(slot.dir)
-        };
-        ctx.spawn(fut.into_actor(self).map(|result, act, _| {
-            act.snapshot_running = false;
-            match &result {
-                Ok(dir) => {
-                    metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(now_ms() as f64 / 1000.0);
-                    tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
-                }
-                Err(SnapshotError::Stopping) => tracing::info!("A ledger snapshot was abandoned: the worker is stopping."),
-                Err(e) => {
-                    metrics::counter!(m::SNAPSHOT_FAILURES, "stage" => e.stage()).increment(1);
-                    tracing::error!("A ledger snapshot failed; the pipeline goes on: {e}");
+                Stage::Stopping { arbiter } => owned.stage = Stage::Stopping { arbiter },
+                // Loading: the take-over's result is ignored when it arrives (its producer dropped).
+                Stage::Loading { .. } | Stage::Loaded { .. } => {
+                    running.owned.remove(&p);
                 }
             }
-            answer(msg.reply, result);
-        }));
+        }
+        if msg.lost {
+            // Another member may already be publishing them: this worker's membership expired.
+            tracing::error!("The group gave this worker's partitions away (its membership expired); exiting once they stopped.");
+            metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
+            self.exit_when_revoked = Some(exit::FENCED);
+        }
+        running.revocations.push((msg.partitions, msg.done));
+        // Answers at once when nothing was running.
+        self.settle_revocations();
+        self.publish_health();
+    }
+}
+
+impl Handler<ConsumerFailed> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: ConsumerFailed, ctx: &mut Self::Context) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
+        tracing::error!(error = %msg.error, "The input consumer failed; starting a new one after a backoff.");
+        if !self.shutting_down {
+            self.restart(ctx);
+        }
     }
 }
 
@@ -294,50 +539,39 @@ impl Handler<PartitionStopped> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: PartitionStopped, ctx: &mut Self::Context) {
-        if let Some(r) = &mut self.running {
-            r.live = r.live.saturating_sub(1);
-            self.health.ready.store(r.live, Ordering::Relaxed);
-        }
+        let p = msg.partition;
+        let stopping = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
         match msg.result {
-            Ok(()) => {}
             Err(e) if e.is_fenced() => {
-                Fenced { partition: msg.partition, error: &e }.emit();
+                Fenced { partition: p, error: &e }.emit();
                 self.teardown();
                 System::current().stop_with_code(exit::FENCED);
+                return;
             }
             Err(e) if !e.is_retryable() => {
                 // A state a restart in process would only repeat (a corrupt or unreadable
                 // ledger): exit for the orchestrator, which restarts the process or pages.
-                PipelineFatal { partition: msg.partition, error: &e }.emit();
+                PipelineFatal { partition: p, error: &e }.emit();
                 self.teardown();
                 System::current().stop_with_code(exit::FAILED);
+                return;
             }
-            Err(e) => {
-                PipelineFailed { partition: msg.partition, error: &e }.emit();
-                self.teardown();
-                let now = Instant::now();
-                self.restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
-                self.restarts.push(now);
-                if self.restarts.len() > 5 {
-                    tracing::error!("The pipeline failed more than 5 times in 10 minutes; exiting so the orchestrator restarts the worker.");
-                    System::current().stop_with_code(exit::FAILED);
-                    return;
-                }
-                let backoff = PIPELINE_RESTARTS.delay(self.restarts.len() as u32);
-                ctx.run_later(backoff, |act, ctx| {
-                    if !act.shutting_down {
-                        act.start_pipeline(ctx);
-                    }
-                });
+            Err(e) if !stopping && !self.shutting_down => {
+                PipelineFailed { partition: p, error: &e }.emit();
+                self.restart(ctx);
             }
+            Err(e) => tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it."),
+            Ok(()) => {}
         }
-        if self.shutting_down && self.running.as_ref().is_none_or(|r| r.live == 0) {
+        self.forget(p);
+        self.publish_health();
+        if self.shutting_down && self.running.as_ref().is_none_or(|r| r.owned.is_empty()) {
             ctx.notify(Finish);
         }
     }
 }
 
-/// Stop gracefully: finish the batch in flight, flush the ledger, exit 0.
+/// Stop gracefully: finish the batches in flight, flush the ledger, exit 0.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Shutdown;
@@ -356,16 +590,30 @@ impl Handler<Shutdown> for Coordinator {
         self.shutting_down = true;
         self.health.stopping.store(true, Ordering::Relaxed);
         tracing::info!("Shutting down: finishing the batches in flight.");
-        match &self.running {
-            Some(r) if r.live > 0 => {
-                let _ = r.stop.send(true);
-                let timeout = Duration::from_millis(self.config.worker.shutdown_timeout_ms);
-                ctx.run_later(timeout, |_, ctx| {
-                    tracing::warn!("Shutdown timed out; exiting with batches in flight (their transactions are aborted when the next worker starts).");
-                    ctx.notify(Finish);
-                });
-            }
-            _ => ctx.notify(Finish),
+        let mut waiting = false;
+        if let Some(running) = self.running.as_mut() {
+            running.owned.retain(|_, owned| match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
+                Stage::Live { stop, arbiter } => {
+                    let _ = stop.send(true);
+                    owned.stage = Stage::Stopping { arbiter };
+                    true
+                }
+                Stage::Stopping { arbiter } => {
+                    owned.stage = Stage::Stopping { arbiter };
+                    true
+                }
+                Stage::Loading { .. } | Stage::Loaded { .. } => false,
+            });
+            waiting = !running.owned.is_empty();
+        }
+        if waiting {
+            let timeout = Duration::from_millis(self.config.worker.shutdown_timeout_ms);
+            ctx.run_later(timeout, |_, ctx| {
+                tracing::warn!("Shutdown timed out; exiting with batches in flight (their transactions are aborted when the next worker starts).");
+                ctx.notify(Finish);
+            });
+        } else {
+            ctx.notify(Finish);
         }
     }
 }
@@ -375,219 +623,19 @@ impl Handler<Finish> for Coordinator {
 
     fn handle(&mut self, _: Finish, ctx: &mut Self::Context) {
         self.teardown();
-        ctx.spawn(self.ledger.send(Flush).into_actor(self).map(|res, _, _| {
-            match res {
-                Ok(Ok(())) => {
-                    tracing::info!("The ledger is flushed; exiting.");
-                    System::current().stop_with_code(exit::OK)
-                }
-                Ok(Err(e)) => {
-                    tracing::error!("Flushing the ledger failed: {e}");
-                    System::current().stop_with_code(exit::FAILED)
-                }
-                Err(e) => {
-                    tracing::error!("The ledger actor is gone: {e}");
-                    System::current().stop_with_code(exit::FAILED)
-                }
+        ctx.spawn(self.ledger.send(Flush).into_actor(self).map(|res, _, _| match res {
+            Ok(Ok(())) => {
+                tracing::info!("The ledger is flushed; exiting.");
+                System::current().stop_with_code(exit::OK)
+            }
+            Ok(Err(e)) => {
+                tracing::error!("Flushing the ledger failed: {e}");
+                System::current().stop_with_code(exit::FAILED)
+            }
+            Err(e) => {
+                tracing::error!("The ledger actor is gone: {e}");
+                System::current().stop_with_code(exit::FAILED)
             }
         }));
     }
-}
-
-/// The consumer group's committed offset for one input partition (committed with the output
-/// transactions), retrying while the group coordinator is not yet known or offsets are unstable.
-fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> anyhow::Result<Option<i64>> {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, partition);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let got = loop {
-        match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
-            Ok(got) => break got,
-            Err(e) if Instant::now() < deadline && is_retriable(&e) => {
-                tracing::debug!(partition, error = %e, "Reading the committed offset failed; retrying.");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            Err(e) => return Err(e).with_context(|| format!("reading the committed offset of input partition {partition}")),
-        }
-    };
-    Ok(got.find_partition(topic, partition).and_then(|e| match e.offset() {
-        Offset::Offset(o) => Some(o),
-        _ => None,
-    }))
-}
-
-/// Errors that go away by themselves: the coordinator moved or is loading, a timeout.
-fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::NotCoordinator
-                | C::CoordinatorNotAvailable
-                | C::CoordinatorLoadInProgress
-                | C::RequestTimedOut
-                | C::OperationTimedOut
-                | C::BrokerTransportFailure
-                | C::AllBrokersDown
-                | C::LeaderNotAvailable
-                | C::NotLeaderForPartition
-        )
-    )
-}
-
-/// Recovers every partition (in parallel), then starts the publishers and consumers.
-async fn start_pipeline(
-    config: Arc<Config>,
-    partitions: Vec<i32>,
-    ledger: Addr<LedgerActor>,
-    options: RunOptions,
-    report_to: Recipient<PartitionStopped>,
-) -> anyhow::Result<Running> {
-    let accept_ledger_ahead = options.accept_ledger_ahead;
-    let w = &config.worker;
-    let consumer: Input = dedupe::kafka::client_config(&config.kafka)
-        .set("group.id", &w.group_id)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
-        .set("queued.max.messages.kbytes", "32768")
-        .set("fetch.wait.max.ms", "10")
-        .create()
-        .context("creating the input consumer")?;
-    let consumer = Arc::new(consumer);
-    let group = Arc::new(consumer.group_metadata().context("the input consumer has no group metadata")?);
-
-    let progress = ledger.send(AllProgress).await?.context("reading the ledger's progress records")?;
-
-    // Recover every partition in parallel: fence older producers, replay the output tail.
-    let mut tasks = Vec::new();
-    for &p in &partitions {
-        let config = config.clone();
-        let ledger = ledger.clone();
-        let ledger_progress = match progress.get(&(p as u32)) {
-            Some(bytes) => Some(Progress::decode(bytes).with_context(|| format!("partition {p}'s progress record"))?),
-            None => None,
-        };
-        let consumer = consumer.clone();
-        tasks.push(actix_rt::task::spawn_blocking(move || -> anyhow::Result<(i32, OutputWriter, dedupe::recovery::RecoveryReport)> {
-            let started = Instant::now();
-            let w = &config.worker;
-            // Fence first: init_transactions aborts an older producer's open transaction, whose
-            // pending offsets would otherwise keep the group's committed offset unstable.
-            let writer = OutputWriter::open(&config.kafka, &w.output_topic, p, w.dead_letter_topic.as_deref(), w.transaction_timeout_ms)
-                .with_context(|| format!("opening the output producer of partition {p}"))?;
-            let committed_input = committed_offset(&consumer, &w.input_topic, p)?;
-            let input = RecoveryInput {
-                kafka: &config.kafka,
-                output_topic: &w.output_topic,
-                partition: p,
-                id_source: &w.id_source,
-                ledger_progress,
-                committed_input,
-                accept_ledger_ahead,
-                timeout: Duration::from_secs(3600),
-            };
-            let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Progress| -> Result<(), RecordFailure> {
-                fail::fail_point!("recovery-mid-replay", !items.is_empty(), |_| {
-                    eprintln!("failpoint recovery-mid-replay: exiting");
-                    std::process::exit(86)
-                });
-                futures::executor::block_on(ledger.send(CheckAndRecord { partition: p, items: items.to_vec(), progress }))
-                    .map_err(|_mailbox| RecordFailure::LedgerGone)??;
-                Ok(())
-            };
-            let bar = indicatif::ProgressBar::hidden();
-            let mut on_progress = |done: u64, at: i64, end: i64| {
-                if bar.is_hidden() && end - at > 100_000 {
-                    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-                    bar.set_style(indicatif::ProgressStyle::with_template("recovering partition {msg} {bar:40} {pos}/{len}").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
-                    bar.set_message(p.to_string());
-                }
-                bar.set_length(end.max(0) as u64);
-                bar.set_position(at.max(0) as u64);
-                let _ = done;
-            };
-            let report = recover_partition(&input, &mut record, &mut on_progress)?;
-            bar.finish_and_clear();
-            let label = p.to_string();
-            metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.replayed_records);
-            metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label).set(started.elapsed().as_secs_f64());
-            tracing::info!(
-                partition = p,
-                replayed = report.replayed_records,
-                from = report.replayed_from,
-                to = report.replayed_to,
-                resume_input_at = report.resume_input_at,
-                seconds = started.elapsed().as_secs_f64(),
-                "Recovered the partition from the output topic."
-            );
-            Ok((p, writer, report))
-        }));
-    }
-    let mut recovered = Vec::new();
-    for t in tasks {
-        recovered.push(t.await??);
-    }
-
-    // Publishers, each on its own thread; then split queues and assign at the resume offsets.
-    let settings = Arc::new(PipelineSettings {
-        id_source: w.id_source.clone(),
-        unkeyed_policy: w.unkeyed_policy,
-        batch_max_records: w.batch_max_records,
-        batch_max_bytes: w.batch_max_bytes.0 as usize,
-        batch_linger: Duration::from_millis(w.batch_linger_ms),
-        passthrough: options.passthrough,
-    });
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut tpl = TopicPartitionList::new();
-    let mut arbiters = Vec::new();
-    let mut starts = Vec::new();
-    for (p, writer, report) in recovered {
-        let queue = consumer
-            .split_partition_queue(&w.input_topic, p)
-            .with_context(|| format!("splitting the queue of input partition {p}"))?;
-        let offset = report.resume_input_at.map(Offset::Offset).unwrap_or(Offset::Beginning);
-        tpl.add_partition_offset(&w.input_topic, p, offset)?;
-        let arbiter = Arbiter::new();
-        let publisher = Publisher::new(writer, w.input_topic.clone(), p, group.clone());
-        let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
-        arbiters.push(arbiter);
-        starts.push((p, queue, publisher, report.progress));
-    }
-    consumer.assign(&tpl).context("assigning the input partitions")?;
-    let poller = {
-        let consumer = consumer.clone();
-        actix_rt::spawn(async move {
-            // Every owned partition is split off; the main queue only carries errors and events.
-            loop {
-                match consumer.recv().await {
-                    Ok(_) => tracing::warn!("A record arrived on the main queue of the input consumer; it is not processed here."),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "The input consumer reported an error.");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        })
-    };
-    let live = starts.len();
-    for (p, queue, publisher, progress) in starts {
-        PartitionConsumer {
-            partition: p,
-            queue: Some(queue),
-            ledger: ledger.clone(),
-            publisher,
-            settings: settings.clone(),
-            progress,
-            stop: stop_rx.clone(),
-            report_to: report_to.clone(),
-        }
-        .start();
-    }
-    if live == 0 {
-        bail!("no partition to process");
-    }
-    Ok(Running { consumer, stop: stop_tx, arbiters, poller, live })
 }

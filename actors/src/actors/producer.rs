@@ -2,22 +2,32 @@
 //! arbiter thread, because every transactional call blocks. It handles one batch at a time:
 //! a batch's records and its input offset are committed in one transaction, or not at all.
 
+//!
+//! Each transaction carries the input consumer's group metadata as it is at that moment (KIP-447):
+//! under the group protocol a member's epoch changes with every assignment change, and the broker
+//! refuses the offsets of a member that is no longer current, aborting the whole transaction.
+
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dedupe::output::{Committed, OutRecord, OutputWriter, PublishError};
-use rdkafka::consumer::ConsumerGroupMetadata;
+use dedupe::identity::LedgerKey;
+use dedupe::output::{Batch, Committed, OutRecord, OutputWriter, PublishError};
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::actors::membership::Input;
 
 pub struct Publisher {
     writer: OutputWriter,
     input_topic: String,
     partition: i32,
-    group: Arc<ConsumerGroupMetadata>,
+    consumer: Arc<Input>,
 }
 
 impl Publisher {
-    pub fn new(writer: OutputWriter, input_topic: String, partition: i32, group: Arc<ConsumerGroupMetadata>) -> Self {
-        Self { writer, input_topic, partition, group }
+    pub fn new(writer: OutputWriter, input_topic: String, partition: i32, consumer: Arc<Input>) -> Self {
+        Self { writer, input_topic, partition, consumer }
     }
 }
 
@@ -25,25 +35,31 @@ impl Actor for Publisher {
     type Context = Context<Self>;
 }
 
-/// Publish a batch's new records (and dead letters) with the input offset that follows it.
+/// Publish a batch's new records (and dead letters, and its new ids to the changelog) with the
+/// input offset that follows it.
 #[derive(Message)]
 #[rtype(result = "Result<Committed, PublishError>")]
 pub struct Publish {
     pub records: Vec<OutRecord>,
     pub dead_letters: Vec<OutRecord>,
+    pub new_ids: Vec<(LedgerKey, i64)>,
     pub next_input_offset: i64,
 }
 
 impl Handler<Publish> for Publisher {
     type Result = Result<Committed, PublishError>;
     fn handle(&mut self, msg: Publish, _: &mut Self::Context) -> Self::Result {
-        self.writer.publish(
-            &msg.records,
-            &msg.dead_letters,
-            &self.input_topic,
-            self.partition,
-            msg.next_input_offset,
-            &self.group,
-        )
+        let Some(group) = self.consumer.group_metadata() else {
+            return Err(PublishError::Aborted { source: KafkaError::MessageProduction(RDKafkaErrorCode::State) });
+        };
+        let batch = Batch {
+            records: &msg.records,
+            dead_letters: &msg.dead_letters,
+            new_ids: &msg.new_ids,
+            input_topic: &self.input_topic,
+            input_partition: self.partition,
+            next_input_offset: msg.next_input_offset,
+        };
+        self.writer.publish(&batch, &group)
     }
 }

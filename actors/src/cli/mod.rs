@@ -74,6 +74,24 @@ pub enum BenchCommand {
     /// The worker against a pass-through copy (same consumer, producer and transactions, no
     /// ledger) on the real broker, in one run: throughput on a backlog, then latency.
     Pipeline(PipelineBenchArgs),
+    /// A partition moving between two workers (consumer group): how long until the new owner
+    /// publishes, and until its window is back.
+    Handoff(HandoffBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HandoffBenchArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Ids the first worker builds the partition with.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub ids: u64,
+    /// Where the bench's ledgers go (default: a temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print only the final JSON line on stdout (progress still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -177,6 +195,12 @@ pub struct ConfigArgs {
     /// How many workers share the input topic.
     #[arg(long, value_name = "N")]
     pub worker_count: Option<u32>,
+    /// Who assigns partitions: static (this configuration) or group (Kafka's group coordinator).
+    #[arg(long, value_name = "static|group")]
+    pub assignment: Option<String>,
+    /// This worker's static group member id (group.instance.id); default: the host name.
+    #[arg(long, value_name = "ID")]
+    pub member_id: Option<String>,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
@@ -195,6 +219,8 @@ impl ConfigArgs {
             partitions: self.partitions.clone(),
             worker_index: self.worker_index,
             worker_count: self.worker_count,
+            assignment: self.assignment.clone(),
+            member_id: self.member_id.clone(),
             metrics_addr: self.metrics_addr.clone(),
             log_format: self.log_format.clone(),
             ..Overrides::default()

@@ -1,0 +1,269 @@
+//! The worker's input consumer and how it learns which partitions it owns.
+//!
+//! - `static`: the coordinator assigns the configured partitions itself, once each is recovered.
+//! - `group`: the consumer subscribes to the input topic in the consumer group
+//!   (`group.protocol = "consumer"`, KIP-848: the broker's group coordinator assigns partitions,
+//!   incrementally), with static membership (`group.instance.id`). The rebalance callback runs on
+//!   the poller thread of this module and hands each change to the [`Coordinator`]:
+//!   - **assigned**: before librdkafka assigns a partition its queue is split off (so no record of
+//!     it can reach the main queue), and right after, the partition is paused. It is resumed once
+//!     the coordinator has fenced the previous owner and loaded the partition's ids.
+//!   - **revoked** (or lost): the callback waits, up to `worker.shutdown_timeout_ms`, until the
+//!     coordinator has finished or abandoned each revoked partition's batch in flight, stopped its
+//!     pipeline and released its producer. Only then does the rebalance complete.
+//!
+//! The poller thread is the only caller of the main queue, so the callback may block there
+//! without stalling any actor.
+//!
+//! [`Coordinator`]: crate::actors::coordinator::Coordinator
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use actix::prelude::*;
+use anyhow::Context as _;
+use dedupe::config::{Assignment, Config};
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientContext, TopicPartitionList};
+use tokio::sync::watch;
+
+/// The input consumer.
+pub type Input = StreamConsumer<GroupContext>;
+/// One input partition's queue, split from the input consumer.
+pub type Queue = StreamPartitionQueue<GroupContext>;
+
+/// Partitions the group assigned, each with its queue (split before the assignment took effect,
+/// and paused until [`resume`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Assigned {
+    pub partitions: Vec<(i32, Queue)>,
+}
+
+/// Partitions the group takes away. `done` is answered (or dropped) once every one of them is
+/// stopped and its producer released; the rebalance waits for it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Revoking {
+    pub partitions: Vec<i32>,
+    /// The group gave them away without this worker's consent (its membership expired).
+    pub lost: bool,
+    pub done: std::sync::mpsc::Sender<()>,
+}
+
+/// The input consumer failed in a way that needs a new consumer (e.g. another live member holds
+/// this worker's `group.instance.id`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ConsumerFailed {
+    pub error: KafkaError,
+}
+
+/// The consumer's context: the rebalance callback.
+pub struct GroupContext {
+    topic: String,
+    consumer: OnceLock<Weak<Input>>,
+    assigned: Recipient<Assigned>,
+    revoking: Recipient<Revoking>,
+    /// The worker is closing the consumer: revocations need no waiting (nothing is running).
+    closing: AtomicBool,
+    revoke_timeout: Duration,
+    /// Queues split in `pre_rebalance`, handed over in `post_rebalance`.
+    split: Mutex<HashMap<i32, Queue>>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) else { return };
+                let mut split = self.split.lock().unwrap_or_else(|e| e.into_inner());
+                for p in partitions_of(tpl, &self.topic) {
+                    match consumer.split_partition_queue(&self.topic, p) {
+                        Some(q) => {
+                            split.insert(p, q);
+                        }
+                        None => tracing::error!(partition = p, "Could not split the queue of an assigned input partition."),
+                    }
+                }
+            }
+            Rebalance::Revoke(tpl) => {
+                let partitions = partitions_of(tpl, &self.topic);
+                if partitions.is_empty() || self.closing.load(Ordering::Relaxed) {
+                    return;
+                }
+                let lost = base.assignment_lost();
+                let (done, wait) = std::sync::mpsc::channel();
+                if self.revoking.try_send(Revoking { partitions: partitions.clone(), lost, done }).is_err() {
+                    return;
+                }
+                // Wait for the partitions to stop; give up when the worker closes the consumer
+                // (nothing runs any more) or after the shutdown timeout.
+                let deadline = std::time::Instant::now() + self.revoke_timeout;
+                loop {
+                    match wait.recv_timeout(Duration::from_millis(100)) {
+                        Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    }
+                    if self.closing.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        tracing::warn!(?partitions, "Revoked partitions did not stop in time; letting the rebalance go on (the next owner fences their producers).");
+                        break;
+                    }
+                }
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "The consumer group reported a rebalance error."),
+        }
+    }
+
+    fn post_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Assign(tpl) = rebalance else { return };
+        let partitions = partitions_of(tpl, &self.topic);
+        if partitions.is_empty() {
+            return;
+        }
+        // Nothing is fetched for them until the coordinator resumes them, after the handover.
+        if let Err(e) = base.pause(tpl) {
+            tracing::error!(error = %e, "Pausing newly assigned partitions failed.");
+        }
+        let mut split = self.split.lock().unwrap_or_else(|e| e.into_inner());
+        let queues: Vec<(i32, Queue)> = partitions.iter().filter_map(|p| split.remove(p).map(|q| (*p, q))).collect();
+        drop(split);
+        if self.assigned.try_send(Assigned { partitions: queues }).is_err() {
+            tracing::error!("The coordinator is gone; newly assigned partitions stay paused.");
+        }
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
+    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition()).collect()
+}
+
+/// The input consumer and the thread that polls its main queue.
+pub struct Membership {
+    pub consumer: Arc<Input>,
+    stop: watch::Sender<bool>,
+    poller: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Membership {
+    /// Creates the input consumer; in `group` mode it subscribes (joining the group).
+    pub fn start(
+        config: &Config,
+        assigned: Recipient<Assigned>,
+        revoking: Recipient<Revoking>,
+        failed: Recipient<ConsumerFailed>,
+    ) -> anyhow::Result<Membership> {
+        let w = &config.worker;
+        let mut client = dedupe::kafka::client_config(&config.kafka);
+        client
+            .set("group.id", &w.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "false")
+            .set("queued.max.messages.kbytes", "32768")
+            .set("fetch.wait.max.ms", "10");
+        if w.assignment == Assignment::Group {
+            client.set("group.protocol", "consumer");
+            if let Some(id) = w.member_id() {
+                client.set("group.instance.id", id);
+            }
+        }
+        let context = GroupContext {
+            topic: w.input_topic.clone(),
+            consumer: OnceLock::new(),
+            assigned,
+            revoking,
+            closing: AtomicBool::new(false),
+            revoke_timeout: Duration::from_millis(w.shutdown_timeout_ms),
+            split: Mutex::new(HashMap::new()),
+        };
+        let consumer: Input = client.create_with_context(context).context("creating the input consumer")?;
+        let consumer = Arc::new(consumer);
+        let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
+        if w.assignment == Assignment::Group {
+            consumer
+                .subscribe(&[&w.input_topic])
+                .with_context(|| format!("joining consumer group {} on {}", w.group_id, w.input_topic))?;
+        }
+        let (stop, stop_rx) = watch::channel(false);
+        let poller = {
+            let consumer = consumer.clone();
+            std::thread::Builder::new()
+                .name("input-poller".into())
+                .spawn(move || poll_main_queue(consumer, stop_rx, failed))
+                .context("starting the input poller thread")?
+        };
+        Ok(Membership { consumer, stop, poller: Some(poller) })
+    }
+
+    /// Lets a loaded partition's records flow (group mode; static mode assigns instead).
+    pub fn resume(&self, topic: &str, partition: i32) -> anyhow::Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, partition);
+        self.consumer.resume(&tpl).with_context(|| format!("resuming input partition {partition}"))
+    }
+
+    /// Stops polling and closes the consumer (leaving the group: a static member keeps its
+    /// partitions for the session timeout, so a quick restart gets them back).
+    pub fn close(mut self) {
+        self.consumer.context().closing.store(true, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+        if let Some(poller) = self.poller.take() {
+            let _ = poller.join();
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.consumer.context().closing.store(true, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Polls the main queue: it serves the rebalance callback, errors and events. Every owned
+/// partition's records go to its own split queue.
+fn poll_main_queue(consumer: Arc<Input>, mut stop: watch::Receiver<bool>, failed: Recipient<ConsumerFailed>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot start the input poller's runtime.");
+            return;
+        }
+    };
+    let polled = consumer.clone();
+    runtime.block_on(async move {
+        let consumer = polled;
+        loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                got = consumer.recv() => match got {
+                    Ok(_) => tracing::warn!("A record arrived on the main queue of the input consumer; it is not processed here."),
+                    Err(e) => {
+                        if let Some((code, reason)) = consumer.client().fatal_error() {
+                            tracing::error!(?code, reason, "The input consumer failed fatally.");
+                            failed.do_send(ConsumerFailed { error: e });
+                            break;
+                        }
+                        tracing::warn!(error = %e, "The input consumer reported an error.");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                },
+            }
+        }
+    });
+    // Closing happens where the last reference is dropped; mark it so a revocation during the
+    // close does not wait for a coordinator that may be gone.
+    consumer.context().closing.store(true, Ordering::Relaxed);
+}

@@ -1,0 +1,89 @@
+//! Ledger snapshots, taken by the [`Coordinator`] on a timer or on an operator's request.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use actix::prelude::*;
+use dedupe::metrics as m;
+use dedupe::recovery::now_ms;
+use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot};
+
+use crate::actors::coordinator::Coordinator;
+
+/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
+/// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
+/// one is skipped), so no prune ever runs under a running hook. Failures are counted and logged
+/// and never stop the pipeline.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TakeSnapshot {
+    /// Where to send the snapshot's directory, or why there is none.
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>,
+}
+
+impl Handler<TakeSnapshot> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) {
+        fn answer(reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>, result: Result<PathBuf, SnapshotError>) {
+            if let Some(reply) = reply {
+                let _ = reply.send(result);
+            }
+        }
+        let snapshots = self.config.snapshots.clone();
+        let Some(root) = snapshots.dir.clone() else {
+            return answer(msg.reply, Err(SnapshotError::NotConfigured));
+        };
+        if self.snapshot_running {
+            tracing::info!("A snapshot is already under way; this request is refused.");
+            return answer(msg.reply, Err(SnapshotError::Busy));
+        }
+        self.snapshot_running = true;
+        let ledger = self.ledger.clone();
+        let fut = async move {
+            let slot = SnapshotSlot::reserve(&root)?;
+            let checkpoint = ledger.send(crate::actors::ledger::Checkpoint { dir: slot.partial.clone() }).await;
+            let progress = match checkpoint {
+                Ok(Ok(progress)) => progress,
+                Ok(Err(source)) => {
+                    slot.discard();
+                    return Err(SnapshotError::Checkpoint { dir: slot.dir, source });
+                }
+                Err(_mailbox) => {
+                    slot.discard();
+                    return Err(SnapshotError::Stopping);
+                }
+            };
+            slot.publish()?;
+            let partitions: Vec<u32> = progress.keys().copied().collect();
+            let dir = slot.dir.clone();
+            actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
+                prune(&root, snapshots.keep)?;
+                if let Some(hook) = &snapshots.hook {
+                    let timeout = Duration::from_secs(snapshots.hook_timeout_secs);
+                    run_hook(hook, &dir, &partitions, &snapshots.hook_env, timeout)?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(|_join| SnapshotError::Stopping)??;
+            Ok::<_, SnapshotError>(slot.dir)
+        };
+        ctx.spawn(fut.into_actor(self).map(|result, act, _| {
+            act.snapshot_running = false;
+            match &result {
+                Ok(dir) => {
+                    metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(now_ms() as f64 / 1000.0);
+                    tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
+                }
+                Err(SnapshotError::Stopping) => tracing::info!("A ledger snapshot was abandoned: the worker is stopping."),
+                Err(e) => {
+                    metrics::counter!(m::SNAPSHOT_FAILURES, "stage" => e.stage()).increment(1);
+                    tracing::error!("A ledger snapshot failed; the pipeline goes on: {e}");
+                }
+            }
+            answer(msg.reply, result);
+        }));
+    }
+}
+

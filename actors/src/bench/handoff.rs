@@ -1,0 +1,204 @@
+//! `dedupe bench handoff`: how long a partition takes to move between workers with its window.
+//!
+//! On the real broker, with the configuration given (the defaults unless told otherwise):
+//! 1. `--ids` fresh ids are produced to a one-partition input topic;
+//! 2. worker A (`--assignment group`) publishes them all, and the window it reports is noted;
+//! 3. worker B, on an empty data directory, joins the group and A stops (SIGTERM), so the group
+//!    moves the partition to B while a trickle of new ids keeps arriving;
+//! 4. from B's assignment the bench times the first publish (`handover_ready_secs`) and the moment
+//!    B's window for the partition is back within 5% of A's, aged by the time since
+//!    (`window_restored_secs`).
+//!
+//! The figures come from B's own metrics, polled every 20 ms.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use dedupe::config::Config;
+use dedupe::metrics as m;
+use serde::Serialize;
+
+/// The bench's last line.
+#[derive(Debug, Serialize)]
+pub struct HandoffBench {
+    pub ids: u64,
+    /// From B's assignment to B's first publish.
+    pub handover_ready_secs: f64,
+    /// From B's assignment until B's window is within 5% of what A's was (aged since).
+    pub window_restored_secs: f64,
+    pub window_before_secs: f64,
+    pub window_after_secs: f64,
+    /// B's own measure: assignment to processing (fenced, every id loaded).
+    pub handover_duration_secs: f64,
+    /// Ids B loaded from the changelog.
+    pub ids_loaded: f64,
+    /// A's throughput while it built the partition.
+    pub build_ids_per_sec: f64,
+}
+
+/// A worker child, killed if the bench ends early.
+struct Worker {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Worker {
+    fn start(config: &Config, input: &str, output: &str, group: &str, member: &str, dir: &Path) -> anyhow::Result<Worker> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["run", "--brokers", &config.kafka.brokers, "--input-topic", input, "--output-topic", output])
+            .args(["--assignment", "group", "--member-id", member])
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("DEDUPE_WORKER_GROUP_ID", group)
+            .env("DEDUPE_LOG_LEVEL", "warn")
+            .stdout(Stdio::null());
+        Ok(Worker { child: cmd.spawn().context("starting a worker")?, port })
+    }
+
+    /// The sum of a metric's series whose labels contain `labels`; 0 when absent or unreachable.
+    fn metric(&self, name: &str, labels: &str) -> f64 {
+        let url = format!("http://127.0.0.1:{}/metrics", self.port);
+        let Ok(page) = ureq::get(&url).timeout(Duration::from_secs(5)).call().and_then(|r| Ok(r.into_string()?)) else {
+            return 0.0;
+        };
+        page.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Polls until `done` holds, failing after `timeout` or if the worker exits.
+    fn wait_until(&mut self, what: &str, timeout: Duration, mut done: impl FnMut(&Worker) -> bool) -> anyhow::Result<Instant> {
+        let started = Instant::now();
+        loop {
+            if done(self) {
+                return Ok(Instant::now());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!("a worker exited ({status}) while the bench waited for {what}");
+            }
+            if started.elapsed() > timeout {
+                bail!("{what} did not happen within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn terminate(mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.code());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("a worker did not stop within {timeout:?} of SIGTERM")
+    }
+}
+
+pub fn run(config: &Config, ids: u64, work_dir: &Path) -> anyhow::Result<HandoffBench> {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (input, output, group) = (format!("handoff-in-{id}"), format!("handoff-out-{id}"), format!("handoff-{id}"));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    for topic in [&input, &output] {
+        rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[])).with_context(|| format!("creating {topic}"))?;
+    }
+    let result = measure(config, ids, work_dir, &input, &output, &group);
+    let changelog = dedupe::changelog::default_topic(&output);
+    let cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = dedupe::kafka::client_config(&config.kafka).create()?;
+        admin.delete_topics(&[&input, &output, &changelog], &rdkafka::admin::AdminOptions::new()).await?;
+        Ok(())
+    });
+    if let Err(e) = cleanup {
+        eprintln!("bench: could not delete the bench topics: {e}");
+    }
+    result
+}
+
+fn measure(config: &Config, ids: u64, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
+    let trickle = |count: u64| crate::cli::tools::Load {
+        topic: input,
+        count,
+        dup_ratio: 0.0,
+        dup_delay: Duration::ZERO,
+        value_bytes: 64,
+        rate_per_sec: Some(200.0),
+        show_progress: false,
+    };
+    eprintln!("bench: producing {ids} ids to {input}");
+    let load = crate::cli::tools::loadgen(config, crate::cli::tools::Load { rate_per_sec: None, show_progress: true, ..trickle(ids) })?;
+    let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"))?;
+    let started = Instant::now();
+    a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, "") >= load.distinct_ids as f64)?;
+    let build_ids_per_sec = ids as f64 / started.elapsed().as_secs_f64();
+    eprintln!("bench: worker A published {ids} ids at {build_ids_per_sec:.0} ids/s");
+    let mut window_before = 0.0;
+    a.wait_until("worker A reporting its window", Duration::from_secs(60), |w| {
+        window_before = w.metric(m::WINDOW_SECONDS, "partition=\"0\"");
+        window_before > 0.0
+    })?;
+    let noted_at = Instant::now();
+
+    let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"))?;
+    b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, "") == 0.0 && w.metric("dedupe_ledger_budget_bytes", "") > 0.0)?;
+    let trickler = {
+        let config = config.clone();
+        let input = input.to_string();
+        std::thread::spawn(move || {
+            let load = crate::cli::tools::Load {
+                topic: &input,
+                count: 6000,
+                dup_ratio: 0.0,
+                dup_delay: Duration::ZERO,
+                value_bytes: 64,
+                rate_per_sec: Some(200.0),
+                show_progress: false,
+            };
+            crate::cli::tools::loadgen(&config, load).map(|s| s.distinct_ids)
+        })
+    };
+    let a_exit = a.terminate(Duration::from_secs(120))?;
+    if a_exit != Some(0) {
+        bail!("worker A exited with {a_exit:?} on SIGTERM");
+    }
+    let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
+        w.metric(m::PARTITION_ASSIGNMENTS, "") >= 1.0
+    })?;
+    let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| w.metric(m::RECORDS_OUT, "") >= 1.0)?;
+    let mut window_after = 0.0;
+    let restored = b.wait_until("worker B's window coming back", Duration::from_secs(600), |w| {
+        window_after = w.metric(m::WINDOW_SECONDS, "partition=\"0\"");
+        window_after >= 0.95 * (window_before + noted_at.elapsed().as_secs_f64())
+    })?;
+    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, "partition=\"0\"");
+    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, "");
+    let _ = trickler.join();
+    let b_exit = b.terminate(Duration::from_secs(120))?;
+    if b_exit != Some(0) {
+        bail!("worker B exited with {b_exit:?} on SIGTERM");
+    }
+    Ok(HandoffBench {
+        ids,
+        handover_ready_secs: published.duration_since(assigned).as_secs_f64(),
+        window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
+        window_before_secs: window_before,
+        window_after_secs: window_after,
+        handover_duration_secs,
+        ids_loaded,
+        build_ids_per_sec,
+    })
+}

@@ -1,0 +1,232 @@
+//! The I/O half of recovery: read the planned range of the log into the ledger.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{now_ms, plan_recovery, PlanRefusal, RecordReplayed, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryReport, Source};
+use crate::changelog;
+use crate::config::IdSource;
+use crate::identity::{message_key, LedgerKey, RecordView};
+use crate::kafka::client_config;
+use crate::progress::Progress;
+
+/// How many replayed ids are recorded per ledger write.
+pub const REPLAY_BATCH: usize = 16_384;
+
+/// Changelog records in the newest chunk of a newest-first load; each older chunk is twice the
+/// size of the one before, so a load takes few passes whatever the records hold.
+const FIRST_CHUNK_RECORDS: i64 = 32;
+
+/// Replays the planned tail of the partition's log (the id changelog, or the output for a
+/// progress record that predates it) into the ledger through `record`, and returns where the
+/// input resumes. `on_progress(ids, records_done, records_total)` is called as it goes.
+pub fn recover_partition(
+    input: &RecoveryInput<'_>,
+    record: &mut RecordReplayed<'_>,
+    on_progress: &mut dyn FnMut(u64, i64, i64),
+) -> Result<RecoveryReport, RecoveryError> {
+    let p = input.partition;
+    let watermarks = |topic: &str| -> Result<(i64, i64), RecoveryError> {
+        let kerr = |source| RecoveryError::Kafka { topic: topic.to_string(), partition: p, source };
+        let consumer = replay_consumer(input).map_err(kerr)?;
+        consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).map_err(kerr)
+    };
+    let source = Source::for_progress(input.ledger_progress);
+    let (output_low, output_high) = watermarks(input.output_topic)?;
+    let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;
+    let (log_low, log_high, topic) = match source {
+        Source::Changelog => (changelog_low, changelog_high, input.changelog_topic),
+        Source::Output => (output_low, output_high, input.output_topic),
+    };
+    let facts = RecoveryFacts {
+        ledger_progress: input.ledger_progress,
+        committed_input: input.committed_input,
+        source,
+        log_low,
+        log_high,
+        output_high,
+        accept_ledger_ahead: input.accept_ledger_ahead,
+    };
+    let plan = plan_recovery(&facts).map_err(|PlanRefusal::LedgerAhead { log, ledger_next_output, output_end }| {
+        RecoveryError::LedgerAhead { log, partition: p, ledger_next_output, output_end }
+    })?;
+    plan.warn(p, &facts);
+    let next_input = plan.resume_input_at.unwrap_or(-1);
+    let before = input.ledger_progress.unwrap_or(Progress::NONE);
+    // The progress stored with each replayed batch. Forward, it says how far the replay got; a
+    // newest-first load stores none until it is complete, so a crash mid-load starts it over.
+    let progress_at = |next: i64| match (source, plan.rebuild) {
+        (_, true) => Progress::NONE,
+        (Source::Changelog, false) => Progress { next_input_offset: next_input, next_changelog_offset: next, ..before },
+        (Source::Output, false) => Progress { next_input_offset: next_input, next_output_offset: next, next_changelog_offset: -1 },
+    };
+    let ranges = if plan.rebuild && source == Source::Changelog {
+        newest_first(plan.replay_from, plan.replay_to, FIRST_CHUNK_RECORDS)
+    } else {
+        vec![(plan.replay_from, plan.replay_to)]
+    };
+    let total = plan.replay_to - plan.replay_from;
+    let mut replay = Replay { input, topic, source, started: Instant::now(), ids: 0, records: 0, batch: Vec::with_capacity(REPLAY_BATCH) };
+    for (from, to) in ranges.into_iter().filter(|(from, to)| from < to) {
+        replay.read_range(from, to, record, &progress_at, &mut |ids, done| on_progress(ids, done, total))?;
+    }
+    // Done: the ledger holds every id of the partition's retained log. From here on every
+    // transaction writes the changelog, so its position is the changelog's end.
+    let progress = Progress {
+        next_input_offset: next_input,
+        next_output_offset: output_high.max(if source == Source::Output { plan.replay_to } else { -1 }),
+        next_changelog_offset: changelog_high,
+    };
+    record(&[], progress).map_err(|source| RecoveryError::Record { partition: p, source })?;
+    on_progress(replay.ids, total, total);
+    Ok(RecoveryReport {
+        partition: p,
+        source,
+        ids_loaded: replay.ids,
+        replayed_from: plan.replay_from,
+        replayed_to: plan.replay_to,
+        replayed_records: replay.records,
+        rebuilt: plan.rebuild,
+        retention_gap: plan.retention_gap,
+        resume_input_at: plan.resume_input_at,
+        progress,
+    })
+}
+
+/// `[from, to)` cut into ranges from the newest: `first` records, then twice as many, and so on.
+fn newest_first(from: i64, to: i64, first: i64) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    let (mut end, mut size) = (to, first.max(1));
+    while end > from {
+        let start = end.saturating_sub(size).max(from);
+        out.push((start, end));
+        end = start;
+        size = size.saturating_mul(2);
+    }
+    out
+}
+
+fn replay_consumer(input: &RecoveryInput<'_>) -> Result<BaseConsumer, KafkaError> {
+    client_config(input.kafka)
+        .set("group.id", format!("dedupe-recovery-{}", input.output_topic))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "16777216")
+        .create()
+}
+
+struct Replay<'i, 'a> {
+    input: &'i RecoveryInput<'a>,
+    topic: &'i str,
+    source: Source,
+    started: Instant,
+    ids: u64,
+    records: u64,
+    batch: Vec<(LedgerKey, i64)>,
+}
+
+impl Replay<'_, '_> {
+    /// Reads `[from, to)` of the log, recording its ids in batches of [`REPLAY_BATCH`]. Each range
+    /// gets a consumer of its own, so nothing fetched for another range can be taken for this one.
+    fn read_range(
+        &mut self,
+        from: i64,
+        to: i64,
+        record: &mut RecordReplayed<'_>,
+        progress_at: &dyn Fn(i64) -> Progress,
+        on_progress: &mut dyn FnMut(u64, i64),
+    ) -> Result<(), RecoveryError> {
+        let p = self.input.partition;
+        let kerr = |source| RecoveryError::Kafka { topic: self.topic.to_string(), partition: p, source };
+        let consumer = replay_consumer(self.input).map_err(kerr)?;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(self.topic, p, Offset::Offset(from)).map_err(kerr)?;
+        consumer.assign(&tpl).map_err(kerr)?;
+        let mut next = from;
+        while next < to {
+            if self.started.elapsed() > self.input.timeout {
+                let seconds = self.input.timeout.as_secs();
+                return Err(RecoveryError::Timeout { partition: p, target: to, at: next, seconds });
+            }
+            match consumer.poll(Duration::from_millis(500)) {
+                None => {}
+                // With read_committed the end is the last stable offset; after fencing that is
+                // the high watermark, up to trailing transaction markers.
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => return Err(kerr(e)),
+                Some(Ok(m)) if m.offset() >= to => break,
+                Some(Ok(m)) => {
+                    next = m.offset() + 1;
+                    self.records += 1;
+                    self.take_ids(&m)?;
+                    if self.batch.len() >= REPLAY_BATCH {
+                        self.flush(record, progress_at(next))?;
+                        on_progress(self.ids, next - from);
+                    }
+                }
+            }
+        }
+        self.flush(record, progress_at(to))
+    }
+
+    /// Appends the ids a log record holds to the batch.
+    fn take_ids(&mut self, m: &BorrowedMessage<'_>) -> Result<(), RecoveryError> {
+        match self.source {
+            Source::Changelog => {
+                let before = self.batch.len();
+                changelog::decode_into(m.payload().unwrap_or_default(), &mut self.batch).map_err(|source| {
+                    RecoveryError::Changelog { topic: self.topic.to_string(), partition: self.input.partition, offset: m.offset(), source }
+                })?;
+                self.ids += (self.batch.len() - before) as u64;
+            }
+            Source::Output => {
+                // Records forwarded without a usable id have nothing to record.
+                if let Ok(key) = output_record_key(m, self.input.id_source) {
+                    self.batch.push((key, m.timestamp().to_millis().unwrap_or_else(now_ms)));
+                    self.ids += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, record: &mut RecordReplayed<'_>, progress: Progress) -> Result<(), RecoveryError> {
+        record(&self.batch, progress).map_err(|source| RecoveryError::Record { partition: self.input.partition, source })?;
+        self.batch.clear();
+        Ok(())
+    }
+}
+
+fn output_record_key(m: &BorrowedMessage<'_>, id_source: &IdSource) -> Result<LedgerKey, crate::identity::Unkeyed> {
+    let headers = m.headers();
+    let view = RecordView {
+        key: m.key(),
+        header: |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value)),
+        value: m.payload(),
+    };
+    message_key(&view, id_source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newest_first;
+
+    #[test]
+    fn newest_first_covers_the_range_once_from_the_end_in_growing_chunks() {
+        assert_eq!(newest_first(0, 100, 8), vec![(92, 100), (76, 92), (44, 76), (0, 44)]);
+        assert_eq!(newest_first(5, 5, 8), vec![]);
+        assert_eq!(newest_first(10, 12, 8), vec![(10, 12)]);
+        for (from, to) in [(0, 1), (3, 1000), (1000, 123_457)] {
+            let chunks = newest_first(from, to, 32);
+            assert_eq!(chunks.first().map(|c| c.1), Some(to));
+            assert_eq!(chunks.last().map(|c| c.0), Some(from));
+            assert!(chunks.windows(2).all(|w| w[1].1 == w[0].0), "contiguous, newest first");
+        }
+    }
+}

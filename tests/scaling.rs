@@ -1,0 +1,257 @@
+//! Elastic workers against the real broker (`worker.assignment = "group"`, KIP-848): partitions
+//! move between workers while load is produced, and every id still reaches the output exactly
+//! once; a frozen old owner is fenced; bad group settings are refused naming the key.
+//!
+//! The local broker (deploy/local/kafka.sh) runs the group protocol with a 6 s session timeout.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A worker spec in group mode with its own member id.
+fn group_worker(input: &str, output: &str, dir: &std::path::Path, group: &str, member: &str) -> WorkerSpec {
+    let mut spec = WorkerSpec::new(input, output, dir).env("DEDUPE_WORKER_GROUP_ID", group);
+    spec.extra_args = vec!["--assignment".into(), "group".into(), "--member-id".into(), member.into()];
+    spec
+}
+
+/// Produces fresh ids in small batches until stopped, re-sending 5% of them: half of those
+/// right away, half long after their first copy (an id produced at least `old_after` earlier),
+/// so that a copy and its duplicate often land on different owners.
+struct Load {
+    stop: Arc<AtomicBool>,
+    produced: Arc<Mutex<Vec<String>>>,
+    resent: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(topic: &str, old_after: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let produced: Arc<Mutex<Vec<String>>> = Arc::default();
+        let resent = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (topic, stop, produced, resent) = (topic.to_string(), stop.clone(), produced.clone(), resent.clone());
+            std::thread::spawn(move || {
+                let mut sent_at: Vec<(Instant, String)> = Vec::new();
+                let mut n = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    let fresh = ids(40);
+                    let mut batch: Vec<&String> = Vec::new();
+                    for id in &fresh {
+                        batch.push(id);
+                        n += 1;
+                        if n % 20 == 0 {
+                            // 5%: every 20th id is sent twice.
+                            if n % 40 == 0 {
+                                batch.push(id);
+                            } else if let Some((_, old)) = sent_at.iter().rev().find(|(t, _)| t.elapsed() >= old_after) {
+                                batch.push(old);
+                            } else {
+                                batch.push(id);
+                            }
+                            resent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    let owned: Vec<String> = batch.iter().map(|s| s.to_string()).collect();
+                    produce_full(&topic, &keyed(&owned.iter().collect::<Vec<_>>()));
+                    let now = Instant::now();
+                    sent_at.extend(fresh.iter().map(|id| (now, id.clone())));
+                    produced.lock().unwrap().extend(fresh);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        Load { stop, produced, resent, thread: Some(thread) }
+    }
+
+    fn distinct(&self) -> usize {
+        self.produced.lock().unwrap().len()
+    }
+
+    fn finish(mut self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("load thread");
+        }
+        (self.distinct(), self.resent.load(Ordering::Relaxed))
+    }
+}
+
+/// The value of a worker's metric (summed over label sets), 0 when absent.
+fn metric(w: &Worker, name: &str) -> f64 {
+    w.metrics().and_then(|page| metric_value(&page, name, "")).unwrap_or(0.0)
+}
+
+/// Waits until the live workers together own and process every partition, none loading, and
+/// each of them owns at least one.
+fn wait_settled(workers: &[&Worker], partitions: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let each: Vec<f64> = workers.iter().map(|w| metric(w, "dedupe_partitions_owned")).collect();
+        let owned: f64 = each.iter().sum();
+        let ready: f64 = workers.iter().map(|w| metric(w, "dedupe_partitions_ready")).sum();
+        if owned as usize == partitions && ready as usize == partitions && each.iter().all(|&n| n >= 1.0) {
+            return;
+        }
+        let logs: Vec<String> = workers.iter().map(|w| w.log_text()).collect();
+        assert!(Instant::now() < deadline, "partitions did not settle (owned {owned}, ready {ready}):\n{}", logs.join("\n-----\n"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits until the output holds `n` records.
+fn wait_output(output: &str, n: usize, timeout: Duration) -> Vec<Record> {
+    wait_for_records(output, n, timeout)
+}
+
+/// Checks the output: each id exactly once, in its input partition, in input order.
+fn assert_exactly_once_in_order(input: &str, output: &str, expected: usize) {
+    let out = consume_all(output, true);
+    let keys: Vec<&Vec<u8>> = out.iter().map(|r| r.key.as_ref().expect("keyed")).collect();
+    let distinct: HashSet<_> = keys.iter().collect();
+    assert_eq!(distinct.len(), keys.len(), "an id was published twice");
+    assert_eq!(out.len(), expected, "every produced id is in the output");
+    let inp = consume_all(input, true);
+    let mut expected_order: BTreeMap<i32, Vec<&Vec<u8>>> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    for r in &inp {
+        let k = r.key.as_ref().unwrap();
+        if seen.insert(k) {
+            expected_order.entry(r.partition).or_default().push(k);
+        }
+    }
+    let mut got: BTreeMap<i32, Vec<&Vec<u8>>> = BTreeMap::new();
+    for r in &out {
+        got.entry(r.partition).or_default().push(r.key.as_ref().unwrap());
+    }
+    assert_eq!(got, expected_order, "per partition: the input's first copies, in input order");
+    let (code, summary) = verify(input, output);
+    assert_eq!(code, 0, "verify: {summary}");
+}
+
+
+#[test]
+fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
+    let input = TestTopic::create("scale-in", 6);
+    let output = TestTopic::create("scale-out", 6);
+    let group = format!("scale-{}", uuid::Uuid::new_v4().simple());
+    let root = tempfile::tempdir().unwrap();
+    let spec = |n: &str, dir: &str| group_worker(&input.name, &output.name, &root.path().join(dir), &group, n);
+
+    let load = Load::start(&input.name, Duration::from_secs(4));
+    // One worker.
+    let mut w1 = spec("w1", "d1").start();
+    wait_settled(&[&w1], 6, Duration::from_secs(90));
+    wait_output(&output.name, 200, Duration::from_secs(60));
+
+    // Three: w2 and w3 join; w3 is killed while the group rebalances, and restarts on an empty
+    // data directory (same member id: the group hands its partitions back, or to the others
+    // once its session expires).
+    let mut w2 = spec("w2", "d2").start();
+    let mut w3 = spec("w3", "d3").start();
+    std::thread::sleep(Duration::from_millis(1500));
+    w3.kill();
+    let mut w3 = spec("w3", "d3-empty").start();
+    wait_settled(&[&w1, &w2, &w3], 6, Duration::from_secs(120));
+    let before = load.distinct();
+    wait_output(&output.name, before, Duration::from_secs(90));
+
+    // Two: w3 leaves cleanly.
+    assert_eq!(w3.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w3.log_text());
+    wait_settled(&[&w1, &w2], 6, Duration::from_secs(120));
+    let before = load.distinct();
+    wait_output(&output.name, before, Duration::from_secs(90));
+
+    // One: w2 leaves cleanly.
+    assert_eq!(w2.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w2.log_text());
+    wait_settled(&[&w1], 6, Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(3));
+
+    let (distinct, resent) = load.finish();
+    assert!(resent > 20, "the load re-sent ids ({resent})");
+    wait_output(&output.name, distinct, Duration::from_secs(120));
+    let loaded = metric(&w1, "dedupe_handover_ids_loaded_total");
+    assert!(loaded > 0.0, "partitions that came back to w1 loaded ids from the changelog:\n{}", w1.log_text());
+    assert_eq!(w1.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w1.log_text());
+    assert_exactly_once_in_order(&input.name, &output.name, distinct);
+}
+
+#[test]
+fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
+    let input = TestTopic::create("freeze-in", 2);
+    let output = TestTopic::create("freeze-out", 2);
+    let group = format!("freeze-{}", uuid::Uuid::new_v4().simple());
+    let root = tempfile::tempdir().unwrap();
+    let spec = |n: &str| group_worker(&input.name, &output.name, &root.path().join(n), &group, n);
+
+    let first = ids(300);
+    produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
+    let mut old = spec("old").start();
+    wait_settled(&[&old], 2, Duration::from_secs(90));
+    wait_output(&output.name, 300, Duration::from_secs(60));
+
+    // Freeze the owner; a new worker joins. Once the old member's session expires the group
+    // gives the partitions to the new one, which fences the old producers.
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGSTOP) };
+    let mut new = spec("new").start();
+    wait_settled(&[&new], 2, Duration::from_secs(120));
+    let second = ids(300);
+    // Duplicates of the first load, sent while the old owner is frozen.
+    let mut batch: Vec<&String> = second.iter().collect();
+    batch.extend(first.iter().take(100));
+    produce_full(&input.name, &keyed(&batch));
+    wait_output(&output.name, 600, Duration::from_secs(60));
+
+    // Resumed, the old owner finds itself fenced (or its partitions lost) and exits with 3.
+    // SAFETY: as above.
+    unsafe { libc::kill(old.child.id() as i32, libc::SIGCONT) };
+    let code = old.wait(Duration::from_secs(60));
+    assert_eq!(code, Some(3), "the old owner exits with its fenced status:\n{}", old.log_text());
+
+    let third = ids(100);
+    produce_full(&input.name, &keyed(&third.iter().collect::<Vec<_>>()));
+    wait_output(&output.name, 700, Duration::from_secs(60));
+    assert_eq!(new.terminate(Duration::from_secs(60)), Some(0), "{}", new.log_text());
+    assert_exactly_once_in_order(&input.name, &output.name, 700);
+}
+
+#[test]
+fn bad_group_settings_are_refused_naming_the_key() {
+    let input = TestTopic::create("badgroup-in", 1);
+    let output = TestTopic::create("badgroup-out", 1);
+    let root = tempfile::tempdir().unwrap();
+    let base = group_worker(&input.name, &output.name, &root.path().join("l"), "badgroup", "m1");
+    let run = |spec: WorkerSpec| -> (Option<i32>, String) {
+        let mut w = spec.start();
+        let code = w.wait(Duration::from_secs(60));
+        (code, w.log_text())
+    };
+    let mut cases: Vec<(WorkerSpec, &str)> = Vec::new();
+    let mut unknown = base.clone();
+    unknown.extra_args = vec!["--member-id".into(), "m1".into()];
+    cases.push((unknown.env("DEDUPE_WORKER_ASSIGNMENT", "elastic"), "worker.assignment"));
+    cases.push((base.clone().env("DEDUPE_WORKER_CHANGELOG_RETENTION_SECS", "3600"), "worker.changelog_retention_secs"));
+    cases.push((base.clone().env("DEDUPE_WORKER_CHANGELOG_TOPIC", "not a topic name!"), "worker.changelog_topic"));
+    // An existing changelog that keeps ids only a minute.
+    let short = TestTopic::create("badgroup-ids", 1);
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = client_config().create().unwrap();
+    let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&short.name)).set("retention.ms", "60000");
+    futures::executor::block_on(admin.alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
+    cases.push((base.clone().env("DEDUPE_WORKER_CHANGELOG_TOPIC", &short.name), "worker.promised_window_secs"));
+    let mut partitions = base.clone();
+    partitions.partitions = Some("0".into());
+    cases.push((partitions, "worker.partitions"));
+    for (spec, key) in cases {
+        let (code, log) = run(spec);
+        assert_ne!(code, Some(0), "refused ({key})");
+        let line = log.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no line names {key}:\n{log}"));
+        assert!(line.len() < 600, "one line: {line}");
+    }
+}
