@@ -140,6 +140,7 @@ fn alert_rules_and_dashboard_use_only_declared_metrics() {
         "dedupe_transactions_total",
         "dedupe_partitions_ready",
         "dedupe_partitions_owned",
+        "dedupe_handover_in_progress_seconds",
     ] {
         assert!(metric_tokens(&exprs).contains(name), "no alert expression uses {name}");
     }
@@ -174,6 +175,7 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         ("DedupeWorkerDown", "page"),
         ("DedupeWorkerNotReady", "warn"),
         ("DedupeLedgerIndexOverflowed", "warn"),
+        ("DedupeHandoverStuck", "warn"),
     ];
     for (name, severity) in expected {
         let alert = by_name.get(name).unwrap_or_else(|| panic!("rules.yml has no alert {name}"));
@@ -192,6 +194,10 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
     let forecast = by_name["DedupeWindowForecastUnder36h"];
     assert!(forecast.field("expr").unwrap().contains("< 129600"));
     assert_eq!(forecast.field("for").as_deref(), Some("30m"));
+    // A handover still loading after 10 minutes, held for 5.
+    let handover = by_name["DedupeHandoverStuck"];
+    assert!(handover.field("expr").unwrap().contains("dedupe_handover_in_progress_seconds) > 600"));
+    assert_eq!(handover.field("for").as_deref(), Some("5m"));
     // Three missed hourly snapshots.
     assert!(by_name["DedupeSnapshotsFailing"].field("expr").unwrap().contains("> 10800"));
     assert!(by_name["DedupeWorkerDown"].field("expr").unwrap().contains("up{job=\"dedupe\"} == 0"));
@@ -332,6 +338,11 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     panel_with("time() - dedupe_snapshot_last_success_timestamp_seconds");
     panel_with("dedupe_transactions_total");
     panel_with("dedupe_ledger_budget_bytes");
+    // Handovers (worker.assignment = "group").
+    panel_with("dedupe_partitions_loading");
+    panel_with("dedupe_partition_revocations_total");
+    panel_with("dedupe_handover_duration_seconds");
+    panel_with("dedupe_handover_ids_loaded_total");
     for histogram in
         ["dedupe_stage_seconds_bucket", "dedupe_end_to_end_seconds_bucket", "dedupe_ingest_request_seconds_bucket"]
     {

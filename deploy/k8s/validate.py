@@ -3,11 +3,13 @@
 
 Every document must parse and name apiVersion, kind and metadata.name. Built-in kinds are validated
 strictly against the Kubernetes OpenAPI schemas bundled by `kubernetes-validate` (for the oldest
-supported version, 1.28, where the pod-index label appeared, and the newest bundled one). Custom
-resources (PrometheusRule, ServiceMonitor, VolumeSnapshot, VolumeSnapshotClass) have no bundled
-schema: their required fields are checked here. Then the manifests are checked against each other
-and against the repository: PrometheusRule == deploy/prometheus/rules.yml, worker count ==
-replicas, grace period > shutdown timeout, ConfigMap keys are documented configuration keys.
+supported version, 1.28, and the newest bundled one). Custom resources (PrometheusRule,
+ServiceMonitor, VolumeSnapshot, VolumeSnapshotClass, KEDA's ScaledObject) have no bundled schema:
+their required fields are checked here. Then the manifests are checked against each other and
+against the repository: PrometheusRule == deploy/prometheus/rules.yml, the workers take their
+partitions from the consumer group (`--assignment group`, `--member-id` the pod name, no static
+worker count), a ScaledObject scales a StatefulSet on the ConfigMap's group and input topic, grace
+period > shutdown timeout, ConfigMap keys are documented configuration keys.
 
 Usage: validate.py [DIR]   (exit status 1 on any failure, with one line per failure)
 """
@@ -25,6 +27,7 @@ CUSTOM = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshot"),
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
 }
 
 here = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent).resolve()
@@ -46,6 +49,16 @@ def load():
         except yaml.YAMLError as e:
             fail(path.name, f"does not parse as YAML: {e}")
     return docs
+
+
+def dedupe_config(by_kind):
+    """The dedupe.toml of the ConfigMap that holds one, parsed; None when there is none or it does
+    not parse (check_cross reports both)."""
+    cms = [c for c in by_kind.get("ConfigMap", []) if "dedupe.toml" in (c.get("data") or {})]
+    try:
+        return tomllib.loads(cms[0]["data"]["dedupe.toml"]) if cms else None
+    except tomllib.TOMLDecodeError:
+        return None
 
 
 def check_custom(where, doc, by_kind):
@@ -90,6 +103,36 @@ def check_custom(where, doc, by_kind):
                   for s in by_kind.get("StatefulSet", []) for t in s["spec"].get("volumeClaimTemplates", [])]
         if source.get("persistentVolumeClaimName") not in claims:
             fail(where, f"snapshots {source.get('persistentVolumeClaimName')!r}, not a StatefulSet claim {claims}")
+    elif kind == "ScaledObject":
+        target = spec.get("scaleTargetRef") or {}
+        sets = [s["metadata"]["name"] for s in by_kind.get("StatefulSet", [])]
+        # KEDA's default kind is Deployment: the StatefulSet must be named explicitly.
+        if target.get("kind") != "StatefulSet" or target.get("apiVersion", "apps/v1") != "apps/v1" \
+                or target.get("name") not in sets:
+            fail(where, f"spec.scaleTargetRef {target} must be an apps/v1 StatefulSet, one of {sets}")
+        low, high = spec.get("minReplicaCount"), spec.get("maxReplicaCount")
+        if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+            fail(where, f"need 1 <= minReplicaCount <= maxReplicaCount, not {low!r}, {high!r}")
+        triggers = spec.get("triggers")
+        if not isinstance(triggers, list) or not triggers:
+            return fail(where, "spec.triggers must be a non-empty list")
+        worker = (dedupe_config(by_kind) or {}).get("worker", {})
+        expected = {"consumerGroup": worker.get("group_id", "dedupe"),
+                    "topic": worker.get("input_topic", "events.in")}
+        for t in triggers:
+            if t.get("type") != "kafka":
+                continue
+            meta = t.get("metadata") or {}
+            missing = [k for k in ("bootstrapServers", "consumerGroup", "topic", "lagThreshold") if not meta.get(k)]
+            if missing:
+                fail(where, f"kafka trigger lacks metadata {missing}")
+            # Trigger metadata is a map of strings: a bare YAML number is rejected by the CRD.
+            lag = meta.get("lagThreshold")
+            if not (isinstance(lag, str) and re.fullmatch(r"[1-9][0-9]*", lag)):
+                fail(where, f"kafka trigger lagThreshold {lag!r} must be a positive integer string")
+            for key, value in expected.items():
+                if meta.get(key) != value:
+                    fail(where, f"kafka trigger {key} {meta.get(key)!r} must be the ConfigMap's {value!r}")
 
 
 def documented_keys():
@@ -105,6 +148,21 @@ def documented_keys():
         if m and section:
             keys[section].add(m.group(1))
     return keys
+
+
+def arg_value(args, flag):
+    """The value of `flag VALUE` or `flag=VALUE` in args, else None."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a[len(flag) + 1:]
+    return None
+
+
+def field_path(env, var):
+    """The fieldRef path an env var of the container comes from, else None."""
+    return (((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
 
 
 def check_cross(by_kind):
@@ -123,7 +181,11 @@ def check_cross(by_kind):
         for key in table:
             if key not in documented[section]:
                 fail("configmap", f"{section}.{key} is not a key of config/dedupe.toml")
-    shutdown_ms = config.get("worker", {}).get("shutdown_timeout_ms", 25000)
+    worker = config.get("worker", {})
+    shutdown_ms = worker.get("shutdown_timeout_ms", 25000)
+    static_keys = [k for k in ("partitions", "worker_index", "worker_count") if k in worker]
+    if static_keys:
+        fail("configmap", f"worker.{', worker.'.join(static_keys)} would fix the partitions the group assigns")
 
     for sts in by_kind.get("StatefulSet", []):
         name, spec = sts["metadata"]["name"], sts["spec"]
@@ -133,16 +195,21 @@ def check_cross(by_kind):
             fail(name, f"terminationGracePeriodSeconds {grace} must exceed worker.shutdown_timeout_ms {shutdown_ms}")
         for c in pod["containers"]:
             env = {e["name"]: e for e in c.get("env", [])}
-            count = env.get("WORKER_COUNT", {}).get("value")
-            if count != str(spec.get("replicas")):
-                fail(name, f"WORKER_COUNT {count!r} must equal replicas {spec.get('replicas')}")
-            index = env.get("WORKER_INDEX", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-            if index != "metadata.labels['apps.kubernetes.io/pod-index']":
-                fail(name, "WORKER_INDEX must come from the pod-index label")
-            args = c.get("args", [])
-            for flag, var in (("--worker-index", "$(WORKER_INDEX)"), ("--worker-count", "$(WORKER_COUNT)")):
-                if flag not in args or args[args.index(flag) + 1] != var:
-                    fail(name, f"args must pass {flag} {var}")
+            args = [str(a) for a in c.get("args", [])]
+            # Scaling is `replicas` alone: Kafka's group coordinator assigns the partitions.
+            if (arg_value(args, "--assignment") or worker.get("assignment")) != "group":
+                fail(name, f"{c['name']}: needs --assignment group (or worker.assignment = \"group\" in the ConfigMap)")
+            static = [a for a in args if a.split("=")[0] in ("--worker-count", "--worker-index", "--partitions")]
+            static += [v for v in env if v in ("WORKER_COUNT", "WORKER_INDEX", "DEDUPE_WORKER_WORKER_COUNT",
+                                               "DEDUPE_WORKER_WORKER_INDEX", "DEDUPE_WORKER_PARTITIONS")]
+            if static:
+                fail(name, f"{c['name']}: {static} would fix the partitions the group assigns")
+            # The static member id (group.instance.id) is the pod name, stable across restarts:
+            # --member-id $(VAR), or DEDUPE_WORKER_MEMBER_ID, from fieldRef metadata.name.
+            member = arg_value(args, "--member-id")
+            var = member[2:-1] if member and member.startswith("$(") and member.endswith(")") else None
+            if field_path(env, var if member else "DEDUPE_WORKER_MEMBER_ID") != "metadata.name":
+                fail(name, f"{c['name']}: --member-id must be $(VAR) with VAR from fieldRef metadata.name, not {member!r}")
             sc = c.get("securityContext", {})
             if not sc.get("readOnlyRootFilesystem") or not pod.get("securityContext", {}).get("runAsNonRoot"):
                 fail(name, "must run as non-root with a read-only root filesystem")
