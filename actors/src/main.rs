@@ -76,6 +76,7 @@ fn main() -> ExitCode {
                 value_bytes: args.value_bytes,
                 rate_per_sec: args.rate,
                 show_progress: progress,
+                spread_timestamps: None,
             };
             let summary = tools::loadgen(&config, load)?;
             Ok(serde_json::to_string(&summary)?)
@@ -108,7 +109,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| {
             let tmp = tempfile::tempdir()?;
             let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-            let result = dedupe_actors::bench::handoff::run(&config, args.ids, &dir)?;
+            let result = dedupe_actors::bench::handoff::run(&config, args.ids, Duration::from_secs(args.span_secs), &dir)?;
             let mut out = String::new();
             if !args.json {
                 out.push_str(&format!(

@@ -37,6 +37,10 @@ pub struct WorkerConfig {
     /// The dedupe window the operators promise (the alerts page below it). The changelog must
     /// keep ids at least this long, or a moved partition could not get its window back.
     pub promised_window_secs: u64,
+    /// A partition this worker's ledger holds nothing for (moved here, new volume) is loaded from
+    /// the changelog newest first, and resumes once every id first seen in this many seconds is
+    /// loaded (or all are); older ids back-fill while it runs. 0: resume after the newest chunk.
+    pub handover_min_window_secs: u64,
     /// The input partitions this worker owns, e.g. `0-3,7`. Unset: derived from
     /// `worker_index`/`worker_count`, or every partition of the input topic.
     pub partitions: Option<PartitionSet>,
@@ -81,6 +85,9 @@ impl Default for WorkerConfig {
             changelog_retention_secs: 7 * 86_400,
             // The alerts page when the window falls under 24 hours.
             promised_window_secs: 86_400,
+            // Client retries, most duplicates, come within minutes (README: the duplicate-age
+            // heatmap); older ones arriving during the back-fill, typically under a minute, may pass.
+            handover_min_window_secs: 300,
             // One worker owning every partition, unless told otherwise.
             partitions: None,
             worker_index: None,

@@ -109,7 +109,10 @@ impl Ledger {
                 meta.ids += new_ids.len() as u64;
             }
         }
-        state.pending_progress.insert(partition, progress);
+        // An empty progress record leaves the partition's as it is (ids loaded in the background).
+        if !progress.is_empty() {
+            state.pending_progress.insert(partition, progress);
+        }
         state.pending_batches += 1;
     }
 }

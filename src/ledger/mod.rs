@@ -256,7 +256,8 @@ impl Ledger {
     }
 
     /// Checks a batch of one partition's ids (key, event time ms) and records the new ones,
-    /// together with the partition's progress record, in one atomic write.
+    /// together with the partition's progress record, in one atomic write. An empty `progress`
+    /// leaves the partition's progress record as it is.
     pub fn check_and_record(
         &self,
         partition: u32,

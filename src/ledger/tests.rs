@@ -784,3 +784,23 @@ fn batches_are_all_or_nothing_and_a_prefix_after_sigkill() {
         assert!(last > 0, "{mode:?}: no batch ever survived a kill; the test proves nothing");
     }
 }
+
+#[test]
+fn an_empty_progress_record_leaves_the_partitions_as_it_is_across_a_reopen() {
+    for durability in Durability::ALL {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
+            ledger.check_and_record(3, &[(key(1), 1_000)], b"pipeline").unwrap();
+            // Older ids loaded in the background: no progress of their own.
+            ledger.check_and_record(3, &[(key(2), 500), (key(3), 400)], b"").unwrap();
+            assert_eq!(ledger.progress(3).unwrap().as_deref(), Some(&b"pipeline"[..]));
+            ledger.flush().unwrap();
+            ledger.check_and_record(3, &[(key(4), 300)], b"").unwrap();
+        }
+        let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
+        assert_eq!(ledger.progress(3).unwrap().as_deref(), Some(&b"pipeline"[..]), "{durability}");
+        let held = ledger.check(&[key(1), key(2), key(3)]).unwrap();
+        assert!(held.iter().all(Option::is_some), "{durability}: {held:?}");
+    }
+}

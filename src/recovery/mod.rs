@@ -35,7 +35,7 @@
 
 mod replay;
 
-pub use replay::{recover_partition, REPLAY_BATCH};
+pub use replay::{backfill, recover_partition, Backfill, REPLAY_BATCH};
 
 use std::time::Duration;
 
@@ -65,8 +65,9 @@ pub enum RecoveryError {
     Timeout { partition: i32, target: i64, at: i64, seconds: u64 },
 }
 
-/// Records replayed ids (with their first-seen times) and the progress to store with them.
-pub type RecordReplayed<'a> = dyn FnMut(&[(LedgerKey, i64)], Progress) -> Result<(), RecordFailure> + 'a;
+/// Records replayed ids (with their first-seen times) and the progress to store with them
+/// (`None`: leave the partition's progress record as it is).
+pub type RecordReplayed<'a> = dyn FnMut(&[(LedgerKey, i64)], Option<Progress>) -> Result<(), RecordFailure> + 'a;
 
 /// Why the replayed ids could not be recorded.
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +151,9 @@ pub struct RecoveryInput<'a> {
     pub committed_input: Option<i64>,
     /// Proceed when the ledger is ahead of the output, trusting the ledger.
     pub accept_ledger_ahead: bool,
+    /// A newest-first load may hand the partition over once it covers this much time; the rest
+    /// back-fills (see [`Backfill`]).
+    pub ready_window: Duration,
     pub timeout: Duration,
 }
 

@@ -21,14 +21,31 @@ pub const REPLAY_BATCH: usize = 16_384;
 /// size of the one before, so a load takes few passes whatever the records hold.
 const FIRST_CHUNK_RECORDS: i64 = 32;
 
+/// What a newest-first load left to do once the partition could resume: older ranges of the
+/// changelog, loaded in the background with [`backfill`].
+#[derive(Debug, Default)]
+pub struct Backfill {
+    ranges: Vec<(i64, i64)>,
+}
+
+impl Backfill {
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+}
+
 /// Replays the planned tail of the partition's log (the id changelog, or the output for a
 /// progress record that predates it) into the ledger through `record`, and returns where the
 /// input resumes. `on_progress(ids, records_done, records_total)` is called as it goes.
+///
+/// A partition the ledger holds nothing for is loaded newest first; once what is loaded covers
+/// `input.ready_window` (every id first seen since then is held), the rest is returned as a
+/// [`Backfill`] and the partition may resume while it loads.
 pub fn recover_partition(
     input: &RecoveryInput<'_>,
     record: &mut RecordReplayed<'_>,
     on_progress: &mut dyn FnMut(u64, i64, i64),
-) -> Result<RecoveryReport, RecoveryError> {
+) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
     let watermarks = |topic: &str| -> Result<(i64, i64), RecoveryError> {
         let kerr = |source| RecoveryError::Kafka { topic: topic.to_string(), partition: p, source };
@@ -59,21 +76,33 @@ pub fn recover_partition(
     let before = input.ledger_progress.unwrap_or(Progress::NONE);
     // The progress stored with each replayed batch. Forward, it says how far the replay got; a
     // newest-first load stores none until it is complete, so a crash mid-load starts it over.
-    let progress_at = |next: i64| match (source, plan.rebuild) {
-        (_, true) => Progress::NONE,
-        (Source::Changelog, false) => Progress { next_input_offset: next_input, next_changelog_offset: next, ..before },
-        (Source::Output, false) => Progress { next_input_offset: next_input, next_output_offset: next, next_changelog_offset: -1 },
+    let progress_at = |next: i64| {
+        Some(match (source, plan.rebuild) {
+            (_, true) => Progress::NONE,
+            (Source::Changelog, false) => Progress { next_input_offset: next_input, next_changelog_offset: next, ..before },
+            (Source::Output, false) => Progress { next_input_offset: next_input, next_output_offset: next, next_changelog_offset: -1 },
+        })
     };
-    let ranges = if plan.rebuild && source == Source::Changelog {
+    let newest_first_load = plan.rebuild && source == Source::Changelog;
+    let mut ranges = if newest_first_load {
         newest_first(plan.replay_from, plan.replay_to, FIRST_CHUNK_RECORDS)
     } else {
         vec![(plan.replay_from, plan.replay_to)]
     };
+    ranges.retain(|(from, to)| from < to);
+    ranges.reverse();
     let total = plan.replay_to - plan.replay_from;
-    let mut replay = Replay { input, topic, source, started: Instant::now(), ids: 0, records: 0, batch: Vec::with_capacity(REPLAY_BATCH) };
-    for (from, to) in ranges.into_iter().filter(|(from, to)| from < to) {
-        replay.read_range(from, to, record, &progress_at, &mut |ids, done| on_progress(ids, done, total))?;
+    let mut replay = Replay::new(input, topic, source);
+    let mut done = 0;
+    while let Some((from, to)) = ranges.pop() {
+        replay.read_range(from, to, record, &progress_at, &mut |ids, at| on_progress(ids, done + at, total))?;
+        done += to - from;
+        let covered = replay.oldest_ms.map(|oldest| now_ms().saturating_sub(oldest)).unwrap_or(0);
+        if newest_first_load && covered >= input.ready_window.as_millis() as i64 {
+            break;
+        }
     }
+    ranges.reverse();
     // Done: the ledger holds every id of the partition's retained log. From here on every
     // transaction writes the changelog, so its position is the changelog's end.
     let progress = Progress {
@@ -81,9 +110,9 @@ pub fn recover_partition(
         next_output_offset: output_high.max(if source == Source::Output { plan.replay_to } else { -1 }),
         next_changelog_offset: changelog_high,
     };
-    record(&[], progress).map_err(|source| RecoveryError::Record { partition: p, source })?;
-    on_progress(replay.ids, total, total);
-    Ok(RecoveryReport {
+    record(&[], Some(progress)).map_err(|source| RecoveryError::Record { partition: p, source })?;
+    on_progress(replay.ids, done, total);
+    let report = RecoveryReport {
         partition: p,
         source,
         ids_loaded: replay.ids,
@@ -94,7 +123,25 @@ pub fn recover_partition(
         retention_gap: plan.retention_gap,
         resume_input_at: plan.resume_input_at,
         progress,
-    })
+    };
+    Ok((report, Backfill { ranges }))
+}
+
+/// Loads what a newest-first load left, newest first, leaving the partition's progress record to
+/// its running pipeline. Returns the ids loaded. A crash part way leaves the window at what was
+/// loaded: a contiguous newest part, so what `dedupe_window_seconds` reports still holds.
+pub fn backfill(
+    input: &RecoveryInput<'_>,
+    backfill: Backfill,
+    record: &mut RecordReplayed<'_>,
+    on_progress: &mut dyn FnMut(u64),
+) -> Result<u64, RecoveryError> {
+    let mut replay = Replay::new(input, input.changelog_topic, Source::Changelog);
+    for (from, to) in backfill.ranges {
+        replay.read_range(from, to, record, &|_| None, &mut |ids, _| on_progress(ids))?;
+        on_progress(replay.ids);
+    }
+    Ok(replay.ids)
 }
 
 /// `[from, to)` cut into ranges from the newest: `first` records, then twice as many, and so on.
@@ -118,6 +165,8 @@ fn replay_consumer(input: &RecoveryInput<'_>) -> Result<BaseConsumer, KafkaError
         .set("isolation.level", "read_committed")
         .set("fetch.max.bytes", "52428800")
         .set("max.partition.fetch.bytes", "16777216")
+        // The end of each range is found by an empty fetch: do not let the broker hold it.
+        .set("fetch.wait.max.ms", "10")
         .create()
 }
 
@@ -128,10 +177,17 @@ struct Replay<'i, 'a> {
     started: Instant,
     ids: u64,
     records: u64,
+    /// The oldest first-seen time among the ids loaded.
+    oldest_ms: Option<i64>,
     batch: Vec<(LedgerKey, i64)>,
 }
 
-impl Replay<'_, '_> {
+impl<'i, 'a> Replay<'i, 'a> {
+    fn new(input: &'i RecoveryInput<'a>, topic: &'i str, source: Source) -> Self {
+        let batch = Vec::with_capacity(REPLAY_BATCH);
+        Replay { input, topic, source, started: Instant::now(), ids: 0, records: 0, oldest_ms: None, batch }
+    }
+
     /// Reads `[from, to)` of the log, recording its ids in batches of [`REPLAY_BATCH`]. Each range
     /// gets a consumer of its own, so nothing fetched for another range can be taken for this one.
     fn read_range(
@@ -139,7 +195,7 @@ impl Replay<'_, '_> {
         from: i64,
         to: i64,
         record: &mut RecordReplayed<'_>,
-        progress_at: &dyn Fn(i64) -> Progress,
+        progress_at: &dyn Fn(i64) -> Option<Progress>,
         on_progress: &mut dyn FnMut(u64, i64),
     ) -> Result<(), RecoveryError> {
         let p = self.input.partition;
@@ -177,26 +233,29 @@ impl Replay<'_, '_> {
 
     /// Appends the ids a log record holds to the batch.
     fn take_ids(&mut self, m: &BorrowedMessage<'_>) -> Result<(), RecoveryError> {
+        let before = self.batch.len();
         match self.source {
             Source::Changelog => {
-                let before = self.batch.len();
                 changelog::decode_into(m.payload().unwrap_or_default(), &mut self.batch).map_err(|source| {
                     RecoveryError::Changelog { topic: self.topic.to_string(), partition: self.input.partition, offset: m.offset(), source }
                 })?;
-                self.ids += (self.batch.len() - before) as u64;
             }
             Source::Output => {
                 // Records forwarded without a usable id have nothing to record.
                 if let Ok(key) = output_record_key(m, self.input.id_source) {
                     self.batch.push((key, m.timestamp().to_millis().unwrap_or_else(now_ms)));
-                    self.ids += 1;
                 }
             }
+        }
+        let taken = &self.batch[before..];
+        self.ids += taken.len() as u64;
+        if let Some(oldest) = taken.iter().map(|(_, t)| *t).min() {
+            self.oldest_ms = Some(self.oldest_ms.map_or(oldest, |o| o.min(oldest)));
         }
         Ok(())
     }
 
-    fn flush(&mut self, record: &mut RecordReplayed<'_>, progress: Progress) -> Result<(), RecoveryError> {
+    fn flush(&mut self, record: &mut RecordReplayed<'_>, progress: Option<Progress>) -> Result<(), RecoveryError> {
         record(&self.batch, progress).map_err(|source| RecoveryError::Record { partition: self.input.partition, source })?;
         self.batch.clear();
         Ok(())

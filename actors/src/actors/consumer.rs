@@ -312,7 +312,7 @@ impl Pipeline {
             next_changelog_offset: self.next_changelog_offset,
         };
         self.ledger
-            .send(CheckAndRecord { partition: p, items: new_ids, progress })
+            .send(CheckAndRecord { partition: p, items: new_ids, progress: Some(progress) })
             .await
             .map_err(|source| PipelineError::Mailbox { partition: p, source })?
             .map_err(|source| PipelineError::Ledger { partition: p, source })?;

@@ -219,8 +219,11 @@ impl Coordinator {
                 let (config, ledger, consumer, me) = (config.clone(), ledger.clone(), consumer.clone(), me.clone());
                 let progress = decode_progress(&progress, p);
                 actix_rt::task::spawn_blocking(move || {
-                    let result = progress.and_then(|progress| take_over(&config, &consumer, &ledger, p, progress, accept));
-                    me.do_send(Loaded { partition: p, epoch, result });
+                    let ready = |taken| me.do_send(Loaded { partition: p, epoch, result: Ok(taken) });
+                    let result = progress.and_then(|progress| take_over(&config, &consumer, &ledger, p, progress, accept, ready));
+                    if let Err(error) = result {
+                        me.do_send(Loaded { partition: p, epoch, result: Err(error) });
+                    }
                 });
             }
         });

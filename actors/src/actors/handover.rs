@@ -7,6 +7,9 @@
 //!    cut off from the network) and aborts its open transaction; its next commit fails as fenced.
 //! 2. The group's committed input offset is read (stable now that nothing is pending).
 //! 3. Recovery replays what the ledger lacks, from the id changelog (see `dedupe::recovery`).
+//!    A partition the ledger holds nothing for is loaded newest first, and handed over as soon as
+//!    what is loaded covers `worker.handover_min_window_secs`; older ids back-fill on this thread
+//!    while the partition runs, and `dedupe_window_seconds` only ever reports what is loaded.
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +19,7 @@ use dedupe::config::Config;
 use dedupe::metrics as m;
 use dedupe::output::{OutputTopics, OutputWriter};
 use dedupe::progress::Progress;
-use dedupe::recovery::{recover_partition, RecordFailure, RecoveryInput, RecoveryReport};
+use dedupe::recovery::{backfill, recover_partition, RecordFailure, RecoveryInput, RecoveryReport};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -29,7 +32,8 @@ pub struct TakenOver {
     pub report: RecoveryReport,
 }
 
-/// Fences the partition's previous producer and loads what the ledger lacks.
+/// Fences the partition's previous producer and loads what the ledger lacks; hands the partition
+/// to `ready` as soon as it may run, then loads the older ids that were left to back-fill.
 pub fn take_over(
     config: &Config,
     consumer: &Input,
@@ -37,7 +41,8 @@ pub fn take_over(
     partition: i32,
     ledger_progress: Option<Progress>,
     accept_ledger_ahead: bool,
-) -> anyhow::Result<TakenOver> {
+    ready: impl FnOnce(TakenOver),
+) -> anyhow::Result<()> {
     let p = partition;
     let started = Instant::now();
     let w = &config.worker;
@@ -47,7 +52,9 @@ pub fn take_over(
     // offsets would otherwise keep the group's committed offset unstable.
     let writer = OutputWriter::open(&config.kafka, &topics, p, w.transaction_timeout_ms)
         .with_context(|| format!("opening the output producer of partition {p}"))?;
+    let fenced_secs = started.elapsed().as_secs_f64();
     let committed_input = committed_offset(consumer, &w.input_topic, p)?;
+    let committed_secs = started.elapsed().as_secs_f64();
     let input = RecoveryInput {
         kafka: &config.kafka,
         output_topic: &w.output_topic,
@@ -57,10 +64,11 @@ pub fn take_over(
         ledger_progress,
         committed_input,
         accept_ledger_ahead,
+        ready_window: Duration::from_secs(w.handover_min_window_secs),
         timeout: Duration::from_secs(3600),
     };
     let label = p.to_string();
-    let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Progress| -> Result<(), RecordFailure> {
+    let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Option<Progress>| -> Result<(), RecordFailure> {
         fail::fail_point!("recovery-mid-replay", !items.is_empty(), |_| {
             eprintln!("failpoint recovery-mid-replay: exiting");
             std::process::exit(86)
@@ -85,10 +93,10 @@ pub fn take_over(
         bar.set_length(total.max(0) as u64);
         bar.set_position(done.max(0) as u64);
     };
-    let report = recover_partition(&input, &mut record, &mut on_progress)?;
+    let (report, rest) = recover_partition(&input, &mut record, &mut on_progress)?;
     bar.finish_and_clear();
     metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.replayed_records);
-    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label).set(started.elapsed().as_secs_f64());
+    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label.clone()).set(started.elapsed().as_secs_f64());
     tracing::info!(
         partition = p,
         source = %report.source,
@@ -97,10 +105,33 @@ pub fn take_over(
         from = report.replayed_from,
         to = report.replayed_to,
         resume_input_at = report.resume_input_at,
+        fenced_secs,
+        committed_secs,
         seconds = started.elapsed().as_secs_f64(),
+        backfill = !rest.is_empty(),
         "Took the partition over: previous producer fenced, ledger up to date."
     );
-    Ok(TakenOver { writer, report })
+    ready(TakenOver { writer, report });
+    if rest.is_empty() {
+        return Ok(());
+    }
+    let backfill_started = Instant::now();
+    let mut loaded_before = loaded;
+    let mut on_backfill = |ids: u64| {
+        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids - loaded_before);
+        loaded_before = ids;
+    };
+    match backfill(&input, rest, &mut record, &mut on_backfill) {
+        Ok(ids) => tracing::info!(partition = p, ids, seconds = backfill_started.elapsed().as_secs_f64(), "Back-filled the partition's older ids."),
+        Err(dedupe::recovery::RecoveryError::Record { source: RecordFailure::LedgerGone, .. }) => {
+            tracing::info!(partition = p, "The worker is stopping; the back-fill of older ids stops with it (the window is what was loaded).");
+        }
+        Err(e) => {
+            metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
+            tracing::warn!(partition = p, error = %e, "Back-filling the partition's older ids stopped; its window is what was loaded, and grows with new traffic.");
+        }
+    }
+    Ok(())
 }
 
 /// The consumer group's committed offset for one input partition (committed with the output

@@ -46,7 +46,8 @@ impl Handler<Lookup> for LedgerActor {
 pub struct CheckAndRecord {
     pub partition: i32,
     pub items: Vec<(LedgerKey, i64)>,
-    pub progress: Progress,
+    /// `None` leaves the partition's progress record as it is (a background load of older ids).
+    pub progress: Option<Progress>,
 }
 
 impl Handler<CheckAndRecord> for LedgerActor {
@@ -56,7 +57,8 @@ impl Handler<CheckAndRecord> for LedgerActor {
             eprintln!("failpoint ledger-before-record: exiting");
             std::process::exit(86)
         });
-        self.ledger.check_and_record(msg.partition as u32, &msg.items, &msg.progress.encode())
+        let progress = msg.progress.map(|p| p.encode().to_vec()).unwrap_or_default();
+        self.ledger.check_and_record(msg.partition as u32, &msg.items, &progress)
     }
 }
 

@@ -1,7 +1,9 @@
 //! `dedupe bench handoff`: how long a partition takes to move between workers with its window.
 //!
 //! On the real broker, with the configuration given (the defaults unless told otherwise):
-//! 1. `--ids` fresh ids are produced to a one-partition input topic;
+//! 1. `--ids` fresh ids are produced to a one-partition input topic, stamped with times spread
+//!    over the last `--span-secs` (an hour by default: a partition that has been running that
+//!    long, so that the window is a real span and not the seconds it took to produce the ids);
 //! 2. worker A (`--assignment group`) publishes them all, and the window it reports is noted;
 //! 3. worker B, on an empty data directory, joins the group and A stops (SIGTERM), so the group
 //!    moves the partition to B while a trickle of new ids keeps arriving;
@@ -9,7 +11,8 @@
 //!    B's window for the partition is back within 5% of A's, aged by the time since
 //!    (`window_restored_secs`).
 //!
-//! The figures come from B's own metrics, polled every 20 ms.
+//! The figures come from B's own metrics, polled every 20 ms. The workers log at `warn`
+//! (`DEDUPE_BENCH_WORKER_LOG=info` shows the take-over's phases).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -36,6 +39,10 @@ pub struct HandoffBench {
     pub ids_loaded: f64,
     /// A's throughput while it built the partition.
     pub build_ids_per_sec: f64,
+    /// The span the ids' first-seen times were spread over.
+    pub span_secs: u64,
+    /// B's `worker.handover_min_window_secs`: how much of the window is loaded before it resumes.
+    pub handover_min_window_secs: u64,
 }
 
 /// A worker child, killed if the bench ends early.
@@ -52,7 +59,7 @@ impl Drop for Worker {
 }
 
 impl Worker {
-    fn start(config: &Config, input: &str, output: &str, group: &str, member: &str, dir: &Path) -> anyhow::Result<Worker> {
+    fn start(config: &Config, input: &str, output: &str, group: &str, member: &str, dir: &Path, env: &[(&str, &str)]) -> anyhow::Result<Worker> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.args(["run", "--brokers", &config.kafka.brokers, "--input-topic", input, "--output-topic", output])
@@ -61,7 +68,8 @@ impl Worker {
             .arg(dir)
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             .env("DEDUPE_WORKER_GROUP_ID", group)
-            .env("DEDUPE_LOG_LEVEL", "warn")
+            .env("DEDUPE_LOG_LEVEL", std::env::var("DEDUPE_BENCH_WORKER_LOG").unwrap_or_else(|_| "warn".into()))
+            .envs(env.iter().copied())
             .stdout(Stdio::null());
         Ok(Worker { child: cmd.spawn().context("starting a worker")?, port })
     }
@@ -109,14 +117,16 @@ impl Worker {
     }
 }
 
-pub fn run(config: &Config, ids: u64, work_dir: &Path) -> anyhow::Result<HandoffBench> {
+pub fn run(config: &Config, ids: u64, span: Duration, work_dir: &Path) -> anyhow::Result<HandoffBench> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (input, output, group) = (format!("handoff-in-{id}"), format!("handoff-out-{id}"), format!("handoff-{id}"));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     for topic in [&input, &output] {
         rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[])).with_context(|| format!("creating {topic}"))?;
     }
-    let result = measure(config, ids, work_dir, &input, &output, &group);
+    let dir = work_dir.join(format!("handoff-{id}"));
+    let result = measure(config, ids, span, &dir, &input, &output, &group);
+    let _ = std::fs::remove_dir_all(&dir);
     let changelog = dedupe::changelog::default_topic(&output);
     let cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
         let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = dedupe::kafka::client_config(&config.kafka).create()?;
@@ -129,19 +139,22 @@ pub fn run(config: &Config, ids: u64, work_dir: &Path) -> anyhow::Result<Handoff
     result
 }
 
-fn measure(config: &Config, ids: u64, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
-    let trickle = |count: u64| crate::cli::tools::Load {
+fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
+    eprintln!("bench: producing {ids} ids to {input}, stamped over the last {} s", span.as_secs());
+    let load = crate::cli::tools::Load {
         topic: input,
-        count,
+        count: ids,
         dup_ratio: 0.0,
         dup_delay: Duration::ZERO,
         value_bytes: 64,
-        rate_per_sec: Some(200.0),
-        show_progress: false,
+        rate_per_sec: None,
+        show_progress: true,
+        spread_timestamps: Some(span),
     };
-    eprintln!("bench: producing {ids} ids to {input}");
-    let load = crate::cli::tools::loadgen(config, crate::cli::tools::Load { rate_per_sec: None, show_progress: true, ..trickle(ids) })?;
-    let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"))?;
+    let load = crate::cli::tools::loadgen(config, load)?;
+    // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
+    // partition here); B, whose take-over is measured, runs the configuration as given.
+    let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"), &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")])?;
     let started = Instant::now();
     a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, "") >= load.distinct_ids as f64)?;
     let build_ids_per_sec = ids as f64 / started.elapsed().as_secs_f64();
@@ -153,7 +166,7 @@ fn measure(config: &Config, ids: u64, work_dir: &Path, input: &str, output: &str
     })?;
     let noted_at = Instant::now();
 
-    let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"))?;
+    let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"), &[])?;
     b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, "") == 0.0 && w.metric("dedupe_ledger_budget_bytes", "") > 0.0)?;
     let trickler = {
         let config = config.clone();
@@ -167,6 +180,7 @@ fn measure(config: &Config, ids: u64, work_dir: &Path, input: &str, output: &str
                 value_bytes: 64,
                 rate_per_sec: Some(200.0),
                 show_progress: false,
+                spread_timestamps: None,
             };
             crate::cli::tools::loadgen(&config, load).map(|s| s.distinct_ids)
         })
@@ -200,5 +214,7 @@ fn measure(config: &Config, ids: u64, work_dir: &Path, input: &str, output: &str
         handover_duration_secs,
         ids_loaded,
         build_ids_per_sec,
+        span_secs: span.as_secs(),
+        handover_min_window_secs: config.worker.handover_min_window_secs,
     })
 }

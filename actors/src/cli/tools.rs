@@ -101,12 +101,16 @@ pub struct Load<'a> {
     /// At most this many records per second; as fast as the broker takes them if None.
     pub rate_per_sec: Option<f64>,
     pub show_progress: bool,
+    /// Stamp the records with times spread evenly over this span, ending now (the first-seen
+    /// times of a partition that has been running that long); the producer's clock if None.
+    pub spread_timestamps: Option<Duration>,
 }
 
 /// Produces `count` records keyed by UUIDv4; a share `dup_ratio` of them re-send an id sent
 /// `dup_delay` earlier (or the most recent ones, when nothing is that old yet).
 pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
-    let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress } = load;
+    let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps } = load;
+    let spread_from = spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
     let producer: ThreadedProducer<DefaultProducerContext> = dedupe::kafka::client_config(&config.kafka)
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -143,6 +147,9 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         };
         let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
         let mut record = BaseRecord::to(topic).key(&id).payload(&value);
+        if let (Some(from), Some(span)) = (spread_from, spread_timestamps) {
+            record = record.timestamp(from + (span.as_millis() as u64 * i / count.max(1)) as i64);
+        }
         loop {
             match producer.send(record) {
                 Ok(()) => break,
