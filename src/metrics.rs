@@ -104,7 +104,7 @@ pub const ALL: &[Metric] = &[
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
     m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
     m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
-    m(RECOVERY_REPLAYED, Counter, None, P, "Output records replayed into the ledger during recovery."),
+    m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),
     m(RECOVERY_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the last recovery of the partition took."),
     m(TRANSACTIONS, Counter, None, &["outcome"], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),

@@ -46,9 +46,9 @@ impl Load {
                     for id in &fresh {
                         batch.push(id);
                         n += 1;
-                        if n % 20 == 0 {
+                        if n.is_multiple_of(20) {
                             // 5%: every 20th id is sent twice.
-                            if n % 40 == 0 {
+                            if n.is_multiple_of(40) {
                                 batch.push(id);
                             } else if let Some((_, old)) = sent_at.iter().rev().find(|(t, _)| t.elapsed() >= old_after) {
                                 batch.push(old);

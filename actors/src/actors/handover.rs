@@ -19,7 +19,7 @@ use dedupe::config::Config;
 use dedupe::metrics as m;
 use dedupe::output::{OutputTopics, OutputWriter};
 use dedupe::progress::Progress;
-use dedupe::recovery::{backfill, recover_partition, RecordFailure, RecoveryInput, RecoveryReport};
+use dedupe::recovery::{backfill, recover_partition, Backfill, RecordFailure, RecordReplayed, RecoveryInput, RecoveryReport};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -80,7 +80,7 @@ pub fn take_over(
     let bar = indicatif::ProgressBar::hidden();
     let mut loaded = 0u64;
     let mut on_progress = |ids: u64, done: i64, total: i64| {
-        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids - loaded);
+        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids.saturating_sub(loaded));
         loaded = ids;
         if bar.is_hidden() && total > 1000 {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -95,7 +95,8 @@ pub fn take_over(
     };
     let (report, rest) = recover_partition(&input, &mut record, &mut on_progress)?;
     bar.finish_and_clear();
-    metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.replayed_records);
+    // One id per output record: what recovery replayed, in output records, whichever log it read.
+    metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.ids_loaded);
     metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label.clone()).set(started.elapsed().as_secs_f64());
     tracing::info!(
         partition = p,
@@ -115,13 +116,23 @@ pub fn take_over(
     if rest.is_empty() {
         return Ok(());
     }
+    run_backfill(&input, rest, &mut record);
+    Ok(())
+}
+
+/// Loads the older ids a newest-first load left, counting them; its end is logged, never fatal
+/// (the window is what was loaded, and grows with new traffic).
+fn run_backfill(input: &RecoveryInput<'_>, rest: Backfill, record: &mut RecordReplayed<'_>) {
+    let p = input.partition;
+    let label = p.to_string();
     let backfill_started = Instant::now();
-    let mut loaded_before = loaded;
+    // The back-fill counts its own ids from zero.
+    let mut loaded_before = 0;
     let mut on_backfill = |ids: u64| {
-        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids - loaded_before);
+        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids.saturating_sub(loaded_before));
         loaded_before = ids;
     };
-    match backfill(&input, rest, &mut record, &mut on_backfill) {
+    match backfill(input, rest, record, &mut on_backfill) {
         Ok(ids) => tracing::info!(partition = p, ids, seconds = backfill_started.elapsed().as_secs_f64(), "Back-filled the partition's older ids."),
         Err(dedupe::recovery::RecoveryError::Record { source: RecordFailure::LedgerGone, .. }) => {
             tracing::info!(partition = p, "The worker is stopping; the back-fill of older ids stops with it (the window is what was loaded).");
@@ -131,7 +142,6 @@ pub fn take_over(
             tracing::warn!(partition = p, error = %e, "Back-filling the partition's older ids stopped; its window is what was loaded, and grows with new traffic.");
         }
     }
-    Ok(())
 }
 
 /// The consumer group's committed offset for one input partition (committed with the output

@@ -77,9 +77,8 @@ impl Worker {
     /// The sum of a metric's series whose labels contain `labels`; 0 when absent or unreachable.
     fn metric(&self, name: &str, labels: &str) -> f64 {
         let url = format!("http://127.0.0.1:{}/metrics", self.port);
-        let Ok(page) = ureq::get(&url).timeout(Duration::from_secs(5)).call().and_then(|r| Ok(r.into_string()?)) else {
-            return 0.0;
-        };
+        let Ok(response) = ureq::get(&url).timeout(Duration::from_secs(5)).call() else { return 0.0 };
+        let Ok(page) = response.into_string() else { return 0.0 };
         page.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -29,10 +29,14 @@ use tokio::sync::watch;
 use crate::actors::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
 use crate::actors::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
 use crate::actors::handover::{decode_progress, take_over, TakenOver};
-use crate::actors::ledger::{AllProgress, Flush, LedgerActor, Stats};
+use crate::actors::ledger::{AllProgress, LedgerActor, Stats};
 use crate::actors::membership::{Assigned, ConsumerFailed, Input, Membership, Queue, Revoking};
 use crate::actors::producer::Publisher;
 pub use crate::actors::snapshots::TakeSnapshot;
+pub use shutdown::Shutdown;
+use shutdown::Finish;
+
+mod shutdown;
 
 /// Waits before restarting a failed pipeline: 2, 4, 8, 16, 32 s for the restarts within ten
 /// minutes (after five the worker exits instead).
@@ -571,74 +575,5 @@ impl Handler<PartitionStopped> for Coordinator {
         if self.shutting_down && self.running.as_ref().is_none_or(|r| r.owned.is_empty()) {
             ctx.notify(Finish);
         }
-    }
-}
-
-/// Stop gracefully: finish the batches in flight, flush the ledger, exit 0.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Shutdown;
-
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Finish;
-
-impl Handler<Shutdown> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
-        if self.shutting_down {
-            return;
-        }
-        self.shutting_down = true;
-        self.health.stopping.store(true, Ordering::Relaxed);
-        tracing::info!("Shutting down: finishing the batches in flight.");
-        let mut waiting = false;
-        if let Some(running) = self.running.as_mut() {
-            running.owned.retain(|_, owned| match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                Stage::Live { stop, arbiter } => {
-                    let _ = stop.send(true);
-                    owned.stage = Stage::Stopping { arbiter };
-                    true
-                }
-                Stage::Stopping { arbiter } => {
-                    owned.stage = Stage::Stopping { arbiter };
-                    true
-                }
-                Stage::Loading { .. } | Stage::Loaded { .. } => false,
-            });
-            waiting = !running.owned.is_empty();
-        }
-        if waiting {
-            let timeout = Duration::from_millis(self.config.worker.shutdown_timeout_ms);
-            ctx.run_later(timeout, |_, ctx| {
-                tracing::warn!("Shutdown timed out; exiting with batches in flight (their transactions are aborted when the next worker starts).");
-                ctx.notify(Finish);
-            });
-        } else {
-            ctx.notify(Finish);
-        }
-    }
-}
-
-impl Handler<Finish> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, _: Finish, ctx: &mut Self::Context) {
-        self.teardown();
-        ctx.spawn(self.ledger.send(Flush).into_actor(self).map(|res, _, _| match res {
-            Ok(Ok(())) => {
-                tracing::info!("The ledger is flushed; exiting.");
-                System::current().stop_with_code(exit::OK)
-            }
-            Ok(Err(e)) => {
-                tracing::error!("Flushing the ledger failed: {e}");
-                System::current().stop_with_code(exit::FAILED)
-            }
-            Err(e) => {
-                tracing::error!("The ledger actor is gone: {e}");
-                System::current().stop_with_code(exit::FAILED)
-            }
-        }));
     }
 }
