@@ -105,11 +105,6 @@ fn wait_settled(workers: &[&Worker], partitions: usize, timeout: Duration) {
     }
 }
 
-/// Waits until the output holds `n` records.
-fn wait_output(output: &str, n: usize, timeout: Duration) -> Vec<Record> {
-    wait_for_records(output, n, timeout)
-}
-
 /// Checks the output: each id exactly once, in its input partition, in input order.
 fn assert_exactly_once_in_order(input: &str, output: &str, expected: usize) {
     let out = consume_all(output, true);
@@ -148,7 +143,7 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     // One worker.
     let mut w1 = spec("w1", "d1").start();
     wait_settled(&[&w1], 6, Duration::from_secs(90));
-    wait_output(&output.name, 200, Duration::from_secs(60));
+    wait_for_records(&output.name, 200, Duration::from_secs(60));
 
     // Three: w2 and w3 join; w3 is killed while the group rebalances, and restarts on an empty
     // data directory (same member id: the group hands its partitions back, or to the others
@@ -160,13 +155,13 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     let mut w3 = spec("w3", "d3-empty").start();
     wait_settled(&[&w1, &w2, &w3], 6, Duration::from_secs(120));
     let before = load.distinct();
-    wait_output(&output.name, before, Duration::from_secs(90));
+    wait_for_records(&output.name, before, Duration::from_secs(90));
 
     // Two: w3 leaves cleanly.
     assert_eq!(w3.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w3.log_text());
     wait_settled(&[&w1, &w2], 6, Duration::from_secs(120));
     let before = load.distinct();
-    wait_output(&output.name, before, Duration::from_secs(90));
+    wait_for_records(&output.name, before, Duration::from_secs(90));
 
     // One: w2 leaves cleanly.
     assert_eq!(w2.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w2.log_text());
@@ -175,7 +170,7 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
 
     let (distinct, resent) = load.finish();
     assert!(resent > 20, "the load re-sent ids ({resent})");
-    wait_output(&output.name, distinct, Duration::from_secs(120));
+    wait_for_records(&output.name, distinct, Duration::from_secs(120));
     let loaded = metric(&w1, "dedupe_handover_ids_loaded_total");
     assert!(loaded > 0.0, "partitions that came back to w1 loaded ids from the changelog:\n{}", w1.log_text());
     assert_eq!(w1.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w1.log_text());
@@ -194,7 +189,7 @@ fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
     produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
     let mut old = spec("old").start();
     wait_settled(&[&old], 2, Duration::from_secs(90));
-    wait_output(&output.name, 300, Duration::from_secs(60));
+    wait_for_records(&output.name, 300, Duration::from_secs(60));
 
     // Freeze the owner; a new worker joins. Once the old member's session expires the group
     // gives the partitions to the new one, which fences the old producers.
@@ -207,7 +202,7 @@ fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
     let mut batch: Vec<&String> = second.iter().collect();
     batch.extend(first.iter().take(100));
     produce_full(&input.name, &keyed(&batch));
-    wait_output(&output.name, 600, Duration::from_secs(60));
+    wait_for_records(&output.name, 600, Duration::from_secs(60));
 
     // Resumed, the old owner finds itself fenced (or its partitions lost) and exits with 3.
     // SAFETY: as above.
@@ -217,7 +212,7 @@ fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
 
     let third = ids(100);
     produce_full(&input.name, &keyed(&third.iter().collect::<Vec<_>>()));
-    wait_output(&output.name, 700, Duration::from_secs(60));
+    wait_for_records(&output.name, 700, Duration::from_secs(60));
     assert_eq!(new.terminate(Duration::from_secs(60)), Some(0), "{}", new.log_text());
     assert_exactly_once_in_order(&input.name, &output.name, 700);
 }

@@ -47,11 +47,13 @@ pub fn recover_partition(
     on_progress: &mut dyn FnMut(u64, i64, i64),
 ) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
-    let watermarks = |topic: &str| -> Result<(i64, i64), RecoveryError> {
-        let kerr = |source| RecoveryError::Kafka { topic: topic.to_string(), partition: p, source };
-        let consumer = replay_consumer(input).map_err(kerr)?;
-        consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).map_err(kerr)
+    let kerr = |topic: &str| {
+        let topic = topic.to_string();
+        move |source| RecoveryError::Kafka { topic, partition: p, source }
     };
+    // One client reads both logs' watermarks.
+    let consumer = replay_consumer(input).map_err(kerr(input.changelog_topic))?;
+    let watermarks = |topic: &str| consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).map_err(kerr(topic));
     let source = Source::for_progress(input.ledger_progress);
     let (output_low, output_high) = watermarks(input.output_topic)?;
     let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;

@@ -23,6 +23,8 @@ use dedupe::config::Config;
 use dedupe::metrics as m;
 use serde::Serialize;
 
+use super::pipeline::{http_get, sum_metric};
+
 /// The bench's last line.
 #[derive(Debug, Serialize)]
 pub struct HandoffBench {
@@ -76,13 +78,7 @@ impl Worker {
 
     /// The sum of a metric's series whose labels contain `labels`; 0 when absent or unreachable.
     fn metric(&self, name: &str, labels: &str) -> f64 {
-        let url = format!("http://127.0.0.1:{}/metrics", self.port);
-        let Ok(response) = ureq::get(&url).timeout(Duration::from_secs(5)).call() else { return 0.0 };
-        let Ok(page) = response.into_string() else { return 0.0 };
-        page.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        http_get(self.port, "/metrics").map(|(_, page)| sum_metric(&page, name, labels)).unwrap_or(0.0)
     }
 
     /// Polls until `done` holds, failing after `timeout` or if the worker exits.

@@ -141,7 +141,7 @@ fn run_mode(
     // Throughput on the backlog.
     let t0 = Instant::now();
     let counter = |name: &str| -> f64 {
-        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name)).unwrap_or(0.0)
+        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name, "")).unwrap_or(0.0)
     };
     let out_counter = || counter(dedupe::metrics::RECORDS_OUT);
     loop {
@@ -213,14 +213,16 @@ fn run_mode(
     })
 }
 
-fn sum_metric(page: &str, name: &str) -> f64 {
+/// The sum of a metric's series whose label text contains `labels` on a metrics page.
+pub(crate) fn sum_metric(page: &str, name: &str, labels: &str) -> f64 {
     page.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+/// GET http://127.0.0.1:port/path: (status, body), or None when nothing answers.
+pub(crate) fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let url = format!("http://127.0.0.1:{port}{path}");
     let response = match ureq::get(&url).timeout(Duration::from_secs(5)).call() {
         Ok(response) => response,
