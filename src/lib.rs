@@ -17,3 +17,8 @@ pub mod retry;
 pub mod snapshot;
 pub mod tracking;
 pub mod window;
+
+/// A Kafka partition number, typed as Kafka's clients type it, everywhere: the ledger's API and
+/// records, progress, recovery and the actors. Partitions are never negative; on disk the ledger
+/// stores one as 4 bytes (big-endian in keys, little-endian in the batch log).
+pub type Partition = i32;

@@ -140,12 +140,12 @@ pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, SnapshotError> {
 pub fn run_hook(
     hook: &str,
     dir: &Path,
-    partitions: &[u32],
+    partitions: &[crate::Partition],
     pass_env: &[String],
     timeout: Duration,
 ) -> Result<(), SnapshotError> {
     use std::os::unix::process::CommandExt;
-    let list = partitions.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let list = partitions.iter().map(crate::Partition::to_string).collect::<Vec<_>>().join(",");
     let err = |failure: HookFailure| SnapshotError::Hook { hook: hook.to_string(), failure };
     let kept = HOOK_BASE_ENV
         .iter()

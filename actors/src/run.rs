@@ -50,7 +50,7 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
             }
             set.0.clone()
         }
-        (None, Some(i), Some(n)) => all.into_iter().filter(|p| *p as u32 % n == i).collect(),
+        (None, Some(i), Some(n)) => all.into_iter().filter(|p| u32::try_from(*p).is_ok_and(|p| p % n == i)).collect(),
         _ => all,
     };
     if owned.is_empty() {

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 
 use super::error::{io_error, Result};
 use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
+use crate::Partition;
 
 /// A checked batch as the buffer and the batch log hold it: its new ids with their event times.
 pub(super) struct LoggedBatch {
-    pub(super) partition: u32,
+    pub(super) partition: Partition,
     /// Base the active generation takes if this batch is its first.
     pub(super) base_ms: i64,
     pub(super) new_ids: Vec<(LedgerKey, i64)>,
@@ -118,7 +119,7 @@ impl BatchLog {
             rest = tail;
             Some(head)
         };
-        let partition = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let partition = Partition::from_le_bytes(take(4)?.try_into().ok()?);
         let base_ms = i64::from_le_bytes(take(8)?.try_into().ok()?);
         let progress_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
         let progress = take(progress_len)?.to_vec();
@@ -145,7 +146,7 @@ mod tests {
 
     fn batch(n: u64, ids: u64) -> LoggedBatch {
         LoggedBatch {
-            partition: n as u32,
+            partition: n as Partition,
             base_ms: n as i64 * 1000,
             new_ids: (0..ids)
                 .map(|i| (ledger_key(format!("log-{n}-{i}").as_bytes()).unwrap(), (n * 1000 + i) as i64))

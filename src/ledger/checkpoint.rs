@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{io_error, rocks, Doing};
 use super::{Ledger, LedgerError, Result, State};
+use crate::Partition;
 
 impl Ledger {
     /// Commits and flushes everything, then writes the checkpoint into `dir`; the caller holds
@@ -14,7 +15,7 @@ impl Ledger {
         &self,
         state: &mut State,
         dir: &Path,
-    ) -> Result<BTreeMap<u32, Vec<u8>>> {
+    ) -> Result<BTreeMap<Partition, Vec<u8>>> {
         self.flush_locked(state)?;
         let checkpoint =
             rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(rocks(Doing::Checkpoint(dir)))?;

@@ -19,6 +19,7 @@ use super::format::{
 use super::tuning::ingest_file_options;
 use super::{Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
 use crate::identity::LedgerKey;
+use crate::Partition;
 
 /// Extension of the files written for ingestion (moved into the database when ingested).
 pub(super) const INGEST_FILE_EXTENSION: &str = "ingest";
@@ -29,7 +30,7 @@ pub(super) struct InFlight {
     pub(super) record: CommitRecord,
     pub(super) ids: Arc<IdBuffer>,
     /// The progress records of the buffered batches (the newest per partition).
-    pub(super) progress: BTreeMap<u32, Vec<u8>>,
+    pub(super) progress: BTreeMap<Partition, Vec<u8>>,
     /// The log of the batches in this commit, removed once it is applied.
     log: Option<PathBuf>,
     /// `None` once joined and failed: the next attempt writes the file on the caller's thread.

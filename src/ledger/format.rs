@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{LedgerError, Result, FIRST_SEEN_RESOLUTION_MS, GENERATION_CF_PREFIX};
 use crate::identity::LEDGER_KEY_BYTES;
+use crate::Partition;
 
 pub(super) const META_FORMAT_VERSION: &[u8] = b"format_version";
 pub(super) const META_GENERATION_PREFIX: &[u8] = b"gen/";
@@ -30,7 +31,7 @@ pub(super) fn generation_meta_key(id: u64) -> Vec<u8> {
     key
 }
 
-pub(super) fn progress_key(partition: u32) -> [u8; 4] {
+pub(super) fn progress_key(partition: Partition) -> [u8; 4] {
     partition.to_be_bytes()
 }
 
@@ -101,7 +102,7 @@ pub struct GenerationMeta {
     /// together with the ids).
     pub ids: u64,
     /// Per-partition spans.
-    pub partitions: BTreeMap<u32, PartitionSpan>,
+    pub partitions: BTreeMap<Partition, PartitionSpan>,
 }
 
 /// The commit record ingested with a buffered run of ids ([`COMMIT_KEY`]): what the metadata
@@ -111,7 +112,7 @@ pub struct GenerationMeta {
 pub(super) struct CommitRecord {
     pub(super) seq: u64,
     pub(super) meta: GenerationMeta,
-    pub(super) progress: BTreeMap<u32, Vec<u8>>,
+    pub(super) progress: BTreeMap<Partition, Vec<u8>>,
 }
 
 pub(super) fn parse_json<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {

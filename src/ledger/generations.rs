@@ -12,6 +12,7 @@ use super::format::{generation_cf_name, generation_meta_key, to_json, META_FORGO
 use super::index::IdIndex;
 use super::tuning::{effective_write_buffer_bytes, generation_cf_options};
 use super::{Generation, GenerationMeta, Ledger, Result, State, CF_META};
+use crate::Partition;
 
 /// Live generations are capped below the id index's 256 generation tags, so no two live
 /// generations share a tag. Only tiny `seal_after_ids` settings come near it.
@@ -147,7 +148,7 @@ impl Ledger {
 
 impl State {
     /// See [`Ledger::window`].
-    pub(super) fn window(&self, partition: u32, now_ms: i64) -> Option<Duration> {
+    pub(super) fn window(&self, partition: Partition, now_ms: i64) -> Option<Duration> {
         let oldest = self
             .generations
             .iter()

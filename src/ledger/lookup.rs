@@ -9,6 +9,7 @@ use super::format::{decode_first_seen, progress_key};
 use super::index::{IdIndex, Probe};
 use super::{stored_first_seen_ms, Ledger, LedgerError, Result, State, Verdict, CF_PROGRESS};
 use crate::identity::LedgerKey;
+use crate::Partition;
 
 impl Ledger {
     /// Looks up sorted, distinct keys. Returns the first-seen time of each key held.
@@ -88,7 +89,7 @@ impl Ledger {
     }
 
     /// The progress record last written for `partition`: buffered, in flight, or on disk.
-    pub(super) fn read_progress(&self, state: &State, partition: u32) -> Result<Option<Vec<u8>>> {
+    pub(super) fn read_progress(&self, state: &State, partition: Partition) -> Result<Option<Vec<u8>>> {
         let buffered = state.pending_progress.get(&partition).or_else(|| {
             state.in_flight.as_ref().and_then(|f| f.progress.get(&partition))
         });
@@ -102,7 +103,7 @@ impl Ledger {
     }
 
     /// Every partition's progress record: on disk, overridden by those in flight, then buffered.
-    pub(super) fn read_all_progress(&self, state: &State) -> Result<BTreeMap<u32, Vec<u8>>> {
+    pub(super) fn read_all_progress(&self, state: &State) -> Result<BTreeMap<Partition, Vec<u8>>> {
         let mut all = self.durable_progress()?;
         if let Some(f) = &state.in_flight {
             all.extend(f.progress.iter().map(|(p, v)| (*p, v.clone())));
@@ -112,13 +113,13 @@ impl Ledger {
     }
 
     /// Progress records in the progress column family.
-    pub(super) fn durable_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
+    pub(super) fn durable_progress(&self) -> Result<BTreeMap<Partition, Vec<u8>>> {
         let cf = self.cf(CF_PROGRESS)?;
         let mut all = BTreeMap::new();
         for item in self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start) {
             let (key, value) = item.map_err(rocks(Doing::Read))?;
             let partition = <[u8; 4]>::try_from(&key[..])
-                .map(u32::from_be_bytes)
+                .map(Partition::from_be_bytes)
                 .map_err(|_| LedgerError::CorruptMetadata {
                     what: format!("progress key {key:?} is not a partition number"),
                 })?;
@@ -133,7 +134,7 @@ impl Ledger {
 /// `found` the first-seen time of each distinct key held.
 pub(super) fn judge_batch(
     state: &State,
-    partition: u32,
+    partition: Partition,
     items: &[(LedgerKey, i64)],
     progress: &[u8],
     slot: &[usize],

@@ -45,12 +45,12 @@
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
 //!   `forgotten` = JSON map partition → last first-seen time (ms) of any id already forgotten.
 //!   `commit_seq` (u64 LE) = the last commit applied to this column family and [`CF_PROGRESS`].
-//! - [`CF_PROGRESS`]: key = partition (u32 BE), value = the caller's progress record.
+//! - [`CF_PROGRESS`]: key = partition (i32 BE; partitions are never negative), value = the caller's progress record.
 //! - Commit records: in a generation column family, key `[0xff; 16] ++ "commit"` (never an id:
 //!   ids are 16 bytes) = JSON `{seq, meta, progress}`, the generation's metadata and every
 //!   partition's progress record as of that commit.
 //! - Batch log `batches-<12 digit commit seq>.log` (with a WAL): records `[payload length u32 LE]
-//!   [XXH3-64 of the payload, u64 LE][payload]`, payload = partition u32, base ms i64, progress
+//!   [XXH3-64 of the payload, u64 LE][payload]`, payload = partition i32, base ms i64, progress
 //!   length u32 and bytes, id count u32, then per new id its 16 bytes and event time ms i64 (all LE).
 //! - Message identity ([`crate::identity`]) is part of the format too.
 //!
@@ -150,6 +150,7 @@ use buffer::IdBuffer;
 use commit::InFlight;
 use index::IdIndex;
 use lookup::{judge_batch, sort_distinct};
+use crate::Partition;
 
 /// Column family holding format version and generation metadata.
 pub const CF_META: &str = "meta";
@@ -192,13 +193,13 @@ struct State {
     /// Oldest first; the last one is the active (unsealed) generation.
     generations: Vec<Generation>,
     /// Per partition: latest first-seen time of any id already forgotten.
-    forgotten: BTreeMap<u32, i64>,
+    forgotten: BTreeMap<Partition, i64>,
     /// The id buffer: ids recorded into the active generation since the last commit was taken,
     /// with their stored first-seen times, in every durability mode. Nothing of them is in
     /// RocksDB yet (with a WAL, they are in the batch log).
     pending: IdBuffer,
     /// Progress records written since the last commit was taken (the newest per partition).
-    pending_progress: BTreeMap<u32, Vec<u8>>,
+    pending_progress: BTreeMap<Partition, Vec<u8>>,
     /// Batches recorded since the last commit was taken: they count towards the buffer's size.
     pending_batches: u64,
     /// Sequence number of the last commit applied to the metadata and progress column families.
@@ -260,7 +261,7 @@ impl Ledger {
     /// leaves the partition's progress record as it is.
     pub fn check_and_record(
         &self,
-        partition: u32,
+        partition: Partition,
         items: &[(LedgerKey, i64)],
         progress: &[u8],
     ) -> Result<Vec<Verdict>> {
@@ -282,7 +283,7 @@ impl Ledger {
 
     /// How far back the ledger remembers one partition's ids: every id of `partition` first seen
     /// after `now_ms - window` is held. `None` when it holds none of that partition's ids.
-    pub fn window(&self, partition: u32, now_ms: i64) -> Option<Duration> {
+    pub fn window(&self, partition: Partition, now_ms: i64) -> Option<Duration> {
         self.lock().window(partition, now_ms)
     }
 
@@ -305,13 +306,13 @@ impl Ledger {
     }
 
     /// The progress record last written for `partition`.
-    pub fn progress(&self, partition: u32) -> Result<Option<Vec<u8>>> {
+    pub fn progress(&self, partition: Partition) -> Result<Option<Vec<u8>>> {
         let state = self.lock();
         self.read_progress(&state, partition)
     }
 
     /// Every partition's progress record.
-    pub fn all_progress(&self) -> Result<BTreeMap<u32, Vec<u8>>> {
+    pub fn all_progress(&self) -> Result<BTreeMap<Partition, Vec<u8>>> {
         let state = self.lock();
         self.read_all_progress(&state)
     }
@@ -326,7 +327,7 @@ impl Ledger {
 
     /// Writes a consistent checkpoint (hard links where possible) into `dir`, which must not
     /// exist, and returns the progress records it contains. No batch is recorded meanwhile.
-    pub fn checkpoint(&self, dir: impl AsRef<Path>) -> Result<BTreeMap<u32, Vec<u8>>> {
+    pub fn checkpoint(&self, dir: impl AsRef<Path>) -> Result<BTreeMap<Partition, Vec<u8>>> {
         let mut state = self.lock();
         self.write_checkpoint(&mut state, dir.as_ref())
     }

@@ -17,6 +17,7 @@ use super::format::{
 };
 use super::index::IdIndex;
 use super::tuning::{db_options, generation_cf_options, small_cf_options};
+use crate::Partition;
 use super::{
     Db, Durability, Generation, GenerationMeta, Ledger, LedgerError, LedgerOptions, Result, State,
     CF_META, CF_PROGRESS, CREATING_MARKER, FORMAT_VERSION, GENERATION_CF_PREFIX,
@@ -156,7 +157,7 @@ impl Ledger {
 
 
     /// Per partition, the latest first-seen time of any id already forgotten.
-    fn read_forgotten(&self) -> Result<BTreeMap<u32, i64>> {
+    fn read_forgotten(&self) -> Result<BTreeMap<Partition, i64>> {
         let meta = self.cf(CF_META)?;
         match self.db.get_cf(&meta, META_FORGOTTEN).map_err(rocks(Doing::Read))? {
             Some(bytes) => parse_json("forgotten", &bytes),
@@ -186,7 +187,7 @@ impl Ledger {
         &self,
         cf_names: &[String],
         mut metas: BTreeMap<u64, GenerationMeta>,
-        forgotten: &mut BTreeMap<u32, i64>,
+        forgotten: &mut BTreeMap<Partition, i64>,
     ) -> Result<Vec<Generation>> {
         let mut generations = Vec::new();
         let mut batch = WriteBatch::default();

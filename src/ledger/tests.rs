@@ -366,13 +366,13 @@ fn filters_are_used() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Batch { partition: u32, ids: Vec<u8>, time_step: i64 },
+    Batch { partition: Partition, ids: Vec<u8>, time_step: i64 },
     Reopen,
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0u32..3, prop::collection::vec(0u8..80, 0..24), 0i64..3_000)
+        8 => (0i32..3, prop::collection::vec(0u8..80, 0..24), 0i64..3_000)
             .prop_map(|(partition, ids, time_step)| Op::Batch { partition, ids, time_step }),
         1 => Just(Op::Reopen),
     ]
@@ -386,8 +386,8 @@ fn mode() -> impl Strategy<Value = Durability> {
 /// the same aging rule (whole generations, oldest first, as the ledger reports them).
 #[derive(Default)]
 struct Model {
-    held: HashMap<LedgerKey, (u64, u32, i64)>,
-    forgotten_through: HashMap<u32, i64>,
+    held: HashMap<LedgerKey, (u64, Partition, i64)>,
+    forgotten_through: HashMap<Partition, i64>,
     live: Vec<u64>,
 }
 
@@ -414,7 +414,7 @@ fn run_model(
     let mut ledger = Ledger::open(dir.path(), options.clone()).unwrap();
     let mut model = Model::default();
     let mut now = 0i64;
-    let mut progress: HashMap<u32, Vec<u8>> = HashMap::new();
+    let mut progress: HashMap<Partition, Vec<u8>> = HashMap::new();
     for (step, op) in ops.into_iter().enumerate() {
         match op {
             Op::Reopen => {
@@ -469,9 +469,9 @@ fn run_model(
 
 impl Model {
     /// Checks the ledger against the model after a step: windows, progress records, id counts.
-    fn check(&self, ledger: &Ledger, progress: &HashMap<u32, Vec<u8>>, now: i64) -> Result<(), TestCaseError> {
+    fn check(&self, ledger: &Ledger, progress: &HashMap<Partition, Vec<u8>>, now: i64) -> Result<(), TestCaseError> {
         // The window never claims an id it forgot, and exists exactly when ids are held.
-        for p in 0..3u32 {
+        for p in 0..3 {
             let window = ledger.window(p, now);
             let holds = self.held.values().any(|(_, q, _)| *q == p);
             prop_assert_eq!(window.is_some(), holds, "partition {}", p);

@@ -187,8 +187,8 @@ fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// The ledger's progress record of `partition`, decoded.
-pub fn decode_progress(all: &std::collections::BTreeMap<u32, Vec<u8>>, partition: i32) -> anyhow::Result<Option<Progress>> {
-    match all.get(&(partition as u32)) {
+pub fn decode_progress(all: &std::collections::BTreeMap<i32, Vec<u8>>, partition: i32) -> anyhow::Result<Option<Progress>> {
+    match all.get(&partition) {
         Some(bytes) => Ok(Some(Progress::decode(bytes).with_context(|| format!("partition {partition}'s progress record"))?)),
         None => Ok(None),
     }

@@ -58,17 +58,17 @@ impl Handler<CheckAndRecord> for LedgerActor {
             std::process::exit(86)
         });
         let progress = msg.progress.map(|p| p.encode().to_vec()).unwrap_or_default();
-        self.ledger.check_and_record(msg.partition as u32, &msg.items, &progress)
+        self.ledger.check_and_record(msg.partition, &msg.items, &progress)
     }
 }
 
 /// The progress record of every partition the ledger knows.
 #[derive(Message)]
-#[rtype(result = "Result<BTreeMap<u32, Vec<u8>>, LedgerError>")]
+#[rtype(result = "Result<BTreeMap<dedupe::Partition, Vec<u8>>, LedgerError>")]
 pub struct AllProgress;
 
 impl Handler<AllProgress> for LedgerActor {
-    type Result = Result<BTreeMap<u32, Vec<u8>>, LedgerError>;
+    type Result = Result<BTreeMap<dedupe::Partition, Vec<u8>>, LedgerError>;
     fn handle(&mut self, _: AllProgress, _: &mut Self::Context) -> Self::Result {
         self.ledger.all_progress()
     }
@@ -91,20 +91,20 @@ impl Handler<Stats> for LedgerActor {
     type Result = Result<StatsReport, LedgerError>;
     fn handle(&mut self, msg: Stats, _: &mut Self::Context) -> Self::Result {
         let stats = self.ledger.stats()?;
-        let windows = msg.partitions.iter().map(|&p| (p, self.ledger.window(p as u32, msg.now_ms))).collect();
+        let windows = msg.partitions.iter().map(|&p| (p, self.ledger.window(p, msg.now_ms))).collect();
         Ok(StatsReport { stats, windows })
     }
 }
 
 /// A consistent checkpoint (hard links) into `dir`; returns the progress records it holds.
 #[derive(Message)]
-#[rtype(result = "Result<BTreeMap<u32, Vec<u8>>, LedgerError>")]
+#[rtype(result = "Result<BTreeMap<dedupe::Partition, Vec<u8>>, LedgerError>")]
 pub struct Checkpoint {
     pub dir: PathBuf,
 }
 
 impl Handler<Checkpoint> for LedgerActor {
-    type Result = Result<BTreeMap<u32, Vec<u8>>, LedgerError>;
+    type Result = Result<BTreeMap<dedupe::Partition, Vec<u8>>, LedgerError>;
     fn handle(&mut self, msg: Checkpoint, _: &mut Self::Context) -> Self::Result {
         self.ledger.checkpoint(&msg.dir)
     }

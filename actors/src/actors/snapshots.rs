@@ -55,7 +55,7 @@ impl Handler<TakeSnapshot> for Coordinator {
                 }
             };
             slot.publish()?;
-            let partitions: Vec<u32> = progress.keys().copied().collect();
+            let partitions: Vec<i32> = progress.keys().copied().collect();
             let dir = slot.dir.clone();
             actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
                 prune(&root, snapshots.keep)?;
