@@ -43,8 +43,8 @@ pub fn partition_count(kafka: &KafkaConfig, topic: &str, timeout: Duration) -> R
         .filter(|&n| n > 0))
 }
 
-/// Creates `topic` with `partitions` partitions (replication factor 1 unless given), tolerating
-/// an existing topic.
+/// Creates `topic` with `partitions` partitions and `replication` replicas (-1: the brokers'
+/// `default.replication.factor`), tolerating an existing topic.
 pub async fn create_topic(
     kafka: &KafkaConfig,
     topic: &str,

@@ -110,7 +110,7 @@ fn crash_in_the_middle_of_recovery() {
     wait_for_records(&output.name, distinct, Duration::from_secs(90));
     let page = worker.metrics().unwrap();
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", "").unwrap_or(0.0) > 0.0, "recovery replayed the tail");
+    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap_or(0.0) > 0.0, "recovery replayed the tail");
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }

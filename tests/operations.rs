@@ -121,7 +121,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let hook = std::fs::read_to_string(&hook_log).unwrap();
     assert!(hook.starts_with(&snapshot_dir), "the hook ran with the snapshot's path: {hook}");
     let page = worker.metrics().unwrap();
-    assert!(metric_value(&page, "dedupe_snapshot_last_success_timestamp_seconds", "").unwrap() > 0.0);
+    assert!(metric_value(&page, "dedupe_snapshot_last_success_timestamp_seconds", &[]).unwrap() > 0.0);
 
     // Phase B after the snapshot: the snapshot does not know these ids.
     let b = ids(300);
@@ -150,7 +150,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let page = loop {
         let page = worker.metrics().unwrap_or_default();
-        if metric_value(&page, "dedupe_duplicates_dropped_total", "").unwrap_or(0.0) >= 300.0 {
+        if metric_value(&page, "dedupe_duplicates_dropped_total", &[]).unwrap_or(0.0) >= 300.0 {
             break page;
         }
         assert!(Instant::now() < deadline, "the retries were not all dropped within 60 s:\n{page}");
@@ -160,8 +160,8 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     // ...and, the worker stopped, the output is final: nothing was published again.
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 700, "no retried id was published again");
-    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", "").unwrap() >= 300.0, "{page}");
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", ""), Some(300.0));
+    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap() >= 300.0, "{page}");
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[]), Some(300.0));
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -218,7 +218,7 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     assert_eq!(hooks.lines().count(), taken.len(), "{hooks}");
     assert!(hooks.lines().all(|l| l == "ok"), "a hook saw its directory pruned away: {hooks}");
     let page = worker.metrics().unwrap();
-    assert_eq!(metric_value(&page, "dedupe_snapshot_failures_total", "").unwrap_or(0.0), 0.0, "refusals are not failures: {page}");
+    assert_eq!(metric_value(&page, "dedupe_snapshot_failures_total", &[]).unwrap_or(0.0), 0.0, "refusals are not failures: {page}");
     // Only published snapshots are listed; keep = 2 holds.
     let left: Vec<_> = std::fs::read_dir(&snapshots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert!(left.len() <= 2 && left.iter().all(|n| n.starts_with("ledger-")), "{left:?}");

@@ -85,7 +85,7 @@ impl Load {
 
 /// The value of a worker's metric (summed over label sets), 0 when absent.
 fn metric(w: &Worker, name: &str) -> f64 {
-    w.metrics().and_then(|page| metric_value(&page, name, "")).unwrap_or(0.0)
+    w.metrics().and_then(|page| metric_value(&page, name, &[])).unwrap_or(0.0)
 }
 
 /// Waits until the live workers together own and process every partition, none loading, and

@@ -74,7 +74,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     }
 
     // The restarted worker counted the re-sent ids of phase 3 as duplicates.
-    let dropped = metric_value(&page, "dedupe_duplicates_dropped_total", "").unwrap_or(0.0);
+    let dropped = metric_value(&page, "dedupe_duplicates_dropped_total", &[]).unwrap_or(0.0);
     assert_eq!(dropped, 50.0, "phase 3 re-sent 50 ids");
 
     let (code, summary) = verify(&input.name, &output.name);
@@ -150,19 +150,13 @@ fn run_bad_input(policy: &str) {
         assert!(values.contains(&Some(b"2 KiB key 1".to_vec())));
     }
     // Each case is counted with its reason and the policy applied.
-    let label = format!("policy=\"{policy}\"");
-    assert_eq!(metric_value(&page, "dedupe_unkeyed_records_total", &label), Some(unkeyed as f64), "{page}");
-    let by_reason = |r: &str| {
-        page.lines()
-            .filter(|l| l.starts_with("dedupe_unkeyed_records_total") && l.contains(&format!("reason=\"{r}\"")))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    assert_eq!(by_reason("missing"), 3.0);
-    assert_eq!(by_reason("empty"), 2.0);
-    assert_eq!(by_reason("too_long"), 2.0);
+    assert_eq!(metric_value(&page, "dedupe_unkeyed_records_total", &[("policy", policy)]), Some(unkeyed as f64), "{page}");
+    let by_reason = |r: &str| metric_value(&page, "dedupe_unkeyed_records_total", &[("reason", r)]);
+    assert_eq!(by_reason("missing"), Some(3.0));
+    assert_eq!(by_reason("empty"), Some(2.0));
+    assert_eq!(by_reason("too_long"), Some(2.0));
     // Keyed records, non-UTF-8 and tombstones included, were deduplicated.
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", ""), Some(3.0));
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[]), Some(3.0));
     // The warning names the cause and never the payload.
     let log = worker.log_text();
     assert!(log.contains("no usable message id"), "{log}");
@@ -202,7 +196,7 @@ fn aborted_transactions_are_retried_without_loss() {
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
-    assert_eq!(metric_value(&page, "dedupe_transactions_total", "outcome=\"aborted\""), Some(2.0), "{page}");
+    assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), Some(2.0), "{page}");
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }

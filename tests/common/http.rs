@@ -1,11 +1,11 @@
-//! A minimal HTTP/1.1 client over a plain TCP stream, for tests that talk to a server the project
-//! starts (one request per connection, `Connection: close`).
+//! Requests to the servers the tests start, through the project's one HTTP client (ureq). Only the
+//! tests that play a hostile client (a request trickled byte by byte) write to a socket themselves.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-/// A response as read back.
+/// A response as read back, whatever its status.
 #[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,
@@ -25,8 +25,8 @@ impl Response {
     }
 }
 
-/// Sends one request and reads the whole response. Write errors are ignored so that a response
-/// the server sends before reading the whole body (a refusal) is still read.
+/// Sends one request and reads the whole response. An error status is a response like any
+/// other; only a failure to connect, send or read is an error.
 pub fn request(
     addr: SocketAddr,
     method: &str,
@@ -34,55 +34,30 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> std::io::Result<Response> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let agent = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(5)).timeout(Duration::from_secs(60)).build();
+    let mut request = agent.request(method, &format!("http://{addr}{path}"));
     for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
+        request = request.set(k, v);
     }
-    head.push_str("\r\n");
-    let _ = stream.write_all(head.as_bytes()).and_then(|_| stream.write_all(body));
-    let mut raw = Vec::new();
-    if let Err(e) = stream.read_to_end(&mut raw) {
-        if raw.is_empty() {
-            return Err(e);
-        }
-    }
-    parse(&raw).ok_or_else(|| std::io::Error::other(format!("not an HTTP response: {}", String::from_utf8_lossy(&raw))))
+    let sent = if body.is_empty() && method == "GET" { request.call() } else { request.send_bytes(body) };
+    let response = match sent {
+        Ok(response) | Err(ureq::Error::Status(_, response)) => response,
+        Err(ureq::Error::Transport(e)) => return Err(std::io::Error::other(format!("{method} {path}: {e}"))),
+    };
+    let status = response.status();
+    let headers = response
+        .headers_names()
+        .into_iter()
+        .map(|name| {
+            let value = response.header(&name).unwrap_or_default().to_string();
+            (name, value)
+        })
+        .collect();
+    let mut body = Vec::new();
+    response.into_reader().read_to_end(&mut body)?;
+    Ok(Response { status, headers, body })
 }
 
 pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<Response> {
     request(addr, "GET", path, &[], b"")
-}
-
-fn parse(raw: &[u8]) -> Option<Response> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let rest = &raw[split + 4..];
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"));
-    let body = if chunked { dechunk(rest)? } else { rest.to_vec() };
-    Some(Response { status, headers, body })
-}
-
-fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = rest.windows(2).position(|w| w == b"\r\n")?;
-        let size = usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).ok()?.split(';').next()?.trim(), 16).ok()?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(rest.get(..size)?);
-        rest = rest.get(size + 2..)?;
-    }
 }

@@ -25,10 +25,18 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+static BROKERS: OnceLock<String> = OnceLock::new();
+
+/// Points every helper of this test binary at `bootstrap` (e.g. the three-node cluster) instead
+/// of the single test broker. It must be called before any helper asks for [`brokers`].
+pub fn use_brokers(bootstrap: &str) {
+    let set = BROKERS.get_or_init(|| bootstrap.to_string());
+    assert_eq!(set, bootstrap, "the tests already use the brokers at {set}");
+}
+
 /// The bootstrap address of the test broker, starting it with `deploy/local/kafka.sh up` the
 /// first time it is asked for. `DEDUPE_TEST_BROKERS` points the tests at another broker.
 pub fn brokers() -> String {
-    static BROKERS: OnceLock<String> = OnceLock::new();
     BROKERS
         .get_or_init(|| {
             if let Ok(b) = std::env::var("DEDUPE_TEST_BROKERS") {
@@ -71,10 +79,11 @@ pub struct TestTopic {
 }
 
 impl TestTopic {
-    /// Creates `<prefix>-<uuid>` with `partitions` partitions on the test broker.
+    /// Creates `<prefix>-<uuid>` with `partitions` partitions on the test brokers, with the
+    /// brokers' default replication factor (1 on the single broker, 3 on the cluster).
     pub fn create(prefix: &str, partitions: i32) -> Self {
         let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
-        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &name, partitions, 1, &[]))
+        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &name, partitions, -1, &[]))
             .unwrap_or_else(|e| panic!("cannot create topic {name} on {}: {e}", brokers()));
         wait_for_topic(&name, partitions as usize);
         Self { name, partitions }
@@ -99,7 +108,7 @@ impl TestTopic {
             assert!(Instant::now() < deadline, "topic {} was not deleted within 30 s", self.name);
             std::thread::sleep(Duration::from_millis(200));
         }
-        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &self.name, self.partitions, 1, &[]))
+        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &self.name, self.partitions, -1, &[]))
             .unwrap_or_else(|e| panic!("cannot create topic {} again: {e}", self.name));
         wait_for_topic(&self.name, self.partitions as usize);
     }
@@ -383,13 +392,19 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
 }
 
-/// The value of a metric line (`name{labels} value`) whose name and label text match.
-pub fn metric_value(page: &str, name: &str, label_contains: &str) -> Option<f64> {
-    page.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| l.contains(label_contains))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+/// The sum of a counter's or gauge's series named `name` whose labels include `labels`, on a
+/// metrics page; None when no series matches. Panics if the page is not the Prometheus text format.
+pub fn metric_value(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    use prometheus_parse::{Scrape, Value};
+    let scrape = Scrape::parse(page.lines().map(|l| Ok(l.to_owned()))).expect("a Prometheus text page");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .filter_map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(v),
+            _ => None,
+        })
         .reduce(|a, b| a + b)
 }
 

@@ -77,7 +77,7 @@ impl Worker {
     }
 
     /// The sum of a metric's series whose labels contain `labels`; 0 when absent or unreachable.
-    fn metric(&self, name: &str, labels: &str) -> f64 {
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         http_get(self.port, "/metrics").map(|(_, page)| sum_metric(&page, name, labels)).unwrap_or(0.0)
     }
 
@@ -151,18 +151,18 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     // partition here); B, whose take-over is measured, runs the configuration as given.
     let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"), &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")])?;
     let started = Instant::now();
-    a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, "") >= load.distinct_ids as f64)?;
+    a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, &[]) >= load.distinct_ids as f64)?;
     let build_ids_per_sec = ids as f64 / started.elapsed().as_secs_f64();
     eprintln!("bench: worker A published {ids} ids at {build_ids_per_sec:.0} ids/s");
     let mut window_before = 0.0;
     a.wait_until("worker A reporting its window", Duration::from_secs(60), |w| {
-        window_before = w.metric(m::WINDOW_SECONDS, "partition=\"0\"");
+        window_before = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
         window_before > 0.0
     })?;
     let noted_at = Instant::now();
 
     let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"), &[])?;
-    b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, "") == 0.0 && w.metric("dedupe_ledger_budget_bytes", "") > 0.0)?;
+    b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, &[]) == 0.0 && w.metric("dedupe_ledger_budget_bytes", &[]) > 0.0)?;
     let trickler = {
         let config = config.clone();
         let input = input.to_string();
@@ -185,16 +185,16 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
         bail!("worker A exited with {a_exit:?} on SIGTERM");
     }
     let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
-        w.metric(m::PARTITION_ASSIGNMENTS, "") >= 1.0
+        w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0
     })?;
-    let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| w.metric(m::RECORDS_OUT, "") >= 1.0)?;
+    let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| w.metric(m::RECORDS_OUT, &[]) >= 1.0)?;
     let mut window_after = 0.0;
     let restored = b.wait_until("worker B's window coming back", Duration::from_secs(600), |w| {
-        window_after = w.metric(m::WINDOW_SECONDS, "partition=\"0\"");
+        window_after = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
         window_after >= 0.95 * (window_before + noted_at.elapsed().as_secs_f64())
     })?;
-    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, "partition=\"0\"");
-    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, "");
+    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
+    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
     let _ = trickler.join();
     let b_exit = b.terminate(Duration::from_secs(120))?;
     if b_exit != Some(0) {

@@ -141,7 +141,7 @@ fn run_mode(
     // Throughput on the backlog.
     let t0 = Instant::now();
     let counter = |name: &str| -> f64 {
-        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name, "")).unwrap_or(0.0)
+        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name, &[])).unwrap_or(0.0)
     };
     let out_counter = || counter(dedupe::metrics::RECORDS_OUT);
     loop {
@@ -213,11 +213,19 @@ fn run_mode(
     })
 }
 
-/// The sum of a metric's series whose label text contains `labels` on a metrics page.
-pub(crate) fn sum_metric(page: &str, name: &str, labels: &str) -> f64 {
-    page.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+/// The sum of a counter's or gauge's series named `name` whose labels include `labels`, on a
+/// metrics page; 0 when none matches or the page does not parse.
+pub(crate) fn sum_metric(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    use prometheus_parse::{Scrape, Value};
+    let Ok(scrape) = Scrape::parse(page.lines().map(|l| Ok(l.to_owned()))) else { return 0.0 };
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .filter_map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(v),
+            _ => None,
+        })
         .sum()
 }
 
