@@ -60,8 +60,9 @@ pub struct Batch<'a> {
 /// Why a transaction did not commit, and what the caller must do.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    /// Another worker took over the partition. Stop; never retry.
-    #[error("another worker with transactional.id {transactional_id} took over (this producer is fenced): {source}")]
+    /// The producer was fenced: another worker took over the partition, or the broker aborted a
+    /// transaction that outlived `transaction.timeout.ms` and bumped the epoch. Stop; never retry.
+    #[error("the producer with transactional.id {transactional_id} is fenced (another worker took over, or the broker aborted a transaction that outlived transaction.timeout.ms): {source}")]
     Fenced { transactional_id: String, source: KafkaError },
     /// The transaction was aborted; nothing of it is visible. Retrying the same batch is safe.
     #[error("the transaction was aborted and can be retried: {source}")]

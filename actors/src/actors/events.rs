@@ -18,7 +18,10 @@ impl PipelineStartFailed<'_> {
     }
 }
 
-/// Another worker's producer fenced this one's on a partition: it must stop publishing.
+/// This worker's producer on a partition was fenced: another worker took the partition over, or
+/// the broker aborted a transaction that outlived `transaction.timeout.ms` (a broker that hung or
+/// a cluster that was down longer than that) and bumped the producer's epoch. Either way it must
+/// stop publishing; a restart fences in turn and recovers from the output.
 pub struct Fenced<'a> {
     pub partition: i32,
     pub error: &'a PipelineError,
@@ -29,7 +32,7 @@ impl Fenced<'_> {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
         tracing::error!(
             partition = self.partition,
-            "Another worker took over partition {}; this worker was fenced and stops: {}",
+            "Partition {}'s producer was fenced (another worker took the partition over, or the broker aborted a transaction older than worker.transaction_timeout_ms); this worker stops: {}",
             self.partition,
             self.error
         );
