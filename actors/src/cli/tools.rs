@@ -10,7 +10,8 @@ use dedupe::identity::LedgerKey;
 use dedupe::identity::{message_key, RecordView};
 use rand::Rng;
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
 use serde::Serialize;
 
 /// What `dedupe verify` found.
@@ -76,6 +77,26 @@ pub fn verify(config: &Config, timeout: Duration) -> anyhow::Result<VerifySummar
     })
 }
 
+/// Counts the records the brokers refused for good (after the producer's own retries, within
+/// `message.timeout.ms`), keeping the first error.
+#[derive(Default)]
+struct DeliveryTally {
+    failed: std::sync::atomic::AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
+}
+
+impl ClientContext for DeliveryTally {}
+
+impl ProducerContext for DeliveryTally {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
 /// What `dedupe loadgen` sent.
 #[derive(Debug, Serialize)]
 pub struct LoadgenSummary {
@@ -111,14 +132,17 @@ pub struct Load<'a> {
 pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
     let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps } = load;
     let spread_from = spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
-    let producer: ThreadedProducer<DefaultProducerContext> = dedupe::kafka::client_config(&config.kafka)
+    // A broker that restarts or a leader that moves is ridden out by the producer's retries
+    // (idempotent, so without duplicates) for up to `message.timeout.ms`; a record that is still
+    // not delivered then makes the run fail, so a summary never counts ids the topic lacks.
+    let producer: ThreadedProducer<DeliveryTally> = dedupe::kafka::client_config(&config.kafka)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "10")
         .set("batch.size", "1000000")
         .set("compression.type", "lz4")
         .set("queue.buffering.max.kbytes", "262144")
-        .create()
+        .create_with_context(DeliveryTally::default())
         .context("creating the loadgen producer")?;
     let bar = if show_progress { indicatif::ProgressBar::new(count) } else { indicatif::ProgressBar::hidden() };
     let mut rng = rand::rng();
@@ -172,8 +196,14 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
             }
         }
     }
-    producer.flush(Duration::from_secs(120)).context("flushing loadgen records")?;
+    producer.flush(Duration::from_secs(360)).context("flushing loadgen records")?;
     bar.finish_and_clear();
+    let tally = producer.context();
+    let failed = tally.failed.load(std::sync::atomic::Ordering::Relaxed);
+    if failed > 0 {
+        let first = tally.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        anyhow::bail!("{failed} of {count} loadgen records were not delivered to {topic} (first error: {first})");
+    }
     let seconds = started.elapsed().as_secs_f64();
     Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, seconds, records_per_sec: count as f64 / seconds })
 }
@@ -272,7 +302,7 @@ fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value>
     slot.publish()?;
     dedupe::snapshot::prune(&root, config.snapshots.keep)?;
     if let Some(hook) = &config.snapshots.hook {
-        let parts: Vec<u32> = progress.keys().copied().collect();
+        let parts: Vec<i32> = progress.keys().copied().collect();
         let timeout = Duration::from_secs(config.snapshots.hook_timeout_secs);
         dedupe::snapshot::run_hook(hook, &slot.dir, &parts, &config.snapshots.hook_env, timeout)?;
     }
