@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property and crash tests, the integration tests against a real
 # Apache Kafka broker (started here with deploy/local/kafka.sh if it is not running), the
-# deployment checks (promtool rule tests, Kubernetes schemas, compose).
+# broker-fault tests on a three-node cluster (tests/cluster.rs starts deploy/local/cluster.sh and
+# this script stops it when the tests are done), the deployment checks (promtool rule tests, Kubernetes schemas, compose).
 # A test that cannot reach its broker fails; nothing is skipped.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -11,6 +12,7 @@ deploy/local/kafka.sh up
 
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests.
 cargo test --release --locked --workspace --features dedupe-actors/failpoints -- --test-threads="${TEST_THREADS:-2}"
+deploy/local/cluster.sh down
 
 # Lints: clippy on every target, warnings as errors (release: it reuses the compiled C++ above),
 # and no unused dependency.
