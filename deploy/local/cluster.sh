@@ -216,20 +216,6 @@ num.io.threads=2
 background.threads=2
 num.recovery.threads.per.data.dir=1
 PROPS
-  cat >"$dir/log4j2.properties" <<PROPS
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = $dir/server.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = info
-logger.controller.name = org.apache.kafka
-logger.controller.level = warn
-PROPS
 }
 
 launch() {
@@ -240,7 +226,7 @@ launch() {
   # C1 only (TieredStopAtLevel=1): a node restarted under load starts in seconds instead of
   # competing with two others for the CPU its C2 compiler wants; a test cluster needs no more.
   setsid nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} -XX:+UseG1GC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
-    "-Dlog4j2.configurationFile=$dir/log4j2.properties" -cp "$cp" \
+    "-Dlog4j2.configurationFile=$here/log4j2-broker.properties" "-Ddedupe.broker.log=$dir/server.log" -cp "$cp" \
     kafka.Kafka "$dir/server.properties" >>"$dir/stdout.log" 2>&1 </dev/null &
   echo $! >"$dir/kafka.pid"
 }

@@ -104,20 +104,6 @@ auto.create.topics.enable=false
 delete.topic.enable=true
 log.retention.hours=168
 PROPS
-  cat >"$run_dir/log4j2.properties" <<PROPS
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = $run_dir/server.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = info
-logger.controller.name = org.apache.kafka
-logger.controller.level = warn
-PROPS
 }
 
 up() {
@@ -136,7 +122,7 @@ up() {
   local cp cluster_id
   cp=$(classpath)
   local jvm=(java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} -XX:+UseG1GC -Djava.awt.headless=true
-    "-Dlog4j2.configurationFile=$run_dir/log4j2.properties" -cp "$cp")
+    "-Dlog4j2.configurationFile=$here/log4j2-broker.properties" "-Ddedupe.broker.log=$run_dir/server.log" -cp "$cp")
   cluster_id=$("${jvm[@]}" kafka.tools.StorageTool random-uuid 2>"$run_dir/format.err") \
     || { cat "$run_dir/format.err" >&2; die "StorageTool random-uuid failed"; }
   "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$run_dir/server.properties" \
