@@ -13,6 +13,7 @@ pub const KIND_KAFKA: &str = "kafka";
 pub const KIND_PIPELINE: &str = "pipeline";
 pub const KIND_FENCED: &str = "fenced";
 pub const KIND_FATAL: &str = "fatal";
+pub const KIND_STUCK: &str = "stuck";
 pub const KIND_ADMIN_UNAUTHORIZED: &str = "admin_unauthorized";
 
 // The worker.
@@ -27,6 +28,7 @@ pub const DUPLICATE_AGE_SECONDS: &str = "dedupe_duplicate_age_seconds";
 pub const WINDOW_SECONDS: &str = "dedupe_window_seconds";
 pub const WINDOW_FORECAST_SECONDS: &str = "dedupe_window_forecast_seconds";
 pub const CONSUMER_LAG: &str = "dedupe_consumer_lag_records";
+pub const INPUT_WAKEUPS_RECOVERED: &str = "dedupe_input_wakeups_recovered_total";
 pub const RECOVERY_REPLAYED: &str = "dedupe_recovery_replayed_records_total";
 pub const RECOVERY_SECONDS: &str = "dedupe_recovery_duration_seconds";
 pub const TRANSACTIONS: &str = "dedupe_transactions_total";
@@ -104,12 +106,13 @@ pub const ALL: &[Metric] = &[
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
     m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
     m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
+    m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
     m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),
     m(RECOVERY_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the last recovery of the partition took."),
     m(TRANSACTIONS, Counter, None, &["outcome"], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
-    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, admin_unauthorized)."),
+    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
     m(PARTITION_ASSIGNMENTS, Counter, None, P, "Input partitions the consumer group assigned to this worker."),
     m(PARTITION_REVOCATIONS, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Input partitions taken from this worker, by reason: revoked (its batch finished, its producer released) or lost (the group gave it away, e.g. after a session timeout)."),
     m(PARTITIONS_LOADING, Gauge, None, &[], "Assigned partitions whose ids are still being loaded into the ledger (not yet processing)."),

@@ -38,6 +38,9 @@ const ABORTED_BATCH_RETRIES_ALLOWED: u32 = 5;
 const ABORTED_BATCH_RETRIES: Backoff =
     Backoff::new(Duration::from_millis(200), Duration::from_millis(3200), ABORTED_BATCH_RETRIES_ALLOWED);
 
+/// How long a partition's reader waits for a wakeup before it looks at its queue itself.
+const LOST_WAKEUP_CHECK: Duration = Duration::from_secs(1);
+
 /// Settings every partition pipeline shares.
 #[derive(Debug, Clone)]
 pub struct PipelineSettings {
@@ -175,7 +178,7 @@ impl Pipeline {
         let mut deadline = None;
         while batch.len() < s.batch_max_records && bytes < s.batch_max_bytes {
             let next = match deadline {
-                None => Ok(queue.recv().await),
+                None => Ok(self.next_record(queue).await),
                 Some(d) => tokio::time::timeout_at(d, queue.recv()).await,
             };
             match next {
@@ -197,6 +200,26 @@ impl Pipeline {
             }
         }
         batch
+    }
+
+    /// Waits for the partition's next record, looking at its queue at least every
+    /// [`LOST_WAKEUP_CHECK`]. rdkafka wakes a waiting split-queue reader only when the queue turns
+    /// from empty to non-empty, and that edge can be missed (rust-rdkafka issue 665, pull request
+    /// 840 for split queues): events the library consumes itself can leave records queued with
+    /// no wakeup to come. Seen here after broker restarts: one partition stopped for good, with
+    /// no error, while the others went on.
+    async fn next_record<'q>(&self, queue: &'q Queue) -> rdkafka::error::KafkaResult<BorrowedMessage<'q>> {
+        loop {
+            if let Ok(next) = tokio::time::timeout(LOST_WAKEUP_CHECK, queue.recv()).await {
+                return next;
+            }
+            // A fresh receive looks at the queue before it waits: anything there now had been
+            // queued without waking the reader.
+            if let Ok(next) = tokio::time::timeout(Duration::ZERO, queue.recv()).await {
+                metrics::counter!(m::INPUT_WAKEUPS_RECOVERED, m::LABEL_PARTITION => self.partition.to_string()).increment(1);
+                return next;
+            }
+        }
     }
 
     fn copy(&self, msg: &BorrowedMessage<'_>) -> InRecord {
