@@ -16,6 +16,7 @@ pub mod recovery;
 pub mod retry;
 pub mod snapshot;
 pub mod tracking;
+pub mod watchdog;
 pub mod window;
 
 /// A Kafka partition number, typed as Kafka's clients type it, everywhere: the ledger's API and

@@ -171,7 +171,9 @@ impl OutputWriter {
             .create_with_context(DeliveryTracker::new(topic, topics.changelog))
             .map_err(|source| PublishError::Fatal { source })?;
         let timeout = Duration::from_millis(transaction_timeout_ms.max(10_000));
+        let watched = crate::watchdog::arm("init_transactions", &transactional_id, timeout);
         producer.init_transactions(timeout).map_err(|e| classify(e, &transactional_id))?;
+        drop(watched);
         Ok(Self {
             producer,
             topic: topic.to_string(),
@@ -199,6 +201,7 @@ impl OutputWriter {
             Ok(c) => Ok(c),
             Err(PublishError::Aborted { source }) => {
                 // Abort so the next batch starts clean; if even that fails the producer is unusable.
+                let _watched = crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
                 self.producer
                     .abort_transaction(self.timeout)
                     .map_err(|e| classify(e, &self.transactional_id))?;
@@ -224,7 +227,9 @@ impl OutputWriter {
             let r = OutRecord { value: Some(value), ..OutRecord::default() };
             self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
         }
+        let watched = crate::watchdog::arm("flush", &self.transactional_id, self.timeout);
         self.producer.flush(self.timeout).map_err(|e| classify(e, &self.transactional_id))?;
+        drop(watched);
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
             return Err(PublishError::Aborted {
                 source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
@@ -234,9 +239,11 @@ impl OutputWriter {
         offsets
             .add_partition_offset(batch.input_topic, batch.input_partition, Offset::Offset(batch.next_input_offset))
             .map_err(|source| PublishError::Fatal { source })?;
+        let watched = crate::watchdog::arm("send_offsets_to_transaction", &self.transactional_id, self.timeout);
         self.producer
             .send_offsets_to_transaction(&offsets, group, self.timeout)
             .map_err(|e| classify(e, &self.transactional_id))?;
+        drop(watched);
         fail::fail_point!("output-before-commit", |_| {
             eprintln!("failpoint output-before-commit: exiting");
             std::process::exit(86)
@@ -287,7 +294,10 @@ impl OutputWriter {
     fn commit_with_retries(&mut self) -> Result<(), PublishError> {
         let mut backoff = COMMIT_RETRIES;
         loop {
-            match self.producer.commit_transaction(self.timeout) {
+            let watched = crate::watchdog::arm("commit_transaction", &self.transactional_id, self.timeout);
+            let committed = self.producer.commit_transaction(self.timeout);
+            drop(watched);
+            match committed {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     let retriable = matches!(&e, KafkaError::Transaction(t) if t.is_retriable());

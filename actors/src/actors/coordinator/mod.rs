@@ -75,6 +75,8 @@ pub mod exit {
     pub const FAILED: i32 = 1;
     /// Another worker took over a partition (this one was fenced, or lost it to the group).
     pub const FENCED: i32 = 3;
+    /// A Kafka client call hung past its timeout (see `dedupe::watchdog`).
+    pub const STUCK: i32 = dedupe::watchdog::STUCK_EXIT_CODE;
 }
 
 /// Where one owned partition stands.

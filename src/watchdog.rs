@@ -1,0 +1,116 @@
+//! A watchdog for blocking client calls that can hang past their own timeout.
+//!
+//! librdkafka 2.12's transactional producer can block in `send_offsets_to_transaction` for good
+//! after the consumer group's coordinator moved (confluentinc/librdkafka issues 5456: the
+//! coordinator request's timeout is never checked, and 5511: a coordinator cached on a broker
+//! that left the metadata is never looked up again). Seen here in a rolling restart of a
+//! three-node cluster: every partition's producer blocked in that call, for minutes, with no
+//! error. Nothing in the process can unblock such a call, and the producer cannot be dropped
+//! while a thread is inside it.
+//!
+//! So every blocking transactional call is armed with a deadline (its own timeout plus
+//! [`GRACE`]); a watchdog thread checks the armed calls every second, and when one is overdue it
+//! logs which call hung and where, counts it, and ends the process with [`STUCK_EXIT_CODE`], as a
+//! crash would: the orchestrator restarts the worker and recovery repairs the ledger from the
+//! output topic (nothing of an uncommitted transaction is visible).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The exit code of a process the watchdog ended.
+pub const STUCK_EXIT_CODE: i32 = 4;
+
+/// How long past its own timeout a call may take before it counts as hung.
+pub const GRACE: Duration = Duration::from_secs(30);
+
+struct Armed {
+    call: &'static str,
+    owner: String,
+    deadline: Instant,
+}
+
+struct Watchdog {
+    armed: Mutex<HashMap<u64, Armed>>,
+    next: AtomicU64,
+}
+
+fn watchdog() -> &'static Watchdog {
+    static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
+    WATCHDOG.get_or_init(|| {
+        let started = std::thread::Builder::new().name("call-watchdog".into()).spawn(|| loop {
+            std::thread::sleep(Duration::from_secs(1));
+            check(Instant::now());
+        });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "Cannot start the watchdog thread; hung client calls will not end the process.");
+        }
+        Watchdog { armed: Mutex::new(HashMap::new()), next: AtomicU64::new(0) }
+    })
+}
+
+/// Ends the process if an armed call is overdue at `now`.
+fn check(now: Instant) {
+    let Some(overdue) = overdue(now) else { return };
+    metrics::counter!(crate::metrics::ERRORS, crate::metrics::LABEL_KIND => crate::metrics::KIND_STUCK).increment(1);
+    tracing::error!(
+        call = overdue.0,
+        owner = %overdue.1,
+        past_deadline_secs = overdue.2.as_secs(),
+        "A Kafka client call has not returned {} s past its own timeout (a known librdkafka hang, e.g. after the consumer group's coordinator moved); exiting so that a restart recovers from the output topic.",
+        GRACE.as_secs()
+    );
+    eprintln!(
+        "error: {} of {} hung {} s past its timeout; exiting with {STUCK_EXIT_CODE} so that a restart recovers",
+        overdue.0,
+        overdue.1,
+        GRACE.as_secs()
+    );
+    std::process::exit(STUCK_EXIT_CODE);
+}
+
+/// The first armed call overdue at `now`: (call, owner, how long past its deadline).
+fn overdue(now: Instant) -> Option<(&'static str, String, Duration)> {
+    let armed = watchdog().armed.lock().unwrap_or_else(|p| p.into_inner());
+    armed.values().find(|a| now > a.deadline).map(|a| (a.call, a.owner.clone(), now - a.deadline))
+}
+
+/// An armed call; disarmed when dropped (the call returned, or its thread unwound).
+#[must_use = "the call is watched only while the guard lives"]
+pub struct Guard {
+    id: u64,
+}
+
+/// Arms the watchdog for `call` (made by `owner`, e.g. a transactional id) that should return
+/// within `timeout`.
+pub fn arm(call: &'static str, owner: &str, timeout: Duration) -> Guard {
+    let w = watchdog();
+    let id = w.next.fetch_add(1, Ordering::Relaxed);
+    let deadline = Instant::now() + timeout + GRACE;
+    w.armed.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Armed { call, owner: owner.to_string(), deadline });
+    Guard { id }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        watchdog().armed.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_call_past_its_timeout_and_the_grace_is_overdue() {
+        let guard = arm("send_offsets_to_transaction", "dedupe-out-0", Duration::from_secs(60));
+        let now = Instant::now();
+        assert!(overdue(now).is_none_or(|o| o.1 != "dedupe-out-0"));
+        let late = now + Duration::from_secs(60) + GRACE + Duration::from_secs(2);
+        let found = overdue(late).expect("overdue after its timeout and the grace");
+        assert_eq!((found.0, found.1.as_str()), ("send_offsets_to_transaction", "dedupe-out-0"));
+        drop(guard);
+        assert!(overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"), "a returned call is disarmed");
+    }
+}
