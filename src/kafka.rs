@@ -7,6 +7,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::producer::Producer as _;
 use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
@@ -25,16 +26,174 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     if let Some(p) = &kafka.sasl_password {
         cfg.set("sasl.password", p.expose());
     }
+    if let Some(ca) = &kafka.ssl_ca_location {
+        cfg.set("ssl.ca.location", ca.to_string_lossy());
+    }
     for (k, v) in &kafka.properties {
         cfg.set(k, v);
     }
     cfg
 }
 
+/// The brokers refused this client at the security layer: retrying with the same settings fails
+/// the same way. Named from librdkafka's error events, which never carry the password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecurityFailure {
+    #[error("SASL authentication failed ({0}); check kafka.sasl_mechanism, kafka.sasl_username and the password in DEDUPE_KAFKA_SASL_PASSWORD")]
+    Authentication(String),
+    #[error("the TLS handshake failed ({0}); check kafka.ssl_ca_location (the CA that signed the brokers' certificates) and that the port speaks TLS")]
+    Tls(String),
+    #[error("the broker closed the connection before it answered ({0}); its port may require TLS or SASL: check kafka.security_protocol")]
+    Protocol(String),
+}
+
+/// A connection the broker closed during the client's first request (ApiVersion), as a port
+/// that speaks TLS closes a plaintext client's. librdkafka logs it ("Disconnected ... in state
+/// APIVERSION_QUERY") without an error event; a broker going down can close one that way too,
+/// so it only names the failure when no broker could be asked at all.
+fn closed_during_first_request(message: &str) -> bool {
+    message.contains("Disconnected") && message.contains("in state APIVERSION_QUERY")
+}
+
+impl SecurityFailure {
+    /// The failure an error event names, if it is one.
+    pub fn classify(error: &KafkaError, reason: &str) -> Option<Self> {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        let what = if reason.is_empty() { error.to_string() } else { reason.to_string() };
+        match error.rdkafka_error_code() {
+            Some(Code::Authentication | Code::SaslAuthenticationFailed) => Some(Self::Authentication(what)),
+            Some(Code::SSL) => Some(Self::Tls(what)),
+            // librdkafka's hint for a connection closed during the first request (ApiVersion):
+            // "might be caused by incorrect security.protocol configuration (connecting to a SSL
+            // listener?)".
+            _ if reason.contains("security.protocol") => Some(Self::Protocol(what)),
+            _ => None,
+        }
+    }
+}
+
+/// A client context that logs librdkafka's client-wide errors and keeps the first one that is a
+/// [`SecurityFailure`].
+#[derive(Default)]
+pub struct SecurityWatch {
+    first: std::sync::Mutex<Option<SecurityFailure>>,
+    /// A connection closed during the first request: the likely cause when nothing answers.
+    closed_early: std::sync::Mutex<Option<String>>,
+    all_brokers_down: std::sync::atomic::AtomicBool,
+}
+
+impl SecurityWatch {
+    pub fn failure(&self) -> Option<SecurityFailure> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The failure that explains why no broker answered: a named one, else a connection every
+    /// broker closed during the first request.
+    pub fn likely_failure(&self) -> Option<SecurityFailure> {
+        self.failure()
+            .or_else(|| self.closed_early.lock().unwrap_or_else(|p| p.into_inner()).clone().map(SecurityFailure::Protocol))
+    }
+
+    /// Whether librdkafka said that no broker could be reached at all.
+    pub fn all_brokers_down(&self) -> bool {
+        self.all_brokers_down.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl rdkafka::ClientContext for SecurityWatch {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if closed_during_first_request(message) {
+            self.closed_early.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| message.to_string());
+        }
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(failure) = SecurityFailure::classify(&error, reason) {
+            self.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
+        }
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
+            self.all_brokers_down.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        tracing::warn!(error = %error, reason, "The Kafka client reported an error.");
+    }
+}
+
+impl rdkafka::producer::ProducerContext for SecurityWatch {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
+}
+
+/// Why the brokers could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Security(#[from] SecurityFailure),
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+}
+
+/// Fetches metadata (of `topic`, or of the cluster), in steps of at most a second so that a
+/// security failure ends the wait as soon as librdkafka reports it.
+/// With `until_all_down`, it also gives up (with the last error) once no broker could be reached.
+fn watched_metadata(
+    kafka: &KafkaConfig,
+    topic: Option<&str>,
+    timeout: Duration,
+    until_all_down: bool,
+) -> Result<rdkafka::metadata::Metadata, ConnectError> {
+    // A producer (that sends nothing): its poll serves the main queue, where librdkafka puts its
+    // error and log events. Info: a connection closed during the first request is logged at
+    // that level only.
+    let client: rdkafka::producer::BaseProducer<SecurityWatch> = client_config(kafka)
+        .set_log_level(rdkafka::config::RDKafkaLogLevel::Info)
+        .create_with_context(SecurityWatch::default())?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let step = deadline.saturating_duration_since(std::time::Instant::now()).min(Duration::from_secs(1));
+        let result = client.client().fetch_metadata(topic, step);
+        client.poll(Duration::from_millis(50));
+        let watch = client.context();
+        if let Some(failure) = watch.failure() {
+            return Err(failure.into());
+        }
+        let gave_up = std::time::Instant::now() >= deadline || (until_all_down && watch.all_brokers_down());
+        match result {
+            Ok(md) => return Ok(md),
+            Err(e) if gave_up => return Err(watch.likely_failure().map_or(e.into(), ConnectError::from)),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Asks the brokers for the cluster's metadata and fails only on a [`SecurityFailure`]: for a
+/// command that rides out unreachable brokers but must not run with settings that can never
+/// connect. Waits at most `timeout`, and not once every broker refused the connection.
+pub fn check_security(kafka: &KafkaConfig, timeout: Duration) -> Result<(), SecurityFailure> {
+    match watched_metadata(kafka, None, timeout, true) {
+        Err(ConnectError::Security(failure)) => Err(failure),
+        _ => Ok(()),
+    }
+}
+
+/// Whether `e` is the group coordinator refusing a reader's group: readers assign their
+/// partitions and offsets themselves and commit nothing, so librdkafka's lookup of their group's
+/// coordinator (which every consumer with a `group.id` makes, and `assign` needs the id) may fail
+/// without harm. A principal then needs no ACL on the readers' throw-away groups.
+pub fn is_reader_group_refusal(e: &KafkaError) -> bool {
+    e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::GroupAuthorizationFailed)
+}
+
 /// The number of partitions of `topic`, or `None` if the topic does not exist.
-pub fn partition_count(kafka: &KafkaConfig, topic: &str, timeout: Duration) -> Result<Option<usize>, KafkaError> {
-    let consumer: BaseConsumer = client_config(kafka).create()?;
-    let md = consumer.fetch_metadata(Some(topic), timeout)?;
+pub fn partition_count(kafka: &KafkaConfig, topic: &str, timeout: Duration) -> Result<Option<usize>, ConnectError> {
+    let md = watched_metadata(kafka, Some(topic), timeout, false)?;
     Ok(md
         .topics()
         .iter()
@@ -105,13 +264,13 @@ pub fn read_from(
     each: &mut dyn FnMut(&rdkafka::message::BorrowedMessage<'_>),
 ) -> Result<u64, ReadError> {
     use rdkafka::{Offset, TopicPartitionList};
+    let md = watched_metadata(kafka, Some(topic), Duration::from_secs(10), false)?;
     let consumer: BaseConsumer = client_config(kafka)
         .set("group.id", format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
         .create()?;
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let parts: Vec<i32> = md
         .topics()
         .iter()
@@ -139,6 +298,7 @@ pub fn read_from(
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p, true);
             }
+            Some(Err(e)) if is_reader_group_refusal(&e) => {}
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(m)) => {
                 at_end.insert(rdkafka::Message::partition(&m), false);
@@ -158,6 +318,17 @@ pub enum ReadError {
     Timeout { topic: String, seconds: u64 },
     #[error(transparent)]
     Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Security(#[from] SecurityFailure),
+}
+
+impl From<ConnectError> for ReadError {
+    fn from(e: ConnectError) -> Self {
+        match e {
+            ConnectError::Security(f) => Self::Security(f),
+            ConnectError::Kafka(k) => Self::Kafka(k),
+        }
+    }
 }
 
 /// High watermarks of every partition of `topic`.

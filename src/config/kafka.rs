@@ -23,6 +23,9 @@ pub struct KafkaConfig {
     /// `sasl.password`: from `DEDUPE_KAFKA_SASL_PASSWORD` only; never in a file.
     #[serde(skip_deserializing)]
     pub sasl_password: Option<Secret>,
+    /// `ssl.ca.location`: the PEM file of the CA that signed the brokers' certificates (with
+    /// `ssl` or `sasl_ssl`; without it, the system's CA store).
+    pub ssl_ca_location: Option<std::path::PathBuf>,
     /// Extra librdkafka properties passed through as given (e.g. `"ssl.ca.location"`). Values of
     /// secret-looking properties ([`is_secret_property`]) print as `<redacted>`.
     #[serde(serialize_with = "serialize_properties")]
@@ -40,6 +43,8 @@ impl Default for KafkaConfig {
             sasl_mechanism: None,
             sasl_username: None,
             sasl_password: None,
+            // The system's CA store.
+            ssl_ca_location: None,
             // librdkafka's own defaults for everything else.
             properties: BTreeMap::new(),
         }
@@ -55,6 +60,7 @@ impl fmt::Debug for KafkaConfig {
             .field("sasl_mechanism", &self.sasl_mechanism)
             .field("sasl_username", &self.sasl_username)
             .field("sasl_password", &self.sasl_password)
+            .field("ssl_ca_location", &self.ssl_ca_location)
             .field("properties", &self.properties.keys().collect::<Vec<_>>())
             .finish()
     }
@@ -75,6 +81,16 @@ pub enum SecurityProtocol {
 }
 
 impl SecurityProtocol {
+    /// Whether the protocol authenticates with SASL.
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+
+    /// Whether the protocol runs over TLS.
+    pub fn uses_tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+
     /// The value of librdkafka's `security.protocol` property.
     pub fn as_librdkafka(self) -> &'static str {
         match self {

@@ -32,6 +32,29 @@ fn check_kafka(k: &KafkaConfig) -> Result<(), ConfigError> {
     if k.brokers.trim().is_empty() {
         return Err(bad("kafka.brokers", "must name at least one broker"));
     }
+    let protocol = k.security_protocol.as_librdkafka();
+    if k.security_protocol.uses_sasl() {
+        if k.sasl_mechanism.as_deref().is_none_or(|m| m.trim().is_empty()) {
+            return Err(bad("kafka.sasl_mechanism", format!("must be set with security_protocol = \"{protocol}\" (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")));
+        }
+        if k.sasl_username.as_deref().is_none_or(|u| u.trim().is_empty()) {
+            return Err(bad("kafka.sasl_username", format!("must be set with security_protocol = \"{protocol}\"")));
+        }
+        if k.sasl_password.is_none() {
+            return Err(bad(
+                "kafka.sasl_password",
+                format!("must be set with security_protocol = \"{protocol}\", from the environment ({})", super::ENV_SASL_PASSWORD),
+            ));
+        }
+    }
+    if let Some(ca) = &k.ssl_ca_location {
+        if !k.security_protocol.uses_tls() {
+            return Err(bad("kafka.ssl_ca_location", format!("is set, but security_protocol = \"{protocol}\" uses no TLS (ssl or sasl_ssl)")));
+        }
+        if let Err(e) = std::fs::File::open(ca) {
+            return Err(bad("kafka.ssl_ca_location", format!("cannot read {}: {e}", ca.display())));
+        }
+    }
     Ok(())
 }
 

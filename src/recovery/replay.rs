@@ -217,6 +217,7 @@ impl<'i, 'a> Replay<'i, 'a> {
                 // With read_committed the end is the last stable offset; after fencing that is
                 // the high watermark, up to trailing transaction markers.
                 Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) if crate::kafka::is_reader_group_refusal(&e) => {}
                 Some(Err(e)) => return Err(kerr(e)),
                 Some(Ok(m)) if m.offset() >= to => break,
                 Some(Ok(m)) => {

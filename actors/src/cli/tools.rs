@@ -132,6 +132,8 @@ pub struct Load<'a> {
 pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
     let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps } = load;
     let spread_from = spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
+    dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15))
+        .with_context(|| format!("connecting to {}", config.kafka.brokers))?;
     // A broker that restarts or a leader that moves is ridden out by the producer's retries
     // (idempotent, so without duplicates) for up to `message.timeout.ms`; a record that is still
     // not delivered then makes the run fail, so a summary never counts ids the topic lacks.

@@ -57,6 +57,8 @@ pub enum IngestError {
     WriteKeys(#[from] WriteKeysError),
     #[error("cannot create the Kafka producer for topic {topic}: {source}")]
     CreateProducer { topic: String, source: KafkaError },
+    #[error("cannot connect to {brokers}: {failure}")]
+    Security { brokers: String, failure: dedupe::kafka::SecurityFailure },
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("the HTTP server failed: {0}")]
@@ -427,6 +429,10 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     let ingest_config = &config.ingest;
     let keys = WriteKeys::load(ingest_config.write_keys_file.as_deref(), std::env::var(ENV_WRITE_KEYS).ok().as_deref())?;
     let topic = ingest_config.topic.clone();
+    // Settings that can never connect end the process; unreachable brokers do not (the API
+    // answers 503 until they are back).
+    dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15))
+        .map_err(|failure| IngestError::Security { brokers: config.kafka.brokers.clone(), failure })?;
     let producer =
         producer(&config).map_err(|source| IngestError::CreateProducer { topic: topic.clone(), source })?;
     let readiness = Readiness::start(producer.clone(), topic.clone());
