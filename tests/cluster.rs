@@ -7,10 +7,13 @@
 //! counts that), then checks the output twice: `dedupe verify`, and an independent count here
 //! (every input id exactly once, in its own partition, in the order of its first copy).
 //!
-//! The tests are ignored by default until the stall they found is fixed (see the README's
-//! "Broker faults"): `cargo test --release --test cluster -- --ignored` runs them. They share
-//! the cluster and run one at a time. `DEDUPE_CLUSTER_LONG=1` runs the soak
-//! variants (more kills, more load); each prints one `cluster-fault:` line for the README's table.
+//! The tests share the cluster and run one at a time. `DEDUPE_CLUSTER_LONG=1` runs the soak
+//! variants (30 kills, three rolling restarts, pauses, cuts and outages of 130-180 s); each prints one `cluster-fault:` line for the README's
+//! table.
+//!
+//! The cluster also has a SASL_SSL listener (SCRAM-SHA-512 over TLS, ACLs enforced) for the
+//! security tests at the end, and a network namespace joined to it by a veth pair, where a
+//! worker can be cut off from one node.
 
 mod common;
 
@@ -35,6 +38,9 @@ fn long() -> bool {
     std::env::var("DEDUPE_CLUSTER_LONG").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
+/// The network namespace `cluster.sh up` makes, where a worker can be cut off from one node.
+const NETNS: &str = "dedupe-cluster-test";
+
 /// The three-node cluster, started once for this test binary.
 struct Cluster {
     script: PathBuf,
@@ -54,7 +60,12 @@ fn cluster() -> &'static Cluster {
 impl Cluster {
     /// Runs a verb of the cluster script; panics with its output if it fails.
     fn run(&self, args: &[&str]) -> String {
-        let out = Command::new("bash").arg(&self.script).args(args).output().expect("bash runs cluster.sh");
+        let out = Command::new("bash")
+            .arg(&self.script)
+            .args(args)
+            .env("CLUSTER_NETNS", NETNS)
+            .output()
+            .expect("bash runs cluster.sh");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -335,6 +346,11 @@ const PARTITIONS: i32 = 3;
 impl Scenario {
     /// Starts the worker and the load.
     fn start(fault: &'static str) -> Self {
+        Self::start_with(fault, |spec| spec)
+    }
+
+    /// Starts the worker (its spec changed by `adapt`) and the load.
+    fn start_with(fault: &'static str, adapt: impl FnOnce(WorkerSpec) -> WorkerSpec) -> Self {
         let _ = cluster();
         let input = TestTopic::create("cluster-in", PARTITIONS);
         let output = TestTopic::create("cluster-out", PARTITIONS);
@@ -342,6 +358,7 @@ impl Scenario {
         let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
             .without("DEDUPE_WORKER_BATCH_MAX_RECORDS")
             .without("DEDUPE_WORKER_BATCH_LINGER_MS");
+        let spec = adapt(spec);
         let worker = Supervised::start(&spec);
         let stalls = StallMeter::start(&output.name, PARTITIONS);
         let load = Load::start(&input.name);
@@ -442,7 +459,6 @@ fn wait_for_leaders(topic: &str) {
 /// SIGKILL and restart (on its data) of the node that leads an input partition, an output
 /// partition, or a partition's transaction coordinator, in turn, at random moments under load.
 #[test]
-#[ignore = "issue 13, open: after broker restarts one input partition can stop being consumed for good (lag grows, no error, the worker stays ready); run with --ignored"]
 fn leaders_and_transaction_coordinators_killed_at_random_moments() {
     let _serial = serial();
     let kills = if long() { 30 } else { 10 };
@@ -469,25 +485,26 @@ fn leaders_and_transaction_coordinators_killed_at_random_moments() {
 
 /// Every node stopped cleanly (SIGTERM) and started again, one after the other, under load.
 #[test]
-#[ignore = "issue 13, open: after broker restarts one input partition can stop being consumed for good (lag grows, no error, the worker stays ready); run with --ignored"]
 fn a_rolling_restart_of_every_node() {
     let _serial = serial();
+    let rounds = if long() { 3 } else { 1 };
     let s = Scenario::start("rolling restart (SIGTERM, start) of all three nodes");
     let c = cluster();
     std::thread::sleep(Duration::from_secs(3));
-    for node in 1..=3 {
-        c.node("stop", node);
-        c.node("start", node);
-        wait_for_leaders(&s.output.name);
+    for _ in 0..rounds {
+        for node in 1..=3 {
+            c.node("stop", node);
+            c.node("start", node);
+            wait_for_leaders(&s.output.name);
+        }
     }
-    s.finish(3);
+    s.finish(3 * rounds);
 }
 
 /// A node that hangs (SIGSTOP) for longer than the worker's transaction timeout and its clients'
 /// socket timeout (60 s each by default), then resumes: the cluster fences it and moves its
 /// leaders; the worker's transactions on it time out.
 #[test]
-#[ignore = "issue 13, open: after broker restarts one input partition can stop being consumed for good (lag grows, no error, the worker stays ready); run with --ignored"]
 fn a_node_paused_past_the_transaction_and_client_timeouts() {
     let _serial = serial();
     let s = Scenario::start("SIGSTOP for 65 s (past transaction.timeout.ms), then SIGCONT");
@@ -496,14 +513,40 @@ fn a_node_paused_past_the_transaction_and_client_timeouts() {
     let coordinator = dedupe::output::transactional_id(&s.output.name, 0);
     let victim = c.wait_for("transaction coordinator", |c| c.coordinator(&coordinator));
     c.node("pause", victim);
-    std::thread::sleep(Duration::from_secs(65));
+    std::thread::sleep(Duration::from_secs(if long() { 130 } else { 65 }));
     c.node("resume", victim);
+    s.finish(1);
+}
+
+/// The worker cut off from one node for a minute, then reconnected: the worker runs in the
+/// network namespace `cluster.sh` made and reaches each node on its own address over a veth pair;
+/// a blackhole route there drops every packet to the node leading output partition 0 (its
+/// connections hang, as on a cut cable), while the node stays in the cluster and keeps its leaderships.
+#[test]
+fn a_node_cut_off_from_the_worker_for_a_minute() {
+    let _serial = serial();
+    let c = cluster();
+    let info = c.run(&["netns"]);
+    let field = |name: &str| -> String {
+        info.lines().find_map(|l| l.strip_prefix(&format!("{name}="))).unwrap_or_else(|| panic!("cluster.sh netns: no {name}:\n{info}")).trim().to_string()
+    };
+    let (netns, address, bootstrap) = (field("netns"), field("address"), field("bootstrap"));
+    let s = Scenario::start_with("a node cut off from the worker for 60 s (blackhole route), then reconnected", |mut spec| {
+        spec.wrapper = vec!["ip".into(), "netns".into(), "exec".into(), netns.clone()];
+        spec.brokers = Some(bootstrap.clone());
+        spec.metrics_host = Some(address.parse().expect("the namespace's address"));
+        spec
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let victim = c.wait_for("output leader", |c| c.leader(&s.output.name, 0));
+    c.node("cut", victim);
+    std::thread::sleep(Duration::from_secs(if long() { 180 } else { 60 }));
+    c.node("heal", victim);
     s.finish(1);
 }
 
 /// All three nodes killed at once, down for a minute, then started on their data.
 #[test]
-#[ignore = "issue 13, open: after broker restarts one input partition can stop being consumed for good (lag grows, no error, the worker stays ready); run with --ignored"]
 fn the_whole_cluster_down_for_a_minute() {
     let _serial = serial();
     let s = Scenario::start("the whole cluster SIGKILLed, down 60 s, restarted");
@@ -512,7 +555,7 @@ fn the_whole_cluster_down_for_a_minute() {
     for node in 1..=3 {
         c.node("kill", node);
     }
-    std::thread::sleep(Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(if long() { 180 } else { 60 }));
     // The nodes are started together: a KRaft quorum needs two of them to elect a controller.
     let starts: Vec<_> = (1..=3)
         .map(|node| std::thread::spawn(move || cluster().node("start", node)))
@@ -522,4 +565,271 @@ fn the_whole_cluster_down_for_a_minute() {
     }
     wait_for_leaders(&s.output.name);
     s.finish(1);
+}
+
+/// How to reach the cluster's SASL_SSL listener (`cluster.sh secure`).
+struct SecureListener {
+    bootstrap: String,
+    ca: PathBuf,
+    worker_user: String,
+    client_user: String,
+    password: String,
+}
+
+fn secure_listener() -> SecureListener {
+    let text = cluster().run(&["secure"]);
+    let field = |name: &str| -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("cluster.sh secure printed no {name}:\n{text}"))
+            .trim()
+            .to_string()
+    };
+    let password = std::fs::read_to_string(field("password_file")).expect("the SCRAM password file");
+    SecureListener {
+        bootstrap: field("bootstrap"),
+        ca: PathBuf::from(field("ca")),
+        worker_user: field("worker_username"),
+        client_user: field("client_username"),
+        password: password.trim().to_string(),
+    }
+}
+
+impl SecureListener {
+    /// The environment that makes a command connect as `user` over SASL_SSL.
+    fn env(&self, user: &str, password: &str) -> Vec<(String, String)> {
+        vec![
+            ("DEDUPE_KAFKA_BROKERS".into(), self.bootstrap.clone()),
+            ("DEDUPE_KAFKA_SECURITY_PROTOCOL".into(), "sasl_ssl".into()),
+            ("DEDUPE_KAFKA_SASL_MECHANISM".into(), "SCRAM-SHA-512".into()),
+            ("DEDUPE_KAFKA_SASL_USERNAME".into(), user.into()),
+            ("DEDUPE_KAFKA_SASL_PASSWORD".into(), password.into()),
+            ("DEDUPE_KAFKA_SSL_CA_LOCATION".into(), self.ca.display().to_string()),
+        ]
+    }
+}
+
+/// Adds ACLs allowing `principal` the `operations` on one resource (AclCommand's resource flags).
+fn allow(principal: &str, operations: &[&str], resource: &[&str]) {
+    let mut args = vec!["acl", "--add", "--allow-principal", principal];
+    for op in operations {
+        args.extend(["--operation", op]);
+    }
+    args.extend(resource);
+    cluster().run(&args);
+}
+
+/// The ACLs the README lists for the worker ("Kafka security"), and nothing else.
+fn allow_worker(principal: &str, input: &str, output: &str, group: &str) {
+    let changelog = format!("{output}.ids");
+    let transactional_prefix = format!("dedupe-{output}-");
+    allow(principal, &["Read", "Describe"], &["--topic", input]);
+    allow(principal, &["Write", "Read", "Describe"], &["--topic", output]);
+    allow(principal, &["Write", "Read", "Describe", "DescribeConfigs", "Create"], &["--topic", &changelog]);
+    allow(principal, &["Read"], &["--group", group]);
+    allow(principal, &["Write", "Describe"], &["--resource-pattern-type", "prefixed", "--transactional-id", &transactional_prefix]);
+}
+
+/// What `loadgen`, `ingest` and `verify` need: write and read the input, read the output.
+fn allow_client(principal: &str, input: &str, output: &str) {
+    allow(principal, &["Write", "Read", "Describe"], &["--topic", input]);
+    allow(principal, &["Read", "Describe"], &["--topic", output]);
+}
+
+/// A `dedupe` command with `env`; (exit code, stdout, stderr).
+fn dedupe(args: &[&str], env: &[(String, String)]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(dedupe_bin());
+    cmd.args(args).env_remove("DEDUPE_KAFKA_SASL_PASSWORD");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run dedupe");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A `dedupe ingest` on a free loopback port, killed when dropped.
+struct IngestProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    _log: tempfile::NamedTempFile,
+    _keys: tempfile::NamedTempFile,
+}
+
+const WRITE_KEY: &str = "wk-secure-0123456789abcdef";
+
+impl IngestProcess {
+    fn start(topic: &str, env: &[(String, String)]) -> Self {
+        use std::io::Write as _;
+        let mut keys = tempfile::NamedTempFile::new().unwrap();
+        writeln!(keys, "{WRITE_KEY} secure-test").unwrap();
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut cmd = Command::new(dedupe_bin());
+        cmd.arg("ingest")
+            .args(["--listen", &addr.to_string(), "--topic", topic])
+            .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+            .arg("--write-keys-file")
+            .arg(keys.path())
+            .env_remove("DEDUPE_WRITE_KEYS")
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start dedupe ingest");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = common::http::get(addr, "/readyz") {
+                if r.status == 200 {
+                    return Self { child, addr, _log: log, _keys: keys };
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("dedupe ingest exited with {status}:\n{}", std::fs::read_to_string(log.path()).unwrap_or_default());
+            }
+            assert!(Instant::now() < deadline, "dedupe ingest was not ready within 60 s:\n{}", std::fs::read_to_string(log.path()).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn post_batch(&self, ids: &[String]) -> u16 {
+        use base64::Engine as _;
+        let events: Vec<serde_json::Value> = ids
+            .iter()
+            .map(|id| serde_json::json!({"type": "track", "event": "Secured", "userId": "u-1", "messageId": id}))
+            .collect();
+        let body = serde_json::json!({ "batch": events }).to_string();
+        let auth = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{WRITE_KEY}:")));
+        let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
+        common::http::request(self.addr, "POST", "/v1/batch", &headers, body.as_bytes()).expect("POST /v1/batch").status
+    }
+}
+
+impl Drop for IngestProcess {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+/// The worker, `loadgen`, `ingest`, `verify` and the recovery after a crash, all through the
+/// SASL_SSL listener (SCRAM-SHA-512 over TLS, the CA made by cluster.sh), the worker with exactly
+/// the ACLs the README lists and no more.
+#[test]
+fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
+    let _serial = serial();
+    let tls = secure_listener();
+    let input = TestTopic::create("secure-in", PARTITIONS);
+    let output = TestTopic::create("secure-out", PARTITIONS);
+    let group = format!("dedupe-secure-{}", uuid::Uuid::new_v4().simple());
+    allow_worker(&format!("User:{}", tls.worker_user), &input.name, &output.name, &group);
+    allow_client(&format!("User:{}", tls.client_user), &input.name, &output.name);
+    let worker_env = tls.env(&tls.worker_user, &tls.password);
+    let client_env = tls.env(&tls.client_user, &tls.password);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_GROUP_ID", &group);
+    spec.brokers = Some(tls.bootstrap.clone());
+    for (k, v) in &worker_env {
+        spec = spec.env(k, v);
+    }
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(120));
+
+    let (code, stdout, stderr) = dedupe(&["loadgen", "--topic", &input.name, "--count", "5000", "--dup-ratio", "0.05"], &client_env);
+    assert_eq!(code, Some(0), "loadgen through SASL_SSL:\n{stdout}\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("loadgen's summary ({e}): {stdout}"));
+    let loadgen_ids = summary["distinct_ids"].as_u64().expect("distinct_ids in loadgen's summary") as usize;
+    let ingest = IngestProcess::start(&input.name, &client_env);
+    let ids: Vec<String> = (0..20).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    assert_eq!(ingest.post_batch(&ids), 200);
+    // The client's retry after a lost response: the same events again.
+    assert_eq!(ingest.post_batch(&ids), 200);
+    drop(ingest);
+
+    // A crash, then recovery from the output and the id changelog, through SASL_SSL as well.
+    std::thread::sleep(Duration::from_secs(2));
+    worker.kill();
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(120));
+    let distinct = loadgen_ids + ids.len();
+    wait_for_records(&output.name, distinct, Duration::from_secs(180));
+    let code = worker.terminate(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "the worker stopped cleanly:\n{}", tail(&worker.log_text(), 40));
+
+    let (code, stdout, stderr) = dedupe(&["verify", "--input-topic", &input.name, "--output-topic", &output.name], &client_env);
+    assert_eq!(code, Some(0), "verify through SASL_SSL:\n{stdout}\n{stderr}");
+    let count = independent_count(&input.name, &output.name);
+    assert_eq!((count.duplicates, count.missing, count.misplaced, count.out_of_order), (0, 0, 0, 0), "{count:?}");
+    assert_eq!(count.distinct, distinct, "{count:?}");
+    assert_eq!(count.output_records, distinct, "{count:?}");
+    for text in [worker.log_text(), stdout, stderr] {
+        assert!(!text.contains(&tls.password), "the password was printed");
+    }
+}
+
+/// A CA of its own, which signed none of the brokers' certificates.
+fn unknown_ca(dir: &std::path::Path) -> PathBuf {
+    let (key, cert) = (dir.join("other-ca.key"), dir.join("other-ca.pem"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=some other CA", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
+    cert
+}
+
+/// A wrong password, a CA that did not sign the brokers' certificates, and a plaintext client on
+/// the SASL_SSL port: each command fails (non-zero) with a last line that names the cause, and
+/// never prints the password.
+#[test]
+fn a_wrong_password_an_unknown_ca_and_plaintext_on_the_secure_port_are_named() {
+    let _serial = serial();
+    let tls = secure_listener();
+    let input = TestTopic::create("refused-in", 1);
+    let output = TestTopic::create("refused-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let wrong_password = format!("not-the-password-{}", uuid::Uuid::new_v4().simple());
+    let other_ca = unknown_ca(dir.path());
+    let plaintext = vec![("DEDUPE_KAFKA_BROKERS".to_string(), tls.bootstrap.clone())];
+    let cases: Vec<(&str, Vec<(String, String)>, &str)> = vec![
+        ("wrong password", tls.env(&tls.client_user, &wrong_password), "SASL authentication failed"),
+        (
+            "unknown CA",
+            tls.env(&tls.client_user, &tls.password)
+                .into_iter()
+                .map(|(k, v)| if k == "DEDUPE_KAFKA_SSL_CA_LOCATION" { (k, other_ca.display().to_string()) } else { (k, v) })
+                .collect(),
+            "TLS handshake failed",
+        ),
+        ("plaintext on the SASL_SSL port", plaintext, "check kafka.security_protocol"),
+    ];
+    let ledger = dir.path().join("ledger");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{WRITE_KEY} refused-test\n")).unwrap();
+    let commands: Vec<(&str, Vec<&str>)> = vec![
+        ("run", vec!["run", "--input-topic", &input.name, "--output-topic", &output.name, "--data-dir", ledger.to_str().unwrap(), "--metrics-addr", &metrics]),
+        ("verify", vec!["verify", "--input-topic", &input.name, "--output-topic", &output.name, "--timeout-secs", "60"]),
+        ("loadgen", vec!["loadgen", "--topic", &input.name, "--count", "10"]),
+        ("ingest", vec!["ingest", "--topic", &input.name, "--listen", &listen, "--metrics-addr", &metrics, "--write-keys-file", keys.to_str().unwrap()]),
+    ];
+    for (case, env, cause) in &cases {
+        for (name, args) in &commands {
+            let started = Instant::now();
+            let (code, stdout, stderr) = dedupe(args, env);
+            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+            eprintln!("{case}, dedupe {name}: exit {code:?} after {:.1} s: {last}", started.elapsed().as_secs_f64());
+            assert!(code.is_some_and(|c| c != 0), "{case}: dedupe {name} exited {code:?}:\n{stdout}\n{stderr}");
+            assert!(last.starts_with("error: ") && last.contains(cause), "{case}: dedupe {name}'s last line does not name the cause ({cause}):\n{stderr}");
+            assert!(!stderr.contains(&tls.password) && !stdout.contains(&tls.password), "{case}: dedupe {name} printed the password");
+            assert!(!stderr.contains(&wrong_password) && !stdout.contains(&wrong_password), "{case}: dedupe {name} printed the password");
+        }
+    }
+    assert!(!ledger.exists(), "the worker created its ledger before the brokers let it in");
 }

@@ -24,14 +24,38 @@
 #   deploy/local/cluster.sh create-topic NAME PARTITIONS [CONFIG=VALUE ...]
 #                                        create a topic (idempotent, replication factor 3) with
 #                                        Kafka's own TopicCommand
+#   deploy/local/cluster.sh secure       print how to reach the SASL_SSL listener, one key=value
+#                                        a line: bootstrap, ca (PEM file), worker_username,
+#                                        client_username, password_file
+#   deploy/local/cluster.sh acl ARGS...  run Kafka's AclCommand with ARGS against the cluster
+#                                        (as the super user), e.g. --list
+#   deploy/local/cluster.sh netns        with CLUSTER_NETNS: print, a key=value a line, the
+#                                        namespace, its address and the nodes' bootstrap list there
+#   deploy/local/cluster.sh cut N        drop every packet from the namespace to node N (a
+#                                        blackhole route: connections hang, as on a cut cable)
+#   deploy/local/cluster.sh heal N       remove that route
 #
-# Node N (1..3) listens for clients on CLUSTER_BASE_PORT+10*(N-1) and for controllers on that +1;
-# its data, server.properties, server.log, stdout.log and kafka.pid live in $CLUSTER_RUN_DIR/nodeN.
+# Node N (1..3) listens on 127.0.0.1, its port P = CLUSTER_BASE_PORT+10*(N-1):
+#   P    PLAINTEXT for clients and between brokers (principal User:ANONYMOUS, a super user)
+#   P+1  the KRaft controller
+#   P+2  SASL_SSL: TLS with a certificate signed by a CA made at `up`, SCRAM-SHA-512 with the
+#        users `dedupe` (for the worker) and `dedupe-client` (for the other commands), both with
+#        the password made at `up`, in the run dir's tls/scram.password; the StandardAuthorizer
+#        is on and allows them only what ACLs grant
+#   P+3  with CLUSTER_NETNS: PLAINTEXT on SUBNET.1N, reachable from that network namespace
+# Its data, server.properties, server.log, stdout.log and kafka.pid live in $CLUSTER_RUN_DIR/nodeN.
 #
 # Environment:
 #   CLUSTER_BASE_PORT      client port of node 1 (default 29092: nodes at 29092, 29102, 29112)
 #   CLUSTER_RUN_DIR        run dir (default ${TMPDIR:-/tmp}/dedupe-cluster-$CLUSTER_BASE_PORT)
 #   CLUSTER_START_TIMEOUT  seconds `up` and `start` wait for the brokers (default 120)
+#   CLUSTER_NETNS          a network namespace `up` makes (root only), joined to this host by a
+#                          veth pair; node N also listens on SUBNET.1N, so a client run there
+#                          with `ip netns exec` reaches each node on an address of its own and
+#                          can be cut off from one of them (`cut N`, `heal N`). `down` removes it.
+#                          `up` restarts a running cluster made with another namespace or none.
+#   CLUSTER_NETNS_SUBNET   the /24 of that namespace's link (default 10.213.0: the nodes at
+#                          .11, .12, .13 on this host's end, the namespace at .2)
 #   KAFKA_HEAP_OPTS        JVM heap per node (default -Xms256m -Xmx512m)
 #   KAFKA_VERSION, DEDUPE_CACHE  passed on to kafka.sh, which gathers the jars
 set -euo pipefail
@@ -57,7 +81,35 @@ need() {
 
 client_port() { echo $((base + 10 * ($1 - 1))); }
 controller_port() { echo $((base + 10 * ($1 - 1) + 1)); }
+secure_port() { echo $((base + 10 * ($1 - 1) + 2)); }
+external_port() { echo $((base + 10 * ($1 - 1) + 3)); }
 node_dir() { echo "$run_dir/node$1"; }
+tls_dir() { echo "$run_dir/tls"; }
+
+# The network namespace for clients that can be cut off from single nodes (CLUSTER_NETNS), and
+# the /24 it shares with the nodes over a veth pair: the nodes at .11, .12, .13 on this host's
+# end, the namespace's end at .2.
+netns=${CLUSTER_NETNS:-}
+[ -z "$netns" ] || [[ $netns =~ ^[A-Za-z0-9_-]{1,32}$ ]] || die "CLUSTER_NETNS must be a name of letters, digits, - and _, not '$netns'"
+subnet=${CLUSTER_NETNS_SUBNET:-10.213.0}
+[[ $subnet =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "CLUSTER_NETNS_SUBNET must be the first three octets of an IPv4 /24, not '$subnet'"
+veth_host="dk${base}h"
+veth_ns="dk${base}n"
+external_host() { echo "$subnet.1$1"; }
+
+# What `up` would configure beyond the fixed settings: a running cluster set up otherwise is
+# restarted.
+layout() { echo "layout 2 (sasl_ssl, acls) netns=${netns:+$netns $subnet.0/24}"; }
+
+# The namespace the running cluster made (recorded at `up`, so `down` removes it without the
+# environment that made it).
+made_netns() { cat "$run_dir/netns" 2>/dev/null || true; }
+
+secure_bootstrap() {
+  local n list=""
+  for n in "${nodes[@]}"; do list="${list:+$list,}127.0.0.1:$(secure_port "$n")"; done
+  echo "$list"
+}
 
 bootstrap_list() {
   local n list=""
@@ -171,19 +223,64 @@ tool() {
   ${limit[@]+"${limit[@]}"} java -Xmx256m -XX:TieredStopAtLevel=1 "-Dlog4j2.configurationFile=$here/log4j2-tools.properties" -cp "$cp" "$@"
 }
 
+# A CA, a broker certificate for 127.0.0.1 in a PKCS12 keystore, the keystore's password and the
+# SCRAM password of the user `dedupe`, in $run_dir/tls (readable by this user only).
+make_tls() {
+  need openssl "openssl makes the cluster's CA and broker certificate (apt-get install openssl)"
+  local d
+  d=$(tls_dir)
+  mkdir -p "$d"
+  chmod 700 "$d"
+  (
+    umask 077
+    cd "$d"
+    openssl rand -hex 16 >keystore.password
+    openssl rand -hex 16 >scram.password
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 30 \
+      -subj "/CN=dedupe test cluster CA" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout broker.key -out broker.csr -subj "/CN=localhost" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >broker.ext
+    openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out broker.pem -days 30 \
+      -extfile broker.ext 2>/dev/null
+    openssl pkcs12 -export -in broker.pem -inkey broker.key -certfile ca.pem -name broker \
+      -out broker.p12 -passout file:keystore.password
+    chmod 644 ca.pem
+  ) || die "making the TLS material in $d failed"
+}
+
 write_config() {
-  local n=$1 dir
+  local n=$1 dir listeners advertised map
   dir=$(node_dir "$n")
   mkdir -p "$dir/data"
+  listeners="PLAINTEXT://127.0.0.1:$(client_port "$n"),CONTROLLER://127.0.0.1:$(controller_port "$n"),SASL_SSL://127.0.0.1:$(secure_port "$n")"
+  advertised="PLAINTEXT://127.0.0.1:$(client_port "$n"),SASL_SSL://127.0.0.1:$(secure_port "$n")"
+  map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
+  if [ -n "$netns" ]; then
+    listeners="$listeners,EXTERNAL://$(external_host "$n"):$(external_port "$n")"
+    advertised="$advertised,EXTERNAL://$(external_host "$n"):$(external_port "$n")"
+    map="$map,EXTERNAL:PLAINTEXT"
+  fi
   cat >"$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$(voters)
-listeners=PLAINTEXT://127.0.0.1:$(client_port "$n"),CONTROLLER://127.0.0.1:$(controller_port "$n")
-advertised.listeners=PLAINTEXT://127.0.0.1:$(client_port "$n")
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$map
+# SASL_SSL: SCRAM-SHA-512 over TLS (server authentication only).
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$(tls_dir)/broker.p12
+ssl.keystore.password=$(cat "$(tls_dir)/keystore.password")
+ssl.client.auth=none
+# ACLs are enforced; the plaintext listeners' principal (User:ANONYMOUS: the brokers, the
+# controllers, the fault tests' clients) is a super user, so only SASL users are limited.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
 log.dirs=$dir/data
 num.partitions=1
 default.replication.factor=3
@@ -278,14 +375,14 @@ up() {
   need jq "jq reads kcat's JSON metadata (apt-get install jq)"
   need java "the brokers run on Java 17 (apt-get install openjdk-17-jre-headless)"
   local n pids=()
-  if healthy; then
+  if healthy && [ "$(cat "$run_dir/layout" 2>/dev/null)" = "$(layout)" ]; then
     say "the cluster is already running and healthy (run dir $run_dir)"
     bootstrap_list
     return 0
   fi
   for n in "${nodes[@]}"; do
     if running_pid "$n" >/dev/null; then
-      say "a cluster from this script runs but is not healthy (node states: $(states)); tearing it down and starting anew"
+      say "a cluster from this script runs but is not healthy or set up otherwise (node states: $(states); $(cat "$run_dir/layout" 2>/dev/null || echo 'no layout'), wanted $(layout)); tearing it down and starting anew"
       down >/dev/null
       break
     fi
@@ -293,11 +390,16 @@ up() {
   for n in "${nodes[@]}"; do
     port_in_use "$(client_port "$n")" && die "port $(client_port "$n") (node $n's client port) is already in use by another process; stop it or set CLUSTER_BASE_PORT"
     port_in_use "$(controller_port "$n")" && die "port $(controller_port "$n") (node $n's controller port) is already in use by another process; stop it or set CLUSTER_BASE_PORT"
+    port_in_use "$(secure_port "$n")" && die "port $(secure_port "$n") (node $n's SASL_SSL port) is already in use by another process; stop it or set CLUSTER_BASE_PORT"
   done
   classpath
+  remove_netns "$(made_netns)"
   rm -rf "$run_dir"
   mkdir -p "$run_dir"
+  make_netns
+  make_tls
   for n in "${nodes[@]}"; do write_config "$n"; done
+  layout >"$run_dir/layout"
   local cluster_id
   cluster_id=$(tool kafka.tools.StorageTool random-uuid 2>"$run_dir/format.err") \
     || { cat "$run_dir/format.err" >&2; die "StorageTool random-uuid failed"; }
@@ -306,6 +408,8 @@ up() {
   # Format the three nodes in parallel: each format is a JVM start.
   for n in "${nodes[@]}"; do
     tool kafka.tools.StorageTool format -t "$cluster_id" -c "$(node_dir "$n")/server.properties" \
+      --add-scram "SCRAM-SHA-512=[name=dedupe,password=$(cat "$(tls_dir)/scram.password")]" \
+      --add-scram "SCRAM-SHA-512=[name=dedupe-client,password=$(cat "$(tls_dir)/scram.password")]" \
       >"$(node_dir "$n")/format.log" 2>&1 &
     pids+=($!)
   done
@@ -340,6 +444,7 @@ down() {
   for n in "${nodes[@]}"; do
     [ -n "${pids[$n]:-}" ] && finish_terminate "$n" "${pids[$n]}" 30
   done
+  remove_netns "$(made_netns)"
   rm -rf "$run_dir"
   if [ $any = 1 ]; then
     echo "cluster.sh: cluster stopped, $run_dir deleted"
@@ -526,8 +631,77 @@ create_topic() {
     --topic "$name" --partitions "$partitions" --replication-factor 3 ${configs[@]+"${configs[@]}"}
 }
 
+make_netns() {
+  [ -n "$netns" ] || return 0
+  need ip "ip (iproute2) makes the network namespace (apt-get install iproute2)"
+  [ "$(id -u)" = 0 ] || die "CLUSTER_NETNS needs root: 'ip netns add' and veth pairs are privileged"
+  remove_netns "$netns"
+  ip netns add "$netns" || die "ip netns add $netns failed"
+  ip link add "$veth_host" type veth peer name "$veth_ns" || die "creating the veth pair $veth_host/$veth_ns failed"
+  ip link set "$veth_ns" netns "$netns"
+  local n
+  for n in "${nodes[@]}"; do ip addr add "$(external_host "$n")/24" dev "$veth_host"; done
+  ip link set "$veth_host" up
+  ip -n "$netns" addr add "$subnet.2/24" dev "$veth_ns"
+  ip -n "$netns" link set "$veth_ns" up
+  ip -n "$netns" link set lo up
+  echo "$netns" >"$run_dir/netns"
+}
+
+remove_netns() {
+  local name=$1
+  [ -n "$name" ] || return 0
+  ip netns list 2>/dev/null | grep -qE "^$name( |$)" && ip netns del "$name"
+  # Deleting the namespace deletes its end of the pair, and with it this host's end.
+  ip link del "$veth_host" 2>/dev/null || true
+}
+
+netns_info() {
+  local name n list=""
+  name=$(made_netns)
+  [ -n "$name" ] || die "the cluster was made without CLUSTER_NETNS (run dir $run_dir)"
+  for n in "${nodes[@]}"; do list="${list:+$list,}$(external_host "$n"):$(external_port "$n")"; done
+  echo "netns=$name"
+  echo "address=$subnet.2"
+  echo "bootstrap=$list"
+}
+
+cut_node() {
+  local n=$1 name
+  check_node "$n"
+  name=$(made_netns)
+  [ -n "$name" ] || die "the cluster was made without CLUSTER_NETNS: there is nothing to cut"
+  ip -n "$name" route replace blackhole "$(external_host "$n")/32" || die "adding the blackhole route to node $n failed"
+  echo "cluster.sh: node $n ($(external_host "$n")) cut off from network namespace $name"
+}
+
+heal_node() {
+  local n=$1 name
+  check_node "$n"
+  name=$(made_netns)
+  [ -n "$name" ] || die "the cluster was made without CLUSTER_NETNS: there is nothing to heal"
+  ip -n "$name" route del blackhole "$(external_host "$n")/32" 2>/dev/null || true
+  echo "cluster.sh: node $n ($(external_host "$n")) reachable from network namespace $name again"
+}
+
+secure() {
+  [ -f "$(tls_dir)/ca.pem" ] || die "no cluster made by this script in $run_dir (run '$0 up')"
+  echo "bootstrap=$(secure_bootstrap)"
+  echo "ca=$(tls_dir)/ca.pem"
+  echo "worker_username=dedupe"
+  echo "client_username=dedupe-client"
+  echo "password_file=$(tls_dir)/scram.password"
+}
+
+acl() {
+  local live
+  live=$(live_bootstrap)
+  [ -n "$live" ] || die "no node of the cluster runs (node states: $(states)); run '$0 up'"
+  tool org.apache.kafka.tools.AclCommand --bootstrap-server "$live" "$@"
+}
+
 usage() {
-  echo "usage: $0 up|down|status|bootstrap|kill N|stop N|start N|pause N|resume N|leader TOPIC PARTITION|coordinator TRANSACTIONAL_ID|create-topic NAME PARTITIONS [CONFIG=VALUE ...]" >&2
+  echo "usage: $0 up|down|status|bootstrap|kill N|stop N|start N|pause N|resume N|leader TOPIC PARTITION|coordinator TRANSACTIONAL_ID|create-topic NAME PARTITIONS [CONFIG=VALUE ...]|secure|acl ARGS...|netns|cut N|heal N" >&2
   exit 2
 }
 
@@ -544,5 +718,10 @@ case "${1:-}" in
   bootstrap) bootstrap_list ;;
   status) status ;;
   create-topic) [ $# -ge 3 ] || usage; shift; create_topic "$@" ;;
+  secure) secure ;;
+  acl) shift; acl "$@" ;;
+  netns) netns_info ;;
+  cut) [ $# -eq 2 ] || usage; cut_node "$2" ;;
+  heal) [ $# -eq 2 ] || usage; heal_node "$2" ;;
   *) usage ;;
 esac

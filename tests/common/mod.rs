@@ -248,6 +248,8 @@ pub fn free_port() -> u16 {
 pub struct Worker {
     pub child: std::process::Child,
     pub metrics_port: u16,
+    /// Where its metrics listener is (127.0.0.1 unless the worker runs in another network namespace).
+    pub metrics_host: std::net::IpAddr,
     pub data_dir: PathBuf,
     pub log: PathBuf,
 }
@@ -261,6 +263,12 @@ pub struct WorkerSpec {
     pub partitions: Option<String>,
     pub env: Vec<(String, String)>,
     pub extra_args: Vec<String>,
+    /// `--brokers` (the tests' broker if None).
+    pub brokers: Option<String>,
+    /// A command the worker runs under (e.g. `ip netns exec NAME`).
+    pub wrapper: Vec<String>,
+    /// The address its metrics listener binds (127.0.0.1 if None).
+    pub metrics_host: Option<std::net::IpAddr>,
 }
 
 impl WorkerSpec {
@@ -278,6 +286,9 @@ impl WorkerSpec {
                 ("DEDUPE_WORKER_GROUP_ID".into(), format!("dedupe-test-{}", uuid::Uuid::new_v4().simple())),
             ],
             extra_args: Vec::new(),
+            brokers: None,
+            wrapper: Vec::new(),
+            metrics_host: None,
         }
     }
 
@@ -298,10 +309,18 @@ impl WorkerSpec {
         let metrics_port = free_port();
         let log = self.data_dir.with_extension(format!("log-{}", uuid::Uuid::new_v4().simple()));
         let log_file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(dedupe_bin());
+        let metrics_host = self.metrics_host.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        let mut cmd = match self.wrapper.split_first() {
+            None => Command::new(dedupe_bin()),
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(dedupe_bin());
+                cmd
+            }
+        };
         cmd.arg("run")
             .arg("--brokers")
-            .arg(brokers())
+            .arg(self.brokers.clone().unwrap_or_else(brokers))
             .arg("--input-topic")
             .arg(&self.input)
             .arg("--output-topic")
@@ -309,7 +328,7 @@ impl WorkerSpec {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{metrics_port}"))
+            .arg(std::net::SocketAddr::new(metrics_host, metrics_port).to_string())
             .args(&self.extra_args)
             .stdout(std::process::Stdio::null())
             .stderr(log_file);
@@ -320,7 +339,7 @@ impl WorkerSpec {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn dedupe run");
-        Worker { child, metrics_port, data_dir: self.data_dir.clone(), log }
+        Worker { child, metrics_port, metrics_host, data_dir: self.data_dir.clone(), log }
     }
 }
 
@@ -331,14 +350,20 @@ impl Worker {
 
     /// The metrics page, if the worker serves it yet.
     pub fn metrics(&self) -> Option<String> {
-        http_get(self.metrics_port, "/metrics").map(|(_, body)| body)
+        self.get("/metrics").map(|(_, body)| body)
+    }
+
+    /// GET on its metrics listener; (status, body), or None if nothing answers.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        let response = http::get(std::net::SocketAddr::new(self.metrics_host, self.metrics_port), path).ok()?;
+        Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
     }
 
     /// Waits until /readyz answers 200 (every owned partition recovered).
     pub fn wait_ready(&mut self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some((200, _)) = http_get(self.metrics_port, "/readyz") {
+            if let Some((200, _)) = self.get("/readyz") {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
