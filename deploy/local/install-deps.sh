@@ -5,8 +5,9 @@ set -euo pipefail
 
 # Debian packages: libclang-dev (RocksDB's bindings), libssl-dev + pkg-config (rdkafka's TLS),
 # kcat (the broker readiness check), curl (the demo), prometheus (promtool and the scrape test), docker-compose
-# (checks the compose file; no engine needed), maven and a JDK (Apache Kafka's jars).
-packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jre-headless)
+# (checks the compose file; no engine needed), maven and a JDK (Apache Kafka's jars), jq (cluster.sh
+# reads kcat's JSON), openssl (the test cluster's CA and certificate), iproute2 (its network namespace).
+packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jre-headless jq openssl iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

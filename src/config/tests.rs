@@ -169,3 +169,28 @@ fn group_assignment_settings_are_checked_naming_the_key() {
     assert_eq!(c.worker.member_id().as_deref(), Some("w-1"));
     assert_eq!(c.worker.changelog_topic(), "events.out.ids", "the default follows the output topic");
 }
+
+#[test]
+fn sasl_needs_its_mechanism_user_and_password_and_a_ca_file_must_be_readable() {
+    let sasl = "[kafka]\nsecurity_protocol = \"sasl_ssl\"\n";
+    let err = load_str(sasl, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.sasl_mechanism"), "{err}");
+    let with_user = format!("{sasl}sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"dedupe\"\n");
+    let err = load_str(&with_user, &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.sasl_password") && err.contains(ENV_SASL_PASSWORD), "{err}");
+    let c = load_str(&with_user, &[(ENV_SASL_PASSWORD, "hunter2")]).unwrap();
+    assert!(c.kafka.ssl_ca_location.is_none());
+
+    let err = load_str(&with_user, &[(ENV_SASL_PASSWORD, "hunter2"), ("DEDUPE_KAFKA_SSL_CA_LOCATION", "/no/such/ca.pem")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("kafka.ssl_ca_location") && err.contains("/no/such/ca.pem"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    let err = load_str("[kafka]\nssl_ca_location = \"/etc/hostname\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("kafka.ssl_ca_location") && err.contains("no TLS"), "{err}");
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    let c = load_str(&with_user, &[(ENV_SASL_PASSWORD, "hunter2"), ("DEDUPE_KAFKA_SSL_CA_LOCATION", ca.path().to_str().unwrap())]).unwrap();
+    assert_eq!(c.kafka.ssl_ca_location.as_deref(), Some(ca.path()));
+    let client = crate::kafka::client_config(&c.kafka);
+    assert_eq!(client.get("ssl.ca.location"), ca.path().to_str());
+}
