@@ -197,7 +197,8 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Watches the output topic's high watermarks and keeps the longest time they stood still.
+/// Watches the output topic's high watermarks and keeps the longest time one partition's stood
+/// still (the load spreads over every partition, so each one grows every second when all is well).
 struct StallMeter {
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<Duration>,
@@ -211,17 +212,18 @@ impl StallMeter {
             std::thread::spawn(move || {
                 let consumer: BaseConsumer = client_config().create().expect("watermark client");
                 let mut last: HashMap<i32, i64> = HashMap::new();
-                let mut moved = Instant::now();
+                let started = Instant::now();
+                let mut moved: HashMap<i32, Instant> = HashMap::new();
                 let mut longest = Duration::ZERO;
                 while !stop.load(Ordering::Relaxed) {
                     for p in 0..partitions {
                         if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(1)) {
                             if last.insert(p, high).is_some_and(|before| high > before) {
-                                moved = Instant::now();
+                                moved.insert(p, Instant::now());
                             }
                         }
+                        longest = longest.max(moved.get(&p).unwrap_or(&started).elapsed());
                     }
-                    longest = longest.max(moved.elapsed());
                     std::thread::sleep(Duration::from_millis(250));
                 }
                 longest
