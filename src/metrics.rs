@@ -57,6 +57,7 @@ pub const LEDGER_INDEX_OVERFLOWED_BUCKETS: &str = "dedupe_ledger_index_overflowe
 pub const LEDGER_DISK_LOOKUPS: &str = "dedupe_ledger_disk_lookups_total";
 pub const LEDGER_BUDGET_BYTES: &str = "dedupe_ledger_budget_bytes";
 pub const LEDGER_CREATIONS_RESTARTED: &str = "dedupe_ledger_creations_restarted_total";
+pub const LEDGER_OPEN_SECONDS: &str = "dedupe_ledger_open_seconds";
 
 // Snapshots.
 pub const SNAPSHOT_LAST_SUCCESS: &str = "dedupe_snapshot_last_success_timestamp_seconds";
@@ -128,6 +129,7 @@ pub const ALL: &[Metric] = &[
     m(LEDGER_INDEX_OVERFLOWED_BUCKETS, Gauge, None, &[], "Id index buckets that overflowed; ids hashing there are looked up in every generation. Non-zero means the index is too small for the ids held."),
     m(LEDGER_DISK_LOOKUPS, Counter, None, &[], "Ids looked up in a ledger generation on disk because the id index named it (duplicates and rare fingerprint collisions)."),
     m(LEDGER_BUDGET_BYTES, Gauge, Some(Unit::Bytes), &[], "The ledger's configured disk budget."),
+    m(LEDGER_OPEN_SECONDS, Gauge, Some(Unit::Seconds), &["index"], "How long the last open of the ledger took, labelled by where its id index came from: loaded (its file), partial (its file, plus the generations sealed since read from disk), rebuilt (every generation read: no usable file), empty."),
     m(LEDGER_CREATIONS_RESTARTED, Counter, None, &[], "Ledger creations that a crash had interrupted (the directory still held the creation marker) and that were started again."),
     m(SNAPSHOT_LAST_SUCCESS, Gauge, Some(Unit::Seconds), &[], "Unix time of the last successful ledger snapshot."),
     m(SNAPSHOT_FAILURES, Counter, None, &["stage"], "Failed snapshots, by stage (checkpoint, hook, prune)."),

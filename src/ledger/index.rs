@@ -26,7 +26,8 @@
 //! sized from the disk budget so that this does not happen in practice (see
 //! [`IdIndex::capacity_for_budget`]); the overflowed buckets are counted in the ledger's stats.
 //!
-//! The table is not stored: opening a ledger rebuilds it by reading every generation's keys.
+//! The table is stored when the ledger closes and in every checkpoint (`index_file.rs`); opening
+//! loads it, and reads from disk only the generations the stored table cannot vouch for.
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
@@ -339,6 +340,73 @@ impl IdIndex {
     /// Forgets every id of `tag`'s generation at once: its slots become free.
     pub(crate) fn forget(&mut self, tag: u8) {
         self.live[usize::from(tag)] = false;
+    }
+}
+
+/// The parts of an index that its file stores beside the table (see `index_file.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) seed: u64,
+    pub(crate) buckets: u64,
+    pub(crate) overflowed: u64,
+    pub(crate) slots_by_tag: Vec<u64>,
+}
+
+impl IdIndex {
+    /// Whether the index holds anything (false for one opened without `build_index`).
+    pub(crate) fn knows(&self) -> bool {
+        self.knows
+    }
+
+    /// What the file stores beside the table.
+    pub(crate) fn header(&self) -> Header {
+        Header {
+            seed: self.seed,
+            buckets: self.buckets as u64,
+            overflowed: self.overflowed,
+            slots_by_tag: self.slots_by_tag.to_vec(),
+        }
+    }
+
+    /// The table's bytes.
+    pub(crate) fn table(&self) -> &[u8] {
+        &self.bytes[self.offset..self.offset + self.buckets * BUCKET_BYTES]
+    }
+
+    /// An index of `header`'s size and seed whose table `fill` writes, with every tag dead
+    /// (the caller makes the generations it trusts live again with [`IdIndex::revive`]). `None`
+    /// if `header` does not describe a table of `buckets` buckets.
+    pub(crate) fn from_parts(
+        header: &Header,
+        buckets: usize,
+        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<Option<IdIndex>> {
+        if header.buckets != buckets as u64 || header.slots_by_tag.len() != TAGS {
+            return Ok(None);
+        }
+        let mut index = IdIndex::new(Self::capacity_of_buckets(buckets), header.seed);
+        debug_assert_eq!(index.buckets, buckets);
+        let (start, len) = (index.offset, index.buckets * BUCKET_BYTES);
+        fill(&mut index.bytes[start..start + len])?;
+        index.overflowed = header.overflowed;
+        index.slots_by_tag.copy_from_slice(&header.slots_by_tag);
+        Ok(Some(index))
+    }
+
+    /// Buckets of the table for `capacity` ids (the size a stored table must have to be used).
+    pub(crate) fn buckets_for_capacity(capacity: u64) -> usize {
+        Self::buckets_for(capacity)
+    }
+
+    /// A capacity whose table has exactly `buckets` buckets.
+    fn capacity_of_buckets(buckets: usize) -> u64 {
+        ((buckets as f64 - 0.5) * SLOTS as f64 * TARGET_LOAD).floor().max(1.0) as u64
+    }
+
+    /// Makes `tag` live again without clearing its slots: for a generation whose ids a stored
+    /// table holds.
+    pub(crate) fn revive(&mut self, tag: u8) {
+        self.live[usize::from(tag)] = true;
     }
 }
 

@@ -76,8 +76,10 @@
 //! number of ids. A sealed generation is compacted once, in the background, into one sorted run
 //! without a filter (the index already turns new ids away), compressed with ZSTD.
 //!
-//! The id index is not stored: opening rebuilds it by reading every generation's keys in order
-//! (see [`LedgerStats`] and the log line "rebuilt the ledger's id index" for its size and time).
+//! The id index is stored in the file `id-index` when the ledger closes and in every checkpoint;
+//! opening loads it and reads from disk only the generations it cannot vouch for (all of them
+//! when it is missing, stale or corrupt). See `index_file.rs`, [`Ledger::open_report`] and the
+//! log lines "loaded the ledger's id index from its file" and "rebuilt the ledger's id index".
 //!
 //! # Durability: what each mode costs
 //! - [`Durability::SyncWal`]: every batch is appended to the batch log and fsynced
@@ -107,7 +109,8 @@
 //! - `generations.rs`: starting, sealing, compacting and forgetting generations; the window.
 //! - `open.rs`: opening a ledger, and creating one atomically.
 //! - `recover.rs`: recovering, on open, what a crash left.
-//! - `rebuild.rs`: rebuilding the id index on open.
+//! - `rebuild.rs`: making the id index on open.
+//! - `index_file.rs`: the id index's file, and when it is trusted.
 //! - `stats.rs`: [`LedgerStats`], [`GenerationInfo`] and the size estimates.
 //! - `tuning.rs`: RocksDB options.
 //! - `checkpoint.rs`: checkpoints and restores.
@@ -130,6 +133,7 @@ mod error;
 mod format;
 mod generations;
 mod index;
+mod index_file;
 mod lookup;
 mod open;
 mod options;
@@ -142,6 +146,7 @@ mod tuning;
 
 pub use error::{LedgerError, Result};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
+pub use index_file::{IndexSource, INDEX_FILE};
 pub use options::{Durability, LedgerOptions};
 pub use stats::{GenerationInfo, LedgerStats};
 
@@ -227,6 +232,17 @@ pub struct Ledger {
     state: Mutex<State>,
     /// Keys looked up in a generation's column family (the id index could not rule them out).
     disk_lookups: std::sync::atomic::AtomicU64,
+    /// How the last open went (set once it succeeded).
+    opened: std::sync::OnceLock<OpenReport>,
+}
+
+/// How long opening a ledger took, and where its id index came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpenReport {
+    /// Seconds from the call to `open` until it returned.
+    pub seconds: f64,
+    /// Loaded from the index file, partly loaded, or rebuilt from the generations.
+    pub index: IndexSource,
 }
 
 impl Ledger {
@@ -343,6 +359,30 @@ impl Ledger {
         checkpoint::restore(checkpoint_dir.as_ref(), target_dir.as_ref(), replace)
     }
 
+    /// How opening this ledger went.
+    pub fn open_report(&self) -> OpenReport {
+        self.opened.get().copied().unwrap_or(OpenReport { seconds: 0.0, index: IndexSource::Empty })
+    }
+
+    /// Commits everything buffered and stores the id index in its file, so that the next open
+    /// loads it instead of reading every id. Done when the ledger is dropped; callers that want
+    /// the error (or the time it takes) call it first.
+    pub fn close(&self) -> Result<()> {
+        let mut state = self.lock();
+        if !state.index.knows() {
+            return Ok(());
+        }
+        self.flush_locked(&mut state)?;
+        index_file::write(&self.path, &state)
+    }
+
+    /// Drops the ledger as a crash would leave it: nothing buffered is committed and the id
+    /// index is not stored (tests of what an open finds after a crash).
+    #[cfg(test)]
+    pub(crate) fn abandon(mut self) {
+        self.opened.take();
+    }
+
     /// The ledger directory.
     pub fn path(&self) -> &Path {
         &self.path
@@ -370,10 +410,21 @@ impl Ledger {
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        // Without a WAL, buffered and unflushed batches would be lost on a clean close (with
-        // one, the next open replays the batch log).
-        if self.options.durability == Durability::NoWal {
-            let _ = self.flush();
+        // Only a ledger that opened is closed: one refused during its open is left exactly as
+        // it was.
+        if self.opened.get().is_some() {
+            if self.options.build_index {
+                // Commits what is buffered (without a WAL it would be lost; with one, the next
+                // open would replay it) and stores the id index for the next open.
+                let started = std::time::Instant::now();
+                match self.close() {
+                    Ok(()) => tracing::info!(path = %self.path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "Stored the ledger's id index for the next open."),
+                    Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "Could not store the ledger's id index; the next open rebuilds it from the generations."),
+                }
+            } else if self.options.durability == Durability::NoWal {
+                // Without a WAL, buffered and unflushed batches would be lost on a clean close.
+                let _ = self.flush();
+            }
         }
         // A commit file still being written is left for the next open to remove; its batches
         // are in the log. Wait for the thread so it does not outlive the ledger.

@@ -16,6 +16,7 @@ use super::format::{
     META_GENERATION_PREFIX,
 };
 use super::index::IdIndex;
+use super::index_file::IndexSource;
 use super::tuning::{db_options, generation_cf_options, small_cf_options};
 use crate::Partition;
 use super::{
@@ -28,6 +29,7 @@ impl Ledger {
     /// Opens (with `create`, creating) the ledger at `path`: see [`Ledger::open`] and
     /// [`Ledger::open_existing`].
     pub(super) fn open_inner(path: &Path, options: LedgerOptions, create: bool) -> Result<Ledger> {
+        let started = std::time::Instant::now();
         let path = path.to_path_buf();
         let fresh = prepare_dir(&path, create)?;
         let db_opts = db_options(&options, fresh);
@@ -42,14 +44,19 @@ impl Ledger {
             block_cache,
             state: Mutex::new(state),
             disk_lookups: std::sync::atomic::AtomicU64::new(0),
+            opened: std::sync::OnceLock::new(),
         };
-        ledger.load(fresh, &names)?;
+        let source = ledger.load(fresh, &names)?;
         if fresh {
             // The format marker must be on disk before the creation marker goes: without a WAL
             // it is only in a memtable until flushed.
             ledger.flush_cfs(&[CF_META, CF_PROGRESS], true)?;
             remove_durably(&ledger.path, CREATING_MARKER)?;
         }
+        let seconds = started.elapsed().as_secs_f64();
+        let _ = ledger.opened.set(super::OpenReport { seconds, index: source });
+        metrics::gauge!(crate::metrics::LEDGER_OPEN_SECONDS, "index" => source.label()).set(seconds);
+        tracing::info!(path = %ledger.path.display(), seconds, index = source.label(), "Opened the ledger.");
         Ok(ledger)
     }
 
@@ -57,7 +64,7 @@ impl Ledger {
     /// families (a crash can leave a generation created but not yet described, or described but
     /// already dropped). Then recovers what a crash left, rebuilds the id index and makes sure
     /// there is an active generation.
-    fn load(&self, fresh: bool, cf_names: &[String]) -> Result<()> {
+    fn load(&self, fresh: bool, cf_names: &[String]) -> Result<IndexSource> {
         self.check_format(fresh, cf_names)?;
         let mut forgotten = self.read_forgotten()?;
         let metas = self.read_generation_metas()?;
@@ -71,7 +78,7 @@ impl Ledger {
         state.generations = generations;
         state.forgotten = forgotten;
         state.commit_seq = commit_seq;
-        self.build_index(&mut state)?;
+        let source = self.build_index(&mut state)?;
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
             self.start_generation(&mut state)?;
         }
@@ -82,7 +89,7 @@ impl Ledger {
             // without their marker, which the next open must refuse as corrupt. Flush them now.
             self.flush_locked(&mut state)?;
         }
-        Ok(())
+        Ok(source)
     }
 
     /// Checks the format version marker: a fresh ledger gets one, an older readable format is

@@ -1,8 +1,9 @@
-//! Rebuilding the id index when the ledger opens: the index is not stored, so every generation's
-//! keys are read again (see [`index`]).
+//! Making the id index when the ledger opens: loaded from its file where the file vouches for the
+//! generations (`index_file.rs`), and the other generations' keys read from disk.
 
 use super::error::{rocks, Doing};
 use super::index::{self, IdIndex};
+use super::index_file::{self, IndexSource};
 use super::{Generation, Ledger, Result, State};
 use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
 
@@ -10,21 +11,54 @@ use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
 const REBUILD_RUN: usize = 64;
 
 impl Ledger {
-    /// Fills the id index with every id of every generation (the index is not stored). Reader
-    /// threads (one per core, generations shared out among them) read the keys and work out their
-    /// places; this thread inserts them, a prefetched run at a time.
-    pub(super) fn build_index(&self, state: &mut State) -> Result<()> {
+    /// Fills the id index with every id of every generation: from the index file for the
+    /// generations it vouches for, from disk for the others. Reader threads (one per core,
+    /// generations shared out among them) read the keys and work out their places; this thread
+    /// inserts them, a prefetched run at a time.
+    pub(super) fn build_index(&self, state: &mut State) -> Result<IndexSource> {
         let started = std::time::Instant::now();
-        let State {
-            generations, index, ..
-        } = state;
-        for g in generations.iter() {
-            index.start(IdIndex::tag(g.meta.id));
+        if !self.options.build_index || state.generations.is_empty() {
+            for g in state.generations.iter() {
+                state.index.start(IdIndex::tag(g.meta.id));
+            }
+            return Ok(IndexSource::Empty);
         }
-        if !self.options.build_index || generations.is_empty() {
-            return Ok(());
+        let sealed = state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect();
+        let buckets = IdIndex::buckets_for_capacity(self.options.index_capacity());
+        let (to_read, source) = match index_file::read(&self.path, buckets, state.commit_seq, &sealed) {
+            Some(loaded) => {
+                state.index = loaded.index;
+                let mut to_read = Vec::new();
+                for (i, g) in state.generations.iter().enumerate() {
+                    let tag = IdIndex::tag(g.meta.id);
+                    if loaded.trusted.contains(&g.meta.id) {
+                        state.index.revive(tag);
+                    } else {
+                        state.index.start(tag);
+                        to_read.push(i);
+                    }
+                }
+                let source = if to_read.is_empty() { IndexSource::Loaded } else { IndexSource::Partial };
+                (to_read, source)
+            }
+            None => {
+                for g in state.generations.iter() {
+                    state.index.start(IdIndex::tag(g.meta.id));
+                }
+                ((0..state.generations.len()).collect(), IndexSource::Rebuilt)
+            }
+        };
+        let State { generations, index, .. } = state;
+        let generations: Vec<&Generation> = to_read.iter().map(|&i| &generations[i]).collect();
+        if generations.is_empty() {
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                ids = index.live_slots(),
+                "loaded the ledger's id index from its file"
+            );
+            return Ok(source);
         }
-        let generations: &[Generation] = generations;
+        let generations: &[&Generation] = &generations;
         let readers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(generations.len());
@@ -69,12 +103,14 @@ impl Ledger {
             return Err(e);
         }
         tracing::info!(
-            ids,
+            ids_read = ids,
+            generations_read = generations.len(),
+            index = source.label(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             overflowed_buckets = index.overflowed_buckets(),
             "rebuilt the ledger's id index"
         );
-        Ok(())
+        Ok(source)
     }
 
     /// Reads a generation's keys and sends their index places, in chunks.

@@ -1,0 +1,273 @@
+//! The id index on disk: written when the ledger closes and into every checkpoint, read when it
+//! opens, so that opening does not read every id again.
+//!
+//! # File `id-index` (in the ledger directory, beside RocksDB's files)
+//! `[magic 8][header length u32 LE][header][XXH3-64 of the header, u64 LE][table][XXH3-64 of the
+//! table, u64 LE]`. The header holds the file version, the table's seed, its bucket count, the
+//! overflowed buckets, the slots held per tag, the ledger's `commit_seq` when it was written, and
+//! every live generation's id with whether it was sealed then. The table is the index's buckets
+//! as they are in memory.
+//!
+//! # When it is trusted
+//! Ids reach a generation only through commits, and a sealed generation never changes. So, for a
+//! ledger whose state is `commit_seq` S with generations G, a file written at S' with generations
+//! G' vouches for:
+//! - every generation that was sealed in G' and is still in G (a sealed generation is final);
+//! - every generation of G' when S' = S (nothing was committed since the file was written).
+//!
+//! The others (the generation that was active when the file was written, and any generation
+//! started since) are read from disk, as a full rebuild would; their tags are cleared first.
+//! Generations of G' that are gone (forgotten) stay dead. A file of another size or version, one
+//! whose checksums fail, a truncated one, or a missing one means a full rebuild; each case is
+//! logged with its cause. A file never answers for ids it does not hold: whatever it does not
+//! vouch for is read from RocksDB.
+//!
+//! The file is replaced atomically (written under a temporary name, synced, renamed), so a crash
+//! while it is written leaves the previous file or none.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use super::error::io_error;
+use super::index::{Header, IdIndex};
+use super::{Result, State};
+
+/// The index file's name in a ledger (or checkpoint) directory.
+pub const INDEX_FILE: &str = "id-index";
+const TEMPORARY: &str = "id-index.partial";
+const MAGIC: &[u8; 8] = b"DDUPIDX\x01";
+const VERSION: u32 = 1;
+/// The table is read and written in chunks of this size.
+const CHUNK: usize = 8 << 20;
+/// Longest header accepted (256 tag counts, generations: far below this).
+const MAX_HEADER: u32 = 1 << 20;
+
+/// How the id index came to be when the ledger opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexSource {
+    /// There was nothing to index (a new ledger), or the ledger is opened without an index.
+    Empty,
+    /// Loaded from the index file; nothing read from the generations.
+    Loaded,
+    /// Loaded from the index file; the generations it could not vouch for were read from disk.
+    Partial,
+    /// Rebuilt from every generation (no usable index file).
+    Rebuilt,
+}
+
+impl IndexSource {
+    /// The label used in metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            IndexSource::Empty => "empty",
+            IndexSource::Loaded => "loaded",
+            IndexSource::Partial => "partial",
+            IndexSource::Rebuilt => "rebuilt",
+        }
+    }
+}
+
+/// What a file's header says beside the index's own header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    commit_seq: u64,
+    /// Generation id → sealed, when the file was written.
+    generations: BTreeMap<u64, bool>,
+}
+
+/// A stored index read back, and what it vouches for.
+pub(super) struct Loaded {
+    pub(super) index: IdIndex,
+    /// Generations whose ids the table holds completely.
+    pub(super) trusted: Vec<u64>,
+}
+
+/// Writes `state`'s index into `dir` (replacing any file there). Nothing is written for an index
+/// that knows nothing. The caller has committed everything buffered: the table then holds exactly
+/// the ids of the generations at `state.commit_seq`.
+pub(super) fn write(dir: &Path, state: &State) -> Result<()> {
+    if !state.index.knows() {
+        return Ok(());
+    }
+    let stamp = Stamp {
+        commit_seq: state.commit_seq,
+        generations: state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect(),
+    };
+    let header = encode_header(&state.index.header(), &stamp);
+    let temporary = dir.join(TEMPORARY);
+    let written = (|| -> std::io::Result<()> {
+        let mut file = std::io::BufWriter::with_capacity(CHUNK, std::fs::File::create(&temporary)?);
+        file.write_all(MAGIC)?;
+        file.write_all(&(header.len() as u32).to_le_bytes())?;
+        file.write_all(&header)?;
+        file.write_all(&xxh3_64(&header).to_le_bytes())?;
+        let table = state.index.table();
+        let mut hasher = Xxh3::new();
+        for chunk in table.chunks(CHUNK) {
+            hasher.update(chunk);
+            file.write_all(chunk)?;
+        }
+        file.write_all(&hasher.digest().to_le_bytes())?;
+        let file = file.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()
+    })();
+    written.map_err(io_error("write", &temporary))?;
+    let target = dir.join(INDEX_FILE);
+    std::fs::rename(&temporary, &target).map_err(io_error("rename into place", &target))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))
+}
+
+/// Reads the index file in `dir` for a ledger at `commit_seq` with `generations` (id → sealed)
+/// and a table of `buckets` buckets. `None` (with the cause logged) when there is no usable file.
+pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BTreeMap<u64, bool>) -> Option<Loaded> {
+    let path = dir.join(INDEX_FILE);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(path = %path.display(), "No stored id index; rebuilding it from the generations.");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "Cannot open the stored id index; rebuilding it from the generations.");
+            return None;
+        }
+    };
+    match read_file(file, buckets) {
+        Ok(Some((index, stamp))) => {
+            let trusted = generations
+                .keys()
+                .copied()
+                .filter(|id| match stamp.generations.get(id) {
+                    Some(true) => true,
+                    Some(false) => stamp.commit_seq == commit_seq,
+                    None => false,
+                })
+                .collect();
+            Some(Loaded { index, trusted })
+        }
+        Ok(None) => {
+            tracing::info!(path = %path.display(), "The stored id index was made for another index size; rebuilding it from the generations.");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "The stored id index is unusable (corrupt, truncated or of another version); rebuilding it from the generations.");
+            None
+        }
+    }
+}
+
+/// Makes `to`'s index file the one in `from` (a hard link, or a copy across file systems),
+/// replacing it atomically. Nothing happens when `from` has none.
+pub(super) fn link_into(from: &Path, to: &Path) -> Result<()> {
+    let source = from.join(INDEX_FILE);
+    if !source.exists() {
+        return Ok(());
+    }
+    let temporary = to.join(TEMPORARY);
+    let _ = std::fs::remove_file(&temporary);
+    if std::fs::hard_link(&source, &temporary).is_err() {
+        std::fs::copy(&source, &temporary).map_err(io_error("copy into", &temporary))?;
+    }
+    let target = to.join(INDEX_FILE);
+    std::fs::rename(&temporary, &target).map_err(io_error("rename into place", &target))?;
+    std::fs::File::open(to).and_then(|d| d.sync_all()).map_err(io_error("sync", to))
+}
+
+fn invalid(what: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
+}
+
+/// The index and stamp in `file`; `Ok(None)` for a well-formed file of another table size.
+fn read_file(file: std::fs::File, buckets: usize) -> std::io::Result<Option<(IdIndex, Stamp)>> {
+    let mut file = std::io::BufReader::with_capacity(CHUNK, file);
+    let mut magic = [0u8; 8];
+    file.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(invalid("not an id index file (wrong magic)"));
+    }
+    let len = read_u32(&mut file)?;
+    if len > MAX_HEADER {
+        return Err(invalid(format!("header of {len} bytes")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header)?;
+    if read_u64(&mut file)? != xxh3_64(&header) {
+        return Err(invalid("the header's checksum does not match"));
+    }
+    let (index_header, stamp) = decode_header(&header)?;
+    let mut checksum = Xxh3::new();
+    let loaded = IdIndex::from_parts(&index_header, buckets, |table| {
+        for chunk in table.chunks_mut(CHUNK) {
+            file.read_exact(chunk)?;
+            checksum.update(chunk);
+        }
+        Ok(())
+    })?;
+    let Some(index) = loaded else { return Ok(None) };
+    if read_u64(&mut file)? != checksum.digest() {
+        return Err(invalid("the table's checksum does not match"));
+    }
+    if file.read(&mut [0u8; 1])? != 0 {
+        return Err(invalid("bytes after the table's checksum"));
+    }
+    Ok(Some((index, stamp)))
+}
+
+fn encode_header(h: &Header, stamp: &Stamp) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + 8 * h.slots_by_tag.len() + 9 * stamp.generations.len());
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    for v in [h.seed, h.buckets, h.overflowed, stamp.commit_seq] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(h.slots_by_tag.len() as u32).to_le_bytes());
+    for v in &h.slots_by_tag {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(stamp.generations.len() as u32).to_le_bytes());
+    for (id, sealed) in &stamp.generations {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.push(u8::from(*sealed));
+    }
+    out
+}
+
+fn decode_header(bytes: &[u8]) -> std::io::Result<(Header, Stamp)> {
+    let mut r = bytes;
+    let version = read_u32(&mut r)?;
+    if version != VERSION {
+        return Err(invalid(format!("file version {version}, this code reads {VERSION}")));
+    }
+    let (seed, buckets, overflowed, commit_seq) = (read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?);
+    let tags = read_u32(&mut r)? as usize;
+    if tags > 1 << 16 {
+        return Err(invalid(format!("{tags} tag counts")));
+    }
+    let slots_by_tag = (0..tags).map(|_| read_u64(&mut r)).collect::<std::io::Result<Vec<u64>>>()?;
+    let count = read_u32(&mut r)? as usize;
+    let mut generations = BTreeMap::new();
+    for _ in 0..count {
+        let id = read_u64(&mut r)?;
+        let mut sealed = [0u8; 1];
+        r.read_exact(&mut sealed)?;
+        generations.insert(id, sealed[0] != 0);
+    }
+    if !r.is_empty() {
+        return Err(invalid("bytes after the header"));
+    }
+    Ok((Header { seed, buckets, overflowed, slots_by_tag }, Stamp { commit_seq, generations }))
+}
+
+fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
