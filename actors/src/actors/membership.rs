@@ -216,12 +216,47 @@ impl Membership {
 
     /// Stops polling and closes the consumer (leaving the group: a static member keeps its
     /// partitions for the session timeout, so a quick restart gets them back).
+    ///
+    /// librdkafka's consumer close blocks until the group coordinator answers, which it cannot
+    /// while the brokers are down: it runs on a thread of its own, and the caller (the
+    /// coordinator, restarting a failed pipeline) waits for it at most [`CLOSE_WAIT`].
     pub fn close(mut self) {
         self.consumer.context().closing.store(true, Ordering::Relaxed);
         let _ = self.stop.send(true);
         if let Some(poller) = self.poller.take() {
             let _ = poller.join();
         }
+        let consumer = Arc::clone(&self.consumer);
+        drop(self);
+        close_consumer(consumer, CLOSE_WAIT);
+    }
+}
+
+/// How long closing the input consumer may hold up its caller.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Drops `consumer` (librdkafka's blocking close, when this is its last reference) on a thread of
+/// its own, waiting for it up to `wait`.
+fn close_consumer(consumer: Arc<Input>, wait: Duration) {
+    let (done, closed) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new().name("input-close".into()).spawn(move || {
+        let started = std::time::Instant::now();
+        drop(consumer);
+        let _ = done.send(());
+        if started.elapsed() > wait {
+            tracing::info!(seconds = started.elapsed().as_secs(), "The input consumer closed.");
+        }
+    });
+    match spawned {
+        Ok(_) => {
+            if closed.recv_timeout(wait).is_err() {
+                tracing::warn!(
+                    wait_secs = wait.as_secs(),
+                    "Closing the input consumer takes longer than this (its brokers or group coordinator are unreachable); it goes on in the background while a new consumer starts."
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "Cannot start a thread to close the input consumer; it closes when its last user lets go."),
     }
 }
 

@@ -126,6 +126,9 @@ pub struct Coordinator {
     running: Option<Running>,
     next_epoch: u64,
     restarts: Vec<Instant>,
+    /// A restart of the pipeline is scheduled: further failures (of the pipelines it tears down)
+    /// are covered by it.
+    restart_pending: bool,
     shutting_down: bool,
     /// The group took partitions away without this worker's consent: exit once they stopped.
     exit_when_revoked: Option<i32>,
@@ -163,6 +166,7 @@ impl Coordinator {
             running: None,
             next_epoch: 0,
             restarts: Vec::new(),
+            restart_pending: false,
             shutting_down: false,
             exit_when_revoked: None,
             last_stats_at: None,
@@ -177,6 +181,10 @@ impl Coordinator {
 
     /// Creates the input consumer; in static mode takes every configured partition over.
     fn start_pipeline(&mut self, ctx: &mut Context<Self>) {
+        // Never two pipelines at once: a leftover one would be fenced by the new take-overs.
+        if self.running.is_some() {
+            self.teardown();
+        }
         let me = ctx.address();
         let membership = match Membership::start(&self.config, me.clone().recipient(), me.clone().recipient(), me.recipient()) {
             Ok(m) => m,
@@ -398,6 +406,9 @@ impl Coordinator {
     /// A failure a restart in process may mend: tear down, and start again after a backoff.
     fn restart(&mut self, ctx: &mut Context<Self>) {
         self.teardown();
+        if self.restart_pending {
+            return;
+        }
         let now = Instant::now();
         self.restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
         self.restarts.push(now);
@@ -407,7 +418,9 @@ impl Coordinator {
             return;
         }
         let backoff = PIPELINE_RESTARTS.delay(self.restarts.len() as u32);
+        self.restart_pending = true;
         ctx.run_later(backoff, |act, ctx| {
+            act.restart_pending = false;
             if !act.shutting_down {
                 act.start_pipeline(ctx);
             }
@@ -564,6 +577,11 @@ impl Handler<PartitionStopped> for Coordinator {
                 self.teardown();
                 System::current().stop_with_code(exit::FAILED);
                 return;
+            }
+            // The pipeline was already torn down for a restart that covers this partition too
+            // (several partitions fail together when the brokers go away).
+            Err(e) if self.restart_pending => {
+                tracing::info!(partition = p, error = %e, "A partition pipeline that a pending restart replaces ended with an error.");
             }
             Err(e) if !stopping && !self.shutting_down => {
                 PipelineFailed { partition: p, error: &e }.emit();
