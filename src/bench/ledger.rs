@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::segment_baseline::SegmentLedger;
 use crate::identity::LedgerKey;
-use crate::ledger::{Durability, Ledger, LedgerError, LedgerOptions, Verdict};
+use crate::ledger::{Durability, Ledger, LedgerError, LedgerOptions, Verdict, INDEX_FILE};
 
 /// Batches a re-sent id may reach back over (client retries re-send recent messages).
 const RETRY_HORIZON_BATCHES: usize = 16;
@@ -122,8 +122,22 @@ pub struct LedgerBenchReport {
     pub index_bytes: u64,
     /// Ids looked up on disk because the id index named their generation.
     pub disk_lookups: u64,
-    /// Time to reopen the ledger after the run: mostly rebuilding the id index from disk.
+    /// Time to close the ledger after the run: committing what is buffered and storing the id
+    /// index in its file.
+    pub close_secs: f64,
+    /// Time to reopen the ledger after that clean close (the id index loaded from its file).
     pub reopen_secs: f64,
+    /// Where the reopened index came from ("loaded" after a clean close).
+    pub reopen_index: String,
+    /// Time to reopen as after a crash late in the run: the index file is the one stored by a
+    /// checkpoint taken at 90% of the ids, so the generations sealed since (and the active one)
+    /// are read from disk.
+    pub crash_reopen_secs: Option<f64>,
+    /// Where that reopen's index came from ("partial", or "loaded" when nothing sealed since).
+    pub crash_reopen_index: Option<String>,
+    /// Time to reopen with no index file at all: every generation read (a crash with no
+    /// checkpoint or clean close ever, or a corrupt file).
+    pub rebuild_secs: f64,
     pub duplicates_found: u64,
     pub duplicates_expected: u64,
     pub baseline_keys: u64,
@@ -257,7 +271,21 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let mut max_disk = 0u64;
     let mut first_generation = None;
     let mut aging_started: Option<(u64, Duration)> = None;
+    let checkpoint_at = config.keys / 10 * 9;
+    let checkpoint_dir = root.join("checkpoint-at-90pct");
+    let mut crash_index: Option<PathBuf> = None;
     while done < config.keys {
+        if crash_index.is_none() && done >= checkpoint_at && done > 0 {
+            // A snapshot late in the run: it refreshes the ledger's stored index, which a crash
+            // from here on starts from. Not timed.
+            ledger.checkpoint(&checkpoint_dir)?;
+            let kept = root.join("index-at-90pct");
+            std::fs::hard_link(ledger_dir.join(INDEX_FILE), &kept)
+                .or_else(|_| std::fs::copy(ledger_dir.join(INDEX_FILE), &kept).map(|_| ()))
+                .map_err(|source| BenchError::Dir { path: kept.clone(), source })?;
+            std::fs::remove_dir_all(&checkpoint_dir).map_err(|source| BenchError::Dir { path: checkpoint_dir.clone(), source })?;
+            crash_index = Some(kept);
+        }
         let n = (config.keys - done).min(config.batch as u64) as usize;
         duplicates_expected += stream.next_batch(n, &mut items);
         let progress = (batches + 1).to_le_bytes();
@@ -289,18 +317,37 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     max_disk = max_disk.max(dir_bytes(&ledger_dir));
     let stats = ledger.stats()?;
     let peak_rss = peak_rss_bytes();
+    let close = Instant::now();
+    ledger.close()?;
+    let close_secs = close.elapsed().as_secs_f64();
     drop(ledger);
-    let reopen = Instant::now();
-    let reopened = Ledger::open(&ledger_dir, options)?;
-    let reopen_secs = reopen.elapsed().as_secs_f64();
-    let reopened_ids = reopened.stats()?.index_ids;
-    drop(reopened);
-    if reopened_ids != stats.index_ids {
-        return Err(BenchError::Wrong(format!(
-            "the reopened index holds {reopened_ids} ids, not {}",
-            stats.index_ids
-        )));
-    }
+    // Each reopen must hold exactly the ids the run left.
+    let reopen_timed = |what: &str| -> Result<(f64, String), BenchError> {
+        let started = Instant::now();
+        let reopened = Ledger::open(&ledger_dir, options.clone())?;
+        let secs = started.elapsed().as_secs_f64();
+        let source = reopened.open_report().index.label().to_string();
+        let ids = reopened.stats()?.index_ids;
+        reopened.drop_without_closing();
+        if ids != stats.index_ids {
+            return Err(BenchError::Wrong(format!("the index reopened {what} holds {ids} ids, not {}", stats.index_ids)));
+        }
+        Ok((secs, source))
+    };
+    let (reopen_secs, reopen_index) = reopen_timed("after a clean close")?;
+    let clean_index = root.join("index-at-close");
+    std::fs::rename(ledger_dir.join(INDEX_FILE), &clean_index).map_err(|source| BenchError::Dir { path: clean_index.clone(), source })?;
+    let (crash_reopen_secs, crash_reopen_index) = match &crash_index {
+        Some(kept) => {
+            std::fs::rename(kept, ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: kept.clone(), source })?;
+            let (secs, source) = reopen_timed("as after a crash")?;
+            std::fs::remove_file(ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: ledger_dir.clone(), source })?;
+            (Some(secs), Some(source))
+        }
+        None => (None, None),
+    };
+    let (rebuild_secs, _) = reopen_timed("without an index file")?;
+    let _ = std::fs::remove_file(&clean_index);
 
     let ids_per_sec = config.keys as f64 / timed.as_secs_f64();
     let (unaged, aged) = match aging_started {
@@ -344,7 +391,12 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         filter_bytes: stats.filter_bytes,
         index_bytes: stats.index_bytes,
         disk_lookups: stats.disk_lookups,
+        close_secs,
         reopen_secs,
+        reopen_index,
+        crash_reopen_secs,
+        crash_reopen_index,
+        rebuild_secs,
         duplicates_found,
         duplicates_expected,
         baseline_keys,

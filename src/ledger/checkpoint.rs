@@ -25,8 +25,11 @@ impl Ledger {
         // The index as of this checkpoint (everything is committed): a restored checkpoint opens
         // without reading every id. It also replaces the live directory's file, so that a crash
         // from here on reads only the generations sealed since.
-        super::index_file::write(dir, state)?;
+        super::index_file::write(dir, state, true)?;
         super::index_file::link_into(dir, &self.path)?;
+        if state.index.knows() {
+            state.index_stored_at = Some(state.commit_seq);
+        }
         // Still under the lock: the live progress records are those in the checkpoint (nothing
         // is buffered after the flush).
         self.durable_progress()

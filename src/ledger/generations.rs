@@ -84,7 +84,11 @@ impl Ledger {
         // sorted run in the background, without filters (see `tuning::generation_options`).
         self.flush_all(state, false)?;
         self.compact_when_sealed(&sealed_name)?;
-        self.age(state)
+        self.age(state)?;
+        // Everything is committed and the new generation is empty: store the index, so that a
+        // crash from here on reads only the generation now active (see `index_file.rs`).
+        self.store_index_after_seal(state);
+        Ok(())
     }
 
     /// A sealed generation takes no more writes: let RocksDB compact its files into one sorted

@@ -87,8 +87,9 @@ pub(super) struct Loaded {
 
 /// Writes `state`'s index into `dir` (replacing any file there). Nothing is written for an index
 /// that knows nothing. The caller has committed everything buffered: the table then holds exactly
-/// the ids of the generations at `state.commit_seq`.
-pub(super) fn write(dir: &Path, state: &State) -> Result<()> {
+/// the ids of the generations at `state.commit_seq`. With `durable`, the file and the rename are
+/// synced; without, a power loss may leave a torn file, which its checksums turn away.
+pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
     if !state.index.knows() {
         return Ok(());
     }
@@ -112,12 +113,18 @@ pub(super) fn write(dir: &Path, state: &State) -> Result<()> {
         }
         file.write_all(&hasher.digest().to_le_bytes())?;
         let file = file.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()
+        if durable {
+            file.sync_all()?;
+        }
+        Ok(())
     })();
     written.map_err(io_error("write", &temporary))?;
     let target = dir.join(INDEX_FILE);
     std::fs::rename(&temporary, &target).map_err(io_error("rename into place", &target))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))
+    if durable {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))?;
+    }
+    Ok(())
 }
 
 /// Reads the index file in `dir` for a ledger at `commit_seq` with `generations` (id → sealed)

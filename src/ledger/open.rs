@@ -335,6 +335,7 @@ fn empty_state(options: &LedgerOptions) -> State {
         index,
         in_flight: None,
         spare: None,
+        index_stored_at: None,
     }
 }
 

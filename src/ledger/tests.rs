@@ -167,7 +167,7 @@ fn truncated_manifest_is_an_open_error_and_is_left_alone() {
         // Left as a crash leaves it (a clean close commits and flushes, and a MANIFEST that
         // then holds more edits can be cut at a record boundary that RocksDB cannot tell from
         // a torn tail: see the README's "What was checked, and what was not").
-        ledger.abandon();
+        ledger.drop_without_closing();
     }
     let current = std::fs::read_to_string(dir.path().join("CURRENT")).unwrap();
     let manifest = dir.path().join(current.trim());
@@ -740,7 +740,7 @@ fn batch_log_replays_a_prefix_and_drops_a_torn_tail() {
                 ledger.check_and_record(0, &items(b), &b.to_le_bytes()).unwrap();
             }
             // As a crash leaves it: the batches only in the log (a clean close commits them).
-            ledger.abandon();
+            ledger.drop_without_closing();
         }
         let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(LOG_FILE_PREFIX)).collect();
         assert_eq!(logs.len(), 1, "{logs:?}");
