@@ -798,7 +798,9 @@ fn a_wrong_password_an_unknown_ca_and_plaintext_on_the_secure_port_are_named() {
     let wrong_password = format!("not-the-password-{}", uuid::Uuid::new_v4().simple());
     let other_ca = unknown_ca(dir.path());
     let plaintext = vec![("DEDUPE_KAFKA_BROKERS".to_string(), tls.bootstrap.clone())];
-    let cases: Vec<(&str, Vec<(String, String)>, &str)> = vec![
+    // (what is wrong, the environment that has it, what the last line must say)
+    type Case<'a> = (&'a str, Vec<(String, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         ("wrong password", tls.env(&tls.client_user, &wrong_password), "SASL authentication failed"),
         (
             "unknown CA",
