@@ -31,6 +31,7 @@ use std::path::Path;
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
+use super::direct_io::{DirectReader, DirectWriter, CHUNK};
 use super::error::io_error;
 use super::index::{Header, IdIndex};
 use super::{Result, State};
@@ -40,8 +41,6 @@ pub const INDEX_FILE: &str = "id-index";
 const TEMPORARY: &str = "id-index.partial";
 const MAGIC: &[u8; 8] = b"DDUPIDX\x01";
 const VERSION: u32 = 1;
-/// The table is read and written in chunks of this size.
-const CHUNK: usize = 8 << 20;
 /// Longest header accepted (256 tag counts, generations: far below this).
 const MAX_HEADER: u32 = 1 << 20;
 
@@ -100,7 +99,7 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
     let header = encode_header(&state.index.header(), &stamp);
     let temporary = dir.join(TEMPORARY);
     let written = (|| -> std::io::Result<()> {
-        let mut file = std::io::BufWriter::with_capacity(CHUNK, std::fs::File::create(&temporary)?);
+        let mut file = DirectWriter::create(&temporary)?;
         file.write_all(MAGIC)?;
         file.write_all(&(header.len() as u32).to_le_bytes())?;
         file.write_all(&header)?;
@@ -112,11 +111,7 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
             file.write_all(chunk)?;
         }
         file.write_all(&hasher.digest().to_le_bytes())?;
-        let file = file.into_inner().map_err(|e| e.into_error())?;
-        if durable {
-            file.sync_all()?;
-        }
-        Ok(())
+        file.finish(durable)
     })();
     written.map_err(io_error("write", &temporary))?;
     let target = dir.join(INDEX_FILE);
@@ -131,7 +126,7 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
 /// and a table of `buckets` buckets. `None` (with the cause logged) when there is no usable file.
 pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BTreeMap<u64, bool>) -> Option<Loaded> {
     let path = dir.join(INDEX_FILE);
-    let file = match std::fs::File::open(&path) {
+    let file = match DirectReader::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::info!(path = %path.display(), "No stored id index; rebuilding it from the generations.");
@@ -166,6 +161,12 @@ pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BT
     }
 }
 
+/// Makes the index file in `dir` durable (one written unsynced after a seal).
+pub(super) fn sync(dir: &Path) -> Result<()> {
+    let path = dir.join(INDEX_FILE);
+    std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io_error("sync", &path))
+}
+
 /// Makes `to`'s index file the one in `from` (a hard link, or a copy across file systems),
 /// replacing it atomically. Nothing happens when `from` has none.
 pub(super) fn link_into(from: &Path, to: &Path) -> Result<()> {
@@ -188,8 +189,7 @@ fn invalid(what: impl Into<String>) -> std::io::Error {
 }
 
 /// The index and stamp in `file`; `Ok(None)` for a well-formed file of another table size.
-fn read_file(file: std::fs::File, buckets: usize) -> std::io::Result<Option<(IdIndex, Stamp)>> {
-    let mut file = std::io::BufReader::with_capacity(CHUNK, file);
+fn read_file(mut file: DirectReader, buckets: usize) -> std::io::Result<Option<(IdIndex, Stamp)>> {
     let mut magic = [0u8; 8];
     file.read_exact(&mut magic)?;
     if &magic != MAGIC {

@@ -110,7 +110,8 @@
 //! - `open.rs`: opening a ledger, and creating one atomically.
 //! - `recover.rs`: recovering, on open, what a crash left.
 //! - `rebuild.rs`: making the id index on open.
-//! - `index_file.rs`: the id index's file, and when it is trusted.
+//! - `index_file.rs`: the id index's file, and when it is trusted; `direct_io.rs`: streaming it
+//!   to and from disk past the page cache.
 //! - `stats.rs`: [`LedgerStats`], [`GenerationInfo`] and the size estimates.
 //! - `tuning.rs`: RocksDB options.
 //! - `checkpoint.rs`: checkpoints and restores.
@@ -129,6 +130,7 @@ mod batch_log;
 mod buffer;
 mod checkpoint;
 mod commit;
+mod direct_io;
 mod error;
 mod format;
 mod generations;

@@ -36,7 +36,7 @@ impl Ledger {
         let names = column_families(&db_opts, &path, fresh)?;
         let block_cache = Cache::new_lru_cache(options.block_cache_bytes);
         let db = open_db(&db_opts, &path, &names, &options, &block_cache)?;
-        let state = empty_state(&options);
+        let state = empty_state();
         let ledger = Ledger {
             db,
             path,
@@ -318,12 +318,10 @@ fn open_db(
 
 /// The in-memory state of a ledger before it is loaded: no generation, nothing buffered, and an
 /// empty id index (or, without `build_index`, one that knows nothing).
-fn empty_state(options: &LedgerOptions) -> State {
-    let index = if options.build_index {
-        IdIndex::new(options.index_capacity(), rand::random())
-    } else {
-        IdIndex::unknowing()
-    };
+fn empty_state() -> State {
+    // The table is made when the index is built (`rebuild.rs`): loaded from its file, or new.
+    // Making it here too held two full tables while a stored one loaded (twice the memory).
+    let index = IdIndex::unknowing();
     State {
         generations: Vec::new(),
         forgotten: BTreeMap::new(),

@@ -17,10 +17,12 @@ impl Ledger {
     /// inserts them, a prefetched run at a time.
     pub(super) fn build_index(&self, state: &mut State) -> Result<IndexSource> {
         let started = std::time::Instant::now();
-        if !self.options.build_index || state.generations.is_empty() {
-            for g in state.generations.iter() {
-                state.index.start(IdIndex::tag(g.meta.id));
-            }
+        if !self.options.build_index {
+            return Ok(IndexSource::Empty);
+        }
+        let new_table = || IdIndex::new(self.options.index_capacity(), rand::random());
+        if state.generations.is_empty() {
+            state.index = new_table();
             return Ok(IndexSource::Empty);
         }
         let sealed = state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect();
@@ -42,6 +44,7 @@ impl Ledger {
                 (to_read, source)
             }
             None => {
+                state.index = new_table();
                 for g in state.generations.iter() {
                     state.index.start(IdIndex::tag(g.meta.id));
                 }

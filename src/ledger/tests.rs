@@ -377,8 +377,13 @@ fn the_stored_index_is_loaded_after_a_clean_close_and_carried_by_checkpoints() {
     let checkpoint = dir.path().join("checkpoint");
     ledger.checkpoint(&checkpoint).unwrap();
     assert!(checkpoint.join(INDEX_FILE).exists(), "the checkpoint carries the index");
+    // Nothing recorded since: the live file already holds this index, and is linked, not rewritten.
+    let second = dir.path().join("checkpoint-2");
+    ledger.checkpoint(&second).unwrap();
+    let inode = |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p.join(INDEX_FILE)).unwrap());
+    assert_eq!(inode(&second), inode(&dir.path().join("l")), "the second checkpoint links the live index file");
     drop(ledger);
-    for path in [dir.path().join("l"), checkpoint] {
+    for path in [dir.path().join("l"), checkpoint, second] {
         let ledger = Ledger::open_existing(&path, options.clone()).unwrap();
         assert_eq!(ledger.open_report().index, IndexSource::Loaded, "{}", path.display());
         let stats = ledger.stats().unwrap();

@@ -182,6 +182,9 @@ fn run_mode(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    if let Some((_, page)) = http_get(port, "/metrics") {
+        eprintln!("bench: {mode} stages per batch over the whole run: {}", stage_summary(&page));
+    }
     drop(child);
 
     let mut appended: HashMap<Vec<u8>, i64> = HashMap::new();
@@ -191,13 +194,17 @@ fn run_mode(
         }
     })?;
     let mut latencies = Vec::new();
+    // (input append time, latency) of every message, for the per-second breakdown.
+    let mut timeline: Vec<(i64, f64)> = Vec::new();
     dedupe::kafka::read_from(&config.kafka, output, true, &out_start, Duration::from_secs(300), &mut |m| {
         if let (Some(k), Some(ts)) = (m.key(), m.timestamp().to_millis()) {
-            if let Some(t_in) = appended.get(k) {
+            if let Some(&t_in) = appended.get(k) {
                 latencies.push((ts - t_in) as f64);
+                timeline.push((t_in, (ts - t_in) as f64));
             }
         }
     })?;
+    eprintln!("bench: {mode} latency by second of input (p50/p99/max ms): {}", by_second(&mut timeline));
     latencies.sort_by(|a, b| a.total_cmp(b));
     let pct = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
     let _ = std::fs::remove_dir_all(&data_dir);
@@ -211,6 +218,44 @@ fn run_mode(
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
     })
+}
+
+/// Latency quantiles per second of input append time, in order: where a p99 comes from (a burst
+/// at the start, or stalls spread over the run).
+fn by_second(timeline: &mut [(i64, f64)]) -> String {
+    timeline.sort_by_key(|&(t, _)| t);
+    let Some(&(start, _)) = timeline.first() else { return String::new() };
+    let mut parts = Vec::new();
+    for second in timeline.chunk_by(|a, b| (a.0 - start) / 1000 == (b.0 - start) / 1000) {
+        let mut l: Vec<f64> = second.iter().map(|&(_, l)| l).collect();
+        l.sort_by(|a, b| a.total_cmp(b));
+        let q = |q: f64| l[((l.len() as f64 - 1.0) * q).round() as usize];
+        parts.push(format!("{:.0}/{:.0}/{:.0}", q(0.5), q(0.99), l[l.len() - 1]));
+    }
+    parts.join(" ")
+}
+
+/// Per stage of `dedupe_stage_seconds`: batches, mean, and the bucket bound under which 99% fall.
+fn stage_summary(page: &str) -> String {
+    use prometheus_parse::{Scrape, Value};
+    let Ok(scrape) = Scrape::parse(page.lines().map(|l| Ok(l.to_owned()))) else { return String::new() };
+    let mut parts = Vec::new();
+    for s in scrape.samples.iter().filter(|s| s.metric == dedupe::metrics::STAGE_SECONDS) {
+        let Value::Histogram(buckets) = &s.value else { continue };
+        let Some(total) = buckets.last().map(|b| b.count) else { continue };
+        let sum = scrape
+            .samples
+            .iter()
+            .find(|x| x.metric == format!("{}_sum", dedupe::metrics::STAGE_SECONDS) && x.labels.get("stage") == s.labels.get("stage"))
+            .and_then(|x| match x.value {
+                Value::Untyped(v) | Value::Counter(v) | Value::Gauge(v) => Some(v),
+                _ => None,
+            });
+        let p99 = buckets.iter().find(|b| b.count >= total * 0.99).map(|b| b.less_than).unwrap_or(f64::NAN);
+        let mean = sum.map(|s| s / total.max(1.0) * 1000.0).unwrap_or(f64::NAN);
+        parts.push(format!("{}: {total:.0} batches, mean {mean:.1} ms, p99 <= {:.0} ms", s.labels.get("stage").unwrap_or("?"), p99 * 1000.0));
+    }
+    parts.join("; ")
 }
 
 /// The sum of a counter's or gauge's series named `name` whose labels include `labels`, on a
