@@ -45,7 +45,10 @@ use dedupe::tracking::{
 use futures::StreamExt;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use futures::channel::oneshot;
+use rdkafka::client::ClientContext;
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -247,9 +250,61 @@ impl RequestFinished<'_> {
     }
 }
 
+/// The acknowledgements one request waits for. Kafka's answer for each of its messages is counted
+/// here, on the producer's polling thread, and the last one wakes the request: one wake-up and one
+/// allocation per request, not per message.
+pub struct Acks {
+    remaining: AtomicUsize,
+    first_error: std::sync::Mutex<Option<KafkaError>>,
+    done: std::sync::Mutex<Option<oneshot::Sender<Option<KafkaError>>>>,
+}
+
+impl Acks {
+    fn new(messages: usize) -> (Arc<Self>, oneshot::Receiver<Option<KafkaError>>) {
+        let (tx, rx) = oneshot::channel();
+        let acks = Self {
+            remaining: AtomicUsize::new(messages),
+            first_error: std::sync::Mutex::new(None),
+            done: std::sync::Mutex::new(Some(tx)),
+        };
+        (Arc::new(acks), rx)
+    }
+
+    /// Counts one message's answer; the last sends the first error, if any.
+    fn record(&self, error: Option<&KafkaError>) {
+        // A poisoned lock only means a panic elsewhere; the value is still an Option.
+        if let Some(e) = error {
+            self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.clone());
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let first_error = self.first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                // The request may have given up (timeout) and dropped its receiver.
+                let _ = done.send(first_error);
+            }
+        }
+    }
+}
+
+/// The producer's context: hands each delivery report to its request's [`Acks`].
+pub struct RequestAcks;
+
+impl ClientContext for RequestAcks {}
+
+impl ProducerContext for RequestAcks {
+    type DeliveryOpaque = Arc<Acks>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, acks: Arc<Acks>) {
+        acks.record(result.as_ref().err().map(|(e, _)| e));
+    }
+}
+
+/// The input topic's producer, polled on a thread of its own.
+pub type IngestProducer = Arc<ThreadedProducer<RequestAcks>>;
+
 /// What every request handler shares.
 struct Ingest {
-    producer: FutureProducer,
+    producer: IngestProducer,
     topic: String,
     keys: Arc<WriteKeys>,
     ack_timeout: Duration,
@@ -338,30 +393,30 @@ impl Ingest {
         if let Some((code, _)) = self.producer.client().fatal_error() {
             return Err(DeliveryError::Enqueue(KafkaError::MessageProduction(code)));
         }
-        let mut pending = Vec::with_capacity(messages.len());
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let (acks, answered) = Acks::new(messages.len());
         for m in messages {
             let key = tracking::record_key(source, &m.message_id);
             let headers = OwnedHeaders::new_with_capacity(1).insert(Header { key: HEADER_SOURCE, value: Some(source) });
-            let record = FutureRecord::to(&self.topic)
+            let record = BaseRecord::with_opaque_to(&self.topic, Arc::clone(&acks))
                 .key(&key)
                 .payload(&m.value)
                 .headers(headers)
                 .timestamp(received_ms);
             // Messages already handed over may still land; the client's retry makes duplicates
             // of them, which the worker removes.
-            pending.push(self.producer.send_result(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?);
+            self.producer.send(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?;
         }
-        let acks = tokio::time::timeout(self.ack_timeout, futures::future::join_all(pending))
+        let answer = tokio::time::timeout(self.ack_timeout, answered)
             .await
             .map_err(|_| DeliveryError::Timeout(self.ack_timeout))?;
-        for ack in acks {
-            match ack {
-                Ok(Ok(_delivery)) => {}
-                Ok(Err((e, _message))) => return Err(DeliveryError::Delivery(e)),
-                Err(_canceled) => return Err(DeliveryError::Dropped),
-            }
+        match answer {
+            Ok(None) => Ok(()),
+            Ok(Some(e)) => Err(DeliveryError::Delivery(e)),
+            Err(oneshot::Canceled) => Err(DeliveryError::Dropped),
         }
-        Ok(())
     }
 }
 
@@ -501,7 +556,7 @@ struct Readiness {
 
 impl Readiness {
     /// Probes in a thread of its own: metadata requests block.
-    fn start(producer: FutureProducer, topic: String) -> Arc<Self> {
+    fn start(producer: IngestProducer, topic: String) -> Arc<Self> {
         let readiness = Arc::new(Self { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) });
         let probe = Arc::clone(&readiness);
         let spawned = std::thread::Builder::new().name("ingest-readiness".into()).spawn(move || {
@@ -548,15 +603,16 @@ fn rate_limit_of(config: &dedupe::config::IngestConfig) -> Option<Rate> {
 
 /// The input topic's producer: idempotent, `acks=all`, Java-compatible partitioning, and giving
 /// up on a message no earlier than the request does.
-pub fn producer(config: &Config) -> Result<FutureProducer, KafkaError> {
-    dedupe::kafka::client_config(&config.kafka)
+pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
+    let mut client_config = dedupe::kafka::client_config(&config.kafka);
+    client_config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", PARTITIONER)
         .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string())
         // A short linger batches concurrent requests without adding much to each one's latency.
-        .set("linger.ms", "2")
-        .create()
+        .set("linger.ms", "2");
+    ThreadedProducer::from_config_and_context(&client_config, RequestAcks).map(Arc::new)
 }
 
 fn routes(cfg: &mut web::ServiceConfig) {
