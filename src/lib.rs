@@ -12,6 +12,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod output;
 pub mod progress;
+pub mod rate_limit;
 pub mod recovery;
 pub mod retry;
 pub mod snapshot;

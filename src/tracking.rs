@@ -1,7 +1,10 @@
-//! The Segment-compatible tracking API's pure logic: write keys and authentication, body decoding
-//! (gzip, size limits), parsing and validation of `track`/`identify`/`page`/`screen`/`group`/`alias`
-//! and `batch` requests, merging a batch's shared fields into its messages, message identity, and
-//! the record key. It knows nothing of HTTP servers or Kafka; `dedupe-actors`' `ingest` drives it.
+//! The Segment-compatible tracking API's pure logic: write keys and authentication, the endpoints
+//! (long names and the browser and mobile libraries' one-letter ones), the content types taken as
+//! JSON, body decoding (gzip, size limits), parsing and validation of
+//! `track`/`identify`/`page`/`screen`/`group`/`alias` and `batch` requests, merging a batch's shared
+//! fields into its messages, message identity, the record key, and the settings document
+//! analytics.js loads. It knows nothing of HTTP servers or Kafka; `dedupe-actors`' `ingest` drives
+//! it.
 //!
 //! Guarantee: a request is taken whole or not at all. [`Envelope::into_messages`] either returns
 //! every message of the request ready for Kafka, or one [`Rejection`] naming the first problem;
@@ -91,12 +94,19 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// The endpoint for the last path segment (`track`, ..., `batch`).
+    /// The endpoint for the last path segment: `track`, ..., `batch`, or the one-letter names
+    /// Segment's browser library (`t`, `i`, `p`, `s`, `g`, `a`: the type's first letter) and its
+    /// batching mode and the mobile libraries (`b`) post to.
     pub fn from_name(name: &str) -> Option<Self> {
-        if name == "batch" {
-            Some(Self::Batch)
-        } else {
-            EventType::parse(name).map(Self::Single)
+        match name {
+            "batch" | "b" => Some(Self::Batch),
+            "t" => Some(Self::Single(EventType::Track)),
+            "i" => Some(Self::Single(EventType::Identify)),
+            "p" => Some(Self::Single(EventType::Page)),
+            "s" => Some(Self::Single(EventType::Screen)),
+            "g" => Some(Self::Single(EventType::Group)),
+            "a" => Some(Self::Single(EventType::Alias)),
+            _ => EventType::parse(name).map(Self::Single),
         }
     }
 
@@ -128,6 +138,8 @@ impl fmt::Display for Location {
 pub enum Rejection {
     #[error("the request body is over the limit of {limit} bytes")]
     RequestTooLarge { limit: usize },
+    #[error("Content-Type `{0}` is not supported (send JSON as application/json or text/plain, or no Content-Type)")]
+    UnsupportedContentType(String),
     #[error("Content-Encoding `{0}` is not supported (send gzip or no encoding)")]
     UnsupportedEncoding(String),
     #[error("the gzip body cannot be decompressed: {0}")]
@@ -174,6 +186,7 @@ impl Rejection {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::RequestTooLarge { .. } => "request_too_large",
+            Self::UnsupportedContentType(_) => "unsupported_content_type",
             Self::UnsupportedEncoding(_) => "unsupported_encoding",
             Self::BadGzip(_) => "bad_gzip",
             Self::MalformedJson(_) => "malformed_json",
@@ -311,6 +324,11 @@ impl WriteKeys {
         self.sources.get(key).map(String::as_str)
     }
 
+    /// Every source a key stands for (a source with two keys appears twice).
+    pub fn sources(&self) -> impl Iterator<Item = &str> {
+        self.sources.values().map(String::as_str)
+    }
+
     pub fn len(&self) -> usize {
         self.sources.len()
     }
@@ -350,6 +368,51 @@ pub fn basic_auth_user(header: &str) -> Result<String, AuthError> {
     let text = String::from_utf8(decoded).map_err(|_| AuthError::Malformed)?;
     let (user, _password) = text.split_once(':').ok_or(AuthError::Malformed)?;
     Ok(user.to_string())
+}
+
+/// Checks a request's `Content-Type`: JSON is taken as `application/json`, as `text/plain` (what
+/// Segment's browser library and `navigator.sendBeacon` send, because a text body needs no CORS
+/// preflight), or with no type at all; parameters such as `charset` are ignored. The type shown in
+/// a refusal is cut short and stripped of control characters.
+pub fn check_content_type(content_type: Option<&str>) -> Result<(), Rejection> {
+    let Some(value) = content_type else { return Ok(()) };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    if essence.is_empty() || ["application/json", "text/plain"].iter().any(|t| essence.eq_ignore_ascii_case(t)) {
+        return Ok(());
+    }
+    let shown: String = essence.chars().filter(|c| !c.is_control()).take(64).collect();
+    Err(Rejection::UnsupportedContentType(shown))
+}
+
+/// The settings document Segment's browser library loads from
+/// `<cdnURL>/v1/projects/<writeKey>/settings` before anything else: just enough to send every event
+/// to `api_host` (`host[:port][/prefix]/v1`) over `protocol`, with no other destination, no
+/// middleware and the library's own telemetry to Segment turned off.
+pub fn settings_document(write_key: &str, api_host: &str, protocol: &str) -> Value {
+    serde_json::json!({
+        "integrations": {
+            "Segment.io": {
+                "apiKey": write_key,
+                "apiHost": api_host,
+                "protocol": protocol,
+                "unbundledIntegrations": [],
+                "addBundledMetadata": true,
+                "maybeBundledConfigIds": {},
+            }
+        },
+        "plan": {
+            "track": { "__default": { "enabled": true, "integrations": {} } },
+            "identify": { "__default": { "enabled": true } },
+            "group": { "__default": { "enabled": true } },
+        },
+        "edgeFunction": {},
+        "analyticsNextEnabled": true,
+        "middlewareSettings": {},
+        "enabledMiddleware": {},
+        "metrics": { "sampleRate": 0 },
+        "legacyVideoPluginsEnabled": false,
+        "remotePlugins": [],
+    })
 }
 
 /// The request body as JSON bytes: decompressed when `Content-Encoding` is gzip, and never more
@@ -426,10 +489,10 @@ impl Envelope {
             Endpoint::Single(event_type) => {
                 let at = Location(None);
                 let mut body = self.body;
-                check_size(at, &body)?;
+                let own = check_size(at, &body)?;
                 // The path says what the message is.
                 body.insert("type".into(), Value::String(event_type.as_str().into()));
-                Ok(vec![finish(at, body, &received_at)?])
+                Ok(vec![finish(at, body, &received_at, own)?])
             }
             Endpoint::Batch => {
                 let mut body = self.body;
@@ -445,10 +508,12 @@ impl Envelope {
                 // a request can cause stay proportional to its size.
                 let shared_bytes = shared.serialized_bytes();
                 let mut merged_bound = 0usize;
+                let mut own_bytes = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
                     let at = Location(Some(i));
                     let Value::Object(item) = item else { return Err(Rejection::MessageNotObject { at }) };
                     let own = check_size(at, item)?;
+                    own_bytes.push(own);
                     merged_bound = merged_bound.saturating_add(own + shared_bytes);
                 }
                 if merged_bound > MAX_MERGED_BYTES {
@@ -459,14 +524,19 @@ impl Envelope {
                     let at = Location(Some(i));
                     let Value::Object(mut item) = item else { return Err(Rejection::MessageNotObject { at }) };
                     item.remove("writeKey");
+                    let bound = own_bytes[i] + shared_bytes;
                     if shared_bytes > 0 {
                         shared.merge_into(&mut item);
-                        let merged = serialized_bytes(&item);
-                        if merged > MAX_MESSAGE_BYTES {
-                            return Err(Rejection::MergedMessageTooLarge { at, bytes: merged });
+                        // Merging adds at most `shared_bytes`, so only a message that may now be
+                        // over the limit is measured again.
+                        if bound > MAX_MESSAGE_BYTES {
+                            let merged = serialized_bytes(&item);
+                            if merged > MAX_MESSAGE_BYTES {
+                                return Err(Rejection::MergedMessageTooLarge { at, bytes: merged });
+                            }
                         }
                     }
-                    out.push(finish(at, item, &received_at)?);
+                    out.push(finish(at, item, &received_at, bound)?);
                 }
                 Ok(out)
             }
@@ -559,8 +629,10 @@ fn serialized_bytes(item: &Map<String, Value>) -> usize {
     count.0
 }
 
-/// Validates one message and gives it its id and `receivedAt`.
-fn finish(at: Location, mut item: Map<String, Value>, received_at: &Value) -> Result<Message, Rejection> {
+/// Validates one message and gives it its id and `receivedAt`. `bytes` is about what the message
+/// serializes to (its size as sent, plus what merging may have added), so the record's buffer is
+/// allocated once.
+fn finish(at: Location, mut item: Map<String, Value>, received_at: &Value, bytes: usize) -> Result<Message, Rejection> {
     let event_type = match item.get("type") {
         None | Some(Value::Null) => return Err(Rejection::MissingType { at }),
         Some(Value::String(t)) => EventType::parse(t).ok_or(Rejection::UnknownType { at })?,
@@ -595,7 +667,9 @@ fn finish(at: Location, mut item: Map<String, Value>, received_at: &Value) -> Re
         Some(_) => return Err(Rejection::BadMessageId { at }),
     };
     item.insert("receivedAt".into(), received_at.clone());
-    let value = serde_json::to_vec(&item).expect("a JSON map always serializes");
+    // With room for the fields set here: `messageId`, `type` and `receivedAt`.
+    let mut value = Vec::with_capacity(bytes + 128);
+    serde_json::to_writer(&mut value, &item).expect("a JSON map always serializes");
     // The limit holds on what is produced, whatever was added on the way.
     if value.len() > MAX_RECORD_BYTES {
         return Err(Rejection::MergedMessageTooLarge { at, bytes: value.len() });
@@ -891,6 +965,42 @@ mod tests {
         assert_eq!(decode_body(&bomb, Some("gzip")).unwrap_err(), Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
         assert_eq!(decode_body(b"not gzip", Some("gzip")).unwrap_err().reason(), "bad_gzip");
         assert_eq!(decode_body(body, Some("br")).unwrap_err().reason(), "unsupported_encoding");
+    }
+
+    #[test]
+    fn one_letter_endpoints_are_the_same_endpoints() {
+        for (short, long) in [("t", "track"), ("i", "identify"), ("p", "page"), ("s", "screen"), ("g", "group"), ("a", "alias"), ("b", "batch")] {
+            assert_eq!(Endpoint::from_name(short), Endpoint::from_name(long), "{short}");
+            assert!(Endpoint::from_name(short).is_some(), "{short}");
+        }
+        // A one-letter path takes its type from the letter, as the long one does.
+        let m = messages("p", r#"{"type": "track", "anonymousId": "a", "name": "Home"}"#).unwrap();
+        assert_eq!(json(&m[0])["type"], "page");
+        assert_eq!(Endpoint::from_name("x"), None);
+        assert_eq!(Endpoint::from_name("tr"), None);
+    }
+
+    #[test]
+    fn json_is_taken_as_application_json_text_plain_or_untyped() {
+        for ok in [None, Some("application/json"), Some("text/plain"), Some("text/plain;charset=UTF-8"), Some("Application/JSON; charset=utf-8"), Some("")] {
+            assert_eq!(check_content_type(ok), Ok(()), "{ok:?}");
+        }
+        let err = check_content_type(Some("application/x-www-form-urlencoded")).unwrap_err();
+        assert_eq!(err.reason(), "unsupported_content_type");
+        assert!(err.to_string().contains("application/x-www-form-urlencoded"), "{err}");
+        let err = check_content_type(Some(&format!("multipart/form-data\u{7}{}", "x".repeat(200)))).unwrap_err();
+        let Rejection::UnsupportedContentType(shown) = err else { panic!() };
+        assert!(shown.len() == 64 && !shown.contains('\u{7}'), "{shown}");
+    }
+
+    #[test]
+    fn the_settings_document_points_the_library_back_here() {
+        let doc = settings_document("key-a", "127.0.0.1:8080/v1", "http");
+        let segment = &doc["integrations"]["Segment.io"];
+        assert_eq!((segment["apiKey"].as_str(), segment["apiHost"].as_str(), segment["protocol"].as_str()), (Some("key-a"), Some("127.0.0.1:8080/v1"), Some("http")));
+        // Segment.io is the only destination, and the library reports nothing to Segment.
+        assert_eq!(doc["integrations"].as_object().unwrap().len(), 1);
+        assert_eq!(doc["metrics"]["sampleRate"], 0);
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //! (`target/release/dedupe`); after changing it, rebuild with `cargo build --release -p dedupe-actors`.
 
 mod common;
+// The browser and mobile routes, CORS, the settings document and Segment's JavaScript libraries;
+// the rate limit and the in-flight limit.
+#[path = "ingest/browser.rs"]
+mod browser;
+#[path = "ingest/limits.rs"]
+mod limits;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -102,6 +108,7 @@ fn basic(key: &str) -> String {
 struct Ingest {
     child: Child,
     addr: SocketAddr,
+    metrics: SocketAddr,
     log: tempfile::NamedTempFile,
     _keys: tempfile::NamedTempFile,
 }
@@ -128,7 +135,7 @@ impl Ingest {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start dedupe ingest");
-        let mut ingest = Self { child, addr, log, _keys: keys };
+        let mut ingest = Self { child, addr, metrics, log, _keys: keys };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = http::get(addr, "/healthz") {
@@ -150,7 +157,18 @@ impl Ingest {
     fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
         let mut all = vec![("Content-Type", "application/json")];
         all.extend_from_slice(headers);
-        http::request(self.addr, "POST", path, &all, body).unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", self.log_text()))
+        self.request("POST", path, &all, body)
+    }
+
+    /// Any request, with exactly these headers.
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
+        http::request(self.addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log_text()))
+    }
+
+    /// The sum of a metric's series with these labels on the ingest's /metrics (0 if none).
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let page = http::get(self.metrics, "/metrics").expect("GET /metrics");
+        common::metric_value(&String::from_utf8_lossy(&page.body), name, labels).unwrap_or(0.0)
     }
 
     fn post_json(&self, path: &str, key: Option<&str>, body: &Value) -> Response {

@@ -31,6 +31,7 @@ pub mod bench {
 pub mod cli;
 pub mod http {
     //! The HTTP servers and what bounds their connections.
+    pub mod cors;
     pub mod guarded_stream;
     pub mod ingest;
     pub mod server;

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Bench of the tracking API: drives `dedupe ingest` with wrk (20-event batches, unique messageIds,
-# Basic auth) for a bounded time, then measures the broker's own ceiling for the same number and
-# size of records with Kafka's ProducerPerformance (acks=all, idempotent), in the same run.
+# Bench of the tracking API: for each route (`/v1/batch` with Basic auth and application/json, as
+# the server libraries post; `/v1/b` with the write key in a text/plain body and an Origin, as the
+# browser and mobile libraries post), drives `dedupe ingest` with wrk (20-event batches, unique
+# messageIds) for a bounded time, then measures the broker's own ceiling for the same number and
+# size of records with Kafka's ProducerPerformance (acks=all, idempotent), in the same run. The
+# rate limiter is on (a limit far above the load, so every request pays for its bucket and none is
+# refused) and CORS is on for the Origin wrk sends.
 #
-#   deploy/bench/ingest.sh            (BENCH_SECONDS=20 BENCH_CONNECTIONS=32 BENCH_PARTITIONS=6)
+#   deploy/bench/ingest.sh            (BENCH_SECONDS=20 BENCH_CONNECTIONS=32 BENCH_PARTITIONS=6
+#                                      BENCH_ROUTES="/v1/batch /v1/b")
 #
-# Prints a final JSON line: ingest_events_per_sec, ingest_p99_ms, kafka_ceiling_records_per_sec, ratio.
-# Needs: the dedupe binary ($DEDUPE_BIN, else $CARGO_TARGET_DIR/release/dedupe), wrk, kcat, Java.
+# Prints one JSON line per route: route, ingest_events_per_sec, ingest_p99_ms,
+# kafka_ceiling_records_per_sec, ratio. Installs what it lacks (deploy/local/install-deps.sh).
+# Needs: the dedupe binary ($DEDUPE_BIN, else $CARGO_TARGET_DIR/release/dedupe).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
@@ -15,8 +21,10 @@ seconds=${BENCH_SECONDS:-20}
 connections=${BENCH_CONNECTIONS:-32}
 partitions=${BENCH_PARTITIONS:-6}
 threads=${BENCH_THREADS:-2}
+routes=${BENCH_ROUTES:-/v1/batch /v1/b}
 
 die() { echo "bench: $*" >&2; exit 1; }
+deploy/local/install-deps.sh
 [ -x "$dedupe" ] || die "no dedupe binary at $dedupe (cargo build --release -p dedupe-actors)"
 command -v wrk >/dev/null || die "wrk is not installed"
 command -v kcat >/dev/null || die "kcat is not installed"
@@ -25,72 +33,90 @@ brokers=$(deploy/local/kafka.sh up | tail -n 1)
 cp=$(deploy/local/kafka.sh classpath)
 java_tool() { java -Xmx512m -cp "$cp" "$@"; }
 run_id=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
-ingest_topic="bench-ingest-$run_id"
-ceiling_topic="bench-ceiling-$run_id"
 work=$(mktemp -d)
 ingest_pid=""
+topics=()
 
 cleanup() {
   if [ -n "$ingest_pid" ]; then kill "$ingest_pid" 2>/dev/null || true; wait "$ingest_pid" 2>/dev/null || true; fi
-  for t in "$ingest_topic" "$ceiling_topic"; do
+  for t in "${topics[@]}"; do
     java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --delete --topic "$t" >/dev/null 2>&1 || true
   done
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-for t in "$ingest_topic" "$ceiling_topic"; do
-  java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --create --topic "$t" \
-    --partitions "$partitions" --replication-factor 1 >/dev/null
-done
+export BENCH_WRITE_KEY="bench-$run_id" BENCH_ORIGIN="http://bench.example"
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-export BENCH_WRITE_KEY="bench-$run_id" BENCH_RUN_ID="$run_id"
-DEDUPE_WRITE_KEYS="$BENCH_WRITE_KEY=bench" DEDUPE_LOG_LEVEL=warn \
-  "$dedupe" ingest --listen "127.0.0.1:$port" --brokers "$brokers" --topic "$ingest_topic" >"$work/ingest.log" 2>&1 &
-ingest_pid=$!
-for _ in $(seq 1 300); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz" 2>/dev/null || true)" = 200 ] && break
-  kill -0 "$ingest_pid" 2>/dev/null || { cat "$work/ingest.log" >&2; die "dedupe ingest exited"; }
-  sleep 0.1
-done
+# One route: wrk against a fresh `dedupe ingest`, then ProducerPerformance for as many records.
+bench_route() {
+  local route=$1 name
+  name=$(echo "$route" | tr -c 'a-z0-9\n' '-' | sed 's/^-*//')
+  local ingest_topic="bench-ingest-$name-$run_id" ceiling_topic="bench-ceiling-$name-$run_id"
+  for t in "$ingest_topic" "$ceiling_topic"; do
+    topics+=("$t")
+    java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --create --topic "$t" \
+      --partitions "$partitions" --replication-factor 1 >/dev/null
+  done
 
-echo "bench: wrk for ${seconds}s, $connections connections, 20 events per request, against $ingest_topic ($partitions partitions)" >&2
-wrk -t"$threads" -c"$connections" -d"${seconds}s" --timeout 30s -s deploy/bench/ingest.lua \
-  "http://127.0.0.1:$port/v1/batch" >"$work/wrk.out"
-cat "$work/wrk.out" >&2
-wrk_json=$(grep '^{' "$work/wrk.out" | tail -n 1)
-kill "$ingest_pid"; wait "$ingest_pid" 2>/dev/null || true; ingest_pid=""
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  # The rate limiter and CORS on, as production would run them: a limit no request reaches.
+  DEDUPE_WRITE_KEYS="$BENCH_WRITE_KEY=bench" DEDUPE_LOG_LEVEL=warn \
+    DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC=100000000 DEDUPE_INGEST_CORS_ORIGINS="[\"$BENCH_ORIGIN\"]" \
+    "$dedupe" ingest --listen "127.0.0.1:$port" --brokers "$brokers" --topic "$ingest_topic" >"$work/ingest.log" 2>&1 &
+  ingest_pid=$!
+  for _ in $(seq 1 300); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz" 2>/dev/null || true)" = 200 ] && break
+    kill -0 "$ingest_pid" 2>/dev/null || { cat "$work/ingest.log" >&2; die "dedupe ingest exited"; }
+    sleep 0.1
+  done
 
-# What landed: the record count (every 200 must be there) and the mean record size.
-landed=$(java_tool org.apache.kafka.tools.GetOffsetShell --bootstrap-server "$brokers" --topic "$ingest_topic" 2>/dev/null \
-  | awk -F: '{s += $3} END {print s + 0}')
-record_bytes=$(kcat -C -b "$brokers" -t "$ingest_topic" -p 0 -o beginning -c 200 -e -q -f '%S\n' | awk '{s += $1; n++} END {printf "%d", (n ? s / n : 0)}')
+  echo "bench: wrk for ${seconds}s on $route, $connections connections, 20 events per request, against $ingest_topic ($partitions partitions)" >&2
+  BENCH_RUN_ID="$run_id-$name" BENCH_PATH="$route" wrk -t"$threads" -c"$connections" -d"${seconds}s" --timeout 30s \
+    -s deploy/bench/ingest.lua "http://127.0.0.1:$port$route" >"$work/wrk.out"
+  cat "$work/wrk.out" >&2
+  local wrk_json
+  wrk_json=$(grep '^{' "$work/wrk.out" | tail -n 1)
+  kill "$ingest_pid"; wait "$ingest_pid" 2>/dev/null || true; ingest_pid=""
 
-read -r requests non_2xx duration_us p99_us per_request < <(python3 -c '
+  # What landed: the record count (every 200 must be there) and the mean record size.
+  local landed record_bytes requests non_2xx duration_us p99_us per_request
+  landed=$(java_tool org.apache.kafka.tools.GetOffsetShell --bootstrap-server "$brokers" --topic "$ingest_topic" 2>/dev/null \
+    | awk -F: '{s += $3} END {print s + 0}')
+  record_bytes=$(kcat -C -b "$brokers" -t "$ingest_topic" -p 0 -o beginning -c 200 -e -q -f '%S\n' | awk '{s += $1; n++} END {printf "%d", (n ? s / n : 0)}')
+
+  read -r requests non_2xx duration_us p99_us per_request < <(python3 -c '
 import json, sys; w = json.loads(sys.argv[1])
 print(w["requests"], w["non_2xx"], w["duration_us"], w["p99_us"], w["events_per_request"])' "$wrk_json")
-accepted_events=$(( (requests - non_2xx) * per_request ))
-[ "$landed" -ge "$accepted_events" ] || die "only $landed records landed for $accepted_events acknowledged events"
-[ "$accepted_events" -gt 0 ] || die "no request was accepted (see the wrk output above)"
+  local accepted_events=$(( (requests - non_2xx) * per_request ))
+  [ "$landed" -ge "$accepted_events" ] || die "only $landed records landed for $accepted_events acknowledged events"
+  [ "$accepted_events" -gt 0 ] || die "no request was accepted (see the wrk output above)"
 
-echo "bench: Kafka's ProducerPerformance: $accepted_events records of $record_bytes bytes, acks=all, idempotent" >&2
-java_tool org.apache.kafka.tools.ProducerPerformance --topic "$ceiling_topic" --num-records "$accepted_events" \
-  --record-size "$record_bytes" --throughput -1 \
-  --producer-props bootstrap.servers="$brokers" acks=all enable.idempotence=true >"$work/perf.out" 2>"$work/perf.err" \
-  || { cat "$work/perf.err" >&2; die "ProducerPerformance failed"; }
-tail -n 1 "$work/perf.out" >&2
-ceiling=$(tail -n 1 "$work/perf.out" | sed -n 's/.* records sent, \([0-9.]*\) records\/sec.*/\1/p')
-[ -n "$ceiling" ] || die "cannot read ProducerPerformance's result"
+  echo "bench: Kafka's ProducerPerformance: $accepted_events records of $record_bytes bytes, acks=all, idempotent" >&2
+  java_tool org.apache.kafka.tools.ProducerPerformance --topic "$ceiling_topic" --num-records "$accepted_events" \
+    --record-size "$record_bytes" --throughput -1 \
+    --producer-props bootstrap.servers="$brokers" acks=all enable.idempotence=true >"$work/perf.out" 2>"$work/perf.err" \
+    || { cat "$work/perf.err" >&2; die "ProducerPerformance failed"; }
+  tail -n 1 "$work/perf.out" >&2
+  local ceiling
+  ceiling=$(tail -n 1 "$work/perf.out" | sed -n 's/.* records sent, \([0-9.]*\) records\/sec.*/\1/p')
+  [ -n "$ceiling" ] || die "cannot read ProducerPerformance's result"
 
-python3 -c '
+  python3 -c '
 import json, sys
-accepted, duration_us, p99_us, ceiling, non_2xx, requests, record_bytes, landed = sys.argv[1:9]
+route, accepted, duration_us, p99_us, ceiling, non_2xx, requests, record_bytes, landed = sys.argv[1:10]
 eps = int(accepted) / (int(duration_us) / 1e6)
 print(json.dumps({
+    "route": route,
     "ingest_events_per_sec": round(eps),
     "ingest_p99_ms": round(int(p99_us) / 1000, 1),
     "kafka_ceiling_records_per_sec": round(float(ceiling)),
     "ratio": round(eps / float(ceiling), 2),
     "requests": int(requests), "non_2xx": int(non_2xx), "records_landed": int(landed), "record_bytes": int(record_bytes),
-}))' "$accepted_events" "$duration_us" "$p99_us" "$ceiling" "$non_2xx" "$requests" "$record_bytes" "$landed"
+}))' "$route" "$accepted_events" "$duration_us" "$p99_us" "$ceiling" "$non_2xx" "$requests" "$record_bytes" "$landed"
+}
+
+for route in $routes; do
+  bench_route "$route"
+done

@@ -4,8 +4,13 @@
 #
 #   deploy/local/demo.sh   (DEMO_MESSAGES=200000 DEMO_DUP_RATIO=0.05 change the load;
 #                           DEMO_KEEP_RUNNING=1 leaves the worker running afterwards)
+#   deploy/local/demo.sh --browser   a page with Segment's analytics.js pointed at the local
+#                           front door, to click and watch the events arrive (demo-browser.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+if [ "${1:-}" = --browser ]; then
+  exec deploy/local/demo-browser.sh
+fi
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
 messages=${DEMO_MESSAGES:-100000}
 dup_ratio=${DEMO_DUP_RATIO:-0.05}

@@ -6,8 +6,14 @@ set -euo pipefail
 # Debian packages: libclang-dev (RocksDB's bindings), libssl-dev + pkg-config (rdkafka's TLS),
 # kcat (the broker readiness check), curl (the demo), prometheus (promtool and the scrape test), docker-compose
 # (checks the compose file; no engine needed), maven and a JDK (Apache Kafka's jars), jq (cluster.sh
-# reads kcat's JSON), openssl (the test cluster's CA and certificate), iproute2 (its network namespace).
-packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jre-headless jq openssl iproute2)
+# reads kcat's JSON), openssl (the test cluster's CA and certificate), iproute2 (its network namespace),
+# chromium (Segment's browser library in a real browser, tests/ingest/browser.rs), wrk (the tracking
+# API bench), and Node.js with npm (Segment's JavaScript libraries, below) unless a node is on PATH.
+packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jre-headless jq openssl iproute2
+  chromium wrk)
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,3 +29,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# Segment's JavaScript libraries and the browser driver the tests use (from the npm registry).
+"$(dirname "${BASH_SOURCE[0]}")/../../tests/js/install.sh"

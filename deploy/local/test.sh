@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property and crash tests, the integration tests against a real
-# Apache Kafka broker (started here with deploy/local/kafka.sh if it is not running), the
+# Apache Kafka broker (started here with deploy/local/kafka.sh if it is not running), Segment's
+# Node and browser libraries (the browser in headless Chromium) against the tracking API, the
 # broker-fault tests on a three-node cluster (tests/cluster.rs starts deploy/local/cluster.sh and
 # this script stops it when the tests are done), the deployment checks (promtool rule tests, Kubernetes schemas, compose).
 # A test that cannot reach its broker fails; nothing is skipped.
@@ -9,6 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
 
 deploy/local/kafka.sh up
+# Segment's JavaScript libraries (pinned by tests/js/package-lock.json) for tests/ingest's Node and
+# Chromium tests; like the Python venv below, installed here if missing.
+tests/js/install.sh
 
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests.
 cargo test --release --locked --workspace --features dedupe-actors/failpoints -- --test-threads="${TEST_THREADS:-2}"

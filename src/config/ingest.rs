@@ -24,6 +24,27 @@ pub struct IngestConfig {
     /// Most connections held at once, all worker threads together. Past it, new connections wait
     /// in the listen backlog. Needs as many file descriptors (plus 256), checked at start.
     pub max_connections: usize,
+    /// Most requests handled at once, all worker threads together; past it a request is answered
+    /// 503 before its body is read, so a flood of large requests cannot exhaust memory (each may
+    /// hold up to about 2.5 MB while it is decoded and produced).
+    pub max_in_flight_requests: usize,
+    /// Browser origins (`https://shop.example.com`, scheme, host and port, no path) whose pages may
+    /// read the API's answers (CORS), preflight included. Empty: no CORS headers at all, so only
+    /// servers, apps and same-origin pages can use it. `"*"` allows every origin (warned about at
+    /// start: any page on the web can then post with a write key it has seen).
+    pub cors_origins: Vec<String>,
+    /// Events a second each source (write key) may send; 0 turns the limit off. Past it a request
+    /// is answered 429 with `Retry-After` and `x-ratelimit-reset` (seconds), which Segment's
+    /// libraries honour by waiting and sending the same events again.
+    pub rate_limit_events_per_sec: u32,
+    /// Events a source may send at once above its rate (the bucket's size); 0 means one second's
+    /// worth (`rate_limit_events_per_sec`). A request of more events than this waits for a full
+    /// bucket rather than being refused for ever.
+    pub rate_limit_burst_events: u32,
+    /// The address browsers reach this API at (`https://track.example.com`), which the settings
+    /// document (`GET /v1/projects/<writeKey>/settings`) points the library at. Unset: the
+    /// request's own `Host` header, over http.
+    pub public_url: Option<String>,
 }
 
 impl Default for IngestConfig {
@@ -42,6 +63,19 @@ impl Default for IngestConfig {
             // Well within the 1,024 files Debian and most container runtimes allow by default;
             // at a few ms per request this serves tens of thousands of requests per second.
             max_connections: 512,
+            // A quarter of the connections: at a few ms per request that is still tens of
+            // thousands of requests per second, and at most about 320 MB of request bodies being
+            // decoded at once.
+            max_in_flight_requests: 128,
+            // No CORS unless asked for: a browser page from another origin gets no answer it can read.
+            cors_origins: Vec::new(),
+            // Off: a write key stands for a whole source (a website, an app), whose fair rate only
+            // its operator knows, and the front door's own limits (connections, requests in
+            // flight) already protect the process. Set it per deployment to stop one source from
+            // crowding out the others.
+            rate_limit_events_per_sec: 0,
+            rate_limit_burst_events: 0,
+            public_url: None,
         }
     }
 }

@@ -194,3 +194,32 @@ fn sasl_needs_its_mechanism_user_and_password_and_a_ca_file_must_be_readable() {
     let client = crate::kafka::client_config(&c.kafka);
     assert_eq!(client.get("ssl.ca.location"), ca.path().to_str());
 }
+
+#[test]
+fn browser_settings_are_checked_naming_the_key() {
+    // Good: origins with and without a port, the wildcard, a rate with its burst, a public URL;
+    // and an origin list through the environment, in TOML's array syntax.
+    let c = load_str(
+        "[ingest]\ncors_origins = [\"https://shop.example.com\", \"http://127.0.0.1:8000\", \"http://[::1]:3000\", \"*\"]\n\
+         rate_limit_events_per_sec = 100\nrate_limit_burst_events = 500\npublic_url = \"https://track.example.com\"\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.ingest.cors_origins.len(), 4);
+    let c = load_str("", &[("DEDUPE_INGEST_CORS_ORIGINS", r#"["http://localhost:5000"]"#)]).unwrap();
+    assert_eq!(c.ingest.cors_origins, ["http://localhost:5000"]);
+
+    let cases = [
+        ("cors_origins = [\"https://shop.example.com/\"]", "ingest.cors_origins: `https://shop.example.com/` is not an origin"),
+        ("cors_origins = [\"shop.example.com\"]", "ingest.cors_origins: `shop.example.com` is not an origin"),
+        ("cors_origins = [\"http://a.com:80x\"]", "ingest.cors_origins: `http://a.com:80x` is not an origin"),
+        ("max_in_flight_requests = 0", "ingest.max_in_flight_requests: must be at least 1"),
+        ("rate_limit_burst_events = 10", "ingest.rate_limit_burst_events: needs ingest.rate_limit_events_per_sec"),
+        ("public_url = \"track.example.com\"", "ingest.public_url: `track.example.com` must be an http:// or https:// URL"),
+        ("public_url = \"https://\"", "ingest.public_url: `https://` must be"),
+    ];
+    for (line, starts) in cases {
+        let err = load_str(&format!("[ingest]\n{line}\n"), &[]).unwrap_err().to_string();
+        assert!(err.starts_with(starts), "{line}: {err}");
+    }
+}

@@ -193,7 +193,45 @@ fn check_snapshots_and_ingest(c: &Config) -> Result<(), ConfigError> {
     if c.ingest.max_connections == 0 {
         return Err(bad("ingest.max_connections", "must be at least 1"));
     }
+    check_ingest_browsers(&c.ingest)
+}
+
+/// The in-flight limit, CORS origins, rate limit and public URL.
+fn check_ingest_browsers(i: &IngestConfig) -> Result<(), ConfigError> {
+    if i.max_in_flight_requests == 0 {
+        return Err(bad("ingest.max_in_flight_requests", "must be at least 1"));
+    }
+    for origin in &i.cors_origins {
+        if origin != "*" && !is_origin(origin) {
+            return Err(bad(
+                "ingest.cors_origins",
+                format!("`{origin}` is not an origin: write scheme, host and optional port, as `https://shop.example.com` (no path, no trailing slash), or \"*\""),
+            ));
+        }
+    }
+    if i.rate_limit_events_per_sec == 0 && i.rate_limit_burst_events != 0 {
+        return Err(bad("ingest.rate_limit_burst_events", "needs ingest.rate_limit_events_per_sec (the limit is off)"));
+    }
+    if let Some(url) = &i.public_url {
+        let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+        if rest.is_none_or(|r| r.is_empty() || r.starts_with('/') || r.contains(['?', '#']) || r.chars().any(char::is_whitespace)) {
+            return Err(bad("ingest.public_url", format!("`{url}` must be an http:// or https:// URL such as `https://track.example.com`")));
+        }
+    }
     Ok(())
+}
+
+/// `http(s)://host[:port]`: what a browser sends in `Origin`.
+fn is_origin(origin: &str) -> bool {
+    let Some(rest) = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://")) else { return false };
+    let (host, port) = match rest.rsplit_once(':') {
+        // `[::1]:8080` has a port; `[::1]` has none.
+        Some((host, port)) if !port.contains(']') => (host, Some(port)),
+        _ => (rest, None),
+    };
+    !host.is_empty()
+        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
+        && port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn check_ingest_topic_and_timeouts(i: &IngestConfig) -> Result<(), ConfigError> {

@@ -10,24 +10,34 @@
 //! worker removes the duplicates a retry makes). Bad input is refused whole with 400 before
 //! anything is produced; a missing or unknown write key is refused with 401.
 //!
-//! Checks, in order: a write key in the `Authorization` header (401 if unknown, before the body is
-//! read); the body's size (raw and decompressed) and JSON syntax (400); the write key from the
-//! header or the body's `writeKey` (401); every message's fields and size (400); then Kafka.
+//! Routes: `POST /v1/<type>` and `/v1/batch`, and the same under the one-letter names Segment's
+//! browser and mobile libraries use (`/v1/t`, `i`, `p`, `s`, `g`, `a`, and `/v1/b`); the settings
+//! document analytics.js loads (`GET /v1/projects/<writeKey>/settings`); CORS for the configured
+//! origins (`http::cors`).
+//!
+//! Checks, in order: requests in flight (503 past `ingest.max_in_flight_requests`, before the body
+//! is read); the `Content-Type` (JSON as `application/json`, `text/plain` or none; else 415); a
+//! write key in the `Authorization` header (401 if unknown, before the body is read); the body's
+//! size (raw and decompressed) and JSON syntax (400); the write key from the header or the body's
+//! `writeKey` (401); every message's fields and size (400); the source's rate limit (429 with
+//! `Retry-After` and `x-ratelimit-reset`); then Kafka.
 //!
 //! Records: key `<source>:<messageId>`, value the message's JSON, header `dedupe-source`, timestamp
 //! the receive time, partition chosen by librdkafka's `murmur2_random` partitioner (the Java
 //! client's murmur2), so clients in other languages agree on where a key lands.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use actix_web::http::header::{AUTHORIZATION, CONTENT_ENCODING, CONTENT_LENGTH};
+use actix_web::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
 use actix_web::http::StatusCode;
+use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpRequest, HttpResponse};
 use dedupe::config::Config;
 use dedupe::metrics::{INGEST_EVENTS, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS};
+use dedupe::rate_limit::{self, Rate, RateLimiter};
 use dedupe::tracking::{
     self, AuthError, Endpoint, Envelope, EventType, Message, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS,
     HEADER_SOURCE, MAX_REQUEST_BYTES,
@@ -35,10 +45,14 @@ use dedupe::tracking::{
 use futures::StreamExt;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use futures::channel::oneshot;
+use rdkafka::client::ClientContext;
+use rdkafka::config::FromClientConfigAndContext;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::http::cors::{self, CorsPolicy};
 use crate::http::server::{serve_http, Limits, LimitsError};
 
 /// librdkafka's partitioner that matches the Java client's for keyed records.
@@ -49,6 +63,12 @@ const READINESS_INTERVAL: Duration = Duration::from_secs(2);
 const READINESS_FRESH: Duration = Duration::from_secs(10);
 /// How long the producer may take to deliver what is in flight when the server stops.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The rate limit's wait, in whole seconds, as Segment's browser library read it before it
+/// honoured `Retry-After`; both are sent.
+const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
+/// How long a browser or CDN may keep the settings document when `ingest.public_url` names
+/// where it points (without it, the document is built from the request's `Host` and never kept).
+const SETTINGS_MAX_AGE: &str = "public, max-age=300";
 
 /// Why the tracking API could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +124,10 @@ enum Outcome {
     TooSlow(Duration),
     /// No usable write key: nothing was produced.
     Unauthorized(AuthError),
+    /// The source is over its rate: nothing was produced; retry after this long.
+    RateLimited(Duration),
+    /// Too many requests in flight: the body was not read.
+    Overloaded { limit: usize },
     /// Not every message is known to be in Kafka.
     Unavailable(DeliveryError),
 }
@@ -112,7 +136,10 @@ impl Outcome {
     fn status(&self) -> StatusCode {
         match self {
             Self::Accepted(_) => StatusCode::OK,
+            Self::Rejected(Rejection::UnsupportedContentType(_)) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Rejected(_) | Self::Unreadable(_) => StatusCode::BAD_REQUEST,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -126,6 +153,8 @@ impl Outcome {
             Self::Unreadable(_) => "unreadable_body",
             Self::TooSlow(_) => "request_timeout",
             Self::Unauthorized(a) => a.reason(),
+            Self::RateLimited(_) => "rate_limited",
+            Self::Overloaded { .. } => "too_many_requests_in_flight",
             Self::Unavailable(d) => d.reason(),
         }
     }
@@ -139,6 +168,14 @@ impl Outcome {
                 error_body(self.reason(), &format!("the request body did not arrive within {} ms", limit.as_millis()))
             }
             Self::Unauthorized(a) => error_body(self.reason(), &a.to_string()),
+            Self::RateLimited(wait) => error_body(
+                self.reason(),
+                &format!("this source is over its rate limit; retry in {} s", rate_limit::retry_after_secs(*wait)),
+            ),
+            Self::Overloaded { limit } => error_body(
+                self.reason(),
+                &format!("the server is handling {limit} requests already; retry the same request"),
+            ),
             // The Kafka error text names brokers and topics, not payloads; the client only needs to retry.
             Self::Unavailable(_) => {
                 error_body(self.reason(), "the messages could not be confirmed in Kafka; retry the same request")
@@ -147,9 +184,19 @@ impl Outcome {
         // No Retry-After on 503: Segment's clients then retry at once and back off by count,
         // rather than pausing their whole pipeline as they do for a rate limit.
         let mut response = HttpResponse::build(self.status());
-        if matches!(self, Self::TooSlow(_) | Self::Unreadable(_)) {
-            // The rest of a body that did not arrive must not be read as the next request.
+        if matches!(
+            self,
+            Self::TooSlow(_) | Self::Unreadable(_) | Self::Overloaded { .. } | Self::Rejected(Rejection::UnsupportedContentType(_))
+        ) {
+            // The rest of a body that did not arrive, or was never read, must not be read as the
+            // next request.
             response.force_close();
+        }
+        if let Self::RateLimited(wait) = self {
+            // Both say how many seconds to wait: Retry-After for today's libraries,
+            // x-ratelimit-reset for the browser library's older releases.
+            let secs = rate_limit::retry_after_secs(*wait).to_string();
+            response.insert_header((RETRY_AFTER, secs.clone())).insert_header((X_RATELIMIT_RESET, secs));
         }
         response.json(body)
     }
@@ -177,10 +224,19 @@ impl RequestFinished<'_> {
         let source = self.source.unwrap_or("-");
         match self.outcome {
             Outcome::Accepted(types) => {
+                // One counter update per type, not per event.
+                let mut counts = [0u64; EventType::ALL.len()];
                 for t in types {
-                    metrics::counter!(INGEST_EVENTS, "type" => t.as_str()).increment(1);
+                    counts[EventType::ALL.iter().position(|a| a == t).unwrap_or(0)] += 1;
+                }
+                for (t, n) in EventType::ALL.iter().zip(counts).filter(|(_, n)| *n > 0) {
+                    metrics::counter!(INGEST_EVENTS, "type" => t.as_str()).increment(n);
                 }
                 debug!(endpoint = self.endpoint, source, events = types.len(), "Every message of the request is in Kafka.");
+            }
+            Outcome::Overloaded { .. } => {
+                metrics::counter!(INGEST_REJECTED, "reason" => self.outcome.reason()).increment(1);
+                warn!(endpoint = self.endpoint, "Answered 503: too many requests in flight (ingest.max_in_flight_requests).");
             }
             Outcome::Unavailable(e) => {
                 metrics::counter!(INGEST_REJECTED, "reason" => self.outcome.reason()).increment(1);
@@ -194,18 +250,99 @@ impl RequestFinished<'_> {
     }
 }
 
+/// The acknowledgements one request waits for. Kafka's answer for each of its messages is counted
+/// here, on the producer's polling thread, and the last one wakes the request: one wake-up and one
+/// allocation per request, not per message.
+pub struct Acks {
+    remaining: AtomicUsize,
+    first_error: std::sync::Mutex<Option<KafkaError>>,
+    done: std::sync::Mutex<Option<oneshot::Sender<Option<KafkaError>>>>,
+}
+
+impl Acks {
+    fn new(messages: usize) -> (Arc<Self>, oneshot::Receiver<Option<KafkaError>>) {
+        let (tx, rx) = oneshot::channel();
+        let acks = Self {
+            remaining: AtomicUsize::new(messages),
+            first_error: std::sync::Mutex::new(None),
+            done: std::sync::Mutex::new(Some(tx)),
+        };
+        (Arc::new(acks), rx)
+    }
+
+    /// Counts one message's answer; the last sends the first error, if any.
+    fn record(&self, error: Option<&KafkaError>) {
+        // A poisoned lock only means a panic elsewhere; the value is still an Option.
+        if let Some(e) = error {
+            self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.clone());
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let first_error = self.first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                // The request may have given up (timeout) and dropped its receiver.
+                let _ = done.send(first_error);
+            }
+        }
+    }
+}
+
+/// The producer's context: hands each delivery report to its request's [`Acks`].
+pub struct RequestAcks;
+
+impl ClientContext for RequestAcks {}
+
+impl ProducerContext for RequestAcks {
+    type DeliveryOpaque = Arc<Acks>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, acks: Arc<Acks>) {
+        acks.record(result.as_ref().err().map(|(e, _)| e));
+    }
+}
+
+/// The input topic's producer, polled on a thread of its own.
+pub type IngestProducer = Arc<ThreadedProducer<RequestAcks>>;
+
 /// What every request handler shares.
 struct Ingest {
-    producer: FutureProducer,
+    producer: IngestProducer,
     topic: String,
     keys: Arc<WriteKeys>,
     ack_timeout: Duration,
     request_timeout: Duration,
     readiness: Arc<Readiness>,
+    /// Each source's token bucket; None when `ingest.rate_limit_events_per_sec` is 0.
+    limiter: Option<RateLimiter>,
+    in_flight: AtomicUsize,
+    max_in_flight: usize,
+    /// `ingest.public_url` split as the settings document wants it: (protocol, host and path).
+    public_url: Option<(String, String)>,
+}
+
+/// A request counted in flight until it is dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a request in flight, or refuses it if `max` are already.
+fn admit(in_flight: &AtomicUsize, max: usize) -> Result<InFlight<'_>, Outcome> {
+    if in_flight.fetch_add(1, Ordering::AcqRel) >= max {
+        in_flight.fetch_sub(1, Ordering::AcqRel);
+        return Err(Outcome::Overloaded { limit: max });
+    }
+    Ok(InFlight(in_flight))
 }
 
 impl Ingest {
+
     async fn handle(&self, endpoint: Endpoint, req: &HttpRequest, payload: web::Payload) -> (Outcome, Option<String>) {
+        let content_type = req.headers().get(CONTENT_TYPE).map(|h| h.to_str().unwrap_or("unreadable"));
+        if let Err(r) = tracking::check_content_type(content_type) {
+            return (Outcome::Rejected(r), None);
+        }
         let authorization = req.headers().get(AUTHORIZATION).map(|h| h.to_str().unwrap_or(""));
         // A header with a wrong key is refused before the body is even read.
         if let Some(header) = authorization {
@@ -239,6 +376,11 @@ impl Ingest {
             Ok(decoded) => decoded,
             Err(refused) => return refused,
         };
+        if let Some(limiter) = &self.limiter {
+            if let Err(wait) = limiter.take(&source, messages.len(), Instant::now()) {
+                return (Outcome::RateLimited(wait), Some(source));
+            }
+        }
         let outcome = match self.deliver(&source, &messages, tracking::unix_millis(received_at)).await {
             Ok(()) => Outcome::Accepted(messages.iter().map(|m| m.event_type).collect()),
             Err(e) => Outcome::Unavailable(e),
@@ -251,30 +393,30 @@ impl Ingest {
         if let Some((code, _)) = self.producer.client().fatal_error() {
             return Err(DeliveryError::Enqueue(KafkaError::MessageProduction(code)));
         }
-        let mut pending = Vec::with_capacity(messages.len());
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let (acks, answered) = Acks::new(messages.len());
         for m in messages {
             let key = tracking::record_key(source, &m.message_id);
             let headers = OwnedHeaders::new_with_capacity(1).insert(Header { key: HEADER_SOURCE, value: Some(source) });
-            let record = FutureRecord::to(&self.topic)
+            let record = BaseRecord::with_opaque_to(&self.topic, Arc::clone(&acks))
                 .key(&key)
                 .payload(&m.value)
                 .headers(headers)
                 .timestamp(received_ms);
             // Messages already handed over may still land; the client's retry makes duplicates
             // of them, which the worker removes.
-            pending.push(self.producer.send_result(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?);
+            self.producer.send(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?;
         }
-        let acks = tokio::time::timeout(self.ack_timeout, futures::future::join_all(pending))
+        let answer = tokio::time::timeout(self.ack_timeout, answered)
             .await
             .map_err(|_| DeliveryError::Timeout(self.ack_timeout))?;
-        for ack in acks {
-            match ack {
-                Ok(Ok(_delivery)) => {}
-                Ok(Err((e, _message))) => return Err(DeliveryError::Delivery(e)),
-                Err(_canceled) => return Err(DeliveryError::Dropped),
-            }
+        match answer {
+            Ok(None) => Ok(()),
+            Ok(Some(e)) => Err(DeliveryError::Delivery(e)),
+            Err(oneshot::Canceled) => Err(DeliveryError::Dropped),
         }
-        Ok(())
     }
 }
 
@@ -340,10 +482,59 @@ async fn post_message(
     let Some(endpoint) = Endpoint::from_name(&name) else {
         return HttpResponse::NotFound().json(error_body("unknown_endpoint", "no such endpoint"));
     };
-    let (outcome, source) = ingest.handle(endpoint, &req, payload).await;
+    let (outcome, source) = match admit(&ingest.in_flight, ingest.max_in_flight) {
+        Ok(_in_flight) => ingest.handle(endpoint, &req, payload).await,
+        Err(overloaded) => (overloaded, None),
+    };
     RequestFinished { endpoint: endpoint.as_str(), outcome: &outcome, source: source.as_deref(), elapsed: started.elapsed() }
         .emit();
     outcome.response()
+}
+
+/// `GET /v1/projects/<writeKey>/settings`: the settings document that points analytics.js back at
+/// this API, for a known write key; 401 for any other.
+async fn settings(req: HttpRequest, key: web::Path<String>, ingest: web::Data<Ingest>) -> HttpResponse {
+    let endpoint = "settings";
+    let status = |response: HttpResponse| {
+        metrics::counter!(INGEST_REQUESTS, "endpoint" => endpoint, "status" => response.status().as_u16().to_string()).increment(1);
+        response
+    };
+    let Some(source) = ingest.keys.source(&key) else {
+        let refusal = AuthError::Unknown;
+        metrics::counter!(INGEST_REJECTED, "reason" => refusal.reason()).increment(1);
+        info!(endpoint, status = 401, reason = refusal.reason(), "Refused a request.");
+        return status(HttpResponse::Unauthorized().json(error_body(refusal.reason(), &refusal.to_string())));
+    };
+    let (protocol, base, cache) = match &ingest.public_url {
+        Some((protocol, base)) => (protocol.as_str(), base.clone(), SETTINGS_MAX_AGE),
+        None => {
+            let host = req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+            if !is_host(host) {
+                metrics::counter!(INGEST_REJECTED, "reason" => "bad_host").increment(1);
+                return status(HttpResponse::BadRequest().json(error_body(
+                    "bad_host",
+                    "the Host header is missing or not a host[:port]; set ingest.public_url",
+                )));
+            }
+            ("http", host.to_string(), "no-store")
+        }
+    };
+    debug!(endpoint, source, "Served the settings document.");
+    let doc = tracking::settings_document(&key, &format!("{base}/v1"), protocol);
+    status(HttpResponse::Ok().insert_header((CACHE_CONTROL, cache)).json(doc))
+}
+
+/// A `Host` header worth echoing into the settings document: a name or address, and a port.
+fn is_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 255
+        && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+}
+
+/// `ingest.public_url` as (protocol, host and path without a trailing slash).
+fn split_public_url(url: &str) -> Option<(String, String)> {
+    let (protocol, rest) = url.split_once("://")?;
+    Some((protocol.to_string(), rest.trim_end_matches('/').to_string()))
 }
 
 async fn healthz() -> HttpResponse {
@@ -365,7 +556,7 @@ struct Readiness {
 
 impl Readiness {
     /// Probes in a thread of its own: metadata requests block.
-    fn start(producer: FutureProducer, topic: String) -> Arc<Self> {
+    fn start(producer: IngestProducer, topic: String) -> Arc<Self> {
         let readiness = Arc::new(Self { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) });
         let probe = Arc::clone(&readiness);
         let spawned = std::thread::Builder::new().name("ingest-readiness".into()).spawn(move || {
@@ -403,21 +594,30 @@ impl Readiness {
     }
 }
 
+/// The rate limit `ingest` asks for, if any.
+fn rate_limit_of(config: &dedupe::config::IngestConfig) -> Option<Rate> {
+    let events_per_sec = std::num::NonZeroU32::new(config.rate_limit_events_per_sec)?;
+    let burst = std::num::NonZeroU32::new(config.rate_limit_burst_events).unwrap_or(events_per_sec);
+    Some(Rate { events_per_sec, burst })
+}
+
 /// The input topic's producer: idempotent, `acks=all`, Java-compatible partitioning, and giving
 /// up on a message no earlier than the request does.
-pub fn producer(config: &Config) -> Result<FutureProducer, KafkaError> {
-    dedupe::kafka::client_config(&config.kafka)
+pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
+    let mut client_config = dedupe::kafka::client_config(&config.kafka);
+    client_config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", PARTITIONER)
         .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string())
         // A short linger batches concurrent requests without adding much to each one's latency.
-        .set("linger.ms", "2")
-        .create()
+        .set("linger.ms", "2");
+    ThreadedProducer::from_config_and_context(&client_config, RequestAcks).map(Arc::new)
 }
 
 fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/v1/{endpoint}", web::post().to(post_message))
+        .route("/v1/projects/{write_key}/settings", web::get().to(settings))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
         .default_service(web::to(|| async { HttpResponse::NotFound().json(error_body("not_found", "no such path")) }));
@@ -428,6 +628,14 @@ fn routes(cfg: &mut web::ServiceConfig) {
 pub async fn serve(config: Config) -> Result<(), IngestError> {
     let ingest_config = &config.ingest;
     let keys = WriteKeys::load(ingest_config.write_keys_file.as_deref(), std::env::var(ENV_WRITE_KEYS).ok().as_deref())?;
+    let cors_policy = CorsPolicy::new(&ingest_config.cors_origins);
+    if cors_policy.allows_any() {
+        warn!("ingest.cors_origins allows every origin (\"*\"): any page on the web can post with a write key it has seen and read the answers; list your sites' origins instead.");
+    }
+    let limiter = rate_limit_of(ingest_config).map(|rate| {
+        info!(events_per_sec = rate.events_per_sec.get(), burst = rate.burst.get(), "Each source is rate limited.");
+        RateLimiter::new(rate, keys.sources(), Instant::now())
+    });
     let topic = ingest_config.topic.clone();
     // Settings that can never connect end the process; unreachable brokers do not (the API
     // answers 503 until they are back).
@@ -445,10 +653,17 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
         ack_timeout,
         request_timeout: Duration::from_millis(ingest_config.request_timeout_ms),
         readiness: Arc::clone(&readiness),
+        limiter,
+        in_flight: AtomicUsize::new(0),
+        max_in_flight: ingest_config.max_in_flight_requests,
+        public_url: ingest_config.public_url.as_deref().and_then(split_public_url),
     });
+    let cors_policy = web::Data::new(cors_policy);
     let addr = ingest_config.listen;
     let limits = Limits::from_ingest(ingest_config)?;
-    let server = serve_http(addr, limits, move || App::new().app_data(ingest.clone()).configure(routes))
+    let server = serve_http(addr, limits, move || {
+        App::new().app_data(ingest.clone()).app_data(cors_policy.clone()).wrap(from_fn(cors::cors)).configure(routes)
+    })
         .map_err(|source| IngestError::Bind { addr, source })?;
     info!(addr = %addr, topic = %topic, max_connections = limits.max_connections, "The tracking API is listening.");
     let result = server.await.map_err(IngestError::Serve);
@@ -475,6 +690,9 @@ mod tests {
             (Outcome::TooSlow(Duration::from_secs(5)), 408, "request_timeout"),
             (Outcome::Unauthorized(AuthError::Missing), 401, "missing_write_key"),
             (Outcome::Unauthorized(AuthError::Unknown), 401, "unknown_write_key"),
+            (Outcome::Rejected(Rejection::UnsupportedContentType("text/html".into())), 415, "unsupported_content_type"),
+            (Outcome::RateLimited(Duration::from_millis(1500)), 429, "rate_limited"),
+            (Outcome::Overloaded { limit: 128 }, 503, "too_many_requests_in_flight"),
             (Outcome::Unavailable(DeliveryError::Timeout(Duration::from_secs(1))), 503, "kafka_timeout"),
             (Outcome::Unavailable(DeliveryError::Dropped), 503, "kafka_dropped"),
             (Outcome::Unavailable(DeliveryError::Delivery(KafkaError::Canceled)), 503, "kafka_delivery"),
@@ -505,6 +723,37 @@ mod tests {
             // A body that did not arrive in time closes the connection; other refusals keep it.
             assert_eq!(closes, code == "request_timeout", "{code}");
         }
+    }
+
+    #[test]
+    fn a_rate_limited_answer_says_how_long_to_wait_in_both_headers() {
+        let response = Outcome::RateLimited(Duration::from_millis(1500)).response();
+        assert_eq!(response.headers().get(RETRY_AFTER).unwrap(), "2");
+        assert_eq!(response.headers().get(X_RATELIMIT_RESET).unwrap(), "2");
+        // A request turned away unread closes its connection, so its body is never parsed as a
+        // request.
+        assert!(!Outcome::Overloaded { limit: 1 }.response().head().keep_alive());
+    }
+
+    #[test]
+    fn the_in_flight_limit_counts_requests_until_they_end() {
+        // Two of two admitted, a third refused; one ends, and a third fits.
+        let counter = AtomicUsize::new(0);
+        let a = admit(&counter, 2).ok().unwrap();
+        let b = admit(&counter, 2).ok().unwrap();
+        assert!(matches!(admit(&counter, 2), Err(Outcome::Overloaded { limit: 2 })));
+        drop(a);
+        let c = admit(&counter, 2).ok().unwrap();
+        drop((b, c));
+        assert_eq!(counter.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn settings_hosts_and_public_urls() {
+        assert!(is_host("127.0.0.1:8080") && is_host("track.example.com") && is_host("[::1]:80"));
+        assert!(!is_host("") && !is_host("a.com/evil") && !is_host("a.com\"x") && !is_host("a b"));
+        assert_eq!(split_public_url("https://t.example.com/"), Some(("https".into(), "t.example.com".into())));
+        assert_eq!(split_public_url("http://h:81/seg"), Some(("http".into(), "h:81/seg".into())));
     }
 
     #[test]
