@@ -101,14 +101,22 @@ impl IdIndex {
     /// a page fault (the pipeline bench ran 14% slower on a fresh 3.4 GiB index), and random
     /// probes of a table this size miss the TLB on small pages.
     pub(crate) fn new(capacity: u64, seed: u64) -> IdIndex {
+        Self::allocate(capacity, seed, true)
+    }
+
+    /// The table, made resident now (`touch`) or left to whoever fills it next (a stored table
+    /// being read in touches every page anyway: a separate pass first cost a second at 1B ids).
+    fn allocate(capacity: u64, seed: u64, touch: bool) -> IdIndex {
         let buckets = Self::buckets_for(capacity);
         let mut bytes = vec![0u8; buckets * BUCKET_BYTES + BUCKET_BYTES];
         advise_huge_pages(&mut bytes);
-        // One write per 4 KiB page faults the table in now. `black_box` keeps the compiler from
-        // dropping the writes as redundant (the memory is known to be zero).
-        let touched = std::hint::black_box(&mut bytes[..]);
-        for i in (0..touched.len()).step_by(4096) {
-            touched[i] = 0;
+        if touch {
+            // One write per 4 KiB page faults the table in now. `black_box` keeps the compiler
+            // from dropping the writes as redundant (the memory is known to be zero).
+            let touched = std::hint::black_box(&mut bytes[..]);
+            for i in (0..touched.len()).step_by(4096) {
+                touched[i] = 0;
+            }
         }
         let offset = bytes.as_ptr().align_offset(BUCKET_BYTES).min(BUCKET_BYTES);
         IdIndex {
@@ -384,7 +392,7 @@ impl IdIndex {
         if header.buckets != buckets as u64 || header.slots_by_tag.len() != TAGS {
             return Ok(None);
         }
-        let mut index = IdIndex::new(Self::capacity_of_buckets(buckets), header.seed);
+        let mut index = IdIndex::allocate(Self::capacity_of_buckets(buckets), header.seed, false);
         debug_assert_eq!(index.buckets, buckets);
         let (start, len) = (index.offset, index.buckets * BUCKET_BYTES);
         fill(&mut index.bytes[start..start + len])?;
