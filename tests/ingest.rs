@@ -114,12 +114,31 @@ struct Ingest {
 }
 
 impl Ingest {
+    /// Starts `dedupe ingest` on free ports. A port found free can be taken by another test's
+    /// process before the ingest binds it (the suite runs tests in parallel): that start is
+    /// retried on other ports, a few times.
     fn start(brokers: &str, topic: &str, env: &[(&str, &str)]) -> Self {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_start(brokers, topic, env) {
+                Ok(ingest) => return ingest,
+                Err(log) if attempt < 5 && log.contains("Address already in use") => continue,
+                Err(log) => panic!("dedupe ingest exited during start:\n{log}"),
+            }
+        }
+    }
+
+    fn try_start(brokers: &str, topic: &str, env: &[(&str, &str)]) -> Result<Self, String> {
         let mut keys = tempfile::NamedTempFile::new().unwrap();
         writeln!(keys, "# test keys\n{KEY_WEB} web\n{KEY_IOS} ios").unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
-        let addr = free_port();
-        let metrics = free_port();
+        // Both ports held at once, so that the two cannot be the same.
+        let (addr, metrics) = {
+            let a = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+            let b = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+            (a.local_addr().unwrap(), b.local_addr().unwrap())
+        };
         let mut cmd = Command::new(dedupe_binary());
         cmd.arg("ingest")
             .args(["--listen", &addr.to_string(), "--brokers", brokers, "--topic", topic])
@@ -140,10 +159,10 @@ impl Ingest {
         loop {
             if let Ok(r) = http::get(addr, "/healthz") {
                 assert_eq!(r.status, 200);
-                return ingest;
+                return Ok(ingest);
             }
             if let Ok(Some(status)) = ingest.child.try_wait() {
-                panic!("dedupe ingest exited with {status} during start:\n{}", ingest.log_text());
+                return Err(format!("exit {status}\n{}", ingest.log_text()));
             }
             assert!(Instant::now() < deadline, "dedupe ingest did not answer /healthz within 30 s:\n{}", ingest.log_text());
             std::thread::sleep(Duration::from_millis(50));

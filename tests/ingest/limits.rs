@@ -22,7 +22,10 @@ fn a_source_over_its_rate_is_answered_429_with_the_wait_and_others_are_not() {
     let ingest = Ingest::start(
         &brokers(),
         &topic.name,
-        &[("DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC", "10"), ("DEDUPE_INGEST_RATE_LIMIT_BURST_EVENTS", "30")],
+        // One event a second: what refills while the first requests wait for Kafka (a first
+        // produce to a new topic can take a few hundred ms) stays under one event. At 10 a second
+        // the third request found a token often enough to fail the test.
+        &[("DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC", "1"), ("DEDUPE_INGEST_RATE_LIMIT_BURST_EVENTS", "30")],
     );
     // The burst passes at once, in any shape: 20 events on the batch route, 10 on the short one.
     assert_eq!(ingest.post_json("/v1/batch", Some(KEY_WEB), &events(20, "a")).status, 200);
