@@ -179,6 +179,16 @@ port_in_use() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
+# Waits up to SECONDS for nothing to listen on PORT any more; returns 1 if something still does.
+# A node's sockets can outlive the moment its pid stops answering `kill -0` by a little.
+wait_port_free() {
+  local port=$1 deadline=$((SECONDS + $2))
+  while port_in_use "$port"; do
+    [ $SECONDS -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+
 # kcat metadata as JSON from BOOTSTRAP, optionally for one topic.
 metadata() {
   local bootstrap=$1 topic=${2:-}
@@ -459,6 +469,7 @@ kill_node() {
   pid=$(running_pid "$n") || die "node $n is not running (no live process for $(node_dir "$n")/kafka.pid)"
   kill -KILL "$pid"
   wait_gone "$pid" 30 || die "node $n (pid $pid) still exists 30 s after SIGKILL"
+  wait_port_free "$(client_port "$n")" 15 || die "node $n (pid $pid) is gone but its client port $(client_port "$n") still answers 15 s later"
   rm -f "$(node_dir "$n")/kafka.pid"
   echo "cluster.sh: node $n (pid $pid) killed"
 }
@@ -483,8 +494,8 @@ start_node() {
   [ -f "$dir/data/meta.properties" ] \
     || die "node $n has no formatted data in $dir/data (run '$0 up' to create the cluster)"
   [ -f "$dir/server.properties" ] || die "node $n has no $dir/server.properties (run '$0 up' to create the cluster)"
-  port_in_use "$(client_port "$n")" && die "port $(client_port "$n") (node $n's client port) is already in use by another process"
-  port_in_use "$(controller_port "$n")" && die "port $(controller_port "$n") (node $n's controller port) is already in use by another process"
+  wait_port_free "$(client_port "$n")" 15 || die "port $(client_port "$n") (node $n's client port) is already in use by another process"
+  wait_port_free "$(controller_port "$n")" 15 || die "port $(controller_port "$n") (node $n's controller port) is already in use by another process"
   launch "$n"
   local deadline=$((SECONDS + start_timeout))
   until lists_itself "$n"; do
