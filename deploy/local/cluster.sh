@@ -335,7 +335,14 @@ launch() {
   setsid nohup java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} -XX:+UseG1GC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
     "-Dlog4j2.configurationFile=$here/log4j2-broker.properties" "-Ddedupe.broker.log=$dir/server.log" -cp "$cp" \
     kafka.Kafka "$dir/server.properties" >>"$dir/stdout.log" 2>&1 </dev/null &
-  echo $! >"$dir/kafka.pid"
+  local pid=$! jvm="" i
+  # setsid forks when its caller leads a process group, and then $! is not the JVM: record the
+  # JVM's own pid, found by its command line (unique per node).
+  for i in $(seq 1 50); do
+    jvm=$(pgrep -n -f -- "kafka.Kafka $dir/server.properties") && break
+    sleep 0.1
+  done
+  echo "${jvm:-$pid}" >"$dir/kafka.pid"
 }
 
 logs_hint() {
