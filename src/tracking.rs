@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// Most bytes of one message as the client sent it (Segment's documented limit: 32 KB).
@@ -442,10 +444,17 @@ pub fn decode_body<'a>(raw: &'a [u8], content_encoding: Option<&str>) -> Result<
 }
 
 /// A request body that is a well-formed JSON object, before authentication and validation.
+/// A batch's messages are kept as the text the client sent until they are validated, so each
+/// one's size is what it was sent as, measured without serializing it again.
 #[derive(Debug, Clone)]
-pub struct Envelope {
+pub struct Envelope<'a> {
     endpoint: Endpoint,
+    /// The body's fields, except `writeKey` and a batch's `batch`.
     body: Map<String, Value>,
+    /// A batch's `batch` as sent.
+    batch: Option<&'a RawValue>,
+    /// The body's size as sent.
+    sent_bytes: usize,
     write_key: Option<String>,
 }
 
@@ -460,21 +469,63 @@ pub struct Message {
     pub value: Vec<u8>,
 }
 
-impl Envelope {
+/// The top level of a body: every field parsed, except a batch's `batch`, which is kept as text.
+struct TopLevel<'a> {
+    fields: Map<String, Value>,
+    batch: Option<&'a RawValue>,
+}
+
+impl<'de> Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut top = TopLevel { fields: Map::new(), batch: None };
+                while let Some(name) = map.next_key::<String>()? {
+                    // As with any JSON object here, the last of two same-named fields wins.
+                    if name == "batch" {
+                        top.fields.remove("batch");
+                        top.batch = Some(map.next_value()?);
+                    } else {
+                        let value = map.next_value()?;
+                        top.fields.insert(name, value);
+                    }
+                }
+                Ok(top)
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+impl<'a> Envelope<'a> {
     /// Parses a decoded body. Only checks that it is a JSON object (with a string `writeKey`, if
     /// any), so a client learns nothing more about its payload before it is authenticated.
-    pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Self, Rejection> {
+    pub fn parse(endpoint: Endpoint, body: &'a [u8]) -> Result<Self, Rejection> {
         if body.len() > MAX_REQUEST_BYTES {
             return Err(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
         }
-        let value: Value = serde_json::from_slice(body).map_err(|e| Rejection::MalformedJson(e.to_string()))?;
-        let Value::Object(mut body) = value else { return Err(Rejection::NotAnObject) };
-        let write_key = match body.remove("writeKey") {
+        let (mut fields, batch) = match endpoint {
+            Endpoint::Batch => match serde_json::from_slice::<TopLevel<'a>>(body) {
+                Ok(top) => (top.fields, top.batch),
+                Err(e) => return Err(not_an_object_or_malformed(body, e)),
+            },
+            Endpoint::Single(_) => match serde_json::from_slice::<Value>(body) {
+                Ok(Value::Object(fields)) => (fields, None),
+                Ok(_) => return Err(Rejection::NotAnObject),
+                Err(e) => return Err(Rejection::MalformedJson(e.to_string())),
+            },
+        };
+        let write_key = match fields.remove("writeKey") {
             None | Some(Value::Null) => None,
             Some(Value::String(k)) => Some(k),
             Some(_) => return Err(Rejection::BadWriteKey),
         };
-        Ok(Self { endpoint, body, write_key })
+        Ok(Self { endpoint, body: fields, batch, sent_bytes: body.len(), write_key })
     }
 
     /// The `writeKey` the body carried, if any.
@@ -489,14 +540,19 @@ impl Envelope {
             Endpoint::Single(event_type) => {
                 let at = Location(None);
                 let mut body = self.body;
-                let own = check_size(at, &body)?;
+                let own = check_size(at, self.sent_bytes)?;
                 // The path says what the message is.
                 body.insert("type".into(), Value::String(event_type.as_str().into()));
                 Ok(vec![finish(at, body, &received_at, own)?])
             }
             Endpoint::Batch => {
-                let mut body = self.body;
-                let Some(Value::Array(items)) = body.remove("batch") else { return Err(Rejection::BatchNotArray) };
+                let body = self.body;
+                let items: Vec<&RawValue> = match self.batch {
+                    Some(batch) if batch.get().starts_with('[') => {
+                        serde_json::from_str(batch.get()).map_err(|e| Rejection::MalformedJson(e.to_string()))?
+                    }
+                    _ => return Err(Rejection::BatchNotArray),
+                };
                 if items.is_empty() {
                     return Err(Rejection::EmptyBatch);
                 }
@@ -508,39 +564,61 @@ impl Envelope {
                 // a request can cause stay proportional to its size.
                 let shared_bytes = shared.serialized_bytes();
                 let mut merged_bound = 0usize;
-                let mut own_bytes = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
                     let at = Location(Some(i));
-                    let Value::Object(item) = item else { return Err(Rejection::MessageNotObject { at }) };
-                    let own = check_size(at, item)?;
-                    own_bytes.push(own);
+                    if !item.get().starts_with('{') {
+                        return Err(Rejection::MessageNotObject { at });
+                    }
+                    let own = check_size(at, item.get().len())?;
                     merged_bound = merged_bound.saturating_add(own + shared_bytes);
                 }
                 if merged_bound > MAX_MERGED_BYTES {
                     return Err(Rejection::MergedBatchTooLarge { bytes: merged_bound });
                 }
+                let spliced = Spliced::new(&shared, &received_at);
                 let mut out = Vec::with_capacity(items.len());
-                for (i, item) in items.into_iter().enumerate() {
+                for (i, raw) in items.into_iter().enumerate() {
                     let at = Location(Some(i));
-                    let Value::Object(mut item) = item else { return Err(Rejection::MessageNotObject { at }) };
-                    item.remove("writeKey");
-                    let bound = own_bytes[i] + shared_bytes;
-                    if shared_bytes > 0 {
-                        shared.merge_into(&mut item);
-                        // Merging adds at most `shared_bytes`, so only a message that may now be
-                        // over the limit is measured again.
-                        if bound > MAX_MESSAGE_BYTES {
-                            let merged = serialized_bytes(&item);
-                            if merged > MAX_MESSAGE_BYTES {
-                                return Err(Rejection::MergedMessageTooLarge { at, bytes: merged });
-                            }
+                    let bound = raw.get().len() + shared_bytes;
+                    if bound <= MAX_MESSAGE_BYTES {
+                        if let Some(message) = spliced.message(raw.get()) {
+                            out.push(message);
+                            continue;
                         }
                     }
-                    out.push(finish(at, item, &received_at, bound)?);
+                    out.push(tree_message(at, raw.get(), &shared, shared_bytes, &received_at)?);
                 }
                 Ok(out)
             }
         }
+    }
+}
+
+/// One message of a batch made ready through a parsed tree: any message, valid or not.
+fn tree_message(at: Location, raw: &str, shared: &Shared<'_>, shared_bytes: usize, received_at: &Value) -> Result<Message, Rejection> {
+    let mut item: Map<String, Value> = serde_json::from_str(raw).map_err(|e| Rejection::MalformedJson(e.to_string()))?;
+    item.remove("writeKey");
+    let bound = raw.len() + shared_bytes;
+    if shared_bytes > 0 {
+        shared.merge_into(&mut item);
+        // Merging adds at most `shared_bytes`, so only a message that may now be over the limit
+        // is measured again.
+        if bound > MAX_MESSAGE_BYTES {
+            let merged = serialized_bytes(&item);
+            if merged > MAX_MESSAGE_BYTES {
+                return Err(Rejection::MergedMessageTooLarge { at, bytes: merged });
+            }
+        }
+    }
+    finish(at, item, received_at, bound)
+}
+
+/// Why a body that is not a parseable object was refused: valid JSON of another kind, or not JSON.
+fn not_an_object_or_malformed(body: &[u8], e: serde_json::Error) -> Rejection {
+    if e.classify() == serde_json::error::Category::Data && serde_json::from_slice::<IgnoredAny>(body).is_ok() {
+        Rejection::NotAnObject
+    } else {
+        Rejection::MalformedJson(e.to_string())
     }
 }
 
@@ -579,6 +657,137 @@ impl<'a> Shared<'a> {
     }
 }
 
+/// A batch's valid messages made ready without parsing them into a tree: the fields that
+/// validation needs are read in place, and what this service adds (`receivedAt`, a `messageId`
+/// when there is none, the batch's shared fields the message lacks) is appended to the text the
+/// client sent. A message this cannot take as it is (one that is invalid, carries `writeKey` or a
+/// field this service sets, needs a deep merge, or repeats a field) gets `None`, and goes the
+/// tree's way, which refuses it with its reason or makes the same record.
+struct Spliced {
+    received_at: String,
+    /// Each shared field the batch has, serialized once: its name, and its value.
+    shared: Vec<(&'static str, String)>,
+}
+
+/// The fields of a message that validation reads, kept as sent. A field that is present, even
+/// as `null`, is `Some`.
+#[derive(serde::Deserialize)]
+struct Validated<'a> {
+    #[serde(rename = "type", borrow, default, deserialize_with = "present")]
+    kind: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    event: Option<&'a RawValue>,
+    #[serde(rename = "userId", borrow, default, deserialize_with = "present")]
+    user_id: Option<&'a RawValue>,
+    #[serde(rename = "anonymousId", borrow, default, deserialize_with = "present")]
+    anonymous_id: Option<&'a RawValue>,
+    #[serde(rename = "previousId", borrow, default, deserialize_with = "present")]
+    previous_id: Option<&'a RawValue>,
+    #[serde(rename = "groupId", borrow, default, deserialize_with = "present")]
+    group_id: Option<&'a RawValue>,
+    #[serde(rename = "messageId", borrow, default, deserialize_with = "present")]
+    message_id: Option<&'a RawValue>,
+    #[serde(rename = "receivedAt", borrow, default, deserialize_with = "present")]
+    received_at: Option<&'a RawValue>,
+    #[serde(rename = "writeKey", borrow, default, deserialize_with = "present")]
+    write_key: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    context: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    integrations: Option<&'a RawValue>,
+    #[serde(rename = "sentAt", borrow, default, deserialize_with = "present")]
+    sent_at: Option<&'a RawValue>,
+}
+
+/// A field's value as sent, `null` included.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(deserializer).map(Some)
+}
+
+/// The text of a JSON string without escapes, or `None`.
+fn plain_str(raw: &RawValue) -> Option<&str> {
+    let text = raw.get().strip_prefix('"')?.strip_suffix('"')?;
+    (!text.contains('\\')).then_some(text)
+}
+
+/// Like [`has_id`]: a non-empty string or a number.
+fn raw_has_id(raw: Option<&RawValue>) -> bool {
+    raw.is_some_and(|r| {
+        let t = r.get();
+        (t.starts_with('"') && t != "\"\"") || t.starts_with(|c: char| c == '-' || c.is_ascii_digit())
+    })
+}
+
+impl Spliced {
+    fn new(shared: &Shared<'_>, received_at: &Value) -> Self {
+        let mut fields = Vec::new();
+        let named = [
+            ("context", shared.context.map(serde_json::to_string)),
+            ("integrations", shared.integrations.map(serde_json::to_string)),
+            ("sentAt", shared.sent_at.map(serde_json::to_string)),
+        ];
+        for (name, text) in named {
+            if let Some(Ok(text)) = text {
+                fields.push((name, text));
+            }
+        }
+        Self { received_at: received_at.to_string(), shared: fields }
+    }
+
+    fn message(&self, raw: &str) -> Option<Message> {
+        let v: Validated<'_> = serde_json::from_str(raw).ok()?;
+        if v.write_key.is_some() || v.received_at.is_some() {
+            return None;
+        }
+        let has_shared = |name: &str| match name {
+            "context" => v.context.is_some(),
+            "integrations" => v.integrations.is_some(),
+            _ => v.sent_at.is_some(),
+        };
+        if self.shared.iter().any(|(name, _)| has_shared(name)) {
+            return None;
+        }
+        let event_type = EventType::parse(plain_str(v.kind?)?)?;
+        let valid = match event_type {
+            EventType::Alias => raw_has_id(v.previous_id) && raw_has_id(v.user_id),
+            _ => raw_has_id(v.user_id) || raw_has_id(v.anonymous_id),
+        } && match event_type {
+            EventType::Track => v.event.is_some_and(|e| e.get().starts_with('"') && e.get() != "\"\""),
+            EventType::Group => raw_has_id(v.group_id),
+            _ => true,
+        };
+        if !valid {
+            return None;
+        }
+        let (message_id, assigned) = match v.message_id {
+            None => (uuid::Uuid::new_v4().to_string(), true),
+            Some(id) => (plain_str(id).filter(|id| valid_message_id(id))?.to_string(), false),
+        };
+        // The message is an object (checked before): its text ends with its closing brace.
+        let open = raw.strip_suffix('}')?.trim_end();
+        let mut value = Vec::with_capacity(raw.len() + 128 + self.shared.iter().map(|(n, t)| n.len() + t.len() + 4).sum::<usize>());
+        value.extend_from_slice(open.as_bytes());
+        let mut field = |name: &str, text: &str| {
+            if value.len() > 1 {
+                value.push(b',');
+            }
+            value.push(b'"');
+            value.extend_from_slice(name.as_bytes());
+            value.extend_from_slice(b"\":");
+            value.extend_from_slice(text.as_bytes());
+        };
+        if assigned {
+            field("messageId", &format!("\"{message_id}\""));
+        }
+        field("receivedAt", &self.received_at);
+        for (name, text) in &self.shared {
+            field(name, text);
+        }
+        value.push(b'}');
+        (value.len() <= MAX_RECORD_BYTES).then_some(Message { message_id, event_type, value })
+    }
+}
+
 /// Deep-merges `defaults` into `target[name]`: keys missing from the target are added, objects on
 /// both sides are merged recursively, and any other value the target has wins.
 fn merge_defaults(target: &mut Map<String, Value>, name: &str, defaults: &Map<String, Value>) {
@@ -603,8 +812,7 @@ fn merge_defaults(target: &mut Map<String, Value>, name: &str, defaults: &Map<St
 }
 
 /// Refuses a message over [`MAX_MESSAGE_BYTES`] as the client sent it; returns its size.
-fn check_size(at: Location, item: &Map<String, Value>) -> Result<usize, Rejection> {
-    let bytes = serialized_bytes(item);
+fn check_size(at: Location, bytes: usize) -> Result<usize, Rejection> {
     if bytes > MAX_MESSAGE_BYTES {
         return Err(Rejection::MessageTooLarge { at, bytes });
     }
@@ -870,6 +1078,64 @@ mod tests {
     }
 
     #[test]
+    fn spliced_messages_are_the_tree_s_messages() {
+        let received_at = Value::String(rfc3339_millis(at(1_000)));
+        let shared_bodies = [
+            r#"{}"#,
+            r#"{"context":{"library":{"name":"l"},"ip":"1.2.3.4"},"integrations":{"All":true},"sentAt":"2024-01-01T00:00:00.000Z"}"#,
+            r#"{"context":5,"sentAt":null}"#,
+        ];
+        let items = [
+            // Taken in place: valid, nothing to merge into.
+            (r#"{"type":"track","event":"e","userId":"u","messageId":"m-1","properties":{"a":[1,{"b":null}]}}"#, true),
+            (r#" { "type" : "identify" , "anonymousId" : 7 , "messageId" : "m-2" } "#, true),
+            (r#"{"type":"alias","userId":"u","previousId":"p"}"#, true),
+            (r#"{"type":"group","userId":"u","groupId":-3,"messageId":"é-✓"}"#, true),
+            (r#"{"type":"page","userId":"u","x":"q\"uote\\\\"}"#, true),
+            // Left to the tree: what this service sets or removes, escapes it would have to
+            // decode, and anything invalid.
+            (r#"{"type":"track","event":"e","userId":"u","writeKey":"k"}"#, false),
+            (r#"{"type":"track","event":"e","userId":"u","receivedAt":"then"}"#, false),
+            (r#"{"type":"track","event":"e","userId":"u","messageId":null}"#, false),
+            (r#"{"type":"track","event":"e","userId":"u","messageId":"a\u0041"}"#, false),
+            (r#"{"type":"tr\u0061ck","event":"e","userId":"u"}"#, false),
+            (r#"{"type":"track","type":"track","event":"e","userId":"u"}"#, false),
+            (r#"{"type":"track","event":"","userId":"u"}"#, false),
+            (r#"{"type":"group","userId":"u","groupId":""}"#, false),
+            (r#"{"type":"alias","userId":"u"}"#, false),
+            (r#"{"type":"track","event":"e","userId":"u","messageId":"a\tb"}"#, false),
+        ];
+        for shared_body in shared_bodies {
+            let body: Map<String, Value> = serde_json::from_str(shared_body).unwrap();
+            let shared = Shared::from_batch(&body);
+            let spliced = Spliced::new(&shared, &received_at);
+            for (item, plain) in items {
+                let raw: &RawValue = serde_json::from_str(item).unwrap();
+                let tree = tree_message(Location(Some(0)), raw.get(), &shared, shared.serialized_bytes(), &received_at);
+                let Some(fast) = spliced.message(raw.get()) else {
+                    // Plain messages are left to the tree only for a shared field they have.
+                    let item: Value = serde_json::from_str(item).unwrap();
+                    let clash = ["context", "integrations", "sentAt"].iter().any(|f| item.get(f).is_some());
+                    assert!(!plain || clash, "{item} under {shared_body}");
+                    continue;
+                };
+                assert!(plain, "{item} under {shared_body} was taken in place");
+                let tree = tree.unwrap();
+                let (fast_json, mut tree_json): (Value, Value) =
+                    (serde_json::from_slice(&fast.value).unwrap(), serde_json::from_slice(&tree.value).unwrap());
+                assert_eq!((fast.event_type, !fast.message_id.is_empty()), (tree.event_type, true));
+                if fast.message_id != tree.message_id {
+                    // Both assigned a UUIDv4 of their own.
+                    assert!(uuid::Uuid::parse_str(&fast.message_id).is_ok() && uuid::Uuid::parse_str(&tree.message_id).is_ok());
+                    tree_json["messageId"] = Value::String(fast.message_id.clone());
+                }
+                assert_eq!(fast_json["messageId"], Value::String(fast.message_id.clone()));
+                assert_eq!(fast_json, tree_json, "{item} under {shared_body}");
+            }
+        }
+    }
+
+    #[test]
     fn one_bad_message_rejects_the_whole_batch_and_says_where() {
         let err = messages("batch", r#"{"batch":[{"type":"track","event":"e","userId":"u"},{"type":"track","userId":"u"}]}"#)
             .unwrap_err();
@@ -889,6 +1155,14 @@ mod tests {
         let err = messages("batch", &format!(r#"{{"batch":[{fits},{over}]}}"#)).unwrap_err();
         assert_eq!(err, Rejection::MessageTooLarge { at: Location(Some(1)), bytes: MAX_MESSAGE_BYTES + 1 });
         assert_eq!(messages("track", &over).unwrap_err().reason(), "message_too_large");
+        // The size is the message's as sent, spaces included, as the libraries measure it.
+        let spaced = fits.replacen(r#""type":"track","#, r#""type": "track", "#, 1);
+        let err = messages("batch", &format!(r#"{{"batch":[{spaced}]}}"#)).unwrap_err();
+        assert_eq!(err, Rejection::MessageTooLarge { at: Location(Some(0)), bytes: MAX_MESSAGE_BYTES + 2 });
+        // Of two `batch` fields, the last counts, as of any two same-named fields.
+        let err = messages("batch", r#"{"batch":[{"type":"track","event":"e","userId":"u"}],"batch":{}}"#).unwrap_err();
+        assert_eq!(err, Rejection::BatchNotArray);
+        assert_eq!(messages("batch", r#"{"batch":{},"batch":[{"type":"track","event":"e","userId":"u"}]}"#).unwrap().len(), 1);
         // Sixteen messages of 32 KB are over 500 KB.
         let items = vec![fits; 16].join(",");
         let err = messages("batch", &format!(r#"{{"batch":[{items}]}}"#)).unwrap_err();
