@@ -433,9 +433,8 @@ fn decode_and_validate(
     keys: &WriteKeys,
     received_at: SystemTime,
 ) -> Result<(String, Vec<Message>), (Outcome, Option<String>)> {
-    let envelope = tracking::decode_body(raw, encoding)
-        .and_then(|body| Envelope::parse(endpoint, &body))
-        .map_err(|r| (Outcome::Rejected(r), None))?;
+    let body = tracking::decode_body(raw, encoding).map_err(|r| (Outcome::Rejected(r), None))?;
+    let envelope = Envelope::parse(endpoint, &body).map_err(|r| (Outcome::Rejected(r), None))?;
     let source = match keys.authenticate(authorization, envelope.write_key()) {
         Ok(source) => source.to_string(),
         Err(e) => return Err((Outcome::Unauthorized(e), None)),
@@ -609,9 +608,15 @@ pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", PARTITIONER)
-        .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string())
-        // A short linger batches concurrent requests without adding much to each one's latency.
-        .set("linger.ms", "2");
+        .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string());
+    // No linger: a request is already a batch, and what arrives while a produce request is in
+    // flight is batched behind it anyway. A linger only adds to every request's wait, and with a
+    // bounded number of clients each waiting on its answer, the wait bounds the throughput too
+    // (at 32 connections: 2 ms gave 145k events/s, 5 ms 81k, none 169k). `kafka.properties` may
+    // set another.
+    if !config.kafka.properties.contains_key("linger.ms") {
+        client_config.set("linger.ms", "0");
+    }
     ThreadedProducer::from_config_and_context(&client_config, RequestAcks).map(Arc::new)
 }
 
