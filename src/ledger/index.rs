@@ -34,6 +34,8 @@ use xxhash_rust::xxh3::xxh3_128_with_seed;
 use crate::identity::LedgerKey;
 
 const BUCKET_BYTES: usize = 64;
+/// Where the table starts in its allocation: a page boundary (a multiple of [`BUCKET_BYTES`]).
+const TABLE_ALIGN: usize = 4096;
 const SLOT_BYTES: usize = 3;
 const SLOTS: usize = 21;
 const FLAGS_BYTE: usize = 63;
@@ -108,7 +110,9 @@ impl IdIndex {
     /// being read in touches every page anyway: a separate pass first cost a second at 1B ids).
     fn allocate(capacity: u64, seed: u64, touch: bool) -> IdIndex {
         let buckets = Self::buckets_for(capacity);
-        let mut bytes = vec![0u8; buckets * BUCKET_BYTES + BUCKET_BYTES];
+        // Room to start the table at a page boundary: a stored table is read straight into it
+        // with `O_DIRECT`, which wants aligned memory.
+        let mut bytes = vec![0u8; buckets * BUCKET_BYTES + TABLE_ALIGN];
         advise_huge_pages(&mut bytes);
         if touch {
             // One write per 4 KiB page faults the table in now. `black_box` keeps the compiler
@@ -118,7 +122,7 @@ impl IdIndex {
                 touched[i] = 0;
             }
         }
-        let offset = bytes.as_ptr().align_offset(BUCKET_BYTES).min(BUCKET_BYTES);
+        let offset = bytes.as_ptr().align_offset(TABLE_ALIGN).min(TABLE_ALIGN);
         IdIndex {
             bytes,
             offset,

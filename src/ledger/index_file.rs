@@ -2,8 +2,10 @@
 //! opens, so that opening does not read every id again.
 //!
 //! # File `id-index` (in the ledger directory, beside RocksDB's files)
-//! `[magic 8][header length u32 LE][header][XXH3-64 of the header, u64 LE][table][XXH3-64 of the
-//! table, u64 LE]`. The header holds the file version, the table's seed, its bucket count, the
+//! `[magic 8][header length u32 LE][header][XXH3-64 of the header, u64 LE][zeros to the next
+//! multiple of 4096][table][table checksum, u64 LE]`. The table starts aligned, so it is read in
+//! parallel pieces straight into memory; its checksum is the XXH3-64 of the XXH3-64s (u64 LE) of
+//! its 8 MiB pieces in order, so each reader hashes what it read. The header holds the file version, the table's seed, its bucket count, the
 //! overflowed buckets, the slots held per tag, the ledger's `commit_seq` when it was written, and
 //! every live generation's id with whether it was sealed then. The table is the index's buckets
 //! as they are in memory.
@@ -27,11 +29,12 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+use xxhash_rust::xxh3::xxh3_64;
 
-use super::direct_io::{DirectReader, DirectWriter, CHUNK};
+use super::direct_io::{align_up, read_pieces, table_pieces, DirectWriter, CHUNK};
 use super::error::io_error;
 use super::index::{Header, IdIndex};
 use super::{Result, State};
@@ -40,7 +43,7 @@ use super::{Result, State};
 pub const INDEX_FILE: &str = "id-index";
 const TEMPORARY: &str = "id-index.partial";
 const MAGIC: &[u8; 8] = b"DDUPIDX\x01";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Longest header accepted (256 tag counts, generations: far below this).
 const MAX_HEADER: u32 = 1 << 20;
 
@@ -104,13 +107,15 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
         file.write_all(&(header.len() as u32).to_le_bytes())?;
         file.write_all(&header)?;
         file.write_all(&xxh3_64(&header).to_le_bytes())?;
+        let written = 8 + 4 + header.len() + 8;
+        file.write_all(&vec![0u8; align_up(written) - written])?;
         let table = state.index.table();
-        let mut hasher = Xxh3::new();
+        let mut digests = Vec::with_capacity(table_pieces(table.len()) * 8);
         for chunk in table.chunks(CHUNK) {
-            hasher.update(chunk);
+            digests.extend_from_slice(&xxh3_64(chunk).to_le_bytes());
             file.write_all(chunk)?;
         }
-        file.write_all(&hasher.digest().to_le_bytes())?;
+        file.write_all(&xxh3_64(&digests).to_le_bytes())?;
         file.finish(durable)
     })();
     written.map_err(io_error("write", &temporary))?;
@@ -126,7 +131,7 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
 /// and a table of `buckets` buckets. `None` (with the cause logged) when there is no usable file.
 pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BTreeMap<u64, bool>) -> Option<Loaded> {
     let path = dir.join(INDEX_FILE);
-    let file = match DirectReader::open(&path) {
+    let file = match std::fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::info!(path = %path.display(), "No stored id index; rebuilding it from the generations.");
@@ -137,7 +142,7 @@ pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BT
             return None;
         }
     };
-    match read_file(file, buckets) {
+    match read_file(&path, file, buckets) {
         Ok(Some((index, stamp))) => {
             let trusted = generations
                 .keys()
@@ -188,37 +193,48 @@ fn invalid(what: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
 }
 
-/// The index and stamp in `file`; `Ok(None)` for a well-formed file of another table size.
-fn read_file(mut file: DirectReader, buckets: usize) -> std::io::Result<Option<(IdIndex, Stamp)>> {
+/// The index and stamp in `file` (at `path`); `Ok(None)` for a well-formed file of another table
+/// size.
+fn read_file(path: &Path, file: std::fs::File, buckets: usize) -> std::io::Result<Option<(IdIndex, Stamp)>> {
+    let file_len = file.metadata()?.len();
+    let mut head = std::io::BufReader::new(&file);
     let mut magic = [0u8; 8];
-    file.read_exact(&mut magic)?;
+    head.read_exact(&mut magic)?;
     if &magic != MAGIC {
         return Err(invalid("not an id index file (wrong magic)"));
     }
-    let len = read_u32(&mut file)?;
+    let len = read_u32(&mut head)?;
     if len > MAX_HEADER {
         return Err(invalid(format!("header of {len} bytes")));
     }
     let mut header = vec![0u8; len as usize];
-    file.read_exact(&mut header)?;
-    if read_u64(&mut file)? != xxh3_64(&header) {
+    head.read_exact(&mut header)?;
+    if read_u64(&mut head)? != xxh3_64(&header) {
         return Err(invalid("the header's checksum does not match"));
     }
     let (index_header, stamp) = decode_header(&header)?;
-    let mut checksum = Xxh3::new();
+    let table_start = align_up(8 + 4 + header.len() + 8) as u64;
+    // The padding before the table is covered by no checksum: it must be zeros, as written.
+    let mut padding = vec![0u8; table_start as usize - (8 + 4 + header.len() + 8)];
+    head.read_exact(&mut padding)?;
+    if padding.iter().any(|&b| b != 0) {
+        return Err(invalid("the padding before the table is not zeros"));
+    }
+    let mut digests = Vec::new();
     let loaded = IdIndex::from_parts(&index_header, buckets, |table| {
-        for chunk in table.chunks_mut(CHUNK) {
-            file.read_exact(chunk)?;
-            checksum.update(chunk);
+        let expected = table_start + table.len() as u64 + 8;
+        if file_len != expected {
+            return Err(invalid(format!("{file_len} bytes where the table and its checksum make {expected}")));
         }
+        digests = read_pieces(path, table_start, table)?;
         Ok(())
     })?;
     let Some(index) = loaded else { return Ok(None) };
-    if read_u64(&mut file)? != checksum.digest() {
+    let mut stored = [0u8; 8];
+    file.read_exact_at(&mut stored, table_start + index.table().len() as u64)?;
+    let digest_bytes: Vec<u8> = digests.iter().flat_map(|d| d.to_le_bytes()).collect();
+    if u64::from_le_bytes(stored) != xxh3_64(&digest_bytes) {
         return Err(invalid("the table's checksum does not match"));
-    }
-    if file.read(&mut [0u8; 1])? != 0 {
-        return Err(invalid("bytes after the table's checksum"));
     }
     Ok(Some((index, stamp)))
 }
