@@ -96,6 +96,8 @@ fn main() -> ExitCode {
             })
         }
         Command::Bench(BenchCommand::Ledger(args)) => {
+            // The ledger's own lines (how each open went, and where its time went) on stderr.
+            telemetry::init_tracing(&dedupe::config::LogConfig::default());
             let report = match dedupe::bench::ledger::run(&args.bench_config()) {
                 Ok(r) => r,
                 Err(e) => return fail(format!("the ledger bench failed: {e:#}")),

@@ -36,6 +36,7 @@ impl Ledger {
         let names = column_families(&db_opts, &path, fresh)?;
         let block_cache = Cache::new_lru_cache(options.block_cache_bytes);
         let db = open_db(&db_opts, &path, &names, &options, &block_cache)?;
+        let db_seconds = started.elapsed().as_secs_f64();
         let state = empty_state();
         let ledger = Ledger {
             db,
@@ -56,7 +57,7 @@ impl Ledger {
         let seconds = started.elapsed().as_secs_f64();
         let _ = ledger.opened.set(super::OpenReport { seconds, index: source });
         metrics::gauge!(crate::metrics::LEDGER_OPEN_SECONDS, "index" => source.label()).set(seconds);
-        tracing::info!(path = %ledger.path.display(), seconds, index = source.label(), "Opened the ledger.");
+        tracing::info!(path = %ledger.path.display(), seconds, db_seconds, index = source.label(), "Opened the ledger.");
         Ok(ledger)
     }
 
