@@ -8,26 +8,13 @@
 #   deploy/local/demo.sh --browser   (DEMO_PAGE_PORT=8000 DEMO_STRATEGY=standard|batching)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
 page_port=${DEMO_PAGE_PORT:-8000}
 strategy=${DEMO_STRATEGY:-standard}
-partitions=${DEMO_PARTITIONS:-4}
-run_id=$(date +%s)
-input=demo.in.$run_id
-output=demo.out.$run_id
-work=.dedupe-local/demo-browser-$run_id
+. deploy/local/demo-common.sh
+demo_setup demo-browser
 # A key for this demo only; it is public in the page anyway, as every browser write key is.
 write_key=demo-browser-$run_id
 
-deploy/local/install-deps.sh
-brokers=$(deploy/local/kafka.sh up | tail -n 1)
-cargo build --release --locked -p dedupe-actors --bin dedupe
-dedupe=$CARGO_TARGET_DIR/release/dedupe
-deploy/local/kafka.sh create-topic "$input" "$partitions" 2>/dev/null
-deploy/local/kafka.sh create-topic "$output" "$partitions" 2>/dev/null
-mkdir -p "$work"
-
-worker_metrics=$(sed -n 's/^addr = "\(.*\)"/\1/p' config/local.toml | tail -n 1)
 api=$(sed -n '/^\[ingest\]/,/^\[/ s/^listen = "\(.*\)"/\1/p' config/local.toml)
 ingest_metrics=127.0.0.1:9465
 origins="[\"http://localhost:$page_port\", \"http://127.0.0.1:$page_port\"]"
@@ -39,9 +26,8 @@ stop() {
 }
 trap stop EXIT
 
-"$dedupe" run --config config/local.toml --brokers "$brokers" --input-topic "$input" --output-topic "$output" \
-  --data-dir "$work/ledger" >"$work/worker.log" 2>&1 &
-pids+=($!)
+demo_start_worker
+pids+=("$worker_pid")
 DEDUPE_WRITE_KEYS="$write_key=browser-demo" DEDUPE_INGEST_CORS_ORIGINS="$origins" \
   "$dedupe" ingest --config config/local.toml --brokers "$brokers" --topic "$input" --metrics-addr "$ingest_metrics" \
   >"$work/ingest.log" 2>&1 &
@@ -64,7 +50,7 @@ sum() { curl -s "http://$1/metrics" | awk -v m="$2" '$1 ~ "^"m"({|$)" {s += $2} 
 verify() {
   echo
   echo "demo: verify (every input id exactly once in the output):"
-  "$dedupe" verify --config config/local.toml --brokers "$brokers" --input-topic "$input" --output-topic "$output" || true
+  demo_verify || true
   exit 0
 }
 trap 'trap - INT; verify' INT

@@ -11,35 +11,19 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 if [ "${1:-}" = --browser ]; then
   exec deploy/local/demo-browser.sh
 fi
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
 messages=${DEMO_MESSAGES:-100000}
 dup_ratio=${DEMO_DUP_RATIO:-0.05}
-partitions=${DEMO_PARTITIONS:-4}
-run_id=$(date +%s)
-input=demo.in.$run_id
-output=demo.out.$run_id
-work=.dedupe-local/demo-$run_id
-
-deploy/local/install-deps.sh
-deploy/local/kafka.sh up
-brokers=$(deploy/local/kafka.sh up | tail -n 1)
-cargo build --release --locked -p dedupe-actors --bin dedupe
-dedupe=$CARGO_TARGET_DIR/release/dedupe
-
-deploy/local/kafka.sh create-topic "$input" "$partitions" 2>/dev/null
-deploy/local/kafka.sh create-topic "$output" "$partitions" 2>/dev/null
-
-mkdir -p "$work"
-"$dedupe" run --config config/local.toml --brokers "$brokers" --input-topic "$input" --output-topic "$output" \
-  --data-dir "$work/ledger" >"$work/worker.log" 2>&1 &
-worker=$!
+. deploy/local/demo-common.sh
+demo_setup demo
+demo_start_worker
+worker=$worker_pid
 trap 'kill $worker 2>/dev/null || true' EXIT
 
 echo "demo: producing $messages messages ($dup_ratio of them re-sent ids) to $input"
 "$dedupe" loadgen --config config/local.toml --brokers "$brokers" --topic "$input" --count "$messages" --dup-ratio "$dup_ratio"
 
 echo "demo: waiting for the worker to drain the input"
-metrics=$(sed -n 's/^addr = "\(.*\)"/\1/p' config/local.toml | tail -n 1)
+metrics=$worker_metrics
 for _ in $(seq 1 300); do
   lag=$(curl -s "http://$metrics/metrics" | awk '/^dedupe_consumer_lag_records/ {s += $2} END {print s + 0}')
   ready=$(curl -s -o /dev/null -w '%{http_code}' "http://$metrics/readyz" || true)
@@ -50,7 +34,7 @@ sleep 6 # one more stats interval, so the lag gauge is fresh
 
 echo "demo: verify (every input id exactly once in the output):"
 verified=0
-"$dedupe" verify --config config/local.toml --brokers "$brokers" --input-topic "$input" --output-topic "$output" || verified=$?
+demo_verify || verified=$?
 echo "demo: metrics at http://$metrics/metrics (readiness /readyz); duplicates dropped:"
 curl -s "http://$metrics/metrics" | grep -E '^dedupe_(duplicates_dropped_total|records_in_total|records_out_total|window_seconds)' || true
 if [ "${DEMO_KEEP_RUNNING:-0}" = 1 ]; then
