@@ -10,8 +10,8 @@
 //! `O_DIRECT` requires. Reading takes the table in [`CHUNK`]-sized pieces on [`READERS`] threads,
 //! straight into the table's own (aligned) memory, each thread hashing the pieces it read, so
 //! neither the copy nor the checksum waits for the disk on one thread (a billion-id index took
-//! 6.6 s to load when one thread copied and hashed what two threads read). Where the file system refuses `O_DIRECT` (tmpfs, some
-//! overlay set-ups) the same code runs through the page cache.
+//! 6.6 s to load when one thread copied and hashed what two threads read). Where the file system
+//! refuses `O_DIRECT` (tmpfs, some overlay set-ups) the same code runs through the page cache.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -195,8 +195,7 @@ pub(super) fn read_pieces(path: &Path, offset: u64, table: &mut [u8]) -> io::Res
                             read_chunk(file, at, piece)?
                         } else {
                             let buf = bounce.get_or_insert_with(Aligned::new);
-                            let want = piece.len().div_ceil(ALIGN) * ALIGN;
-                            let n = read_chunk(file, at, &mut buf.buf_mut()[..want])?.min(piece.len());
+                            let n = read_chunk(file, at, &mut buf.buf_mut()[..align_up(piece.len())])?.min(piece.len());
                             piece[..n].copy_from_slice(&buf.buf()[..n]);
                             n
                         };

@@ -5,8 +5,8 @@
 //! `[magic 8][header length u32 LE][header][XXH3-64 of the header, u64 LE][zeros to the next
 //! multiple of 4096][table][table checksum, u64 LE]`. The table starts aligned, so it is read in
 //! parallel pieces straight into memory; its checksum is the XXH3-64 of the XXH3-64s (u64 LE) of
-//! its 8 MiB pieces in order, so each reader hashes what it read. The header holds the file version, the table's seed, its bucket count, the
-//! overflowed buckets, the slots held per tag, the ledger's `commit_seq` when it was written, and
+//! its 8 MiB pieces in order, so each reader hashes what it read. The header holds the file
+//! version, the table's seed, its bucket count, the overflowed buckets, the slots held per tag, the ledger's `commit_seq` when it was written, and
 //! every live generation's id with whether it was sealed then. The table is the index's buckets
 //! as they are in memory.
 //!
@@ -107,8 +107,8 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
         file.write_all(&(header.len() as u32).to_le_bytes())?;
         file.write_all(&header)?;
         file.write_all(&xxh3_64(&header).to_le_bytes())?;
-        let written = 8 + 4 + header.len() + 8;
-        file.write_all(&vec![0u8; align_up(written) - written])?;
+        let (headed, table_start) = header_end_and_table_start(header.len());
+        file.write_all(&vec![0u8; table_start - headed])?;
         let table = state.index.table();
         let mut digests = Vec::with_capacity(table_pieces(table.len()) * 8);
         for chunk in table.chunks(CHUNK) {
@@ -213,13 +213,14 @@ fn read_file(path: &Path, file: std::fs::File, buckets: usize) -> std::io::Resul
         return Err(invalid("the header's checksum does not match"));
     }
     let (index_header, stamp) = decode_header(&header)?;
-    let table_start = align_up(8 + 4 + header.len() + 8) as u64;
+    let (headed, table_start) = header_end_and_table_start(header.len());
     // The padding before the table is covered by no checksum: it must be zeros, as written.
-    let mut padding = vec![0u8; table_start as usize - (8 + 4 + header.len() + 8)];
+    let mut padding = vec![0u8; table_start - headed];
     head.read_exact(&mut padding)?;
     if padding.iter().any(|&b| b != 0) {
         return Err(invalid("the padding before the table is not zeros"));
     }
+    let table_start = table_start as u64;
     let mut digests = Vec::new();
     let loaded = IdIndex::from_parts(&index_header, buckets, |table| {
         let expected = table_start + table.len() as u64 + 8;
@@ -237,6 +238,13 @@ fn read_file(path: &Path, file: std::fs::File, buckets: usize) -> std::io::Resul
         return Err(invalid("the table's checksum does not match"));
     }
     Ok(Some((index, stamp)))
+}
+
+/// Where the header section (magic, length, header, its checksum) ends, and where the table
+/// starts after the zero padding, for a header of `header_len` bytes.
+fn header_end_and_table_start(header_len: usize) -> (usize, usize) {
+    let end = MAGIC.len() + 4 + header_len + 8;
+    (end, align_up(end))
 }
 
 fn encode_header(h: &Header, stamp: &Stamp) -> Vec<u8> {
