@@ -672,30 +672,31 @@ struct Spliced {
 /// The fields of a message that validation reads, kept as sent. A field that is present, even
 /// as `null`, is `Some`.
 #[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct Validated<'a> {
     #[serde(rename = "type", borrow, default, deserialize_with = "present")]
     kind: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     event: Option<&'a RawValue>,
-    #[serde(rename = "userId", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     user_id: Option<&'a RawValue>,
-    #[serde(rename = "anonymousId", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     anonymous_id: Option<&'a RawValue>,
-    #[serde(rename = "previousId", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     previous_id: Option<&'a RawValue>,
-    #[serde(rename = "groupId", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     group_id: Option<&'a RawValue>,
-    #[serde(rename = "messageId", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     message_id: Option<&'a RawValue>,
-    #[serde(rename = "receivedAt", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     received_at: Option<&'a RawValue>,
-    #[serde(rename = "writeKey", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     write_key: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     context: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     integrations: Option<&'a RawValue>,
-    #[serde(rename = "sentAt", borrow, default, deserialize_with = "present")]
+    #[serde(borrow, default, deserialize_with = "present")]
     sent_at: Option<&'a RawValue>,
 }
 
