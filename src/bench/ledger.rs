@@ -108,6 +108,9 @@ pub struct LedgerBenchReport {
     pub budget_bytes: Option<u64>,
     pub ids_per_sec: f64,
     pub wall_secs: f64,
+    /// The slowest `check_and_record` call of the run: a stall (a seal, a commit waiting on the
+    /// one before) shows here, not in the average.
+    pub max_batch_ms: f64,
     pub unaged_ids_per_sec: Option<f64>,
     pub aged_ids_per_sec: Option<f64>,
     pub bytes_per_key: f64,
@@ -129,9 +132,9 @@ pub struct LedgerBenchReport {
     pub reopen_secs: f64,
     /// Where the reopened index came from ("loaded" after a clean close).
     pub reopen_index: String,
-    /// Time to reopen as after a crash late in the run: the index file is the one stored by a
-    /// checkpoint taken at 90% of the ids, so the generations sealed since (and the active one)
-    /// are read from disk.
+    /// Time to reopen as after a crash late in the run: the index file is the one a checkpoint
+    /// taken at 90% of the ids carries (the one stored after the last seal before it), so the
+    /// generations sealed since (and the active one) are read from disk.
     pub crash_reopen_secs: Option<f64>,
     /// Where that reopen's index came from ("partial", or "loaded" when nothing sealed since).
     pub crash_reopen_index: Option<String>,
@@ -265,6 +268,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let bar = progress_bar(config, config.keys, "ledger");
     let wall = Instant::now();
     let mut timed = Duration::ZERO;
+    let mut slowest = Duration::ZERO;
     let mut done = 0u64;
     let mut batches = 0u64;
     let (mut duplicates_found, mut duplicates_expected) = (0u64, 0u64);
@@ -276,8 +280,8 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let mut crash_index: Option<PathBuf> = None;
     while done < config.keys {
         if crash_index.is_none() && done >= checkpoint_at && done > 0 {
-            // A snapshot late in the run: it refreshes the ledger's stored index, which a crash
-            // from here on starts from. Not timed.
+            // A snapshot late in the run: it carries the index file stored after the last seal,
+            // as a crash from here on would find it. Not timed.
             ledger.checkpoint(&checkpoint_dir)?;
             let kept = root.join("index-at-90pct");
             std::fs::hard_link(ledger_dir.join(INDEX_FILE), &kept)
@@ -291,7 +295,9 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         let progress = (batches + 1).to_le_bytes();
         let started = Instant::now();
         let verdicts = ledger.check_and_record(0, &items, &progress)?;
-        timed += started.elapsed();
+        let took = started.elapsed();
+        timed += took;
+        slowest = slowest.max(took);
         duplicates_found += verdicts
             .iter()
             .filter(|v| matches!(v, Verdict::Duplicate { .. }))
@@ -384,6 +390,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         bytes_per_key: stats.live_sst_bytes as f64 / stats.ids_estimate.max(1) as f64,
         live_sst_bytes: stats.live_sst_bytes,
         max_disk_bytes: max_disk,
+        max_batch_ms: slowest.as_secs_f64() * 1e3,
         disk_limit_bytes: config.budget_bytes.map(|b| b + generation_bytes),
         peak_rss_bytes: peak_rss,
         window_ids: stats.ids_estimate,

@@ -22,22 +22,25 @@ impl Ledger {
         checkpoint
             .create_checkpoint(dir)
             .map_err(rocks(Doing::Checkpoint(dir)))?;
-        // The index as of this checkpoint (everything is committed): a restored checkpoint opens
-        // without reading every id. It also replaces the live directory's file, so that a crash
-        // from here on reads only the generations sealed since.
-        // When the live file already holds this very index (stored after the last seal, unsynced),
-        // it is synced and linked in rather than written again under the lock (seconds at a
-        // billion ids).
-        let stored = state.index_stored_at == Some(state.commit_seq);
-        if state.index.knows() && stored && self.path.join(super::index_file::INDEX_FILE).exists() {
-            super::index_file::sync(&self.path)?;
-            super::index_file::link_into(&self.path, dir)?;
-        } else {
-            super::index_file::write(dir, state, true)?;
-            super::index_file::link_into(dir, &self.path)?;
-        }
+        // The id index, so that a restored checkpoint opens without reading every id. When the
+        // live directory's file holds the index as it is now (a close or checkpoint wrote it and
+        // nothing was committed since), it is synced and linked in. Otherwise a live file is still
+        // linked in when there is one: its stamp says which generations it vouches for
+        // (`index_file.rs`), and a restored checkpoint reads only the others from disk (usually
+        // the generation active when the file was stored after a seal), whereas writing the table
+        // again here, under the lock, would stop every partition for seconds at a billion ids.
+        // Only a ledger without a file yet has one written now, and linked back into the live
+        // directory.
         if state.index.knows() {
-            state.index_stored_at = Some(state.commit_seq);
+            if self.path.join(super::index_file::INDEX_FILE).exists() {
+                super::index_file::sync(&self.path)?;
+                super::index_file::link_into(&self.path, dir)?;
+            } else {
+                state.index_epoch += 1;
+                super::index_file::write(dir, state, true)?;
+                super::index_file::link_into(dir, &self.path)?;
+                state.index_stored_at = Some(state.commit_seq);
+            }
         }
         // Still under the lock: the live progress records are those in the checkpoint (nothing
         // is buffered after the flush).

@@ -38,6 +38,9 @@ impl Ledger {
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;
+        // Starting a tag may clear slots, and the seal forgets generations: a background store
+        // of the index gives up (see `index_file.rs`).
+        state.index_epoch += 1;
         state.index.start(IdIndex::tag(id));
         state.generations.push(Generation { name, meta });
         Ok(())

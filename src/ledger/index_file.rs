@@ -25,12 +25,30 @@
 //! vouch for is read from RocksDB.
 //!
 //! The file is replaced atomically (written under a temporary name, synced, renamed), so a crash
-//! while it is written leaves the previous file or none.
+//! while it is written leaves the previous file or none. Temporary files a crash left are removed
+//! when the ledger opens.
+//!
+//! # Stored in the background after a seal
+//! At a billion ids the table is 5 GB, and writing it under the ledger's lock stopped every
+//! partition for 3-5 s once per generation. After a seal (everything committed, the new active
+//! generation empty, at `commit_seq` S) a thread copies the table out one 8 MiB piece at a time,
+//! taking the lock only for each copy, and writes it with a stamp of S that names only the sealed
+//! generations. Meanwhile new ids go into the active generation, so the file holds some of them;
+//! the stamp does not name that generation, so an open clears its slots and reads it from disk
+//! (usually the smallest). The slots of the
+//! sealed generations, which the stamp vouches for, do not change while the store runs: inserts
+//! only take free or dead slots, and anything that clears or forgets slots (the next seal, a close,
+//! a checkpoint's own write) bumps the ledger's index epoch first, which makes the store give up.
+//! The header, written last, holds the slot counts at the end, so the active generation's slots are
+//! cleared when the file is loaded. A piece copied before a dead slot was reused can still show the
+//! dead generation's fingerprint under a tag that is later reused: that is a false "maybe", which
+//! RocksDB answers; no slot the file vouches for is ever missing.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Mutex;
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -42,6 +60,9 @@ use super::{Result, State};
 /// The index file's name in a ledger (or checkpoint) directory.
 pub const INDEX_FILE: &str = "id-index";
 const TEMPORARY: &str = "id-index.partial";
+/// The temporary name of a file being stored in the background, before its epoch (two stores
+/// overlap when one gives up while the next starts).
+const STORING: &str = "id-index.storing.";
 const MAGIC: &[u8; 8] = b"DDUPIDX\x01";
 const VERSION: u32 = 2;
 /// Longest header accepted (256 tag counts, generations: far below this).
@@ -103,12 +124,7 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
     let temporary = dir.join(TEMPORARY);
     let written = (|| -> std::io::Result<()> {
         let mut file = DirectWriter::create(&temporary)?;
-        file.write_all(MAGIC)?;
-        file.write_all(&(header.len() as u32).to_le_bytes())?;
-        file.write_all(&header)?;
-        file.write_all(&xxh3_64(&header).to_le_bytes())?;
-        let (headed, table_start) = header_end_and_table_start(header.len());
-        file.write_all(&vec![0u8; table_start - headed])?;
+        file.write_all(&head(&header))?;
         let table = state.index.table();
         let mut digests = Vec::with_capacity(table_pieces(table.len()) * 8);
         for chunk in table.chunks(CHUNK) {
@@ -123,6 +139,97 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
     std::fs::rename(&temporary, &target).map_err(io_error("rename into place", &target))?;
     if durable {
         std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))?;
+    }
+    Ok(())
+}
+
+/// Stores `state`'s index into `dir` from a background thread, as described in the module
+/// documentation, unless the ledger's index epoch moves on from `epoch` first. Logs the outcome;
+/// a failure or a give-up only leaves the previous file in place.
+pub(super) fn store_in_background(state: &Mutex<State>, dir: &Path, epoch: u64) {
+    let started = std::time::Instant::now();
+    let temporary = dir.join(format!("{STORING}{epoch}"));
+    match store(state, dir, &temporary, epoch) {
+        Ok(true) => tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Stored the ledger's id index after sealing a generation (in the background)."
+        ),
+        Ok(false) => {
+            let _ = std::fs::remove_file(&temporary);
+            tracing::debug!("Gave up storing the id index: the ledger sealed, closed or checkpointed meanwhile.");
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&temporary);
+            tracing::warn!(error = %e, "Could not store the ledger's id index after a seal; a crash now rebuilds more of it.");
+        }
+    }
+}
+
+/// The background store itself: `Ok(false)` when it gave up.
+fn store(state: &Mutex<State>, dir: &Path, temporary: &Path, epoch: u64) -> std::io::Result<bool> {
+    let lock = || state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (stamp, header, table_len) = {
+        let state = lock();
+        if state.index_epoch != epoch || !state.index.knows() {
+            return Ok(false);
+        }
+        // Only the sealed generations: the active one takes ids while the table is copied.
+        let stamp = Stamp {
+            commit_seq: state.commit_seq,
+            generations: state.generations.iter().filter(|g| g.meta.sealed).map(|g| (g.meta.id, true)).collect(),
+        };
+        let header = encode_header(&state.index.header(), &stamp);
+        (stamp, header, state.index.table().len())
+    };
+    let mut file = DirectWriter::create(temporary)?;
+    // The header's place, written again at the end with the slot counts of then.
+    file.write_all(&head(&header))?;
+    let mut piece = vec![0u8; CHUNK.min(table_len)];
+    let mut digests = Vec::with_capacity(table_pieces(table_len) * 8);
+    let mut at = 0;
+    while at < table_len {
+        let n = CHUNK.min(table_len - at);
+        {
+            let state = lock();
+            if state.index_epoch != epoch {
+                return Ok(false);
+            }
+            piece[..n].copy_from_slice(&state.index.table()[at..at + n]);
+        }
+        digests.extend_from_slice(&xxh3_64(&piece[..n]).to_le_bytes());
+        file.write_all(&piece[..n])?;
+        at += n;
+    }
+    file.write_all(&xxh3_64(&digests).to_le_bytes())?;
+    file.finish(false)?;
+    // Still under the lock for the rename: a close or checkpoint that writes the file itself
+    // bumps the epoch first, so this older file never replaces theirs. (The ledger's
+    // `index_stored_at` is left alone: this file does not vouch for the active generation.)
+    let state = lock();
+    if state.index_epoch != epoch {
+        return Ok(false);
+    }
+    let last = encode_header(&state.index.header(), &stamp);
+    if last.len() != header.len() {
+        // Same stamp, same number of tags: the length cannot change. Give up rather than shift the table.
+        return Ok(false);
+    }
+    std::fs::OpenOptions::new().write(true).open(temporary)?.write_all_at(&head(&last), 0)?;
+    std::fs::rename(temporary, dir.join(INDEX_FILE))?;
+    Ok(true)
+}
+
+/// Removes the temporary files that a crash while storing the index left in `dir`.
+pub(super) fn remove_leftovers(dir: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(io_error("read", dir))? {
+        let entry = entry.map_err(io_error("read", dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name == TEMPORARY || name.starts_with(STORING) {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(io_error("remove", &path))?;
+            tracing::info!(path = %path.display(), "Removed an id index file left half-written by a crash.");
+        }
     }
     Ok(())
 }
@@ -238,6 +345,19 @@ fn read_file(path: &Path, file: std::fs::File, buckets: usize) -> std::io::Resul
         return Err(invalid("the table's checksum does not match"));
     }
     Ok(Some((index, stamp)))
+}
+
+/// What precedes the table: magic, header length, header, its checksum, zeros up to the table.
+fn head(header: &[u8]) -> Vec<u8> {
+    let (headed, table_start) = header_end_and_table_start(header.len());
+    let mut out = Vec::with_capacity(table_start);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(header);
+    out.extend_from_slice(&xxh3_64(header).to_le_bytes());
+    debug_assert_eq!(out.len(), headed);
+    out.resize(table_start, 0);
+    out
 }
 
 /// Where the header section (magic, length, header, its checksum) ends, and where the table

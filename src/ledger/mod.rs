@@ -119,7 +119,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rocksdb::{Cache, DBWithThreadMode, MultiThreaded};
@@ -224,6 +224,10 @@ struct State {
     /// The `commit_seq` at which the ledger directory's index file was last written, if it was
     /// written since the open (a close then has nothing to store when nothing was committed since).
     index_stored_at: Option<u64>,
+    /// Bumped before anything clears or forgets index slots (a seal), and before a close or a
+    /// checkpoint writes the index file itself: a background store started under an older epoch
+    /// gives up (see `index_file.rs`).
+    index_epoch: u64,
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;
@@ -234,7 +238,10 @@ pub struct Ledger {
     path: PathBuf,
     options: LedgerOptions,
     block_cache: Cache,
-    state: Mutex<State>,
+    /// Shared with the thread that stores the id index after a seal.
+    state: Arc<Mutex<State>>,
+    /// Threads storing the id index in the background (joined when the ledger is dropped).
+    index_stores: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Keys looked up in a generation's column family (the id index could not rule them out).
     disk_lookups: std::sync::atomic::AtomicU64,
     /// How the last open went (set once it succeeded).
@@ -381,26 +388,61 @@ impl Ledger {
         if state.index_stored_at == Some(state.commit_seq) {
             return Ok(());
         }
+        state.index_epoch += 1;
         index_file::write(&self.path, &state, true)?;
         state.index_stored_at = Some(state.commit_seq);
         Ok(())
     }
 
-    /// Stores the id index right after a seal (a failure only costs the next open time).
+    /// Starts storing the id index right after a seal, in the background (see `index_file.rs`);
+    /// a failure only costs the next open time.
     fn store_index_after_seal(&self, state: &mut State) {
         if !state.index.knows() || !state.pending.is_empty() || state.in_flight.is_some() {
             return;
         }
-        let started = std::time::Instant::now();
-        // Not synced: it is written again at the next seal, close or checkpoint, and a torn file
-        // fails its checksums.
-        match index_file::write(&self.path, state, false) {
-            Ok(()) => {
-                state.index_stored_at = Some(state.commit_seq);
-                tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "Stored the ledger's id index after sealing a generation.");
+        if self.options.durability == Durability::NoWal {
+            // Without a WAL the seal reaches the disk only with the flush: a file stamped with a
+            // seal that a crash then lost would vouch for a generation that takes more ids.
+            if let Err(e) = self.flush_all(state, true) {
+                tracing::warn!(error = %e, "Could not flush the sealed generation; the id index is not stored after this seal.");
+                return;
             }
-            Err(e) => tracing::warn!(error = %e, "Could not store the ledger's id index after a seal; a crash now rebuilds more of it."),
         }
+        state.index_epoch += 1;
+        let epoch = state.index_epoch;
+        let shared = Arc::clone(&self.state);
+        let dir = self.path.clone();
+        let spawned = std::thread::Builder::new()
+            .name("index-store".into())
+            .spawn(move || index_file::store_in_background(&shared, &dir, epoch));
+        match spawned {
+            Ok(handle) => {
+                let mut stores = self.index_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                stores.retain(|h| !h.is_finished());
+                stores.push(handle);
+            }
+            Err(e) => tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it."),
+        }
+    }
+
+    /// Makes any background store of the id index give up, and waits for it.
+    fn stop_index_stores(&self) {
+        self.lock().index_epoch += 1;
+        self.join_index_stores();
+    }
+
+    /// Waits for the background stores of the id index to finish (or give up).
+    fn join_index_stores(&self) {
+        let stores = std::mem::take(&mut *self.index_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        for handle in stores {
+            let _ = handle.join();
+        }
+    }
+
+    /// Waits until the id index stored after the last seal is in its file (tests).
+    #[cfg(test)]
+    fn wait_for_index_store(&self) {
+        self.join_index_stores();
     }
 
     /// Drops the ledger without closing it, as a crash would leave it: nothing buffered is
@@ -453,6 +495,9 @@ impl Drop for Ledger {
                 let _ = self.flush();
             }
         }
+        // A background store of the index gives up (a close has just written the file), and
+        // its thread does not outlive the ledger.
+        self.stop_index_stores();
         // A commit file still being written is left for the next open to remove; its batches
         // are in the log. Wait for the thread so it does not outlive the ledger.
         let in_flight = self.lock().in_flight.take();

@@ -43,7 +43,8 @@ impl Ledger {
             path,
             options,
             block_cache,
-            state: Mutex::new(state),
+            state: std::sync::Arc::new(Mutex::new(state)),
+            index_stores: Mutex::new(Vec::new()),
             disk_lookups: std::sync::atomic::AtomicU64::new(0),
             opened: std::sync::OnceLock::new(),
         };
@@ -72,6 +73,7 @@ impl Ledger {
         let mut generations = self.reconcile_generations(cf_names, metas, &mut forgotten)?;
         let commit_seq = self.recover_commit(&mut generations)?;
         self.remove_ingest_leftovers()?;
+        super::index_file::remove_leftovers(&self.path)?;
         for g in generations.iter().filter(|g| g.meta.sealed) {
             self.compact_when_sealed(&g.name)?;
         }
@@ -335,6 +337,7 @@ fn empty_state() -> State {
         in_flight: None,
         spare: None,
         index_stored_at: None,
+        index_epoch: 0,
     }
 }
 

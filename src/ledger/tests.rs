@@ -372,20 +372,43 @@ fn the_stored_index_is_loaded_after_a_clean_close_and_carried_by_checkpoints() {
     let options = LedgerOptions { seal_after_ids: Some(1_000), ..small_options(Durability::Wal) };
     let ledger = Ledger::open(dir.path().join("l"), options.clone()).unwrap();
     assert_eq!(ledger.open_report().index, IndexSource::Empty);
-    let items: Vec<_> = (0..5_500).map(|i| (key(i), 1_000)).collect();
+    // Not sealed yet: no file, so the checkpoint writes one (and links it into the live directory).
+    ledger.check_and_record(0, &(0..500).map(|i| (key(i), 1_000)).collect::<Vec<_>>(), b"p").unwrap();
+    let early = dir.path().join("checkpoint-0");
+    ledger.checkpoint(&early).unwrap();
+    // Seals: the index is stored after the seal, in the background.
+    let items: Vec<_> = (500..5_500).map(|i| (key(i), 1_000)).collect();
     ledger.check_and_record(0, &items, b"p").unwrap();
+    ledger.wait_for_index_store();
     let checkpoint = dir.path().join("checkpoint");
     ledger.checkpoint(&checkpoint).unwrap();
     assert!(checkpoint.join(INDEX_FILE).exists(), "the checkpoint carries the index");
-    // Nothing recorded since: the live file already holds this index, and is linked, not rewritten.
     let second = dir.path().join("checkpoint-2");
     ledger.checkpoint(&second).unwrap();
     let inode = |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p.join(INDEX_FILE)).unwrap());
+    assert_eq!(inode(&checkpoint), inode(&dir.path().join("l")), "the checkpoint links the live index file, not a copy written under the lock");
     assert_eq!(inode(&second), inode(&dir.path().join("l")), "the second checkpoint links the live index file");
     drop(ledger);
+    // The file the first checkpoint wrote itself vouches for every generation.
+    let ledger = Ledger::open_existing(&early, options.clone()).unwrap();
+    assert_eq!(ledger.open_report().index, IndexSource::Loaded);
+    assert_eq!(ledger.stats().unwrap().index_ids, 500);
+    assert!(ledger.check(&(0..500).map(key).collect::<Vec<_>>()).unwrap().iter().all(Option::is_some));
+    assert!(ledger.check(&(500..5_500).map(key).collect::<Vec<_>>()).unwrap().iter().all(Option::is_none));
+    drop(ledger);
+    let expected = |path: &std::path::Path| {
+        if path.ends_with("l") {
+            // The close stored the whole index.
+            IndexSource::Loaded
+        } else {
+            // The file stored after the seal names only the sealed generation; the active one
+            // (empty here) is read from disk.
+            IndexSource::Partial
+        }
+    };
     for path in [dir.path().join("l"), checkpoint, second] {
         let ledger = Ledger::open_existing(&path, options.clone()).unwrap();
-        assert_eq!(ledger.open_report().index, IndexSource::Loaded, "{}", path.display());
+        assert_eq!(ledger.open_report().index, expected(&path), "{}", path.display());
         let stats = ledger.stats().unwrap();
         assert_eq!((stats.index_ids, stats.disk_lookups), (5_500, 0));
         let held: Vec<_> = (0..5_500).map(key).collect();
@@ -419,6 +442,81 @@ fn a_stale_index_vouches_only_for_generations_sealed_when_it_was_written() {
     assert_eq!(ledger.stats().unwrap().index_ids, 4_200);
     let verdicts = ledger.check_and_record(0, &batch(4_100, 4_300), b"3").unwrap();
     assert_eq!(verdicts.iter().filter(|v| **v == Verdict::New).count(), 100);
+}
+
+#[test]
+fn the_index_stored_in_the_background_after_a_seal_never_vouches_for_ids_it_lacks() {
+    // A table of ~170 MB (21 pieces), so that the batches below are recorded while the store
+    // after each seal is copying it out.
+    let options = LedgerOptions {
+        seal_after_ids: Some(2_000),
+        index_capacity_ids: Some(50_000_000),
+        ..small_options(Durability::Wal)
+    };
+    let batch = |from: u64, to: u64| -> Vec<(LedgerKey, i64)> { (from..to).map(|i| (key(i), 1_000)).collect() };
+    let storing = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("id-index.storing."))
+    };
+    for mode in ["crash while storing", "crash after the store"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
+        let mut next = 0;
+        let mut seen_storing = 0;
+        for _ in 0..3 {
+            // Fills and seals the active generation: a store starts.
+            ledger.check_and_record(0, &batch(next, next + 2_000), b"p").unwrap();
+            next += 2_000;
+            // Its temporary file appears once it has read the header; the table takes longer.
+            let started = std::time::Instant::now();
+            while !storing(dir.path()) && started.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            seen_storing += usize::from(storing(dir.path()));
+            // Recorded while the store copies the table (new ids in the generation now active).
+            for _ in 0..4 {
+                ledger.check_and_record(0, &batch(next, next + 100), b"p").unwrap();
+                next += 100;
+            }
+            if mode == "crash after the store" {
+                ledger.wait_for_index_store();
+                assert!(dir.path().join(INDEX_FILE).exists(), "{mode}");
+            }
+        }
+        assert!(seen_storing > 0, "{mode}: no store was seen running while ids were recorded");
+        ledger.check_and_record(0, &batch(next, next + 300), b"p").unwrap();
+        next += 300;
+        ledger.drop_without_closing();
+        let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
+        if mode == "crash after the store" {
+            // The active generation (ids recorded since the last seal) is read from disk.
+            assert_eq!(ledger.open_report().index, IndexSource::Partial, "{mode}");
+        }
+        assert_eq!(ledger.stats().unwrap().index_ids, next, "{mode}: every id once in the index");
+        let held: Vec<_> = (0..next).map(key).collect();
+        assert!(ledger.check(&held).unwrap().iter().all(Option::is_some), "{mode}: every id is still held");
+        let new: Vec<_> = (100_000..110_000).map(key).collect();
+        assert!(ledger.check(&new).unwrap().iter().all(Option::is_none), "{mode}");
+        let verdicts = ledger.check_and_record(0, &batch(next - 50, next + 50), b"p").unwrap();
+        assert_eq!(verdicts.iter().filter(|v| **v == Verdict::New).count(), 50, "{mode}");
+    }
+}
+
+#[test]
+fn index_files_half_written_by_a_crash_are_removed_when_the_ledger_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_options(Durability::Wal);
+    let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
+    ledger.check_and_record(0, &[(key(1), 1_000)], b"p").unwrap();
+    drop(ledger);
+    for name in ["id-index.partial", "id-index.storing.7"] {
+        std::fs::write(dir.path().join(name), vec![7u8; 10_000]).unwrap();
+    }
+    let ledger = Ledger::open(dir.path(), options).unwrap();
+    assert_eq!(ledger.open_report().index, IndexSource::Loaded);
+    for name in ["id-index.partial", "id-index.storing.7"] {
+        assert!(!dir.path().join(name).exists(), "{name} is left");
+    }
+    assert!(ledger.check(&[key(1)]).unwrap()[0].is_some());
 }
 
 #[test]
