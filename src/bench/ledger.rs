@@ -115,7 +115,13 @@ pub struct LedgerBenchReport {
     pub aged_ids_per_sec: Option<f64>,
     pub bytes_per_key: f64,
     pub live_sst_bytes: u64,
+    /// The ledger directory at its largest (sampled), everything in it.
     pub max_disk_bytes: u64,
+    /// The id index's files at their largest (sampled): the stored file, plus its temporary copy
+    /// while it is rewritten.
+    pub max_index_file_bytes: u64,
+    /// What the directory may hold with a budget: the budget, one generation, and twice the id
+    /// index (its file and the copy being written).
     pub disk_limit_bytes: Option<u64>,
     pub peak_rss_bytes: u64,
     pub window_ids: u64,
@@ -236,6 +242,19 @@ fn dir_bytes(path: &Path) -> u64 {
         .sum()
 }
 
+/// Bytes of the id index's files in a ledger directory (the stored file and any being written).
+fn index_file_bytes(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(INDEX_FILE))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 /// Runs the bench.
 pub fn run(config: &LedgerBenchConfig) -> Result<LedgerBenchReport, BenchError> {
     let parent = config.dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -273,6 +292,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let mut batches = 0u64;
     let (mut duplicates_found, mut duplicates_expected) = (0u64, 0u64);
     let mut max_disk = 0u64;
+    let mut max_index_files = 0u64;
     let mut first_generation = None;
     let mut aging_started: Option<(u64, Duration)> = None;
     let checkpoint_at = config.keys / 10 * 9;
@@ -306,6 +326,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         batches += 1;
         if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
             max_disk = max_disk.max(dir_bytes(&ledger_dir));
+            max_index_files = max_index_files.max(index_file_bytes(&ledger_dir));
             if aging_started.is_none() && config.budget_bytes.is_some() {
                 let oldest = ledger.generations()?.first().map(|g| g.meta.id);
                 if first_generation.is_none() {
@@ -391,7 +412,8 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         live_sst_bytes: stats.live_sst_bytes,
         max_disk_bytes: max_disk,
         max_batch_ms: slowest.as_secs_f64() * 1e3,
-        disk_limit_bytes: config.budget_bytes.map(|b| b + generation_bytes),
+        max_index_file_bytes: max_index_files,
+        disk_limit_bytes: config.budget_bytes.map(|b| b + generation_bytes + 2 * stats.index_bytes),
         peak_rss_bytes: peak_rss,
         window_ids: stats.ids_estimate,
         generations: stats.generations,
