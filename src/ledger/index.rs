@@ -26,8 +26,9 @@
 //! sized from the disk budget so that this does not happen in practice (see
 //! [`IdIndex::capacity_for_budget`]); the overflowed buckets are counted in the ledger's stats.
 //!
-//! The table is stored when the ledger closes and in every checkpoint (`index_file.rs`); opening
-//! loads it, and reads from disk only the generations the stored table cannot vouch for.
+//! The table is stored when the ledger closes and after every seal, and checkpoints carry it
+//! (`index_file.rs`); opening loads it, and reads from disk only the generations the stored table
+//! cannot vouch for.
 
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 

@@ -1,5 +1,5 @@
-//! The id index on disk: written when the ledger closes and into every checkpoint, read when it
-//! opens, so that opening does not read every id again.
+//! The id index on disk: written when the ledger closes and after every seal, carried by every
+//! checkpoint, read when it opens, so that opening does not read every id again.
 //!
 //! # File `id-index` (in the ledger directory, beside RocksDB's files)
 //! `[magic 8][header length u32 LE][header][XXH3-64 of the header, u64 LE][zeros to the next
