@@ -228,31 +228,37 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-fn dir_bytes(path: &Path) -> u64 {
+/// What the files under `path` take, recursively.
+fn dir_bytes(path: &Path) -> DiskUse {
+    let mut used = DiskUse::default();
     let Ok(entries) = std::fs::read_dir(path) else {
-        return 0;
+        return used;
     };
-    entries
-        .filter_map(|e| e.ok())
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
+    for entry in entries.filter_map(|e| e.ok()) {
+        match entry.metadata() {
+            Ok(m) if m.is_dir() => {
+                let below = dir_bytes(&entry.path());
+                used.all += below.all;
+                used.index_files += below.index_files;
+            }
+            Ok(m) => {
+                used.all += m.len();
+                if entry.file_name().to_string_lossy().starts_with(INDEX_FILE) {
+                    used.index_files += m.len();
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    used
 }
 
-/// Bytes of the id index's files in a ledger directory (the stored file and any being written).
-fn index_file_bytes(path: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return 0;
-    };
-    entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(INDEX_FILE))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
+/// Bytes under a directory: everything, and the id index's files among them (the stored file and
+/// any being written).
+#[derive(Debug, Default, Clone, Copy)]
+struct DiskUse {
+    all: u64,
+    index_files: u64,
 }
 
 /// Runs the bench.
@@ -325,8 +331,9 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         done += n as u64;
         batches += 1;
         if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
-            max_disk = max_disk.max(dir_bytes(&ledger_dir));
-            max_index_files = max_index_files.max(index_file_bytes(&ledger_dir));
+            let used = dir_bytes(&ledger_dir);
+            max_disk = max_disk.max(used.all);
+            max_index_files = max_index_files.max(used.index_files);
             if aging_started.is_none() && config.budget_bytes.is_some() {
                 let oldest = ledger.generations()?.first().map(|g| g.meta.id);
                 if first_generation.is_none() {
@@ -341,7 +348,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     bar.finish_and_clear();
     let wall_secs = wall.elapsed().as_secs_f64();
     ledger.flush()?;
-    max_disk = max_disk.max(dir_bytes(&ledger_dir));
+    max_disk = max_disk.max(dir_bytes(&ledger_dir).all);
     let stats = ledger.stats()?;
     let peak_rss = peak_rss_bytes();
     let close = Instant::now();

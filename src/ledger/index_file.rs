@@ -6,9 +6,9 @@
 //! multiple of 4096][table][table checksum, u64 LE]`. The table starts aligned, so it is read in
 //! parallel pieces straight into memory; its checksum is the XXH3-64 of the XXH3-64s (u64 LE) of
 //! its 8 MiB pieces in order, so each reader hashes what it read. The header holds the file
-//! version, the table's seed, its bucket count, the overflowed buckets, the slots held per tag, the ledger's `commit_seq` when it was written, and
-//! every live generation's id with whether it was sealed then. The table is the index's buckets
-//! as they are in memory.
+//! version, the table's seed, its bucket count, the overflowed buckets, the slots held per tag,
+//! the ledger's `commit_seq` when it was written, and every live generation's id with whether it
+//! was sealed then. The table is the index's buckets as they are in memory.
 //!
 //! # When it is trusted
 //! Ids reach a generation only through commits, and a sealed generation never changes. So, for a
@@ -35,10 +35,10 @@
 //! taking the lock only for each copy, and writes it with a stamp of S that names only the sealed
 //! generations. Meanwhile new ids go into the active generation, so the file holds some of them;
 //! the stamp does not name that generation, so an open clears its slots and reads it from disk
-//! (usually the smallest). The slots of the
-//! sealed generations, which the stamp vouches for, do not change while the store runs: inserts
-//! only take free or dead slots, and anything that clears or forgets slots (the next seal, a close,
-//! a checkpoint's own write) bumps the ledger's index epoch first, which makes the store give up.
+//! (usually the smallest). The slots of the sealed generations, which the stamp vouches for, do
+//! not change while the store runs: inserts only take free or dead slots, and anything that clears
+//! or forgets slots (the next seal, a close, a checkpoint's own write) bumps the ledger's index
+//! epoch first, which makes the store give up.
 //! The header, written last, holds the slot counts at the end, so the active generation's slots are
 //! cleared when the file is loaded. A piece copied before a dead slot was reused can still show the
 //! dead generation's fingerprint under a tag that is later reused: that is a false "maybe", which
