@@ -451,8 +451,8 @@ pub struct Envelope<'a> {
     endpoint: Endpoint,
     /// The body's fields, except `writeKey` and a batch's `batch`.
     body: Map<String, Value>,
-    /// A batch's `batch` as sent.
-    batch: Option<&'a RawValue>,
+    /// A batch's `batch`, each message as sent.
+    batch: Option<BatchField<'a>>,
     /// The body's size as sent.
     sent_bytes: usize,
     write_key: Option<String>,
@@ -469,10 +469,60 @@ pub struct Message {
     pub value: Vec<u8>,
 }
 
-/// The top level of a body: every field parsed, except a batch's `batch`, which is kept as text.
+/// The top level of a body: every field parsed, except a batch's `batch`, whose messages are
+/// kept as text. The body is read once: the array is split into its messages as it is parsed.
 struct TopLevel<'a> {
     fields: Map<String, Value>,
-    batch: Option<&'a RawValue>,
+    batch: Option<BatchField<'a>>,
+}
+
+/// A batch's `batch` field: its messages as sent, or the sign that it was not an array.
+#[derive(Debug, Clone)]
+enum BatchField<'a> {
+    Messages(Vec<&'a RawValue>),
+    NotArray,
+}
+
+impl<'de> Deserialize<'de> for BatchField<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Items;
+        impl<'de> Visitor<'de> for Items {
+            type Value = BatchField<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(32).min(MAX_BATCH_EVENTS));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(BatchField::Messages(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(BatchField::NotArray)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(BatchField::NotArray)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(BatchField::NotArray)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(BatchField::NotArray)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(BatchField::NotArray)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                Ok(BatchField::NotArray)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(BatchField::NotArray)
+            }
+        }
+        deserializer.deserialize_any(Items)
+    }
 }
 
 impl<'de> Deserialize<'de> for TopLevel<'de> {
@@ -547,11 +597,9 @@ impl<'a> Envelope<'a> {
             }
             Endpoint::Batch => {
                 let body = self.body;
-                let items: Vec<&RawValue> = match self.batch {
-                    Some(batch) if batch.get().starts_with('[') => {
-                        serde_json::from_str(batch.get()).map_err(|e| Rejection::MalformedJson(e.to_string()))?
-                    }
-                    _ => return Err(Rejection::BatchNotArray),
+                let items = match self.batch {
+                    Some(BatchField::Messages(items)) => items,
+                    Some(BatchField::NotArray) | None => return Err(Rejection::BatchNotArray),
                 };
                 if items.is_empty() {
                     return Err(Rejection::EmptyBatch);
