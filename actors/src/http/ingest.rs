@@ -57,6 +57,8 @@ use crate::http::server::{serve_http, Limits, LimitsError};
 
 /// librdkafka's partitioner that matches the Java client's for keyed records.
 pub const PARTITIONER: &str = "murmur2_random";
+/// The ingest producer's `linger.ms`, unless `kafka.properties` sets it (see [`producer`]).
+pub const LINGER_MS: &str = "1";
 /// How often the readiness probe asks the broker for the topic's metadata.
 const READINESS_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a metadata answer keeps the server ready: a few missed probes, not one.
@@ -202,13 +204,27 @@ impl Outcome {
     }
 }
 
+/// A status code as a metric label.
+fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        400 => "400",
+        401 => "401",
+        408 => "408",
+        415 => "415",
+        429 => "429",
+        503 => "503",
+        _ => "other",
+    }
+}
+
 fn error_body(code: &str, message: &str) -> serde_json::Value {
     json!({ "success": false, "code": code, "message": message })
 }
 
 /// A finished request, logged and counted once, here. Never carries a payload or a key.
 struct RequestFinished<'a> {
-    endpoint: &'a str,
+    endpoint: &'static str,
     outcome: &'a Outcome,
     source: Option<&'a str>,
     elapsed: Duration,
@@ -217,10 +233,9 @@ struct RequestFinished<'a> {
 impl RequestFinished<'_> {
     fn emit(&self) {
         let status = self.outcome.status().as_u16();
-        metrics::counter!(INGEST_REQUESTS, "endpoint" => self.endpoint.to_string(), "status" => status.to_string())
-            .increment(1);
-        metrics::histogram!(INGEST_REQUEST_SECONDS, "endpoint" => self.endpoint.to_string())
-            .record(self.elapsed.as_secs_f64());
+        // Static labels: no allocation per request.
+        metrics::counter!(INGEST_REQUESTS, "endpoint" => self.endpoint, "status" => status_label(status)).increment(1);
+        metrics::histogram!(INGEST_REQUEST_SECONDS, "endpoint" => self.endpoint).record(self.elapsed.as_secs_f64());
         let source = self.source.unwrap_or("-");
         match self.outcome {
             Outcome::Accepted(types) => {
@@ -471,16 +486,13 @@ async fn read_body_unbounded(req: &HttpRequest, mut payload: web::Payload) -> Re
     Ok(body)
 }
 
-async fn post_message(
-    req: HttpRequest,
-    name: web::Path<String>,
-    payload: web::Payload,
-    ingest: web::Data<Ingest>,
-) -> HttpResponse {
+/// `POST /v1/<name>` for a name no library uses.
+async fn unknown_endpoint() -> HttpResponse {
+    HttpResponse::NotFound().json(error_body("unknown_endpoint", "no such endpoint"))
+}
+
+async fn post_message(endpoint: Endpoint, req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>) -> HttpResponse {
     let started = Instant::now();
-    let Some(endpoint) = Endpoint::from_name(&name) else {
-        return HttpResponse::NotFound().json(error_body("unknown_endpoint", "no such endpoint"));
-    };
     let (outcome, source) = match admit(&ingest.in_flight, ingest.max_in_flight) {
         Ok(_in_flight) => ingest.handle(endpoint, &req, payload).await,
         Err(overloaded) => (overloaded, None),
@@ -609,19 +621,35 @@ pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
         .set("acks", "all")
         .set("partitioner", PARTITIONER)
         .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string());
-    // No linger: a request is already a batch, and what arrives while a produce request is in
-    // flight is batched behind it anyway. A linger only adds to every request's wait, and with a
-    // bounded number of clients each waiting on its answer, the wait bounds the throughput too
-    // (at 32 connections: 2 ms gave 145k events/s, 5 ms 81k, none 169k). `kafka.properties` may
-    // set another.
+    // A 1 ms linger: the records of the requests that arrive within a millisecond go out in one
+    // produce request per partition, not one per request. librdkafka sends each partition's batch
+    // as a request of its own, and the broker's cost is mostly per request: in four paired runs of
+    // 32 connections, 20-event requests, it took the broker 25-34% less CPU per event than no
+    // linger and gave 1-15% more events/s. A longer linger adds to every request's wait, and with
+    // a bounded number of clients each waiting on its answer the wait bounds the throughput (2 ms
+    // gave 145k events/s where none gave 169k; 5 ms 81k). `kafka.properties` may set another.
     if !config.kafka.properties.contains_key("linger.ms") {
-        client_config.set("linger.ms", "0");
+        client_config.set("linger.ms", LINGER_MS);
     }
     ThreadedProducer::from_config_and_context(&client_config, RequestAcks).map(Arc::new)
 }
 
+/// Every message route's name: the server libraries' and the browser and mobile libraries'.
+const ENDPOINT_NAMES: [&str; 14] =
+    ["track", "identify", "page", "screen", "group", "alias", "batch", "t", "i", "p", "s", "g", "a", "b"];
+
 fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/v1/{endpoint}", web::post().to(post_message))
+    // One fixed path per endpoint: matched by comparing text, not by a pattern, on every request.
+    for name in ENDPOINT_NAMES {
+        let endpoint = Endpoint::from_name(name).expect("every listed endpoint name is known");
+        cfg.route(
+            &format!("/v1/{name}"),
+            web::post().to(move |req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>| {
+                post_message(endpoint, req, payload, ingest)
+            }),
+        );
+    }
+    cfg.route("/v1/{endpoint}", web::post().to(unknown_endpoint))
         .route("/v1/projects/{write_key}/settings", web::get().to(settings))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
@@ -704,6 +732,7 @@ mod tests {
         ];
         for (outcome, status, reason) in cases {
             assert_eq!((outcome.status().as_u16(), outcome.reason()), (status, reason));
+            assert_eq!(status_label(status), status.to_string());
             assert_eq!(outcome.response().status().as_u16(), status);
         }
     }
