@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
 # Bench of the tracking API: for each route (`/v1/batch` with Basic auth and application/json, as
 # the server libraries post; `/v1/b` with the write key in a text/plain body and an Origin, as the
-# browser and mobile libraries post), drives `dedupe ingest` with wrk (20-event batches, unique
-# messageIds) for a bounded time, then measures the broker's own ceiling for the same number and
-# size of records with Kafka's ProducerPerformance (acks=all, idempotent), in the same run. The
-# rate limiter is on (a limit far above the load, so every request pays for its bucket and none is
-# refused) and CORS is on for the Origin wrk sends.
+# browser and mobile libraries post) and each number of connections, drives `dedupe ingest` with
+# wrk (20-event batches, unique messageIds) for a bounded time, then measures the broker's own
+# ceiling for the same number and size of records with Kafka's ProducerPerformance (acks=all,
+# idempotent), in the same run. The rate limiter is on (a limit far above the load, so every
+# request pays for its bucket and none is refused) and CORS is on for the Origin wrk sends.
 #
-#   deploy/bench/ingest.sh            (BENCH_SECONDS=20 BENCH_CONNECTIONS=32 BENCH_PARTITIONS=6
-#                                      BENCH_ROUTES="/v1/batch /v1/b")
+# Connections: each wrk connection waits for its answer before it sends again, so at 32 of them
+# the front door's rate is bounded by its latency (640 events in flight); at 128 (the default
+# ingest.max_in_flight_requests, so none is refused) it is bounded by CPU, as the ceiling's is.
+# Both are measured and printed. Each is measured BENCH_ROUNDS times, the front door and its
+# ceiling back to back each time, so a machine that speeds up or slows down (these are shared)
+# moves both sides of one ratio alike; the summary takes the median ratio. A warm-up (BENCH_WARMUP_SECONDS of wrk, then ProducerPerformance)
+# comes first, unmeasured: the broker's JVM compiles its produce path in its first minutes, and
+# without it the first route's front door ran against a colder broker than its ceiling did.
 #
-# Prints one JSON line per route: route, ingest_events_per_sec, ingest_p99_ms,
-# kafka_ceiling_records_per_sec, ratio. Installs what it lacks (deploy/local/install-deps.sh).
+#   deploy/bench/ingest.sh            (BENCH_SECONDS=20 BENCH_CONNECTIONS="32 128" BENCH_ROUNDS=3
+#                                      BENCH_PARTITIONS=6 BENCH_ROUTES="/v1/batch /v1/b"
+#                                      BENCH_WARMUP_SECONDS=10)
+#
+# Prints one JSON line per round (route, connections, round, ingest_events_per_sec, ingest_p99_ms,
+# kafka_ceiling_records_per_sec, ratio), then one summary line per route and number of
+# connections (median_ratio, the ratios, the median rates). Installs what it lacks
+# (deploy/local/install-deps.sh).
 # Needs: the dedupe binary ($DEDUPE_BIN, else $CARGO_TARGET_DIR/release/dedupe).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
 dedupe=${DEDUPE_BIN:-$CARGO_TARGET_DIR/release/dedupe}
 seconds=${BENCH_SECONDS:-20}
-connections=${BENCH_CONNECTIONS:-32}
+connections_list=${BENCH_CONNECTIONS:-32 128}
+warmup_seconds=${BENCH_WARMUP_SECONDS:-10}
+rounds=${BENCH_ROUNDS:-3}
 partitions=${BENCH_PARTITIONS:-6}
 threads=${BENCH_THREADS:-2}
 routes=${BENCH_ROUTES:-/v1/batch /v1/b}
@@ -35,26 +49,27 @@ java_tool() { java -Xmx512m -cp "$cp" "$@"; }
 run_id=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 work=$(mktemp -d)
 ingest_pid=""
-topics=()
 
 cleanup() {
   if [ -n "$ingest_pid" ]; then kill "$ingest_pid" 2>/dev/null || true; wait "$ingest_pid" 2>/dev/null || true; fi
-  for t in "${topics[@]}"; do
-    java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --delete --topic "$t" >/dev/null 2>&1 || true
-  done
+  # Whatever a round left, in one call (the option takes a regular expression).
+  java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --delete --topic "bench-.*-$run_id" \
+    >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 export BENCH_WRITE_KEY="bench-$run_id" BENCH_ORIGIN="http://bench.example"
 
-# One route: wrk against a fresh `dedupe ingest`, then ProducerPerformance for as many records.
+# One round of one route at one number of connections: wrk against a fresh `dedupe ingest`, then
+# ProducerPerformance for as many records. With "warmup" as the third argument, runs for
+# BENCH_WARMUP_SECONDS and prints no figures.
 bench_route() {
-  local route=$1 name
-  name=$(echo "$route" | tr -c 'a-z0-9\n' '-' | sed 's/^-*//')
+  local route=$1 connections=$2 phase=${3:-measure} round=${4:-0} name seconds=$seconds
+  name=$(echo "$route" | tr -c 'a-z0-9\n' '-' | sed 's/^-*//')-c$connections-$phase$round
+  [ "$phase" = warmup ] && seconds=$warmup_seconds
   local ingest_topic="bench-ingest-$name-$run_id" ceiling_topic="bench-ceiling-$name-$run_id"
   for t in "$ingest_topic" "$ceiling_topic"; do
-    topics+=("$t")
     java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --create --topic "$t" \
       --partitions "$partitions" --replication-factor 1 >/dev/null
   done
@@ -72,7 +87,7 @@ bench_route() {
     sleep 0.1
   done
 
-  echo "bench: wrk for ${seconds}s on $route, $connections connections, 20 events per request, against $ingest_topic ($partitions partitions)" >&2
+  echo "bench: $phase: wrk for ${seconds}s on $route, $connections connections, 20 events per request, against $ingest_topic ($partitions partitions)" >&2
   BENCH_RUN_ID="$run_id-$name" BENCH_PATH="$route" wrk -t"$threads" -c"$connections" -d"${seconds}s" --timeout 30s \
     -s deploy/bench/ingest.lua "http://127.0.0.1:$port$route" >"$work/wrk.out"
   cat "$work/wrk.out" >&2
@@ -103,20 +118,48 @@ print(w["requests"], w["non_2xx"], w["duration_us"], w["p99_us"], w["events_per_
   ceiling=$(tail -n 1 "$work/perf.out" | sed -n 's/.* records sent, \([0-9.]*\) records\/sec.*/\1/p')
   [ -n "$ceiling" ] || die "cannot read ProducerPerformance's result"
 
+  # The round's records are not needed any more: free the broker's disk before the next round.
+  java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --delete \
+    --topic "bench-(ingest|ceiling)-$name-$run_id" >/dev/null 2>&1 || true
+  [ "$phase" = warmup ] && return 0
   python3 -c '
 import json, sys
+connections, round_ = int(sys.argv[10]), int(sys.argv[11])
 route, accepted, duration_us, p99_us, ceiling, non_2xx, requests, record_bytes, landed = sys.argv[1:10]
 eps = int(accepted) / (int(duration_us) / 1e6)
 print(json.dumps({
     "route": route,
+    "connections": connections,
+    "round": round_,
     "ingest_events_per_sec": round(eps),
     "ingest_p99_ms": round(int(p99_us) / 1000, 1),
     "kafka_ceiling_records_per_sec": round(float(ceiling)),
     "ratio": round(eps / float(ceiling), 2),
     "requests": int(requests), "non_2xx": int(non_2xx), "records_landed": int(landed), "record_bytes": int(record_bytes),
-}))' "$route" "$accepted_events" "$duration_us" "$p99_us" "$ceiling" "$non_2xx" "$requests" "$record_bytes" "$landed"
+}))' "$route" "$accepted_events" "$duration_us" "$p99_us" "$ceiling" "$non_2xx" "$requests" "$record_bytes" "$landed" "$connections" "$round" | tee -a "$work/rounds.jsonl"
 }
 
+first_route=${routes%% *}
+bench_route "$first_route" "${connections_list##* }" warmup
 for route in $routes; do
-  bench_route "$route"
+  for connections in $connections_list; do
+    for round in $(seq 1 "$rounds"); do
+      bench_route "$route" "$connections" measure "$round"
+    done
+  done
 done
+
+# The summary: per route and number of connections, the median of the rounds.
+python3 -c '
+import json, statistics, sys
+rounds = [json.loads(line) for line in open(sys.argv[1])]
+for key in dict.fromkeys((r["route"], r["connections"]) for r in rounds):
+    rs = [r for r in rounds if (r["route"], r["connections"]) == key]
+    print(json.dumps({
+        "route": key[0], "connections": key[1], "rounds": len(rs),
+        "median_ratio": round(statistics.median(r["ratio"] for r in rs), 2),
+        "ratios": [r["ratio"] for r in rs],
+        "median_ingest_events_per_sec": round(statistics.median(r["ingest_events_per_sec"] for r in rs)),
+        "median_kafka_ceiling_records_per_sec": round(statistics.median(r["kafka_ceiling_records_per_sec"] for r in rs)),
+        "median_ingest_p99_ms": round(statistics.median(r["ingest_p99_ms"] for r in rs), 1),
+    }))' "$work/rounds.jsonl"
