@@ -624,7 +624,7 @@ pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
     // A 1 ms linger: the records of the requests that arrive within a millisecond go out in one
     // produce request per partition, not one per request. librdkafka sends each partition's batch
     // as a request of its own, and the broker's cost is mostly per request: in four paired runs of
-    // 32 connections, 20-event requests, it took the broker 25-34% less CPU per event than no
+    // 32 connections, 20-event requests, it took the broker 23-34% less CPU per event than no
     // linger and gave 1-15% more events/s. A longer linger adds to every request's wait, and with
     // a bounded number of clients each waiting on its answer the wait bounds the throughput (2 ms
     // gave 145k events/s where none gave 169k; 5 ms 81k). `kafka.properties` may set another.
