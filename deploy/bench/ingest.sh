@@ -12,9 +12,10 @@
 # ingest.max_in_flight_requests, so none is refused) it is bounded by CPU, as the ceiling's is.
 # Both are measured and printed. Each is measured BENCH_ROUNDS times, the front door and its
 # ceiling back to back each time, so a machine that speeds up or slows down (these are shared)
-# moves both sides of one ratio alike; the summary takes the median ratio. A warm-up (BENCH_WARMUP_SECONDS of wrk, then ProducerPerformance)
-# comes first, unmeasured: the broker's JVM compiles its produce path in its first minutes, and
-# without it the first route's front door ran against a colder broker than its ceiling did.
+# moves both sides of one ratio alike; the summary takes the median ratio. A warm-up
+# (BENCH_WARMUP_SECONDS of wrk, then ProducerPerformance) comes first, unmeasured: the broker's JVM
+# compiles its produce path in its first minutes, and without it the first route's front door ran
+# against a colder broker than its ceiling did.
 #
 #   deploy/bench/ingest.sh            (BENCH_SECONDS=20 BENCH_CONNECTIONS="32 128" BENCH_ROUNDS=3
 #                                      BENCH_PARTITIONS=6 BENCH_ROUTES="/v1/batch /v1/b"

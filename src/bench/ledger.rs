@@ -261,6 +261,13 @@ struct DiskUse {
     index_files: u64,
 }
 
+impl DiskUse {
+    /// The larger of each figure: what two samples of one directory peaked at.
+    fn peak(self, other: Self) -> Self {
+        Self { all: self.all.max(other.all), index_files: self.index_files.max(other.index_files) }
+    }
+}
+
 /// Runs the bench.
 pub fn run(config: &LedgerBenchConfig) -> Result<LedgerBenchReport, BenchError> {
     let parent = config.dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -297,8 +304,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let mut done = 0u64;
     let mut batches = 0u64;
     let (mut duplicates_found, mut duplicates_expected) = (0u64, 0u64);
-    let mut max_disk = 0u64;
-    let mut max_index_files = 0u64;
+    let mut max_disk = DiskUse::default();
     let mut first_generation = None;
     let mut aging_started: Option<(u64, Duration)> = None;
     let checkpoint_at = config.keys / 10 * 9;
@@ -331,9 +337,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         done += n as u64;
         batches += 1;
         if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
-            let used = dir_bytes(&ledger_dir);
-            max_disk = max_disk.max(used.all);
-            max_index_files = max_index_files.max(used.index_files);
+            max_disk = max_disk.peak(dir_bytes(&ledger_dir));
             if aging_started.is_none() && config.budget_bytes.is_some() {
                 let oldest = ledger.generations()?.first().map(|g| g.meta.id);
                 if first_generation.is_none() {
@@ -348,7 +352,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     bar.finish_and_clear();
     let wall_secs = wall.elapsed().as_secs_f64();
     ledger.flush()?;
-    max_disk = max_disk.max(dir_bytes(&ledger_dir).all);
+    max_disk = max_disk.peak(dir_bytes(&ledger_dir));
     let stats = ledger.stats()?;
     let peak_rss = peak_rss_bytes();
     let close = Instant::now();
@@ -417,9 +421,9 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         aged_ids_per_sec: aged,
         bytes_per_key: stats.live_sst_bytes as f64 / stats.ids_estimate.max(1) as f64,
         live_sst_bytes: stats.live_sst_bytes,
-        max_disk_bytes: max_disk,
+        max_disk_bytes: max_disk.all,
         max_batch_ms: slowest.as_secs_f64() * 1e3,
-        max_index_file_bytes: max_index_files,
+        max_index_file_bytes: max_disk.index_files,
         disk_limit_bytes: config.budget_bytes.map(|b| b + generation_bytes + 2 * stats.index_bytes),
         peak_rss_bytes: peak_rss,
         window_ids: stats.ids_estimate,
