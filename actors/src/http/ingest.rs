@@ -59,6 +59,8 @@ use crate::http::server::{serve_http, Limits, LimitsError};
 pub const PARTITIONER: &str = "murmur2_random";
 /// The ingest producer's `linger.ms`, unless `kafka.properties` sets it (see [`producer`]).
 pub const LINGER_MS: &str = "1";
+/// The ingest producer's `compression.type`, unless `kafka.properties` sets it (see [`producer`]).
+pub const COMPRESSION: &str = "lz4";
 /// How often the readiness probe asks the broker for the topic's metadata.
 const READINESS_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a metadata answer keeps the server ready: a few missed probes, not one.
@@ -615,6 +617,11 @@ fn rate_limit_of(config: &dedupe::config::IngestConfig) -> Option<Rate> {
 /// The input topic's producer: idempotent, `acks=all`, Java-compatible partitioning, and giving
 /// up on a message no earlier than the request does.
 pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
+    ThreadedProducer::from_config_and_context(&producer_config(config), RequestAcks).map(Arc::new)
+}
+
+/// The settings of [`producer`].
+fn producer_config(config: &Config) -> rdkafka::ClientConfig {
     let mut client_config = dedupe::kafka::client_config(&config.kafka);
     client_config
         .set("enable.idempotence", "true")
@@ -632,7 +639,16 @@ pub fn producer(config: &Config) -> Result<IngestProducer, KafkaError> {
     if !config.kafka.properties.contains_key("linger.ms") {
         client_config.set("linger.ms", LINGER_MS);
     }
-    ThreadedProducer::from_config_and_context(&client_config, RequestAcks).map(Arc::new)
+    // lz4 batches: the broker stores each batch as it came and reads it only to check its
+    // records, so a compressed batch costs it less per event than a plain one. In three paired
+    // runs of 128 connections, 20-event requests, the broker took 18-35% less CPU per event, and
+    // the front door's own CPU per event did not grow (librdkafka compresses on its broker
+    // thread). The input topic also takes about a third of the disk. The worker's consumer
+    // decompresses transparently. `kafka.properties` may set another codec, or none.
+    if !config.kafka.properties.contains_key("compression.type") {
+        client_config.set("compression.type", COMPRESSION);
+    }
+    client_config
 }
 
 /// Every message route's name: the server libraries' and the browser and mobile libraries'.
@@ -789,6 +805,22 @@ mod tests {
         assert!(!is_host("") && !is_host("a.com/evil") && !is_host("a.com\"x") && !is_host("a b"));
         assert_eq!(split_public_url("https://t.example.com/"), Some(("https".into(), "t.example.com".into())));
         assert_eq!(split_public_url("http://h:81/seg"), Some(("http".into(), "h:81/seg".into())));
+    }
+
+    #[test]
+    fn the_producer_lingers_and_compresses_unless_kafka_properties_say_otherwise() {
+        let mut config = Config::default();
+        let defaults = producer_config(&config);
+        assert_eq!(defaults.get("linger.ms"), Some(LINGER_MS));
+        assert_eq!(defaults.get("compression.type"), Some(COMPRESSION));
+        assert_eq!(defaults.get("enable.idempotence"), Some("true"));
+        assert_eq!(defaults.get("acks"), Some("all"));
+
+        config.kafka.properties.insert("linger.ms".into(), "5".into());
+        config.kafka.properties.insert("compression.type".into(), "none".into());
+        let overridden = producer_config(&config);
+        assert_eq!(overridden.get("linger.ms"), Some("5"));
+        assert_eq!(overridden.get("compression.type"), Some("none"));
     }
 
     #[test]
