@@ -2,7 +2,8 @@
 # Bench of the tracking API: for each route (`/v1/batch` with Basic auth and application/json, as
 # the server libraries post; `/v1/b` with the write key in a text/plain body and an Origin, as the
 # browser and mobile libraries post) and each number of connections, drives `dedupe ingest` with
-# wrk (20-event batches, unique messageIds) for a bounded time, then measures the broker's own
+# wrk (20-event batches, unique messageIds, each event with a random anonymousId and property so
+# that compressing the producer's batches gains what it would on real events) for a bounded time, then measures the broker's own
 # ceiling for the same number and size of records with Kafka's ProducerPerformance (acks=all,
 # idempotent), in the same run. The rate limiter is on (a limit far above the load, so every
 # request pays for its bucket and none is refused) and CORS is on for the Origin wrk sends.
