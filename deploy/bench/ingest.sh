@@ -3,10 +3,11 @@
 # the server libraries post; `/v1/b` with the write key in a text/plain body and an Origin, as the
 # browser and mobile libraries post) and each number of connections, drives `dedupe ingest` with
 # wrk (20-event batches, unique messageIds, each event with a random anonymousId and property so
-# that compressing the producer's batches gains what it would on real events) for a bounded time, then measures the broker's own
-# ceiling for the same number and size of records with Kafka's ProducerPerformance (acks=all,
-# idempotent), in the same run. The rate limiter is on (a limit far above the load, so every
-# request pays for its bucket and none is refused) and CORS is on for the Origin wrk sends.
+# that compressing the producer's batches gains what it would on real events) for a bounded time,
+# then measures the broker's own ceiling for the same number and size of records with Kafka's
+# ProducerPerformance (acks=all, idempotent), in the same run. The rate limiter is on (a limit far
+# above the load, so every request pays for its bucket and none is refused) and CORS is on for the
+# Origin wrk sends.
 #
 # Connections: each wrk connection waits for its answer before it sends again, so at 32 of them
 # the front door's rate is bounded by its latency (640 events in flight); at 128 (the default
