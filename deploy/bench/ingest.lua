@@ -82,8 +82,9 @@ end
 -- The body, built once per thread and cut where each request's own parts go: a request joins
 -- the pieces around its id prefix and its pool entries in one table.concat, instead of twenty
 -- string.formats or a gsub over the whole body, so wrk, which shares the machine with the server
--- and the broker, takes less of its CPU. Event i is three pieces, then a separator, from 2 + 4 * (i - 1): the id
--- prefix, the rest of its id, and its pool entry.
+-- and the broker, takes less of its CPU. Event i is four pieces from 2 + 4 * (i - 1): the id
+-- prefix, the rest of its id, its pool entry, and what follows it (the next event's start, or the
+-- body's end).
 local pieces
 local function build_pieces()
   fill_pool()

@@ -57,10 +57,32 @@ use crate::http::server::{serve_http, Limits, LimitsError};
 
 /// librdkafka's partitioner that matches the Java client's for keyed records.
 pub const PARTITIONER: &str = "murmur2_random";
-/// The ingest producer's `linger.ms`, unless `kafka.properties` sets it (see [`producer`]).
+/// The ingest producer's `linger.ms`, unless `kafka.properties` sets it.
+///
+/// A 1 ms linger: the records of the requests that arrive within a millisecond go out in one
+/// produce request per partition, not one per request. librdkafka sends each partition's batch
+/// as a request of its own, and the broker's cost is mostly per request: in four paired runs of
+/// 32 connections, 20-event requests, it took the broker 23-34% less CPU per event than no
+/// linger and gave 1-15% more events/s. A longer linger adds to every request's wait, and with
+/// a bounded number of clients each waiting on its answer the wait bounds the throughput: 2 ms
+/// lost 25-28% of the events/s at 32 connections (gaining 2-14% at 128). `kafka.properties`
+/// may set another.
 pub const LINGER_MS: &str = "1";
-/// The ingest producer's `compression.type`, unless `kafka.properties` sets it (see [`producer`]).
+/// The ingest producer's `compression.type`, unless `kafka.properties` sets it.
+///
+/// lz4 batches: the broker appends a compressed batch as it came (the topic's default
+/// `compression.type=producer`), skipping each record's key, value and headers when it checks
+/// them, and it writes and keeps a fraction of the bytes. Events that lz4 makes 4.4 times
+/// smaller (each with 64 random characters; real events repeat their field names and context
+/// the same way) took the broker 14-24% less CPU per event in three paired runs of 128
+/// connections, and librdkafka's broker thread, which compresses, about 0.3 µs more: with
+/// both on one 2-core machine the events/s were -6%, -6% and +6%. Events that differed only in
+/// their ids, 13 times smaller: the broker's CPU per event 18-35% lower, events/s -2% to +17%.
+/// The input topic's disk and network shrink by the same factor; the worker's consumer
+/// decompresses transparently. `kafka.properties` may set another codec, or none.
 pub const COMPRESSION: &str = "lz4";
+/// What [`producer`] sets when `kafka.properties` does not.
+const PRODUCER_DEFAULTS: [(&str, &str); 2] = [("linger.ms", LINGER_MS), ("compression.type", COMPRESSION)];
 /// How often the readiness probe asks the broker for the topic's metadata.
 const READINESS_INTERVAL: Duration = Duration::from_secs(2);
 /// How long a metadata answer keeps the server ready: a few missed probes, not one.
@@ -628,29 +650,11 @@ fn producer_config(config: &Config) -> rdkafka::ClientConfig {
         .set("acks", "all")
         .set("partitioner", PARTITIONER)
         .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string());
-    // A 1 ms linger: the records of the requests that arrive within a millisecond go out in one
-    // produce request per partition, not one per request. librdkafka sends each partition's batch
-    // as a request of its own, and the broker's cost is mostly per request: in four paired runs of
-    // 32 connections, 20-event requests, it took the broker 23-34% less CPU per event than no
-    // linger and gave 1-15% more events/s. A longer linger adds to every request's wait, and with
-    // a bounded number of clients each waiting on its answer the wait bounds the throughput: 2 ms
-    // lost 25-28% of the events/s at 32 connections (gaining 2-14% at 128). `kafka.properties`
-    // may set another.
-    if !config.kafka.properties.contains_key("linger.ms") {
-        client_config.set("linger.ms", LINGER_MS);
-    }
-    // lz4 batches: the broker appends a compressed batch as it came (the topic's default
-    // `compression.type=producer`), skipping each record's key, value and headers when it checks
-    // them, and it writes and keeps a fraction of the bytes. Events that lz4 makes 4.4 times
-    // smaller (each with 64 random characters; real events repeat their field names and context
-    // the same way) took the broker 14-24% less CPU per event in three paired runs of 128
-    // connections, and librdkafka's broker thread, which compresses, about 0.3 µs more: with
-    // both on one 2-core machine the events/s were -6%, -6% and +6%. Events that differed only in
-    // their ids, 13 times smaller: the broker's CPU per event 18-35% lower, events/s -2% to +17%.
-    // The input topic's disk and network shrink by the same factor; the worker's consumer
-    // decompresses transparently. `kafka.properties` may set another codec, or none.
-    if !config.kafka.properties.contains_key("compression.type") {
-        client_config.set("compression.type", COMPRESSION);
+    // Defaults, not requirements: where `kafka.properties` sets one, it wins.
+    for (name, value) in PRODUCER_DEFAULTS {
+        if !config.kafka.properties.contains_key(name) {
+            client_config.set(name, value);
+        }
     }
     client_config
 }
