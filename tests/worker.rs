@@ -1,11 +1,12 @@
 //! The dedupe worker against the real broker: duplicates removed in order, across batches and
-//! restarts; bad input under every policy; failure paths (aborted transactions, a zombie worker).
+//! restarts; bad input under every policy; failure paths (aborted transactions, a restart whose
+//! old pipeline ends late, a zombie worker).
 //! Crash tests live in `tests/crash.rs`.
 
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -197,6 +198,41 @@ fn aborted_transactions_are_retried_without_loss() {
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
     assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), Some(2.0), "{page}");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn a_pipeline_that_ends_after_its_restart_leaves_the_new_owner_alone() {
+    // Input only in partition 0, whose first six transactions abort: the pipeline gives up and
+    // the worker restarts every partition. Partition 1's pipeline, told to stop by the restart,
+    // reports its end 8 s late, after the restart took partition 1 over again (2 s backoff).
+    let input = TestTopic::create("late-in", 2);
+    let output = TestTopic::create("late-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let first = ids(50);
+    produce_full_to(&input.name, Some(0), &keyed(&first.iter().collect::<Vec<_>>()));
+    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("FAILPOINTS", "output-before-produce=6*return->off;worker-stopped-late=1*return(8000)->off");
+    spec.partitions = Some("0,1".into());
+    let mut worker = spec.start();
+    wait_for_records(&output.name, first.len(), Duration::from_secs(90));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !worker.log_text().contains("A partition pipeline that a restart replaced ended") {
+        assert!(Instant::now() < deadline, "the stopped pipeline's late end never came:\n{}", worker.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The new owners of both partitions still publish, with no second restart: new ids in both
+    // partitions, and some of the first ones again.
+    let second = ids(100);
+    let refs: Vec<&String> = second.iter().chain(&first[..20]).collect();
+    produce_full(&input.name, &keyed(&refs));
+    wait_for_records(&output.name, first.len() + second.len(), Duration::from_secs(60));
+    let page = worker.metrics().unwrap();
+    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "pipeline")]), Some(1.0), "one restart only:\n{page}");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let out = consume_all(&output.name, true);
+    assert_eq!(out.len(), first.len() + second.len(), "{}", worker.log_text());
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }

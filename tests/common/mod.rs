@@ -170,6 +170,11 @@ pub fn produce(topic: &str, records: &[KeyAndValue]) -> Vec<(i32, i64)> {
 
 /// Produces records with headers, in order, and waits for every acknowledgement.
 pub fn produce_full(topic: &str, records: &[Outgoing]) -> Vec<(i32, i64)> {
+    produce_full_to(topic, None, records)
+}
+
+/// [`produce_full`] into one partition, or where the key puts each record if None.
+pub fn produce_full_to(topic: &str, partition: Option<i32>, records: &[Outgoing]) -> Vec<(i32, i64)> {
     let producer: FutureProducer = client_config()
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -181,6 +186,9 @@ pub fn produce_full(topic: &str, records: &[Outgoing]) -> Vec<(i32, i64)> {
         let mut pending = Vec::with_capacity(records.len());
         for (k, v, hs) in records {
             let mut r: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+            if let Some(p) = partition {
+                r = r.partition(p);
+            }
             if let Some(k) = k {
                 r = r.key(k.as_slice());
             }

@@ -87,6 +87,9 @@ impl PipelineError {
 #[rtype(result = "()")]
 pub struct PartitionStopped {
     pub partition: i32,
+    /// The take-over that started the pipeline: a pipeline told to stop may end after a restart
+    /// took its partition over again, and its end is then not the new owner's.
+    pub epoch: u64,
     pub result: Result<(), PipelineError>,
 }
 
@@ -94,6 +97,8 @@ use crate::actors::membership::Queue;
 
 pub struct PartitionConsumer {
     pub partition: i32,
+    /// The coordinator's take-over epoch of this pipeline, echoed in [`PartitionStopped`].
+    pub epoch: u64,
     pub queue: Option<Queue>,
     pub ledger: Addr<LedgerActor>,
     pub publisher: Addr<Publisher>,
@@ -123,10 +128,22 @@ impl Actor for PartitionConsumer {
         let stop = self.stop.clone();
         let fut = async move { pipeline.run(queue, stop).await };
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
-            act.report_to.do_send(PartitionStopped { partition: act.partition, result });
+            act.report_to.do_send(PartitionStopped { partition: act.partition, epoch: act.epoch, result });
             ctx.stop();
         }));
     }
+}
+
+/// The end of a pipeline told to stop. With the `failpoints` feature, `worker-stopped-late`
+/// (`return(MS)`) holds the end back MS milliseconds, so that a test can make it arrive after
+/// a restart took the partition over again.
+async fn stopped() -> Result<(), PipelineError> {
+    #[cfg(feature = "failpoints")]
+    if let Some(Some(ms)) = fail::eval("worker-stopped-late", |v| v.and_then(|v| v.parse::<u64>().ok())) {
+        eprintln!("failpoint worker-stopped-late: the end of a stopped pipeline waits {ms} ms");
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    Ok(())
 }
 
 struct Pipeline {
@@ -150,11 +167,11 @@ impl Pipeline {
     async fn run(mut self, queue: Queue, mut stop: watch::Receiver<bool>) -> Result<(), PipelineError> {
         loop {
             if *stop.borrow() {
-                return Ok(());
+                return stopped().await;
             }
             let batch = tokio::select! {
                 batch = self.collect(&queue) => batch,
-                _ = stop.changed() => return Ok(()),
+                _ = stop.changed() => return stopped().await,
             };
             if batch.is_empty() {
                 continue;

@@ -247,6 +247,7 @@ impl Coordinator {
     fn go_live(&mut self, p: i32, taken: TakenOver, queue: Queue, report_to: Recipient<PartitionStopped>) {
         let Some(running) = self.running.as_mut() else { return };
         let Some(owned) = running.owned.get_mut(&p) else { return };
+        let epoch = owned.epoch;
         let arbiter = Arbiter::new();
         let w = &self.config.worker;
         let publisher = Publisher::new(taken.writer, w.input_topic.clone(), p, running.membership.consumer.clone());
@@ -254,6 +255,7 @@ impl Coordinator {
         let (stop, stop_rx) = watch::channel(false);
         PartitionConsumer {
             partition: p,
+            epoch,
             queue: Some(queue),
             ledger: self.ledger.clone(),
             publisher,
@@ -562,7 +564,9 @@ impl Handler<PartitionStopped> for Coordinator {
 
     fn handle(&mut self, msg: PartitionStopped, ctx: &mut Self::Context) {
         let p = msg.partition;
-        let stopping = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
+        let owner = self.running.as_ref().and_then(|r| r.owned.get(&p)).filter(|o| o.epoch == msg.epoch);
+        let stopping = owner.is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
+        let current = owner.is_some();
         match msg.result {
             Err(e) if e.is_fenced() => {
                 Fenced { partition: p, error: &e }.emit();
@@ -578,11 +582,13 @@ impl Handler<PartitionStopped> for Coordinator {
                 System::current().stop_with_code(exit::FAILED);
                 return;
             }
-            // The pipeline was already torn down for a restart that covers this partition too
-            // (several partitions fail together when the brokers go away).
-            Err(e) if self.restart_pending => {
-                tracing::info!(partition = p, error = %e, "A partition pipeline that a pending restart replaces ended with an error.");
+            // A pipeline torn down for a restart (several partitions fail together when the
+            // brokers go away), ending before or after the restart took its partition over
+            // again: the partition, if owned, is another pipeline's now.
+            Err(e) if !current => {
+                tracing::info!(partition = p, error = %e, "A partition pipeline that a restart replaced ended with an error.");
             }
+            Ok(()) if !current => tracing::info!(partition = p, "A partition pipeline that a restart replaced ended."),
             Err(e) if !stopping && !self.shutting_down => {
                 PipelineFailed { partition: p, error: &e }.emit();
                 self.restart(ctx);
@@ -590,7 +596,9 @@ impl Handler<PartitionStopped> for Coordinator {
             Err(e) => tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it."),
             Ok(()) => {}
         }
-        self.forget(p);
+        if current {
+            self.forget(p);
+        }
         self.publish_health();
         if self.shutting_down && self.running.as_ref().is_none_or(|r| r.owned.is_empty()) {
             ctx.notify(Finish);
