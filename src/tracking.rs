@@ -96,12 +96,13 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// The endpoint for the last path segment: `track`, ..., `batch`, or the one-letter names
+    /// The endpoint for the last path segment: `track`, ..., `batch`, the one-letter names
     /// Segment's browser library (`t`, `i`, `p`, `s`, `g`, `a`: the type's first letter) and its
-    /// batching mode and the mobile libraries (`b`) post to.
+    /// batching mode and the mobile libraries (`b`) post to, or `import`, the batch endpoint's
+    /// older name, which the Java, Ruby and .NET libraries post to.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
-            "batch" | "b" => Some(Self::Batch),
+            "batch" | "b" | "import" => Some(Self::Batch),
             "t" => Some(Self::Single(EventType::Track)),
             "i" => Some(Self::Single(EventType::Identify)),
             "p" => Some(Self::Single(EventType::Page)),
@@ -1292,7 +1293,8 @@ mod tests {
 
     #[test]
     fn one_letter_endpoints_are_the_same_endpoints() {
-        for (short, long) in [("t", "track"), ("i", "identify"), ("p", "page"), ("s", "screen"), ("g", "group"), ("a", "alias"), ("b", "batch")] {
+        let aliases = [("t", "track"), ("i", "identify"), ("p", "page"), ("s", "screen"), ("g", "group"), ("a", "alias"), ("b", "batch"), ("import", "batch")];
+        for (short, long) in aliases {
             assert_eq!(Endpoint::from_name(short), Endpoint::from_name(long), "{short}");
             assert!(Endpoint::from_name(short).is_some(), "{short}");
         }

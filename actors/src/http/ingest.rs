@@ -10,8 +10,10 @@
 //! worker removes the duplicates a retry makes). Bad input is refused whole with 400 before
 //! anything is produced; a missing or unknown write key is refused with 401.
 //!
-//! Routes: `POST /v1/<type>` and `/v1/batch`, and the same under the one-letter names Segment's
-//! browser and mobile libraries use (`/v1/t`, `i`, `p`, `s`, `g`, `a`, and `/v1/b`); the settings
+//! Routes: `POST /v1/<type>` and `/v1/batch`, the same under the one-letter names Segment's
+//! browser and mobile libraries use (`/v1/t`, `i`, `p`, `s`, `g`, `a`, and `/v1/b`), and
+//! `/v1/import`, the batch's older name (the Java, Ruby and .NET libraries'), each also with a
+//! trailing slash (the Java library posts to `/v1/import/`); the settings
 //! document analytics.js loads (`GET /v1/projects/<writeKey>/settings`); CORS for the configured
 //! origins (`http::cors`).
 //!
@@ -660,21 +662,25 @@ fn producer_config(config: &Config) -> rdkafka::ClientConfig {
 }
 
 /// Every message route's name: the server libraries' and the browser and mobile libraries'.
-const ENDPOINT_NAMES: [&str; 14] =
-    ["track", "identify", "page", "screen", "group", "alias", "batch", "t", "i", "p", "s", "g", "a", "b"];
+const ENDPOINT_NAMES: [&str; 15] =
+    ["track", "identify", "page", "screen", "group", "alias", "batch", "t", "i", "p", "s", "g", "a", "b", "import"];
 
 fn routes(cfg: &mut web::ServiceConfig) {
-    // One fixed path per endpoint: matched by comparing text, not by a pattern, on every request.
+    // Fixed paths per endpoint, with and without a trailing slash: matched by comparing text,
+    // not by a pattern, on every request.
     for name in ENDPOINT_NAMES {
         let endpoint = Endpoint::from_name(name).expect("every listed endpoint name is known");
-        cfg.route(
-            &format!("/v1/{name}"),
-            web::post().to(move |req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>| {
-                post_message(endpoint, req, payload, ingest)
-            }),
-        );
+        for path in [format!("/v1/{name}"), format!("/v1/{name}/")] {
+            cfg.route(
+                &path,
+                web::post().to(move |req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>| {
+                    post_message(endpoint, req, payload, ingest)
+                }),
+            );
+        }
     }
     cfg.route("/v1/{endpoint}", web::post().to(unknown_endpoint))
+        .route("/v1/{endpoint}/", web::post().to(unknown_endpoint))
         .route("/v1/projects/{write_key}/settings", web::get().to(settings))
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
