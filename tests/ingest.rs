@@ -12,6 +12,9 @@ mod common;
 mod browser;
 #[path = "ingest/limits.rs"]
 mod limits;
+// Segment's server libraries that post to `/v1/import`: analytics-java.
+#[path = "ingest/servers.rs"]
+mod servers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

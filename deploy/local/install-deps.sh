@@ -5,11 +5,12 @@ set -euo pipefail
 
 # Debian packages: libclang-dev (RocksDB's bindings), libssl-dev + pkg-config (rdkafka's TLS),
 # kcat (the broker readiness check), curl (the demo), prometheus (promtool and the scrape test), docker-compose
-# (checks the compose file; no engine needed), maven and a JDK (Apache Kafka's jars), jq (cluster.sh
+# (checks the compose file; no engine needed), maven and a JDK (Apache Kafka's jars; the JDK's source
+# launcher runs tests/java's client of Segment's Java library), jq (cluster.sh
 # reads kcat's JSON), openssl (the test cluster's CA and certificate), iproute2 (its network namespace),
 # chromium (Segment's browser library in a real browser, tests/ingest/browser.rs), wrk (the tracking
 # API bench), and Node.js with npm (Segment's JavaScript libraries, below) unless a node is on PATH.
-packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jre-headless jq openssl iproute2
+packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jdk-headless jq openssl iproute2
   chromium wrk)
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   packages+=(nodejs npm)
@@ -18,9 +19,9 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# A JDK or Maven installed outside Debian's packages serves as well.
-if command -v java >/dev/null && command -v mvn >/dev/null; then
-  missing=("${missing[@]/openjdk-17-jre-headless}")
+# A JDK and Maven installed outside Debian's packages serve as well.
+if command -v javac >/dev/null && command -v mvn >/dev/null; then
+  missing=("${missing[@]/openjdk-17-jdk-headless}")
   missing=("${missing[@]/maven}")
 fi
 read -r -a missing <<<"${missing[*]}"

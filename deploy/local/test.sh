@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, property and crash tests, the integration tests against a real
 # Apache Kafka broker (started here with deploy/local/kafka.sh if it is not running), Segment's
-# Node and browser libraries (the browser in headless Chromium) against the tracking API, the
+# Node, browser (in headless Chromium) and Java libraries against the tracking API, the
 # broker-fault tests on a three-node cluster (tests/cluster.rs starts deploy/local/cluster.sh and
 # this script stops it when the tests are done), the deployment checks (promtool rule tests, Kubernetes schemas, compose).
 # A test that cannot reach its broker fails; nothing is skipped.

@@ -228,13 +228,13 @@ fn run_node(script: &str, env: &[(&str, &str)], ingest: &Ingest) -> Value {
     serde_json::from_str(line).unwrap()
 }
 
-fn strings(v: &Value) -> Vec<String> {
+pub(super) fn strings(v: &Value) -> Vec<String> {
     v.as_array().unwrap_or_else(|| panic!("not an array: {v}")).iter().map(|s| s.as_str().unwrap().to_string()).collect()
 }
 
 /// `dedupe run` over `input` until the output holds `expected.len()` messages, then stopped; the
 /// output must hold each expected message exactly once, and `dedupe verify` must agree.
-fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) {
+pub(super) fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) {
     let output = TestTopic::create(&format!("{}-out", &input.name[..input.name.len().min(24)]), input.partitions);
     let dir = tempfile::tempdir().unwrap();
     let mut worker = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).start();
@@ -253,7 +253,7 @@ fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) {
 }
 
 /// How many times each message id was produced to `topic`.
-fn input_copies(topic: &str) -> BTreeMap<String, usize> {
+pub(super) fn input_copies(topic: &str) -> BTreeMap<String, usize> {
     let mut copies = BTreeMap::new();
     for r in consume_all(topic, false) {
         let value: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
