@@ -213,18 +213,25 @@ fn js_dir() -> PathBuf {
 
 /// Runs `node tests/js/<script>` with `env`; returns the JSON line it prints.
 fn run_node(script: &str, env: &[(&str, &str)], ingest: &Ingest) -> Value {
-    let started = Instant::now();
     let mut cmd = Command::new("node");
     cmd.arg(script).current_dir(js_dir());
+    run_client(cmd, &format!("node {script}"), "install Node.js 20 or newer", env, ingest)
+}
+
+/// Runs a client of one of Segment's libraries (`what`; `install` says how to get its runtime)
+/// with `env` added; it must succeed, and the last line it prints that starts with `{` is its
+/// JSON report.
+pub(super) fn run_client(mut cmd: Command, what: &str, install: &str, env: &[(&str, &str)], ingest: &Ingest) -> Value {
+    let started = Instant::now();
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run node (install Node.js 20 or newer): {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {what} ({install}): {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "node {script} failed ({}):\n{stdout}\n{stderr}\ningest log:\n{}", out.status, ingest.log_text());
-    eprintln!("node {script} took {:?}", started.elapsed());
-    let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("node {script} printed no JSON:\n{stdout}\n{stderr}"));
+    assert!(out.status.success(), "{what} failed ({}):\n{stdout}\n{stderr}\ningest log:\n{}", out.status, ingest.log_text());
+    eprintln!("{what} took {:?}", started.elapsed());
+    let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("{what} printed no JSON:\n{stdout}\n{stderr}"));
     serde_json::from_str(line).unwrap()
 }
 

@@ -8,11 +8,10 @@
 
 use std::collections::BTreeSet;
 use std::process::Command;
-use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::browser::{dedupe_and_verify, input_copies, strings};
+use super::browser::{dedupe_and_verify, input_copies, run_client, strings};
 use super::common::{self, brokers, TestTopic};
 use super::{Ingest, KEY_WEB};
 
@@ -24,19 +23,9 @@ fn run_java_client(env: &[(&str, &str)], ingest: &Ingest) -> Value {
     assert!(install.status.success(), "tests/java/install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
     let classpath_file = String::from_utf8_lossy(&install.stdout).trim().to_string();
     let classpath = std::fs::read_to_string(&classpath_file).unwrap_or_else(|e| panic!("{classpath_file}: {e}"));
-    let started = Instant::now();
     let mut cmd = Command::new("java");
     cmd.arg("-cp").arg(classpath.trim()).arg("AnalyticsJavaClient.java").current_dir(&java_dir);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run java (install a JDK 17 or newer): {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "AnalyticsJavaClient failed ({}):\n{stdout}\n{stderr}\ningest log:\n{}", out.status, ingest.log_text());
-    eprintln!("AnalyticsJavaClient took {:?}", started.elapsed());
-    let line = stdout.lines().rev().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("AnalyticsJavaClient printed no JSON:\n{stdout}\n{stderr}"));
-    serde_json::from_str(line).unwrap()
+    run_client(cmd, "java AnalyticsJavaClient.java", "install a JDK 17 or newer", env, ingest)
 }
 
 #[test]
