@@ -771,6 +771,53 @@ fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
     }
 }
 
+/// `unkeyed_policy = "dead-letter"` over SASL_SSL with the documented ACLs and the one the README
+/// adds for it (Write and Describe on the dead-letter topic): keyed records reach the output once,
+/// records without a usable id reach the dead-letter topic, in the same transactions.
+#[test]
+fn sasl_ssl_dead_letters_with_the_documented_acl() {
+    let _serial = serial();
+    let tls = secure_listener();
+    let input = TestTopic::create("secure-dlq-in", PARTITIONS);
+    let output = TestTopic::create("secure-dlq-out", PARTITIONS);
+    let dead_letters = TestTopic::create("secure-dlq", 1);
+    let group = format!("dedupe-secure-dlq-{}", uuid::Uuid::new_v4().simple());
+    let principal = format!("User:{}", tls.worker_user);
+    allow_worker(&principal, &input.name, &output.name, &group);
+    allow(&principal, &["Write", "Describe"], &["--topic", &dead_letters.name]);
+
+    // 30 keyed records (5 of them sent twice) and 4 without a usable id: a null key, an empty one.
+    let keyed_ids = ids(25);
+    let mut records = keyed(&keyed_ids.iter().chain(&keyed_ids[..5]).collect::<Vec<_>>());
+    for (i, key) in [None, Some(Vec::new()), None, Some(Vec::new())].into_iter().enumerate() {
+        records.push((key, Some(format!("unkeyed {i}").into_bytes()), Vec::new()));
+    }
+    produce_full(&input.name, &records);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_GROUP_ID", &group)
+        .env("DEDUPE_WORKER_UNKEYED_POLICY", "dead-letter")
+        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name);
+    spec.brokers = Some(tls.bootstrap.clone());
+    for (k, v) in &tls.env(&tls.worker_user, &tls.password) {
+        spec = spec.env(k, v);
+    }
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(120));
+    wait_for_records(&output.name, keyed_ids.len(), Duration::from_secs(120));
+    let dead = wait_for_records(&dead_letters.name, 4, Duration::from_secs(60));
+    assert_eq!(worker.terminate(Duration::from_secs(60)), Some(0), "{}", tail(&worker.log_text(), 40));
+
+    let out = consume_all(&output.name, true);
+    let out_keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
+    assert_eq!(out.len(), keyed_ids.len(), "each keyed record once");
+    assert_eq!(out_keys, keyed_ids.iter().map(|id| id.as_bytes().to_vec()).collect());
+    let dead_values: HashSet<Vec<u8>> = dead.iter().filter_map(|r| r.value.clone()).collect();
+    assert_eq!(dead_values, (0..4).map(|i| format!("unkeyed {i}").into_bytes()).collect(), "the records without an id, each once");
+    assert_eq!(consume_all(&dead_letters.name, true).len(), 4);
+}
+
 /// A CA of its own, which signed none of the brokers' certificates.
 fn unknown_ca(dir: &std::path::Path) -> PathBuf {
     let (key, cert) = (dir.join("other-ca.key"), dir.join("other-ca.pem"));
