@@ -14,6 +14,7 @@
 //! All calls block; the actor layer runs this on a thread of its own.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -92,13 +93,16 @@ pub fn transactional_id(output_topic: &str, partition: i32) -> String {
 }
 
 /// Counts delivery results so a transaction knows where its output records and its changelog
-/// record landed.
+/// record landed, and why one was not delivered.
 pub struct DeliveryTracker {
     output_topic: String,
     changelog_topic: String,
     last_output: AtomicI64,
     last_changelog: AtomicI64,
     failures: AtomicU64,
+    /// The first failed delivery since the last reset: its topic, and the broker's or
+    /// librdkafka's reason (a missing ACL on the dead-letter topic, say).
+    first_failure: Mutex<Option<(String, RDKafkaErrorCode)>>,
 }
 
 impl DeliveryTracker {
@@ -109,6 +113,7 @@ impl DeliveryTracker {
             last_output: AtomicI64::new(-1),
             last_changelog: AtomicI64::new(-1),
             failures: AtomicU64::new(0),
+            first_failure: Mutex::new(None),
         }
     }
 
@@ -116,6 +121,11 @@ impl DeliveryTracker {
         self.last_output.store(-1, Ordering::Relaxed);
         self.last_changelog.store(-1, Ordering::Relaxed);
         self.failures.store(0, Ordering::Relaxed);
+        self.take_first_failure();
+    }
+
+    fn take_first_failure(&self) -> Option<(String, RDKafkaErrorCode)> {
+        self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
     }
 }
 
@@ -135,8 +145,12 @@ impl ProducerContext for DeliveryTracker {
                     self.last_changelog.fetch_max(offset, Ordering::Relaxed);
                 }
             }
-            Err(_) => {
-                self.failures.fetch_add(1, Ordering::Relaxed);
+            Err((e, m)) => {
+                if self.failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+                    let topic = rdkafka::Message::topic(m).to_string();
+                    *self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((topic, code));
+                }
             }
         }
     }
@@ -231,9 +245,10 @@ impl OutputWriter {
         self.producer.flush(self.timeout).map_err(|e| classify(e, &self.transactional_id))?;
         drop(watched);
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
-            return Err(PublishError::Aborted {
-                source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
-            });
+            // The abort names why: the first failed record's topic and its error.
+            let (topic, code) = self.producer.context().take_first_failure().unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
+            tracing::warn!(topic = %topic, error = %code, "A record of the output transaction was not delivered; aborting the transaction.");
+            return Err(PublishError::Aborted { source: KafkaError::MessageProduction(code) });
         }
         let mut offsets = TopicPartitionList::new();
         offsets

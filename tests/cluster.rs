@@ -771,9 +771,11 @@ fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
     }
 }
 
-/// `unkeyed_policy = "dead-letter"` over SASL_SSL with the documented ACLs and the one the README
-/// adds for it (Write and Describe on the dead-letter topic): keyed records reach the output once,
-/// records without a usable id reach the dead-letter topic, in the same transactions.
+/// `unkeyed_policy = "dead-letter"` over SASL_SSL. Without the ACL the README adds for it (Write
+/// and Describe on the dead-letter topic), the transactions that carry a record for it abort, the
+/// log names the topic and the cause, and nothing reaches the dead-letter topic. With it (after a
+/// SIGKILL and a restart), keyed records reach the output once and records without a usable id
+/// the dead-letter topic, in the same transactions.
 #[test]
 fn sasl_ssl_dead_letters_with_the_documented_acl() {
     let _serial = serial();
@@ -784,7 +786,6 @@ fn sasl_ssl_dead_letters_with_the_documented_acl() {
     let group = format!("dedupe-secure-dlq-{}", uuid::Uuid::new_v4().simple());
     let principal = format!("User:{}", tls.worker_user);
     allow_worker(&principal, &input.name, &output.name, &group);
-    allow(&principal, &["Write", "Describe"], &["--topic", &dead_letters.name]);
 
     // 30 keyed records (5 of them sent twice) and 4 without a usable id: a null key, an empty one.
     let keyed_ids = ids(25);
@@ -803,6 +804,20 @@ fn sasl_ssl_dead_letters_with_the_documented_acl() {
     for (k, v) in &tls.env(&tls.worker_user, &tls.password) {
         spec = spec.env(k, v);
     }
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(120));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let names_the_cause = |log: String| {
+        log.lines().any(|l| l.contains("was not delivered") && l.contains(&dead_letters.name) && l.contains("Topic authorization failed"))
+    };
+    while !names_the_cause(worker.log_text()) {
+        assert!(Instant::now() < deadline, "no line names the dead-letter topic and the missing ACL:\n{}", tail(&worker.log_text(), 40));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(consume_all(&dead_letters.name, true).is_empty(), "nothing reaches the dead-letter topic without its ACL");
+    worker.kill();
+
+    allow(&principal, &["Write", "Describe"], &["--topic", &dead_letters.name]);
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
     wait_for_records(&output.name, keyed_ids.len(), Duration::from_secs(120));
