@@ -609,6 +609,15 @@ impl SecureListener {
             ("DEDUPE_KAFKA_SSL_CA_LOCATION".into(), self.ca.display().to_string()),
         ]
     }
+
+    /// `spec` connecting as the worker's user through this listener.
+    fn worker(&self, mut spec: WorkerSpec) -> WorkerSpec {
+        spec.brokers = Some(self.bootstrap.clone());
+        for (k, v) in self.env(&self.worker_user, &self.password) {
+            spec = spec.env(&k, &v);
+        }
+        spec
+    }
 }
 
 /// Adds ACLs allowing `principal` the `operations` on one resource (AclCommand's resource flags).
@@ -727,15 +736,10 @@ fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
     let group = format!("dedupe-secure-{}", uuid::Uuid::new_v4().simple());
     allow_worker(&format!("User:{}", tls.worker_user), &input.name, &output.name, &group);
     allow_client(&format!("User:{}", tls.client_user), &input.name, &output.name);
-    let worker_env = tls.env(&tls.worker_user, &tls.password);
     let client_env = tls.env(&tls.client_user, &tls.password);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_GROUP_ID", &group);
-    spec.brokers = Some(tls.bootstrap.clone());
-    for (k, v) in &worker_env {
-        spec = spec.env(k, v);
-    }
+    let spec = tls.worker(WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_GROUP_ID", &group));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
 
@@ -796,14 +800,12 @@ fn sasl_ssl_dead_letters_with_the_documented_acl() {
     produce_full(&input.name, &records);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
-        .env("DEDUPE_WORKER_GROUP_ID", &group)
-        .env("DEDUPE_WORKER_UNKEYED_POLICY", "dead-letter")
-        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name);
-    spec.brokers = Some(tls.bootstrap.clone());
-    for (k, v) in &tls.env(&tls.worker_user, &tls.password) {
-        spec = spec.env(k, v);
-    }
+    let spec = tls.worker(
+        WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+            .env("DEDUPE_WORKER_GROUP_ID", &group)
+            .env("DEDUPE_WORKER_UNKEYED_POLICY", "dead-letter")
+            .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name),
+    );
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
     let deadline = Instant::now() + Duration::from_secs(90);
