@@ -44,6 +44,7 @@ pub const HANDOVER_SECONDS: &str = "dedupe_handover_duration_seconds";
 pub const HANDOVER_IN_PROGRESS_SECONDS: &str = "dedupe_handover_in_progress_seconds";
 pub const HANDOVER_IDS_LOADED: &str = "dedupe_handover_ids_loaded_total";
 pub const CHANGELOG_RECORDS: &str = "dedupe_changelog_records_total";
+pub const OUTPUT_QUEUE_FULL: &str = "dedupe_output_queue_full_waits_total";
 /// Label of [`PARTITION_REVOCATIONS`]: `revoked` (handed over cleanly) or `lost` (taken away).
 pub const LABEL_REASON: &str = "reason";
 
@@ -121,6 +122,7 @@ pub const ALL: &[Metric] = &[
     m(HANDOVER_IN_PROGRESS_SECONDS, Gauge, Some(Unit::Seconds), &[], "How long the oldest handover still loading has been under way (0 when none is)."),
     m(HANDOVER_IDS_LOADED, Counter, None, P, "Ids loaded into the ledger from the id changelog when the partition was assigned."),
     m(CHANGELOG_RECORDS, Counter, None, P, "Id changelog records written (one per output transaction that published new ids)."),
+    m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(LEDGER_BYTES, Gauge, Some(Unit::Bytes), &[], "Bytes of SST files the ledger holds on disk."),
     m(LEDGER_IDS, Gauge, None, &[], "Ids the ledger holds (an estimate)."),
     m(LEDGER_GENERATIONS, Gauge, None, &[], "Generations (column families) the ledger holds."),

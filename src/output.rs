@@ -295,6 +295,10 @@ impl OutputWriter {
             match self.producer.send(rec) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    // Room comes as records are delivered, or as they time out (then the
+                    // transaction aborts): the wait is bounded by librdkafka's message timeout.
+                    metrics::counter!(crate::metrics::OUTPUT_QUEUE_FULL, crate::metrics::LABEL_PARTITION => self.partition.to_string())
+                        .increment(1);
                     self.producer.poll(Duration::from_millis(10));
                 }
                 Err((e, _)) => return Err(classify(e, &self.transactional_id)),

@@ -1,6 +1,6 @@
 //! The dedupe worker against the real broker: duplicates removed in order, across batches and
-//! restarts; bad input under every policy; failure paths (aborted transactions, a restart whose
-//! old pipeline ends late, a zombie worker).
+//! restarts; bad input under every policy; failure paths (aborted transactions, a full producer
+//! queue, a restart whose old pipeline ends late, a zombie worker).
 //! Crash tests live in `tests/crash.rs`.
 
 mod common;
@@ -198,6 +198,33 @@ fn aborted_transactions_are_retried_without_loss() {
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
     assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), Some(2.0), "{page}");
+    let (code, summary) = verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
+    // The producers' queues hold 16 records and a batch has up to 500: each transaction's records
+    // find the queue full again and again, and wait for room (counted) instead of being dropped.
+    let input = TestTopic::create("qfull-in", 2);
+    let output = TestTopic::create("qfull-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("dedupe.toml");
+    std::fs::write(&config, "[kafka.properties]\n\"queue.buffering.max.messages\" = \"16\"\n").unwrap();
+    let all = ids(1500);
+    let refs: Vec<&String> = all.iter().chain(&all[..150]).collect();
+    produce_full(&input.name, &keyed(&refs));
+    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"));
+    spec.extra_args = vec!["--config".into(), config.display().to_string()];
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, all.len(), Duration::from_secs(90));
+    let page = worker.metrics().unwrap();
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let waits = metric_value(&page, "dedupe_output_queue_full_waits_total", &[]).unwrap_or(0.0);
+    assert!(waits > 0.0, "no record waited for room, so the queue was never full:\n{page}");
+    assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), None, "{page}");
+    assert_eq!(consume_all(&output.name, true).len(), all.len());
     let (code, summary) = verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
