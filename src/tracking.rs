@@ -785,6 +785,9 @@ impl Spliced {
     }
 
     fn message(&self, raw: &str) -> Option<Message> {
+        if !parses_as_skimmed(raw) {
+            return None;
+        }
         let v: Validated<'_> = serde_json::from_str(raw).ok()?;
         if v.write_key.is_some() || v.received_at.is_some() {
             return None;
@@ -836,6 +839,77 @@ impl Spliced {
         value.push(b'}');
         (value.len() <= MAX_RECORD_BYTES).then_some(Message { message_id, event_type, value })
     }
+}
+
+/// Nesting deeper than this is left to the tree, which refuses it past serde_json's limit (128).
+const SKIMMED_MAX_DEPTH: usize = 64;
+
+/// Whether a message that serde_json skimmed without complaint (as a `RawValue`, and its fields
+/// as `RawValue`s or ignored) would also pass a full parse, as far as can be told cheaply. A skim
+/// checks the syntax only; a full parse also refuses nesting over 128 levels, a number too large
+/// for an f64 and a `\u` escape that is half of a surrogate pair. A message with nesting over
+/// [`SKIMMED_MAX_DEPTH`], a number with an exponent or over 40 characters, or a lone surrogate is
+/// left to the tree, which takes it or refuses it exactly as `/v1/track` would the same message:
+/// a batch cannot slip in what a single message cannot (text that strict parsers downstream
+/// reject).
+fn parses_as_skimmed(raw: &str) -> bool {
+    let b = raw.as_bytes();
+    let hex = |at: usize| b.get(at..at + 4).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u16::from_str_radix(h, 16).ok());
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                i += 1;
+                loop {
+                    let Some(at) = memchr::memchr2(b'"', b'\\', &b[i..]) else { return false };
+                    i += at;
+                    if b[i] == b'"' {
+                        break;
+                    }
+                    if b.get(i + 1) != Some(&b'u') {
+                        i += 2;
+                        continue;
+                    }
+                    match hex(i + 2) {
+                        Some(0xD800..=0xDBFF) => {
+                            let pair = b.get(i + 6..i + 8) == Some(&b"\\u"[..]) && matches!(hex(i + 8), Some(0xDC00..=0xDFFF));
+                            if !pair {
+                                return false;
+                            }
+                            i += 12;
+                        }
+                        Some(0xDC00..=0xDFFF) | None => return false,
+                        Some(_) => i += 6,
+                    }
+                }
+                i += 1;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > SKIMMED_MAX_DEPTH {
+                    return false;
+                }
+                i += 1;
+            }
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                    i += 1;
+                }
+                let number = &b[start..i];
+                if number.len() > 40 || number.iter().any(|c| matches!(c, b'e' | b'E')) {
+                    return false;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    true
 }
 
 /// Deep-merges `defaults` into `target[name]`: keys missing from the target are added, objects on
@@ -1182,6 +1256,48 @@ mod tests {
                 assert_eq!(fast_json["messageId"], Value::String(fast.message_id.clone()));
                 assert_eq!(fast_json, tree_json, "{item} under {shared_body}");
             }
+        }
+    }
+
+    #[test]
+    fn a_batch_refuses_what_a_single_message_route_refuses() {
+        // Text a skim of the JSON passes and a full parse refuses: the same verdict in a batch
+        // (where messages are skimmed) as on /v1/track (where the body is parsed).
+        let deep = |n: usize| format!(r#"{{"a":{}{}}}"#, "[".repeat(n), "]".repeat(n));
+        let refused = [
+            r#"{"x":1e999}"#.to_string(),
+            r#"{"x":[-1E+400]}"#.to_string(),
+            r#"{"x":"\ud800"}"#.to_string(),
+            r#"{"x":"\ud800\u0041"}"#.to_string(),
+            r#"{"x":"a\udc00"}"#.to_string(),
+            format!(r#"{{"x":{}}}"#, "9".repeat(400)),
+            deep(200),
+            deep(5000),
+        ];
+        let taken = [
+            r#"{"x":1e300,"y":-2.5E-400,"z":12345678901234567890123}"#.to_string(),
+            r#"{"x":"\ud83d\ude00 \u00e9 \\ud800"}"#.to_string(),
+            deep(60),
+            deep(100),
+        ];
+        let single = |properties: &str| format!(r#"{{"event":"e","userId":"u","messageId":"m","properties":{properties}}}"#);
+        let batch = |properties: &str| format!(r#"{{"batch":[{{"type":"track","event":"e","userId":"u","messageId":"m","properties":{properties}}}]}}"#);
+        for properties in &refused {
+            let alone = messages("track", &single(properties)).unwrap_err();
+            let in_batch = messages("batch", &batch(properties)).unwrap_err();
+            assert_eq!((alone.reason(), in_batch.reason()), ("malformed_json", "malformed_json"), "{properties:.80}");
+        }
+        for properties in &taken {
+            let alone = json(&messages("track", &single(properties)).unwrap()[0]);
+            let in_batch = json(&messages("batch", &batch(properties)).unwrap()[0]);
+            assert_eq!(alone["properties"], in_batch["properties"], "{properties:.80}");
+        }
+        // Plain text, a valid surrogate pair and moderate nesting are still taken in place.
+        for text in [r#"{"x":"\ud83d\ude00","n":[1,-2.5,{"m":0}]}"#.to_string(), deep(60)] {
+            assert!(parses_as_skimmed(&text), "{text:.80}");
+        }
+        for text in &refused {
+            assert!(!parses_as_skimmed(text), "{text:.80}");
         }
     }
 

@@ -375,6 +375,16 @@ fn bad_input_is_refused_whole_with_the_problem_named() {
         ("a message over 32 KB", "/v1/batch",
          json!({"batch": [good, {"type": "track", "event": "e", "userId": "u", "p": big}]}).to_string().into_bytes(),
          "message_too_large"),
+        // Text a skim of the JSON passes and strict parsers refuse, beside a good message.
+        ("a number too large for a double in a batch", "/v1/batch",
+         br#"{"batch":[{"type":"track","event":"e","userId":"u"},{"type":"track","event":"e","userId":"u","properties":{"n":1e999}}]}"#.to_vec(),
+         "malformed_json"),
+        ("a lone surrogate in a batch", "/v1/batch",
+         br#"{"batch":[{"type":"track","event":"e","userId":"u","properties":{"s":"\ud800"}}]}"#.to_vec(), "malformed_json"),
+        ("nesting 300 levels deep in a batch", "/v1/batch",
+         format!(r#"{{"batch":[{{"type":"track","event":"e","userId":"u","properties":{{"a":{}{}}}}}]}}"#, "[".repeat(300), "]".repeat(300))
+             .into_bytes(),
+         "malformed_json"),
         ("a request over 500 KB", "/v1/batch",
          json!({"batch": vec![json!({"type": "track", "event": "e", "userId": "u", "p": "x".repeat(30 * 1024)}); 18]})
              .to_string()
