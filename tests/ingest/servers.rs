@@ -81,6 +81,12 @@ fn import_and_a_trailing_slash_reach_the_same_endpoints() {
     let r = ingest.post_json("/v1/imports/", Some(KEY_WEB), &batch("imp-6"));
     assert_eq!(r.status, 404);
     assert!(String::from_utf8_lossy(&r.body).contains("unknown_endpoint"));
+    // Another method on a message route is 405, naming the one it takes.
+    for (method, path) in [("GET", "/v1/track"), ("PUT", "/v1/import/"), ("DELETE", "/v1/b")] {
+        let r = ingest.request(method, path, &[], b"");
+        assert_eq!((r.status, r.header("allow")), (405, Some("POST")), "{method} {path}");
+        assert_eq!(r.json()["code"], "method_not_allowed", "{method} {path}");
+    }
     let ids: BTreeSet<String> = input_copies(&topic.name).into_keys().collect();
     assert_eq!(ids, ["imp-1", "imp-2", "imp-3", "imp-4"].map(String::from).into_iter().collect());
 }

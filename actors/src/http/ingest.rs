@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use actix_web::http::header::{AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
+use actix_web::http::header::{ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HOST, RETRY_AFTER};
 use actix_web::http::StatusCode;
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpRequest, HttpResponse};
@@ -512,6 +512,13 @@ async fn read_body_unbounded(req: &HttpRequest, mut payload: web::Payload) -> Re
     Ok(body)
 }
 
+/// A message route asked with another method than POST.
+async fn method_not_allowed() -> HttpResponse {
+    HttpResponse::MethodNotAllowed()
+        .insert_header((ALLOW, "POST"))
+        .json(error_body("method_not_allowed", "this route takes POST"))
+}
+
 /// `POST /v1/<name>` for a name no library uses.
 async fn unknown_endpoint() -> HttpResponse {
     HttpResponse::NotFound().json(error_body("unknown_endpoint", "no such endpoint"))
@@ -676,7 +683,9 @@ fn routes(cfg: &mut web::ServiceConfig) {
                 web::post().to(move |req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>| {
                     post_message(endpoint, req, payload, ingest)
                 }),
-            );
+            )
+            // Any other method (a preflight from a listed origin is answered before routing).
+            .route(&path, web::route().to(method_not_allowed));
         }
     }
     cfg.route("/v1/{endpoint}", web::post().to(unknown_endpoint))
