@@ -436,6 +436,72 @@ fn without_kafka_requests_are_answered_503_and_never_200() {
     assert_eq!(http::get(ingest.addr, "/readyz").unwrap().status, 503);
 }
 
+#[test]
+fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
+    // Four clients send 20-event batches, each until it is answered 200: a refused or broken
+    // connection, or a 503, is sent again with the same ids, as Segment's libraries do. Once a
+    // third of the batches are acknowledged the front door (default settings) is SIGKILLed and
+    // another one started. A 200 for a batch Kafka did not hold would leave its ids missing.
+    const CLIENTS: usize = 4;
+    const BATCHES: usize = 25;
+    let input = TestTopic::create("ingest-killed", 3);
+    let mut first = Ingest::start(&brokers(), &input.name, &[]);
+    first.wait_ready(200);
+    let addr = std::sync::Arc::new(std::sync::Mutex::new(first.addr));
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let failed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (addr, acknowledged, failed) = (addr.clone(), acknowledged.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let auth = basic(KEY_WEB);
+                for b in 0..BATCHES {
+                    let ids: Vec<String> = (0..20).map(|i| format!("killed-{c}-{b}-{i}")).collect();
+                    let events: Vec<Value> =
+                        ids.iter().map(|id| json!({"type": "track", "event": "e", "userId": "u", "messageId": id})).collect();
+                    let body = json!({ "batch": events }).to_string();
+                    let deadline = Instant::now() + Duration::from_secs(90);
+                    loop {
+                        let at = *addr.lock().unwrap();
+                        let headers = [("Content-Type", "application/json"), ("Authorization", auth.as_str())];
+                        match http::request(at, "POST", "/v1/batch", &headers, body.as_bytes()) {
+                            Ok(r) if r.status == 200 => break,
+                            Ok(r) => assert_eq!(r.status, 503, "batch {c}-{b}: {}", String::from_utf8_lossy(&r.body)),
+                            Err(_) => {}
+                        }
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        assert!(Instant::now() < deadline, "batch {c}-{b} was never answered 200");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    acknowledged.lock().unwrap().extend(ids);
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acknowledged.lock().unwrap().len() < CLIENTS * BATCHES * 20 / 3 {
+        assert!(Instant::now() < deadline, "the clients did not get a third of their batches through:\n{}", first.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let second = Ingest::start(&brokers(), &input.name, &[]);
+    *addr.lock().unwrap() = second.addr;
+    for client in clients {
+        client.join().expect("a client failed");
+    }
+    assert!(failed.load(std::sync::atomic::Ordering::Relaxed) > 0, "no request met the killed front door");
+    let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
+    assert_eq!(acknowledged.len(), CLIENTS * BATCHES * 20);
+    let copies = browser::input_copies(&input.name);
+    eprintln!(
+        "{} requests failed and were sent again; {} ids are twice in the input",
+        failed.load(std::sync::atomic::Ordering::Relaxed),
+        copies.values().filter(|&&n| n > 1).count()
+    );
+    browser::dedupe_and_verify(&input, &acknowledged);
+}
+
 /// The process's resident memory and its peak so far, in KiB, from `/proc/<pid>/status`.
 fn memory_kib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
