@@ -35,6 +35,7 @@ pub const TRANSACTIONS: &str = "dedupe_transactions_total";
 pub const PARTITIONS_READY: &str = "dedupe_partitions_ready";
 pub const PARTITIONS_OWNED: &str = "dedupe_partitions_owned";
 pub const ERRORS: &str = "dedupe_errors_total";
+pub const OUTPUT_QUEUE_FULL: &str = "dedupe_output_queue_full_waits_total";
 
 // Moving partitions between workers (`worker.assignment = "group"`).
 pub const PARTITION_ASSIGNMENTS: &str = "dedupe_partition_assignments_total";
@@ -44,7 +45,6 @@ pub const HANDOVER_SECONDS: &str = "dedupe_handover_duration_seconds";
 pub const HANDOVER_IN_PROGRESS_SECONDS: &str = "dedupe_handover_in_progress_seconds";
 pub const HANDOVER_IDS_LOADED: &str = "dedupe_handover_ids_loaded_total";
 pub const CHANGELOG_RECORDS: &str = "dedupe_changelog_records_total";
-pub const OUTPUT_QUEUE_FULL: &str = "dedupe_output_queue_full_waits_total";
 /// Label of [`PARTITION_REVOCATIONS`]: `revoked` (handed over cleanly) or `lost` (taken away).
 pub const LABEL_REASON: &str = "reason";
 
@@ -115,6 +115,7 @@ pub const ALL: &[Metric] = &[
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
     m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
+    m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(PARTITION_ASSIGNMENTS, Counter, None, P, "Input partitions the consumer group assigned to this worker."),
     m(PARTITION_REVOCATIONS, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Input partitions taken from this worker, by reason: revoked (its batch finished, its producer released) or lost (the group gave it away, e.g. after a session timeout)."),
     m(PARTITIONS_LOADING, Gauge, None, &[], "Assigned partitions whose ids are still being loaded into the ledger (not yet processing)."),
@@ -122,7 +123,6 @@ pub const ALL: &[Metric] = &[
     m(HANDOVER_IN_PROGRESS_SECONDS, Gauge, Some(Unit::Seconds), &[], "How long the oldest handover still loading has been under way (0 when none is)."),
     m(HANDOVER_IDS_LOADED, Counter, None, P, "Ids loaded into the ledger from the id changelog when the partition was assigned."),
     m(CHANGELOG_RECORDS, Counter, None, P, "Id changelog records written (one per output transaction that published new ids)."),
-    m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(LEDGER_BYTES, Gauge, Some(Unit::Bytes), &[], "Bytes of SST files the ledger holds on disk."),
     m(LEDGER_IDS, Gauge, None, &[], "Ids the ledger holds (an estimate)."),
     m(LEDGER_GENERATIONS, Gauge, None, &[], "Generations (column families) the ledger holds."),
