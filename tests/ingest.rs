@@ -431,9 +431,10 @@ fn without_kafka_requests_are_answered_503_and_never_200() {
         assert_eq!(r.json()["success"], false);
         assert!(started.elapsed() < Duration::from_secs(10), "the 503 took {:?}", started.elapsed());
     }
-    // The process is up, but not ready.
+    // The process is up, but not ready, and says why.
     assert_eq!(http::get(ingest.addr, "/healthz").unwrap().status, 200);
     assert_eq!(http::get(ingest.addr, "/readyz").unwrap().status, 503);
+    assert!(ingest.log_text().contains("The brokers did not answer a metadata request for the input topic"), "{}", ingest.log_text());
 }
 
 #[test]
@@ -500,6 +501,31 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
         copies.values().filter(|&&n| n > 1).count()
     );
     browser::dedupe_and_verify(&input, &acknowledged);
+}
+
+#[test]
+fn a_missing_input_topic_is_named_and_served_once_it_exists() {
+    let name = format!("ingest-late-{}", uuid::Uuid::new_v4().simple());
+    let ingest = Ingest::start(&brokers(), &name, &[("DEDUPE_INGEST_ACK_TIMEOUT_MS", "1500")]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ingest.log_text().contains("The input topic does not exist on the brokers") {
+        assert!(Instant::now() < deadline, "the missing topic was not named:\n{}", ingest.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ingest.log_text().contains(&name), "{}", ingest.log_text());
+    assert_eq!(http::get(ingest.addr, "/readyz").unwrap().status, 503);
+    let event = |id: &str| json!({"batch": [{"type": "track", "event": "e", "userId": "u", "messageId": id}]});
+    let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &event("late-1"));
+    assert_eq!((r.status, r.json()["code"].clone()), (503, json!("kafka_timeout")));
+
+    futures::executor::block_on(dedupe::kafka::create_topic(&common::kafka_config(), &name, 2, -1, &[])).unwrap();
+    let topic = TestTopic { name, partitions: 2 };
+    common::wait_for_topic(&topic.name, 2);
+    ingest.wait_ready(200);
+    assert!(ingest.log_text().contains("The input topic is in the brokers' metadata: ready."), "{}", ingest.log_text());
+    let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &event("late-2"));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(browser::input_copies(&topic.name).keys().collect::<Vec<_>>(), ["late-2"]);
 }
 
 /// The process's resident memory and its peak so far, in KiB, from `/proc/<pid>/status`.

@@ -592,6 +592,14 @@ async fn readyz(ingest: web::Data<Ingest>) -> HttpResponse {
     }
 }
 
+/// What one readiness probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probed {
+    Ready,
+    NoTopic,
+    NoAnswer,
+}
+
 /// Whether the producer can reach the topic: a metadata request for it succeeded recently.
 struct Readiness {
     last_ok_ms: AtomicI64,
@@ -604,16 +612,36 @@ impl Readiness {
         let readiness = Arc::new(Self { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) });
         let probe = Arc::clone(&readiness);
         let spawned = std::thread::Builder::new().name("ingest-readiness".into()).spawn(move || {
+            // What the previous probe found: a change is logged, a repeat is not.
+            let mut last: Option<Probed> = None;
             while !probe.stop.load(Ordering::Relaxed) {
                 let found = producer.client().fetch_metadata(Some(&topic), READINESS_INTERVAL).map(|md| {
                     md.topics()
                         .iter()
                         .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
                 });
-                match found {
-                    Ok(true) => probe.last_ok_ms.store(tracking::unix_millis(SystemTime::now()), Ordering::Relaxed),
-                    Ok(false) => debug!(topic = %topic, "The input topic is not in the broker's metadata."),
-                    Err(e) => debug!(error = %e, "The readiness probe's metadata request failed."),
+                let now = match &found {
+                    Ok(true) => Probed::Ready,
+                    Ok(false) => Probed::NoTopic,
+                    Err(_) => Probed::NoAnswer,
+                };
+                if now == Probed::Ready {
+                    probe.last_ok_ms.store(tracking::unix_millis(SystemTime::now()), Ordering::Relaxed);
+                }
+                if last != Some(now) {
+                    match (now, &found) {
+                        (Probed::Ready, _) => info!(topic = %topic, "The input topic is in the brokers' metadata: ready."),
+                        (Probed::NoTopic, _) => warn!(
+                            topic = %topic,
+                            "The input topic does not exist on the brokers (this service does not create it): /readyz answers 503, and so does every request, after ingest.ack_timeout_ms, until it does."
+                        ),
+                        (Probed::NoAnswer, Err(e)) => warn!(
+                            topic = %topic, error = %e,
+                            "The brokers did not answer a metadata request for the input topic: /readyz answers 503 until they do."
+                        ),
+                        (Probed::NoAnswer, Ok(_)) => {}
+                    }
+                    last = Some(now);
                 }
                 std::thread::sleep(READINESS_INTERVAL);
             }
