@@ -629,17 +629,16 @@ impl Readiness {
                     probe.last_ok_ms.store(tracking::unix_millis(SystemTime::now()), Ordering::Relaxed);
                 }
                 if last != Some(now) {
-                    match (now, &found) {
-                        (Probed::Ready, _) => info!(topic = %topic, "The input topic is in the brokers' metadata: ready."),
-                        (Probed::NoTopic, _) => warn!(
+                    match &found {
+                        Ok(true) => info!(topic = %topic, "The input topic is in the brokers' metadata: ready."),
+                        Ok(false) => warn!(
                             topic = %topic,
                             "The input topic does not exist on the brokers (this service does not create it): /readyz answers 503, and so does every request, after ingest.ack_timeout_ms, until it does."
                         ),
-                        (Probed::NoAnswer, Err(e)) => warn!(
+                        Err(e) => warn!(
                             topic = %topic, error = %e,
                             "The brokers did not answer a metadata request for the input topic: /readyz answers 503 until they do."
                         ),
-                        (Probed::NoAnswer, Ok(_)) => {}
                     }
                     last = Some(now);
                 }
