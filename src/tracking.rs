@@ -862,7 +862,7 @@ fn parses_as_skimmed(raw: &str) -> bool {
             b'"' => {
                 i += 1;
                 loop {
-                    let Some(at) = memchr::memchr2(b'"', b'\\', &b[i..]) else { return false };
+                    let Some(at) = b.get(i..).and_then(|rest| memchr::memchr2(b'"', b'\\', rest)) else { return false };
                     i += at;
                     if b[i] == b'"' {
                         break;
@@ -1271,6 +1271,8 @@ mod tests {
             r#"{"x":"\ud800\u0041"}"#.to_string(),
             r#"{"x":"a\udc00"}"#.to_string(),
             format!(r#"{{"x":{}}}"#, "9".repeat(400)),
+            // Cut off after an escape's backslash: refused, not a slice past the end.
+            r#""a"#.to_string(),
             deep(200),
             deep(5000),
         ];
