@@ -20,6 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -448,9 +450,9 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
     let input = TestTopic::create("ingest-killed", 3);
     let mut first = Ingest::start(&brokers(), &input.name, &[]);
     first.wait_ready(200);
-    let addr = std::sync::Arc::new(std::sync::Mutex::new(first.addr));
-    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(BTreeSet::new()));
-    let failed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addr = Arc::new(Mutex::new(first.addr));
+    let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
+    let failed = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
             let (addr, acknowledged, failed) = (addr.clone(), acknowledged.clone(), failed.clone());
@@ -470,7 +472,7 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
                             Ok(r) => assert_eq!(r.status, 503, "batch {c}-{b}: {}", String::from_utf8_lossy(&r.body)),
                             Err(_) => {}
                         }
-                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        failed.fetch_add(1, Ordering::Relaxed);
                         assert!(Instant::now() < deadline, "batch {c}-{b} was never answered 200");
                         std::thread::sleep(Duration::from_millis(100));
                     }
@@ -491,13 +493,13 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
     for client in clients {
         client.join().expect("a client failed");
     }
-    assert!(failed.load(std::sync::atomic::Ordering::Relaxed) > 0, "no request met the killed front door");
+    assert!(failed.load(Ordering::Relaxed) > 0, "no request met the killed front door");
     let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
     assert_eq!(acknowledged.len(), CLIENTS * BATCHES * 20);
     let copies = browser::input_copies(&input.name);
     eprintln!(
         "{} requests failed and were sent again; {} ids are twice in the input",
-        failed.load(std::sync::atomic::Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
         copies.values().filter(|&&n| n > 1).count()
     );
     browser::dedupe_and_verify(&input, &acknowledged);
