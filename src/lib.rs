@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 pub mod identity;
 pub mod ledger;
+pub mod log_limit;
 pub mod kafka;
 pub mod metrics;
 pub mod output;

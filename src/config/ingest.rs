@@ -38,8 +38,10 @@ pub struct IngestConfig {
     /// libraries honour by waiting and sending the same events again.
     pub rate_limit_events_per_sec: u32,
     /// Events a source may send at once above its rate (the bucket's size); 0 means one second's
-    /// worth (`rate_limit_events_per_sec`). A request of more events than this waits for a full
-    /// bucket rather than being refused for ever.
+    /// worth (`rate_limit_events_per_sec`). Every event counts, so this is also the most events
+    /// one request may carry: a request of more is refused 429 with reason `over_burst`, however
+    /// long it waits. Set it at least as large as the clients' largest batch (Segment's libraries
+    /// send up to 100-500 events per batch).
     pub rate_limit_burst_events: u32,
     /// The address browsers reach this API at (`https://track.example.com`), which the settings
     /// document (`GET /v1/projects/<writeKey>/settings`) points the library at. Unset: the

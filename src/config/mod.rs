@@ -1,5 +1,5 @@
-//! Configuration: one TOML file, overridden by `DEDUPE_<SECTION>_<KEY>` environment variables, then
-//! by command-line flags. Unknown keys and invalid values are rejected before anything starts, with
+//! Configuration: one TOML file, overridden by `DEDUPE_<SECTION>_<KEY>` environment variables (a
+//! list key takes a comma-separated list), then by command-line flags. Unknown keys and invalid values are rejected before anything starts, with
 //! an error that names the key (`ledger.budget_bytes: must be at least 64 MiB`).
 //!
 //! Secrets (the SASL password, the admin token) come only from the environment
@@ -260,6 +260,7 @@ fn apply_environment(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<EnvSecrets, ConfigError> {
+    let defaults = default_table();
     let mut secrets = EnvSecrets::default();
     for (name, value) in env {
         if name == ENV_SASL_PASSWORD {
@@ -270,9 +271,17 @@ fn apply_environment(
             secrets.admin_token = Some(Secret::new(value)).filter(|t| !t.expose().is_empty());
             continue;
         }
-        apply_env(table, &name, &value)?;
+        apply_env(table, &defaults, &name, &value)?;
     }
     Ok(secrets)
+}
+
+/// The default configuration as TOML: what tells [`apply_env`] which keys are lists.
+fn default_table() -> toml::Table {
+    // Serializing the defaults cannot fail (`to_toml` prints them the same way, and the
+    // environment tests would catch it); were it to, no key would be taken as a list, and a
+    // comma-separated value would be refused by the key's own type, naming the key.
+    toml::Table::try_from(Config::default()).unwrap_or_default()
 }
 
 /// Refuses a secret written in the file (or set through a `DEDUPE_SECTION_KEY` variable).
@@ -295,7 +304,14 @@ fn reject_secrets_in_file(table: &toml::Table) -> Result<(), ConfigError> {
 /// Applies one `DEDUPE_SECTION_KEY=value` variable. Variables outside the config's sections (such
 /// as `DEDUPE_WRITE_KEYS`) are not configuration keys and are left alone; an unknown key inside a
 /// known section is an error.
-fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), ConfigError> {
+///
+/// A value that parses as a TOML value other than a table (a number, a bool, an array literal such
+/// as `["a", "b"]`) is taken as that; anything else is a string. A key whose default (in
+/// `defaults`, the default configuration as TOML) is an array also takes a comma-separated list:
+/// `DEDUPE_INGEST_CORS_ORIGINS=https://a.example,https://b.example`, each item trimmed and taken
+/// as a string, empty items dropped (so an empty value is an empty list). A list of anything but
+/// strings needs the array literal.
+fn apply_env(table: &mut toml::Table, defaults: &toml::Table, name: &str, value: &str) -> Result<(), ConfigError> {
     let Some(rest) = name.strip_prefix(ENV_PREFIX) else { return Ok(()) };
     let rest = rest.to_ascii_lowercase();
     let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
@@ -311,14 +327,31 @@ fn apply_env(table: &mut toml::Table, name: &str, value: &str) -> Result<(), Con
     let Some(section_table) = entry.as_table_mut() else {
         return Err(ConfigError::invalid(*section, "must be a table"));
     };
-    // A value that parses as a TOML scalar (number, bool) is taken as that; anything else is a string.
     let parsed = format!("v = {value}")
         .parse::<toml::Table>()
         .ok()
         .and_then(|mut t| t.remove("v"))
-        .filter(|v| !v.is_table())
-        .unwrap_or_else(|| toml::Value::String(value.to_string()));
-    section_table.insert(key.to_string(), parsed);
+        .filter(|v| !v.is_table());
+    let is_list = defaults
+        .get(*section)
+        .and_then(|s| s.get(key))
+        .is_some_and(toml::Value::is_array);
+    let value = match parsed {
+        Some(v) if !is_list || v.is_array() => v,
+        // A list key given anything but an array literal: the value's text, split at commas. A
+        // lone value (`https://a.example`, or a quoted `"a"`) is a list of one item, its text as
+        // written.
+        _ if is_list => toml::Value::Array(
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|item| !item.is_empty())
+                .map(|item| toml::Value::String(item.to_string()))
+                .collect(),
+        ),
+        _ => toml::Value::String(value.to_string()),
+    };
+    section_table.insert(key.to_string(), value);
     Ok(())
 }
 

@@ -223,3 +223,45 @@ fn browser_settings_are_checked_naming_the_key() {
         assert!(err.starts_with(starts), "{line}: {err}");
     }
 }
+
+#[test]
+fn list_keys_take_a_comma_separated_list_from_the_environment() {
+    // The origins as one comma-separated variable: each item trimmed, empty items dropped.
+    let c = load_str("", &[("DEDUPE_INGEST_CORS_ORIGINS", "https://a.example, https://b.example,,")]).unwrap();
+    assert_eq!(c.ingest.cors_origins, ["https://a.example", "https://b.example"]);
+    // A single item is a list of one, and it overrides the file's list.
+    let c = load_str(
+        "[ingest]\ncors_origins = [\"https://shop.example.com\"]\n",
+        &[("DEDUPE_INGEST_CORS_ORIGINS", "https://a.example")],
+    )
+    .unwrap();
+    assert_eq!(c.ingest.cors_origins, ["https://a.example"]);
+    // Another section's list, the hook's extra variable names.
+    let c = load_str("", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "AWS_PROFILE,AWS_REGION")]).unwrap();
+    assert_eq!(c.snapshots.hook_env, ["AWS_PROFILE", "AWS_REGION"]);
+    // TOML's array literal still works, commas inside its strings included.
+    let c = load_str("", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", r#"["AWS_PROFILE", "A,B"]"#)]).unwrap();
+    assert_eq!(c.snapshots.hook_env, ["AWS_PROFILE", "A,B"]);
+    // An empty value is an empty list.
+    let c = load_str("[snapshots]\nhook_env = [\"AWS_PROFILE\"]\n", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "")]).unwrap();
+    assert!(c.snapshots.hook_env.is_empty(), "{:?}", c.snapshots.hook_env);
+    // An item that reads as a number is still a string, as the list's items are.
+    let c = load_str("", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "7")]).unwrap();
+    assert_eq!(c.snapshots.hook_env, ["7"]);
+}
+
+#[test]
+fn keys_that_are_not_lists_keep_their_commas() {
+    // A string key keeps its whole value, commas and all.
+    let c = load_str("", &[("DEDUPE_KAFKA_BROKERS", "a:9092,b:9092")]).unwrap();
+    assert_eq!(c.kafka.brokers, "a:9092,b:9092");
+    // The partition set is written with commas but is not a list key (its default is unset):
+    // it reaches its own parser as one string.
+    let c = load_str("", &[("DEDUPE_WORKER_PARTITIONS", "0-3,7")]).unwrap();
+    assert_eq!(c.worker.partitions, Some(PartitionSet(vec![0, 1, 2, 3, 7])));
+    // A number is still a number; a comma-separated value for it is refused, naming the key.
+    let c = load_str("", &[("DEDUPE_LEDGER_GENERATIONS", "4")]).unwrap();
+    assert_eq!(c.ledger.generations, 4);
+    let err = load_str("", &[("DEDUPE_LEDGER_GENERATIONS", "4,5")]).unwrap_err().to_string();
+    assert!(err.starts_with("ledger.generations"), "{err}");
+}
