@@ -1,8 +1,12 @@
 //! Ledger snapshots: a RocksDB checkpoint (hard links, no copy) in a timestamped directory under
-//! `snapshots.dir`, the last `snapshots.keep` of them kept, then an operator hook (e.g. a cloud
-//! CLI that snapshots the volume) run with the checkpoint's path and partitions in its
-//! environment. A failure is reported to the caller, which counts and logs it; it never stops
-//! the pipeline.
+//! `snapshots.dir`, the last `snapshots.keep` of them kept (and one older than an hour, see
+//! [`prune`]), then an operator hook (e.g. a cloud CLI that snapshots the volume) run with the
+//! checkpoint's path and partitions in its environment. A failure is reported to the caller,
+//! which counts and logs it; it never stops the pipeline.
+//!
+//! [`SnapshotPace`] starts at most one snapshot per `snapshots.min_interval_secs`: each checkpoint
+//! commits what the ledger holds in memory into a new file, so requests in a loop would otherwise
+//! add files and open descriptors as fast as they come, and prune away every older checkpoint.
 //!
 //! Restoring copies a checkpoint into the ledger directory while the worker is stopped; the next
 //! start replays the output tail from the checkpoint's progress records, so a restore loses
@@ -10,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Environment variable the hook receives: the checkpoint directory.
 pub const ENV_SNAPSHOT_DIR: &str = "DEDUPE_SNAPSHOT_DIR";
@@ -24,6 +28,13 @@ pub const SNAPSHOT_PREFIX: &str = "ledger-";
 pub const HOOK_BASE_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
 /// Prefix of a checkpoint still being written; never listed, pruned or handed to a hook.
 const PARTIAL_PREFIX: &str = ".partial-";
+/// A snapshot older than this is an old one: pruning keeps the newest such while none of the
+/// newest `snapshots.keep` is, so a burst of snapshots never leaves only minutes-old ones.
+pub const OLD_SNAPSHOT_AGE: Duration = Duration::from_secs(3600);
+/// How much sooner than `snapshots.min_interval_secs` a scheduled snapshot may start: a timer's
+/// ticks come a little late by varying amounts, and a schedule as long as the least interval must
+/// not be skipped for that.
+const SCHEDULE_SLACK: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -31,6 +42,8 @@ pub enum SnapshotError {
     NotConfigured,
     #[error("a snapshot is already being taken; try again when it has finished")]
     Busy,
+    #[error("the last snapshot started less than snapshots.min_interval_secs ago; try again in {} s", crate::rate_limit::retry_after_secs(*retry_after))]
+    TooSoon { retry_after: Duration },
     #[error("the worker is stopping")]
     Stopping,
     #[error("creating the snapshot directory {dir}: {source}")]
@@ -62,11 +75,50 @@ impl SnapshotError {
     /// The metric label of the stage that failed.
     pub fn stage(&self) -> &'static str {
         match self {
-            Self::NotConfigured | Self::Busy | Self::Stopping => "refused",
+            Self::NotConfigured | Self::Busy | Self::TooSoon { .. } | Self::Stopping => "refused",
             Self::CreateDir { .. } | Self::Checkpoint { .. } | Self::Publish { .. } => "checkpoint",
             Self::Hook { .. } => "hook",
             Self::Prune { .. } => "prune",
         }
+    }
+}
+
+/// What asks for a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// An operator, through the admin endpoint.
+    Requested,
+    /// The `snapshots.interval_secs` schedule.
+    Scheduled,
+}
+
+/// At most one snapshot started per `min_interval`, whatever asks for it. Time is passed in, so
+/// the decision is tested without a clock.
+#[derive(Debug, Clone)]
+pub struct SnapshotPace {
+    min_interval: Duration,
+    last_start: Option<Instant>,
+}
+
+impl SnapshotPace {
+    /// A pace with no snapshot started yet: the first may start at once.
+    pub fn new(min_interval: Duration) -> Self {
+        Self { min_interval, last_start: None }
+    }
+
+    /// Records a snapshot starting at `now`, or refuses it with [`SnapshotError::TooSoon`] and how
+    /// long until one may start. A start counts whether or not the snapshot then succeeds: a
+    /// failing checkpoint costs a flush like any other.
+    pub fn try_start(&mut self, now: Instant, trigger: Trigger) -> Result<(), SnapshotError> {
+        if let Some(last) = self.last_start {
+            let slack = if trigger == Trigger::Scheduled { SCHEDULE_SLACK } else { Duration::ZERO };
+            let due = last + self.min_interval.saturating_sub(slack);
+            if now < due {
+                return Err(SnapshotError::TooSoon { retry_after: last + self.min_interval - now });
+            }
+        }
+        self.last_start = Some(now);
+        Ok(())
     }
 }
 
@@ -122,16 +174,32 @@ pub fn list_snapshots(root: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
-/// Removes all but the newest `keep` snapshots.
-pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, SnapshotError> {
+/// When the snapshot in `dir` was taken (Unix ms): the number in its `ledger-<ms>` name, if it
+/// has one.
+pub fn taken_at_ms(dir: &Path) -> Option<i64> {
+    dir.file_name()?.to_str()?.strip_prefix(SNAPSHOT_PREFIX)?.parse().ok()
+}
+
+/// Removes all but the newest `keep` snapshots and, while none of those is older than
+/// [`OLD_SNAPSHOT_AGE`] at `now_ms` (Unix ms), the newest one that is. Returns what it removed.
+pub fn prune(root: &Path, keep: usize, now_ms: i64) -> Result<Vec<PathBuf>, SnapshotError> {
     let dirs = list_snapshots(root).map_err(|source| SnapshotError::Prune { dir: root.to_path_buf(), source })?;
-    let excess = dirs.len().saturating_sub(keep);
     let mut removed = Vec::new();
-    for dir in dirs.into_iter().take(excess) {
-        std::fs::remove_dir_all(&dir).map_err(|source| SnapshotError::Prune { dir: dir.clone(), source })?;
-        removed.push(dir);
+    for dir in prunable(&dirs, keep, now_ms) {
+        std::fs::remove_dir_all(dir).map_err(|source| SnapshotError::Prune { dir: dir.clone(), source })?;
+        removed.push(dir.clone());
     }
     Ok(removed)
+}
+
+/// Which of `dirs` (oldest first, as [`list_snapshots`] gives them) [`prune`] removes.
+fn prunable(dirs: &[PathBuf], keep: usize, now_ms: i64) -> Vec<&PathBuf> {
+    let old_ms = i64::try_from(OLD_SNAPSHOT_AGE.as_millis()).unwrap_or(i64::MAX);
+    let is_old = |dir: &PathBuf| taken_at_ms(dir).is_some_and(|t| now_ms.saturating_sub(t) > old_ms);
+    let (older, kept) = dirs.split_at(dirs.len().saturating_sub(keep));
+    // Names sort by time (fixed-width milliseconds), so the last old one is the newest.
+    let anchor = if kept.iter().any(is_old) { None } else { older.iter().rposition(is_old) };
+    older.iter().enumerate().filter(|(i, _)| Some(*i) != anchor).map(|(_, dir)| dir).collect()
 }
 
 /// Runs the operator's hook through `sh -c`, with the snapshot's path and partitions, the
@@ -194,7 +262,8 @@ mod tests {
             std::fs::create_dir(root.path().join(format!("{SNAPSHOT_PREFIX}{ms:015}"))).unwrap();
         }
         std::fs::create_dir(root.path().join("unrelated")).unwrap();
-        let removed = prune(root.path(), 2).unwrap();
+        // `now` is a few ms on: nothing is an hour old, so only the count matters.
+        let removed = prune(root.path(), 2, 10).unwrap();
         assert_eq!(removed.len(), 2);
         let left: Vec<String> = list_snapshots(root.path())
             .unwrap()
@@ -204,6 +273,93 @@ mod tests {
         assert_eq!(left, vec![format!("{SNAPSHOT_PREFIX}{:015}", 3), format!("{SNAPSHOT_PREFIX}{:015}", 4)]);
         // Other directories are never touched.
         assert!(root.path().join("unrelated").exists());
+    }
+
+    const MINUTE_MS: i64 = 60_000;
+    const HOUR_MS: i64 = 60 * MINUTE_MS;
+
+    /// Snapshot directories taken at these Unix ms, oldest first, as `list_snapshots` gives them.
+    fn taken_at(ms: &[i64]) -> Vec<PathBuf> {
+        ms.iter().map(|ms| PathBuf::from(format!("/snaps/{SNAPSHOT_PREFIX}{ms:015}"))).collect()
+    }
+
+    /// The times of the snapshots `prune` would remove.
+    fn pruned(ms: &[i64], keep: usize, now_ms: i64) -> Vec<i64> {
+        prunable(&taken_at(ms), keep, now_ms).into_iter().filter_map(|d| taken_at_ms(d)).collect()
+    }
+
+    #[test]
+    fn prune_keeps_one_snapshot_older_than_an_hour() {
+        let now = 100 * HOUR_MS;
+        // Hourly snapshots, then three a minute apart (a burst of requests): the three are kept,
+        // and so is the newest of the hourly ones, the only one older than an hour kept.
+        let hourly = [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now - HOUR_MS - MINUTE_MS];
+        let burst = [now - 2 * MINUTE_MS, now - MINUTE_MS, now];
+        let all: Vec<i64> = hourly.iter().chain(&burst).copied().collect();
+        assert_eq!(pruned(&all, 3, now), [now - 3 * HOUR_MS, now - 2 * HOUR_MS]);
+        // One of those kept is already older than an hour: the count alone decides.
+        let all = [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now - MINUTE_MS, now];
+        assert_eq!(pruned(&all, 3, now), [now - 3 * HOUR_MS]);
+        // No snapshot is older than an hour: the count alone decides.
+        let all = [now - 40 * MINUTE_MS, now - 30 * MINUTE_MS, now - 20 * MINUTE_MS, now - 10 * MINUTE_MS, now];
+        assert_eq!(pruned(&all, 3, now), [now - 40 * MINUTE_MS, now - 30 * MINUTE_MS]);
+        // Exactly an hour old is not older than an hour.
+        let all = [now - HOUR_MS, now - 2 * MINUTE_MS, now - MINUTE_MS, now];
+        assert_eq!(pruned(&all, 3, now), [now - HOUR_MS]);
+        // Fewer than `keep`: nothing is removed.
+        assert!(pruned(&[now - 5 * HOUR_MS, now], 3, now).is_empty());
+    }
+
+    #[test]
+    fn prune_on_disk_keeps_the_old_one_and_never_counts_a_name_without_a_time_as_old() {
+        let root = tempfile::tempdir().unwrap();
+        let now = 100 * HOUR_MS;
+        let names: Vec<String> = [now - 2 * HOUR_MS, now - 2 * MINUTE_MS, now - MINUTE_MS, now]
+            .iter()
+            .map(|ms| format!("{SNAPSHOT_PREFIX}{ms:015}"))
+            .chain([format!("{SNAPSHOT_PREFIX}copy")])
+            .collect();
+        for name in &names {
+            std::fs::create_dir(root.path().join(name)).unwrap();
+        }
+        // `ledger-copy` sorts last, so it is among the newest three; it has no time, so it is not
+        // an old one, and the two-hour-old snapshot stays beside the three kept.
+        let removed = prune(root.path(), 3, now).unwrap();
+        assert_eq!(removed, [root.path().join(&names[1])]);
+        assert_eq!(list_snapshots(root.path()).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn one_snapshot_starts_per_interval_whatever_asks() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let mut pace = SnapshotPace::new(secs(60));
+        // The first starts at once.
+        pace.try_start(t0, Trigger::Requested).unwrap();
+        // A request 10.5 s later waits the 49.5 s left (Retry-After rounds it up to 50).
+        let e = pace.try_start(t0 + Duration::from_millis(10_500), Trigger::Requested).unwrap_err();
+        assert!(matches!(e, SnapshotError::TooSoon { retry_after } if retry_after == Duration::from_millis(49_500)), "{e:?}");
+        assert!(e.to_string().contains("try again in 50 s"), "{e}");
+        assert_eq!(e.stage(), "refused");
+        // A scheduled one is refused too, and neither refusal moves the interval's start.
+        assert!(pace.try_start(t0 + secs(30), Trigger::Scheduled).is_err());
+        pace.try_start(t0 + secs(60), Trigger::Requested).unwrap();
+        // The next interval runs from that start.
+        assert!(pace.try_start(t0 + secs(119), Trigger::Requested).is_err());
+        pace.try_start(t0 + secs(120), Trigger::Requested).unwrap();
+    }
+
+    #[test]
+    fn a_schedule_as_long_as_the_interval_is_not_skipped_for_a_late_tick() {
+        let t0 = Instant::now();
+        let mut pace = SnapshotPace::new(Duration::from_secs(60));
+        // The first tick came 300 ms late, the second on time: 59.7 s apart.
+        pace.try_start(t0 + Duration::from_millis(300), Trigger::Scheduled).unwrap();
+        pace.try_start(t0 + Duration::from_secs(60), Trigger::Scheduled).unwrap();
+        // A request at that moment would have been refused.
+        let mut pace = SnapshotPace::new(Duration::from_secs(60));
+        pace.try_start(t0 + Duration::from_millis(300), Trigger::Requested).unwrap();
+        assert!(pace.try_start(t0 + Duration::from_secs(60), Trigger::Requested).is_err());
     }
 
     #[test]

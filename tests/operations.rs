@@ -183,6 +183,8 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_SNAPSHOTS_KEEP", "2")
         .env("DEDUPE_SNAPSHOTS_HOOK", &hook)
+        // The shortest pace allowed, so the command at the end need not wait a minute.
+        .env("DEDUPE_SNAPSHOTS_MIN_INTERVAL_SECS", "1")
         .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests");
     produce_full(&input.name, &keyed(&ids(100).iter().collect::<Vec<_>>()));
     let mut worker = spec.start();
@@ -196,7 +198,8 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     assert_eq!(wrong.status, 401);
     assert!(!snapshots.exists() || std::fs::read_dir(&snapshots).unwrap().count() == 0);
 
-    // Twenty at once with the token: each is taken or refused as busy; none fails.
+    // Twenty at once with the token: each is taken, refused as busy, or (once one has finished
+    // within the second) told to wait; none fails.
     let answers: Vec<common::http::Response> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..20)
             .map(|_| {
@@ -210,8 +213,9 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     });
     let taken: Vec<String> = answers.iter().filter(|r| r.status == 200).map(|r| r.json()["snapshot"].as_str().unwrap().to_string()).collect();
     let busy = answers.iter().filter(|r| r.status == 409).count();
+    let too_soon = answers.iter().filter(|r| r.status == 429 && r.header("Retry-After").is_some()).count();
     assert!(!taken.is_empty(), "no snapshot was taken: {answers:?}");
-    assert_eq!(taken.len() + busy, 20, "every request is taken (200) or refused as busy (409): {answers:?}");
+    assert_eq!(taken.len() + busy + too_soon, 20, "every request is taken (200), refused as busy (409) or told to wait (429): {answers:?}");
     let unique: std::collections::HashSet<_> = taken.iter().collect();
     assert_eq!(unique.len(), taken.len(), "two snapshots got one name: {taken:?}");
     let hooks = std::fs::read_to_string(&hook_log).unwrap();
@@ -223,13 +227,22 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     let left: Vec<_> = std::fs::read_dir(&snapshots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert!(left.len() <= 2 && left.iter().all(|n| n.starts_with("ledger-")), "{left:?}");
 
-    // `dedupe ledger snapshot` passes the token from its environment.
-    let snap = Command::new(dedupe_bin())
-        .args(["ledger", "snapshot", "--metrics-addr", &addr.to_string()])
-        .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests")
-        .output()
-        .unwrap();
-    assert!(snap.status.success(), "{}", String::from_utf8_lossy(&snap.stderr));
+    // `dedupe ledger snapshot` passes the token from its environment; it is told to wait (429)
+    // until a second has passed since the last snapshot started.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let snap = Command::new(dedupe_bin())
+            .args(["ledger", "snapshot", "--metrics-addr", &addr.to_string()])
+            .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&snap.stderr);
+        if snap.status.success() {
+            break;
+        }
+        assert!(stderr.contains("(429") && Instant::now() < deadline, "{stderr}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
     assert!(!worker.log_text().contains("t0ken-for-tests"), "the admin token was logged");
 }

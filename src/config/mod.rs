@@ -7,9 +7,10 @@
 //! `Debug` and `Serialize` both write `<redacted>`.
 //!
 //! One file per section: `kafka.rs`, `worker.rs`, `ledger.rs`, `snapshots.rs`, `ingest.rs` and
-//! `telemetry.rs` (`metrics` and `log`); `units.rs` has [`ByteSize`], `secret.rs` has [`Secret`],
-//! and `validate.rs` the rules the types cannot carry. This file loads and applies overrides. Every
-//! public item is re-exported here, so it is named `dedupe::config::X` whichever file holds it.
+//! `telemetry.rs` (`metrics` and `log`); `units.rs` has [`ByteSize`], `secret.rs` has [`Secret`]
+//! and [`SecretMatcher`], and `validate.rs` the rules the types cannot carry. This file loads and
+//! applies overrides. Every public item is re-exported here, so it is named `dedupe::config::X`
+//! whichever file holds it.
 //!
 //! Defaults live in each section's `Default` impl, each with a comment on where it comes from;
 //! `config/dedupe.toml` documents every key and must stay in step (a test parses it).
@@ -33,7 +34,7 @@ mod worker;
 pub use ingest::IngestConfig;
 pub use kafka::{is_secret_property, KafkaConfig, SecurityProtocol};
 pub use ledger::LedgerConfig;
-pub use secret::Secret;
+pub use secret::{Secret, SecretMatcher};
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};
 pub use units::ByteSize;

@@ -265,3 +265,20 @@ fn keys_that_are_not_lists_keep_their_commas() {
     let err = load_str("", &[("DEDUPE_LEDGER_GENERATIONS", "4,5")]).unwrap_err().to_string();
     assert!(err.starts_with("ledger.generations"), "{err}");
 }
+
+#[test]
+fn the_snapshot_pace_is_checked_naming_the_key() {
+    // A schedule as long as the least interval, and a schedule turned off, are both fine.
+    let c = load_str("[snapshots]\nmin_interval_secs = 600\ninterval_secs = 600\n", &[]).unwrap();
+    assert_eq!(c.snapshots.min_interval_secs, 600);
+    load_str("[snapshots]\nmin_interval_secs = 600\ninterval_secs = 0\n", &[]).unwrap();
+    let cases = [
+        ("min_interval_secs = 0", "snapshots.min_interval_secs: must be at least 1"),
+        // The schedule would be skipped every other time.
+        ("interval_secs = 30", "snapshots.interval_secs: must be at least snapshots.min_interval_secs (60), or 0"),
+    ];
+    for (line, starts) in cases {
+        let err = load_str(&format!("[snapshots]\n{line}\n"), &[]).unwrap_err().to_string();
+        assert!(err.starts_with(starts), "{line}: {err}");
+    }
+}

@@ -4,7 +4,7 @@
 //! in that order; the snapshot and ingest checks interleave, as they always have, so that the
 //! error a given file gets does not change.
 
-use super::{Assignment, ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, UnkeyedPolicy, WorkerConfig};
+use super::{Assignment, ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, SnapshotConfig, UnkeyedPolicy, WorkerConfig};
 
 fn bad(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::invalid(key, message)
@@ -186,6 +186,7 @@ fn check_snapshots_and_ingest(c: &Config) -> Result<(), ConfigError> {
     if c.snapshots.keep == 0 {
         return Err(bad("snapshots.keep", "must be at least 1"));
     }
+    check_snapshot_pace(&c.snapshots)?;
     check_ingest_topic_and_timeouts(&c.ingest)?;
     if c.snapshots.hook_timeout_secs == 0 {
         return Err(bad("snapshots.hook_timeout_secs", "must be positive"));
@@ -194,6 +195,20 @@ fn check_snapshots_and_ingest(c: &Config) -> Result<(), ConfigError> {
         return Err(bad("ingest.max_connections", "must be at least 1"));
     }
     check_ingest_browsers(&c.ingest)
+}
+
+/// The least interval between snapshots, and a schedule it does not skip.
+fn check_snapshot_pace(s: &SnapshotConfig) -> Result<(), ConfigError> {
+    if s.min_interval_secs == 0 {
+        return Err(bad("snapshots.min_interval_secs", "must be at least 1"));
+    }
+    if s.interval_secs != 0 && s.interval_secs < s.min_interval_secs {
+        return Err(bad(
+            "snapshots.interval_secs",
+            format!("must be at least snapshots.min_interval_secs ({}), or 0 to turn the schedule off", s.min_interval_secs),
+        ));
+    }
+    Ok(())
 }
 
 /// The in-flight limit, CORS origins, rate limit and public URL.

@@ -365,8 +365,20 @@ impl Worker {
 
     /// GET on its metrics listener; (status, body), or None if nothing answers.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        let response = http::get(std::net::SocketAddr::new(self.metrics_host, self.metrics_port), path).ok()?;
+        let response = http::get(self.metrics_addr(), path).ok()?;
         Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
+    }
+
+    /// Where its metrics (and admin) listener is.
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(self.metrics_host, self.metrics_port)
+    }
+
+    /// An empty POST to its metrics listener (the admin endpoints) with these headers; panics if
+    /// nothing answers.
+    pub fn post(&self, path: &str, headers: &[(&str, &str)]) -> http::Response {
+        http::request(self.metrics_addr(), "POST", path, headers, b"")
+            .unwrap_or_else(|e| panic!("POST {path} to the worker: {e}\n{}", self.log_text()))
     }
 
     /// Waits until /readyz answers 200 (every owned partition recovered).

@@ -1,22 +1,26 @@
-//! Ledger snapshots, taken by the [`Coordinator`] on a timer or on an operator's request.
+//! Ledger snapshots, taken by the [`Coordinator`] on a timer or on an operator's request: one at
+//! a time, and at most one started per `snapshots.min_interval_secs`.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::metrics as m;
 use dedupe::recovery::now_ms;
-use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot};
+use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
 use crate::actors::coordinator::Coordinator;
 
 /// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
 /// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
-/// one is skipped), so no prune ever runs under a running hook. Failures are counted and logged
-/// and never stop the pipeline.
+/// one is skipped), so no prune ever runs under a running hook. One started per
+/// `snapshots.min_interval_secs`: a request sooner is refused with [`SnapshotError::TooSoon`]
+/// (a scheduled one is skipped). Failures are counted and logged and never stop the pipeline.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct TakeSnapshot {
+    /// Who asks: an operator's request, or the schedule.
+    pub trigger: Trigger,
     /// Where to send the snapshot's directory, or why there is none.
     pub reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>,
 }
@@ -38,6 +42,15 @@ impl Handler<TakeSnapshot> for Coordinator {
             tracing::info!("A snapshot is already under way; this request is refused.");
             return answer(msg.reply, Err(SnapshotError::Busy));
         }
+        if let Err(e) = self.snapshot_pace.try_start(Instant::now(), msg.trigger) {
+            // Refused before anything is written: not a failure, and (a client may post in a
+            // loop) logged at debug only.
+            match msg.trigger {
+                Trigger::Scheduled => tracing::debug!("A scheduled snapshot is skipped: {e}."),
+                Trigger::Requested => tracing::debug!("A snapshot request is refused: {e}."),
+            }
+            return answer(msg.reply, Err(e));
+        }
         self.snapshot_running = true;
         let ledger = self.ledger.clone();
         let fut = async move {
@@ -58,7 +71,7 @@ impl Handler<TakeSnapshot> for Coordinator {
             let partitions: Vec<i32> = progress.keys().copied().collect();
             let dir = slot.dir.clone();
             actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
-                prune(&root, snapshots.keep)?;
+                prune(&root, snapshots.keep, now_ms())?;
                 if let Some(hook) = &snapshots.hook {
                     let timeout = Duration::from_secs(snapshots.hook_timeout_secs);
                     run_hook(hook, &dir, &partitions, &snapshots.hook_env, timeout)?;

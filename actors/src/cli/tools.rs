@@ -302,7 +302,7 @@ fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value>
         }
     };
     slot.publish()?;
-    dedupe::snapshot::prune(&root, config.snapshots.keep)?;
+    dedupe::snapshot::prune(&root, config.snapshots.keep, dedupe::recovery::now_ms())?;
     if let Some(hook) = &config.snapshots.hook {
         let parts: Vec<i32> = progress.keys().copied().collect();
         let timeout = Duration::from_secs(config.snapshots.hook_timeout_secs);

@@ -21,6 +21,7 @@ use dedupe::config::{Assignment, Config, PartitionSet};
 use dedupe::metrics as m;
 use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
+use dedupe::snapshot::{SnapshotPace, Trigger};
 use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
@@ -136,6 +137,8 @@ pub struct Coordinator {
     id_rate: IdRate,
     /// A snapshot (checkpoint, prune, hook) is under way: one at a time.
     pub(crate) snapshot_running: bool,
+    /// When the last snapshot started: one per `snapshots.min_interval_secs`.
+    pub(crate) snapshot_pace: SnapshotPace,
 }
 
 impl Coordinator {
@@ -156,6 +159,7 @@ impl Coordinator {
             batch_linger: Duration::from_millis(w.batch_linger_ms),
             passthrough: options.passthrough,
         });
+        let snapshot_pace = SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));
         Self {
             config,
             static_partitions,
@@ -172,6 +176,7 @@ impl Coordinator {
             last_stats_at: None,
             id_rate: IdRate::default(),
             snapshot_running: false,
+            snapshot_pace,
         }
     }
 
@@ -449,7 +454,7 @@ impl Actor for Coordinator {
         let snapshots = &self.config.snapshots;
         if snapshots.dir.is_some() && snapshots.interval_secs > 0 {
             ctx.run_interval(Duration::from_secs(snapshots.interval_secs), |_, ctx| {
-                ctx.notify(TakeSnapshot { reply: None });
+                ctx.notify(TakeSnapshot { trigger: Trigger::Scheduled, reply: None });
             });
         }
     }

@@ -1,0 +1,164 @@
+//! The worker's admin endpoint, `POST /admin/snapshot`, against the real broker and the real
+//! binary: without a token, what a browser page can send (a cross-site form, a DNS name rebound to
+//! loopback) is refused; requests in a loop take at most one snapshot per
+//! `snapshots.min_interval_secs` (the default here), so the ledger's files and the worker's open
+//! descriptors stay flat; with a token, the bearer scheme is taken in any case.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use dedupe::metrics as m;
+
+const SNAPSHOT: &str = "/admin/snapshot";
+/// Requests sent in a loop; on this machine they take a few seconds, well within the default
+/// minute between snapshots.
+const LOOP_REQUESTS: usize = 1_000;
+/// Records produced between requests every this many, so that a checkpoint taken for a request
+/// would have new ids to write out (a file each) had the pace not refused it.
+const PRODUCE_EVERY: usize = 50;
+/// What the ledger's files and the worker's descriptors may move by while the requests run
+/// (background work of RocksDB and librdkafka, a connection still closing).
+const SST_SLACK: usize = 3;
+const FD_SLACK: usize = 8;
+
+#[test]
+fn browsers_cannot_trigger_a_snapshot_and_a_loop_of_requests_takes_one_per_interval() {
+    let input = TestTopic::create("admin-in", 1);
+    let output = TestTopic::create("admin-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let ledger = dir.path().join("ledger");
+    // No admin token, and the default snapshots.min_interval_secs (60).
+    let spec = WorkerSpec::new(&input.name, &output.name, &ledger).env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap());
+    produce_full(&input.name, &keyed(&ids(200).iter().collect::<Vec<_>>()));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 200, Duration::from_secs(60));
+    let port = worker.metrics_port.to_string();
+
+    // (a) What a browser page sends is refused, each with the reason in its body and counted.
+    let foreign_host = format!("evil.example:{port}");
+    let browser_requests: [(&str, &str, &str); 3] = [
+        ("Origin", "https://evil.example", "Origin header"),
+        ("Sec-Fetch-Site", "cross-site", "Sec-Fetch-Site"),
+        ("Host", &foreign_host, "Host header"),
+    ];
+    for (name, value, says) in browser_requests {
+        let answer = worker.post(SNAPSHOT, &[(name, value)]);
+        assert_eq!(answer.status, 403, "{name}: {value} was not refused: {:?}", answer.json());
+        let error = answer.json()["error"].as_str().unwrap_or_default().to_string();
+        assert!(error.contains(says), "{name}: {value}: {error}");
+    }
+    assert_eq!(snapshot_dirs(&snapshots), 0, "a refused request took a snapshot");
+    let page = worker.metrics().unwrap();
+    let refused = metric_value(&page, m::ERRORS, &[(m::LABEL_KIND, m::KIND_ADMIN_UNAUTHORIZED)]);
+    assert_eq!(refused, Some(3.0), "each refusal is counted once");
+    // A plain request from loopback, as `dedupe ledger snapshot` or curl sends it, is taken.
+    let first = worker.post(SNAPSHOT, &[]);
+    assert_eq!(first.status, 200, "{:?}\n{}", first.json(), worker.log_text());
+    assert_eq!(snapshot_dirs(&snapshots), 1);
+
+    // (b) Requests in a loop, with ids arriving between them.
+    let pid = worker.child.id();
+    let (ssts_before, fds_before) = (sst_files(&ledger), open_fds(pid));
+    let started = Instant::now();
+    let mut answers = Vec::with_capacity(LOOP_REQUESTS);
+    for i in 0..LOOP_REQUESTS {
+        if i % PRODUCE_EVERY == 0 {
+            produce_full(&input.name, &keyed(&ids(10).iter().collect::<Vec<_>>()));
+        }
+        answers.push(worker.post(SNAPSHOT, &[]));
+    }
+    let took = started.elapsed();
+    let taken = answers.iter().filter(|a| a.status == 200).count();
+    for answer in answers.iter().filter(|a| a.status != 200) {
+        assert_eq!(answer.status, 429, "a request was neither taken nor told to wait: {:?}", answer.json());
+        let retry_after: u64 = answer
+            .header("Retry-After")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("a 429 without a whole-seconds Retry-After: {:?}", answer.headers));
+        assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
+        assert_eq!(answer.json()["retry_after_secs"].as_u64(), Some(retry_after), "{:?}", answer.json());
+    }
+    let dirs = snapshot_dirs(&snapshots);
+    assert_eq!(dirs, 1 + taken, "each snapshot directory answers one 200");
+    assert!(dirs <= 2, "{LOOP_REQUESTS} requests in {took:?} took {taken} snapshots");
+    // The files: flat at once. The descriptors: the loop's connections may take a moment to close.
+    let ssts_after = sst_files(&ledger);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fds_after = loop {
+        let fds = open_fds(pid);
+        if fds <= fds_before + FD_SLACK || Instant::now() > deadline {
+            break fds;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "{LOOP_REQUESTS} snapshot requests in {took:?}: {taken} taken (snapshot directories: {dirs}); \
+         ledger SST files {ssts_before} -> {ssts_after}; worker open fds {fds_before} -> {fds_after}"
+    );
+    assert!(ssts_after <= ssts_before + SST_SLACK, "the ledger's SST files went from {ssts_before} to {ssts_after}");
+    assert!(fds_after <= fds_before + FD_SLACK, "the worker's open fds went from {fds_before} to {fds_after}");
+    let page = worker.metrics().unwrap();
+    assert_eq!(metric_value(&page, "dedupe_snapshot_failures_total", &[]).unwrap_or(0.0), 0.0, "refusals are not failures: {page}");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+}
+
+#[test]
+fn with_a_token_the_bearer_scheme_is_taken_in_any_case() {
+    let input = TestTopic::create("admin-token-in", 1);
+    let output = TestTopic::create("admin-token-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let token = "t0ken-for-the-admin-test";
+    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
+        .env("DEDUPE_ADMIN_TOKEN", token);
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+
+    // A wrong token is refused whatever the scheme's case.
+    let wrong = worker.post(SNAPSHOT, &[("Authorization", "bearer t0ken-for-the-admin-tes")]);
+    assert_eq!(wrong.status, 401, "{:?}", wrong.json());
+    // The scheme in lower case, with the token: taken.
+    let lower = worker.post(SNAPSHOT, &[("Authorization", &format!("bearer {token}"))]);
+    assert_eq!(lower.status, 200, "{:?}\n{}", lower.json(), worker.log_text());
+    assert_eq!(snapshot_dirs(&snapshots), 1);
+    // In capitals: authorized too, and then told to wait for the next interval.
+    let upper = worker.post(SNAPSHOT, &[("Authorization", &format!("BEARER {token}"))]);
+    assert_eq!(upper.status, 429, "{:?}", upper.json());
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert!(!worker.log_text().contains(token), "the admin token was logged");
+}
+
+/// Published snapshot directories (`ledger-*`) under `root`.
+fn snapshot_dirs(root: &Path) -> usize {
+    match std::fs::read_dir(root) {
+        Ok(entries) => entries
+            .map(|e| e.expect("a snapshot directory entry"))
+            .filter(|e| e.file_name().to_string_lossy().starts_with(dedupe::snapshot::SNAPSHOT_PREFIX))
+            .count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => panic!("reading {}: {e}", root.display()),
+    }
+}
+
+/// `.sst` files anywhere under `dir` (the live ledger).
+fn sst_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.expect("a ledger directory entry"))
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => sst_files(&e.path()),
+            _ => usize::from(e.file_name().to_string_lossy().ends_with(".sst")),
+        })
+        .sum()
+}
+
+/// The process's open file descriptors, from `/proc`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap_or_else(|e| panic!("reading /proc/{pid}/fd: {e}")).count()
+}
