@@ -69,6 +69,15 @@ pub const INGEST_REQUESTS: &str = "dedupe_ingest_requests_total";
 pub const INGEST_EVENTS: &str = "dedupe_ingest_events_total";
 pub const INGEST_REJECTED: &str = "dedupe_ingest_rejected_total";
 pub const INGEST_REQUEST_SECONDS: &str = "dedupe_ingest_request_seconds";
+pub const INGEST_IN_FLIGHT: &str = "dedupe_ingest_requests_in_flight";
+pub const INGEST_BODY_READS: &str = "dedupe_ingest_body_reads";
+pub const INGEST_LOG_SUPPRESSED: &str = "dedupe_ingest_log_lines_suppressed_total";
+/// Labels of the tracking API's metrics.
+pub const LABEL_ENDPOINT: &str = "endpoint";
+pub const LABEL_STATUS: &str = "status";
+pub const LABEL_TYPE: &str = "type";
+/// Label of [`INGEST_BODY_READS`]: `keyed` (a known key in the `Authorization` header) or `keyless`.
+pub const LABEL_KEY: &str = "key";
 
 /// Kind of a metric, as Prometheus renders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +146,10 @@ pub const ALL: &[Metric] = &[
     m(SNAPSHOT_FAILURES, Counter, None, &["stage"], "Failed snapshots, by stage (checkpoint, hook, prune)."),
     m(INGEST_REQUESTS, Counter, None, &["endpoint", "status"], "HTTP requests to the tracking API by endpoint and status code."),
     m(INGEST_EVENTS, Counter, None, &["type"], "Events accepted and acknowledged by Kafka, by type."),
-    m(INGEST_REJECTED, Counter, None, &["reason"], "Requests rejected, by reason."),
+    m(INGEST_REJECTED, Counter, None, &["reason"], "Requests refused whole, and invalid events (each dead-lettered, or refused with its request), by reason."),
+    m(INGEST_IN_FLIGHT, Gauge, None, &[], "Requests being decoded and produced now (their bodies have arrived); at most ingest.max_in_flight_requests."),
+    m(INGEST_BODY_READS, Gauge, None, &["key"], "Requests whose bodies are arriving now, keyed (a known key in the Authorization header) or keyless."),
+    m(INGEST_LOG_SUPPRESSED, Counter, None, &["reason"], "Log lines about refused requests not written, by reason: each reason logs at most one line per 10 s, with the count since the last."),
     m(INGEST_REQUEST_SECONDS, Histogram, Some(Unit::Seconds), &["endpoint"], "Tracking API request latency, until Kafka acknowledged every event."),
 ];
 

@@ -24,10 +24,33 @@ pub struct IngestConfig {
     /// Most connections held at once, all worker threads together. Past it, new connections wait
     /// in the listen backlog. Needs as many file descriptors (plus 256), checked at start.
     pub max_connections: usize,
-    /// Most requests handled at once, all worker threads together; past it a request is answered
-    /// 503 before its body is read, so a flood of large requests cannot exhaust memory (each may
-    /// hold up to about 2.5 MB while it is decoded and produced).
+    /// Most requests decoded and produced at once, all worker threads together. A request takes
+    /// its place once its body has arrived (a body still arriving holds only its connection and
+    /// what it has sent), and past the limit it is answered 503 without being decoded, so a
+    /// flood of large requests cannot exhaust memory (docs/tracking-api.md: what one holds).
     pub max_in_flight_requests: usize,
+    /// How long a request whose write key is only in its body (the browser routes) may take to
+    /// send that body. A request with a known key in its `Authorization` header has
+    /// `request_timeout_ms`; one without must not hold a connection that long before anything
+    /// about it is known. Never more than `request_timeout_ms`.
+    pub keyless_body_timeout_ms: u64,
+    /// Most requests without a known key in their `Authorization` header whose bodies are being
+    /// read at once, all clients together; past it such a request is answered 503 at once. Keyed
+    /// requests are not counted, so clients without a key cannot crowd out those with one.
+    /// Unset: an eighth of `max_connections`; it must stay below it.
+    pub max_keyless_body_reads: Option<usize>,
+    /// The same, per client address. Unset: a quarter of `max_keyless_body_reads`.
+    pub max_keyless_body_reads_per_client: Option<usize>,
+    /// What happens to an invalid event in a request whose body can be read. `dead-letter`: the
+    /// valid events go to `topic`, each invalid one to `dead_letter_topic` with its reason, and
+    /// the answer is 200 naming the refused ones, so no client loses its valid events.
+    /// `refuse-request`: the whole request is answered 400 naming the first invalid event, and
+    /// nothing is produced.
+    pub on_invalid_event: OnInvalidEvent,
+    /// Where invalid events go. Unset: `<topic>.dead-letter`. Created at start (with the input
+    /// topic's partition count and the brokers' default replication) when it does not exist;
+    /// until it exists `/readyz` answers 503.
+    pub dead_letter_topic: Option<String>,
     /// Browser origins (`https://shop.example.com`, scheme, host and port, no path) whose pages may
     /// read the API's answers (CORS), preflight included. Empty: no CORS headers at all, so only
     /// servers, apps and same-origin pages can use it. `"*"` allows every origin (warned about at
@@ -49,6 +72,38 @@ pub struct IngestConfig {
     pub public_url: Option<String>,
 }
 
+/// What `ingest.on_invalid_event` asks for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnInvalidEvent {
+    /// Produce the valid events, dead-letter the invalid ones, answer 200 naming them.
+    DeadLetter,
+    /// Answer 400 for the whole request and produce nothing.
+    RefuseRequest,
+}
+
+impl IngestConfig {
+    /// `keyless_body_timeout_ms`, never longer than a keyed request's `request_timeout_ms`.
+    pub fn keyless_body_timeout_ms(&self) -> u64 {
+        self.keyless_body_timeout_ms.min(self.request_timeout_ms)
+    }
+
+    /// `max_keyless_body_reads`, or its default.
+    pub fn keyless_body_reads(&self) -> usize {
+        self.max_keyless_body_reads.unwrap_or(self.max_connections / 8).max(1)
+    }
+
+    /// `max_keyless_body_reads_per_client`, or its default.
+    pub fn keyless_body_reads_per_client(&self) -> usize {
+        self.max_keyless_body_reads_per_client.unwrap_or(self.keyless_body_reads() / 4).max(1)
+    }
+
+    /// The dead-letter topic: the configured one, or `<topic>.dead-letter`.
+    pub fn dead_letter_topic(&self) -> String {
+        self.dead_letter_topic.clone().unwrap_or_else(|| format!("{}.dead-letter", self.topic))
+    }
+}
+
 impl Default for IngestConfig {
     fn default() -> Self {
         Self {
@@ -65,10 +120,22 @@ impl Default for IngestConfig {
             // Well within the 1,024 files Debian and most container runtimes allow by default;
             // at a few ms per request this serves tens of thousands of requests per second.
             max_connections: 512,
-            // A quarter of the connections: at a few ms per request that is still tens of
-            // thousands of requests per second, and at most about 320 MB of request bodies being
-            // decoded at once.
-            max_in_flight_requests: 128,
+            // An eighth of the connections: at a few ms per request that is still tens of
+            // thousands of requests per second, and the worst case (every place holding the
+            // largest body that can be sent, docs/tracking-api.md) fits the 1 GiB the manifests
+            // give the pod, with room.
+            max_in_flight_requests: 64,
+            // Browsers send their bodies at once; two seconds cover a 500 KB batch over a slow
+            // mobile link.
+            keyless_body_timeout_ms: 2_000,
+            // An eighth of the connections for bodies nobody vouches for yet (64 of 512), and a
+            // quarter of those per address (a browser sends one or two requests at a time; an
+            // office behind one address, more).
+            max_keyless_body_reads: None,
+            max_keyless_body_reads_per_client: None,
+            // Never lose a valid event because of another.
+            on_invalid_event: OnInvalidEvent::DeadLetter,
+            dead_letter_topic: None,
             // No CORS unless asked for: a browser page from another origin gets no answer it can read.
             cors_origins: Vec::new(),
             // Off: a write key stands for a whole source (a website, an app), whose fair rate only

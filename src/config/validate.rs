@@ -216,6 +216,7 @@ fn check_ingest_browsers(i: &IngestConfig) -> Result<(), ConfigError> {
     if i.max_in_flight_requests == 0 {
         return Err(bad("ingest.max_in_flight_requests", "must be at least 1"));
     }
+    check_keyless_reads(i)?;
     for origin in &i.cors_origins {
         if origin != "*" && !is_origin(origin) {
             return Err(bad(
@@ -232,6 +233,26 @@ fn check_ingest_browsers(i: &IngestConfig) -> Result<(), ConfigError> {
         if rest.is_none_or(|r| r.is_empty() || r.starts_with('/') || r.contains(['?', '#']) || r.chars().any(char::is_whitespace)) {
             return Err(bad("ingest.public_url", format!("`{url}` must be an http:// or https:// URL such as `https://track.example.com`")));
         }
+    }
+    Ok(())
+}
+
+/// The bounds on bodies read before anything vouches for them: within the connections.
+fn check_keyless_reads(i: &IngestConfig) -> Result<(), ConfigError> {
+    if i.keyless_body_timeout_ms == 0 {
+        return Err(bad("ingest.keyless_body_timeout_ms", "must be positive"));
+    }
+    if i.max_keyless_body_reads.is_some_and(|n| n == 0 || n >= i.max_connections) {
+        return Err(bad(
+            "ingest.max_keyless_body_reads",
+            format!("must be at least 1 and below ingest.max_connections ({}), so keyless clients cannot hold every connection", i.max_connections),
+        ));
+    }
+    if i.max_keyless_body_reads_per_client.is_some_and(|n| n == 0 || n > i.keyless_body_reads()) {
+        return Err(bad("ingest.max_keyless_body_reads_per_client", "must be at least 1 and at most ingest.max_keyless_body_reads"));
+    }
+    if i.dead_letter_topic.as_deref().is_some_and(|t| t.trim().is_empty() || t == i.topic) {
+        return Err(bad("ingest.dead_letter_topic", "must be a topic name other than ingest.topic"));
     }
     Ok(())
 }

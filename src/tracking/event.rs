@@ -1,0 +1,332 @@
+//! One event: validated, and made into the record the input topic gets, or refused with the
+//! problem named and its text kept for the dead-letter topic.
+//!
+//! The record is the client's JSON for the event, every value as the bytes sent, in the order
+//! sent, with only what this service changes: `writeKey` removed (a secret), `messageId` added
+//! when missing or `null`, `receivedAt` set, `type` set from the path on a single-event route,
+//! and a batch's shared `context`, `integrations` (deep-merged, the event's own values winning)
+//! and `sentAt` added where the event lacks them. The same event makes the same record on every
+//! route.
+
+use std::fmt;
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::json::{self, check_strict, is_duplicate_key, Fields};
+use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES};
+
+/// Why one event is refused. The message names the problem, never the payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("is not a JSON object")]
+    NotAnObject,
+    #[error("is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("has the same key twice in one object ({0}); its meaning would depend on the parser")]
+    DuplicateKey(String),
+    #[error("`type` is missing")]
+    MissingType,
+    #[error("`type` is not one of track, identify, page, screen, group, alias")]
+    UnknownType,
+    #[error("a track message needs an `event` name")]
+    MissingEvent,
+    #[error("needs a `userId` or an `anonymousId`")]
+    MissingIdentity,
+    #[error("an alias message needs `previousId` and `userId`")]
+    MissingAliasIds,
+    #[error("a group message needs a `groupId`")]
+    MissingGroupId,
+    #[error("`messageId` must be a string of 1 to {MAX_MESSAGE_ID_BYTES} bytes, not blank, without control characters, line or paragraph separators, or bidirectional controls")]
+    BadMessageId,
+    #[error("is {bytes} bytes; the limit per message is {MAX_MESSAGE_BYTES} bytes")]
+    TooLarge { bytes: usize },
+    #[error("is {bytes} bytes once the batch's `context`, `integrations` and `sentAt` are merged into it and its `messageId` and `receivedAt` set; the limit is {MAX_RECORD_BYTES} bytes")]
+    MergedTooLarge { bytes: usize },
+}
+
+impl Problem {
+    /// A short stable name: the `reason` label of the rejection counter, the `code` of the
+    /// answer's entry and the dead-letter record's `dedupe-reason` header.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotAnObject => "message_not_object",
+            Self::MalformedJson(_) => "malformed_json",
+            Self::DuplicateKey(_) => "duplicate_key",
+            Self::MissingType => "missing_type",
+            Self::UnknownType => "unknown_type",
+            Self::MissingEvent => "missing_event",
+            Self::MissingIdentity => "missing_identity",
+            Self::MissingAliasIds => "missing_alias_ids",
+            Self::MissingGroupId => "missing_group_id",
+            Self::BadMessageId => "bad_message_id",
+            Self::TooLarge { .. } => "message_too_large",
+            Self::MergedTooLarge { .. } => "merged_message_too_large",
+        }
+    }
+
+    /// Every reason [`Problem::reason`] gives, for the metrics reference.
+    pub const REASONS: [&'static str; 12] = [
+        "message_not_object",
+        "malformed_json",
+        "duplicate_key",
+        "missing_type",
+        "unknown_type",
+        "missing_event",
+        "missing_identity",
+        "missing_alias_ids",
+        "missing_group_id",
+        "bad_message_id",
+        "message_too_large",
+        "merged_message_too_large",
+    ];
+}
+
+/// One event ready for Kafka.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The client's `messageId`, or a UUIDv4 assigned here.
+    pub message_id: String,
+    pub event_type: EventType,
+    /// The record's value: the event as sent, with the changes the module doc lists.
+    pub value: Vec<u8>,
+}
+
+/// One event refused: where it was, why, and what the dead-letter topic keeps of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    pub at: Location,
+    pub problem: Problem,
+    /// The event's text as sent, without `writeKey`.
+    pub value: Vec<u8>,
+    /// The event's `messageId`, when it has a usable one (the dead-letter record's key).
+    pub message_id: Option<String>,
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.at, self.problem)
+    }
+}
+
+/// What a batch adds to each of its events: its own `context` and `integrations` when they are
+/// objects, and its `sentAt` when it is not `null`.
+#[derive(Default)]
+pub struct Shared<'a> {
+    pub context: Option<(&'a RawValue, Fields<'a>)>,
+    pub integrations: Option<(&'a RawValue, Fields<'a>)>,
+    pub sent_at: Option<&'a RawValue>,
+}
+
+impl Shared<'_> {
+    /// At most what merging adds to one event: the shared values' text and their names.
+    pub fn bytes(&self) -> usize {
+        let object = |o: &Option<(&RawValue, Fields<'_>)>| o.as_ref().map_or(0, |(raw, _)| raw.get().len() + 16);
+        object(&self.context) + object(&self.integrations) + self.sent_at.map_or(0, |v| v.get().len() + 12)
+    }
+}
+
+/// What every event of a request is made with.
+pub struct Making<'a> {
+    /// `receivedAt` as JSON text (a quoted string).
+    pub received_at: &'a str,
+    /// The type the path gives, on a single-event route.
+    pub path_type: Option<EventType>,
+    pub shared: &'a Shared<'a>,
+}
+
+/// The fields validation reads, as parsed values (each small).
+struct Read {
+    event_type: EventType,
+    message_id: Option<String>,
+}
+
+impl Making<'_> {
+    /// Validates the event whose text is `raw` and makes its record, or says why not.
+    pub fn make(&self, at: Location, raw: &str) -> Result<Message, Refused> {
+        let refuse = |problem: Problem| Refused { at, problem, value: without_write_key(raw), message_id: usable_id(raw) };
+        if !raw.starts_with('{') {
+            return Err(refuse(Problem::NotAnObject));
+        }
+        if raw.len() > MAX_MESSAGE_BYTES {
+            return Err(refuse(Problem::TooLarge { bytes: raw.len() }));
+        }
+        check_strict(raw).map_err(|e| refuse(problem_of(&e)))?;
+        let fields = Fields::parse(raw).map_err(|e| refuse(problem_of(&e)))?;
+        let read = self.read(&fields).map_err(&refuse)?;
+        let (message_id, assigned) = match read.message_id {
+            Some(id) => (id, false),
+            None => (uuid::Uuid::new_v4().to_string(), true),
+        };
+        let value = self.record(&fields, raw.len(), read.event_type, assigned.then_some(message_id.as_str()))
+            .map_err(|e| refuse(problem_of(&e)))?;
+        if value.len() > MAX_RECORD_BYTES {
+            return Err(refuse(Problem::MergedTooLarge { bytes: value.len() }));
+        }
+        Ok(Message { message_id, event_type: read.event_type, value })
+    }
+
+    fn read(&self, fields: &Fields<'_>) -> Result<Read, Problem> {
+        let value = |name: &str| fields.get(name).and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok());
+        let event_type = match self.path_type {
+            Some(t) => t,
+            None => match value("type") {
+                None | Some(Value::Null) => return Err(Problem::MissingType),
+                Some(Value::String(t)) => EventType::parse(&t).ok_or(Problem::UnknownType)?,
+                Some(_) => return Err(Problem::UnknownType),
+            },
+        };
+        let has_id = |name: &str| match value(name) {
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Number(_)) => true,
+            _ => false,
+        };
+        match event_type {
+            EventType::Alias if !has_id("previousId") || !has_id("userId") => return Err(Problem::MissingAliasIds),
+            EventType::Alias => {}
+            _ if !has_id("userId") && !has_id("anonymousId") => return Err(Problem::MissingIdentity),
+            _ => {}
+        }
+        match event_type {
+            EventType::Track if value("event").as_ref().and_then(Value::as_str).is_none_or(str::is_empty) => {
+                return Err(Problem::MissingEvent)
+            }
+            EventType::Group if !has_id("groupId") => return Err(Problem::MissingGroupId),
+            _ => {}
+        }
+        let message_id = match value("messageId") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(id)) if valid_message_id(&id) => Some(id),
+            Some(_) => return Err(Problem::BadMessageId),
+        };
+        Ok(Read { event_type, message_id })
+    }
+
+    /// The record's text: the event's fields as sent, with this service's changes.
+    fn record(&self, fields: &Fields<'_>, sent: usize, event_type: EventType, assigned_id: Option<&str>) -> Result<Vec<u8>, serde_json::Error> {
+        let shared = self.shared;
+        let mut out = Vec::with_capacity(sent + shared.bytes() + 96);
+        out.push(b'{');
+        let put = |out: &mut Vec<u8>, key_text: &str| {
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            out.extend_from_slice(key_text.as_bytes());
+            out.push(b':');
+        };
+        let type_text = || format!("\"{}\"", event_type.as_str());
+        let id_text = |id: &str| serde_json::to_string(id).unwrap_or_default();
+        for f in fields.iter() {
+            match f.key {
+                "writeKey" => continue,
+                "type" if self.path_type.is_some() => {
+                    put(&mut out, f.key_text);
+                    out.extend_from_slice(type_text().as_bytes());
+                }
+                "receivedAt" => {
+                    put(&mut out, f.key_text);
+                    out.extend_from_slice(self.received_at.as_bytes());
+                }
+                "messageId" if assigned_id.is_some() => {
+                    put(&mut out, f.key_text);
+                    out.extend_from_slice(id_text(assigned_id.unwrap_or_default()).as_bytes());
+                }
+                key @ ("context" | "integrations") => {
+                    put(&mut out, f.key_text);
+                    let defaults = if key == "context" { &shared.context } else { &shared.integrations };
+                    match defaults {
+                        Some((_, defaults)) if json::is_object(f.value) => {
+                            json::merge_into(&mut out, &Fields::parse(f.value.get())?, defaults)?
+                        }
+                        _ => out.extend_from_slice(f.value.get().as_bytes()),
+                    }
+                }
+                _ => {
+                    put(&mut out, f.key_text);
+                    out.extend_from_slice(f.value.get().as_bytes());
+                }
+            }
+        }
+        let lacks = |name: &str| fields.get(name).is_none();
+        if self.path_type.is_some() && lacks("type") {
+            put(&mut out, "\"type\"");
+            out.extend_from_slice(type_text().as_bytes());
+        }
+        if let (Some(id), true) = (assigned_id, lacks("messageId")) {
+            put(&mut out, "\"messageId\"");
+            out.extend_from_slice(id_text(id).as_bytes());
+        }
+        if lacks("receivedAt") {
+            put(&mut out, "\"receivedAt\"");
+            out.extend_from_slice(self.received_at.as_bytes());
+        }
+        for (name, value) in [
+            ("context", shared.context.as_ref().map(|(raw, _)| *raw)),
+            ("integrations", shared.integrations.as_ref().map(|(raw, _)| *raw)),
+            ("sentAt", shared.sent_at),
+        ] {
+            if let (Some(value), true) = (value, lacks(name)) {
+                put(&mut out, &format!("\"{name}\""));
+                out.extend_from_slice(value.get().as_bytes());
+            }
+        }
+        out.push(b'}');
+        Ok(out)
+    }
+}
+
+/// The problem a serde_json error stands for.
+fn problem_of(e: &serde_json::Error) -> Problem {
+    if is_duplicate_key(e) {
+        Problem::DuplicateKey(format!("line {} column {}", e.line(), e.column()))
+    } else {
+        Problem::MalformedJson(e.to_string())
+    }
+}
+
+/// An event's text as sent, with any top-level `writeKey` dropped: it is a secret, and a
+/// refused event is kept in Kafka too.
+fn without_write_key(raw: &str) -> Vec<u8> {
+    let fields = match Fields::parse_repeated(raw) {
+        Ok(fields) if fields.iter().any(|f| f.key == "writeKey") => fields,
+        // Not an object (so no top-level field at all), or none to drop.
+        _ => return raw.as_bytes().to_vec(),
+    };
+    let mut out = Vec::with_capacity(raw.len());
+    out.push(b'{');
+    for f in fields.iter().filter(|f| f.key != "writeKey") {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(f.key_text.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(f.value.get().as_bytes());
+    }
+    out.push(b'}');
+    out
+}
+
+/// The event's `messageId` if it is a usable one, however else the event is wrong.
+fn usable_id(raw: &str) -> Option<String> {
+    let fields = Fields::parse_repeated(raw).ok()?;
+    let ids: Vec<&RawValue> = fields.iter().filter(|f| f.key == "messageId").map(|f| f.value).collect();
+    match ids.as_slice() {
+        [one] => serde_json::from_str::<String>(one.get()).ok().filter(|id| valid_message_id(id)),
+        _ => None,
+    }
+}
+
+/// A `messageId` becomes part of the record key and reaches logs and tools downstream: 1 to
+/// [`MAX_MESSAGE_ID_BYTES`] bytes, not only white space, and none of: control characters (CR,
+/// LF, NUL...), Unicode line and paragraph separators (which end a line in JavaScript), and
+/// bidirectional controls (which make text display other than it is).
+pub fn valid_message_id(id: &str) -> bool {
+    const BIDI_AND_SEPARATORS: [char; 14] = [
+        '\u{2028}', '\u{2029}', '\u{200E}', '\u{200F}', '\u{061C}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}',
+        '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+    ];
+    !id.is_empty()
+        && id.len() <= MAX_MESSAGE_ID_BYTES
+        && !id.trim().is_empty()
+        && !id.chars().any(|c| c.is_control() || BIDI_AND_SEPARATORS.contains(&c))
+}
