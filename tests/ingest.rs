@@ -358,35 +358,20 @@ fn requests_without_a_known_write_key_are_refused_and_produce_nothing() {
 }
 
 #[test]
-fn bad_input_is_refused_whole_with_the_problem_named() {
+fn a_body_that_cannot_be_read_is_refused_whole_with_the_problem_named() {
     let topic = TestTopic::create("ingest-bad", 2);
     let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    ingest.wait_ready(200);
     let good = json!({"type": "track", "event": "e", "userId": "u"});
-    let big = "x".repeat(33 * 1024);
 
     let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
         ("malformed JSON", "/v1/batch", b"{\"batch\": [".to_vec(), "malformed_json"),
+        ("not an object", "/v1/track", b"[1]".to_vec(), "not_an_object"),
         ("an empty batch", "/v1/batch", json!({"batch": []}).to_string().into_bytes(), "empty_batch"),
-        ("a batch item without type", "/v1/batch",
-         json!({"batch": [good, {"event": "e", "userId": "u"}]}).to_string().into_bytes(), "missing_type"),
-        ("a track without event", "/v1/batch",
-         json!({"batch": [good, {"type": "track", "userId": "u"}]}).to_string().into_bytes(), "missing_event"),
-        ("neither userId nor anonymousId", "/v1/identify", json!({"traits": {}}).to_string().into_bytes(), "missing_identity"),
-        ("an alias without previousId", "/v1/alias", json!({"userId": "u"}).to_string().into_bytes(), "missing_alias_ids"),
-        ("a group without groupId", "/v1/group", json!({"userId": "u"}).to_string().into_bytes(), "missing_group_id"),
-        ("a message over 32 KB", "/v1/batch",
-         json!({"batch": [good, {"type": "track", "event": "e", "userId": "u", "p": big}]}).to_string().into_bytes(),
-         "message_too_large"),
-        // Text a skim of the JSON passes and strict parsers refuse, beside a good message.
-        ("a number too large for a double in a batch", "/v1/batch",
-         br#"{"batch":[{"type":"track","event":"e","userId":"u"},{"type":"track","event":"e","userId":"u","properties":{"n":1e999}}]}"#.to_vec(),
-         "malformed_json"),
-        ("a lone surrogate in a batch", "/v1/batch",
-         br#"{"batch":[{"type":"track","event":"e","userId":"u","properties":{"s":"\ud800"}}]}"#.to_vec(), "malformed_json"),
-        ("nesting 300 levels deep in a batch", "/v1/batch",
-         format!(r#"{{"batch":[{{"type":"track","event":"e","userId":"u","properties":{{"a":{}{}}}}}]}}"#, "[".repeat(300), "]".repeat(300))
-             .into_bytes(),
-         "malformed_json"),
+        ("a batch that is not an array", "/v1/b", json!({"batch": {"a": good}}).to_string().into_bytes(), "batch_not_array"),
+        ("two batch fields", "/v1/batch", br#"{"batch":[],"batch":[{"type":"track","event":"e","userId":"u"}]}"#.to_vec(), "malformed_json"),
+        ("a shared context with a lone surrogate", "/v1/batch",
+         br#"{"context":{"s":"\ud800"},"batch":[{"type":"track","event":"e","userId":"u"}]}"#.to_vec(), "malformed_json"),
         ("a request over 500 KB", "/v1/batch",
          json!({"batch": vec![json!({"type": "track", "event": "e", "userId": "u", "p": "x".repeat(30 * 1024)}); 18]})
              .to_string()
@@ -409,13 +394,141 @@ fn bad_input_is_refused_whole_with_the_problem_named() {
     let auth = basic(KEY_WEB);
     let r = ingest.post("/v1/batch", &[("Authorization", &auth), ("Content-Encoding", "gzip")], &bomb);
     assert_eq!((r.status, r.json()["code"].clone()), (400, json!("request_too_large")));
+    // A bad encoding is named by kind; its value is not echoed.
+    let r = ingest.post("/v1/batch", &[("Authorization", &auth), ("Content-Encoding", "br<script>")], b"{}");
+    assert_eq!((r.status, r.json()["code"].clone()), (400, json!("unsupported_encoding")));
+    assert!(!String::from_utf8_lossy(&r.body).contains("script"));
 
-    // The problem is named, with where it is.
-    let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [good, {"type": "track", "userId": "u"}]}));
-    assert_eq!(r.json()["message"], "batch[1]: a track message needs an `event` name");
-
-    // The good messages next to the bad ones were not produced either.
+    // Nothing of a refused request reached either topic.
     assert!(consume_all(&topic.name, false).is_empty(), "a refused request produced records");
+    assert!(consume_all(&format!("{}.dead-letter", topic.name), false).is_empty(), "a refused request was dead-lettered");
+}
+
+/// The dead-letter records of `input`'s front door, by the index of the event in its batch.
+fn dead_letters(input: &str) -> Vec<common::Record> {
+    consume_all(&format!("{input}.dead-letter"), false)
+}
+
+fn header<'a>(r: &'a common::Record, name: &str) -> Option<&'a str> {
+    r.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref()).map(|v| std::str::from_utf8(v).unwrap())
+}
+
+#[test]
+fn an_invalid_event_goes_to_the_dead_letter_topic_and_costs_no_other_event() {
+    let topic = TestTopic::create("ingest-per-event", 2);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    ingest.wait_ready(200);
+    let good = |i: usize| json!({"type": "track", "event": "e", "userId": "u", "messageId": format!("ok-{i}")});
+    let long_id = "x".repeat(300);
+    let big = "x".repeat(33 * 1024);
+
+    // Each invalid event beside a valid one: the valid one is logged, the invalid one
+    // dead-lettered with its reason, and the answer is 200 naming it.
+    let invalid: Vec<(&str, String, &str)> = vec![
+        ("a batch item without type", json!({"event": "e", "userId": "u"}).to_string(), "missing_type"),
+        ("a track without event", json!({"type": "track", "userId": "u", "messageId": "no-event"}).to_string(), "missing_event"),
+        ("a 300-character messageId", json!({"type": "track", "event": "e", "userId": "u", "messageId": long_id}).to_string(), "bad_message_id"),
+        ("a blank messageId", json!({"type": "track", "event": "e", "userId": "u", "messageId": "  "}).to_string(), "bad_message_id"),
+        ("a messageId with a bidirectional control", r#"{"type":"track","event":"e","userId":"u","messageId":"a\u202eb"}"#.to_string(), "bad_message_id"),
+        ("a message over 32 KB", json!({"type": "track", "event": "e", "userId": "u", "p": big}).to_string(), "message_too_large"),
+        ("a number too large for a double", r#"{"type":"track","event":"e","userId":"u","properties":{"n":1e999}}"#.to_string(), "malformed_json"),
+        ("a lone surrogate", r#"{"type":"track","event":"e","userId":"u","properties":{"s":"\ud800"}}"#.to_string(), "malformed_json"),
+        ("nesting 300 levels deep", format!(r#"{{"type":"track","event":"e","userId":"u","properties":{{"a":{}{}}}}}"#, "[".repeat(300), "]".repeat(300)), "malformed_json"),
+        ("a repeated key", r#"{"type":"track","event":"e","userId":"u","event":"f"}"#.to_string(), "duplicate_key"),
+        ("not an object", "7".to_string(), "message_not_object"),
+    ];
+    for (i, (what, event, code)) in invalid.iter().enumerate() {
+        let body = format!(r#"{{"batch":[{},{event},{}]}}"#, good(2 * i), good(2 * i + 1));
+        let auth = basic(KEY_WEB);
+        let r = ingest.post("/v1/batch", &[("Authorization", &auth)], body.as_bytes());
+        assert_eq!(r.status, 200, "{what}: {}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!(v["success"], true, "{what}: {v}");
+        let rejected = v["rejected"].as_array().unwrap_or_else(|| panic!("{what}: {v}"));
+        assert_eq!(rejected.len(), 1, "{what}: {v}");
+        assert_eq!((rejected[0]["index"].as_u64(), rejected[0]["code"].as_str()), (Some(1), Some(*code)), "{what}: {v}");
+        assert!(rejected[0]["message"].as_str().is_some_and(|m| m.starts_with("batch[1]: ")), "{what}: {v}");
+    }
+    // A single-event route: the event alone, dead-lettered the same way, its write key dropped.
+    let r = ingest.post("/v1/track", &[], format!(r#"{{"userId":"u","messageId":"single-bad","writeKey":"{KEY_WEB}"}}"#).as_bytes());
+    assert_eq!((r.status, r.json()["rejected"][0]["code"].as_str()), (200, Some("missing_event")), "{:?}", r.json());
+    assert!(r.json()["rejected"][0].get("index").is_none());
+
+    // Every valid event is in the input topic, once.
+    let ids: BTreeSet<String> = consume_all(&topic.name, false)
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(r.value.as_deref().unwrap()).unwrap()["messageId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, (0..2 * invalid.len()).map(|i| format!("ok-{i}")).collect::<BTreeSet<_>>());
+    // Every invalid one is in the dead-letter topic, as sent, with why, from where and when.
+    let letters = dead_letters(&topic.name);
+    assert_eq!(letters.len(), invalid.len() + 1);
+    let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &letters {
+        let reason = header(r, "dedupe-reason").expect("a reason header");
+        *by_reason.entry(reason.to_string()).or_default() += 1;
+        assert_eq!(header(r, "dedupe-source"), Some("web"));
+        assert!(header(r, "dedupe-error").is_some_and(|e| !e.is_empty()));
+        assert!(header(r, "dedupe-received-at").is_some_and(|t| t.ends_with('Z') && t.len() == 24), "{:?}", r.headers);
+        let value = String::from_utf8(r.value.clone().unwrap()).unwrap();
+        assert!(!value.contains(KEY_WEB), "a write key reached the dead-letter topic");
+        if header(r, "dedupe-endpoint") == Some("track") {
+            assert_eq!(header(r, "dedupe-index"), None);
+            assert_eq!(value, r#"{"userId":"u","messageId":"single-bad"}"#);
+            assert_eq!(r.key.as_deref(), Some(&b"web:single-bad"[..]));
+        } else {
+            assert_eq!((header(r, "dedupe-endpoint"), header(r, "dedupe-index")), (Some("batch"), Some("1")));
+            // Byte for byte what was sent.
+            assert!(invalid.iter().any(|(_, sent, code)| *code == reason && *sent == value), "{reason}: {value:.120}");
+        }
+    }
+    let expected: BTreeMap<String, usize> = [("missing_type", 1), ("missing_event", 2), ("bad_message_id", 3), ("message_too_large", 1), ("malformed_json", 3), ("duplicate_key", 1), ("message_not_object", 1)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    assert_eq!(by_reason, expected);
+    // Counted per event, by reason.
+    assert_eq!(ingest.metric("dedupe_ingest_rejected_total", &[("reason", "malformed_json")]), 3.0);
+    assert_eq!(ingest.metric("dedupe_ingest_rejected_total", &[("reason", "missing_event")]), 2.0);
+}
+
+#[test]
+fn refuse_request_mode_refuses_a_request_with_an_invalid_event_whole() {
+    let topic = TestTopic::create("ingest-strict", 1);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[("DEDUPE_INGEST_ON_INVALID_EVENT", "refuse-request")]);
+    ingest.wait_ready(200);
+    let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [{"type": "track", "event": "e", "userId": "u"}, {"type": "track", "userId": "u"}]}));
+    assert_eq!(r.status, 400, "{:?}", r.json());
+    assert_eq!(r.json()["code"], "missing_event");
+    assert_eq!(r.json()["message"], "batch[1]: a track message needs an `event` name");
+    assert!(consume_all(&topic.name, false).is_empty(), "a refused request produced records");
+}
+
+#[test]
+fn numbers_keys_and_strings_reach_kafka_as_sent_on_every_route() {
+    let topic = TestTopic::create("ingest-as-sent", 1);
+    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    ingest.wait_ready(200);
+    // The numbers a double would rewrite, keys out of alphabetical order, an escaped string.
+    let fields = r#""userId":98765432109876543210,"properties":{"big":12345678901234567890123,"e":1e2,"z":1.50,"a":"\u00e9"}"#;
+    let routes = [("/v1/track", "track"), ("/v1/t", "t"), ("/v1/batch", "batch"), ("/v1/b", "b")];
+    for (path, name) in routes {
+        let event = format!(r#"{{"event":"e","messageId":"as-sent-{name}",{fields},"type":"track"}}"#);
+        let body = if path.ends_with("track") || path.ends_with("/t") { event } else { format!(r#"{{"batch":[{event}]}}"#) };
+        let auth = basic(KEY_WEB);
+        let r = ingest.post(path, &[("Authorization", &auth)], body.as_bytes());
+        assert_eq!((r.status, r.json()), (200, json!({"success": true})), "{path}");
+    }
+    let records = consume_all(&topic.name, false);
+    assert_eq!(records.len(), routes.len());
+    for r in records {
+        let text = String::from_utf8(r.value.unwrap()).unwrap();
+        let name = text.split("as-sent-").nth(1).and_then(|t| t.split('"').next()).unwrap().to_string();
+        assert!(text.starts_with(&format!(r#"{{"event":"e","messageId":"as-sent-{name}",{fields},"type":"track","receivedAt":""#)), "{text}");
+        for number in ["98765432109876543210", "12345678901234567890123", "1e2", "1.50"] {
+            assert!(text.contains(number), "{name}: {number} is not as sent in {text}");
+        }
+    }
 }
 
 #[test]
@@ -524,7 +637,7 @@ fn a_missing_input_topic_is_named_and_served_once_it_exists() {
     let topic = TestTopic { name, partitions: 2 };
     common::wait_for_topic(&topic.name, 2);
     ingest.wait_ready(200);
-    assert!(ingest.log_text().contains("The input topic is in the brokers' metadata: ready."), "{}", ingest.log_text());
+    assert!(ingest.log_text().contains("The input and dead-letter topics are in the brokers' metadata: ready."), "{}", ingest.log_text());
     let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &event("late-2"));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(browser::input_copies(&topic.name).keys().collect::<Vec<_>>(), ["late-2"]);

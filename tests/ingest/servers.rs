@@ -73,8 +73,11 @@ fn import_and_a_trailing_slash_reach_the_same_endpoints() {
     }
     let r = ingest.post_json("/v1/t/", Some(KEY_WEB), &json!({"event": "e", "userId": "u", "messageId": "imp-4"}));
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    // Bad input and unknown names are refused on these paths as on the others.
+    // Invalid events, unreadable bodies and unknown names are treated on these paths as on the
+    // others.
     let r = ingest.post_json("/v1/import/", Some(KEY_WEB), &json!({"batch": [{"type": "track", "userId": "u"}]}));
+    assert_eq!((r.status, r.json()["rejected"][0]["code"].as_str()), (200, Some("missing_event")), "{}", String::from_utf8_lossy(&r.body));
+    let r = ingest.post("/v1/import/", &[("Authorization", &super::basic(KEY_WEB))], b"{\"batch\":[");
     assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
     let r = ingest.post_json("/v1/import", Some("no-such-key"), &batch("imp-5"));
     assert_eq!(r.status, 401);
