@@ -79,9 +79,12 @@ bench_route() {
 
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  # The rate limiter and CORS on, as production would run them: a limit no request reaches.
+  # The rate limiter and CORS on, as production would run them: a limit no request reaches, with
+  # a burst over any request; places in flight for every connection of the larger round, so that
+  # none is refused.
   DEDUPE_WRITE_KEYS="$BENCH_WRITE_KEY=bench" DEDUPE_LOG_LEVEL=warn \
     DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC=100000000 DEDUPE_INGEST_CORS_ORIGINS="[\"$BENCH_ORIGIN\"]" \
+    DEDUPE_INGEST_MAX_IN_FLIGHT_REQUESTS=128 \
     "$dedupe" ingest --listen "127.0.0.1:$port" --brokers "$brokers" --topic "$ingest_topic" >"$work/ingest.log" 2>&1 &
   ingest_pid=$!
   for _ in $(seq 1 300); do
