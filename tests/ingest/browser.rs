@@ -203,7 +203,14 @@ fn the_settings_document_points_analytics_js_back_here_for_known_keys_only() {
     let doc = r.json();
     assert_eq!(doc["integrations"]["Segment.io"]["apiHost"], "track.example.com/seg/v1");
     assert_eq!(doc["integrations"]["Segment.io"]["protocol"], "https");
-    assert!(r.header("cache-control").unwrap().contains("max-age"));
+    // By the browser only: a shared cache that ignored `Vary: Origin` must not hand one origin's
+    // CORS answer to another.
+    assert_eq!(r.header("cache-control"), Some("private, max-age=300"));
+    // A Host that is no host name or address is not echoed into the document.
+    let r = ingest.request("GET", &format!("/v1/projects/{KEY_WEB}/settings"), &[("Host", "[evil]:::--..")], b"");
+    assert_eq!((r.status, r.json()["code"].as_str()), (400, Some("bad_host")));
+    // Without a public URL, the start warns that HTTPS pages will refuse the http it points to.
+    assert!(ingest.log_text().contains("ingest.public_url is not set"), "{}", ingest.log_text());
 }
 
 /// `tests/js/`, with its packages installed.

@@ -93,8 +93,12 @@ pub struct AdminRefused<'a> {
 }
 
 impl AdminRefused<'_> {
-    pub fn emit(&self) {
+    /// Counts every refusal; logs at most one line per 10 s, with the count of those not
+    /// logged, so a page or a script posting in a loop cannot fill the disk.
+    pub fn emit(&self, logs: &dedupe::log_limit::LogLimiter) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_ADMIN_UNAUTHORIZED).increment(1);
-        tracing::warn!(peer = ?self.peer, "Refused an admin request: {}.", self.why);
+        if let dedupe::log_limit::LogVerdict::Log { suppressed } = logs.check(m::KIND_ADMIN_UNAUTHORIZED, std::time::Instant::now()) {
+            tracing::warn!(peer = ?self.peer, suppressed, "Refused an admin request: {}.", self.why);
+        }
     }
 }

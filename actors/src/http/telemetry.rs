@@ -52,7 +52,7 @@ pub fn serve(
     health: Arc<Health>,
     coordinator: actix::Addr<Coordinator>,
 ) -> anyhow::Result<actix_web::dev::Server> {
-    let admin = web::Data::new(Admin { token: admin_token.map(SecretMatcher::new), coordinator });
+    let admin = web::Data::new(Admin { token: admin_token.map(SecretMatcher::new), coordinator, logs: Default::default() });
     let server = HttpServer::new(move || {
         let handle = handle.clone();
         let health = health.clone();
@@ -96,6 +96,8 @@ const SEC_FETCH_SITE: &str = "sec-fetch-site";
 struct Admin {
     token: Option<SecretMatcher>,
     coordinator: actix::Addr<Coordinator>,
+    /// Refusals' log lines, at most one per interval.
+    logs: dedupe::log_limit::LogLimiter,
 }
 
 /// What an admin request carries that [`authorize`] reads: plain data, so the decision is tested
@@ -242,7 +244,7 @@ async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpRespon
         peer,
     };
     if let Err(refusal) = authorize(admin.token.as_ref(), &request) {
-        AdminRefused { peer, why: refusal.why() }.emit();
+        AdminRefused { peer, why: refusal.why() }.emit(&admin.logs);
         return refusal.response(listener);
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
