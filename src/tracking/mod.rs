@@ -155,9 +155,6 @@ impl fmt::Display for Location {
     }
 }
 
-/// Why a request is refused with 400. The message names the problem and where it is; it never
-/// quotes the payload.
-
 /// Why a request is refused whole with 400 (415 for its content type): its body cannot be read,
 /// or (with `ingest.on_invalid_event = "refuse-request"`) one of its events is invalid. The
 /// message names the problem and where it is; it never quotes the payload or a header's value.
