@@ -645,6 +645,8 @@ fn allow_worker(principal: &str, input: &str, output: &str, group: &str) {
 fn allow_client(principal: &str, input: &str, output: &str) {
     allow(principal, &["Write", "Read", "Describe"], &["--topic", input]);
     allow(principal, &["Read", "Describe"], &["--topic", output]);
+    // The front door's dead-letter topic, which it creates at start when it is missing.
+    allow(principal, &["Write", "Describe", "Create"], &["--topic", &format!("{input}.dead-letter")]);
 }
 
 /// A `dedupe` command with `env`; (exit code, stdout, stderr).
