@@ -10,8 +10,9 @@
 # Origin wrk sends.
 #
 # Connections: each wrk connection waits for its answer before it sends again, so at 32 of them
-# the front door's rate is bounded by its latency (640 events in flight); at 128 (the default
-# ingest.max_in_flight_requests, so none is refused) it is bounded by CPU, as the ceiling's is.
+# the front door's rate is bounded by its latency (640 events in flight); at 128 (with
+# ingest.max_in_flight_requests raised to 128, so none is refused) it is bounded by CPU, as the
+# ceiling's is.
 # Both are measured and printed. Each is measured BENCH_ROUNDS times, the front door and its
 # ceiling back to back each time, so a machine that speeds up or slows down (these are shared)
 # moves both sides of one ratio alike; the summary takes the median ratio. A warm-up
