@@ -10,6 +10,9 @@ mod common;
 // the rate limit and the in-flight limit.
 #[path = "ingest/browser.rs"]
 mod browser;
+// Segment's libraries sending a batch with one invalid event.
+#[path = "ingest/clients.rs"]
+mod clients;
 #[path = "ingest/limits.rs"]
 mod limits;
 // Segment's server libraries that post to `/v1/import`: analytics-java.

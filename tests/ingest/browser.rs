@@ -224,7 +224,7 @@ fn js_dir() -> PathBuf {
 }
 
 /// Runs `node tests/js/<script>` with `env`; returns the JSON line it prints.
-fn run_node(script: &str, env: &[(&str, &str)], ingest: &Ingest) -> Value {
+pub(super) fn run_node(script: &str, env: &[(&str, &str)], ingest: &Ingest) -> Value {
     let mut cmd = Command::new("node");
     cmd.arg(script).current_dir(js_dir());
     run_client(cmd, &format!("node {script}"), "install Node.js 20 or newer", env, ingest)
@@ -328,9 +328,10 @@ fn analytics_node_retries_a_lost_answer_and_a_rate_limit_and_every_event_arrives
     dedupe_and_verify(&input, &expected);
 }
 
-#[test]
-fn analytics_next_in_chromium_from_another_origin_in_both_strategies_navigated_away_mid_flight() {
-    let input = TestTopic::create("ingest-browser", 3);
+/// Starts a front door for `input` that allows a page origin on a free port, and runs
+/// `tests/js/browser.mjs` in headless Chromium against it with `env` added; returns the front
+/// door, the page's origin and what the script printed.
+pub(super) fn run_browser(input: &TestTopic, env: &[(&str, &str)]) -> (Ingest, String, Value) {
     let page_port = free_port().port();
     let page_origin = format!("http://localhost:{page_port}");
     let origins = format!(r#"["{page_origin}"]"#);
@@ -341,17 +342,22 @@ fn analytics_next_in_chromium_from_another_origin_in_both_strategies_navigated_a
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let url = format!("http://{}", ingest.addr);
     let port = page_port.to_string();
-    let out = run_node(
-        "browser.mjs",
-        &[
-            ("INGEST_URL", url.as_str()),
-            ("WRITE_KEY", KEY_WEB),
-            ("PAGE_PORT", port.as_str()),
-            ("RUN_ID", run_id.as_str()),
-            ("CHROMIUM", chromium.as_str()),
-        ],
-        &ingest,
-    );
+    let mut all = vec![
+        ("INGEST_URL", url.as_str()),
+        ("WRITE_KEY", KEY_WEB),
+        ("PAGE_PORT", port.as_str()),
+        ("RUN_ID", run_id.as_str()),
+        ("CHROMIUM", chromium.as_str()),
+    ];
+    all.extend_from_slice(env);
+    let out = run_node("browser.mjs", &all, &ingest);
+    (ingest, page_origin, out)
+}
+
+#[test]
+fn analytics_next_in_chromium_from_another_origin_in_both_strategies_navigated_away_mid_flight() {
+    let input = TestTopic::create("ingest-browser", 3);
+    let (_ingest, page_origin, out) = run_browser(&input, &[]);
 
     let mut expected = BTreeSet::new();
     for scenario in out["scenarios"].as_array().unwrap() {

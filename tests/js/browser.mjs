@@ -11,9 +11,16 @@
 //   keepalive request that outlives the page.
 // The page also posts one event with navigator.sendBeacon as it is left.
 //
+// With SCENARIO=invalid-event, one scenario instead: ten events of the batching strategy, one
+// batch to /v1/b, in which a source middleware removes the `event` name of one track (the
+// library checks the name when it makes the event, before its middleware runs). The tracking API
+// dead-letters that one and takes the other nine; the page stays.
+//
 // Environment: INGEST_URL, WRITE_KEY, PAGE_PORT, RUN_ID; CHROMIUM (default /usr/bin/chromium),
-// HOLD_MS (default 1500). Prints one JSON line: { scenarios: [{ name, expected, leftAt, requests }],
-// console }, times in Unix milliseconds.
+// HOLD_MS (default 1500), SCENARIO (default: both strategies). Prints one JSON line:
+// { scenarios: [{ name, expected, leftAt, requests }], console } (for invalid-event, each scenario
+// has `invalid`, the messageId of the invalid event, instead of `leftAt`), times in Unix
+// milliseconds.
 
 import puppeteer from 'puppeteer-core';
 import { env, startProxy, waitFor } from './proxy.mjs';
@@ -25,6 +32,8 @@ const pagePort = Number(env('PAGE_PORT'));
 const run = env('RUN_ID');
 const holdMs = Number(process.env.HOLD_MS ?? 1500);
 const chromium = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const only = process.env.SCENARIO;
+if (only !== undefined && only !== 'invalid-event') throw new Error(`unknown SCENARIO ${only}`);
 
 const pages = await startPageServer({ host: '127.0.0.1', port: pagePort });
 const origin = `http://localhost:${pagePort}`;
@@ -87,10 +96,48 @@ async function scenario(strategy) {
   return { name: strategy, expected, leftAt, requests: proxy.log.slice(logStart) };
 }
 
+async function invalidEvent() {
+  const name = 'invalid-event';
+  const context = await browser.createBrowserContext();
+  const page = await context.newPage();
+  page.on('console', (m) => consoleLines.push(`${name}: ${m.type()}: ${m.text()}`));
+  page.on('requestfailed', (r) => consoleLines.push(`${name}: request failed: ${r.method()} ${r.url()} ${r.failure()?.errorText}`));
+  const logStart = proxy.log.length;
+  await page.goto(`${origin}/send.html?key=${encodeURIComponent(writeKey)}&api=${encodeURIComponent(proxy.url)}&strategy=batching`);
+  await page.evaluate(() => window.ready);
+
+  // Ten events fill the batch, which goes out at once; the seventh is a track without its name.
+  const ids = Array.from({ length: 10 }, (_, i) => `${run}-${name}-${i}`);
+  const invalid = ids[6];
+  await page.evaluate(
+    async (ids, invalid) => {
+      await ajs.addSourceMiddleware(({ payload, next }) => {
+        if (payload.obj.messageId === invalid) delete payload.obj.event;
+        next(payload);
+      });
+      const o = (i) => ({ messageId: ids[i] });
+      ajs.identify('user-1', { plan: 'pro' }, o(0));
+      ajs.page('Shop', 'Home', { path: '/home' }, o(1));
+      ajs.group('group-1', { name: 'Team' }, o(2));
+      ajs.alias('user-1', 'anon-1', o(3));
+      for (let i = 4; i < ids.length; i++) ajs.track('Clicked', { i }, o(i));
+    },
+    ids,
+    invalid,
+  );
+
+  // tests/ingest/clients.rs checks that one request carried them.
+  const answered = () => ids.every((i) => proxy.log.slice(logStart).some((r) => r.method === 'POST' && r.status !== null && r.ids.includes(i)));
+  await waitFor('every event to be answered', answered, 20_000);
+  await context.close();
+  return { name, expected: ids.filter((i) => i !== invalid), invalid, requests: proxy.log.slice(logStart) };
+}
+
 let out;
 try {
   const scenarios = [];
-  for (const strategy of ['standard', 'batching']) scenarios.push(await scenario(strategy));
+  if (only === 'invalid-event') scenarios.push(await invalidEvent());
+  else for (const strategy of ['standard', 'batching']) scenarios.push(await scenario(strategy));
   out = { scenarios, console: consoleLines };
 } catch (e) {
   console.error(`browser test failed: ${e.stack ?? e}\nproxy log: ${JSON.stringify(proxy.log)}\nconsole:\n${consoleLines.join('\n')}`);

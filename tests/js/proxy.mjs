@@ -46,6 +46,8 @@ export function startProxy({ upstream, holdMs = 0, dropFirstAccepted = false }) 
         status: null,
         allowOrigin: null,
         retryAfter: null,
+        // The ingest's answer, as JSON (null if it was not JSON).
+        answer: null,
         dropped: false,
         clientGone: false,
         // When the request had arrived, and when its answer was passed on (null: never).
@@ -65,6 +67,11 @@ export function startProxy({ upstream, holdMs = 0, dropFirstAccepted = false }) 
             entry.status = up.statusCode;
             entry.allowOrigin = up.headers['access-control-allow-origin'] ?? null;
             entry.retryAfter = up.headers['retry-after'] ?? null;
+            try {
+              entry.answer = JSON.parse(Buffer.concat(answer).toString('utf8'));
+            } catch {
+              entry.answer = null;
+            }
             if (dropFirstAccepted && !dropped && req.method === 'POST' && up.statusCode === 200) {
               // Kafka has the events; the client never hears it.
               dropped = true;

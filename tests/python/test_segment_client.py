@@ -1,6 +1,7 @@
 """The tracking API against Segment's own Python client (segment-analytics-python), and the
 scenario dedupe exists for: a response lost after Kafka acknowledged makes the client retry with
-the same messageIds, so the input topic holds duplicates, which the worker removes.
+the same messageIds, so the input topic holds duplicates, which the worker removes; and a batch
+with one invalid message, which costs only itself.
 
 Needs: the `dedupe` binary ($DEDUPE_BIN, else $CARGO_TARGET_DIR/release/dedupe), the local broker
 (deploy/local/kafka.sh up; $DEDUPE_TEST_BROKERS to point elsewhere), kcat, and Java for Kafka's
@@ -11,6 +12,7 @@ Run: deploy/local/test.sh, or
   /var/tmp/dedupe-venv/bin/python -m pytest tests/python -k "not worker"
 """
 
+import collections
 import contextlib
 import gzip
 import json
@@ -67,7 +69,8 @@ def topic_command(classpath, *args):
 
 @pytest.fixture
 def make_topic(kafka_classpath):
-    """Creates uniquely named topics and deletes them after the test."""
+    """Creates uniquely named topics and deletes them after the test, with the dead-letter topic
+    a front door made for one and the id changelog a worker made for one."""
     made = []
 
     def make(prefix, partitions=3):
@@ -79,8 +82,15 @@ def make_topic(kafka_classpath):
 
     yield make
     for name in made:
+        # A regular expression: the topic, `<topic>.dead-letter` and `<topic>.ids` where they exist.
         run(["java", "-Xmx256m", "-cp", kafka_classpath, "org.apache.kafka.tools.TopicCommand",
-             "--bootstrap-server", BROKERS, "--delete", "--topic", name])
+             "--bootstrap-server", BROKERS, "--delete", "--topic", name + r"(\.dead-letter|\.ids)?"])
+
+
+def headers_of(record):
+    """A record's headers, as kcat's JSON lists them (name, value, name, value...), by name."""
+    h = record["headers"] or []
+    return dict(zip(h[0::2], h[1::2]))
 
 
 def read_topic(topic, read_committed=False):
@@ -144,13 +154,19 @@ def ingest(dedupe_bin, topic):
             assert WRITE_KEY not in log_text(), "the write key was logged"
 
 
-class DropFirstResponse:
-    """A loopback HTTP proxy in front of the ingest. It forwards each request; for the first one,
-    once the ingest has answered 200 (so Kafka holds the messages), it closes the client's
-    connection instead of passing the answer on, as a lost response would."""
+# A request as the proxy saw it: X-Retry-Count, its messageIds, the ingest's status and answer
+# (JSON), and whether the answer was kept from the client.
+Request = collections.namedtuple("Request", ["retry_count", "ids", "status", "dropped", "answer"])
 
-    def __init__(self, upstream_port):
-        self.requests = []  # (X-Retry-Count, [messageId, ...], upstream status, dropped)
+
+class Proxy:
+    """A loopback HTTP proxy in front of the ingest that records every request. It forwards each
+    one; with `drop_first_response`, for the first one the ingest answers 200 (so Kafka holds the
+    messages), it closes the client's connection instead of passing the answer on, as a lost
+    response would."""
+
+    def __init__(self, upstream_port, drop_first_response=True):
+        self.requests = []  # Request, in arrival order
         self.lock = threading.Lock()
         proxy = self
 
@@ -170,9 +186,13 @@ class DropFirstResponse:
                 conn.close()
                 raw = gzip.decompress(body) if self.headers.get("Content-Encoding") == "gzip" else body
                 ids = [m.get("messageId") for m in json.loads(raw).get("batch", [])]
+                try:
+                    answer = json.loads(data)
+                except ValueError:
+                    answer = None
                 with proxy.lock:
-                    drop = resp.status == 200 and not any(r[3] for r in proxy.requests)
-                    proxy.requests.append((self.headers.get("X-Retry-Count"), ids, resp.status, drop))
+                    drop = drop_first_response and resp.status == 200 and not any(r.dropped for r in proxy.requests)
+                    proxy.requests.append(Request(self.headers.get("X-Retry-Count"), ids, resp.status, drop, answer))
                 if drop:
                     # The ingest answered 200; the client never hears it.
                     self.close_connection = True
@@ -198,9 +218,9 @@ class DropFirstResponse:
 
 
 def client(host, errors, **kwargs):
-    """A Segment client tuned for a test: quick uploads and quick retries."""
-    return Client(WRITE_KEY, host=host, upload_interval=0.2, max_retries=3, timeout=10,
-                  on_error=lambda e, batch: errors.append(repr(e)), **kwargs)
+    """A Segment client tuned for a test: quick uploads and quick retries (`kwargs` override)."""
+    settings = {"upload_interval": 0.2, "max_retries": 3, "timeout": 10, **kwargs}
+    return Client(WRITE_KEY, host=host, on_error=lambda e, batch: errors.append(repr(e)), **settings)
 
 
 def send_one_of_each(c, tag):
@@ -256,7 +276,7 @@ def retry_scenario(dedupe_bin, topic):
     errors = []
     with ingest(dedupe_bin, topic) as url:
         upstream_port = int(url.rsplit(":", 1)[1])
-        with DropFirstResponse(upstream_port) as proxy:
+        with Proxy(upstream_port) as proxy:
             c = client(f"http://127.0.0.1:{proxy.port}", errors)
             sent = send_one_of_each(c, "retry")
             c.flush()
@@ -271,12 +291,12 @@ def test_lost_response_is_retried_and_duplicates_reach_the_input_topic(dedupe_bi
 
     # The first request reached Kafka but its answer was dropped; the client sent the same
     # messageIds again, saying it was a retry.
-    dropped = [r for r in requests if r[3]]
+    dropped = [r for r in requests if r.dropped]
     assert len(dropped) == 1, requests
-    dropped_ids = dropped[0][1]
-    retries = [r for r in requests if r[0] not in (None, "0")]
-    assert retries and set(dropped_ids) <= {i for r in retries for i in r[1]}, requests
-    assert all(r[2] == 200 for r in requests), requests
+    dropped_ids = dropped[0].ids
+    retries = [r for r in requests if r.retry_count not in (None, "0")]
+    assert retries and set(dropped_ids) <= {i for r in retries for i in r.ids}, requests
+    assert all(r.status == 200 for r in requests), requests
 
     # So the input topic holds every dropped message twice, and every message at least once.
     got = by_message_id(read_topic(topic))
@@ -288,6 +308,39 @@ def test_lost_response_is_retried_and_duplicates_reach_the_input_topic(dedupe_bi
         assert len({(r["key"], r["partition"]) for r in records}) == 1
 
 
+def dedupe_and_verify(dedupe_bin, input_topic, output_topic, expected_ids, data_dir):
+    """Runs `dedupe run` from `input_topic` to `output_topic` until the output holds as many
+    messages as `expected_ids`, then stops it: the output must hold each of them exactly once, and
+    `dedupe verify` must agree."""
+    common = ["--brokers", BROKERS, "--input-topic", input_topic, "--output-topic", output_topic]
+    with tempfile.TemporaryFile() as log:
+        # A consumer group of its own, so no other run's committed offsets apply.
+        env = dict(os.environ, DEDUPE_WORKER_GROUP_ID=f"py-worker-{uuid.uuid4().hex}")
+        worker = subprocess.Popen([dedupe_bin, "run", *common, "--data-dir", str(data_dir),
+                                   "--metrics-addr", f"127.0.0.1:{free_port()}"], env=env, stdout=log, stderr=log)
+
+        def log_text():
+            log.seek(0)
+            return log.read().decode(errors="replace")
+
+        try:
+            deadline = time.monotonic() + 60
+            while len(read_topic(output_topic, read_committed=True)) < len(expected_ids):
+                if worker.poll() is not None:
+                    pytest.fail(f"dedupe run exited with {worker.returncode}:\n{log_text()}")
+                assert time.monotonic() < deadline, f"the worker did not publish every message within 60 s:\n{log_text()}"
+                time.sleep(0.5)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+
+    got = by_message_id(read_topic(output_topic, read_committed=True))
+    assert set(got) == set(expected_ids)
+    assert all(len(records) == 1 for records in got.values()), {k: len(v) for k, v in got.items()}
+    verify = run([dedupe_bin, "verify", *common])
+    assert verify.returncode == 0, f"dedupe verify failed:\n{verify.stdout}\n{verify.stderr}"
+
+
 def test_retry_duplicates_removed_by_worker(dedupe_bin, make_topic, tmp_path):
     """The second half of the scenario: after `dedupe run`, the output topic holds each message
     exactly once."""
@@ -295,27 +348,63 @@ def test_retry_duplicates_removed_by_worker(dedupe_bin, make_topic, tmp_path):
     output_topic = make_topic("py-retry-out")
     sent, _ = retry_scenario(dedupe_bin, input_topic)
     assert len(read_topic(input_topic)) > len(sent), "the scenario made no duplicates"
+    dedupe_and_verify(dedupe_bin, input_topic, output_topic, {m["messageId"] for m in sent}, tmp_path / "ledger")
 
-    common = ["--brokers", BROKERS, "--input-topic", input_topic, "--output-topic", output_topic]
-    with tempfile.TemporaryFile() as log:
-        # A consumer group of its own, so no other run's committed offsets apply.
-        env = dict(os.environ, DEDUPE_WORKER_GROUP_ID=f"py-worker-{uuid.uuid4().hex}")
-        worker = subprocess.Popen([dedupe_bin, "run", *common, "--data-dir", str(tmp_path / "ledger"),
-                                   "--metrics-addr", f"127.0.0.1:{free_port()}"], env=env, stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 60
-            while len(read_topic(output_topic, read_committed=True)) < len(sent):
-                if worker.poll() is not None:
-                    log.seek(0)
-                    pytest.fail(f"dedupe run exited with {worker.returncode}:\n{log.read().decode(errors='replace')}")
-                assert time.monotonic() < deadline, "the worker did not publish every message within 60 s"
-                time.sleep(0.5)
-        finally:
-            worker.terminate()
-            worker.wait(timeout=30)
 
-    got = by_message_id(read_topic(output_topic, read_committed=True))
-    assert set(got) == {m["messageId"] for m in sent}
+def test_an_invalid_message_costs_only_itself_and_the_nine_pass_the_worker_once(dedupe_bin, make_topic, tmp_path):
+    """A batch of ten whose fifth message has a 300-character messageId: the client takes any
+    string as an id, the tracking API at most 256 bytes (`bad_message_id`). The answer is 200
+    naming the fifth, so the client reports no error; the nine valid messages are in the input
+    topic once each, the fifth in the dead-letter topic with its reason, and after `dedupe run`
+    the output holds the nine once each. The ten go out in one request, so a front door that
+    refused the whole batch would fail this test."""
+    invalid_index = 4
+    long_id = f"{uuid.uuid4().hex}-".ljust(300, "x")
+    input_topic = make_topic("py-invalid-in")
+    output_topic = make_topic("py-invalid-out")
+    errors = []
+    with ingest(dedupe_bin, input_topic) as url:
+        with Proxy(int(url.rsplit(":", 1)[1]), drop_first_response=False) as proxy:
+            # The consumer starts a batch when the client is made and takes what is queued within
+            # upload_interval, up to upload_size: the ten are queued within milliseconds, so they
+            # go out as one batch, and join() waits at most upload_interval for the consumer.
+            c = client(f"http://127.0.0.1:{proxy.port}", errors, upload_size=10, upload_interval=1)
+            sent = []
+            for i in range(10):
+                ok, msg = c.track(user_id="u-py", event="Clicked", properties={"i": i},
+                                  message_id=long_id if i == invalid_index else None)
+                assert ok, "the client refused to queue a message"
+                sent.append(msg)
+            c.flush()
+            c.join()
+    assert errors == [], f"the client reported errors: {errors}"
+    assert sent[invalid_index]["messageId"] == long_id, "the client changed the messageId"
+    valid_ids = {m["messageId"] for i, m in enumerate(sent) if i != invalid_index}
+
+    # One request carried the ten, once, and was answered 200 naming the fifth.
+    assert len(proxy.requests) == 1, proxy.requests
+    [request] = proxy.requests
+    assert request.ids == [m["messageId"] for m in sent], request
+    assert (request.status, request.retry_count in (None, "0")) == (200, True), request
+    assert request.answer["success"] is True, request.answer
+    [rejected] = request.answer["rejected"]
+    assert (rejected["index"], rejected["code"]) == (invalid_index, "bad_message_id"), request.answer
+    assert rejected["message"].startswith(f"batch[{invalid_index}]: "), request.answer
+
+    # The input topic holds the nine once each; the dead-letter topic the fifth alone, as sent,
+    # with why and where; an id the API cannot use keys nothing.
+    got = by_message_id(read_topic(input_topic))
+    assert set(got) == valid_ids, "the input topic does not hold the nine valid messages alone"
     assert all(len(records) == 1 for records in got.values()), {k: len(v) for k, v in got.items()}
-    verify = run([dedupe_bin, "verify", *common])
-    assert verify.returncode == 0, f"dedupe verify failed:\n{verify.stdout}\n{verify.stderr}"
+    [letter] = read_topic(f"{input_topic}.dead-letter")
+    headers = headers_of(letter)
+    assert headers["dedupe-reason"] == "bad_message_id", headers
+    assert headers["dedupe-index"] == str(invalid_index), headers
+    assert (headers["dedupe-endpoint"], headers["dedupe-source"]) == ("batch", SOURCE), headers
+    assert headers["dedupe-error"].startswith(f"batch[{invalid_index}]: "), headers
+    assert letter["key"] is None, letter
+    value = json.loads(letter["payload"])
+    assert (value["messageId"], value["event"], value["properties"]) == (long_id, "Clicked", {"i": invalid_index}), value
+    assert value["context"]["library"]["name"] == "analytics-python" and "writeKey" not in value, value
+
+    dedupe_and_verify(dedupe_bin, input_topic, output_topic, valid_ids, tmp_path / "ledger")
