@@ -8,8 +8,8 @@
 //! (every input id exactly once, in its own partition, in the order of its first copy).
 //!
 //! The tests share the cluster and run one at a time. `DEDUPE_CLUSTER_LONG=1` runs the soak
-//! variants (30 kills, three rolling restarts, pauses, cuts and outages of 130-180 s); each prints one `cluster-fault:` line for the README's
-//! table.
+//! variants (30 kills, three rolling restarts, pauses, cuts and outages of 130-180 s); each prints one `cluster-fault:` line for the fault
+//! table in docs/testing.md.
 //!
 //! The cluster also has a SASL_SSL listener (SCRAM-SHA-512 over TLS, ACLs enforced) for the
 //! security tests at the end, and a network namespace joined to it by a veth pair, where a
@@ -630,7 +630,7 @@ fn allow(principal: &str, operations: &[&str], resource: &[&str]) {
     cluster().run(&args);
 }
 
-/// The ACLs the README lists for the worker ("Kafka security"), and nothing else.
+/// The ACLs docs/security.md lists for the worker ("ACLs"), and nothing else.
 fn allow_worker(principal: &str, input: &str, output: &str, group: &str) {
     let changelog = format!("{output}.ids");
     let transactional_prefix = format!("dedupe-{output}-");
@@ -728,7 +728,7 @@ impl Drop for IngestProcess {
 
 /// The worker, `loadgen`, `ingest`, `verify` and the recovery after a crash, all through the
 /// SASL_SSL listener (SCRAM-SHA-512 over TLS, the CA made by cluster.sh), the worker with exactly
-/// the ACLs the README lists and no more.
+/// the ACLs docs/security.md lists and no more.
 #[test]
 fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
     let _serial = serial();
@@ -777,7 +777,7 @@ fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
     }
 }
 
-/// `unkeyed_policy = "dead-letter"` over SASL_SSL. Without the ACL the README adds for it (Write
+/// `unkeyed_policy = "dead-letter"` over SASL_SSL. Without the ACL docs/security.md adds for it (Write
 /// and Describe on the dead-letter topic), the transactions that carry a record for it abort, the
 /// log names the topic and the cause, and nothing reaches the dead-letter topic. With it (after a
 /// SIGKILL and a restart), keyed records reach the output once and records without a usable id

@@ -1,8 +1,10 @@
-//! The deployment files against the service: every metric name the alert rules and the dashboard
-//! use is one `src/metrics.rs` declares, the rules pass their promtool unit tests, the Kubernetes
-//! PrometheusRule carries the same rules, the dashboard shows the key series, every file the compose
-//! setup mounts exists, every `DEDUPE_*` variable the deployments set is a configuration key, and
-//! the Operations section documents every metric.
+//! The deployment files and the docs against the service: every metric name the alert rules, the
+//! dashboard and the docs use is one `src/metrics.rs` declares, the rules pass their promtool unit
+//! tests, the Kubernetes PrometheusRule carries the same rules, every alert's runbook link names its
+//! own section of `docs/operations.md`, the dashboard shows the key series, every file the compose
+//! setup mounts exists, every `DEDUPE_*` variable the deployments set is a configuration key, the
+//! operations page's metrics table lists every metric, and every relative link in the README, the
+//! changelog and `docs/` resolves to a file and, with `#anchor`, to a heading in it.
 //!
 //! Reads files only (no broker). promtool must be installed (Debian's `prometheus` package): a
 //! missing promtool fails the test.
@@ -119,7 +121,9 @@ fn alert_rules_and_dashboard_use_only_declared_metrics() {
     for file in ["deploy/prometheus/rules.yml", "deploy/k8s/prometheusrule.yaml"] {
         assert_all_declared(file, &metric_tokens(&read(file)), &declared);
     }
-    assert_all_declared("README.md#operations", &metric_tokens(&operations_section()), &declared);
+    for (file, text) in docs() {
+        assert_all_declared(&file, &metric_tokens(&text), &declared);
+    }
 
     // Every expression and template query of the dashboard.
     let dashboard: serde_json::Value =
@@ -185,7 +189,9 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         for key in ["summary", "description"] {
             assert!(alert.field(key).is_some_and(|v| v.len() > 20), "{name}: needs a {key} annotation");
         }
-        assert_eq!(alert.field("runbook").as_deref(), Some("README.md#operations"), "{name}: runbook");
+        // Each alert has its own section of the runbook, named after it.
+        let expected_runbook = format!("{OPERATIONS}#{}", name.to_lowercase());
+        assert_eq!(alert.field("runbook").as_deref(), Some(expected_runbook.as_str()), "{name}: runbook");
     }
     assert_eq!(alerts.len(), expected.len(), "an alert was added: add it to this test and to rules.test.yml");
 
@@ -204,10 +210,54 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
     assert!(by_name["DedupeSnapshotsFailing"].field("expr").unwrap().contains("> 10800"));
     assert!(by_name["DedupeWorkerDown"].field("expr").unwrap().contains("up{job=\"dedupe\"} == 0"));
 
-    // The Operations section describes every alert.
-    let operations = operations_section();
+    // The runbook has a section per alert.
+    let sections = anchors(&read(OPERATIONS));
     for (name, _) in expected {
-        assert!(operations.contains(name), "the README's Operations section does not describe {name}");
+        assert!(sections.contains(&name.to_lowercase()), "{OPERATIONS} has no section (heading) for {name}");
+    }
+}
+
+/// The `runbook:` values of a rules or rule-test file, by the alert they belong to (the last
+/// `alert:` or `alertname:` line above them).
+fn runbooks(text: &str) -> Vec<(String, String)> {
+    let mut current = None;
+    let mut found = Vec::new();
+    for line in text.lines().map(str::trim) {
+        let line = line.strip_prefix("- ").unwrap_or(line);
+        if let Some(name) = line.strip_prefix("alert: ").or_else(|| line.strip_prefix("alertname: ")) {
+            current = Some(name.trim().to_string());
+        } else if let Some(value) = line.strip_prefix("runbook: ") {
+            let alert = current.clone().unwrap_or_else(|| panic!("a runbook before any alert: {line}"));
+            found.push((alert, value.trim().trim_matches('"').to_string()));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_runbook_link_names_a_section_that_exists() {
+    let rules = read("deploy/prometheus/rules.yml");
+    let own: BTreeMap<String, String> = alerts(&rules)
+        .iter()
+        .map(|a| (a.name.clone(), a.field("runbook").unwrap_or_else(|| panic!("{}: no runbook annotation", a.name))))
+        .collect();
+    for file in ["deploy/prometheus/rules.yml", "deploy/prometheus/rules.test.yml", "deploy/k8s/prometheusrule.yaml"] {
+        let found = runbooks(&read(file));
+        assert!(found.len() >= own.len(), "{file}: only {} runbook annotations", found.len());
+        for (alert, runbook) in found {
+            // The expected annotations of the rule tests, and the PrometheusRule, match the rule's.
+            assert_eq!(own.get(&alert), Some(&runbook), "{file}: the runbook of {alert}");
+            let (path, anchor) = runbook
+                .split_once('#')
+                .unwrap_or_else(|| panic!("{file}: {alert}'s runbook {runbook} names no section"));
+            let target = root().join(path);
+            assert!(target.is_file(), "{file}: {alert}'s runbook names {path}, which does not exist");
+            let text = std::fs::read_to_string(&target).unwrap();
+            assert!(
+                anchors(&text).contains(anchor),
+                "{file}: {alert}'s runbook names #{anchor}, not a heading of {path}"
+            );
+        }
     }
 }
 
@@ -361,25 +411,180 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
 }
 
 #[test]
-fn operations_section_lists_every_metric() {
-    let operations = operations_section();
-    let table_rows: Vec<&str> = operations.lines().filter(|l| l.starts_with('|')).collect();
-    for (name, kind) in declared_metrics() {
-        let row = table_rows
-            .iter()
-            .find(|r| r.contains(&format!("`{name}`")))
-            .unwrap_or_else(|| panic!("the README's Operations metrics table has no row for `{name}`"));
+fn operations_page_lists_every_metric() {
+    let operations = read(OPERATIONS);
+    // The rows whose first cell is one metric name.
+    let rows: BTreeMap<&str, &str> = operations
+        .lines()
+        .filter_map(|l| {
+            let first = l.strip_prefix("| `")?.split_once("` |")?.0;
+            Some((first, l))
+        })
+        .collect();
+    let declared = declared_metrics();
+    for (name, kind) in &declared {
+        let row = rows
+            .get(name.as_str())
+            .unwrap_or_else(|| panic!("the metrics table of {OPERATIONS} has no row for `{name}`"));
         assert!(row.to_lowercase().contains(&kind.to_lowercase()), "the row of {name} gives its kind, {kind}: {row}");
+    }
+    for name in rows.keys().filter(|n| n.starts_with("dedupe_")) {
+        assert!(
+            declared.contains_key(*name),
+            "the metrics table of {OPERATIONS} lists `{name}`, which src/metrics.rs does not declare"
+        );
     }
 }
 
-/// The README's Operations section: from its heading to the next second-level heading.
-fn operations_section() -> String {
-    let readme = read("README.md");
-    let start = readme.find("\n## Operations\n").expect("the README has an Operations section");
-    let rest = &readme[start + 1..];
-    let end = rest[3..].find("\n## ").map(|i| i + 4).unwrap_or(rest.len());
-    rest[..end].to_string()
+/// The runbook: the page every alert's `runbook` annotation links into.
+const OPERATIONS: &str = "docs/operations.md";
+
+/// The Markdown pages: the README, the changelog and every page of `docs/`, as (path from the
+/// root, text).
+fn docs() -> Vec<(String, String)> {
+    let mut files = vec!["README.md".to_string(), "CHANGELOG.md".to_string()];
+    let dir = root().join("docs");
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() >= 5, "found only {pages:?} in docs/");
+    files.extend(pages);
+    files.into_iter().map(|f| (f.clone(), read(&f))).collect()
+}
+
+/// The lines of a Markdown text outside fenced code blocks, with their line numbers.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
+            fenced = !fenced;
+        } else if !fenced {
+            lines.push((i + 1, line));
+        }
+    }
+    lines
+}
+
+/// The anchors GitHub makes for the headings of a Markdown text: the heading's text lower-cased,
+/// every character but letters, digits, `-`, `_` and spaces dropped, spaces made hyphens; a
+/// repeated anchor gets `-1`, `-2`, ... appended.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut anchors = BTreeSet::new();
+    for (_, line) in prose_lines(text) {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        let Some(heading) = line[hashes..].strip_prefix(' ').filter(|_| (1..=6).contains(&hashes)) else {
+            continue;
+        };
+        let heading = heading.trim().trim_end_matches('#').trim_end();
+        let slug: String = heading
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        let count = seen.entry(slug.clone()).or_insert(0);
+        anchors.insert(if *count == 0 { slug.clone() } else { format!("{slug}-{count}") });
+        *count += 1;
+    }
+    anchors
+}
+
+/// The link targets of a Markdown line: what stands in `](...)`, outside inline code.
+fn link_targets(line: &str) -> Vec<String> {
+    // Drop inline code: `](` inside backticks is text, not a link.
+    let prose: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+    let mut targets = Vec::new();
+    let mut rest = prose.as_str();
+    while let Some(at) = rest.find("](") {
+        let after = &rest[at + 2..];
+        let end = after.find(')').unwrap_or(after.len());
+        targets.push(after[..end].split_whitespace().next().unwrap_or("").to_string());
+        rest = &after[end..];
+    }
+    targets
+}
+
+/// `base`'s directory joined with `relative`, `.` and `..` resolved, as a path from the root.
+fn resolve_link(base: &str, relative: &str) -> String {
+    let mut parts: Vec<&str> = base.split('/').collect();
+    parts.pop();
+    for part in relative.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                assert!(parts.pop().is_some(), "{base}: the link {relative} leaves the repository");
+            }
+            part => parts.push(part),
+        }
+    }
+    parts.join("/")
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let pages = docs();
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for (file, text) in &pages {
+        for (number, line) in prose_lines(text) {
+            for target in link_targets(line) {
+                if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, anchor) = target.split_once('#').map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
+                let resolved = if path.is_empty() { file.clone() } else { resolve_link(file, path) };
+                let on_disk = root().join(&resolved);
+                checked += 1;
+                if !on_disk.exists() {
+                    broken.push(format!("{file}:{number}: {target}: {resolved} does not exist"));
+                    continue;
+                }
+                let Some(anchor) = anchor else { continue };
+                if !resolved.ends_with(".md") {
+                    broken.push(format!("{file}:{number}: {target}: an anchor into a file that is not Markdown"));
+                } else if !anchors(&std::fs::read_to_string(&on_disk).unwrap()).contains(anchor) {
+                    broken.push(format!("{file}:{number}: {target}: no heading of {resolved} makes #{anchor}"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    assert!(checked >= 50, "found only {checked} relative links in {} pages", pages.len());
+}
+
+#[test]
+fn every_table_in_the_docs_has_as_many_cells_in_each_row_as_its_header() {
+    for (file, text) in docs() {
+        let mut header: Option<usize> = None;
+        for (number, line) in prose_lines(&text) {
+            let row = line.trim();
+            if !row.starts_with('|') {
+                header = None;
+                continue;
+            }
+            // GitHub splits a row at every pipe not escaped with a backslash, inside code too.
+            let cells = row.trim_matches('|').replace("\\|", "").split('|').count();
+            match header {
+                None => header = Some(cells),
+                Some(expected) => {
+                    assert_eq!(
+                        cells, expected,
+                        "{file}:{number}: {cells} cells in a table of {expected} columns: {row}"
+                    )
+                }
+            }
+        }
+    }
 }
 
 /// Host paths a compose file references: bind-mount sources, env files (their default), the build
@@ -531,4 +736,19 @@ fn test_helpers_parse_what_they_claim() {
     let a = &alerts("    - alert: A\n      expr: >-\n        x\n        and y\n      for: 5m\n")[0];
     assert_eq!(a.field("expr").as_deref(), Some("x and y"));
     assert_eq!(a.field("for").as_deref(), Some("5m"));
+    // Runbooks belong to the alert above them, in the rules and in their tests.
+    let found =
+        runbooks("- alert: A\n  runbook: \"x.md#a\"\n- alertname: B\n  exp_annotations:\n    runbook: \"x.md#b\"\n");
+    assert_eq!(found, [("A".to_string(), "x.md#a".to_string()), ("B".to_string(), "x.md#b".to_string())]);
+    // Anchors as GitHub makes them: punctuation dropped, spaces to hyphens, repeats numbered; not
+    // from a heading inside a code block.
+    let made = anchors(
+        "# `DedupeWindowUnder24h`\n## Kafka TLS, SASL and ACLs\n### Notes\n### Notes\n```\n# not a heading\n```\n",
+    );
+    let expected = ["dedupewindowunder24h", "kafka-tls-sasl-and-acls", "notes", "notes-1"];
+    assert_eq!(made, expected.iter().map(|a| a.to_string()).collect::<BTreeSet<_>>());
+    // Links: inline code is not a link; titles are not part of the target.
+    assert_eq!(link_targets("see [a](docs/a.md#x) and `[b](c)` and [d](e.md \"title\")"), ["docs/a.md#x", "e.md"]);
+    assert_eq!(resolve_link("docs/operations.md", "../config/dedupe.toml"), "config/dedupe.toml");
+    assert_eq!(resolve_link("README.md", "docs/testing.md"), "docs/testing.md");
 }

@@ -77,7 +77,7 @@ impl Default for WorkerConfig {
             group_id: "dedupe".into(),
             // A fixed owner restarts at once after a crash; under the group protocol a killed
             // member's partitions wait for the broker's session timeout (45 s by default). See the
-            // README's Scaling section.
+            // Scaling section of docs/operations.md.
             assignment: Assignment::Static,
             member_id: None,
             changelog_topic: None,
@@ -85,8 +85,9 @@ impl Default for WorkerConfig {
             changelog_retention_secs: 7 * 86_400,
             // The alerts page when the window falls under 24 hours.
             promised_window_secs: 86_400,
-            // Client retries, most duplicates, come within minutes (README: the duplicate-age
-            // heatmap); older ones arriving during the back-fill, typically under a minute, may pass.
+            // Client retries, most duplicates, come within minutes (docs/operations.md: the
+            // duplicate-age heatmap); older ones arriving during the back-fill, typically under a
+            // minute, may pass.
             handover_min_window_secs: 300,
             // One worker owning every partition, unless told otherwise.
             partitions: None,
@@ -99,8 +100,8 @@ impl Default for WorkerConfig {
             // Never lose data: a record without a usable id goes on unchecked.
             unkeyed_policy: UnkeyedPolicy::Forward,
             dead_letter_topic: None,
-            // The ledger bench's batch size (src/bench/ledger.rs), at which the README's ledger
-            // figures were measured.
+            // The ledger bench's batch size (src/bench/ledger.rs), at which the ledger figures of
+            // docs/performance.md were measured.
             batch_max_records: 4096,
             // librdkafka's default message.max.bytes is 1 MB; a few of those per transaction.
             batch_max_bytes: ByteSize(4 * ByteSize::MIB),

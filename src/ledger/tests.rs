@@ -166,7 +166,7 @@ fn truncated_manifest_is_an_open_error_and_is_left_alone() {
         ledger.check_and_record(0, &[(key(1), 1)], b"p").unwrap();
         // Left as a crash leaves it (a clean close commits and flushes, and a MANIFEST that
         // then holds more edits can be cut at a record boundary that RocksDB cannot tell from
-        // a torn tail: see the README's "What was checked, and what was not").
+        // a torn tail: see docs/testing.md, "What was checked, and what was not").
         ledger.drop_without_closing();
     }
     let current = std::fs::read_to_string(dir.path().join("CURRENT")).unwrap();

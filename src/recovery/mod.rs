@@ -14,7 +14,7 @@
 //! Replay reads `read_committed`, after `init_transactions` fenced any older producer, so nothing
 //! is pending.
 //!
-//! The cases ([`plan_recovery`]; the README's recovery table is its unit tests):
+//! The cases ([`plan_recovery`]; the recovery table in docs/architecture.md is its unit tests):
 //! - **ledger behind the log** (crash after publish; a partition that comes back): replay from
 //!   the progress record's offset to the end: only what was missed.
 //! - **ledger missing** (new volume, lost disk, a partition this ledger never held): load the
@@ -201,7 +201,7 @@ pub enum PlanRefusal {
     LedgerAhead { log: Source, ledger_next_output: i64, output_end: i64 },
 }
 
-/// The recovery decision, apart from any I/O: one row of the README's recovery table per case,
+/// The recovery decision, apart from any I/O: one row of docs/architecture.md's recovery table per case,
 /// each a unit test of the same name below.
 pub fn plan_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, PlanRefusal> {
     let (low, high) = (facts.log_low, facts.log_high.max(facts.log_low));
@@ -280,7 +280,7 @@ pub fn now_ms() -> i64 {
 
 #[cfg(test)]
 mod tests {
-    //! The README's recovery table, row by row.
+    //! The recovery table of docs/architecture.md, row by row.
     use super::*;
     use proptest::prelude::*;
 
