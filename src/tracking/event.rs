@@ -64,22 +64,6 @@ impl Problem {
             Self::MergedTooLarge { .. } => "merged_message_too_large",
         }
     }
-
-    /// Every reason [`Problem::reason`] gives, for the metrics reference.
-    pub const REASONS: [&'static str; 12] = [
-        "message_not_object",
-        "malformed_json",
-        "duplicate_key",
-        "missing_type",
-        "unknown_type",
-        "missing_event",
-        "missing_identity",
-        "missing_alias_ids",
-        "missing_group_id",
-        "bad_message_id",
-        "message_too_large",
-        "merged_message_too_large",
-    ];
 }
 
 /// One event ready for Kafka.
@@ -152,7 +136,8 @@ impl Making<'_> {
             return Err(refuse(Problem::TooLarge { bytes: raw.len() }));
         }
         check_strict(raw).map_err(|e| refuse(problem_of(&e)))?;
-        let fields = Fields::parse(raw).map_err(|e| refuse(problem_of(&e)))?;
+        // The strict check refused a repeated key at every depth already.
+        let fields = Fields::parse_repeated(raw).map_err(|e| refuse(problem_of(&e)))?;
         let read = self.read(&fields).map_err(&refuse)?;
         let (message_id, assigned) = match read.message_id {
             Some(id) => (id, false),

@@ -70,14 +70,6 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.values.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = Field<'_>> {
         (0..self.values.len()).map(|i| Field { key: &self.keys[i], key_text: self.key_texts[i], value: self.values[i] })
     }
