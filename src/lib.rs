@@ -13,11 +13,9 @@ pub mod kafka;
 pub mod metrics;
 pub mod output;
 pub mod progress;
-pub mod rate_limit;
 pub mod recovery;
 pub mod retry;
 pub mod snapshot;
-pub mod tracking;
 pub mod watchdog;
 pub mod window;
 

@@ -42,7 +42,7 @@ pub enum SnapshotError {
     NotConfigured,
     #[error("a snapshot is already being taken; try again when it has finished")]
     Busy,
-    #[error("the last snapshot started less than snapshots.min_interval_secs ago; try again in {} s", crate::rate_limit::retry_after_secs(*retry_after))]
+    #[error("the last snapshot started less than snapshots.min_interval_secs ago; try again in {} s", retry_after.as_secs_f64().ceil())]
     TooSoon { retry_after: Duration },
     #[error("the worker is stopping")]
     Stopping,

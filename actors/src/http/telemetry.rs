@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix_web::http::header::{AUTHORIZATION, HOST, ORIGIN, RETRY_AFTER};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use dedupe::config::{LogConfig, LogFormat, Secret, SecretMatcher, ENV_ADMIN_TOKEN};
-use dedupe::rate_limit::retry_after_secs;
+use dedupe_tracking::rate_limit::retry_after_secs;
 use dedupe::snapshot::{SnapshotError, Trigger};
 use serde_json::json;
 use dedupe::metrics as m;

@@ -20,7 +20,7 @@ use std::time::Duration;
 use actix_web::http::header::CONTENT_LENGTH;
 use actix_web::{web, HttpRequest};
 use dedupe::metrics::{INGEST_BODY_READS, INGEST_IN_FLIGHT, LABEL_KEY};
-use dedupe::tracking::{Rejection, MAX_REQUEST_BYTES};
+use dedupe_tracking::{Rejection, MAX_REQUEST_BYTES};
 use futures::StreamExt;
 
 use super::outcome::Outcome;

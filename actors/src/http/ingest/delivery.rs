@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dedupe::config::Config;
-use dedupe::tracking::{
+use dedupe_tracking::{
     self, Endpoint, Events, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_REASON, HEADER_RECEIVED_AT, HEADER_SOURCE,
 };
 use futures::channel::oneshot;

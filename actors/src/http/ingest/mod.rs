@@ -3,7 +3,7 @@
 //! them with a write key, and logs every valid event to the input topic and every invalid one to
 //! the dead-letter topic, with an idempotent, `acks=all` producer. It owns the HTTP listener, the
 //! producer and the readiness probe; the parsing, validation and key rules live in the core's
-//! `dedupe::tracking`. One file per concern: [`admission`] (what a request may hold, and when),
+//! `dedupe_tracking`. One file per concern: [`admission`] (what a request may hold, and when),
 //! [`delivery`] (the producer and its acknowledgements), [`outcome`] (answers, metrics, logs),
 //! [`readiness`], [`settings`] (the document analytics.js loads).
 //!
@@ -31,7 +31,7 @@
 //! or the body's `writeKey` (401); the source's rate limit, every event counted (429 with
 //! `Retry-After` and `x-ratelimit-reset`); then each event's fields and size, and Kafka.
 //!
-//! Records: key `<source>:<messageId>`, value the event's JSON as sent (`dedupe::tracking::event`
+//! Records: key `<source>:<messageId>`, value the event's JSON as sent (`dedupe_tracking::event`
 //! says what is changed), header `dedupe-source`, timestamp the receive time, partition chosen by
 //! librdkafka's `murmur2_random` partitioner (the Java client's murmur2), so clients in other
 //! languages agree on where a key lands. Dead letters: the event's text as sent (without
@@ -52,8 +52,8 @@ use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpRequest, HttpResponse};
 use dedupe::config::{Config, OnInvalidEvent};
 use dedupe::log_limit::{LogLimiter, LOG_INTERVAL};
-use dedupe::rate_limit::{Rate, RateLimited, RateLimiter};
-use dedupe::tracking::{self, Endpoint, Envelope, Events, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS};
+use dedupe_tracking::rate_limit::{Rate, RateLimited, RateLimiter};
+use dedupe_tracking::{self as tracking, Endpoint, Envelope, Events, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use serde_json::json;

@@ -12,8 +12,8 @@ use dedupe::metrics::{
     INGEST_EVENTS, INGEST_LOG_SUPPRESSED, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS, LABEL_ENDPOINT,
     LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
 };
-use dedupe::rate_limit;
-use dedupe::tracking::{AuthError, EventType, Refused, Rejection};
+use dedupe_tracking::rate_limit;
+use dedupe_tracking::{AuthError, EventType, Refused, Rejection};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
@@ -255,7 +255,7 @@ fn log_now(logs: &LogLimiter, reason: &'static str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dedupe::tracking::{Location, Problem};
+    use dedupe_tracking::{Location, Problem};
     use rdkafka::error::KafkaError;
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use dedupe::config::KafkaConfig;
-use dedupe::tracking;
+use dedupe_tracking as tracking;
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
 

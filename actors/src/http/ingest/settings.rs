@@ -8,7 +8,7 @@
 use actix_web::http::header::{CACHE_CONTROL, HOST};
 use actix_web::{web, HttpRequest, HttpResponse};
 use dedupe::metrics::{INGEST_REJECTED, INGEST_REQUESTS, LABEL_ENDPOINT, LABEL_REASON, LABEL_STATUS};
-use dedupe::tracking::{self, AuthError};
+use dedupe_tracking::{self as tracking, AuthError};
 use tracing::{debug, info};
 
 use super::outcome::{error_body, status_label};

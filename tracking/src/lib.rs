@@ -1,8 +1,8 @@
 //! The Segment-compatible tracking API's pure logic: write keys and authentication
 //! ([`auth`]), the content types taken as JSON and body decoding ([`body`]), requests and their
 //! events ([`envelope`], [`event`]) over JSON kept as sent ([`json`]), and the settings document
-//! analytics.js loads ([`settings`]). It knows nothing of HTTP servers or Kafka; `dedupe-actors`'
-//! `ingest` drives it.
+//! analytics.js loads ([`settings`]), and the per-source token buckets ([`rate_limit`]). It knows
+//! nothing of HTTP servers, Kafka or RocksDB; `dedupe-actors`' `ingest` drives it.
 //!
 //! Guarantee: a valid event is never lost or altered because of another event. A request whose
 //! body can be read (valid JSON, within the size limits) yields every valid event ready for Kafka
@@ -25,6 +25,7 @@ pub mod body;
 pub mod envelope;
 pub mod event;
 pub mod json;
+pub mod rate_limit;
 pub mod settings;
 
 use std::fmt;
