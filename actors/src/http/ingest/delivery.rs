@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dedupe::config::Config;
 use dedupe_tracking::{
-    self, Endpoint, Events, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_REASON, HEADER_RECEIVED_AT, HEADER_SOURCE,
+    self as tracking, Endpoint, Events, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_REASON, HEADER_RECEIVED_AT, HEADER_SOURCE,
 };
 use futures::channel::oneshot;
 use rdkafka::client::ClientContext;
