@@ -45,6 +45,8 @@ pub struct HandoffBench {
     pub span_secs: u64,
     /// B's `worker.handover_min_window_secs`: how much of the window is loaded before it resumes.
     pub handover_min_window_secs: u64,
+    /// B's window from its assignment until it was back.
+    pub window_samples: Vec<WindowSample>,
 }
 
 /// A worker child, killed if the bench ends early.
@@ -187,11 +189,16 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
         w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0
     })?;
-    let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| w.metric(m::RECORDS_OUT, &[]) >= 1.0)?;
+    let mut samples = WindowSamples::new(assigned);
+    let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| {
+        samples.take(w, window_before + noted_at.elapsed().as_secs_f64());
+        w.metric(m::RECORDS_OUT, &[]) >= 1.0
+    })?;
     let mut window_after = 0.0;
     let restored = b.wait_until("worker B's window coming back", Duration::from_secs(600), |w| {
-        window_after = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
-        window_after >= 0.95 * (window_before + noted_at.elapsed().as_secs_f64())
+        let target = window_before + noted_at.elapsed().as_secs_f64();
+        window_after = samples.take(w, target);
+        window_after >= 0.95 * target
     })?;
     let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
     let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
@@ -211,5 +218,44 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
         build_ids_per_sec,
         span_secs: span.as_secs(),
         handover_min_window_secs: config.worker.handover_min_window_secs,
+        window_samples: samples.taken,
     })
+}
+
+/// B's window for the partition, read every [`WindowSamples::EVERY`] from its assignment until it
+/// is back: what docs/performance.md plots.
+struct WindowSamples {
+    assigned: Instant,
+    last: Option<Instant>,
+    taken: Vec<WindowSample>,
+}
+
+impl WindowSamples {
+    const EVERY: Duration = Duration::from_millis(250);
+
+    fn new(assigned: Instant) -> Self {
+        Self { assigned, last: None, taken: Vec::new() }
+    }
+
+    /// B's window now, noted with `target` (A's window aged since) when a sample is due.
+    fn take(&mut self, worker: &Worker, target: f64) -> f64 {
+        let window = worker.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
+        let now = Instant::now();
+        if self.last.is_none_or(|last| now.duration_since(last) >= Self::EVERY) {
+            self.last = Some(now);
+            let at_secs = now.duration_since(self.assigned).as_secs_f64();
+            self.taken.push(WindowSample { at_secs, window_secs: window, target_secs: target });
+        }
+        window
+    }
+}
+
+/// One reading of B's window.
+#[derive(Debug, Serialize)]
+pub struct WindowSample {
+    /// Seconds since B's assignment.
+    pub at_secs: f64,
+    pub window_secs: f64,
+    /// A's window, aged since it was noted: what B's must come back to.
+    pub target_secs: f64,
 }
