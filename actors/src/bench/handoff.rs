@@ -189,15 +189,15 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
         w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0
     })?;
-    let mut samples = WindowSamples::new(assigned);
+    let mut samples = WindowSamples { assigned, window_before, noted_at, taken: Vec::new() };
     let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| {
-        samples.take(w, window_before + noted_at.elapsed().as_secs_f64());
+        samples.take(w);
         w.metric(m::RECORDS_OUT, &[]) >= 1.0
     })?;
     let mut window_after = 0.0;
     let restored = b.wait_until("worker B's window coming back", Duration::from_secs(600), |w| {
-        let target = window_before + noted_at.elapsed().as_secs_f64();
-        window_after = samples.take(w, target);
+        let target;
+        (window_after, target) = samples.take(w);
         window_after >= 0.95 * target
     })?;
     let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
@@ -222,31 +222,29 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     })
 }
 
-/// B's window for the partition, read every [`WindowSamples::EVERY`] from its assignment until it
-/// is back: what docs/performance.md plots.
+/// B's window for the partition from its assignment until it is back, a reading at most every
+/// [`WindowSamples::EVERY`]: what docs/performance.md plots.
 struct WindowSamples {
     assigned: Instant,
-    last: Option<Instant>,
+    /// A's window when it was noted, at `noted_at`.
+    window_before: f64,
+    noted_at: Instant,
     taken: Vec<WindowSample>,
 }
 
 impl WindowSamples {
     const EVERY: Duration = Duration::from_millis(250);
 
-    fn new(assigned: Instant) -> Self {
-        Self { assigned, last: None, taken: Vec::new() }
-    }
-
-    /// B's window now, noted with `target` (A's window aged since) when a sample is due.
-    fn take(&mut self, worker: &Worker, target: f64) -> f64 {
+    /// B's window now and what it must come back to (A's window, aged since it was noted); kept
+    /// as a sample when one is due.
+    fn take(&mut self, worker: &Worker) -> (f64, f64) {
         let window = worker.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
-        let now = Instant::now();
-        if self.last.is_none_or(|last| now.duration_since(last) >= Self::EVERY) {
-            self.last = Some(now);
-            let at_secs = now.duration_since(self.assigned).as_secs_f64();
+        let target = self.window_before + self.noted_at.elapsed().as_secs_f64();
+        let at_secs = self.assigned.elapsed().as_secs_f64();
+        if self.taken.last().is_none_or(|last| at_secs - last.at_secs >= Self::EVERY.as_secs_f64()) {
             self.taken.push(WindowSample { at_secs, window_secs: window, target_secs: target });
         }
-        window
+        (window, target)
     }
 }
 
