@@ -4,10 +4,9 @@
     deploy/bench/plot.py [DIR]
 
 DIR (default docs/bench) holds the last JSON line of each bench's latest run, saved by hand:
-`handoff.json` (`dedupe bench handoff --json`), `pipeline.json` (`dedupe bench pipeline --json`)
-and `ledger.json` (`dedupe bench ledger --json`). Each plot whose JSON is present is written to
-docs/images/ as SVG; a missing file is named and skipped, a JSON without the fields a plot needs
-is an error. Needs matplotlib (Debian: python3-matplotlib).
+`handoff.json` (`dedupe bench handoff --json`) draws the window during a handover. Each plot whose
+JSON is present is written to docs/images/ as SVG; a missing file is named and skipped, a JSON
+without the fields a plot needs is an error. Needs matplotlib (Debian: python3-matplotlib).
 """
 
 import json
@@ -44,45 +43,6 @@ def handoff(bench, out):
     save(fig, out)
 
 
-def pipeline(bench, out):
-    """Latency percentiles, dedupe against the pass-through copy at the same steady rate."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    for mode, colour in (("dedupe", "tab:blue"), ("passthrough", "grey")):
-        result = next(m for m in bench["modes"] if m["mode"] == mode)
-        points = result["latency_percentiles_ms"]
-        ax.plot([100 * p["quantile"] for p in points], [p["ms"] for p in points], "o-", ms=3, color=colour, label=mode)
-    ax.set_xscale("function", functions=(lambda q: -_log10(100 - q), lambda y: 100 - 10 ** (-y)))
-    ax.set_xticks([50, 90, 99, 99.9])
-    ax.set_xticklabels(["p50", "p90", "p99", "p99.9"])
-    ax.set_ylabel("input append → output append (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"Latency at a steady rate, {bench['messages']:,}-message run")
-    ax.legend(loc="upper left", fontsize=8)
-    save(fig, out)
-
-
-def ledger(bench, out):
-    """The ledger's insert rate as it fills, with Segment's design where the run measured it."""
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    series = (("rate_by_ids", "dedupe's ledger", "tab:blue"), ("baseline_segment_design_rate_by_ids", "Segment's design", "grey"))
-    for field, label, colour in series:
-        points = bench.get(field) or []
-        if points:
-            ax.plot([p["ids"] / 1e6 for p in points], [p["ids_per_sec"] / 1e6 for p in points], color=colour, label=label)
-    ax.set_xlabel("ids inserted (millions)")
-    ax.set_ylabel("ids per second (millions)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Ledger insert rate against the ids it holds")
-    ax.legend(loc="upper right", fontsize=8)
-    save(fig, out)
-
-
-def _log10(x):
-    import numpy
-
-    return numpy.log10(numpy.maximum(x, 1e-3))
-
-
 def save(fig, name):
     fig.tight_layout()
     IMAGES.mkdir(parents=True, exist_ok=True)
@@ -91,8 +51,7 @@ def save(fig, name):
     print(f"plot: wrote docs/images/{name}")
 
 
-PLOTS = (("handoff.json", handoff, "handoff-window.svg"), ("pipeline.json", pipeline, "pipeline-latency.svg"),
-         ("ledger.json", ledger, "ledger-rate.svg"))
+PLOTS = (("handoff.json", handoff, "handoff-window.svg"),)
 
 
 def main():
@@ -104,7 +63,7 @@ def main():
             continue
         try:
             draw(json.loads(path.read_text()), out)
-        except (KeyError, StopIteration, json.JSONDecodeError) as e:
+        except (KeyError, json.JSONDecodeError) as e:
             sys.exit(f"plot: {path} lacks what {out} needs: {e!r}")
 
 
