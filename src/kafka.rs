@@ -131,6 +131,32 @@ impl rdkafka::producer::ProducerContext for SecurityWatch {
     fn delivery(&self, _: &rdkafka::producer::DeliveryResult<'_>, _: ()) {}
 }
 
+/// The context of a consumer that reads partitions to their end (`enable.partition.eof`):
+/// librdkafka reports the end of a partition as an error event, and reaching it is how such a
+/// reader knows it is done, so it is logged at debug, not as an error.
+pub struct ReaderContext;
+
+impl rdkafka::ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_partition_eof(&error) {
+            tracing::debug!(reason, "A reader reached the end of a partition.");
+        } else {
+            tracing::warn!(error = %error, reason, "A reader's Kafka client reported an error.");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
+/// A consumer that reads partitions to their end.
+pub type Reader = BaseConsumer<ReaderContext>;
+
+/// Whether `e` is librdkafka's end-of-partition event.
+pub fn is_partition_eof(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::PartitionEOF(_))
+        || e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::PartitionEOF)
+}
+
 /// Why the brokers could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -265,12 +291,12 @@ pub fn read_from(
 ) -> Result<u64, ReadError> {
     use rdkafka::{Offset, TopicPartitionList};
     let md = watched_metadata(kafka, Some(topic), Duration::from_secs(10), false)?;
-    let consumer: BaseConsumer = client_config(kafka)
+    let consumer: Reader = client_config(kafka)
         .set("group.id", format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
-        .create()?;
+        .create_with_context(ReaderContext)?;
     let parts: Vec<i32> = md
         .topics()
         .iter()
@@ -346,4 +372,20 @@ pub fn high_watermarks(kafka: &KafkaConfig, topic: &str) -> Result<std::collecti
         out.insert(p.id(), high);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn the_end_of_a_partition_is_told_apart_from_errors() {
+        // As a consumer poll returns it, and as librdkafka's error event carries it.
+        assert!(is_partition_eof(&KafkaError::PartitionEOF(3)));
+        assert!(is_partition_eof(&KafkaError::Global(RDKafkaErrorCode::PartitionEOF)));
+        // Real errors are not.
+        assert!(!is_partition_eof(&KafkaError::Global(RDKafkaErrorCode::AllBrokersDown)));
+        assert!(!is_partition_eof(&KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)));
+    }
 }

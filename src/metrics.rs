@@ -7,6 +7,24 @@ use metrics::Unit;
 
 /// Label: the input partition a series is about.
 pub const LABEL_PARTITION: &str = "partition";
+/// Label of [`STAGE_SECONDS`] and of [`SNAPSHOT_FAILURES`]: the step a series is about.
+pub const LABEL_STAGE: &str = "stage";
+/// Values of [`LABEL_STAGE`] on [`STAGE_SECONDS`].
+pub const STAGE_LOOKUP: &str = "lookup";
+pub const STAGE_PUBLISH: &str = "publish";
+pub const STAGE_RECORD: &str = "record";
+/// Label of [`TRANSACTIONS`], and its values.
+pub const LABEL_OUTCOME: &str = "outcome";
+pub const OUTCOME_COMMITTED: &str = "committed";
+pub const OUTCOME_ABORTED: &str = "aborted";
+pub const OUTCOME_FENCED: &str = "fenced";
+/// Label of [`UNKEYED`]: the unkeyed policy applied, and its values.
+pub const LABEL_POLICY: &str = "policy";
+pub const POLICY_FORWARD: &str = "forward";
+pub const POLICY_DROP: &str = "drop";
+pub const POLICY_DEAD_LETTER: &str = "dead-letter";
+/// Label of [`LEDGER_OPEN_SECONDS`]: where the id index came from.
+pub const LABEL_INDEX: &str = "index";
 /// Label of [`ERRORS`], and its values.
 pub const LABEL_KIND: &str = "kind";
 pub const KIND_KAFKA: &str = "kafka";
@@ -45,8 +63,12 @@ pub const HANDOVER_SECONDS: &str = "dedupe_handover_duration_seconds";
 pub const HANDOVER_IN_PROGRESS_SECONDS: &str = "dedupe_handover_in_progress_seconds";
 pub const HANDOVER_IDS_LOADED: &str = "dedupe_handover_ids_loaded_total";
 pub const CHANGELOG_RECORDS: &str = "dedupe_changelog_records_total";
-/// Label of [`PARTITION_REVOCATIONS`]: `revoked` (handed over cleanly) or `lost` (taken away).
+/// Label of [`PARTITION_REVOCATIONS`] (its values below), [`UNKEYED`] and the tracking API's
+/// refusals: why.
 pub const LABEL_REASON: &str = "reason";
+/// Values of [`LABEL_REASON`] on [`PARTITION_REVOCATIONS`]: handed over cleanly, or taken away.
+pub const REASON_REVOKED: &str = "revoked";
+pub const REASON_LOST: &str = "lost";
 
 // The ledger.
 pub const LEDGER_BYTES: &str = "dedupe_ledger_bytes";
@@ -76,8 +98,13 @@ pub const INGEST_LOG_SUPPRESSED: &str = "dedupe_ingest_log_lines_suppressed_tota
 pub const LABEL_ENDPOINT: &str = "endpoint";
 pub const LABEL_STATUS: &str = "status";
 pub const LABEL_TYPE: &str = "type";
-/// Label of [`INGEST_BODY_READS`]: `keyed` (a known key in the `Authorization` header) or `keyless`.
+/// Label of [`INGEST_BODY_READS`], and its values: a known key in the `Authorization` header, or none.
 pub const LABEL_KEY: &str = "key";
+pub const KEY_KEYED: &str = "keyed";
+pub const KEY_KEYLESS: &str = "keyless";
+/// Value of [`LABEL_REASON`] on [`INGEST_REJECTED`]: a settings request whose `Host` header cannot
+/// be echoed into the document.
+pub const REASON_BAD_HOST: &str = "bad_host";
 
 /// Kind of a metric, as Prometheus renders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,9 +136,9 @@ pub const ALL: &[Metric] = &[
     m(RECORDS_IN, Counter, None, P, "Input records read."),
     m(RECORDS_OUT, Counter, None, P, "Records published to the output topic in committed transactions."),
     m(DUPLICATES_DROPPED, Counter, None, P, "Records dropped because their id was already in the ledger."),
-    m(UNKEYED, Counter, None, &[LABEL_PARTITION, "reason", "policy"], "Records without a usable id, by reason (missing, empty, too_long, unreadable) and the policy applied (forward, drop, dead-letter)."),
+    m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable) and the policy applied (forward, drop, dead-letter)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
-    m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &["stage"], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),
+    m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),
     m(END_TO_END_SECONDS, Histogram, Some(Unit::Seconds), P, "Time from the timestamp of a batch's oldest new input record to its output transaction's commit."),
     m(DUPLICATE_AGE_SECONDS, Histogram, Some(Unit::Seconds), &[], "Time between an id's first sighting and a duplicate of it: how large a window is really needed."),
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
@@ -120,7 +147,7 @@ pub const ALL: &[Metric] = &[
     m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
     m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),
     m(RECOVERY_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the last recovery of the partition took."),
-    m(TRANSACTIONS, Counter, None, &["outcome"], "Output transactions by outcome: committed, aborted, fenced."),
+    m(TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
     m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
@@ -140,17 +167,17 @@ pub const ALL: &[Metric] = &[
     m(LEDGER_INDEX_OVERFLOWED_BUCKETS, Gauge, None, &[], "Id index buckets that overflowed; ids hashing there are looked up in every generation. Non-zero means the index is too small for the ids held."),
     m(LEDGER_DISK_LOOKUPS, Counter, None, &[], "Ids looked up in a ledger generation on disk because the id index named it (duplicates and rare fingerprint collisions)."),
     m(LEDGER_BUDGET_BYTES, Gauge, Some(Unit::Bytes), &[], "The ledger's configured disk budget."),
-    m(LEDGER_OPEN_SECONDS, Gauge, Some(Unit::Seconds), &["index"], "How long the last open of the ledger took, labelled by where its id index came from: loaded (its file), partial (its file, plus the generations sealed since read from disk), rebuilt (every generation read: no usable file), empty."),
+    m(LEDGER_OPEN_SECONDS, Gauge, Some(Unit::Seconds), &[LABEL_INDEX], "How long the last open of the ledger took, labelled by where its id index came from: loaded (its file), partial (its file, plus the generations sealed since read from disk), rebuilt (every generation read: no usable file), empty."),
     m(LEDGER_CREATIONS_RESTARTED, Counter, None, &[], "Ledger creations that a crash had interrupted (the directory still held the creation marker) and that were started again."),
     m(SNAPSHOT_LAST_SUCCESS, Gauge, Some(Unit::Seconds), &[], "Unix time of the last successful ledger snapshot."),
-    m(SNAPSHOT_FAILURES, Counter, None, &["stage"], "Failed snapshots, by stage (checkpoint, hook, prune)."),
-    m(INGEST_REQUESTS, Counter, None, &["endpoint", "status"], "HTTP requests to the tracking API by endpoint and status code."),
-    m(INGEST_EVENTS, Counter, None, &["type"], "Events accepted and acknowledged by Kafka, by type."),
-    m(INGEST_REJECTED, Counter, None, &["reason"], "Requests refused whole, and invalid events (each dead-lettered, or refused with its request), by reason."),
+    m(SNAPSHOT_FAILURES, Counter, None, &[LABEL_STAGE], "Failed snapshots, by stage (checkpoint, hook, prune)."),
+    m(INGEST_REQUESTS, Counter, None, &[LABEL_ENDPOINT, LABEL_STATUS], "HTTP requests to the tracking API by endpoint and status code."),
+    m(INGEST_EVENTS, Counter, None, &[LABEL_TYPE], "Events accepted and acknowledged by Kafka, by type."),
+    m(INGEST_REJECTED, Counter, None, &[LABEL_REASON], "Requests refused whole, and invalid events (each dead-lettered, or refused with its request), by reason."),
     m(INGEST_IN_FLIGHT, Gauge, None, &[], "Requests being decoded and produced now (their bodies have arrived); at most ingest.max_in_flight_requests."),
-    m(INGEST_BODY_READS, Gauge, None, &["key"], "Requests whose bodies are arriving now, keyed (a known key in the Authorization header) or keyless."),
-    m(INGEST_LOG_SUPPRESSED, Counter, None, &["reason"], "Log lines about refused requests not written, by reason: each reason logs at most one line per 10 s, with the count since the last."),
-    m(INGEST_REQUEST_SECONDS, Histogram, Some(Unit::Seconds), &["endpoint"], "Tracking API request latency, until Kafka acknowledged every event."),
+    m(INGEST_BODY_READS, Gauge, None, &[LABEL_KEY], "Requests whose bodies are arriving now, keyed (a known key in the Authorization header) or keyless."),
+    m(INGEST_LOG_SUPPRESSED, Counter, None, &[LABEL_REASON], "Log lines about refused requests not written, by reason: each reason logs at most one line per 10 s, with the count since the last."),
+    m(INGEST_REQUEST_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_ENDPOINT], "Tracking API request latency, until Kafka acknowledged every event."),
 ];
 
 /// Histogram buckets, so Prometheus gets real `_bucket` series (heatmaps, histogram_quantile).

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use dedupe::config::Config;
-use dedupe_actors::cli::{BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, LedgerCommand};
+use dedupe_actors::cli::{
+    BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, HandoffBenchArgs, IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs,
+    PipelineBenchArgs, RunArgs, VerifyArgs,
+};
 use dedupe_actors::actors::coordinator::RunOptions;
-use dedupe_actors::bench::pipeline as bench_pipeline;
 use dedupe_actors::cli::tools;
 use dedupe_actors::http::{ingest, telemetry};
 use dedupe_actors::run;
@@ -18,125 +20,146 @@ fn main() -> ExitCode {
     let _failpoints = fail::FailScenario::setup();
     match Cli::parse().command {
         Command::Config(ConfigCommand::Check(args)) => with_config(&args, |config| Ok(config.to_toml())),
-        Command::Run(args) => {
-            let config = match args.config.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            telemetry::init_tracing(&config.log);
-            let options = RunOptions { accept_ledger_ahead: args.accept_ledger_ahead, passthrough: args.passthrough };
-            match run::run(config, options) {
-                Ok(code) => ExitCode::from(code as u8),
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Ingest(args) => {
-            let config = match args.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            telemetry::init_tracing(&config.log);
-            let result = actix_web::rt::System::new().block_on(async move {
-                let handle = telemetry::init_metrics()?;
-                let metrics = telemetry::serve_metrics(config.metrics.addr, handle)?;
-                actix_web::rt::spawn(metrics);
-                ingest::serve(config).await.map_err(anyhow::Error::from)
-            });
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Verify(args) => {
-            let config = match args.config.load() {
-                Ok(c) => c,
-                Err(e) => return fail(e),
-            };
-            match tools::verify(&config, Duration::from_secs(args.timeout_secs)) {
-                Ok(summary) => {
-                    println!("{}", serde_json::to_string(&summary).unwrap_or_default());
-                    // 1: the output is wrong; 2 (from `fail`): the check itself could not run.
-                    if summary.ok {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    }
-                }
-                Err(e) => fail(format!("{e:#}")),
-            }
-        }
-        Command::Loadgen(args) => with_config(&args.config, |config| {
-            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let delay = Duration::from_millis(args.dup_delay_ms);
-            let load = tools::Load {
-                topic: &args.topic,
-                count: args.count,
-                dup_ratio: args.dup_ratio,
-                dup_delay: delay,
-                value_bytes: args.value_bytes,
-                rate_per_sec: args.rate,
-                show_progress: progress,
-                spread_timestamps: None,
-            };
-            let summary = tools::loadgen(&config, load)?;
-            Ok(serde_json::to_string(&summary)?)
-        }),
-        Command::Ledger(command) => {
-            let args = match &command {
-                LedgerCommand::Stats(a) | LedgerCommand::Snapshot(a) => a,
-                LedgerCommand::Restore(r) => &r.config,
-            };
-            with_config(args, |config| {
-                let json = match &command {
-                    LedgerCommand::Stats(_) => tools::ledger_stats(&config)?,
-                    LedgerCommand::Snapshot(_) => tools::ledger_snapshot(&config)?,
-                    LedgerCommand::Restore(r) => tools::ledger_restore(&config, &r.from, r.force)?,
-                };
-                Ok(json.to_string())
-            })
-        }
-        Command::Bench(BenchCommand::Ledger(args)) => {
-            // The ledger's own lines (how each open went, and where its time went) on stderr.
-            telemetry::init_tracing(&dedupe::config::LogConfig::default());
-            let report = match dedupe::bench::ledger::run(&args.bench_config()) {
-                Ok(r) => r,
-                Err(e) => return fail(format!("the ledger bench failed: {e:#}")),
-            };
-            if !args.json {
-                eprintln!("{report:#?}");
-            }
-            println!("{}", serde_json::to_string(&report).unwrap_or_default());
-            ExitCode::SUCCESS
-        }
-        Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| {
-            let tmp = tempfile::tempdir()?;
-            let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-            let result = dedupe_actors::bench::handoff::run(&config, args.ids, Duration::from_secs(args.span_secs), &dir)?;
-            let mut out = String::new();
-            if !args.json {
-                out.push_str(&format!(
-                    "{} ids: ready {:.2} s after the assignment, window back in {:.2} s ({:.0} s before, {:.0} s after)\n",
-                    result.ids, result.handover_ready_secs, result.window_restored_secs, result.window_before_secs, result.window_after_secs
-                ));
-            }
-            out.push_str(&serde_json::to_string(&result)?);
-            Ok(out)
-        }),
-        Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| {
-            let tmp = tempfile::tempdir()?;
-            let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-            let result = bench_pipeline::run(&config, args.messages, args.dup_ratio, args.value_bytes, &dir)?;
-            let mut out = String::new();
-            if !args.json {
-                out.push_str(&format!(
-                    "dedupe {:.0} msgs/s, pass-through {:.0} msgs/s, ratio {:.2}, p50 {:.0} ms, p99 {:.0} ms\n",
-                    result.dedupe_msgs_per_sec, result.passthrough_msgs_per_sec, result.ratio, result.p50_ms, result.p99_ms
-                ));
-            }
-            out.push_str(&serde_json::to_string(&result)?);
-            Ok(out)
-        }),
+        Command::Run(args) => run_worker(&args),
+        Command::Ingest(args) => serve_ingest(&args),
+        Command::Verify(args) => verify(&args),
+        Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
+        Command::Ledger(command) => ledger(&command),
+        Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
+        Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| bench_handoff(&args, &config)),
+        Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| bench_pipeline(&args, &config)),
     }
+}
+
+/// `dedupe run`: the worker, until a signal or a fatal error.
+fn run_worker(args: &RunArgs) -> ExitCode {
+    let config = match args.config.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    telemetry::init_tracing(&config.log);
+    let options = RunOptions { accept_ledger_ahead: args.accept_ledger_ahead, passthrough: args.passthrough };
+    match run::run(config, options) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `dedupe ingest`: the tracking API and its metrics endpoint.
+fn serve_ingest(args: &IngestArgs) -> ExitCode {
+    let config = match args.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    telemetry::init_tracing(&config.log);
+    let result = actix_web::rt::System::new().block_on(async move {
+        let handle = telemetry::init_metrics()?;
+        let metrics = telemetry::serve_metrics(config.metrics.addr, handle)?;
+        actix_web::rt::spawn(metrics);
+        ingest::serve(config).await.map_err(anyhow::Error::from)
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `dedupe verify`: exit 1 when the output is wrong, 2 (from `fail`) when the check could not run.
+fn verify(args: &VerifyArgs) -> ExitCode {
+    let config = match args.config.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    match tools::verify(&config, Duration::from_secs(args.timeout_secs)) {
+        Ok(summary) => {
+            println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+            if summary.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `dedupe loadgen`: its summary as JSON.
+fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
+    let load = tools::Load {
+        topic: &args.topic,
+        count: args.count,
+        dup_ratio: args.dup_ratio,
+        dup_delay: Duration::from_millis(args.dup_delay_ms),
+        value_bytes: args.value_bytes,
+        rate_per_sec: args.rate,
+        show_progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        spread_timestamps: None,
+    };
+    let summary = tools::loadgen(config, load)?;
+    Ok(serde_json::to_string(&summary)?)
+}
+
+/// `dedupe ledger stats|snapshot|restore`.
+fn ledger(command: &LedgerCommand) -> ExitCode {
+    let args = match command {
+        LedgerCommand::Stats(a) | LedgerCommand::Snapshot(a) => a,
+        LedgerCommand::Restore(r) => &r.config,
+    };
+    with_config(args, |config| {
+        let json = match command {
+            LedgerCommand::Stats(_) => tools::ledger_stats(&config)?,
+            LedgerCommand::Snapshot(_) => tools::ledger_snapshot(&config)?,
+            LedgerCommand::Restore(r) => tools::ledger_restore(&config, &r.from, r.force)?,
+        };
+        Ok(json.to_string())
+    })
+}
+
+/// `dedupe bench ledger`: the report on stdout as JSON (and readable on stderr unless `--json`).
+fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
+    // The ledger's own lines (how each open went, and where its time went) on stderr.
+    telemetry::init_tracing(&dedupe::config::LogConfig::default());
+    let report = match dedupe::bench::ledger::run(&args.bench_config()) {
+        Ok(r) => r,
+        Err(e) => return fail(format!("the ledger bench failed: {e:#}")),
+    };
+    if !args.json {
+        eprintln!("{report:#?}");
+    }
+    println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    ExitCode::SUCCESS
+}
+
+/// `dedupe bench handoff`.
+fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<String> {
+    let tmp = tempfile::tempdir()?;
+    let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let result = dedupe_actors::bench::handoff::run(config, args.ids, Duration::from_secs(args.span_secs), &dir)?;
+    let mut out = String::new();
+    if !args.json {
+        out.push_str(&format!(
+            "{} ids: ready {:.2} s after the assignment, window back in {:.2} s ({:.0} s before, {:.0} s after)\n",
+            result.ids, result.handover_ready_secs, result.window_restored_secs, result.window_before_secs, result.window_after_secs
+        ));
+    }
+    out.push_str(&serde_json::to_string(&result)?);
+    Ok(out)
+}
+
+/// `dedupe bench pipeline`.
+fn bench_pipeline(args: &PipelineBenchArgs, config: &Config) -> anyhow::Result<String> {
+    let tmp = tempfile::tempdir()?;
+    let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let result = dedupe_actors::bench::pipeline::run(config, args.messages, args.dup_ratio, args.value_bytes, &dir)?;
+    let mut out = String::new();
+    if !args.json {
+        out.push_str(&format!(
+            "dedupe {:.0} msgs/s, pass-through {:.0} msgs/s, ratio {:.2}, p50 {:.0} ms, p99 {:.0} ms\n",
+            result.dedupe_msgs_per_sec, result.passthrough_msgs_per_sec, result.ratio, result.p50_ms, result.p99_ms
+        ));
+    }
+    out.push_str(&serde_json::to_string(&result)?);
+    Ok(out)
 }
 
 /// Loads the configuration, runs `body`, prints what it returns; errors become one line on

@@ -282,122 +282,32 @@ pub fn run(config: &LedgerBenchConfig) -> Result<LedgerBenchReport, BenchError> 
 }
 
 fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, BenchError> {
-    let options = LedgerOptions {
-        // Without a budget, one large enough never to forget anything in this run.
-        budget_bytes: config
-            .budget_bytes
-            .unwrap_or(config.keys.saturating_mul(UNAGED_BUDGET_BYTES_PER_KEY).max(1 << 30)),
-        generations: config.generations,
-        durability: config.durability,
-        ..config.ledger.clone()
-    };
-    let generation_bytes = options.generation_target_bytes();
+    let options = bench_options(config);
     let ledger_dir = root.join("ledger");
     let ledger = Ledger::open(&ledger_dir, options.clone())?;
-
-    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
-    let mut items = Vec::with_capacity(config.batch);
-    let bar = progress_bar(config, config.keys, "ledger");
-    let wall = Instant::now();
-    let mut timed = Duration::ZERO;
-    let mut slowest = Duration::ZERO;
-    let mut done = 0u64;
-    let mut batches = 0u64;
-    let (mut duplicates_found, mut duplicates_expected) = (0u64, 0u64);
-    let mut max_disk = DiskUse::default();
-    let mut first_generation = None;
-    let mut aging_started: Option<(u64, Duration)> = None;
-    let checkpoint_at = config.keys / 10 * 9;
-    let checkpoint_dir = root.join("checkpoint-at-90pct");
-    let mut crash_index: Option<PathBuf> = None;
-    while done < config.keys {
-        if crash_index.is_none() && done >= checkpoint_at && done > 0 {
-            // A snapshot late in the run: it carries the index file stored after the last seal,
-            // as a crash from here on would find it. Not timed.
-            ledger.checkpoint(&checkpoint_dir)?;
-            let kept = root.join("index-at-90pct");
-            std::fs::hard_link(ledger_dir.join(INDEX_FILE), &kept)
-                .or_else(|_| std::fs::copy(ledger_dir.join(INDEX_FILE), &kept).map(|_| ()))
-                .map_err(|source| BenchError::Dir { path: kept.clone(), source })?;
-            std::fs::remove_dir_all(&checkpoint_dir).map_err(|source| BenchError::Dir { path: checkpoint_dir.clone(), source })?;
-            crash_index = Some(kept);
-        }
-        let n = (config.keys - done).min(config.batch as u64) as usize;
-        duplicates_expected += stream.next_batch(n, &mut items);
-        let progress = (batches + 1).to_le_bytes();
-        let started = Instant::now();
-        let verdicts = ledger.check_and_record(0, &items, &progress)?;
-        let took = started.elapsed();
-        timed += took;
-        slowest = slowest.max(took);
-        duplicates_found += verdicts
-            .iter()
-            .filter(|v| matches!(v, Verdict::Duplicate { .. }))
-            .count() as u64;
-        done += n as u64;
-        batches += 1;
-        if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
-            max_disk = max_disk.peak(dir_bytes(&ledger_dir));
-            if aging_started.is_none() && config.budget_bytes.is_some() {
-                let oldest = ledger.generations()?.first().map(|g| g.meta.id);
-                if first_generation.is_none() {
-                    first_generation = oldest;
-                } else if oldest != first_generation {
-                    aging_started = Some((done, timed));
-                }
-            }
-            bar.set_position(done);
-        }
-    }
-    bar.finish_and_clear();
-    let wall_secs = wall.elapsed().as_secs_f64();
+    let run = insert_all(config, &ledger, root, &ledger_dir)?;
     ledger.flush()?;
-    max_disk = max_disk.peak(dir_bytes(&ledger_dir));
+    let max_disk = run.max_disk.peak(dir_bytes(&ledger_dir));
     let stats = ledger.stats()?;
     let peak_rss = peak_rss_bytes();
     let close = Instant::now();
     ledger.close()?;
     let close_secs = close.elapsed().as_secs_f64();
     drop(ledger);
-    // Each reopen must hold exactly the ids the run left.
-    let reopen_timed = |what: &str| -> Result<(f64, String), BenchError> {
-        let started = Instant::now();
-        let reopened = Ledger::open(&ledger_dir, options.clone())?;
-        let secs = started.elapsed().as_secs_f64();
-        let source = reopened.open_report().index.label().to_string();
-        let ids = reopened.stats()?.index_ids;
-        reopened.drop_without_closing();
-        if ids != stats.index_ids {
-            return Err(BenchError::Wrong(format!("the index reopened {what} holds {ids} ids, not {}", stats.index_ids)));
-        }
-        Ok((secs, source))
-    };
-    let (reopen_secs, reopen_index) = reopen_timed("after a clean close")?;
-    let clean_index = root.join("index-at-close");
-    std::fs::rename(ledger_dir.join(INDEX_FILE), &clean_index).map_err(|source| BenchError::Dir { path: clean_index.clone(), source })?;
-    let (crash_reopen_secs, crash_reopen_index) = match &crash_index {
-        Some(kept) => {
-            std::fs::rename(kept, ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: kept.clone(), source })?;
-            let (secs, source) = reopen_timed("as after a crash")?;
-            std::fs::remove_file(ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: ledger_dir.clone(), source })?;
-            (Some(secs), Some(source))
-        }
-        None => (None, None),
-    };
-    let (rebuild_secs, _) = reopen_timed("without an index file")?;
-    let _ = std::fs::remove_file(&clean_index);
+    let reopens = reopen_all(&ledger_dir, &options, root, run.crash_index.as_deref(), stats.index_ids)?;
 
-    let ids_per_sec = config.keys as f64 / timed.as_secs_f64();
-    let (unaged, aged) = match aging_started {
-        Some((ids, at)) if done > ids => (
+    let ids_per_sec = config.keys as f64 / run.timed.as_secs_f64();
+    let (unaged, aged) = match run.aging_started {
+        Some((ids, at)) if run.done > ids => (
             Some(ids as f64 / at.as_secs_f64()),
-            Some((done - ids) as f64 / (timed - at).as_secs_f64()),
+            Some((run.done - ids) as f64 / (run.timed - at).as_secs_f64()),
         ),
         _ => (None, None),
     };
-    if config.budget_bytes.is_none() && duplicates_found != duplicates_expected {
+    if config.budget_bytes.is_none() && run.duplicates_found != run.duplicates_expected {
         return Err(BenchError::Wrong(format!(
-            "{duplicates_found} duplicates found, {duplicates_expected} re-sent"
+            "{} duplicates found, {} re-sent",
+            run.duplicates_found, run.duplicates_expected
         )));
     }
 
@@ -416,15 +326,15 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         generations_configured: config.generations,
         budget_bytes: config.budget_bytes,
         ids_per_sec,
-        wall_secs,
+        wall_secs: run.wall_secs,
         unaged_ids_per_sec: unaged,
         aged_ids_per_sec: aged,
         bytes_per_key: stats.live_sst_bytes as f64 / stats.ids_estimate.max(1) as f64,
         live_sst_bytes: stats.live_sst_bytes,
         max_disk_bytes: max_disk.all,
-        max_batch_ms: slowest.as_secs_f64() * 1e3,
+        max_batch_ms: run.slowest.as_secs_f64() * 1e3,
         max_index_file_bytes: max_disk.index_files,
-        disk_limit_bytes: config.budget_bytes.map(|b| b + generation_bytes + 2 * stats.index_bytes),
+        disk_limit_bytes: config.budget_bytes.map(|b| b + options.generation_target_bytes() + 2 * stats.index_bytes),
         peak_rss_bytes: peak_rss,
         window_ids: stats.ids_estimate,
         generations: stats.generations,
@@ -432,19 +342,156 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         index_bytes: stats.index_bytes,
         disk_lookups: stats.disk_lookups,
         close_secs,
-        reopen_secs,
-        reopen_index,
-        crash_reopen_secs,
-        crash_reopen_index,
-        rebuild_secs,
-        duplicates_found,
-        duplicates_expected,
+        reopen_secs: reopens.clean_secs,
+        reopen_index: reopens.clean_index,
+        crash_reopen_secs: reopens.crash.as_ref().map(|c| c.0),
+        crash_reopen_index: reopens.crash.map(|c| c.1),
+        rebuild_secs: reopens.rebuild_secs,
+        duplicates_found: run.duplicates_found,
+        duplicates_expected: run.duplicates_expected,
         baseline_keys,
         baseline_segment_design_ids_per_sec: segment,
         baseline_segment_bytes: segment_bytes,
         baseline_hashset_ids_per_sec: hashset,
         ratio_vs_segment: segment.map(|s| ids_per_sec / s),
     })
+}
+
+/// The ledger options of the run.
+fn bench_options(config: &LedgerBenchConfig) -> LedgerOptions {
+    LedgerOptions {
+        // Without a budget, one large enough never to forget anything in this run.
+        budget_bytes: config
+            .budget_bytes
+            .unwrap_or(config.keys.saturating_mul(UNAGED_BUDGET_BYTES_PER_KEY).max(1 << 30)),
+        generations: config.generations,
+        durability: config.durability,
+        ..config.ledger.clone()
+    }
+}
+
+/// What inserting the ids measured.
+struct InsertRun {
+    /// Time inside `check_and_record`, and its slowest call.
+    timed: Duration,
+    slowest: Duration,
+    wall_secs: f64,
+    done: u64,
+    duplicates_found: u64,
+    duplicates_expected: u64,
+    max_disk: DiskUse,
+    /// Ids done, and time taken, when the oldest generation was first dropped.
+    aging_started: Option<(u64, Duration)>,
+    /// The index file a checkpoint at 90% of the ids carried.
+    crash_index: Option<PathBuf>,
+}
+
+/// Inserts the run's ids in batches, timing each call, sampling the directory, and keeping the
+/// index file a checkpoint at 90% of the ids carries.
+fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_dir: &Path) -> Result<InsertRun, BenchError> {
+    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
+    let mut items = Vec::with_capacity(config.batch);
+    let bar = progress_bar(config, config.keys, "ledger");
+    let wall = Instant::now();
+    let mut run = InsertRun {
+        timed: Duration::ZERO,
+        slowest: Duration::ZERO,
+        wall_secs: 0.0,
+        done: 0,
+        duplicates_found: 0,
+        duplicates_expected: 0,
+        max_disk: DiskUse::default(),
+        aging_started: None,
+        crash_index: None,
+    };
+    let mut batches = 0u64;
+    let mut first_generation = None;
+    let checkpoint_at = config.keys / 10 * 9;
+    while run.done < config.keys {
+        if run.crash_index.is_none() && run.done >= checkpoint_at && run.done > 0 {
+            run.crash_index = Some(keep_checkpoint_index(ledger, root, ledger_dir)?);
+        }
+        let n = (config.keys - run.done).min(config.batch as u64) as usize;
+        run.duplicates_expected += stream.next_batch(n, &mut items);
+        let progress = (batches + 1).to_le_bytes();
+        let started = Instant::now();
+        let verdicts = ledger.check_and_record(0, &items, &progress)?;
+        let took = started.elapsed();
+        run.timed += took;
+        run.slowest = run.slowest.max(took);
+        run.duplicates_found += verdicts.iter().filter(|v| matches!(v, Verdict::Duplicate { .. })).count() as u64;
+        run.done += n as u64;
+        batches += 1;
+        if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
+            run.max_disk = run.max_disk.peak(dir_bytes(ledger_dir));
+            if run.aging_started.is_none() && config.budget_bytes.is_some() {
+                let oldest = ledger.generations()?.first().map(|g| g.meta.id);
+                if first_generation.is_none() {
+                    first_generation = oldest;
+                } else if oldest != first_generation {
+                    run.aging_started = Some((run.done, run.timed));
+                }
+            }
+            bar.set_position(run.done);
+        }
+    }
+    bar.finish_and_clear();
+    run.wall_secs = wall.elapsed().as_secs_f64();
+    Ok(run)
+}
+
+/// A snapshot late in the run: it carries the index file stored after the last seal, as a crash
+/// from here on would find it. Keeps that file (returned) and drops the rest. Not timed.
+fn keep_checkpoint_index(ledger: &Ledger, root: &Path, ledger_dir: &Path) -> Result<PathBuf, BenchError> {
+    let checkpoint_dir = root.join("checkpoint-at-90pct");
+    ledger.checkpoint(&checkpoint_dir)?;
+    let kept = root.join("index-at-90pct");
+    std::fs::hard_link(ledger_dir.join(INDEX_FILE), &kept)
+        .or_else(|_| std::fs::copy(ledger_dir.join(INDEX_FILE), &kept).map(|_| ()))
+        .map_err(|source| BenchError::Dir { path: kept.clone(), source })?;
+    std::fs::remove_dir_all(&checkpoint_dir).map_err(|source| BenchError::Dir { path: checkpoint_dir.clone(), source })?;
+    Ok(kept)
+}
+
+/// How long each reopen took, and where its index came from.
+struct Reopens {
+    clean_secs: f64,
+    clean_index: String,
+    /// With the index file of the checkpoint at 90%, if one was taken.
+    crash: Option<(f64, String)>,
+    rebuild_secs: f64,
+}
+
+/// Reopens the closed ledger three ways: after the clean close, with the index file a crash late
+/// in the run would find, and with no index file. Each must hold exactly `index_ids` ids.
+fn reopen_all(ledger_dir: &Path, options: &LedgerOptions, root: &Path, crash_index: Option<&Path>, index_ids: u64) -> Result<Reopens, BenchError> {
+    let reopen_timed = |what: &str| -> Result<(f64, String), BenchError> {
+        let started = Instant::now();
+        let reopened = Ledger::open(ledger_dir, options.clone())?;
+        let secs = started.elapsed().as_secs_f64();
+        let source = reopened.open_report().index.label().to_string();
+        let ids = reopened.stats()?.index_ids;
+        reopened.drop_without_closing();
+        if ids != index_ids {
+            return Err(BenchError::Wrong(format!("the index reopened {what} holds {ids} ids, not {index_ids}")));
+        }
+        Ok((secs, source))
+    };
+    let (clean_secs, clean_index) = reopen_timed("after a clean close")?;
+    let index_at_close = root.join("index-at-close");
+    std::fs::rename(ledger_dir.join(INDEX_FILE), &index_at_close).map_err(|source| BenchError::Dir { path: index_at_close.clone(), source })?;
+    let crash = match crash_index {
+        Some(kept) => {
+            std::fs::rename(kept, ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: kept.to_path_buf(), source })?;
+            let reopened = reopen_timed("as after a crash")?;
+            std::fs::remove_file(ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: ledger_dir.to_path_buf(), source })?;
+            Some(reopened)
+        }
+        None => None,
+    };
+    let (rebuild_secs, _) = reopen_timed("without an index file")?;
+    let _ = std::fs::remove_file(&index_at_close);
+    Ok(Reopens { clean_secs, clean_index, crash, rebuild_secs })
 }
 
 fn run_segment(

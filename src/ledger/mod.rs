@@ -57,7 +57,7 @@
 //! # How ids are written
 //! New ids of the active generation are kept in an in-memory hash map (which answers lookups
 //! first), not in RocksDB memtables: a memtable insert of a random 16-byte key is a skiplist walk
-//! of cache misses, and was 60% of the CPU. When the buffer reaches a write buffer's worth
+//! of cache misses. When the buffer reaches a write buffer's worth
 //! (`write_buffer_bytes` at 24 bytes per id), it becomes the commit *in flight* and a fresh buffer
 //! takes new ids. A background thread sorts the commit's ids and writes them with a commit record
 //! into one SST file, while the in-flight ids keep answering lookups from memory. The next ledger

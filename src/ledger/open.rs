@@ -57,7 +57,7 @@ impl Ledger {
         }
         let seconds = started.elapsed().as_secs_f64();
         let _ = ledger.opened.set(super::OpenReport { seconds, index: source });
-        metrics::gauge!(crate::metrics::LEDGER_OPEN_SECONDS, "index" => source.label()).set(seconds);
+        metrics::gauge!(crate::metrics::LEDGER_OPEN_SECONDS, crate::metrics::LABEL_INDEX => source.label()).set(seconds);
         tracing::info!(path = %ledger.path.display(), seconds, db_seconds, index = source.label(), "Opened the ledger.");
         Ok(ledger)
     }

@@ -59,10 +59,9 @@ pub struct LedgerOptions {
     /// Seal the active generation after this many ids even if it is under `budget / G`
     /// (`None`: by size only). Useful to bound a generation's time span, and in tests.
     pub seal_after_ids: Option<u64>,
-    /// Crash durability. Default [`Durability::Wal`]: measured with the bench (5M ids, 4096-id
-    /// batches, this shared 2-core machine) `Wal` ran at 2.34M and 2.46M ids/s, `NoWal` at 2.54M
-    /// ids/s and `SyncWal` at 1.81M ids/s: the batch log append costs a few percent, an fsync per
-    /// batch about a quarter.
+    /// Crash durability. Default [`Durability::Wal`]: the batch log append costs a few percent of
+    /// the ledger's throughput, an fsync per batch (`SyncWal`) about a quarter (the ledger bench's
+    /// figures are in docs/performance.md, "Durability modes").
     /// `Wal` loses nothing on a process crash, so replays after a crash stay short; the worker
     /// must still be able to replay a lost tail from the output topic, since a machine crash
     /// loses the unsynced tail.
@@ -75,7 +74,7 @@ pub struct LedgerOptions {
     /// Two buffers' worth can be in memory: one filling, one being committed.
     pub write_buffer_bytes: usize,
     /// Memtables per column family (one being written, the rest flushing). Default 3. Only the
-    /// small metadata and progress column families and version 1 data use memtables now.
+    /// small metadata and progress column families and version 1 data use memtables.
     pub max_write_buffers: i32,
     /// Bloom filter size of the active generation's files, in bits per key. Default 10 (~1%
     /// false positives). A sealed generation's compacted run has no filter.

@@ -12,22 +12,46 @@ const REBUILD_RUN: usize = 64;
 
 impl Ledger {
     /// Fills the id index with every id of every generation: from the index file for the
-    /// generations it vouches for, from disk for the others. Reader threads (one per core,
-    /// generations shared out among them) read the keys and work out their places; this thread
-    /// inserts them, a prefetched run at a time.
+    /// generations it vouches for, from disk for the others.
     pub(super) fn build_index(&self, state: &mut State) -> Result<IndexSource> {
         let started = std::time::Instant::now();
         if !self.options.build_index {
             return Ok(IndexSource::Empty);
         }
-        let new_table = || IdIndex::new(self.options.index_capacity(), rand::random());
         if state.generations.is_empty() {
-            state.index = new_table();
+            state.index = IdIndex::new(self.options.index_capacity(), rand::random());
             return Ok(IndexSource::Empty);
         }
+        let (to_read, source) = self.start_index(state);
+        let State { generations, index, .. } = state;
+        let generations: Vec<&Generation> = to_read.iter().map(|&i| &generations[i]).collect();
+        if generations.is_empty() {
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                ids = index.live_slots(),
+                "loaded the ledger's id index from its file"
+            );
+            return Ok(source);
+        }
+        let ids = self.read_into_index(&generations, index)?;
+        tracing::info!(
+            ids_read = ids,
+            generations_read = generations.len(),
+            index = source.label(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            overflowed_buckets = index.overflowed_buckets(),
+            "rebuilt the ledger's id index"
+        );
+        Ok(source)
+    }
+
+    /// Sets `state.index` up: loaded from the index file when it vouches for the generations
+    /// (those it trusts revived), else a new table. Returns the generations (by position) whose
+    /// keys must still be read from disk, and where the index comes from.
+    fn start_index(&self, state: &mut State) -> (Vec<usize>, IndexSource) {
         let sealed = state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect();
         let buckets = IdIndex::buckets_for_capacity(self.options.index_capacity());
-        let (to_read, source) = match index_file::read(&self.path, buckets, state.commit_seq, &sealed) {
+        match index_file::read(&self.path, buckets, state.commit_seq, &sealed) {
             Some(loaded) => {
                 state.index = loaded.index;
                 let mut to_read = Vec::new();
@@ -44,24 +68,19 @@ impl Ledger {
                 (to_read, source)
             }
             None => {
-                state.index = new_table();
+                state.index = IdIndex::new(self.options.index_capacity(), rand::random());
                 for g in state.generations.iter() {
                     state.index.start(IdIndex::tag(g.meta.id));
                 }
                 ((0..state.generations.len()).collect(), IndexSource::Rebuilt)
             }
-        };
-        let State { generations, index, .. } = state;
-        let generations: Vec<&Generation> = to_read.iter().map(|&i| &generations[i]).collect();
-        if generations.is_empty() {
-            tracing::info!(
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                ids = index.live_slots(),
-                "loaded the ledger's id index from its file"
-            );
-            return Ok(source);
         }
-        let generations: &[&Generation] = &generations;
+    }
+
+    /// Reads every key of `generations` into `index`; returns how many were read. Reader threads
+    /// (one per core, generations shared out among them) read the keys and work out their
+    /// places; this thread inserts them, a prefetched run at a time.
+    fn read_into_index(&self, generations: &[&Generation], index: &mut IdIndex) -> Result<u64> {
         let readers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(generations.len());
@@ -102,18 +121,10 @@ impl Ledger {
                 }
             }
         });
-        if let Some(e) = failed {
-            return Err(e);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(ids),
         }
-        tracing::info!(
-            ids_read = ids,
-            generations_read = generations.len(),
-            index = source.label(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            overflowed_buckets = index.overflowed_buckets(),
-            "rebuilt the ledger's id index"
-        );
-        Ok(source)
     }
 
     /// Reads a generation's keys and sends their index places, in chunks.

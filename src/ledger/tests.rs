@@ -656,43 +656,9 @@ fn run_model(
             }
             Op::Batch { partition, ids, time_step } => {
                 now += time_step;
-                let before = ledger.generations().unwrap();
-                let active = before.last().unwrap();
-                let base = active.meta.base_ms.unwrap_or(now);
-                let bases: HashMap<u64, i64> = before.iter().filter_map(|g| g.meta.base_ms.map(|b| (g.meta.id, b))).collect();
-                let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
                 let record = format!("step {step}").into_bytes();
-                let verdicts = ledger.check_and_record(partition, &items, &record).unwrap();
+                model.batch(&ledger, &options, partition, &ids, now, &record)?;
                 progress.insert(partition, record);
-                // Each verdict is what the model says, and the model learns the new ids.
-                for ((k, t), verdict) in items.iter().zip(&verdicts) {
-                    let expected = match model.held.get(k) {
-                        Some(&(gen, _, first)) => {
-                            let b = bases.get(&gen).copied().unwrap_or(base);
-                            Verdict::Duplicate { first_seen_ms: stored_first_seen_ms(b, first) }
-                        }
-                        None => {
-                            model.held.insert(*k, (active.meta.id, partition, *t));
-                            Verdict::New
-                        }
-                    };
-                    prop_assert_eq!(*verdict, expected);
-                }
-                // Apply the aging the ledger did: only whole generations, oldest first.
-                let after: Vec<u64> = ledger.generations().unwrap().iter().map(|g| g.meta.id).collect();
-                prop_assert!(after.windows(2).all(|w| w[1] == w[0] + 1), "gaps in {:?}", after);
-                if let (Some(first_before), Some(first_after)) = (model.live.first(), after.first()) {
-                    prop_assert!(first_after >= first_before);
-                }
-                prop_assert!(after.len() <= options.generations as usize + 2, "{:?}", after);
-                model.live = after;
-                let live: HashSet<u64> = model.live.iter().copied().collect();
-                let forgotten: Vec<_> = model.held.iter().filter(|(_, (g, _, _))| !live.contains(g)).map(|(k, v)| (*k, *v)).collect();
-                for (k, (_, p, t)) in forgotten {
-                    model.held.remove(&k);
-                    let f = model.forgotten_through.entry(p).or_insert(t);
-                    *f = (*f).max(t);
-                }
             }
         }
         model.check(&ledger, &progress, now)?;
@@ -701,6 +667,46 @@ fn run_model(
 }
 
 impl Model {
+    /// Records a batch of `ids` at `now` with the progress record `record`: each verdict is what
+    /// the model says, the model learns the new ids, and forgets what the ledger aged out.
+    fn batch(&mut self, ledger: &Ledger, options: &LedgerOptions, partition: Partition, ids: &[u8], now: i64, record: &[u8]) -> Result<(), TestCaseError> {
+        let before = ledger.generations().unwrap();
+        let active = before.last().unwrap();
+        let base = active.meta.base_ms.unwrap_or(now);
+        let bases: HashMap<u64, i64> = before.iter().filter_map(|g| g.meta.base_ms.map(|b| (g.meta.id, b))).collect();
+        let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
+        let verdicts = ledger.check_and_record(partition, &items, record).unwrap();
+        for ((k, t), verdict) in items.iter().zip(&verdicts) {
+            let expected = match self.held.get(k) {
+                Some(&(gen, _, first)) => {
+                    let b = bases.get(&gen).copied().unwrap_or(base);
+                    Verdict::Duplicate { first_seen_ms: stored_first_seen_ms(b, first) }
+                }
+                None => {
+                    self.held.insert(*k, (active.meta.id, partition, *t));
+                    Verdict::New
+                }
+            };
+            prop_assert_eq!(*verdict, expected);
+        }
+        // Apply the aging the ledger did: only whole generations, oldest first.
+        let after: Vec<u64> = ledger.generations().unwrap().iter().map(|g| g.meta.id).collect();
+        prop_assert!(after.windows(2).all(|w| w[1] == w[0] + 1), "gaps in {:?}", after);
+        if let (Some(first_before), Some(first_after)) = (self.live.first(), after.first()) {
+            prop_assert!(first_after >= first_before);
+        }
+        prop_assert!(after.len() <= options.generations as usize + 2, "{:?}", after);
+        self.live = after;
+        let live: HashSet<u64> = self.live.iter().copied().collect();
+        let forgotten: Vec<_> = self.held.iter().filter(|(_, (g, _, _))| !live.contains(g)).map(|(k, v)| (*k, *v)).collect();
+        for (k, (_, p, t)) in forgotten {
+            self.held.remove(&k);
+            let f = self.forgotten_through.entry(p).or_insert(t);
+            *f = (*f).max(t);
+        }
+        Ok(())
+    }
+
     /// Checks the ledger against the model after a step: windows, progress records, id counts.
     fn check(&self, ledger: &Ledger, progress: &HashMap<Partition, Vec<u8>>, now: i64) -> Result<(), TestCaseError> {
         // The window never claims an id it forgot, and exists exactly when ids are held.

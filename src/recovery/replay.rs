@@ -2,16 +2,18 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{now_ms, plan_recovery, PlanRefusal, RecordReplayed, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryReport, Source};
+use super::{
+    now_ms, plan_recovery, PlanRefusal, RecordReplayed, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryPlan, RecoveryReport, Source,
+};
 use crate::changelog;
 use crate::config::IdSource;
 use crate::identity::{message_key, LedgerKey, RecordView};
-use crate::kafka::client_config;
+use crate::kafka::{client_config, Reader, ReaderContext};
 use crate::progress::Progress;
 
 /// How many replayed ids are recorded per ledger write.
@@ -47,33 +49,12 @@ pub fn recover_partition(
     on_progress: &mut dyn FnMut(u64, i64, i64),
 ) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
-    let kerr = |topic: &str| {
-        let topic = topic.to_string();
-        move |source| RecoveryError::Kafka { topic, partition: p, source }
-    };
-    // One client reads both logs' watermarks.
-    let consumer = replay_consumer(input).map_err(kerr(input.changelog_topic))?;
-    let watermarks = |topic: &str| consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).map_err(kerr(topic));
-    let source = Source::for_progress(input.ledger_progress);
-    let (output_low, output_high) = watermarks(input.output_topic)?;
-    let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;
-    let (log_low, log_high, topic) = match source {
-        Source::Changelog => (changelog_low, changelog_high, input.changelog_topic),
-        Source::Output => (output_low, output_high, input.output_topic),
-    };
-    let facts = RecoveryFacts {
-        ledger_progress: input.ledger_progress,
-        committed_input: input.committed_input,
-        source,
-        log_low,
-        log_high,
-        output_high,
-        accept_ledger_ahead: input.accept_ledger_ahead,
-    };
-    let plan = plan_recovery(&facts).map_err(|PlanRefusal::LedgerAhead { log, ledger_next_output, output_end }| {
+    let ends = LogEnds::read(input)?;
+    let plan = plan_recovery(&ends.facts).map_err(|PlanRefusal::LedgerAhead { log, ledger_next_output, output_end }| {
         RecoveryError::LedgerAhead { log, partition: p, ledger_next_output, output_end }
     })?;
-    plan.warn(p, &facts);
+    plan.warn(p, &ends.facts);
+    let source = ends.facts.source;
     let next_input = plan.resume_input_at.unwrap_or(-1);
     let before = input.ledger_progress.unwrap_or(Progress::NONE);
     // The progress stored with each replayed batch. Forward, it says how far the replay got; a
@@ -85,35 +66,16 @@ pub fn recover_partition(
             (Source::Output, false) => Progress { next_input_offset: next_input, next_output_offset: next, next_changelog_offset: -1 },
         })
     };
-    let newest_first_load = plan.rebuild && source == Source::Changelog;
-    let mut ranges = if newest_first_load {
-        newest_first(plan.replay_from, plan.replay_to, FIRST_CHUNK_RECORDS)
-    } else {
-        vec![(plan.replay_from, plan.replay_to)]
-    };
-    ranges.retain(|(from, to)| from < to);
-    ranges.reverse();
-    let total = plan.replay_to - plan.replay_from;
-    let mut replay = Replay::new(input, topic, source);
-    let mut done = 0;
-    while let Some((from, to)) = ranges.pop() {
-        replay.read_range(from, to, record, &progress_at, &mut |ids, at| on_progress(ids, done + at, total))?;
-        done += to - from;
-        let covered = replay.oldest_ms.map(|oldest| now_ms().saturating_sub(oldest)).unwrap_or(0);
-        if newest_first_load && covered >= input.ready_window.as_millis() as i64 {
-            break;
-        }
-    }
-    ranges.reverse();
+    let (replay, done, rest) = load(input, &plan, ends.topic(input), source, record, &progress_at, on_progress)?;
     // Done: the ledger holds every id of the partition's retained log. From here on every
     // transaction writes the changelog, so its position is the changelog's end.
     let progress = Progress {
         next_input_offset: next_input,
-        next_output_offset: output_high.max(if source == Source::Output { plan.replay_to } else { -1 }),
-        next_changelog_offset: changelog_high,
+        next_output_offset: ends.facts.output_high.max(if source == Source::Output { plan.replay_to } else { -1 }),
+        next_changelog_offset: ends.changelog_high,
     };
     record(&[], Some(progress)).map_err(|source| RecoveryError::Record { partition: p, source })?;
-    on_progress(replay.ids, done, total);
+    on_progress(replay.ids, done, plan.replay_to - plan.replay_from);
     let report = RecoveryReport {
         partition: p,
         source,
@@ -126,7 +88,86 @@ pub fn recover_partition(
         resume_input_at: plan.resume_input_at,
         progress,
     };
-    Ok((report, Backfill { ranges }))
+    Ok((report, rest))
+}
+
+/// Where the partition's logs end, and the facts recovery is planned on.
+struct LogEnds {
+    facts: RecoveryFacts,
+    changelog_high: i64,
+}
+
+impl LogEnds {
+    /// Reads both logs' watermarks (one client for both) and picks the log to replay.
+    fn read(input: &RecoveryInput<'_>) -> Result<Self, RecoveryError> {
+        let p = input.partition;
+        let kerr = |topic: &str| {
+            let topic = topic.to_string();
+            move |source| RecoveryError::Kafka { topic, partition: p, source }
+        };
+        let consumer = replay_consumer(input).map_err(kerr(input.changelog_topic))?;
+        let watermarks = |topic: &str| consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).map_err(kerr(topic));
+        let source = Source::for_progress(input.ledger_progress);
+        let (output_low, output_high) = watermarks(input.output_topic)?;
+        let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;
+        let (log_low, log_high) = match source {
+            Source::Changelog => (changelog_low, changelog_high),
+            Source::Output => (output_low, output_high),
+        };
+        let facts = RecoveryFacts {
+            ledger_progress: input.ledger_progress,
+            committed_input: input.committed_input,
+            source,
+            log_low,
+            log_high,
+            output_high,
+            accept_ledger_ahead: input.accept_ledger_ahead,
+        };
+        Ok(LogEnds { facts, changelog_high })
+    }
+
+    /// The topic of the log replayed.
+    fn topic<'a>(&self, input: &RecoveryInput<'a>) -> &'a str {
+        match self.facts.source {
+            Source::Changelog => input.changelog_topic,
+            Source::Output => input.output_topic,
+        }
+    }
+}
+
+/// Replays the planned range: forward, or for a rebuild from the changelog newest first, until
+/// what is loaded covers `input.ready_window`. Returns the replay, the records read, and the
+/// ranges left to back-fill.
+fn load<'i, 'a>(
+    input: &'i RecoveryInput<'a>,
+    plan: &RecoveryPlan,
+    topic: &'i str,
+    source: Source,
+    record: &mut RecordReplayed<'_>,
+    progress_at: &dyn Fn(i64) -> Option<Progress>,
+    on_progress: &mut dyn FnMut(u64, i64, i64),
+) -> Result<(Replay<'i, 'a>, i64, Backfill), RecoveryError> {
+    let newest_first_load = plan.rebuild && source == Source::Changelog;
+    let mut ranges = if newest_first_load {
+        newest_first(plan.replay_from, plan.replay_to, FIRST_CHUNK_RECORDS)
+    } else {
+        vec![(plan.replay_from, plan.replay_to)]
+    };
+    ranges.retain(|(from, to)| from < to);
+    ranges.reverse();
+    let total = plan.replay_to - plan.replay_from;
+    let mut replay = Replay::new(input, topic, source);
+    let mut done = 0;
+    while let Some((from, to)) = ranges.pop() {
+        replay.read_range(from, to, record, progress_at, &mut |ids, at| on_progress(ids, done + at, total))?;
+        done += to - from;
+        let covered = replay.oldest_ms.map(|oldest| now_ms().saturating_sub(oldest)).unwrap_or(0);
+        if newest_first_load && covered >= input.ready_window.as_millis() as i64 {
+            break;
+        }
+    }
+    ranges.reverse();
+    Ok((replay, done, Backfill { ranges }))
 }
 
 /// Loads what a newest-first load left, newest first, leaving the partition's progress record to
@@ -159,7 +200,7 @@ fn newest_first(from: i64, to: i64, first: i64) -> Vec<(i64, i64)> {
     out
 }
 
-fn replay_consumer(input: &RecoveryInput<'_>) -> Result<BaseConsumer, KafkaError> {
+fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
     client_config(input.kafka)
         .set("group.id", format!("dedupe-recovery-{}", input.output_topic))
         .set("enable.auto.commit", "false")
@@ -169,7 +210,7 @@ fn replay_consumer(input: &RecoveryInput<'_>) -> Result<BaseConsumer, KafkaError
         .set("max.partition.fetch.bytes", "16777216")
         // The end of each range is found by an empty fetch: do not let the broker hold it.
         .set("fetch.wait.max.ms", "10")
-        .create()
+        .create_with_context(ReaderContext)
 }
 
 struct Replay<'i, 'a> {

@@ -17,20 +17,22 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dedupe::batch::{self, Candidate, Fate};
 use dedupe::config::{IdSource, UnkeyedPolicy};
-use dedupe::identity::LedgerKey;
+use dedupe::identity::{message_key, LedgerKey, RecordView, Unkeyed};
 use dedupe::ledger::LedgerError;
-use dedupe::identity::{message_key, RecordView, Unkeyed};
 use dedupe::metrics as m;
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
+use metrics::{Counter, Histogram, SharedString};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::actors::events::{InputReadFailed, TransactionFailed, TransactionRetried, UnkeyedRecord};
 use crate::actors::ledger::{CheckAndRecord, LedgerActor, Lookup};
-use crate::actors::producer::{Publish, Publisher};
+use crate::actors::membership::Queue;
+use crate::actors::producer::{Outgoing, Publish, Publisher};
 
 /// How often, and after how long, a batch whose output transaction was aborted is sent again
 /// (nothing of an aborted transaction is visible): 0.2, 0.4, 0.8, 1.6 and 3.2 s.
@@ -93,8 +95,6 @@ pub struct PartitionStopped {
     pub result: Result<(), PipelineError>,
 }
 
-use crate::actors::membership::Queue;
-
 pub struct PartitionConsumer {
     pub partition: i32,
     /// The coordinator's take-over epoch of this pipeline, echoed in [`PartitionStopped`].
@@ -121,6 +121,7 @@ impl Actor for PartitionConsumer {
             ledger: self.ledger.clone(),
             publisher: self.publisher.clone(),
             settings: self.settings.clone(),
+            metrics: PartitionMetrics::new(self.partition),
             next_output_offset: self.progress.next_output_offset,
             next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
@@ -151,9 +152,54 @@ struct Pipeline {
     ledger: Addr<LedgerActor>,
     publisher: Addr<Publisher>,
     settings: Arc<PipelineSettings>,
+    metrics: PartitionMetrics,
     next_output_offset: i64,
     next_changelog_offset: i64,
     unkeyed_warned_at: Option<Instant>,
+}
+
+/// The metric handles of one partition's pipeline, registered once when it starts, so a batch
+/// formats no label and looks no series up.
+struct PartitionMetrics {
+    /// The partition as a label value, for the rare series registered as they come (unkeyed
+    /// records, by reason and policy).
+    label: SharedString,
+    records_in: Counter,
+    records_out: Counter,
+    duplicates: Counter,
+    changelog_records: Counter,
+    wakeups_recovered: Counter,
+    batch_records: Histogram,
+    end_to_end: Histogram,
+    duplicate_age: Histogram,
+    lookup_seconds: Histogram,
+    publish_seconds: Histogram,
+    record_seconds: Histogram,
+    committed: Counter,
+}
+
+impl PartitionMetrics {
+    fn new(partition: i32) -> Self {
+        let label = SharedString::from(partition.to_string());
+        let counter = |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
+        let histogram = |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
+        let stage = |stage: &'static str| metrics::histogram!(m::STAGE_SECONDS, m::LABEL_STAGE => stage);
+        Self {
+            records_in: counter(m::RECORDS_IN),
+            records_out: counter(m::RECORDS_OUT),
+            duplicates: counter(m::DUPLICATES_DROPPED),
+            changelog_records: counter(m::CHANGELOG_RECORDS),
+            wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
+            batch_records: histogram(m::BATCH_RECORDS),
+            end_to_end: histogram(m::END_TO_END_SECONDS),
+            duplicate_age: metrics::histogram!(m::DUPLICATE_AGE_SECONDS),
+            lookup_seconds: stage(m::STAGE_LOOKUP),
+            publish_seconds: stage(m::STAGE_PUBLISH),
+            record_seconds: stage(m::STAGE_RECORD),
+            committed: metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_COMMITTED),
+            label,
+        }
+    }
 }
 
 /// One input record, copied out of the consumer's buffer, with its id (or why it has none).
@@ -161,6 +207,13 @@ struct InRecord {
     offset: i64,
     id: Result<LedgerKey, Unkeyed>,
     out: OutRecord,
+}
+
+/// What a batch publishes, decided: its new records, its dead letters, its new ids.
+struct Decided {
+    outgoing: Outgoing,
+    /// The timestamp of the oldest new record, for the end-to-end latency.
+    oldest_new_ms: Option<i64>,
 }
 
 impl Pipeline {
@@ -208,7 +261,7 @@ impl Pipeline {
                     }
                 }
                 Ok(Err(e)) => {
-                    crate::actors::events::InputReadFailed { partition: self.partition, error: &e }.emit();
+                    InputReadFailed { partition: self.partition, error: &e }.emit();
                     if batch.is_empty() {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -233,7 +286,7 @@ impl Pipeline {
             // A fresh receive looks at the queue before it waits: anything there now had been
             // queued without waking the reader.
             if let Ok(next) = tokio::time::timeout(Duration::ZERO, queue.recv()).await {
-                metrics::counter!(m::INPUT_WAKEUPS_RECOVERED, m::LABEL_PARTITION => self.partition.to_string()).increment(1);
+                self.metrics.wakeups_recovered.increment(1);
                 return next;
             }
         }
@@ -261,25 +314,42 @@ impl Pipeline {
     /// The bench's baseline (`--passthrough`): every record copied in the same transactions,
     /// without the ledger.
     async fn copy_through(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
-        let label = self.partition.to_string();
         let next_input_offset = batch[batch.len() - 1].offset + 1;
-        metrics::counter!(m::RECORDS_IN, m::LABEL_PARTITION => label.clone()).increment(batch.len() as u64);
+        self.metrics.records_in.increment(batch.len() as u64);
         let records: Vec<OutRecord> = batch.into_iter().map(|r| r.out).collect();
         let out_count = records.len() as u64;
-        self.publish(records, Vec::new(), Vec::new(), next_input_offset).await?;
-        metrics::counter!(m::RECORDS_OUT, m::LABEL_PARTITION => label).increment(out_count);
+        let outgoing = Arc::new(Outgoing { records, dead_letters: Vec::new(), new_ids: Vec::new() });
+        self.publish(&outgoing, next_input_offset).await?;
+        self.metrics.records_out.increment(out_count);
         Ok(())
     }
 
+    /// One batch: look its ids up, decide, publish the new records with the next input offset in
+    /// one transaction, then record the new ids with the progress that follows the batch.
     async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
-        let p = self.partition;
-        let label = p.to_string();
         let n = batch.len();
         let next_input_offset = batch[n - 1].offset + 1;
-        metrics::counter!(m::RECORDS_IN, m::LABEL_PARTITION => label.clone()).increment(n as u64);
-        metrics::histogram!(m::BATCH_RECORDS, m::LABEL_PARTITION => label.clone()).record(n as f64);
+        self.metrics.records_in.increment(n as u64);
+        self.metrics.batch_records.record(n as f64);
+        let found = self.look_up(&batch).await?;
+        let decided = self.decide(batch, &found);
+        let new_ids = self.publish_decided(decided, next_input_offset).await?;
+        fail::fail_point!("worker-after-publish", |_| {
+            eprintln!("failpoint worker-after-publish: exiting");
+            std::process::exit(86)
+        });
+        self.record(new_ids, next_input_offset).await?;
+        fail::fail_point!("worker-after-record", |_| {
+            eprintln!("failpoint worker-after-record: exiting");
+            std::process::exit(86)
+        });
+        Ok(())
+    }
 
-        // 1. Look the ids up.
+    /// 1. Looks the batch's ids up in the ledger: the first-seen time of each keyed record's id, if
+    /// held.
+    async fn look_up(&self, batch: &[InRecord]) -> Result<Vec<Option<i64>>, PipelineError> {
+        let p = self.partition;
         let t = Instant::now();
         let keys: Vec<LedgerKey> = batch.iter().filter_map(|r| r.id.ok()).collect();
         let found = if keys.is_empty() {
@@ -291,18 +361,22 @@ impl Pipeline {
                 .map_err(|source| PipelineError::Mailbox { partition: p, source })?
                 .map_err(|source| PipelineError::Ledger { partition: p, source })?
         };
-        metrics::histogram!(m::STAGE_SECONDS, "stage" => "lookup").record(t.elapsed().as_secs_f64());
+        self.metrics.lookup_seconds.record(t.elapsed().as_secs_f64());
+        Ok(found)
+    }
 
-        // 2. Decide, in input order: new ids are published once, repeats are dropped.
+    /// 2. Decides, in input order: new ids are published once, repeats are dropped, records
+    /// without an id follow the unkeyed policy.
+    fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<i64>]) -> Decided {
         let candidates: Vec<Candidate> =
             batch.iter().map(|r| Candidate { id: r.id, timestamp_ms: r.out.timestamp_ms }).collect();
-        let decision = batch::decide(&candidates, &found, self.settings.unkeyed_policy, now_ms());
-        let mut records = Vec::with_capacity(n);
+        let decision = batch::decide(&candidates, found, self.settings.unkeyed_policy, now_ms());
+        let mut records = Vec::with_capacity(batch.len());
         let mut dead_letters = Vec::new();
         for (r, fate) in batch.into_iter().zip(&decision.fates) {
             match *fate {
                 Fate::Publish => records.push(r.out),
-                Fate::Duplicate { age_ms } => metrics::histogram!(m::DUPLICATE_AGE_SECONDS).record(age_ms as f64 / 1000.0),
+                Fate::Duplicate { age_ms } => self.metrics.duplicate_age.record(age_ms as f64 / 1000.0),
                 Fate::Forward(reason) => {
                     self.unkeyed(reason, UnkeyedPolicy::Forward);
                     records.push(r.out);
@@ -316,35 +390,38 @@ impl Pipeline {
         }
         let duplicates = decision.duplicates() as u64;
         if duplicates > 0 {
-            metrics::counter!(m::DUPLICATES_DROPPED, m::LABEL_PARTITION => label.clone()).increment(duplicates);
+            self.metrics.duplicates.increment(duplicates);
         }
-        let new_ids = decision.new_ids;
-        let oldest_ts = decision.oldest_new_ms.unwrap_or(i64::MAX);
+        Decided { outgoing: Outgoing { records, dead_letters, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
+    }
 
-        // 3. Publish the new records and the input offset in one transaction.
+    /// 3. Publishes the new records and the input offset in one transaction; returns the new
+    /// ids, to record.
+    async fn publish_decided(&mut self, decided: Decided, next_input_offset: i64) -> Result<Vec<(LedgerKey, i64)>, PipelineError> {
         let t = Instant::now();
-        let out_count = records.len() as u64;
-        let committed = self.publish(records, dead_letters, new_ids.clone(), next_input_offset).await?;
-        metrics::histogram!(m::STAGE_SECONDS, "stage" => "publish").record(t.elapsed().as_secs_f64());
-        metrics::counter!(m::TRANSACTIONS, "outcome" => "committed").increment(1);
-        metrics::counter!(m::RECORDS_OUT, m::LABEL_PARTITION => label.clone()).increment(out_count);
+        let out_count = decided.outgoing.records.len() as u64;
+        let outgoing = Arc::new(decided.outgoing);
+        let committed = self.publish(&outgoing, next_input_offset).await?;
+        self.metrics.publish_seconds.record(t.elapsed().as_secs_f64());
+        self.metrics.committed.increment(1);
+        self.metrics.records_out.increment(out_count);
         if let Some(last) = committed.last_output_offset {
             self.next_output_offset = last + 1;
         }
         if let Some(at) = committed.changelog_offset {
             self.next_changelog_offset = at + 1;
-            metrics::counter!(m::CHANGELOG_RECORDS, m::LABEL_PARTITION => label.clone()).increment(1);
+            self.metrics.changelog_records.increment(1);
         }
-        if oldest_ts != i64::MAX {
-            metrics::histogram!(m::END_TO_END_SECONDS, m::LABEL_PARTITION => label.clone())
-                .record(((now_ms() - oldest_ts).max(0) as f64) / 1000.0);
+        if let Some(oldest) = decided.oldest_new_ms {
+            self.metrics.end_to_end.record(((now_ms() - oldest).max(0) as f64) / 1000.0);
         }
-        fail::fail_point!("worker-after-publish", |_| {
-            eprintln!("failpoint worker-after-publish: exiting");
-            std::process::exit(86)
-        });
+        // The publisher let go of the batch when it answered; a copy only if it still holds it.
+        Ok(Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids))
+    }
 
-        // 4. Record the ids with the progress that follows this batch.
+    /// 4. Records the new ids with the progress that follows this batch.
+    async fn record(&self, new_ids: Vec<(LedgerKey, i64)>, next_input_offset: i64) -> Result<(), PipelineError> {
+        let p = self.partition;
         let t = Instant::now();
         let progress = Progress {
             next_input_offset,
@@ -356,49 +433,30 @@ impl Pipeline {
             .await
             .map_err(|source| PipelineError::Mailbox { partition: p, source })?
             .map_err(|source| PipelineError::Ledger { partition: p, source })?;
-        metrics::histogram!(m::STAGE_SECONDS, "stage" => "record").record(t.elapsed().as_secs_f64());
-        fail::fail_point!("worker-after-record", |_| {
-            eprintln!("failpoint worker-after-record: exiting");
-            std::process::exit(86)
-        });
+        self.metrics.record_seconds.record(t.elapsed().as_secs_f64());
         Ok(())
     }
 
-    /// Publishes, retrying aborted transactions a few times (nothing of an aborted one is visible).
-    async fn publish(
-        &self,
-        records: Vec<OutRecord>,
-        dead_letters: Vec<OutRecord>,
-        new_ids: Vec<(LedgerKey, i64)>,
-        next_input_offset: i64,
-    ) -> Result<dedupe::output::Committed, PipelineError> {
+    /// Publishes, retrying aborted transactions a few times (nothing of an aborted one is
+    /// visible). Every attempt sends the same shared batch: nothing is copied.
+    async fn publish(&self, outgoing: &Arc<Outgoing>, next_input_offset: i64) -> Result<dedupe::output::Committed, PipelineError> {
         let p = self.partition;
         let mut backoff = ABORTED_BATCH_RETRIES;
         loop {
             let result = self
                 .publisher
-                .send(Publish {
-                    records: records.clone(),
-                    dead_letters: dead_letters.clone(),
-                    new_ids: new_ids.clone(),
-                    next_input_offset,
-                })
+                .send(Publish { outgoing: Arc::clone(outgoing), next_input_offset })
                 .await
                 .map_err(|source| PipelineError::Mailbox { partition: p, source })?;
             match result {
                 Ok(c) => return Ok(c),
                 Err(PublishError::Aborted { source }) if backoff.retries() < ABORTED_BATCH_RETRIES_ALLOWED => {
                     let delay = backoff.next_delay().unwrap_or_default();
-                    metrics::counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
-                    tracing::warn!(partition = p, attempt = backoff.retries(), error = %source, "The output transaction was aborted; retrying the batch.");
+                    TransactionRetried { partition: p, attempt: backoff.retries(), error: &source }.emit();
                     tokio::time::sleep(delay).await;
                 }
                 Err(source) => {
-                    if source.is_fenced() {
-                        metrics::counter!(m::TRANSACTIONS, "outcome" => "fenced").increment(1);
-                    } else {
-                        metrics::counter!(m::TRANSACTIONS, "outcome" => "aborted").increment(1);
-                    }
+                    TransactionFailed { fenced: source.is_fenced() }.emit();
                     return Err(PipelineError::Publish { partition: p, source });
                 }
             }
@@ -407,21 +465,10 @@ impl Pipeline {
 
     /// Counts a record without a usable id, and warns at most once a minute per partition.
     fn unkeyed(&mut self, reason: Unkeyed, policy: UnkeyedPolicy) {
-        let policy_label = match policy {
-            UnkeyedPolicy::Forward => "forward",
-            UnkeyedPolicy::Drop => "drop",
-            UnkeyedPolicy::DeadLetter => "dead-letter",
-        };
-        metrics::counter!(m::UNKEYED, m::LABEL_PARTITION => self.partition.to_string(), "reason" => reason.label(), "policy" => policy_label)
-            .increment(1);
-        if self.unkeyed_warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+        let warn = self.unkeyed_warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60));
+        if warn {
             self.unkeyed_warned_at = Some(Instant::now());
-            tracing::warn!(
-                partition = self.partition,
-                reason = reason.label(),
-                policy = policy_label,
-                "A record has no usable message id; applying the unkeyed policy (further ones are counted, and warned about once a minute)."
-            );
         }
+        UnkeyedRecord { partition: self.partition, label: &self.metrics.label, reason, policy }.emit(warn);
     }
 }

@@ -2,19 +2,136 @@
 //! log line and the `dedupe_errors_total{kind}` count come from the same struct, so they never
 //! drift apart. Log lines never carry payloads or secrets.
 
+use dedupe::config::UnkeyedPolicy;
+use dedupe::identity::Unkeyed;
 use dedupe::metrics as m;
+use dedupe::recovery::RecoveryError;
+use dedupe::snapshot::SnapshotError;
+use metrics::SharedString;
+use rdkafka::error::KafkaError;
 
 use crate::actors::consumer::PipelineError;
+use crate::actors::coordinator::StartError;
 
 /// The pipeline could not start (topics missing, recovery refused, the broker unreachable).
 pub struct PipelineStartFailed<'a> {
-    pub error: &'a anyhow::Error,
+    pub error: &'a StartError,
 }
 
 impl PipelineStartFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
-        tracing::error!("Starting the pipeline failed; exiting: {:#}", self.error);
+        tracing::error!(retryable = self.error.is_retryable(), "Starting the pipeline failed; exiting: {}", self.error);
+    }
+}
+
+/// The group gave this worker's partitions away without its consent (its membership expired):
+/// another member may already be publishing them.
+pub struct PartitionsLost;
+
+impl PartitionsLost {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
+        tracing::error!("The group gave this worker's partitions away (its membership expired); exiting once they stopped.");
+    }
+}
+
+/// The input consumer failed fatally; a new one starts after a backoff.
+pub struct InputConsumerFailed<'a> {
+    pub error: &'a KafkaError,
+}
+
+impl InputConsumerFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
+        tracing::error!(error = %self.error, "The input consumer failed; starting a new one after a backoff.");
+    }
+}
+
+/// Back-filling a partition's older ids stopped before the end: its window is what was loaded.
+pub struct BackfillStopped<'a> {
+    pub partition: i32,
+    pub error: &'a RecoveryError,
+}
+
+impl BackfillStopped<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
+        tracing::warn!(
+            partition = self.partition,
+            error = %self.error,
+            "Back-filling the partition's older ids stopped; its window is what was loaded, and grows with new traffic."
+        );
+    }
+}
+
+/// An output transaction was aborted; the batch is sent again after a backoff.
+pub struct TransactionRetried<'a> {
+    pub partition: i32,
+    pub attempt: u32,
+    pub error: &'a KafkaError,
+}
+
+impl TransactionRetried<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_ABORTED).increment(1);
+        tracing::warn!(partition = self.partition, attempt = self.attempt, error = %self.error, "The output transaction was aborted; retrying the batch.");
+    }
+}
+
+/// An output transaction failed for good (fenced, or aborted once too often); the pipeline ends
+/// with the error, which the coordinator reports.
+pub struct TransactionFailed {
+    pub fenced: bool,
+}
+
+impl TransactionFailed {
+    pub fn emit(&self) {
+        let outcome = if self.fenced { m::OUTCOME_FENCED } else { m::OUTCOME_ABORTED };
+        metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => outcome).increment(1);
+    }
+}
+
+/// A record without a usable id, handled by the unkeyed policy. Every one is counted; the caller
+/// says whether this one is also logged (at most once a minute per partition).
+pub struct UnkeyedRecord<'a> {
+    pub partition: i32,
+    /// The partition as a label value.
+    pub label: &'a SharedString,
+    pub reason: Unkeyed,
+    pub policy: UnkeyedPolicy,
+}
+
+impl UnkeyedRecord<'_> {
+    pub fn emit(&self, log: bool) {
+        let policy = match self.policy {
+            UnkeyedPolicy::Forward => m::POLICY_FORWARD,
+            UnkeyedPolicy::Drop => m::POLICY_DROP,
+            UnkeyedPolicy::DeadLetter => m::POLICY_DEAD_LETTER,
+        };
+        let reason = self.reason.label();
+        metrics::counter!(m::UNKEYED, m::LABEL_PARTITION => self.label.clone(), m::LABEL_REASON => reason, m::LABEL_POLICY => policy)
+            .increment(1);
+        if log {
+            tracing::warn!(
+                partition = self.partition,
+                reason,
+                policy,
+                "A record has no usable message id; applying the unkeyed policy (further ones are counted, and warned about once a minute)."
+            );
+        }
+    }
+}
+
+/// A ledger snapshot failed; the pipeline goes on.
+pub struct SnapshotFailed<'a> {
+    pub error: &'a SnapshotError,
+}
+
+impl SnapshotFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::SNAPSHOT_FAILURES, m::LABEL_STAGE => self.error.stage()).increment(1);
+        tracing::error!("A ledger snapshot failed; the pipeline goes on: {}", self.error);
     }
 }
 
@@ -76,7 +193,7 @@ impl PipelineFailed<'_> {
 /// Reading an input partition failed; librdkafka retries.
 pub struct InputReadFailed<'a> {
     pub partition: i32,
-    pub error: &'a rdkafka::error::KafkaError,
+    pub error: &'a KafkaError,
 }
 
 impl InputReadFailed<'_> {

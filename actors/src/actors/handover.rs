@@ -14,15 +14,21 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use anyhow::Context as _;
 use dedupe::config::Config;
+use dedupe::identity::LedgerKey;
+use dedupe::ledger::LedgerError;
 use dedupe::metrics as m;
-use dedupe::output::{OutputTopics, OutputWriter};
-use dedupe::progress::Progress;
-use dedupe::recovery::{backfill, recover_partition, Backfill, RecordFailure, RecordReplayed, RecoveryInput, RecoveryReport};
+use dedupe::output::{OutputTopics, OutputWriter, PublishError};
+use dedupe::progress::{Progress, ProgressFormatError};
+use dedupe::recovery::{
+    backfill, recover_partition, Backfill, RecordFailure, RecordReplayed, RecoveryError, RecoveryInput, RecoveryReport,
+};
+use metrics::Counter;
 use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::actors::events::BackfillStopped;
 use crate::actors::ledger::{CheckAndRecord, LedgerActor};
 use crate::actors::membership::Input;
 
@@ -32,43 +38,98 @@ pub struct TakenOver {
     pub report: RecoveryReport,
 }
 
-/// Fences the partition's previous producer and loads what the ledger lacks; hands the partition
-/// to `ready` as soon as it may run, then loads the older ids that were left to back-fill.
-pub fn take_over(
-    config: &Config,
-    consumer: &Input,
-    ledger: &Addr<LedgerActor>,
-    partition: i32,
-    ledger_progress: Option<Progress>,
-    accept_ledger_ahead: bool,
-    ready: impl FnOnce(TakenOver),
-) -> anyhow::Result<()> {
-    let p = partition;
-    let started = Instant::now();
-    let w = &config.worker;
-    let changelog = w.changelog_topic();
-    let topics = OutputTopics { output: &w.output_topic, changelog: &changelog, dead_letter: w.dead_letter_topic.as_deref() };
-    // Fence first: init_transactions aborts an older producer's open transaction, whose pending
-    // offsets would otherwise keep the group's committed offset unstable.
-    let writer = OutputWriter::open(&config.kafka, &topics, p, w.transaction_timeout_ms)
-        .with_context(|| format!("opening the output producer of partition {p}"))?;
-    let fenced_secs = started.elapsed().as_secs_f64();
-    let committed_input = committed_offset(consumer, &w.input_topic, p)?;
-    let committed_secs = started.elapsed().as_secs_f64();
-    let input = RecoveryInput {
-        kafka: &config.kafka,
-        output_topic: &w.output_topic,
-        changelog_topic: &changelog,
-        partition: p,
-        id_source: &w.id_source,
-        ledger_progress,
-        committed_input,
-        accept_ledger_ahead,
-        ready_window: Duration::from_secs(w.handover_min_window_secs),
-        timeout: Duration::from_secs(3600),
-    };
-    let label = p.to_string();
-    let mut record = |items: &[(dedupe::identity::LedgerKey, i64)], progress: Option<Progress>| -> Result<(), RecordFailure> {
+/// Why a partition could not be taken over.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeOverError {
+    #[error("reading the ledger's progress records: {source}")]
+    ReadProgress { source: LedgerError },
+    #[error("the ledger actor stopped before it answered")]
+    LedgerGone,
+    #[error("partition {partition}'s progress record: {source}")]
+    Progress { partition: i32, source: ProgressFormatError },
+    #[error("opening the output producer of partition {partition}: {source}")]
+    OpenProducer { partition: i32, source: PublishError },
+    #[error("reading the committed offset of input partition {partition}: {source}")]
+    CommittedOffset { partition: i32, source: KafkaError },
+    #[error(transparent)]
+    Recovery(#[from] RecoveryError),
+}
+
+impl TakeOverError {
+    /// Whether taking the partition over again may succeed (the brokers or the group coordinator
+    /// were away), as opposed to a state another attempt meets again (the ledger ahead of the
+    /// output, a progress record or changelog it cannot read, a failing ledger).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::ReadProgress { source } => source.is_retryable(),
+            Self::LedgerGone | Self::OpenProducer { .. } | Self::CommittedOffset { .. } => true,
+            Self::Progress { .. } => false,
+            Self::Recovery(e) => matches!(e, RecoveryError::Kafka { .. } | RecoveryError::Timeout { .. }),
+        }
+    }
+}
+
+/// One partition to take over, and what taking it over needs.
+pub struct TakeOver<'a> {
+    pub config: &'a Config,
+    pub consumer: &'a Input,
+    pub ledger: &'a Addr<LedgerActor>,
+    pub partition: i32,
+    /// The ledger's progress record of the partition, if it has one.
+    pub ledger_progress: Option<Progress>,
+    /// Start even when the ledger is ahead of the output topic (`--accept-ledger-ahead`).
+    pub accept_ledger_ahead: bool,
+}
+
+impl TakeOver<'_> {
+    /// Fences the partition's previous producer and loads what the ledger lacks; hands the
+    /// partition to `ready` as soon as it may run, then loads the older ids that were left to
+    /// back-fill.
+    pub fn run(&self, ready: impl FnOnce(TakenOver)) -> Result<(), TakeOverError> {
+        let p = self.partition;
+        let started = Instant::now();
+        let w = &self.config.worker;
+        let changelog = w.changelog_topic();
+        // 1. Fence first: init_transactions aborts an older producer's open transaction, whose
+        // pending offsets would otherwise keep the group's committed offset unstable.
+        let topics = OutputTopics { output: &w.output_topic, changelog: &changelog, dead_letter: w.dead_letter_topic.as_deref() };
+        let writer = OutputWriter::open(&self.config.kafka, &topics, p, w.transaction_timeout_ms)
+            .map_err(|source| TakeOverError::OpenProducer { partition: p, source })?;
+        let fenced_secs = started.elapsed().as_secs_f64();
+        // 2. The committed input offset, stable now that nothing is pending.
+        let committed_input = committed_offset(self.consumer, &w.input_topic, p)?;
+        let committed_secs = started.elapsed().as_secs_f64();
+        // 3. Replay what the ledger lacks.
+        let input = RecoveryInput {
+            kafka: &self.config.kafka,
+            output_topic: &w.output_topic,
+            changelog_topic: &changelog,
+            partition: p,
+            id_source: &w.id_source,
+            ledger_progress: self.ledger_progress,
+            committed_input,
+            accept_ledger_ahead: self.accept_ledger_ahead,
+            ready_window: Duration::from_secs(w.handover_min_window_secs),
+            timeout: Duration::from_secs(3600),
+        };
+        let mut record = record_into(self.ledger, p);
+        let mut load = LoadProgress::new(p);
+        let (report, rest) = recover_partition(&input, &mut record, &mut |ids, done, total| load.update(ids, done, total))?;
+        load.finish();
+        let timings = Timings { fenced_secs, committed_secs, seconds: started.elapsed().as_secs_f64() };
+        report_taken_over(&report, &timings, !rest.is_empty());
+        ready(TakenOver { writer, report });
+        if !rest.is_empty() {
+            run_backfill(&input, rest, &mut record);
+        }
+        Ok(())
+    }
+}
+
+/// Records replayed ids (and progress) of partition `p` through the ledger actor, from this
+/// blocking thread.
+fn record_into(ledger: &Addr<LedgerActor>, p: i32) -> impl FnMut(&[(LedgerKey, i64)], Option<Progress>) -> Result<(), RecordFailure> + '_ {
+    move |items, progress| {
         fail::fail_point!("recovery-mid-replay", !items.is_empty(), |_| {
             eprintln!("failpoint recovery-mid-replay: exiting");
             std::process::exit(86)
@@ -76,60 +137,86 @@ pub fn take_over(
         futures::executor::block_on(ledger.send(CheckAndRecord { partition: p, items: items.to_vec(), progress }))
             .map_err(|_mailbox| RecordFailure::LedgerGone)??;
         Ok(())
-    };
-    let bar = indicatif::ProgressBar::hidden();
-    let mut loaded = 0u64;
-    let mut on_progress = |ids: u64, done: i64, total: i64| {
-        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids.saturating_sub(loaded));
-        loaded = ids;
+    }
+}
+
+/// How a partition's load is going: the ids-loaded counter, and a progress bar on stderr for a
+/// load of more than a thousand records.
+struct LoadProgress {
+    label: String,
+    ids_loaded: Counter,
+    loaded: u64,
+    bar: indicatif::ProgressBar,
+}
+
+impl LoadProgress {
+    fn new(p: i32) -> Self {
+        let label = p.to_string();
+        let ids_loaded = metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone());
+        Self { label, ids_loaded, loaded: 0, bar: indicatif::ProgressBar::hidden() }
+    }
+
+    /// `ids` loaded so far; `done` of `total` records read.
+    fn update(&mut self, ids: u64, done: i64, total: i64) {
+        self.ids_loaded.increment(ids.saturating_sub(self.loaded));
+        self.loaded = ids;
+        let bar = &self.bar;
         if bar.is_hidden() && total > 1000 {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             bar.set_style(
                 indicatif::ProgressStyle::with_template("loading partition {msg} {bar:40} {pos}/{len} records")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
-            bar.set_message(label.clone());
+            bar.set_message(self.label.clone());
         }
         bar.set_length(total.max(0) as u64);
         bar.set_position(done.max(0) as u64);
-    };
-    let (report, rest) = recover_partition(&input, &mut record, &mut on_progress)?;
-    bar.finish_and_clear();
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// How long each step of a take-over took, in seconds from its start.
+struct Timings {
+    fenced_secs: f64,
+    committed_secs: f64,
+    seconds: f64,
+}
+
+/// Counts and logs a finished take-over.
+fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool) {
+    let label = report.partition.to_string();
     // One id per output record: what recovery replayed, in output records, whichever log it read.
     metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.ids_loaded);
-    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label.clone()).set(started.elapsed().as_secs_f64());
+    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label).set(timings.seconds);
     tracing::info!(
-        partition = p,
+        partition = report.partition,
         source = %report.source,
         records = report.replayed_records,
         ids = report.ids_loaded,
         from = report.replayed_from,
         to = report.replayed_to,
         resume_input_at = report.resume_input_at,
-        fenced_secs,
-        committed_secs,
-        seconds = started.elapsed().as_secs_f64(),
-        backfill = !rest.is_empty(),
+        fenced_secs = timings.fenced_secs,
+        committed_secs = timings.committed_secs,
+        seconds = timings.seconds,
+        backfill,
         "Took the partition over: previous producer fenced, ledger up to date."
     );
-    ready(TakenOver { writer, report });
-    if rest.is_empty() {
-        return Ok(());
-    }
-    run_backfill(&input, rest, &mut record);
-    Ok(())
 }
 
 /// Loads the older ids a newest-first load left, counting them; its end is logged, never fatal
 /// (the window is what was loaded, and grows with new traffic).
 fn run_backfill(input: &RecoveryInput<'_>, rest: Backfill, record: &mut RecordReplayed<'_>) {
     let p = input.partition;
-    let label = p.to_string();
+    let ids_loaded = metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => p.to_string());
     let backfill_started = Instant::now();
     // The back-fill counts its own ids from zero.
     let mut loaded_before = 0;
     let mut on_backfill = |ids: u64| {
-        metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone()).increment(ids.saturating_sub(loaded_before));
+        ids_loaded.increment(ids.saturating_sub(loaded_before));
         loaded_before = ids;
     };
     match backfill(input, rest, record, &mut on_backfill) {
@@ -137,16 +224,13 @@ fn run_backfill(input: &RecoveryInput<'_>, rest: Backfill, record: &mut RecordRe
         Err(dedupe::recovery::RecoveryError::Record { source: RecordFailure::LedgerGone, .. }) => {
             tracing::info!(partition = p, "The worker is stopping; the back-fill of older ids stops with it (the window is what was loaded).");
         }
-        Err(e) => {
-            metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
-            tracing::warn!(partition = p, error = %e, "Back-filling the partition's older ids stopped; its window is what was loaded, and grows with new traffic.");
-        }
+        Err(error) => BackfillStopped { partition: p, error: &error }.emit(),
     }
 }
 
 /// The consumer group's committed offset for one input partition (committed with the output
 /// transactions), retrying while the group coordinator is not yet known or offsets are unstable.
-fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> anyhow::Result<Option<i64>> {
+fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> Result<Option<i64>, TakeOverError> {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -157,7 +241,7 @@ fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> anyhow::Re
                 tracing::debug!(partition, error = %e, "Reading the committed offset failed; retrying.");
                 std::thread::sleep(Duration::from_millis(250));
             }
-            Err(e) => return Err(e).with_context(|| format!("reading the committed offset of input partition {partition}")),
+            Err(source) => return Err(TakeOverError::CommittedOffset { partition, source }),
         }
     };
     Ok(got.find_partition(topic, partition).and_then(|e| match e.offset() {
@@ -187,9 +271,8 @@ fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// The ledger's progress record of `partition`, decoded.
-pub fn decode_progress(all: &std::collections::BTreeMap<i32, Vec<u8>>, partition: i32) -> anyhow::Result<Option<Progress>> {
-    match all.get(&partition) {
-        Some(bytes) => Ok(Some(Progress::decode(bytes).with_context(|| format!("partition {partition}'s progress record"))?)),
-        None => Ok(None),
-    }
+pub fn decode_progress(all: &std::collections::BTreeMap<i32, Vec<u8>>, partition: i32) -> Result<Option<Progress>, TakeOverError> {
+    all.get(&partition)
+        .map(|bytes| Progress::decode(bytes).map_err(|source| TakeOverError::Progress { partition, source }))
+        .transpose()
 }

@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use actix::prelude::*;
-use anyhow::Context as _;
 use dedupe::config::{Assignment, Config};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
@@ -61,6 +60,19 @@ pub struct Revoking {
 #[rtype(result = "()")]
 pub struct ConsumerFailed {
     pub error: KafkaError,
+}
+
+/// Why the input consumer could not start or do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    #[error("creating the input consumer: {source}")]
+    Create { source: KafkaError },
+    #[error("joining consumer group {group} on {topic}: {source}")]
+    Join { group: String, topic: String, source: KafkaError },
+    #[error("starting the input poller thread: {source}")]
+    Poller { source: std::io::Error },
+    #[error("resuming input partition {partition}: {source}")]
+    Resume { partition: i32, source: KafkaError },
 }
 
 /// The consumer's context: the rebalance callback.
@@ -161,7 +173,7 @@ impl Membership {
         assigned: Recipient<Assigned>,
         revoking: Recipient<Revoking>,
         failed: Recipient<ConsumerFailed>,
-    ) -> anyhow::Result<Membership> {
+    ) -> Result<Membership, MembershipError> {
         let w = &config.worker;
         let mut client = dedupe::kafka::client_config(&config.kafka);
         client
@@ -188,13 +200,15 @@ impl Membership {
             revoke_timeout: Duration::from_millis(w.shutdown_timeout_ms),
             split: Mutex::new(HashMap::new()),
         };
-        let consumer: Input = client.create_with_context(context).context("creating the input consumer")?;
+        let consumer: Input = client.create_with_context(context).map_err(|source| MembershipError::Create { source })?;
         let consumer = Arc::new(consumer);
         let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
         if w.assignment == Assignment::Group {
-            consumer
-                .subscribe(&[&w.input_topic])
-                .with_context(|| format!("joining consumer group {} on {}", w.group_id, w.input_topic))?;
+            consumer.subscribe(&[&w.input_topic]).map_err(|source| MembershipError::Join {
+                group: w.group_id.clone(),
+                topic: w.input_topic.clone(),
+                source,
+            })?;
         }
         let (stop, stop_rx) = watch::channel(false);
         let poller = {
@@ -202,16 +216,16 @@ impl Membership {
             std::thread::Builder::new()
                 .name("input-poller".into())
                 .spawn(move || poll_main_queue(consumer, stop_rx, failed))
-                .context("starting the input poller thread")?
+                .map_err(|source| MembershipError::Poller { source })?
         };
         Ok(Membership { consumer, stop, poller: Some(poller) })
     }
 
     /// Lets a loaded partition's records flow (group mode; static mode assigns instead).
-    pub fn resume(&self, topic: &str, partition: i32) -> anyhow::Result<()> {
+    pub fn resume(&self, topic: &str, partition: i32) -> Result<(), MembershipError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
-        self.consumer.resume(&tpl).with_context(|| format!("resuming input partition {partition}"))
+        self.consumer.resume(&tpl).map_err(|source| MembershipError::Resume { partition, source })
     }
 
     /// Stops polling and closes the consumer (leaving the group: a static member keeps its

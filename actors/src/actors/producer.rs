@@ -1,7 +1,6 @@
 //! `Publisher` owns one output partition's transactional producer. It runs alone on its own
 //! arbiter thread, because every transactional call blocks. It handles one batch at a time:
 //! a batch's records and its input offset are committed in one transaction, or not at all.
-
 //!
 //! Each transaction carries the input consumer's group metadata as it is at that moment (KIP-447):
 //! under the group protocol a member's epoch changes with every assignment change, and the broker
@@ -35,14 +34,20 @@ impl Actor for Publisher {
     type Context = Context<Self>;
 }
 
-/// Publish a batch's new records (and dead letters, and its new ids to the changelog) with the
-/// input offset that follows it.
-#[derive(Message)]
-#[rtype(result = "Result<Committed, PublishError>")]
-pub struct Publish {
+/// What one batch publishes: its new records, its dead letters, and its new ids (for the
+/// changelog).
+pub struct Outgoing {
     pub records: Vec<OutRecord>,
     pub dead_letters: Vec<OutRecord>,
     pub new_ids: Vec<(LedgerKey, i64)>,
+}
+
+/// Publish a batch with the input offset that follows it. The batch is shared, so an attempt
+/// sent again after an aborted transaction copies nothing.
+#[derive(Message)]
+#[rtype(result = "Result<Committed, PublishError>")]
+pub struct Publish {
+    pub outgoing: Arc<Outgoing>,
     pub next_input_offset: i64,
 }
 
@@ -52,10 +57,11 @@ impl Handler<Publish> for Publisher {
         let Some(group) = self.consumer.group_metadata() else {
             return Err(PublishError::Aborted { source: KafkaError::MessageProduction(RDKafkaErrorCode::State) });
         };
+        let outgoing = &msg.outgoing;
         let batch = Batch {
-            records: &msg.records,
-            dead_letters: &msg.dead_letters,
-            new_ids: &msg.new_ids,
+            records: &outgoing.records,
+            dead_letters: &outgoing.dead_letters,
+            new_ids: &outgoing.new_ids,
             input_topic: &self.input_topic,
             input_partition: self.partition,
             next_input_offset: msg.next_input_offset,

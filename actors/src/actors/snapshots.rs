@@ -10,6 +10,7 @@ use dedupe::recovery::now_ms;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
 use crate::actors::coordinator::Coordinator;
+use crate::actors::events::SnapshotFailed;
 
 /// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
 /// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
@@ -90,10 +91,7 @@ impl Handler<TakeSnapshot> for Coordinator {
                     tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
                 }
                 Err(SnapshotError::Stopping) => tracing::info!("A ledger snapshot was abandoned: the worker is stopping."),
-                Err(e) => {
-                    metrics::counter!(m::SNAPSHOT_FAILURES, "stage" => e.stage()).increment(1);
-                    tracing::error!("A ledger snapshot failed; the pipeline goes on: {e}");
-                }
+                Err(error) => SnapshotFailed { error }.emit(),
             }
             answer(msg.reply, result);
         }));

@@ -74,9 +74,10 @@ pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, w
     )?;
     eprintln!("bench: produced at {:.0} msgs/s", load.records_per_sec);
 
-    let pass = run_mode(config, "passthrough", &input, &out_pass, messages, messages, value_bytes, work_dir)?;
+    let mode = |name, output, expected_out| Mode { config, name, input: &input, output, messages, expected_out, value_bytes, work_dir };
+    let pass = run_mode(&mode("passthrough", &out_pass, messages))?;
     eprintln!("bench: {}", serde_json::to_string(&pass)?);
-    let dedupe = run_mode(config, "dedupe", &input, &out_dedupe, messages, load.distinct_ids, value_bytes, work_dir)?;
+    let dedupe = run_mode(&mode("dedupe", &out_dedupe, load.distinct_ids))?;
     eprintln!("bench: {}", serde_json::to_string(&dedupe)?);
 
     let rt_cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
@@ -102,113 +103,172 @@ pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, w
     })
 }
 
-struct Child2(Child);
-impl Drop for Child2 {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_mode(
-    config: &Config,
-    mode: &'static str,
-    input: &str,
-    output: &str,
+/// One mode of the bench: which worker runs, on which topics, and what it should publish.
+struct Mode<'a> {
+    config: &'a Config,
+    name: &'static str,
+    input: &'a str,
+    output: &'a str,
     messages: u64,
     expected_out: u64,
     value_bytes: usize,
-    work_dir: &Path,
-) -> anyhow::Result<ModeResult> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let data_dir = work_dir.join(format!("ledger-{mode}-{}", uuid::Uuid::new_v4().simple()));
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["run", "--brokers", &config.kafka.brokers, "--input-topic", input, "--output-topic", output])
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .env("DEDUPE_WORKER_GROUP_ID", format!("bench-{mode}-{}", uuid::Uuid::new_v4().simple()))
-        .env("DEDUPE_LOG_LEVEL", "warn")
-        .stdout(Stdio::null());
-    if mode == "passthrough" {
-        cmd.arg("--passthrough");
+    work_dir: &'a Path,
+}
+
+/// A worker the bench started; killed when dropped.
+struct BenchWorker {
+    child: Child,
+    port: u16,
+    data_dir: std::path::PathBuf,
+}
+
+impl Drop for BenchWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
-    let child = Child2(cmd.spawn().context("starting the worker")?);
-    let started = Instant::now();
-    while http_get(port, "/readyz").map(|(s, _)| s) != Some(200) {
-        if started.elapsed() > Duration::from_secs(120) {
-            bail!("the {mode} worker was not ready within 120 s");
+}
+
+impl BenchWorker {
+    /// Starts `dedupe run` for the mode and waits until it is ready.
+    fn start(mode: &Mode<'_>) -> anyhow::Result<Self> {
+        let name = mode.name;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let data_dir = mode.work_dir.join(format!("ledger-{name}-{}", uuid::Uuid::new_v4().simple()));
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(["run", "--brokers", &mode.config.kafka.brokers, "--input-topic", mode.input, "--output-topic", mode.output])
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .env("DEDUPE_WORKER_GROUP_ID", format!("bench-{name}-{}", uuid::Uuid::new_v4().simple()))
+            .env("DEDUPE_LOG_LEVEL", "warn")
+            .stdout(Stdio::null());
+        if name == "passthrough" {
+            cmd.arg("--passthrough");
         }
-        std::thread::sleep(Duration::from_millis(20));
+        let child = cmd.spawn().context("starting the worker")?;
+        let worker = BenchWorker { child, port, data_dir };
+        let started = Instant::now();
+        while http_get(port, "/readyz").map(|(s, _)| s) != Some(200) {
+            if started.elapsed() > Duration::from_secs(120) {
+                bail!("the {name} worker was not ready within 120 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(worker)
     }
-    // Throughput on the backlog.
+
+    /// The sum of a counter's series on the worker's metrics page (0 when it does not answer).
+    fn counter(&self, name: &str) -> f64 {
+        http_get(self.port, "/metrics").map(|(_, body)| sum_metric(&body, name, &[])).unwrap_or(0.0)
+    }
+
+    /// Waits until the worker has published `records` output records in all.
+    fn wait_for_output(&self, records: f64, timeout: Duration, what: &str) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while self.counter(dedupe::metrics::RECORDS_OUT) < records {
+            if started.elapsed() > timeout {
+                bail!("the worker did not publish {what} within {} s", timeout.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+fn run_mode(mode: &Mode<'_>) -> anyhow::Result<ModeResult> {
+    let name = mode.name;
+    let worker = BenchWorker::start(mode)?;
+    let seconds = backlog_seconds(&worker, mode)?;
+    let msgs_per_sec = mode.messages as f64 / seconds;
+    let (in_start, out_start) = latency_phase(&worker, mode, msgs_per_sec)?;
+    if let Some((_, page)) = http_get(worker.port, "/metrics") {
+        eprintln!(
+            "bench: {name} stages per batch over the whole run: {}; lost wakeups recovered: {}",
+            stage_summary(&page),
+            sum_metric(&page, dedupe::metrics::INPUT_WAKEUPS_RECOVERED, &[])
+        );
+    }
+    drop(worker);
+    let (mut latencies, mut timeline) = latencies(mode, &in_start, &out_start)?;
+    eprintln!("bench: {name} latency by second of input (p50/p99/max ms): {}", by_second(&mut timeline));
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let pct = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
+    Ok(ModeResult {
+        mode: name,
+        messages: mode.messages,
+        output_records: mode.expected_out,
+        seconds,
+        msgs_per_sec,
+        latency_messages: latencies.len() as u64,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+    })
+}
+
+/// Throughput on the backlog: seconds from readiness until every input record is read and every
+/// expected output record published.
+fn backlog_seconds(worker: &BenchWorker, mode: &Mode<'_>) -> anyhow::Result<f64> {
     let t0 = Instant::now();
-    let counter = |name: &str| -> f64 {
-        http_get(port, "/metrics").map(|(_, body)| sum_metric(&body, name, &[])).unwrap_or(0.0)
-    };
-    let out_counter = || counter(dedupe::metrics::RECORDS_OUT);
     loop {
-        if counter(dedupe::metrics::RECORDS_IN) >= messages as f64 && out_counter() >= expected_out as f64 {
-            break;
+        if worker.counter(dedupe::metrics::RECORDS_IN) >= mode.messages as f64
+            && worker.counter(dedupe::metrics::RECORDS_OUT) >= mode.expected_out as f64
+        {
+            return Ok(t0.elapsed().as_secs_f64());
         }
         if t0.elapsed() > Duration::from_secs(1800) {
-            bail!("the {mode} worker did not finish the backlog within 30 minutes");
+            bail!("the {} worker did not finish the backlog within 30 minutes", mode.name);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let seconds = t0.elapsed().as_secs_f64();
-    let msgs_per_sec = messages as f64 / seconds;
+}
 
-    // Latency at a steady rate: half the measured throughput, capped, for LATENCY_PHASE, after
-    // SETTLE. Started at once after the backlog, the worker's first second of new input waited
-    // 0.6-1.5 s in three runs of three (the pass-through's did not): a catch-up transient, not the
-    // steady state this phase measures.
+/// Where each partition of a topic ended before a phase.
+type Watermarks = HashMap<i32, i64>;
+
+/// Latency at a steady rate: half the measured throughput, capped, for LATENCY_PHASE, after
+/// SETTLE: started at once after the backlog, the worker's first second of new input waits on a
+/// catch-up transient (the pass-through's does not), not the steady state this phase measures.
+/// Returns where the input and output stood before it.
+fn latency_phase(worker: &BenchWorker, mode: &Mode<'_>, msgs_per_sec: f64) -> anyhow::Result<(Watermarks, Watermarks)> {
     std::thread::sleep(SETTLE);
     let rate = (msgs_per_sec * 0.5).min(20_000.0);
     let latency_messages = (rate * LATENCY_PHASE.as_secs_f64()) as u64;
-    let in_start = dedupe::kafka::high_watermarks(&config.kafka, input)?;
-    let out_start = dedupe::kafka::high_watermarks(&config.kafka, output)?;
-    let before_out = out_counter();
+    let in_start = dedupe::kafka::high_watermarks(&mode.config.kafka, mode.input)?;
+    let out_start = dedupe::kafka::high_watermarks(&mode.config.kafka, mode.output)?;
+    let before_out = worker.counter(dedupe::metrics::RECORDS_OUT);
     let load = crate::cli::tools::loadgen(
-        config,
+        mode.config,
         crate::cli::tools::Load {
-            topic: input,
+            topic: mode.input,
             count: latency_messages,
             dup_ratio: 0.0,
             dup_delay: Duration::ZERO,
-            value_bytes,
+            value_bytes: mode.value_bytes,
             rate_per_sec: Some(rate),
             show_progress: false,
             spread_timestamps: None,
         },
     )?;
-    let t1 = Instant::now();
-    while out_counter() < before_out + load.distinct_ids as f64 {
-        if t1.elapsed() > Duration::from_secs(300) {
-            bail!("the {mode} worker did not publish the latency phase within 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if let Some((_, page)) = http_get(port, "/metrics") {
-        eprintln!(
-            "bench: {mode} stages per batch over the whole run: {}; lost wakeups recovered: {}",
-            stage_summary(&page),
-            sum_metric(&page, dedupe::metrics::INPUT_WAKEUPS_RECOVERED, &[])
-        );
-    }
-    drop(child);
+    let what = format!("the {} latency phase", mode.name);
+    worker.wait_for_output(before_out + load.distinct_ids as f64, Duration::from_secs(300), &what)?;
+    Ok((in_start, out_start))
+}
 
+/// The latency of every message of the latency phase, input append time to output append time,
+/// and (input append time, latency) of each for the per-second breakdown.
+fn latencies(mode: &Mode<'_>, in_start: &Watermarks, out_start: &Watermarks) -> anyhow::Result<(Vec<f64>, Vec<(i64, f64)>)> {
+    let kafka = &mode.config.kafka;
     let mut appended: HashMap<Vec<u8>, i64> = HashMap::new();
-    dedupe::kafka::read_from(&config.kafka, input, true, &in_start, Duration::from_secs(300), &mut |m| {
+    dedupe::kafka::read_from(kafka, mode.input, true, in_start, Duration::from_secs(300), &mut |m| {
         if let (Some(k), Some(ts)) = (m.key(), m.timestamp().to_millis()) {
             appended.entry(k.to_vec()).or_insert(ts);
         }
     })?;
     let mut latencies = Vec::new();
-    // (input append time, latency) of every message, for the per-second breakdown.
     let mut timeline: Vec<(i64, f64)> = Vec::new();
-    dedupe::kafka::read_from(&config.kafka, output, true, &out_start, Duration::from_secs(300), &mut |m| {
+    dedupe::kafka::read_from(kafka, mode.output, true, out_start, Duration::from_secs(300), &mut |m| {
         if let (Some(k), Some(ts)) = (m.key(), m.timestamp().to_millis()) {
             if let Some(&t_in) = appended.get(k) {
                 latencies.push((ts - t_in) as f64);
@@ -216,20 +276,7 @@ fn run_mode(
             }
         }
     })?;
-    eprintln!("bench: {mode} latency by second of input (p50/p99/max ms): {}", by_second(&mut timeline));
-    latencies.sort_by(|a, b| a.total_cmp(b));
-    let pct = |q: f64| latencies.get(((latencies.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
-    let _ = std::fs::remove_dir_all(&data_dir);
-    Ok(ModeResult {
-        mode,
-        messages,
-        output_records: expected_out,
-        seconds,
-        msgs_per_sec,
-        latency_messages: latencies.len() as u64,
-        p50_ms: pct(0.5),
-        p99_ms: pct(0.99),
-    })
+    Ok((latencies, timeline))
 }
 
 /// Latency quantiles per second of input append time, in order: where a p99 comes from (a burst
@@ -258,14 +305,14 @@ fn stage_summary(page: &str) -> String {
         let sum = scrape
             .samples
             .iter()
-            .find(|x| x.metric == format!("{}_sum", dedupe::metrics::STAGE_SECONDS) && x.labels.get("stage") == s.labels.get("stage"))
+            .find(|x| x.metric == format!("{}_sum", dedupe::metrics::STAGE_SECONDS) && x.labels.get(dedupe::metrics::LABEL_STAGE) == s.labels.get(dedupe::metrics::LABEL_STAGE))
             .and_then(|x| match x.value {
                 Value::Untyped(v) | Value::Counter(v) | Value::Gauge(v) => Some(v),
                 _ => None,
             });
         let p99 = buckets.iter().find(|b| b.count >= total * 0.99).map(|b| b.less_than).unwrap_or(f64::NAN);
         let mean = sum.map(|s| s / total.max(1.0) * 1000.0).unwrap_or(f64::NAN);
-        parts.push(format!("{}: {total:.0} batches, mean {mean:.1} ms, p99 <= {:.0} ms", s.labels.get("stage").unwrap_or("?"), p99 * 1000.0));
+        parts.push(format!("{}: {total:.0} batches, mean {mean:.1} ms, p99 <= {:.0} ms", s.labels.get(dedupe::metrics::LABEL_STAGE).unwrap_or("?"), p99 * 1000.0));
     }
     parts.join("; ")
 }

@@ -14,7 +14,7 @@ use actix_web::http::header::{self, HeaderMap, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
-use dedupe::metrics::INGEST_REJECTED;
+use dedupe::metrics::{INGEST_REJECTED, LABEL_REASON};
 use serde_json::json;
 use tracing::info;
 
@@ -109,7 +109,7 @@ fn preflight_response(allowed: &Allowed, any: bool) -> HttpResponse {
             response
         }
         Allowed::Off | Allowed::Refused => {
-            metrics::counter!(INGEST_REJECTED, "reason" => REASON_ORIGIN).increment(1);
+            metrics::counter!(INGEST_REJECTED, LABEL_REASON => REASON_ORIGIN).increment(1);
             info!(reason = REASON_ORIGIN, "Refused a CORS preflight from an origin that is not allowed.");
             let mut response = HttpResponse::Forbidden().json(json!({
                 "success": false,

@@ -16,28 +16,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use anyhow::Context as _;
-use dedupe::config::{Assignment, Config, PartitionSet};
+use dedupe::config::{Assignment, Config};
 use dedupe::metrics as m;
-use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
 use dedupe::snapshot::{SnapshotPace, Trigger};
-use dedupe::window::{forecast_seconds, IdRate, LedgerFill};
-use rdkafka::consumer::Consumer;
-use rdkafka::{Offset, TopicPartitionList};
+use dedupe::window::IdRate;
+use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
-use crate::actors::consumer::{PartitionConsumer, PartitionStopped, PipelineSettings};
-use crate::actors::events::{Fenced, PipelineFailed, PipelineFatal, PipelineStartFailed};
-use crate::actors::handover::{decode_progress, take_over, TakenOver};
-use crate::actors::ledger::{AllProgress, LedgerActor, Stats};
-use crate::actors::membership::{Assigned, ConsumerFailed, Input, Membership, Queue, Revoking};
-use crate::actors::producer::Publisher;
+use crate::actors::consumer::PipelineSettings;
+use crate::actors::events::PipelineStartFailed;
+use crate::actors::handover::{TakeOverError, TakenOver};
+use crate::actors::ledger::LedgerActor;
+use crate::actors::membership::{Membership, MembershipError, Queue};
 pub use crate::actors::snapshots::TakeSnapshot;
 pub use shutdown::Shutdown;
-use shutdown::Finish;
 
+// One file per concern; the state they share is declared here.
+mod failures;
+mod revocation;
 mod shutdown;
+mod stats;
+mod takeover;
 
 /// Waits before restarting a failed pipeline: 2, 4, 8, 16, 32 s for the restarts within ten
 /// minutes (after five the worker exits instead).
@@ -58,6 +58,31 @@ impl Health {
         let owned = self.owned.load(Ordering::Relaxed);
         let some = owned > 0 || self.idle_ok.load(Ordering::Relaxed);
         some && self.ready.load(Ordering::Relaxed) == owned && !self.stopping.load(Ordering::Relaxed)
+    }
+}
+
+/// Why the pipeline could not start, or could not take a partition over.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Membership(#[from] MembershipError),
+    #[error("taking over partition {partition}: {source}")]
+    TakeOver { partition: i32, source: TakeOverError },
+    #[error("splitting the queue of input partition {partition} failed (the consumer no longer knows the partition)")]
+    SplitQueue { partition: i32 },
+    #[error("assigning the input partitions: {source}")]
+    Assign { source: KafkaError },
+}
+
+impl StartError {
+    /// Whether starting again may succeed (the brokers or the group coordinator were away), as
+    /// opposed to a state a new start meets again (the ledger ahead of the output, a progress
+    /// record it cannot read).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::TakeOver { source, .. } => source.is_retryable(),
+            Self::Membership(_) | Self::SplitQueue { .. } | Self::Assign { .. } => true,
+        }
     }
 }
 
@@ -97,15 +122,6 @@ struct Owned {
     assigned_at: Instant,
     /// Which take-over this is, so a late result for an earlier one is ignored.
     epoch: u64,
-}
-
-/// A take-over finished.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Loaded {
-    partition: i32,
-    epoch: u64,
-    result: anyhow::Result<TakenOver>,
 }
 
 /// One running membership: torn down whole when the pipeline restarts.
@@ -193,7 +209,7 @@ impl Coordinator {
         let me = ctx.address();
         let membership = match Membership::start(&self.config, me.clone().recipient(), me.clone().recipient(), me.recipient()) {
             Ok(m) => m,
-            Err(e) => return self.fail_start(&e),
+            Err(e) => return self.fail_start(&e.into()),
         };
         self.running = Some(Running { membership, owned: BTreeMap::new(), revocations: Vec::new() });
         if self.group_mode() {
@@ -206,103 +222,10 @@ impl Coordinator {
         self.publish_health();
     }
 
-    fn fail_start(&mut self, e: &anyhow::Error) {
+    fn fail_start(&mut self, e: &StartError) {
         PipelineStartFailed { error: e }.emit();
         self.teardown();
         System::current().stop_with_code(exit::FAILED);
-    }
-
-    /// Starts taking each partition over, on blocking threads, after reading the ledger's progress.
-    fn take_over(&mut self, partitions: Vec<(i32, Option<Queue>)>, ctx: &mut Context<Self>) {
-        let Some(running) = self.running.as_mut() else { return };
-        let mut started = Vec::new();
-        for (p, queue) in partitions {
-            metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string()).increment(1);
-            self.next_epoch += 1;
-            running.owned.insert(p, Owned { stage: Stage::Loading { queue }, assigned_at: Instant::now(), epoch: self.next_epoch });
-            started.push((p, self.next_epoch));
-        }
-        let (config, ledger, accept) = (self.config.clone(), self.ledger.clone(), self.options.accept_ledger_ahead);
-        let consumer = running.membership.consumer.clone();
-        let me = ctx.address();
-        actix_rt::spawn(async move {
-            let progress = match ledger.send(AllProgress).await {
-                Ok(Ok(all)) => all,
-                Ok(Err(e)) => {
-                    let error = anyhow::Error::new(e).context("reading the ledger's progress records");
-                    return me.do_send(Loaded { partition: started.first().map_or(-1, |s| s.0), epoch: started.first().map_or(0, |s| s.1), result: Err(error) });
-                }
-                Err(_) => return,
-            };
-            for (p, epoch) in started {
-                let (config, ledger, consumer, me) = (config.clone(), ledger.clone(), consumer.clone(), me.clone());
-                let progress = decode_progress(&progress, p);
-                actix_rt::task::spawn_blocking(move || {
-                    let ready = |taken| me.do_send(Loaded { partition: p, epoch, result: Ok(taken) });
-                    let result = progress.and_then(|progress| take_over(&config, &consumer, &ledger, p, progress, accept, ready));
-                    if let Err(error) = result {
-                        me.do_send(Loaded { partition: p, epoch, result: Err(error) });
-                    }
-                });
-            }
-        });
-    }
-
-    /// Starts the partition's publisher and consumer actor.
-    fn go_live(&mut self, p: i32, taken: TakenOver, queue: Queue, report_to: Recipient<PartitionStopped>) {
-        let Some(running) = self.running.as_mut() else { return };
-        let Some(owned) = running.owned.get_mut(&p) else { return };
-        let epoch = owned.epoch;
-        let arbiter = Arbiter::new();
-        let w = &self.config.worker;
-        let publisher = Publisher::new(taken.writer, w.input_topic.clone(), p, running.membership.consumer.clone());
-        let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
-        let (stop, stop_rx) = watch::channel(false);
-        PartitionConsumer {
-            partition: p,
-            epoch,
-            queue: Some(queue),
-            ledger: self.ledger.clone(),
-            publisher,
-            settings: self.settings.clone(),
-            progress: taken.report.progress,
-            stop: stop_rx,
-            report_to,
-        }
-        .start();
-        let seconds = owned.assigned_at.elapsed().as_secs_f64();
-        metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => p.to_string()).set(seconds);
-        owned.stage = Stage::Live { stop, arbiter };
-        tracing::info!(partition = p, seconds, "The partition is live: processing input.");
-    }
-
-    /// Static mode: once every partition is taken over, split their queues, assign them at their
-    /// resume offsets, and start them.
-    fn assign_static_when_loaded(&mut self, report_to: Recipient<PartitionStopped>) -> anyhow::Result<()> {
-        let Some(running) = self.running.as_mut() else { return Ok(()) };
-        if !running.owned.values().all(|o| matches!(o.stage, Stage::Loaded { .. })) {
-            return Ok(());
-        }
-        let topic = self.config.worker.input_topic.clone();
-        let consumer = running.membership.consumer.clone();
-        let mut tpl = TopicPartitionList::new();
-        let mut ready = Vec::new();
-        let partitions: Vec<i32> = running.owned.keys().copied().collect();
-        for p in partitions {
-            let Some(Owned { stage: Stage::Loaded { .. }, .. }) = running.owned.get(&p) else { continue };
-            let queue = consumer.split_partition_queue(&topic, p).with_context(|| format!("splitting the queue of input partition {p}"))?;
-            let Some(owned) = running.owned.get_mut(&p) else { continue };
-            let Stage::Loaded { taken } = std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) else { continue };
-            let offset = taken.report.resume_input_at.map(Offset::Offset).unwrap_or(Offset::Beginning);
-            tpl.add_partition_offset(&topic, p, offset)?;
-            ready.push((p, taken, queue));
-        }
-        consumer.assign(&tpl).context("assigning the input partitions")?;
-        for (p, taken, queue) in ready {
-            self.go_live(p, *taken, queue, report_to.clone());
-        }
-        tracing::info!(partitions = %PartitionSet(self.static_partitions.clone()), "Every owned partition is recovered; processing input.");
-        Ok(())
     }
 
     fn publish_health(&self) {
@@ -346,70 +269,6 @@ impl Coordinator {
         self.publish_health();
     }
 
-    /// Removes a stopped partition and answers the revocations that waited for it.
-    fn forget(&mut self, p: i32) {
-        let Some(running) = self.running.as_mut() else { return };
-        if let Some(Owned { stage: Stage::Stopping { arbiter } | Stage::Live { arbiter, .. }, .. }) = running.owned.remove(&p) {
-            arbiter.stop();
-        }
-        self.settle_revocations();
-    }
-
-    /// Answers the revocations whose partitions have all stopped; exits if one of them asked to.
-    fn settle_revocations(&mut self) {
-        let Some(running) = self.running.as_mut() else { return };
-        let owned = &running.owned;
-        running.revocations.retain(|(partitions, done)| {
-            let waiting = partitions.iter().any(|p| owned.contains_key(p));
-            if !waiting {
-                let _ = done.send(());
-            }
-            waiting
-        });
-        if running.revocations.is_empty() {
-            if let Some(code) = self.exit_when_revoked.take() {
-                self.teardown();
-                System::current().stop_with_code(code);
-            }
-        }
-    }
-
-    fn export_stats(&mut self, ctx: &mut Context<Self>) {
-        self.publish_health();
-        let partitions: Vec<i32> = self.running.as_ref().map(|r| r.owned.keys().copied().collect()).unwrap_or_default();
-        let msg = Stats { partitions: partitions.clone(), now_ms: now_ms() };
-        let budget = self.config.ledger.budget_bytes.0;
-        ctx.spawn(self.ledger.send(msg).into_actor(self).map(move |res, act, _| {
-            let Ok(Ok(report)) = res else { return };
-            let s = &report.stats;
-            metrics::gauge!(m::LEDGER_BYTES).set(s.live_sst_bytes as f64);
-            metrics::gauge!(m::LEDGER_IDS).set(s.ids_estimate as f64);
-            metrics::gauge!(m::LEDGER_GENERATIONS).set(s.generations as f64);
-            metrics::gauge!(m::LEDGER_FILTER_BYTES).set(s.filter_bytes as f64);
-            metrics::gauge!(m::LEDGER_INDEX_BYTES).set(s.index_bytes as f64);
-            metrics::gauge!(m::LEDGER_INDEX_OVERFLOWED_BUCKETS).set(s.index_overflowed_buckets as f64);
-            metrics::counter!(m::LEDGER_DISK_LOOKUPS).absolute(s.disk_lookups);
-            let now = Instant::now();
-            let elapsed = act.last_stats_at.map(|t| now.duration_since(t)).unwrap_or_default();
-            act.last_stats_at = Some(now);
-            act.id_rate.observe(elapsed, s.ids_estimate);
-            let fill = LedgerFill { budget_bytes: budget, bytes: s.live_sst_bytes, ids: s.ids_estimate };
-            for (p, window) in &report.windows {
-                let label = p.to_string();
-                // No id held: no window to report (the ledger never reports one it does not hold).
-                let Some(w) = window else { continue };
-                metrics::gauge!(m::WINDOW_SECONDS, m::LABEL_PARTITION => label.clone()).set(w.as_secs_f64());
-                let forecast = forecast_seconds(fill, act.id_rate.per_sec(), *w);
-                metrics::gauge!(m::WINDOW_FORECAST_SECONDS, m::LABEL_PARTITION => label).set(forecast);
-            }
-        }));
-        if let Some(running) = &self.running {
-            let consumer = running.membership.consumer.clone();
-            let topic = self.config.worker.input_topic.clone();
-            actix_rt::task::spawn_blocking(move || export_lag(&consumer, &topic, &partitions));
-        }
-    }
-
     /// A failure a restart in process may mend: tear down, and start again after a backoff.
     fn restart(&mut self, ctx: &mut Context<Self>) {
         self.teardown();
@@ -435,16 +294,6 @@ impl Coordinator {
     }
 }
 
-fn export_lag(consumer: &Input, topic: &str, partitions: &[i32]) {
-    let Ok(positions) = consumer.position() else { return };
-    for &p in partitions {
-        let Some(Offset::Offset(pos)) = positions.find_partition(topic, p).map(|e| e.offset()) else { continue };
-        if let Ok((_, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
-            metrics::gauge!(m::CONSUMER_LAG, m::LABEL_PARTITION => p.to_string()).set((high - pos).max(0) as f64);
-        }
-    }
-}
-
 impl Actor for Coordinator {
     type Context = Context<Self>;
 
@@ -456,157 +305,6 @@ impl Actor for Coordinator {
             ctx.run_interval(Duration::from_secs(snapshots.interval_secs), |_, ctx| {
                 ctx.notify(TakeSnapshot { trigger: Trigger::Scheduled, reply: None });
             });
-        }
-    }
-}
-
-impl Handler<Assigned> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, msg: Assigned, ctx: &mut Self::Context) {
-        if self.shutting_down {
-            return;
-        }
-        let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
-        tracing::info!(partitions = %PartitionSet(partitions), "The group assigned partitions; taking them over.");
-        self.take_over(msg.partitions.into_iter().map(|(p, q)| (p, Some(q))).collect(), ctx);
-        self.publish_health();
-    }
-}
-
-impl Handler<Loaded> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, msg: Loaded, ctx: &mut Self::Context) {
-        let p = msg.partition;
-        let current = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
-        if !current {
-            // Revoked (or torn down) while loading: the producer is dropped with the result.
-            return;
-        }
-        let taken = match msg.result {
-            Ok(taken) => taken,
-            Err(e) => return self.fail_start(&e.context(format!("taking over partition {p}"))),
-        };
-        if self.group_mode() {
-            let Some(running) = self.running.as_mut() else { return };
-            let Some(owned) = running.owned.get_mut(&p) else { return };
-            let Stage::Loading { queue } = &mut owned.stage else { return };
-            let Some(queue) = queue.take() else { return };
-            if let Err(e) = running.membership.resume(&self.config.worker.input_topic, p) {
-                return self.fail_start(&e);
-            }
-            self.go_live(p, taken, queue, ctx.address().recipient());
-        } else {
-            if let Some(owned) = self.running.as_mut().and_then(|r| r.owned.get_mut(&p)) {
-                owned.stage = Stage::Loaded { taken: Box::new(taken) };
-            }
-            if let Err(e) = self.assign_static_when_loaded(ctx.address().recipient()) {
-                return self.fail_start(&e);
-            }
-        }
-        // The window the partition has now, at once rather than at the next tick.
-        self.export_stats(ctx);
-    }
-}
-
-impl Handler<Revoking> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, msg: Revoking, _ctx: &mut Self::Context) {
-        let reason = if msg.lost { "lost" } else { "revoked" };
-        tracing::info!(partitions = %PartitionSet(msg.partitions.clone()), reason, "The group takes partitions away; stopping them.");
-        let Some(running) = self.running.as_mut() else { return };
-        for &p in &msg.partitions {
-            let label = p.to_string();
-            metrics::counter!(m::PARTITION_REVOCATIONS, m::LABEL_PARTITION => label.clone(), m::LABEL_REASON => reason).increment(1);
-            // This worker no longer vouches for the partition: its per-partition gauges become
-            // NaN ("no value"), which the alerts' min() and max() skip, instead of freezing at
-            // their last value.
-            for gauge in [m::WINDOW_SECONDS, m::WINDOW_FORECAST_SECONDS, m::CONSUMER_LAG] {
-                metrics::gauge!(gauge, m::LABEL_PARTITION => label.clone()).set(f64::NAN);
-            }
-            let Some(owned) = running.owned.get_mut(&p) else { continue };
-            match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                Stage::Live { stop, arbiter } => {
-                    let _ = stop.send(true);
-                    owned.stage = Stage::Stopping { arbiter };
-                }
-                Stage::Stopping { arbiter } => owned.stage = Stage::Stopping { arbiter },
-                // Loading: the take-over's result is ignored when it arrives (its producer dropped).
-                Stage::Loading { .. } | Stage::Loaded { .. } => {
-                    running.owned.remove(&p);
-                }
-            }
-        }
-        if msg.lost {
-            // Another member may already be publishing them: this worker's membership expired.
-            tracing::error!("The group gave this worker's partitions away (its membership expired); exiting once they stopped.");
-            metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
-            self.exit_when_revoked = Some(exit::FENCED);
-        }
-        running.revocations.push((msg.partitions, msg.done));
-        // Answers at once when nothing was running.
-        self.settle_revocations();
-        self.publish_health();
-    }
-}
-
-impl Handler<ConsumerFailed> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, msg: ConsumerFailed, ctx: &mut Self::Context) {
-        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
-        tracing::error!(error = %msg.error, "The input consumer failed; starting a new one after a backoff.");
-        if !self.shutting_down {
-            self.restart(ctx);
-        }
-    }
-}
-
-impl Handler<PartitionStopped> for Coordinator {
-    type Result = ();
-
-    fn handle(&mut self, msg: PartitionStopped, ctx: &mut Self::Context) {
-        let p = msg.partition;
-        let owner = self.running.as_ref().and_then(|r| r.owned.get(&p)).filter(|o| o.epoch == msg.epoch);
-        let stopping = owner.is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
-        let current = owner.is_some();
-        match msg.result {
-            Err(e) if e.is_fenced() => {
-                Fenced { partition: p, error: &e }.emit();
-                self.teardown();
-                System::current().stop_with_code(exit::FENCED);
-                return;
-            }
-            Err(e) if !e.is_retryable() => {
-                // A state a restart in process would only repeat (a corrupt or unreadable
-                // ledger): exit for the orchestrator, which restarts the process or pages.
-                PipelineFatal { partition: p, error: &e }.emit();
-                self.teardown();
-                System::current().stop_with_code(exit::FAILED);
-                return;
-            }
-            // A pipeline torn down for a restart (several partitions fail together when the
-            // brokers go away), ending before or after the restart took its partition over
-            // again: the partition, if owned, is another pipeline's now.
-            Err(e) if !current => {
-                tracing::info!(partition = p, error = %e, "A partition pipeline that a restart replaced ended with an error.");
-            }
-            Ok(()) if !current => tracing::info!(partition = p, "A partition pipeline that a restart replaced ended."),
-            Err(e) if !stopping && !self.shutting_down => {
-                PipelineFailed { partition: p, error: &e }.emit();
-                self.restart(ctx);
-            }
-            Err(e) => tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it."),
-            Ok(()) => {}
-        }
-        if current {
-            self.forget(p);
-        }
-        self.publish_health();
-        if self.shutting_down && self.running.as_ref().is_none_or(|r| r.owned.is_empty()) {
-            ctx.notify(Finish);
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use actix_web::http::header::CONTENT_LENGTH;
 use actix_web::{web, HttpRequest};
-use dedupe::metrics::{INGEST_BODY_READS, INGEST_IN_FLIGHT, LABEL_KEY};
+use dedupe::metrics::{INGEST_BODY_READS, INGEST_IN_FLIGHT, KEY_KEYED, KEY_KEYLESS, LABEL_KEY};
 use dedupe_tracking::{Rejection, MAX_REQUEST_BYTES};
 use futures::StreamExt;
 
@@ -84,7 +84,7 @@ impl Drop for BodyRead<'_> {
         match self.keyless {
             None => {
                 let now = self.reads.keyed.fetch_sub(1, Ordering::AcqRel) - 1;
-                metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => "keyed").set(now as f64);
+                metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYED).set(now as f64);
             }
             Some(client) => {
                 let mut k = self.reads.keyless.lock().unwrap_or_else(|p| p.into_inner());
@@ -97,7 +97,7 @@ impl Drop for BodyRead<'_> {
                         }
                     }
                 }
-                metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => "keyless").set(k.total as f64);
+                metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYLESS).set(k.total as f64);
             }
         }
     }
@@ -111,7 +111,7 @@ impl BodyReads {
     /// A keyed body: always read (its key was checked), counted.
     pub fn keyed(&self) -> BodyRead<'_> {
         let now = self.keyed.fetch_add(1, Ordering::AcqRel) + 1;
-        metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => "keyed").set(now as f64);
+        metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYED).set(now as f64);
         BodyRead { reads: self, keyless: None }
     }
 
@@ -130,7 +130,7 @@ impl BodyReads {
             *n += 1;
         }
         k.total += 1;
-        metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => "keyless").set(k.total as f64);
+        metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYLESS).set(k.total as f64);
         Ok(BodyRead { reads: self, keyless: Some(client) })
     }
 }

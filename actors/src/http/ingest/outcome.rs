@@ -240,6 +240,27 @@ impl RequestFinished<'_> {
     }
 }
 
+/// A settings request answered (`GET /v1/projects/<writeKey>/settings`), counted once, here; a
+/// refusal is also counted by its reason and logged. Never carries a key.
+pub struct SettingsAnswered {
+    pub status: u16,
+    /// Why it was refused, if it was.
+    pub refused: Option<&'static str>,
+}
+
+impl SettingsAnswered {
+    /// The metric label of the settings route.
+    pub const ENDPOINT: &'static str = "settings";
+
+    pub fn emit(&self) {
+        metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => Self::ENDPOINT, LABEL_STATUS => status_label(self.status)).increment(1);
+        if let Some(reason) = self.refused {
+            metrics::counter!(INGEST_REJECTED, LABEL_REASON => reason).increment(1);
+            info!(endpoint = Self::ENDPOINT, status = self.status, reason, "Refused a request.");
+        }
+    }
+}
+
 /// Whether a line about `reason` may be written now; if so, how many were not since the last.
 /// Those not written are counted.
 fn log_now(logs: &LogLimiter, reason: &'static str) -> Option<u64> {

@@ -7,48 +7,46 @@
 
 use actix_web::http::header::{CACHE_CONTROL, HOST};
 use actix_web::{web, HttpRequest, HttpResponse};
-use dedupe::metrics::{INGEST_REJECTED, INGEST_REQUESTS, LABEL_ENDPOINT, LABEL_REASON, LABEL_STATUS};
+use dedupe::metrics::REASON_BAD_HOST;
 use dedupe_tracking::{self as tracking, AuthError};
-use tracing::{debug, info};
+use tracing::debug;
 
-use super::outcome::{error_body, status_label};
+use super::outcome::{error_body, SettingsAnswered};
 use super::Ingest;
 
 /// How long a browser may keep the settings document when `ingest.public_url` names where it
 /// points (without it, the document is built from the request's `Host` and never kept).
 const SETTINGS_MAX_AGE: &str = "private, max-age=300";
-/// The metric label of the settings route.
-const ENDPOINT: &str = "settings";
+/// The settings route, as the metric label and log field name it.
+const ENDPOINT: &str = SettingsAnswered::ENDPOINT;
 
 pub async fn settings(req: HttpRequest, key: web::Path<String>, ingest: web::Data<Ingest>) -> HttpResponse {
-    let status = |response: HttpResponse| {
-        metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => ENDPOINT, LABEL_STATUS => status_label(response.status().as_u16()))
-            .increment(1);
+    let answered = |response: HttpResponse, refused: Option<&'static str>| {
+        SettingsAnswered { status: response.status().as_u16(), refused }.emit();
         response
     };
     let Some(source) = ingest.keys.source(&key) else {
         let refusal = AuthError::Unknown;
-        metrics::counter!(INGEST_REJECTED, LABEL_REASON => refusal.reason()).increment(1);
-        info!(endpoint = ENDPOINT, status = 401, reason = refusal.reason(), "Refused a request.");
-        return status(HttpResponse::Unauthorized().json(error_body(refusal.reason(), &refusal.to_string())));
+        let response = HttpResponse::Unauthorized().json(error_body(refusal.reason(), &refusal.to_string()));
+        return answered(response, Some(refusal.reason()));
     };
     let (protocol, base, cache) = match &ingest.public_url {
         Some((protocol, base)) => (protocol.as_str(), base.clone(), SETTINGS_MAX_AGE),
         None => {
             let host = req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
             if !is_host(host) {
-                metrics::counter!(INGEST_REJECTED, LABEL_REASON => "bad_host").increment(1);
-                return status(HttpResponse::BadRequest().json(error_body(
-                    "bad_host",
+                let response = HttpResponse::BadRequest().json(error_body(
+                    REASON_BAD_HOST,
                     "the Host header is missing or not a host name or IP address with an optional port; set ingest.public_url",
-                )));
+                ));
+                return answered(response, Some(REASON_BAD_HOST));
             }
             ("http", host.to_string(), "no-store")
         }
     };
     debug!(endpoint = ENDPOINT, source, "Served the settings document.");
     let doc = tracking::settings_document(&key, &format!("{base}/v1"), protocol);
-    status(HttpResponse::Ok().insert_header((CACHE_CONTROL, cache)).json(doc))
+    answered(HttpResponse::Ok().insert_header((CACHE_CONTROL, cache)).json(doc), None)
 }
 
 /// A `Host` header worth echoing into the settings document: a DNS name (labels of letters,

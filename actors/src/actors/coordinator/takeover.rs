@@ -1,0 +1,176 @@
+//! Taking partitions over (fence, load: see [`handover`](crate::actors::handover)) as they are
+//! assigned, and starting each one's publisher and consumer once it is loaded: in static mode all
+//! together, in group mode each as it comes.
+
+use std::time::Instant;
+
+use actix::prelude::*;
+use dedupe::config::PartitionSet;
+use dedupe::metrics as m;
+use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+
+use super::{Coordinator, Owned, StartError, Stage};
+use crate::actors::consumer::{PartitionConsumer, PartitionStopped};
+use crate::actors::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
+use crate::actors::ledger::AllProgress;
+use crate::actors::membership::{Assigned, Queue};
+use crate::actors::producer::Publisher;
+
+/// A take-over finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Loaded {
+    partition: i32,
+    epoch: u64,
+    result: Result<TakenOver, TakeOverError>,
+}
+
+impl Coordinator {
+    /// Starts taking each partition over, on blocking threads, after reading the ledger's progress.
+    pub(super) fn take_over(&mut self, partitions: Vec<(i32, Option<Queue>)>, ctx: &mut Context<Self>) {
+        let Some(running) = self.running.as_mut() else { return };
+        let mut started = Vec::new();
+        for (p, queue) in partitions {
+            metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string()).increment(1);
+            self.next_epoch += 1;
+            running.owned.insert(p, Owned { stage: Stage::Loading { queue }, assigned_at: Instant::now(), epoch: self.next_epoch });
+            started.push((p, self.next_epoch));
+        }
+        let (config, ledger, accept) = (self.config.clone(), self.ledger.clone(), self.options.accept_ledger_ahead);
+        let consumer = running.membership.consumer.clone();
+        let me = ctx.address();
+        actix_rt::spawn(async move {
+            let progress = match ledger.send(AllProgress).await {
+                Ok(Ok(all)) => all,
+                Ok(Err(source)) => {
+                    let error = TakeOverError::ReadProgress { source };
+                    return me.do_send(Loaded { partition: started.first().map_or(-1, |s| s.0), epoch: started.first().map_or(0, |s| s.1), result: Err(error) });
+                }
+                Err(_) => return,
+            };
+            for (p, epoch) in started {
+                let (config, ledger, consumer, me) = (config.clone(), ledger.clone(), consumer.clone(), me.clone());
+                let progress = decode_progress(&progress, p);
+                actix_rt::task::spawn_blocking(move || {
+                    let ready = |taken| me.do_send(Loaded { partition: p, epoch, result: Ok(taken) });
+                    let result = progress.and_then(|ledger_progress| {
+                        let take = TakeOver { config: &config, consumer: &consumer, ledger: &ledger, partition: p, ledger_progress, accept_ledger_ahead: accept };
+                        take.run(ready)
+                    });
+                    if let Err(error) = result {
+                        me.do_send(Loaded { partition: p, epoch, result: Err(error) });
+                    }
+                });
+            }
+        });
+    }
+
+    /// Starts the partition's publisher and consumer actor.
+    fn go_live(&mut self, p: i32, taken: TakenOver, queue: Queue, report_to: Recipient<PartitionStopped>) {
+        let Some(running) = self.running.as_mut() else { return };
+        let Some(owned) = running.owned.get_mut(&p) else { return };
+        let epoch = owned.epoch;
+        let arbiter = Arbiter::new();
+        let w = &self.config.worker;
+        let publisher = Publisher::new(taken.writer, w.input_topic.clone(), p, running.membership.consumer.clone());
+        let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
+        let (stop, stop_rx) = watch::channel(false);
+        PartitionConsumer {
+            partition: p,
+            epoch,
+            queue: Some(queue),
+            ledger: self.ledger.clone(),
+            publisher,
+            settings: self.settings.clone(),
+            progress: taken.report.progress,
+            stop: stop_rx,
+            report_to,
+        }
+        .start();
+        let seconds = owned.assigned_at.elapsed().as_secs_f64();
+        metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => p.to_string()).set(seconds);
+        owned.stage = Stage::Live { stop, arbiter };
+        tracing::info!(partition = p, seconds, "The partition is live: processing input.");
+    }
+
+    /// Static mode: once every partition is taken over, split their queues, assign them at their
+    /// resume offsets, and start them.
+    fn assign_static_when_loaded(&mut self, report_to: Recipient<PartitionStopped>) -> Result<(), StartError> {
+        let Some(running) = self.running.as_mut() else { return Ok(()) };
+        if !running.owned.values().all(|o| matches!(o.stage, Stage::Loaded { .. })) {
+            return Ok(());
+        }
+        let topic = self.config.worker.input_topic.clone();
+        let consumer = running.membership.consumer.clone();
+        let mut tpl = TopicPartitionList::new();
+        let mut ready = Vec::new();
+        let partitions: Vec<i32> = running.owned.keys().copied().collect();
+        for p in partitions {
+            let Some(Owned { stage: Stage::Loaded { .. }, .. }) = running.owned.get(&p) else { continue };
+            let queue = consumer.split_partition_queue(&topic, p).ok_or(StartError::SplitQueue { partition: p })?;
+            let Some(owned) = running.owned.get_mut(&p) else { continue };
+            let Stage::Loaded { taken } = std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) else { continue };
+            let offset = taken.report.resume_input_at.map(Offset::Offset).unwrap_or(Offset::Beginning);
+            tpl.add_partition_offset(&topic, p, offset).map_err(|source| StartError::Assign { source })?;
+            ready.push((p, taken, queue));
+        }
+        consumer.assign(&tpl).map_err(|source| StartError::Assign { source })?;
+        for (p, taken, queue) in ready {
+            self.go_live(p, *taken, queue, report_to.clone());
+        }
+        tracing::info!(partitions = %PartitionSet(self.static_partitions.clone()), "Every owned partition is recovered; processing input.");
+        Ok(())
+    }
+}
+
+impl Handler<Assigned> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Assigned, ctx: &mut Self::Context) {
+        if self.shutting_down {
+            return;
+        }
+        let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
+        tracing::info!(partitions = %PartitionSet(partitions), "The group assigned partitions; taking them over.");
+        self.take_over(msg.partitions.into_iter().map(|(p, q)| (p, Some(q))).collect(), ctx);
+        self.publish_health();
+    }
+}
+
+impl Handler<Loaded> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Loaded, ctx: &mut Self::Context) {
+        let p = msg.partition;
+        let current = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
+        if !current {
+            // Revoked (or torn down) while loading: the producer is dropped with the result.
+            return;
+        }
+        let taken = match msg.result {
+            Ok(taken) => taken,
+            Err(source) => return self.fail_start(&StartError::TakeOver { partition: p, source }),
+        };
+        if self.group_mode() {
+            let Some(running) = self.running.as_mut() else { return };
+            let Some(owned) = running.owned.get_mut(&p) else { return };
+            let Stage::Loading { queue } = &mut owned.stage else { return };
+            let Some(queue) = queue.take() else { return };
+            if let Err(e) = running.membership.resume(&self.config.worker.input_topic, p) {
+                return self.fail_start(&e.into());
+            }
+            self.go_live(p, taken, queue, ctx.address().recipient());
+        } else {
+            if let Some(owned) = self.running.as_mut().and_then(|r| r.owned.get_mut(&p)) {
+                owned.stage = Stage::Loaded { taken: Box::new(taken) };
+            }
+            if let Err(e) = self.assign_static_when_loaded(ctx.address().recipient()) {
+                return self.fail_start(&e);
+            }
+        }
+        // The window the partition has now, at once rather than at the next tick.
+        self.export_stats(ctx);
+    }
+}
