@@ -346,7 +346,7 @@ impl Pipeline {
         Ok(())
     }
 
-    /// 1. Looks the batch's ids up in the ledger: the first-seen time of each keyed record's id, if
+    /// Step 1: looks the batch's ids up in the ledger: the first-seen time of each keyed record's id, if
     /// held.
     async fn look_up(&self, batch: &[InRecord]) -> Result<Vec<Option<i64>>, PipelineError> {
         let p = self.partition;
@@ -365,7 +365,7 @@ impl Pipeline {
         Ok(found)
     }
 
-    /// 2. Decides, in input order: new ids are published once, repeats are dropped, records
+    /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy.
     fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<i64>]) -> Decided {
         let candidates: Vec<Candidate> =
@@ -395,7 +395,7 @@ impl Pipeline {
         Decided { outgoing: Outgoing { records, dead_letters, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
     }
 
-    /// 3. Publishes the new records and the input offset in one transaction; returns the new
+    /// Step 3: publishes the new records and the input offset in one transaction; returns the new
     /// ids, to record.
     async fn publish_decided(&mut self, decided: Decided, next_input_offset: i64) -> Result<Vec<(LedgerKey, i64)>, PipelineError> {
         let t = Instant::now();
@@ -419,7 +419,7 @@ impl Pipeline {
         Ok(Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids))
     }
 
-    /// 4. Records the new ids with the progress that follows this batch.
+    /// Step 4: records the new ids with the progress that follows this batch.
     async fn record(&self, new_ids: Vec<(LedgerKey, i64)>, next_input_offset: i64) -> Result<(), PipelineError> {
         let p = self.partition;
         let t = Instant::now();

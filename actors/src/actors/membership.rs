@@ -68,7 +68,7 @@ pub enum MembershipError {
     #[error("creating the input consumer: {source}")]
     Create { source: KafkaError },
     #[error("joining consumer group {group} on {topic}: {source}")]
-    Join { group: String, topic: String, source: KafkaError },
+    Join { group: String, topic: String, source: Box<KafkaError> },
     #[error("starting the input poller thread: {source}")]
     Poller { source: std::io::Error },
     #[error("resuming input partition {partition}: {source}")]
@@ -207,7 +207,7 @@ impl Membership {
             consumer.subscribe(&[&w.input_topic]).map_err(|source| MembershipError::Join {
                 group: w.group_id.clone(),
                 topic: w.input_topic.clone(),
-                source,
+                source: Box::new(source),
             })?;
         }
         let (stop, stop_rx) = watch::channel(false);

@@ -256,9 +256,12 @@ fn latency_phase(worker: &BenchWorker, mode: &Mode<'_>, msgs_per_sec: f64) -> an
     Ok((in_start, out_start))
 }
 
+/// (input append time in ms, latency in ms) of each message of the latency phase.
+type Timeline = Vec<(i64, f64)>;
+
 /// The latency of every message of the latency phase, input append time to output append time,
 /// and (input append time, latency) of each for the per-second breakdown.
-fn latencies(mode: &Mode<'_>, in_start: &Watermarks, out_start: &Watermarks) -> anyhow::Result<(Vec<f64>, Vec<(i64, f64)>)> {
+fn latencies(mode: &Mode<'_>, in_start: &Watermarks, out_start: &Watermarks) -> anyhow::Result<(Vec<f64>, Timeline)> {
     let kafka = &mode.config.kafka;
     let mut appended: HashMap<Vec<u8>, i64> = HashMap::new();
     dedupe::kafka::read_from(kafka, mode.input, true, in_start, Duration::from_secs(300), &mut |m| {

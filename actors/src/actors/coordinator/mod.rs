@@ -67,7 +67,7 @@ pub enum StartError {
     #[error(transparent)]
     Membership(#[from] MembershipError),
     #[error("taking over partition {partition}: {source}")]
-    TakeOver { partition: i32, source: TakeOverError },
+    TakeOver { partition: i32, source: Box<TakeOverError> },
     #[error("splitting the queue of input partition {partition} failed (the consumer no longer knows the partition)")]
     SplitQueue { partition: i32 },
     #[error("assigning the input partitions: {source}")]

@@ -151,7 +151,7 @@ impl Handler<Loaded> for Coordinator {
         }
         let taken = match msg.result {
             Ok(taken) => taken,
-            Err(source) => return self.fail_start(&StartError::TakeOver { partition: p, source }),
+            Err(source) => return self.fail_start(&StartError::TakeOver { partition: p, source: Box::new(source) }),
         };
         if self.group_mode() {
             let Some(running) = self.running.as_mut() else { return };
