@@ -137,51 +137,11 @@ pub fn run(config: &Config, ids: u64, span: Duration, work_dir: &Path) -> anyhow
 }
 
 fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
-    eprintln!("bench: producing {ids} ids to {input}, stamped over the last {} s", span.as_secs());
-    let load = crate::cli::tools::Load {
-        topic: input,
-        count: ids,
-        dup_ratio: 0.0,
-        dup_delay: Duration::ZERO,
-        value_bytes: 64,
-        rate_per_sec: None,
-        show_progress: true,
-        spread_timestamps: Some(span),
-    };
-    let load = crate::cli::tools::loadgen(config, load)?;
-    // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
-    // partition here); B, whose take-over is measured, runs the configuration as given.
-    let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"), &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")])?;
-    let started = Instant::now();
-    a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, &[]) >= load.distinct_ids as f64)?;
-    let build_ids_per_sec = ids as f64 / started.elapsed().as_secs_f64();
-    eprintln!("bench: worker A published {ids} ids at {build_ids_per_sec:.0} ids/s");
-    let mut window_before = 0.0;
-    a.wait_until("worker A reporting its window", Duration::from_secs(60), |w| {
-        window_before = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
-        window_before > 0.0
-    })?;
-    let noted_at = Instant::now();
-
+    let built = build_on_a(config, ids, span, work_dir, input, output, group)?;
+    let a = built.worker;
     let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"), &[])?;
     b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, &[]) == 0.0 && w.metric("dedupe_ledger_budget_bytes", &[]) > 0.0)?;
-    let trickler = {
-        let config = config.clone();
-        let input = input.to_string();
-        std::thread::spawn(move || {
-            let load = crate::cli::tools::Load {
-                topic: &input,
-                count: 6000,
-                dup_ratio: 0.0,
-                dup_delay: Duration::ZERO,
-                value_bytes: 64,
-                rate_per_sec: Some(200.0),
-                show_progress: false,
-                spread_timestamps: None,
-            };
-            crate::cli::tools::loadgen(&config, load).map(|s| s.distinct_ids)
-        })
-    };
+    let trickler = trickle(config, input);
     let a_exit = a.terminate(Duration::from_secs(120))?;
     if a_exit != Some(0) {
         bail!("worker A exited with {a_exit:?} on SIGTERM");
@@ -189,7 +149,7 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
         w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0
     })?;
-    let mut samples = WindowSamples { assigned, window_before, noted_at, taken: Vec::new() };
+    let mut samples = WindowSamples { assigned, window_before: built.window_before, noted_at: built.noted_at, taken: Vec::new() };
     let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| {
         samples.take(w);
         w.metric(m::RECORDS_OUT, &[]) >= 1.0
@@ -211,14 +171,70 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
         ids,
         handover_ready_secs: published.duration_since(assigned).as_secs_f64(),
         window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
-        window_before_secs: window_before,
+        window_before_secs: built.window_before,
         window_after_secs: window_after,
         handover_duration_secs,
         ids_loaded,
-        build_ids_per_sec,
+        build_ids_per_sec: built.ids_per_sec,
         span_secs: span.as_secs(),
         handover_min_window_secs: config.worker.handover_min_window_secs,
         window_samples: samples.taken,
+    })
+}
+
+/// Worker A once it has published every id and reported its window.
+struct Built {
+    worker: Worker,
+    ids_per_sec: f64,
+    window_before: f64,
+    noted_at: Instant,
+}
+
+/// Produces `ids` ids stamped over `span` and lets worker A publish them all.
+fn build_on_a(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<Built> {
+    eprintln!("bench: producing {ids} ids to {input}, stamped over the last {} s", span.as_secs());
+    let load = crate::cli::tools::Load {
+        topic: input,
+        count: ids,
+        dup_ratio: 0.0,
+        dup_delay: Duration::ZERO,
+        value_bytes: 64,
+        rate_per_sec: None,
+        show_progress: true,
+        spread_timestamps: Some(span),
+    };
+    let load = crate::cli::tools::loadgen(config, load)?;
+    // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
+    // partition here); B, whose take-over is measured, runs the configuration as given.
+    let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"), &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")])?;
+    let started = Instant::now();
+    a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, &[]) >= load.distinct_ids as f64)?;
+    let ids_per_sec = ids as f64 / started.elapsed().as_secs_f64();
+    eprintln!("bench: worker A published {ids} ids at {ids_per_sec:.0} ids/s");
+    let mut window_before = 0.0;
+    a.wait_until("worker A reporting its window", Duration::from_secs(60), |w| {
+        window_before = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
+        window_before > 0.0
+    })?;
+    Ok(Built { worker: a, ids_per_sec, window_before, noted_at: Instant::now() })
+}
+
+/// A trickle of new ids during the take-over, 200 a second, so B has something to publish.
+fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Result<u64>> {
+    let config = config.clone();
+    let input = input.to_string();
+    std::thread::spawn(move || {
+        let load = crate::cli::tools::Load {
+            topic: &input,
+            count: 6000,
+            dup_ratio: 0.0,
+            dup_delay: Duration::ZERO,
+            value_bytes: 64,
+            rate_per_sec: Some(200.0),
+            show_progress: false,
+            spread_timestamps: None,
+        };
+        crate::cli::tools::loadgen(&config, load).map(|s| s.distinct_ids)
     })
 }
 
