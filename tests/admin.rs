@@ -4,13 +4,14 @@
 //! `snapshots.min_interval_secs` (the default here), so the ledger's files and the worker's open
 //! descriptors stay flat; with a token, the bearer scheme is taken in any case.
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use kit::*;
 use dedupe::metrics as m;
+
+/// The binary under test, built by cargo for this test run.
+const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 const SNAPSHOT: &str = "/admin/snapshot";
 /// Requests sent in a loop; on this machine they take a few seconds, well within the default
@@ -32,7 +33,7 @@ fn browsers_cannot_trigger_a_snapshot_and_a_loop_of_requests_takes_one_per_inter
     let snapshots = dir.path().join("snapshots");
     let ledger = dir.path().join("ledger");
     // No admin token, and the default snapshots.min_interval_secs (60).
-    let spec = WorkerSpec::new(&input.name, &output.name, &ledger).env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap());
+    let spec = DEDUPE.worker(&input.name, &output.name, &ledger).env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap());
     produce_full(&input.name, &keyed(&ids(200).iter().collect::<Vec<_>>()));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
@@ -114,7 +115,7 @@ fn with_a_token_the_bearer_scheme_is_taken_in_any_case() {
     let dir = tempfile::tempdir().unwrap();
     let snapshots = dir.path().join("snapshots");
     let token = "t0ken-for-the-admin-test";
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_ADMIN_TOKEN", token);
     let mut worker = spec.start();

@@ -7,44 +7,24 @@
 //! - Process chaos: SIGKILL at random moments, many times (DEDUPE_CHAOS_KILLS, default 20, and
 //!   DEDUPE_CHAOS_MESSAGES, default 200000, raise them for soak runs).
 
-mod common;
-
-use std::collections::HashSet;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use kit::load::produce_with_repeats;
+use kit::*;
 use rand::Rng;
 
-/// Produces `unique` ids, with `resent` earlier ids re-sent among them; returns the distinct count.
-fn produce_with_repeats(topic: &str, unique: usize, resent: usize) -> usize {
-    let all = ids(unique);
-    let mut rng = rand::rng();
-    let mut order: Vec<&String> = all.iter().collect();
-    for _ in 0..resent {
-        let at = rng.random_range(1..order.len());
-        let earlier = order[rng.random_range(0..at)];
-        order.insert(at, earlier);
-    }
-    produce_full(topic, &keyed(&order));
-    unique
-}
+/// The binary under test, built by cargo for this test run.
+const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 /// Starts the worker again (ready within two minutes), lets it publish `distinct` ids within
 /// `publish_within`, stops it (exit 0), and checks that the output, now final, holds every input
-/// id exactly once.
+/// id exactly once, in its partition, as its first copy, in input order.
 fn restart_and_check_exactly_once(spec: &WorkerSpec, input: &str, output: &str, distinct: usize, publish_within: Duration, what: &str) {
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
     wait_for_records(output, distinct, publish_within);
     assert_eq!(worker.terminate(Duration::from_secs(60)), Some(0), "{what}:\n{}", worker.log_text());
-    let out = consume_all(output, true);
-    let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
-    assert_eq!(keys.len(), out.len(), "{what}: duplicates in the output");
-    let (code, summary) = verify(input, output);
-    assert_eq!(code, 0, "{what}: {summary}");
-    assert_eq!(summary["duplicate_ids_in_output"], 0, "{what}: {summary}");
-    assert_eq!(summary["input_ids_missing_from_output"], 0, "{what}: {summary}");
+    exactly_once::assert_exactly_once(DEDUPE, input, output, distinct, what);
 }
 
 /// Crashes the worker at a failpoint, restarts it clean, and checks the output.
@@ -53,7 +33,7 @@ fn crash_at(failpoints: &str, durability: &str) {
     let output = TestTopic::create("crash-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let distinct = produce_with_repeats(&input.name, 3000, 600);
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_LEDGER_DURABILITY", durability)
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
 
@@ -95,7 +75,7 @@ fn crash_in_the_middle_of_recovery() {
     let output = TestTopic::create("crash-rec-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let distinct = produce_with_repeats(&input.name, 3000, 600);
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_LEDGER_DURABILITY", "no-wal")
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
     // First crash: after several publishes, leaving an output tail the ledger lacks.
@@ -111,8 +91,7 @@ fn crash_in_the_middle_of_recovery() {
     let page = worker.metrics().unwrap();
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
     assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap_or(0.0) > 0.0, "recovery replayed the tail");
-    let (code, summary) = verify(&input.name, &output.name);
-    assert_eq!(code, 0, "{summary}");
+    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, "after a crash in the middle of recovery");
 }
 
 #[test]
@@ -122,13 +101,13 @@ fn chaos_sigkill_at_random_moments() {
     let input = TestTopic::create("chaos-in", 4);
     let output = TestTopic::create("chaos-out", 4);
     let dir = tempfile::tempdir().unwrap();
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "2000");
 
     // The load: real clients' retries, 5% of ids re-sent (many of them seconds after their first
     // copy), produced while the worker is killed: paced to last about as long as the kills.
     let pace = (messages as f64 / (kills as f64 * 1.4)).max(1000.0);
-    let mut loadgen = Command::new(dedupe_bin())
+    let mut loadgen = DEDUPE.command()
         .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name])
         .args(["--count", &messages.to_string(), "--dup-ratio", "0.05", "--dup-delay-ms", "3000", "--value-bytes", "200"])
         .args(["--rate", &format!("{pace:.0}")])
@@ -174,7 +153,7 @@ fn a_kill_at_any_moment_of_the_first_start_never_bricks_the_worker() {
         let distinct = produce_with_repeats(&input.name, 500, 25);
         let data_dir = root.path().join(format!("volume-{n}/ledger"));
         std::fs::create_dir_all(data_dir.parent().unwrap()).unwrap();
-        let spec = WorkerSpec::new(&input.name, &output.name, &data_dir)
+        let spec = DEDUPE.worker(&input.name, &output.name, &data_dir)
             .without("DEDUPE_LEDGER_BUDGET_BYTES")
             .without("DEDUPE_LEDGER_WRITE_BUFFER_BYTES");
         let mut first = spec.start();

@@ -2,10 +2,8 @@
 //! lands as one record per message, keyed `<source>:<messageId>` on the partition the Java client
 //! would choose; refused requests produce nothing; without Kafka nothing is ever answered 200.
 //!
-//! The binary is the one `cargo test --release --workspace` builds next to this test
-//! (`target/release/dedupe`); after changing it, rebuild with `cargo build --release -p dedupe-actors`.
+//! Cargo builds the binary for the test run (`CARGO_BIN_EXE_dedupe`), with the run's features.
 
-mod common;
 // The browser and mobile routes, CORS, the settings document and Segment's JavaScript libraries;
 // the rate limit and the in-flight limit.
 #[path = "ingest/browser.rs"]
@@ -28,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use base64::Engine;
-use common::http::{self, Response};
-use common::{brokers, consume_all, TestTopic};
+use kit::http::{self, Response};
+use kit::ingest::basic;
+use kit::{brokers, consume_all, Dedupe, Ingest, TestTopic};
 use serde_json::{json, Value};
 
 const KEY_WEB: &str = "test-key-web";
@@ -90,144 +88,17 @@ fn murmur2_matches_the_java_clients_known_vectors() {
     assert_eq!(java_partition(b"web:m-1", 4), 3);
 }
 
-/// The `dedupe` binary built next to this test.
-fn dedupe_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let path = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>/deps").join("dedupe");
-    assert!(
-        path.exists(),
-        "the dedupe binary is not at {}: build it with `cargo build --release -p dedupe-actors` \
-         (the test command `cargo test --release --workspace` builds it)",
-        path.display()
-    );
-    path
-}
+/// The binary under test, built by cargo for this test run.
+const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
-fn free_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-    listener.local_addr().unwrap()
-}
-
-fn basic(key: &str) -> String {
-    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{key}:")))
-}
-
-/// A running `dedupe ingest`, killed when dropped.
-struct Ingest {
-    child: Child,
-    addr: SocketAddr,
-    metrics: SocketAddr,
-    log: tempfile::NamedTempFile,
-    _keys: tempfile::NamedTempFile,
-}
-
-impl Ingest {
-    /// Starts `dedupe ingest` on free ports. A port found free can be taken by another test's
-    /// process before the ingest binds it (the suite runs tests in parallel): that start is
-    /// retried on other ports, a few times.
-    fn start(brokers: &str, topic: &str, env: &[(&str, &str)]) -> Self {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match Self::try_start(brokers, topic, env) {
-                Ok(ingest) => return ingest,
-                Err(log) if attempt < 5 && log.contains("Address already in use") => continue,
-                Err(log) => panic!("dedupe ingest exited during start:\n{log}"),
-            }
-        }
+/// Starts `dedupe ingest` in front of `topic` on `brokers`, with two write keys (sources `web`
+/// and `ios`) and `env`.
+fn start_ingest(brokers: &str, topic: &str, env: &[(&str, &str)]) -> Ingest {
+    let mut spec = DEDUPE.ingest(topic).brokers(brokers).write_key(KEY_WEB, "web").write_key(KEY_IOS, "ios");
+    for (k, v) in env {
+        spec = spec.env(k, v);
     }
-
-    fn try_start(brokers: &str, topic: &str, env: &[(&str, &str)]) -> Result<Self, String> {
-        let mut keys = tempfile::NamedTempFile::new().unwrap();
-        writeln!(keys, "# test keys\n{KEY_WEB} web\n{KEY_IOS} ios").unwrap();
-        let log = tempfile::NamedTempFile::new().unwrap();
-        // Both ports held at once, so that the two cannot be the same.
-        let (addr, metrics) = {
-            let a = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-            let b = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-            (a.local_addr().unwrap(), b.local_addr().unwrap())
-        };
-        let mut cmd = Command::new(dedupe_binary());
-        cmd.arg("ingest")
-            .args(["--listen", &addr.to_string(), "--brokers", brokers, "--topic", topic])
-            .args(["--metrics-addr", &metrics.to_string()])
-            .arg("--write-keys-file")
-            .arg(keys.path())
-            .env_remove("DEDUPE_WRITE_KEYS")
-            .env("DEDUPE_LOG_LEVEL", "info")
-            .stdin(Stdio::null())
-            .stdout(log.reopen().unwrap())
-            .stderr(log.reopen().unwrap());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("start dedupe ingest");
-        let mut ingest = Self { child, addr, metrics, log, _keys: keys };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = http::get(addr, "/healthz") {
-                assert_eq!(r.status, 200);
-                return Ok(ingest);
-            }
-            if let Ok(Some(status)) = ingest.child.try_wait() {
-                return Err(format!("exit {status}\n{}", ingest.log_text()));
-            }
-            assert!(Instant::now() < deadline, "dedupe ingest did not answer /healthz within 30 s:\n{}", ingest.log_text());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(self.log.path()).unwrap_or_default()
-    }
-
-    fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-        let mut all = vec![("Content-Type", "application/json")];
-        all.extend_from_slice(headers);
-        self.request("POST", path, &all, body)
-    }
-
-    /// Any request, with exactly these headers.
-    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-        http::request(self.addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log_text()))
-    }
-
-    /// The sum of a metric's series with these labels on the ingest's /metrics (0 if none).
-    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let page = http::get(self.metrics, "/metrics").expect("GET /metrics");
-        common::metric_value(&String::from_utf8_lossy(&page.body), name, labels).unwrap_or(0.0)
-    }
-
-    fn post_json(&self, path: &str, key: Option<&str>, body: &Value) -> Response {
-        let auth = key.map(basic);
-        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
-        self.post(path, &headers, body.to_string().as_bytes())
-    }
-
-    /// Waits until /readyz answers `status`.
-    fn wait_ready(&self, status: u16) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let r = http::get(self.addr, "/readyz").expect("GET /readyz");
-            if r.status == status {
-                return;
-            }
-            assert!(Instant::now() < deadline, "/readyz did not answer {status} within 20 s (last {})", r.status);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Ingest {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // The log must never hold a write key.
-        let log = self.log_text();
-        if !std::thread::panicking() {
-            assert!(!log.contains(KEY_WEB) && !log.contains(KEY_IOS), "a write key was logged:\n{log}");
-        }
-    }
+    spec.start()
 }
 
 fn now_ms() -> i64 {
@@ -237,7 +108,7 @@ fn now_ms() -> i64 {
 #[test]
 fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
     let topic = TestTopic::create("ingest-batch", 4);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
 
     // Forty messages: even ones carry their own messageId, odd ones get one assigned.
@@ -301,7 +172,7 @@ fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
 #[test]
 fn single_message_endpoints_take_gzip_and_the_body_write_key() {
     let topic = TestTopic::create("ingest-single", 2);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
 
     // Each single-message endpoint, authenticated by writeKey in the body, sent gzipped.
     let messages = [
@@ -338,7 +209,7 @@ fn single_message_endpoints_take_gzip_and_the_body_write_key() {
 #[test]
 fn requests_without_a_known_write_key_are_refused_and_produce_nothing() {
     let topic = TestTopic::create("ingest-auth", 2);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
     let batch = json!({"batch": [{"type": "track", "event": "e", "userId": "u"}]});
 
     let cases = [
@@ -363,7 +234,7 @@ fn requests_without_a_known_write_key_are_refused_and_produce_nothing() {
 #[test]
 fn a_body_that_cannot_be_read_is_refused_whole_with_the_problem_named() {
     let topic = TestTopic::create("ingest-bad", 2);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     let good = json!({"type": "track", "event": "e", "userId": "u"});
 
@@ -408,18 +279,18 @@ fn a_body_that_cannot_be_read_is_refused_whole_with_the_problem_named() {
 }
 
 /// The dead-letter records of `input`'s front door, by the index of the event in its batch.
-fn dead_letters(input: &str) -> Vec<common::Record> {
+fn dead_letters(input: &str) -> Vec<kit::Record> {
     consume_all(&format!("{input}.dead-letter"), false)
 }
 
-fn header<'a>(r: &'a common::Record, name: &str) -> Option<&'a str> {
+fn header<'a>(r: &'a kit::Record, name: &str) -> Option<&'a str> {
     r.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref()).map(|v| std::str::from_utf8(v).unwrap())
 }
 
 #[test]
 fn an_invalid_event_goes_to_the_dead_letter_topic_and_costs_no_other_event() {
     let topic = TestTopic::create("ingest-per-event", 2);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     let good = |i: usize| json!({"type": "track", "event": "e", "userId": "u", "messageId": format!("ok-{i}")});
     let long_id = "x".repeat(300);
@@ -498,7 +369,7 @@ fn an_invalid_event_goes_to_the_dead_letter_topic_and_costs_no_other_event() {
 #[test]
 fn refuse_request_mode_refuses_a_request_with_an_invalid_event_whole() {
     let topic = TestTopic::create("ingest-strict", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[("DEDUPE_INGEST_ON_INVALID_EVENT", "refuse-request")]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[("DEDUPE_INGEST_ON_INVALID_EVENT", "refuse-request")]);
     ingest.wait_ready(200);
     let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [{"type": "track", "event": "e", "userId": "u"}, {"type": "track", "userId": "u"}]}));
     assert_eq!(r.status, 400, "{:?}", r.json());
@@ -510,7 +381,7 @@ fn refuse_request_mode_refuses_a_request_with_an_invalid_event_whole() {
 #[test]
 fn numbers_keys_and_strings_reach_kafka_as_sent_on_every_route() {
     let topic = TestTopic::create("ingest-as-sent", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     // The numbers a double would rewrite, keys out of alphabetical order, an escaped string.
     let fields = r#""userId":98765432109876543210,"properties":{"big":12345678901234567890123,"e":1e2,"z":1.50,"a":"\u00e9"}"#;
@@ -537,7 +408,7 @@ fn numbers_keys_and_strings_reach_kafka_as_sent_on_every_route() {
 #[test]
 fn without_kafka_requests_are_answered_503_and_never_200() {
     // A broker address nothing listens on, and a short ack timeout.
-    let ingest = Ingest::start("127.0.0.1:1", "ingest-unreachable", &[("DEDUPE_INGEST_ACK_TIMEOUT_MS", "1500")]);
+    let ingest = start_ingest("127.0.0.1:1", "ingest-unreachable", &[("DEDUPE_INGEST_ACK_TIMEOUT_MS", "1500")]);
     for i in 0..3 {
         let started = Instant::now();
         let r = ingest.post_json(
@@ -564,7 +435,7 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
     const CLIENTS: usize = 4;
     const BATCHES: usize = 25;
     let input = TestTopic::create("ingest-killed", 3);
-    let mut first = Ingest::start(&brokers(), &input.name, &[]);
+    let mut first = start_ingest(&brokers(), &input.name, &[]);
     first.wait_ready(200);
     let addr = Arc::new(Mutex::new(first.addr));
     let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
@@ -604,7 +475,7 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
     }
     first.child.kill().unwrap();
     first.child.wait().unwrap();
-    let second = Ingest::start(&brokers(), &input.name, &[]);
+    let second = start_ingest(&brokers(), &input.name, &[]);
     *addr.lock().unwrap() = second.addr;
     for client in clients {
         client.join().expect("a client failed");
@@ -624,7 +495,7 @@ fn a_front_door_killed_mid_traffic_answered_200_only_for_what_kafka_holds() {
 #[test]
 fn a_missing_input_topic_is_named_and_served_once_it_exists() {
     let name = format!("ingest-late-{}", uuid::Uuid::new_v4().simple());
-    let ingest = Ingest::start(&brokers(), &name, &[("DEDUPE_INGEST_ACK_TIMEOUT_MS", "1500")]);
+    let ingest = start_ingest(&brokers(), &name, &[("DEDUPE_INGEST_ACK_TIMEOUT_MS", "1500")]);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ingest.log_text().contains("The input topic does not exist on the brokers") {
         assert!(Instant::now() < deadline, "the missing topic was not named:\n{}", ingest.log_text());
@@ -636,9 +507,9 @@ fn a_missing_input_topic_is_named_and_served_once_it_exists() {
     let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &event("late-1"));
     assert_eq!((r.status, r.json()["code"].clone()), (503, json!("kafka_timeout")));
 
-    futures::executor::block_on(dedupe::kafka::create_topic(&common::kafka_config(), &name, 2, -1, &[])).unwrap();
+    futures::executor::block_on(dedupe::kafka::create_topic(&kit::kafka_config(), &name, 2, -1, &[])).unwrap();
     let topic = TestTopic { name, partitions: 2 };
-    common::wait_for_topic(&topic.name, 2);
+    kit::wait_for_topic(&topic.name, 2);
     ingest.wait_ready(200);
     assert!(ingest.log_text().contains("The input and dead-letter topics are in the brokers' metadata: ready."), "{}", ingest.log_text());
     let r = ingest.post_json("/v1/batch", Some(KEY_WEB), &event("late-2"));
@@ -669,7 +540,7 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 #[test]
 fn a_small_gzip_request_cannot_amplify_memory_through_the_shared_context() {
     let topic = TestTopic::create("ingest-amplify", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     // Warm up the allocator and the blocking pool with ordinary requests of the same route.
     for _ in 0..3 {
@@ -763,7 +634,7 @@ const SLOW_LIMITS: &[(&str, &str)] = &[
 #[test]
 fn a_body_that_does_not_arrive_in_time_is_answered_408_and_closed() {
     let topic = TestTopic::create("ingest-slow-body", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, SLOW_LIMITS);
+    let ingest = start_ingest(&brokers(), &topic.name, SLOW_LIMITS);
     ingest.wait_ready(200);
     let head = format!(
         "POST /v1/batch HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"batch\":",
@@ -785,7 +656,7 @@ fn a_body_that_does_not_arrive_in_time_is_answered_408_and_closed() {
 fn the_second_request_of_a_keep_alive_connection_is_timed_too() {
     use std::io::Read;
     let topic = TestTopic::create("ingest-slow-head", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, SLOW_LIMITS);
+    let ingest = start_ingest(&brokers(), &topic.name, SLOW_LIMITS);
     ingest.wait_ready(200);
     // A whole first request, answered, on a connection that stays open.
     let body = r#"{"batch":[{"type":"track","event":"e","userId":"u"}]}"#;
@@ -809,20 +680,23 @@ fn the_second_request_of_a_keep_alive_connection_is_timed_too() {
 #[test]
 fn slow_clients_cannot_hold_every_connection() {
     let topic = TestTopic::create("ingest-slowloris", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, SLOW_LIMITS);
+    let ingest = start_ingest(&brokers(), &topic.name, SLOW_LIMITS);
     ingest.wait_ready(200);
     // Twelve trickling clients against a limit of four connections.
     let started = Instant::now();
+    let connected = Arc::new(AtomicUsize::new(0));
     let slow: Vec<_> = (0..12)
         .map(|_| {
-            let addr = ingest.addr;
+            let (addr, connected) = (ingest.addr, connected.clone());
             std::thread::spawn(move || {
                 let mut s = open_with(addr, b"POST /v1/batch HTTP/1.1\r\n");
+                connected.fetch_add(1, Ordering::Relaxed);
                 trickle_until_closed(&mut s, b"X-Slow: abcdefgh\r\n", Duration::from_millis(300), Duration::from_secs(40))
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    // Every slow client has connected and sent its first line before the real one tries.
+    kit::wait_until("12 slow clients connected", Duration::from_secs(10), Duration::from_millis(10), || (connected.load(Ordering::Relaxed) == 12).then_some(()), || ingest.log_text());
     // A real client still gets through, once the slow ones are cut off.
     let ok = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({"batch": [{"type": "track", "event": "e", "userId": "u"}]}));
     let served_after = started.elapsed();

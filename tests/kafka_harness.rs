@@ -1,12 +1,10 @@
 //! Proves the test harness against the real broker: keyed records round-trip, and a
 //! `read_committed` reader sees committed transactions only.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::{consume_all, produce, TestTopic};
+use kit::{consume_all, produce, TestTopic};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 
 #[test]
@@ -46,7 +44,7 @@ fn keyed_records_round_trip() {
 #[test]
 fn read_committed_sees_only_committed_transactions() {
     let topic = TestTopic::create("harness-txn", 2);
-    let producer: ThreadedProducer<DefaultProducerContext> = common::client_config()
+    let producer: ThreadedProducer<DefaultProducerContext> = kit::client_config()
         .set("transactional.id", format!("harness-{}", topic.name))
         .create()
         .expect("transactional producer");

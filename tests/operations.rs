@@ -1,12 +1,13 @@
 //! Operations against the real broker: a real Prometheus scrapes a running worker, and a ledger
 //! snapshot restored after more traffic loses nothing the output topic still holds.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use kit::*;
+
+/// The binary under test, built by cargo for this test run.
+const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 #[test]
 fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
@@ -19,7 +20,7 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
     let acks = produce_full(&input.name, &keyed(&refs));
     let used: std::collections::BTreeSet<i32> = acks.iter().map(|(p, _)| *p).collect();
     assert_eq!(used.len(), 3, "300 ids reach all 3 partitions");
-    let mut worker = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).start();
+    let mut worker = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 300, Duration::from_secs(60));
 
@@ -99,7 +100,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let dir = tempfile::tempdir().unwrap();
     let snapshots = dir.path().join("snapshots");
     let hook_log = dir.path().join("hook.log");
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_SNAPSHOTS_KEEP", "2")
         .env("DEDUPE_SNAPSHOTS_HOOK", &format!("echo \"$DEDUPE_SNAPSHOT_DIR $DEDUPE_SNAPSHOT_PARTITIONS\" >> {}", hook_log.display()));
@@ -110,7 +111,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 400, Duration::from_secs(60));
-    let snap = Command::new(dedupe_bin())
+    let snap = DEDUPE.command()
         .args(["ledger", "snapshot", "--metrics-addr", &format!("127.0.0.1:{}", worker.metrics_port)])
         .output()
         .unwrap();
@@ -131,7 +132,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
 
     // Restore the snapshot over the newer ledger (moved aside, not deleted).
     let data_dir = dir.path().join("ledger");
-    let restore = Command::new(dedupe_bin())
+    let restore = DEDUPE.command()
         .args(["ledger", "restore", "--from", &snapshot_dir, "--force", "--data-dir"])
         .arg(&data_dir)
         .output()
@@ -162,7 +163,7 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     assert_eq!(out.len(), 700, "no retried id was published again");
     assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap() >= 300.0, "{page}");
     assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[]), Some(300.0));
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
@@ -179,7 +180,7 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
         "sleep 0.3; if [ -f \"$DEDUPE_SNAPSHOT_DIR/CURRENT\" ]; then echo ok; else echo gone; fi >> {}",
         hook_log.display()
     );
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_SNAPSHOTS_KEEP", "2")
         .env("DEDUPE_SNAPSHOTS_HOOK", &hook)
@@ -192,19 +193,19 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", worker.metrics_port).parse().unwrap();
 
     // Without the token, or with a wrong one: refused, nothing taken.
-    let none = common::http::request(addr, "POST", "/admin/snapshot", &[], b"").unwrap();
+    let none = kit::http::request(addr, "POST", "/admin/snapshot", &[], b"").unwrap();
     assert_eq!(none.status, 401, "{:?}", none.json());
-    let wrong = common::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer nope")], b"").unwrap();
+    let wrong = kit::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer nope")], b"").unwrap();
     assert_eq!(wrong.status, 401);
     assert!(!snapshots.exists() || std::fs::read_dir(&snapshots).unwrap().count() == 0);
 
     // Twenty at once with the token: each is taken, refused as busy, or (once one has finished
     // within the second) told to wait; none fails.
-    let answers: Vec<common::http::Response> = std::thread::scope(|s| {
+    let answers: Vec<kit::http::Response> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..20)
             .map(|_| {
                 s.spawn(move || {
-                    common::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer t0ken-for-tests")], b"")
+                    kit::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer t0ken-for-tests")], b"")
                         .unwrap()
                 })
             })
@@ -231,7 +232,7 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     // until a second has passed since the last snapshot started.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let snap = Command::new(dedupe_bin())
+        let snap = DEDUPE.command()
             .args(["ledger", "snapshot", "--metrics-addr", &addr.to_string()])
             .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests")
             .output()

@@ -4,88 +4,25 @@
 //!
 //! The local broker (deploy/local/kafka.sh) runs the group protocol with a 6 s session timeout.
 
-mod common;
-
-use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use kit::*;
+
+/// The binary under test, built by cargo for this test run.
+const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 /// A worker spec in group mode with its own member id.
 fn group_worker(input: &str, output: &str, dir: &std::path::Path, group: &str, member: &str) -> WorkerSpec {
-    let mut spec = WorkerSpec::new(input, output, dir).env("DEDUPE_WORKER_GROUP_ID", group);
+    let mut spec = DEDUPE.worker(input, output, dir).env("DEDUPE_WORKER_GROUP_ID", group);
     spec.extra_args = vec!["--assignment".into(), "group".into(), "--member-id".into(), member.into()];
     spec
 }
 
-/// Produces fresh ids in small batches until stopped, re-sending 5% of them: half of those
-/// right away, half long after their first copy (an id produced at least `old_after` earlier),
-/// so that a copy and its duplicate often land on different owners.
-struct Load {
-    stop: Arc<AtomicBool>,
-    produced: Arc<Mutex<Vec<String>>>,
-    resent: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(topic: &str, old_after: Duration) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let produced: Arc<Mutex<Vec<String>>> = Arc::default();
-        let resent = Arc::new(AtomicUsize::new(0));
-        let thread = {
-            let (topic, stop, produced, resent) = (topic.to_string(), stop.clone(), produced.clone(), resent.clone());
-            std::thread::spawn(move || {
-                let mut sent_at: Vec<(Instant, String)> = Vec::new();
-                let mut n = 0usize;
-                while !stop.load(Ordering::Relaxed) {
-                    let fresh = ids(40);
-                    let mut batch: Vec<&String> = Vec::new();
-                    for id in &fresh {
-                        batch.push(id);
-                        n += 1;
-                        if n.is_multiple_of(20) {
-                            // 5%: every 20th id is sent twice.
-                            if n.is_multiple_of(40) {
-                                batch.push(id);
-                            } else if let Some((_, old)) = sent_at.iter().rev().find(|(t, _)| t.elapsed() >= old_after) {
-                                batch.push(old);
-                            } else {
-                                batch.push(id);
-                            }
-                            resent.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    let owned: Vec<String> = batch.iter().map(|s| s.to_string()).collect();
-                    produce_full(&topic, &keyed(&owned.iter().collect::<Vec<_>>()));
-                    let now = Instant::now();
-                    sent_at.extend(fresh.iter().map(|id| (now, id.clone())));
-                    produced.lock().unwrap().extend(fresh);
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            })
-        };
-        Load { stop, produced, resent, thread: Some(thread) }
-    }
-
-    fn distinct(&self) -> usize {
-        self.produced.lock().unwrap().len()
-    }
-
-    fn finish(mut self) -> (usize, usize) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().expect("load thread");
-        }
-        (self.distinct(), self.resent.load(Ordering::Relaxed))
-    }
-}
-
-/// The value of a worker's metric (summed over label sets), 0 when absent.
-fn metric(w: &Worker, name: &str) -> f64 {
-    w.metrics().and_then(|page| metric_value(&page, name, &[])).unwrap_or(0.0)
+/// The load while workers come and go: 5% of ids re-sent, half of those right away, half long
+/// after their first copy (an id produced at least `old_after` earlier), so that a copy and its
+/// duplicate often land on different owners.
+fn load(topic: &str, old_after: Duration) -> Load {
+    Load::start(topic, LoadSpec { rate_per_sec: 800, resend_share: 0.05, old_share: 0.5, old_after })
 }
 
 /// Waits until the live workers together own and process every partition, none loading, and
@@ -93,9 +30,9 @@ fn metric(w: &Worker, name: &str) -> f64 {
 fn wait_settled(workers: &[&Worker], partitions: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        let each: Vec<f64> = workers.iter().map(|w| metric(w, "dedupe_partitions_owned")).collect();
+        let each: Vec<f64> = workers.iter().map(|w| w.metric("dedupe_partitions_owned", &[])).collect();
         let owned: f64 = each.iter().sum();
-        let ready: f64 = workers.iter().map(|w| metric(w, "dedupe_partitions_ready")).sum();
+        let ready: f64 = workers.iter().map(|w| w.metric("dedupe_partitions_ready", &[])).sum();
         if owned as usize == partitions && ready as usize == partitions && each.iter().all(|&n| n >= 1.0) {
             return;
         }
@@ -105,32 +42,6 @@ fn wait_settled(workers: &[&Worker], partitions: usize, timeout: Duration) {
     }
 }
 
-/// Checks the output: each id exactly once, in its input partition, in input order.
-fn assert_exactly_once_in_order(input: &str, output: &str, expected: usize) {
-    let out = consume_all(output, true);
-    let keys: Vec<&Vec<u8>> = out.iter().map(|r| r.key.as_ref().expect("keyed")).collect();
-    let distinct: HashSet<_> = keys.iter().collect();
-    assert_eq!(distinct.len(), keys.len(), "an id was published twice");
-    assert_eq!(out.len(), expected, "every produced id is in the output");
-    let inp = consume_all(input, true);
-    let mut expected_order: BTreeMap<i32, Vec<&Vec<u8>>> = BTreeMap::new();
-    let mut seen = HashSet::new();
-    for r in &inp {
-        let k = r.key.as_ref().unwrap();
-        if seen.insert(k) {
-            expected_order.entry(r.partition).or_default().push(k);
-        }
-    }
-    let mut got: BTreeMap<i32, Vec<&Vec<u8>>> = BTreeMap::new();
-    for r in &out {
-        got.entry(r.partition).or_default().push(r.key.as_ref().unwrap());
-    }
-    assert_eq!(got, expected_order, "per partition: the input's first copies, in input order");
-    let (code, summary) = verify(input, output);
-    assert_eq!(code, 0, "verify: {summary}");
-}
-
-
 #[test]
 fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     let input = TestTopic::create("scale-in", 6);
@@ -139,7 +50,7 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     let root = tempfile::tempdir().unwrap();
     let spec = |n: &str, dir: &str| group_worker(&input.name, &output.name, &root.path().join(dir), &group, n);
 
-    let load = Load::start(&input.name, Duration::from_secs(4));
+    let load = load(&input.name, Duration::from_secs(4));
     // One worker.
     let mut w1 = spec("w1", "d1").start();
     wait_settled(&[&w1], 6, Duration::from_secs(90));
@@ -150,7 +61,8 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     // once its session expires).
     let mut w2 = spec("w2", "d2").start();
     let mut w3 = spec("w3", "d3").start();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Killed once the group has handed it partitions: the others are giving theirs up then.
+    wait_until("w3 owning a partition", Duration::from_secs(90), Duration::from_millis(50), || (w3.metric("dedupe_partitions_owned", &[]) >= 1.0).then_some(()), || w3.log_text());
     w3.kill();
     let mut w3 = spec("w3", "d3-empty").start();
     wait_settled(&[&w1, &w2, &w3], 6, Duration::from_secs(120));
@@ -166,15 +78,18 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     // One: w2 leaves cleanly.
     assert_eq!(w2.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w2.log_text());
     wait_settled(&[&w1], 6, Duration::from_secs(120));
-    std::thread::sleep(Duration::from_secs(3));
+    // w1 publishes what was produced while it owned every partition again.
+    let before = load.distinct();
+    wait_for_records(&output.name, before, Duration::from_secs(90));
 
-    let (distinct, resent) = load.finish();
+    let summary = load.finish();
+    let (distinct, resent) = (summary.distinct as usize, summary.resent);
     assert!(resent > 20, "the load re-sent ids ({resent})");
     wait_for_records(&output.name, distinct, Duration::from_secs(120));
-    let loaded = metric(&w1, "dedupe_handover_ids_loaded_total");
+    let loaded = w1.metric("dedupe_handover_ids_loaded_total", &[]);
     assert!(loaded > 0.0, "partitions that came back to w1 loaded ids from the changelog:\n{}", w1.log_text());
     assert_eq!(w1.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w1.log_text());
-    assert_exactly_once_in_order(&input.name, &output.name, distinct);
+    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, "workers coming and going");
 }
 
 #[test]
@@ -214,7 +129,7 @@ fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
     produce_full(&input.name, &keyed(&third.iter().collect::<Vec<_>>()));
     wait_for_records(&output.name, 700, Duration::from_secs(60));
     assert_eq!(new.terminate(Duration::from_secs(60)), Some(0), "{}", new.log_text());
-    assert_exactly_once_in_order(&input.name, &output.name, 700);
+    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, 700, "a frozen old owner");
 }
 
 #[test]

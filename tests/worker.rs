@@ -3,19 +3,20 @@
 //! queue, a restart whose old pipeline ends late, a zombie worker).
 //! Crash tests live in `tests/crash.rs`.
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::*;
+use kit::*;
+
+/// The binary under test, built by cargo for this test run.
+const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 #[test]
 fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     let input = TestTopic::create("golden-in", 2);
     let output = TestTopic::create("golden-out", 2);
     let dir = tempfile::tempdir().unwrap();
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"));
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
     let all = ids(600);
 
     // Phase 1: 300 ids; every tenth is re-sent right away, so the repeat lands in the same batch.
@@ -78,7 +79,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     let dropped = metric_value(&page, "dedupe_duplicates_dropped_total", &[]).unwrap_or(0.0);
     assert_eq!(dropped, 50.0, "phase 3 re-sent 50 ids");
 
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
     assert_eq!(summary["duplicate_ids_in_output"], 0);
     assert_eq!(summary["input_ids_missing_from_output"], 0);
@@ -94,7 +95,7 @@ fn verify_fails_on_a_duplicate_and_on_a_missing_id() {
     produce_full(&input.name, &keyed(&[&a, &b, &c]));
     // The output repeats a and lacks c.
     produce_full(&output.name, &keyed(&[&a, &b, &a]));
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 1, "{summary}");
     assert_eq!(summary["duplicate_ids_in_output"], 1);
     assert_eq!(summary["input_ids_missing_from_output"], 1);
@@ -130,7 +131,7 @@ fn run_bad_input(policy: &str) {
     let (keyed_unique, records) = bad_input();
     let unkeyed = 7; // 2 null keys, 2 empty, 2 too long, 1 keyless tombstone
     produce_full(&input.name, &records);
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_UNKEYED_POLICY", policy)
         .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dlq.name);
     let mut worker = spec.start();
@@ -188,7 +189,7 @@ fn aborted_transactions_are_retried_without_loss() {
     let refs: Vec<&String> = all.iter().chain(&all[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
     // The first two transactions fail before anything is produced, and are aborted.
-    let spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("FAILPOINTS", "output-before-produce=2*return->off");
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
@@ -198,7 +199,7 @@ fn aborted_transactions_are_retried_without_loss() {
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
     assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), Some(2.0), "{page}");
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
@@ -214,7 +215,7 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     let all = ids(1500);
     let refs: Vec<&String> = all.iter().chain(&all[..150]).collect();
     produce_full(&input.name, &keyed(&refs));
-    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"));
+    let mut spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
     spec.extra_args = vec!["--config".into(), config.display().to_string()];
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
@@ -225,7 +226,7 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     assert!(waits > 0.0, "no record waited for room, so the queue was never full:\n{page}");
     assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), None, "{page}");
     assert_eq!(consume_all(&output.name, true).len(), all.len());
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
@@ -239,7 +240,7 @@ fn a_pipeline_that_ends_after_its_restart_leaves_the_new_owner_alone() {
     let dir = tempfile::tempdir().unwrap();
     let first = ids(50);
     produce_full_to(&input.name, Some(0), &keyed(&first.iter().collect::<Vec<_>>()));
-    let mut spec = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger"))
+    let mut spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("FAILPOINTS", "output-before-produce=6*return->off;worker-stopped-late=1*return(8000)->off");
     spec.partitions = Some("0,1".into());
     let mut worker = spec.start();
@@ -260,7 +261,7 @@ fn a_pipeline_that_ends_after_its_restart_leaves_the_new_owner_alone() {
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), first.len() + second.len(), "{}", worker.log_text());
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
@@ -269,10 +270,10 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
     let input = TestTopic::create("zombie-in", 1);
     let output = TestTopic::create("zombie-out", 1);
     let dir = tempfile::tempdir().unwrap();
-    let spec_a = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger-a"));
+    let spec_a = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger-a"));
     // Same group, same partition, another ledger: a copy of the worker left running elsewhere.
     let group = spec_a.env.iter().find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID").unwrap().1.clone();
-    let spec_b = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger-b")).env("DEDUPE_WORKER_GROUP_ID", &group);
+    let spec_b = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger-b")).env("DEDUPE_WORKER_GROUP_ID", &group);
 
     let mut a = spec_a.start();
     a.wait_ready(Duration::from_secs(60));
@@ -305,7 +306,7 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
     let out = consume_all(&output.name, true);
     let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), out.len(), "no duplicates in the output");
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
@@ -314,10 +315,10 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
     let input = TestTopic::create("refuse-in", 4);
     let output = TestTopic::create("refuse-out", 2);
     let dir = tempfile::tempdir().unwrap();
-    let mut w = WorkerSpec::new(&input.name, &output.name, &dir.path().join("l")).start();
+    let mut w = DEDUPE.worker(&input.name, &output.name, &dir.path().join("l")).start();
     assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
     assert!(w.log_text().contains("needs at least 4"), "{}", w.log_text());
-    let mut w = WorkerSpec::new(&input.name, "no-such-topic-here", &dir.path().join("l")).start();
+    let mut w = DEDUPE.worker(&input.name, "no-such-topic-here", &dir.path().join("l")).start();
     assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
     assert!(w.log_text().contains("does not exist"), "{}", w.log_text());
 }
@@ -326,7 +327,7 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
 fn an_unreachable_broker_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port(); // nothing listens there
-    let out = std::process::Command::new(dedupe_bin())
+    let out = std::process::DEDUPE.command()
         .args(["run", "--brokers", &format!("127.0.0.1:{port}"), "--input-topic", "i", "--output-topic", "o"])
         .arg("--data-dir")
         .arg(dir.path().join("ledger"))
@@ -348,7 +349,7 @@ fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
     let ledger = dir.path().join("ledger");
     // A ledger that worked once...
     produce_full(&input.name, &keyed(&ids(10).iter().collect::<Vec<_>>()));
-    let spec = WorkerSpec::new(&input.name, &output.name, &ledger);
+    let spec = DEDUPE.worker(&input.name, &output.name, &ledger);
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 10, Duration::from_secs(60));
@@ -409,7 +410,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let output = TestTopic::create("diskfull-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let disk = SmallDisk::mount(&dir.path().join("disk"), "12m");
-    let summary = std::process::Command::new(dedupe_bin())
+    let summary = std::process::DEDUPE.command()
         .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name, "--count", "600000", "--dup-ratio", "0.02"])
         .args(["--value-bytes", "100"])
         .output()
@@ -417,7 +418,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     assert!(summary.status.success());
     let summary: serde_json::Value = serde_json::from_slice(&summary.stdout).unwrap();
     let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
-    let spec = WorkerSpec::new(&input.name, &output.name, &disk.path.join("ledger"))
+    let spec = DEDUPE.worker(&input.name, &output.name, &disk.path.join("ledger"))
         .env("DEDUPE_LEDGER_WRITE_BUFFER_BYTES", "4MiB")
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "4096");
 
@@ -429,7 +430,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     assert_ne!(code, Some(0), "{log}");
     assert!(log.contains("No space left on device"), "the error names the cause:\n{log}");
     // Everything published so far is there once.
-    let (_, partial) = verify(&input.name, &output.name);
+    let (_, partial) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(partial["duplicate_ids_in_output"], 0, "{partial}");
     assert!(partial["input_ids_missing_from_output"].as_u64().unwrap() > 0, "the disk filled before the end: {partial}");
 
@@ -439,7 +440,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     w.wait_ready(Duration::from_secs(120));
     wait_for_records(&output.name, distinct, Duration::from_secs(240));
     assert_eq!(w.terminate(Duration::from_secs(30)), Some(0), "{}", w.log_text());
-    let (code, summary) = verify(&input.name, &output.name);
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
@@ -450,14 +451,14 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
     produce_full(&input.name, &keyed(&ids(50).iter().collect::<Vec<_>>()));
-    let spec = WorkerSpec::new(&input.name, &output.name, &ledger);
+    let spec = DEDUPE.worker(&input.name, &output.name, &ledger);
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
     assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
 
     // `dedupe ledger stats` reads the stopped worker's ledger: 50 ids, and partition 0's progress.
-    let stats = std::process::Command::new(dedupe_bin())
+    let stats = std::process::DEDUPE.command()
         .args(["ledger", "stats", "--data-dir"])
         .arg(&ledger)
         .output()

@@ -1,5 +1,4 @@
-//! The `dedupe` binary's command line, run as a user would. (Having an integration test here also
-//! makes `cargo test --workspace` build the binary that the top-level `tests/ingest.rs` starts.)
+//! The `dedupe` binary's command line, run as a user would.
 
 use std::process::Command;
 

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::common::{self, brokers, consume_all, wait_for_records, TestTopic, WorkerSpec};
-use super::{basic, free_port, Ingest, KEY_IOS, KEY_WEB};
+use kit::{brokers, consume_all, wait_for_records, TestTopic, WorkerSpec};
+use kit::{free_port, Ingest};
+
+use super::{basic, KEY_IOS, KEY_WEB};
 
 /// Messages by the key they were produced under.
 fn by_key(topic: &str) -> BTreeMap<String, Value> {
@@ -29,7 +31,7 @@ fn by_key(topic: &str) -> BTreeMap<String, Value> {
 #[test]
 fn the_one_letter_routes_take_json_as_text_plain_and_from_a_beacon() {
     let topic = TestTopic::create("ingest-browser-routes", 2);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[]);
     let auth = basic(KEY_WEB);
 
     // The browser library's standard strategy: one event per request to the type's first letter,
@@ -85,7 +87,7 @@ fn the_one_letter_routes_take_json_as_text_plain_and_from_a_beacon() {
 #[test]
 fn bad_input_on_the_new_routes_is_refused_as_on_the_old_ones() {
     let topic = TestTopic::create("ingest-browser-bad", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     let good = json!({"type": "track", "event": "e", "userId": "u"});
     let text = [("Content-Type", "text/plain")];
@@ -127,7 +129,7 @@ fn cors_answers_only_the_configured_origins() {
     let topic = TestTopic::create("ingest-cors", 1);
     let allowed = "http://localhost:5000";
     let origins = format!(r#"["{allowed}", "https://shop.example.com"]"#);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[("DEDUPE_INGEST_CORS_ORIGINS", origins.as_str())]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[("DEDUPE_INGEST_CORS_ORIGINS", origins.as_str())]);
     let preflight = |origin: &str| {
         ingest.request(
             "OPTIONS",
@@ -172,7 +174,7 @@ fn cors_answers_only_the_configured_origins() {
 #[test]
 fn the_wildcard_origin_is_allowed_and_warned_about() {
     let topic = TestTopic::create("ingest-cors-any", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[("DEDUPE_INGEST_CORS_ORIGINS", r#"["*"]"#)]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[("DEDUPE_INGEST_CORS_ORIGINS", r#"["*"]"#)]);
     let r = ingest.request("OPTIONS", "/v1/b", &[("Origin", "https://any.example"), ("Access-Control-Request-Method", "POST")], b"");
     assert_eq!((r.status, r.header("access-control-allow-origin")), (204, Some("*")));
     assert!(ingest.log_text().contains("allows every origin"), "{}", ingest.log_text());
@@ -181,7 +183,7 @@ fn the_wildcard_origin_is_allowed_and_warned_about() {
 #[test]
 fn the_settings_document_points_analytics_js_back_here_for_known_keys_only() {
     let topic = TestTopic::create("ingest-settings", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[]);
     let r = ingest.request("GET", &format!("/v1/projects/{KEY_WEB}/settings"), &[], b"");
     assert_eq!(r.status, 200);
     let doc = r.json();
@@ -198,7 +200,7 @@ fn the_settings_document_points_analytics_js_back_here_for_known_keys_only() {
     assert!(!ingest.log_text().contains("not-a-key"), "a write key from a path was logged");
 
     // With ingest.public_url the document points there instead, and may be cached.
-    let public = Ingest::start(&brokers(), &topic.name, &[("DEDUPE_INGEST_PUBLIC_URL", "https://track.example.com/seg/")]);
+    let public = super::start_ingest(&brokers(), &topic.name, &[("DEDUPE_INGEST_PUBLIC_URL", "https://track.example.com/seg/")]);
     let r = public.request("GET", &format!("/v1/projects/{KEY_IOS}/settings"), &[], b"");
     let doc = r.json();
     assert_eq!(doc["integrations"]["Segment.io"]["apiHost"], "track.example.com/seg/v1");
@@ -215,7 +217,7 @@ fn the_settings_document_points_analytics_js_back_here_for_known_keys_only() {
 
 /// `tests/js/`, with its packages installed.
 fn js_dir() -> PathBuf {
-    let dir = common::repo_root().join("tests/js");
+    let dir = kit::repo_root().join("tests/js");
     assert!(
         dir.join("node_modules/@segment/analytics-next").exists() && dir.join("node_modules/puppeteer-core").exists(),
         "the JavaScript packages are not installed: run `npm ci --prefix tests/js` (deploy/local/install-deps.sh does)"
@@ -256,7 +258,7 @@ pub(super) fn strings(v: &Value) -> Vec<String> {
 pub(super) fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) {
     let output = TestTopic::create(&format!("{}-out", &input.name[..input.name.len().min(24)]), input.partitions);
     let dir = tempfile::tempdir().unwrap();
-    let mut worker = WorkerSpec::new(&input.name, &output.name, &dir.path().join("ledger")).start();
+    let mut worker = super::DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).start();
     wait_for_records(&output.name, expected.len(), Duration::from_secs(90));
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
     let mut copies: BTreeMap<String, usize> = BTreeMap::new();
@@ -267,7 +269,7 @@ pub(super) fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) 
     let got: BTreeSet<String> = copies.keys().cloned().collect();
     assert_eq!(&got, expected, "the output's messages are not the ones sent");
     assert!(copies.values().all(|&n| n == 1), "a message is in the output more than once: {copies:?}");
-    let (code, summary) = common::verify(&input.name, &output.name);
+    let (code, summary) = super::DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "dedupe verify: {summary}");
 }
 
@@ -285,7 +287,7 @@ pub(super) fn input_copies(topic: &str) -> BTreeMap<String, usize> {
 fn analytics_node_retries_a_lost_answer_and_a_rate_limit_and_every_event_arrives_once() {
     let input = TestTopic::create("ingest-node", 3);
     // A rate limit the library's second phase (60 events) must run into.
-    let ingest = Ingest::start(
+    let ingest = super::start_ingest(
         &brokers(),
         &input.name,
         &[("DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC", "20"), ("DEDUPE_INGEST_RATE_LIMIT_BURST_EVENTS", "20")],
@@ -332,10 +334,10 @@ fn analytics_node_retries_a_lost_answer_and_a_rate_limit_and_every_event_arrives
 /// `tests/js/browser.mjs` in headless Chromium against it with `env` added; returns the front
 /// door, the page's origin and what the script printed.
 pub(super) fn run_browser(input: &TestTopic, env: &[(&str, &str)]) -> (Ingest, String, Value) {
-    let page_port = free_port().port();
+    let page_port = free_port();
     let page_origin = format!("http://localhost:{page_port}");
     let origins = format!(r#"["{page_origin}"]"#);
-    let ingest = Ingest::start(&brokers(), &input.name, &[("DEDUPE_INGEST_CORS_ORIGINS", origins.as_str())]);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[("DEDUPE_INGEST_CORS_ORIGINS", origins.as_str())]);
     ingest.wait_ready(200);
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(std::path::Path::new(&chromium).exists(), "no Chromium at {chromium}: apt-get install chromium (deploy/local/install-deps.sh does)");

@@ -14,8 +14,10 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 
 use super::browser::{dedupe_and_verify, input_copies, run_browser, run_node, strings};
-use super::common::{brokers, Record, TestTopic};
-use super::{dead_letters, header, Ingest, KEY_WEB};
+use kit::{brokers, Record, TestTopic};
+use kit::Ingest;
+
+use super::{dead_letters, header, KEY_WEB};
 
 /// The client's requests, as its proxy logged them: the ten events went out in one POST, the
 /// only one (never sent again), answered 200 naming the invalid event by its place and `code`.
@@ -54,7 +56,7 @@ fn assert_dead_lettered_alone(input: &TestTopic, valid: &BTreeSet<String>, inval
 #[test]
 fn analytics_node_batches_ten_with_one_overlong_message_id_and_the_nine_arrive_once() {
     let input = TestTopic::create("ingest-node-invalid", 2);
-    let ingest = Ingest::start(&brokers(), &input.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[]);
     ingest.wait_ready(200);
     let url = format!("http://{}", ingest.addr);
     let out = run_node("node_invalid_event.mjs", &[("INGEST_URL", url.as_str()), ("WRITE_KEY", KEY_WEB)], &ingest);

@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::common::{brokers, consume_all, TestTopic};
-use super::{basic, Ingest, KEY_IOS, KEY_WEB};
+use kit::{brokers, consume_all, TestTopic};
+use kit::Ingest;
+
+use super::{basic, KEY_IOS, KEY_WEB};
 
 fn events(n: usize, tag: &str) -> Value {
     let batch: Vec<Value> =
@@ -22,7 +24,7 @@ fn events(n: usize, tag: &str) -> Value {
 #[test]
 fn a_source_over_its_rate_is_answered_429_with_the_wait_and_others_are_not() {
     let topic = TestTopic::create("ingest-rate", 1);
-    let ingest = Ingest::start(
+    let ingest = super::start_ingest(
         &brokers(),
         &topic.name,
         // One event a second: what refills while the first requests wait for Kafka (a first
@@ -55,7 +57,7 @@ fn a_source_over_its_rate_is_answered_429_with_the_wait_and_others_are_not() {
 #[test]
 fn the_rate_limit_charges_every_event_so_large_batches_cannot_bypass_it() {
     let topic = TestTopic::create("ingest-rate-every-event", 1);
-    let ingest = Ingest::start(
+    let ingest = super::start_ingest(
         &brokers(),
         &topic.name,
         &[("DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC", "20"), ("DEDUPE_INGEST_RATE_LIMIT_BURST_EVENTS", "20")],
@@ -95,7 +97,7 @@ fn the_rate_limit_charges_every_event_so_large_batches_cannot_bypass_it() {
 #[test]
 fn past_the_in_flight_limit_a_request_is_answered_503_and_the_next_one_passes() {
     let topic = TestTopic::create("ingest-in-flight", 1);
-    let ingest = Ingest::start(
+    let ingest = super::start_ingest(
         &brokers(),
         &topic.name,
         // Each request holds its place for 3 s (the failpoint waits without blocking the server).
@@ -107,7 +109,7 @@ fn past_the_in_flight_limit_a_request_is_answered_503_and_the_next_one_passes() 
     let held: Vec<_> = (0..2)
         .map(|i| {
             let body = events(1, &format!("held-{i}")).to_string();
-            std::thread::spawn(move || super::common::http::request(addr, "POST", "/v1/batch", &[("Authorization", &basic(KEY_WEB)), ("Content-Type", "application/json")], body.as_bytes()).unwrap())
+            std::thread::spawn(move || kit::http::request(addr, "POST", "/v1/batch", &[("Authorization", &basic(KEY_WEB)), ("Content-Type", "application/json")], body.as_bytes()).unwrap())
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -139,7 +141,7 @@ fn past_the_in_flight_limit_a_request_is_answered_503_and_the_next_one_passes() 
 fn keyless_trickling_clients_cannot_starve_a_client_with_a_key() {
     // The defaults, as deployed: 512 connections, 64 places in flight, keyless bodies bounded.
     let topic = TestTopic::create("ingest-trickle", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     // 200 connections that send a keyless text/plain body to /v1/t one byte every half second,
     // each opening a new connection when its last is closed, for 12 s.
@@ -199,7 +201,7 @@ fn keyless_trickling_clients_cannot_starve_a_client_with_a_key() {
 #[test]
 fn a_flood_of_refusals_logs_a_few_lines_and_counts_every_one() {
     let topic = TestTopic::create("ingest-log-flood", 1);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[]);
     // 2,000 requests with an unknown key, as fast as they are answered.
     let body = events(1, "flood");
     for _ in 0..2_000 {

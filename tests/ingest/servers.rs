@@ -12,13 +12,15 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 use super::browser::{dedupe_and_verify, input_copies, run_client, strings};
-use super::common::{self, brokers, TestTopic};
-use super::{Ingest, KEY_WEB};
+use kit::{brokers, TestTopic};
+use kit::Ingest;
+
+use super::KEY_WEB;
 
 /// Runs `tests/java/AnalyticsJavaClient.java` on analytics-java's classpath; returns the JSON line
 /// it prints.
 fn run_java_client(env: &[(&str, &str)], ingest: &Ingest) -> Value {
-    let java_dir = common::repo_root().join("tests/java");
+    let java_dir = kit::repo_root().join("tests/java");
     let install = Command::new(java_dir.join("install.sh")).output().expect("run tests/java/install.sh");
     assert!(install.status.success(), "tests/java/install.sh failed:\n{}", String::from_utf8_lossy(&install.stderr));
     let classpath_file = String::from_utf8_lossy(&install.stdout).trim().to_string();
@@ -31,7 +33,7 @@ fn run_java_client(env: &[(&str, &str)], ingest: &Ingest) -> Value {
 #[test]
 fn analytics_java_posts_to_import_retries_a_lost_answer_and_every_event_arrives_once() {
     let input = TestTopic::create("ingest-java", 3);
-    let ingest = Ingest::start(&brokers(), &input.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[]);
     ingest.wait_ready(200);
     let url = format!("http://{}", ingest.addr);
     let out = run_java_client(&[("INGEST_URL", url.as_str()), ("WRITE_KEY", KEY_WEB)], &ingest);
@@ -64,7 +66,7 @@ fn analytics_java_posts_to_import_retries_a_lost_answer_and_every_event_arrives_
 #[test]
 fn import_and_a_trailing_slash_reach_the_same_endpoints() {
     let topic = TestTopic::create("ingest-import-routes", 2);
-    let ingest = Ingest::start(&brokers(), &topic.name, &[]);
+    let ingest = super::start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
     let batch = |id: &str| json!({"batch": [{"type": "track", "event": "e", "userId": "u", "messageId": id}]});
     for (path, id) in [("/v1/import", "imp-1"), ("/v1/import/", "imp-2"), ("/v1/batch/", "imp-3")] {

@@ -1,15 +1,12 @@
-//! Shared helpers for the integration tests: a real Apache Kafka broker started by the project's
-//! own script, uniquely named topics that delete themselves, and produce/consume helpers.
+//! The test broker, uniquely named topics that delete themselves, and produce/consume helpers.
 //!
 //! A test that cannot reach its broker fails with a message saying what is missing; nothing here
 //! skips.
-#![allow(dead_code)]
 
-pub mod http;
-
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dedupe::config::KafkaConfig;
@@ -20,16 +17,11 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
-/// The repository's top directory.
-pub fn repo_root() -> PathBuf {
-    // Read when the test runs (cargo sets it then too): a binary left in a shared target
-    // directory by a build of another checkout must still use this one.
-    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-}
+use crate::repo_root;
 
 static BROKERS: OnceLock<String> = OnceLock::new();
 
-/// Points every helper of this test binary at `bootstrap` (e.g. the three-node cluster) instead
+/// Points every helper of this test process at `bootstrap` (e.g. the three-node cluster) instead
 /// of the single test broker. It must be called before any helper asks for [`brokers`].
 pub fn use_brokers(bootstrap: &str) {
     let set = BROKERS.get_or_init(|| bootstrap.to_string());
@@ -241,222 +233,6 @@ pub fn try_consume_all(topic: &str, read_committed: bool, timeout: Duration) -> 
     Ok(out)
 }
 
-
-/// The `dedupe` binary built by this test run (`target/<profile>/dedupe`).
-pub fn dedupe_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test>-<hash> → target/<profile>/dedupe
-    let bin = exe.parent().and_then(|d| d.parent()).expect("target dir").join("dedupe");
-    assert!(bin.exists(), "{} is missing: run the tests with `cargo test --workspace` so the binary is built", bin.display());
-    bin
-}
-
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// A `dedupe run` child process with its own ledger directory and metrics port.
-pub struct Worker {
-    pub child: std::process::Child,
-    pub metrics_port: u16,
-    /// Where its metrics listener is (127.0.0.1 unless the worker runs in another network namespace).
-    pub metrics_host: std::net::IpAddr,
-    pub data_dir: PathBuf,
-    pub log: PathBuf,
-}
-
-/// How to start a worker.
-#[derive(Clone)]
-pub struct WorkerSpec {
-    pub input: String,
-    pub output: String,
-    pub data_dir: PathBuf,
-    pub partitions: Option<String>,
-    pub env: Vec<(String, String)>,
-    pub extra_args: Vec<String>,
-    /// `--brokers` (the tests' broker if None).
-    pub brokers: Option<String>,
-    /// A command the worker runs under (e.g. `ip netns exec NAME`).
-    pub wrapper: Vec<String>,
-    /// The address its metrics listener binds (127.0.0.1 if None).
-    pub metrics_host: Option<std::net::IpAddr>,
-}
-
-impl WorkerSpec {
-    pub fn new(input: &str, output: &str, data_dir: &std::path::Path) -> Self {
-        Self {
-            input: input.into(),
-            output: output.into(),
-            data_dir: data_dir.to_path_buf(),
-            partitions: None,
-            env: vec![
-                ("DEDUPE_WORKER_BATCH_MAX_RECORDS".into(), "500".into()),
-                ("DEDUPE_WORKER_BATCH_LINGER_MS".into(), "5".into()),
-                ("DEDUPE_LEDGER_BUDGET_BYTES".into(), "256MiB".into()),
-                ("DEDUPE_LEDGER_WRITE_BUFFER_BYTES".into(), "8MiB".into()),
-                ("DEDUPE_WORKER_GROUP_ID".into(), format!("dedupe-test-{}", uuid::Uuid::new_v4().simple())),
-            ],
-            extra_args: Vec::new(),
-            brokers: None,
-            wrapper: Vec::new(),
-            metrics_host: None,
-        }
-    }
-
-    pub fn env(mut self, k: &str, v: &str) -> Self {
-        self.env.retain(|(key, _)| key != k);
-        self.env.push((k.into(), v.into()));
-        self
-    }
-
-    /// Drops a setting, so the worker runs with the default (e.g. the default ledger budget).
-    pub fn without(mut self, k: &str) -> Self {
-        self.env.retain(|(key, _)| key != k);
-        self
-    }
-
-    /// Starts `dedupe run`; its stderr goes to a log file in the data directory's parent.
-    pub fn start(&self) -> Worker {
-        let metrics_port = free_port();
-        let log = self.data_dir.with_extension(format!("log-{}", uuid::Uuid::new_v4().simple()));
-        let log_file = std::fs::File::create(&log).expect("log file");
-        let metrics_host = self.metrics_host.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-        let mut cmd = match self.wrapper.split_first() {
-            None => Command::new(dedupe_bin()),
-            Some((program, args)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(args).arg(dedupe_bin());
-                cmd
-            }
-        };
-        cmd.arg("run")
-            .arg("--brokers")
-            .arg(self.brokers.clone().unwrap_or_else(brokers))
-            .arg("--input-topic")
-            .arg(&self.input)
-            .arg("--output-topic")
-            .arg(&self.output)
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--metrics-addr")
-            .arg(std::net::SocketAddr::new(metrics_host, metrics_port).to_string())
-            .args(&self.extra_args)
-            .stdout(std::process::Stdio::null())
-            .stderr(log_file);
-        if let Some(p) = &self.partitions {
-            cmd.arg("--partitions").arg(p);
-        }
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn dedupe run");
-        Worker { child, metrics_port, metrics_host, data_dir: self.data_dir.clone(), log }
-    }
-}
-
-impl Worker {
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The metrics page, if the worker serves it yet.
-    pub fn metrics(&self) -> Option<String> {
-        self.get("/metrics").map(|(_, body)| body)
-    }
-
-    /// GET on its metrics listener; (status, body), or None if nothing answers.
-    pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        let response = http::get(self.metrics_addr(), path).ok()?;
-        Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
-    }
-
-    /// Where its metrics (and admin) listener is.
-    pub fn metrics_addr(&self) -> std::net::SocketAddr {
-        std::net::SocketAddr::new(self.metrics_host, self.metrics_port)
-    }
-
-    /// An empty POST to its metrics listener (the admin endpoints) with these headers; panics if
-    /// nothing answers.
-    pub fn post(&self, path: &str, headers: &[(&str, &str)]) -> http::Response {
-        http::request(self.metrics_addr(), "POST", path, headers, b"")
-            .unwrap_or_else(|e| panic!("POST {path} to the worker: {e}\n{}", self.log_text()))
-    }
-
-    /// Waits until /readyz answers 200 (every owned partition recovered).
-    pub fn wait_ready(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some((200, _)) = self.get("/readyz") {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the worker exited with {status} before it was ready:\n{}", self.log_text());
-            }
-            assert!(Instant::now() < deadline, "the worker was not ready within {timeout:?}:\n{}", self.log_text());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Sends SIGTERM and waits for the exit code.
-    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.wait(timeout)
-    }
-
-    /// SIGKILL: the crash case.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
-                self.kill();
-                panic!("the worker did not exit within {timeout:?}:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// GET http://127.0.0.1:port/path; (status, body), or None if nothing answers.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let response = http::get(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).ok()?;
-    Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
-}
-
-/// The sum of a counter's or gauge's series named `name` whose labels include `labels`, on a
-/// metrics page; None when no series matches. Panics if the page is not the Prometheus text format.
-pub fn metric_value(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    use prometheus_parse::{Scrape, Value};
-    let scrape = Scrape::parse(page.lines().map(|l| Ok(l.to_owned()))).expect("a Prometheus text page");
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .filter_map(|s| match s.value {
-            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(v),
-            _ => None,
-        })
-        .reduce(|a, b| a + b)
-}
-
 /// Reads `topic` (read_committed) until it holds at least `expected` records, and returns what
 /// it holds then. To check that nothing more (a duplicate) arrives, stop the worker and read the
 /// topic again with [`consume_all`]: once the worker has exited, the output is final.
@@ -472,32 +248,61 @@ pub fn wait_for_records(topic: &str, expected: usize, timeout: Duration) -> Vec<
     }
 }
 
-/// Runs `dedupe verify` over the two topics; returns (exit code, JSON summary).
-pub fn verify(input: &str, output: &str) -> (i32, serde_json::Value) {
-    let out = Command::new(dedupe_bin())
-        .args(["verify", "--brokers", &brokers(), "--input-topic", input, "--output-topic", output])
-        .output()
-        .expect("dedupe verify");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
-        panic!("verify printed no JSON: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
-    });
-    (out.status.code().unwrap_or(-1), json)
+/// Watches a topic's high watermarks: when each partition last grew, and the longest time one
+/// stood still (under load spread over every partition, each one grows every second when all is
+/// well).
+pub struct StallMeter {
+    stop: Arc<AtomicBool>,
+    moved: Arc<Mutex<HashMap<i32, Instant>>>,
+    partitions: i32,
+    thread: std::thread::JoinHandle<Duration>,
 }
 
+impl StallMeter {
+    pub fn start(topic: &str, partitions: i32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let moved: Arc<Mutex<HashMap<i32, Instant>>> = Arc::default();
+        let thread = {
+            let (stop, moved, topic) = (stop.clone(), moved.clone(), topic.to_string());
+            std::thread::spawn(move || {
+                let consumer: BaseConsumer = client_config().create().expect("watermark client");
+                let mut last: HashMap<i32, i64> = HashMap::new();
+                let started = Instant::now();
+                let mut longest = Duration::ZERO;
+                while !stop.load(Ordering::Relaxed) {
+                    for p in 0..partitions {
+                        if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(1)) {
+                            if last.insert(p, high).is_some_and(|before| high > before) {
+                                moved.lock().unwrap().insert(p, Instant::now());
+                            }
+                        }
+                        longest = longest.max(moved.lock().unwrap().get(&p).unwrap_or(&started).elapsed());
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                longest
+            })
+        };
+        Self { stop, moved, partitions, thread }
+    }
 
-/// `n` fresh UUIDv4 message ids.
-pub fn ids(n: usize) -> Vec<String> {
-    (0..n).map(|_| uuid::Uuid::new_v4().to_string()).collect()
+    /// Waits until every partition has grown after `since` (the worker publishes on each again).
+    pub fn wait_flowing(&self, since: Instant, timeout: Duration) {
+        crate::wait_until(
+            "every output partition growing",
+            timeout,
+            Duration::from_millis(250),
+            || {
+                let moved = self.moved.lock().unwrap();
+                (0..self.partitions).all(|p| moved.get(&p).is_some_and(|t| *t > since)).then_some(())
+            },
+            || format!("last growth per partition: {:?}", self.moved.lock().unwrap().iter().map(|(p, t)| (*p, t.elapsed())).collect::<Vec<_>>()),
+        )
+    }
+
+    /// Stops watching; the longest time one partition stood still.
+    pub fn finish(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the stall meter")
+    }
 }
-
-/// Records keyed by these ids, with a small JSON value and a header.
-pub fn keyed(ids: &[&String]) -> Vec<Outgoing> {
-    ids.iter()
-        .map(|id| {
-            let value = format!(r#"{{"messageId":"{id}","n":1}}"#).into_bytes();
-            (Some(id.as_bytes().to_vec()), Some(value), vec![("trace".to_string(), id.as_bytes()[..8].to_vec())])
-        })
-        .collect()
-}
-

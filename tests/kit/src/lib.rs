@@ -1,0 +1,118 @@
+//! What the integration tests in `tests/` share, and the only place they get it from: the test
+//! broker and topics that delete themselves ([`kafka`]), one launcher per process kind (the worker
+//! in [`worker`], the front door in [`ingest`], the three-node cluster in [`cluster`]), one load
+//! generator ([`load`]) and one exactly-once checker ([`exactly_once`]), and [`wait_until`], the
+//! poll every wait is made of.
+//!
+//! The tests are integration tests of `dedupe-actors`, the package that owns the `dedupe`
+//! binary, so cargo builds the binary (with the features the run asks for) before them and each
+//! test names it with `env!("CARGO_BIN_EXE_dedupe")`; see [`Dedupe`]. A test that cannot reach
+//! what it needs fails with a message saying what is missing; nothing here skips.
+
+pub mod cluster;
+pub mod exactly_once;
+pub mod http;
+pub mod ingest;
+pub mod kafka;
+pub mod load;
+pub mod worker;
+
+pub use exactly_once::Count;
+pub use ingest::{Ingest, IngestSpec};
+pub use kafka::*;
+pub use load::{ids, keyed, Load, LoadSpec};
+pub use worker::{free_port, http_get, metric_value, Worker, WorkerSpec};
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The `dedupe` binary under test. `CARGO_BIN_EXE_dedupe` is set only while cargo compiles an
+/// integration test of the package that owns the binary, so the path comes from the test, once per
+/// file:
+///
+/// ```ignore
+/// const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Dedupe {
+    path: &'static str,
+}
+
+impl Dedupe {
+    pub const fn at(path: &'static str) -> Self {
+        Self { path }
+    }
+
+    pub fn path(&self) -> &'static Path {
+        Path::new(self.path)
+    }
+
+    /// A command running the binary, nothing set.
+    pub fn command(&self) -> Command {
+        Command::new(self.path())
+    }
+
+    /// How to start `dedupe run` from `input` to `output` with its ledger in `data_dir` (small
+    /// test settings; [`WorkerSpec::without`] drops one to run with the default).
+    pub fn worker(&self, input: &str, output: &str, data_dir: &Path) -> WorkerSpec {
+        WorkerSpec::new(*self, input, output, data_dir)
+    }
+
+    /// How to start `dedupe ingest` in front of `topic`.
+    pub fn ingest(&self, topic: &str) -> IngestSpec {
+        IngestSpec::new(*self, topic)
+    }
+
+    /// Runs `dedupe verify` over the two topics on the test brokers; (exit code, JSON summary).
+    pub fn verify(&self, input: &str, output: &str) -> (i32, serde_json::Value) {
+        let out = self
+            .command()
+            .args(["verify", "--brokers", &brokers(), "--input-topic", input, "--output-topic", output])
+            .output()
+            .expect("dedupe verify");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+            panic!("verify printed no JSON: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
+        });
+        (out.status.code().unwrap_or(-1), json)
+    }
+}
+
+/// The repository's top directory.
+pub fn repo_root() -> PathBuf {
+    // Read when the test runs (cargo and nextest set it to the test's package, `actors/`): a test
+    // binary left in a shared target directory by a build of another checkout must still use
+    // this one. The fallback is this crate's own place, `tests/kit/`.
+    match std::env::var_os("CARGO_MANIFEST_DIR") {
+        Some(dir) => PathBuf::from(dir).parent().expect("actors/ has a parent").to_path_buf(),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    }
+}
+
+/// Polls `done` every `every` until it returns `Some`, and returns that; panics after `timeout`
+/// with `what` and whatever `explain` says about the state then (a log tail, a metrics page).
+pub fn wait_until<T>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut done: impl FnMut() -> Option<T>,
+    explain: impl FnOnce() -> String,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = done() {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            panic!("{what}: not within {timeout:?}\n{}", explain());
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
