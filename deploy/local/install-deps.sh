@@ -31,5 +31,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The Rust test runner (deploy/local/test.sh runs the Rust tests with cargo-nextest) and the
+# unused-dependency lint, from crates.io.
+for tool in cargo-nextest cargo-machete; do
+  command -v "$tool" >/dev/null || cargo install --locked "$tool"
+done
+
 # Segment's JavaScript libraries and the browser driver the tests use (from the npm registry).
 "$(dirname "${BASH_SOURCE[0]}")/../../tests/js/install.sh"

@@ -2,34 +2,46 @@
 # The whole test suite: unit, property and crash tests, the integration tests against a real
 # Apache Kafka broker (started here with deploy/local/kafka.sh if it is not running), Segment's
 # Node, browser (in headless Chromium) and Java libraries against the tracking API, the
-# broker-fault tests on a three-node cluster (tests/cluster.rs starts deploy/local/cluster.sh and
-# this script stops it when the tests are done), the deployment checks (promtool rule tests, Kubernetes schemas, compose).
-# A test that cannot reach its broker fails; nothing is skipped.
+# broker-fault tests on a three-node cluster (the first of them starts deploy/local/cluster.sh;
+# this script stops it when the tests are done), the deployment checks (promtool rule tests,
+# Kubernetes schemas, compose). A test that cannot reach its broker fails; nothing is skipped.
+# Each step's time is printed when it ends, and nextest prints every test's at the end of its run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
+started=$SECONDS
+step() { echo "test.sh: $1 done at $((SECONDS - started)) s"; }
 
 deploy/local/kafka.sh up
 # Segment's JavaScript libraries (pinned by tests/js/package-lock.json) for tests/ingest's Node and
 # Chromium tests; like the Python venv below, installed here if missing.
 tests/js/install.sh
+command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+step "setup"
 
-# Rust: every crate and test target, with failpoints compiled into the binary for the crash tests.
-cargo test --release --locked --workspace --features dedupe-actors/failpoints -- --test-threads="${TEST_THREADS:-2}"
+# Rust: every crate and test target, with failpoints compiled into the binary for the crash tests
+# (cargo builds the binary, with them, before the integration tests of dedupe-actors that start
+# it). .config/nextest.toml has the test groups and the timing summary.
+trap 'deploy/local/cluster.sh down >/dev/null || true' EXIT
+cargo nextest run --release --locked --workspace --features dedupe-actors/failpoints --no-fail-fast
 deploy/local/cluster.sh down
+step "Rust tests"
 
 # Lints: clippy on every target, warnings as errors (release: it reuses the compiled C++ above),
 # and no unused dependency.
 cargo clippy --release --locked --workspace --all-targets --features dedupe-actors/failpoints -- -D warnings
 command -v cargo-machete >/dev/null || cargo install --locked cargo-machete
 cargo machete
+step "lints"
 
 # Python: Segment's own client (segment-analytics-python) against the real `dedupe ingest` and
-# worker, in a venv of pinned packages.
+# worker, in a venv of pinned packages. The binary is the one the Rust tests built above.
 venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q -r tests/python/requirements.txt
 DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
+step "Python tests"
 
 # Deployment files: alert rules and their promtool unit tests, Kubernetes schemas, compose.
 deploy/check.sh
+step "deployment checks"
