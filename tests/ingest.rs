@@ -19,11 +19,9 @@ mod servers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kit::http::{self, Response};

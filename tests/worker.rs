@@ -327,7 +327,7 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
 fn an_unreachable_broker_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port(); // nothing listens there
-    let out = std::process::DEDUPE.command()
+    let out = DEDUPE.command()
         .args(["run", "--brokers", &format!("127.0.0.1:{port}"), "--input-topic", "i", "--output-topic", "o"])
         .arg("--data-dir")
         .arg(dir.path().join("ledger"))
@@ -410,7 +410,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let output = TestTopic::create("diskfull-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let disk = SmallDisk::mount(&dir.path().join("disk"), "12m");
-    let summary = std::process::DEDUPE.command()
+    let summary = DEDUPE.command()
         .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name, "--count", "600000", "--dup-ratio", "0.02"])
         .args(["--value-bytes", "100"])
         .output()
@@ -458,7 +458,7 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
 
     // `dedupe ledger stats` reads the stopped worker's ledger: 50 ids, and partition 0's progress.
-    let stats = std::process::DEDUPE.command()
+    let stats = DEDUPE.command()
         .args(["ledger", "stats", "--data-dir"])
         .arg(&ledger)
         .output()

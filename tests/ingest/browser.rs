@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use kit::{brokers, consume_all, wait_for_records, TestTopic, WorkerSpec};
+use kit::{brokers, consume_all, wait_for_records, TestTopic};
 use kit::{free_port, Ingest};
 
 use super::{basic, KEY_IOS, KEY_WEB};

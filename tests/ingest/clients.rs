@@ -15,7 +15,6 @@ use serde_json::{json, Value};
 
 use super::browser::{dedupe_and_verify, input_copies, run_browser, run_node, strings};
 use kit::{brokers, Record, TestTopic};
-use kit::Ingest;
 
 use super::{dead_letters, header, KEY_WEB};
 

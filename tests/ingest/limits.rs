@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use kit::{brokers, consume_all, TestTopic};
-use kit::Ingest;
 
 use super::{basic, KEY_IOS, KEY_WEB};
 
