@@ -14,9 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn root() -> PathBuf {
-    // Read when the test runs (cargo sets it then too): a binary left in a shared target
-    // directory by a build of another checkout must still use this one.
-    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+    kit::repo_root()
 }
 
 fn read(relative: &str) -> String {
