@@ -25,7 +25,8 @@ echo "demo: producing $messages messages ($dup_ratio of them re-sent ids) to $in
 echo "demo: waiting for the worker to drain the input"
 metrics=$worker_metrics
 for _ in $(seq 1 300); do
-  lag=$(curl -s "http://$metrics/metrics" | awk '/^dedupe_consumer_lag_records/ {s += $2} END {print s + 0}')
+  # Until the worker serves its metrics, curl fails: that is a wait, not an error.
+  lag=$({ curl -s "http://$metrics/metrics" || true; } | awk '/^dedupe_consumer_lag_records/ {s += $2} END {print s + 0}')
   ready=$(curl -s -o /dev/null -w '%{http_code}' "http://$metrics/readyz" || true)
   if [ "$ready" = 200 ] && [ "$lag" = 0 ]; then break; fi
   sleep 1
