@@ -252,12 +252,16 @@ impl WindowSamples {
     const EVERY: Duration = Duration::from_millis(250);
 
     /// B's window now and what it must come back to (A's window, aged since it was noted); kept
-    /// as a sample when one is due.
+    /// as a sample when one is due or the window changed, so the reading that ends the wait is
+    /// the last sample.
     fn take(&mut self, worker: &Worker) -> (f64, f64) {
         let window = worker.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
         let target = self.window_before + self.noted_at.elapsed().as_secs_f64();
         let at_secs = self.assigned.elapsed().as_secs_f64();
-        if self.taken.last().is_none_or(|last| at_secs - last.at_secs >= Self::EVERY.as_secs_f64()) {
+        let keep = self.taken.last().is_none_or(|last| {
+            at_secs - last.at_secs >= Self::EVERY.as_secs_f64() || last.window_secs != window
+        });
+        if keep {
             self.taken.push(WindowSample { at_secs, window_secs: window, target_secs: target });
         }
         (window, target)
