@@ -120,12 +120,27 @@ fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<
     Ok(())
 }
 
+/// Why the ledger's directory could not be made; for a directory this user may not write (a
+/// volume owned by root, as a fresh Kubernetes volume without `fsGroup` is), who this user is.
+fn data_dir_error(path: &std::path::Path, e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        // SAFETY: getuid and getgid take no arguments and cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        anyhow::anyhow!(
+            "creating the ledger directory {}: permission denied to uid {uid} (gid {gid}); give the volume to that user (chown {uid}:{gid}, or Kubernetes securityContext.fsGroup: {gid})",
+            path.display()
+        )
+    } else {
+        anyhow::Error::new(e).context(format!("creating the ledger directory {}", path.display()))
+    }
+}
+
 /// Runs the worker until a signal or a fatal error; returns the process exit code.
 pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let handle = crate::http::telemetry::init_metrics()?;
     let partitions = owned_partitions(&config)?;
     let path = config.worker.data_dir.clone();
-    std::fs::create_dir_all(&path).with_context(|| format!("creating the ledger directory {}", path.display()))?;
+    std::fs::create_dir_all(&path).map_err(|e| data_dir_error(&path, e))?;
     let ledger = Arc::new(Ledger::open(&path, ledger_options(&config)).context("opening the ledger")?);
     tracing::info!(
         ledger = %path.display(),
