@@ -652,10 +652,12 @@ fn image_builds_like_the_readme_and_runs_unprivileged() {
     let runtime = dockerfile.rsplit_once("FROM debian:bookworm-slim").unwrap().1;
     for copy in runtime.lines().filter(|l| l.starts_with("COPY ")) {
         assert!(
-            copy.starts_with("COPY --from=build /usr/local/bin/dedupe ") || copy.starts_with("COPY config/ "),
+            copy.starts_with("COPY --from=binary /usr/local/bin/dedupe ") || copy.starts_with("COPY config/ "),
             "{copy}"
         );
     }
+    // The binary comes from the Rust build stage unless deploy/local/image.sh says `prebuilt`.
+    assert!(dockerfile.contains("ARG BINARY=build") && dockerfile.contains("FROM ${BINARY} AS binary"), "the binary's stage is chosen by BINARY, `build` by default");
     let ignore = read(".dockerignore");
     assert!(ignore.lines().any(|l| l == "target/"), ".dockerignore keeps target/ out of the build context");
 }

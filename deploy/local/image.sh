@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The container image, built and checked with podman on this machine.
+#
+#   deploy/local/image.sh build   the runtime stage of deploy/Dockerfile around the binary built
+#                                 here (cargo build --release), tagged localhost/dedupe:latest
+#   deploy/local/image.sh check   the container tests against the local broker
+#                                 (deploy/local/image-check.sh)
+#
+# When no registry serves debian:bookworm-slim, the base is made from Debian's own packages with
+# debootstrap and cached as a tarball in $DEDUPE_IMAGE_CACHE (/var/tmp/dedupe-image). The image's
+# runtime stage is the same Dockerfile text users build; only the stage the binary comes from
+# differs (--build-arg BINARY=prebuilt instead of the Rust build stage).
+#
+# Environment: CARGO_TARGET_DIR (/var/tmp/dedupe-target), DEDUPE_IMAGE (localhost/dedupe:latest),
+# DEDUPE_IMAGE_CACHE. Podman runs with runc and lowered ulimits (see docs/deploying.md).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
+image=${DEDUPE_IMAGE:-localhost/dedupe:latest}
+cache=${DEDUPE_IMAGE_CACHE:-/var/tmp/dedupe-image}
+base=docker.io/library/debian:bookworm-slim
+ulimits=(--ulimit nofile=16384:16384 --ulimit nproc=4096:4096)
+
+die() { echo "image.sh: $*" >&2; exit 1; }
+pm() { podman --runtime runc "$@"; }
+
+need() {
+  local tool
+  for tool in podman runc debootstrap; do
+    command -v "$tool" >/dev/null || die "$tool is not installed (deploy/local/install-deps.sh installs it)"
+  done
+}
+
+# debian:bookworm-slim from a registry, or else from Debian's packages (about a minute, once).
+ensure_base() {
+  pm image exists "$base" && return
+  if timeout 30 podman pull -q "$base" >/dev/null 2>&1; then return; fi
+  local tarball=$cache/debian-bookworm-minbase.tar
+  if [ ! -s "$tarball" ]; then
+    echo "image.sh: no registry serves $base; making it with debootstrap (cached in $cache)"
+    mkdir -p "$cache"
+    local root
+    root=$(mktemp -d "$cache/rootfs.XXXXXX")
+    debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 \
+      || die "debootstrap failed; its log: $cache/debootstrap.log"
+    # As Debian's slim images are: apt keeps no package caches, and there are no downloaded
+    # packages, package lists, manuals or docs.
+    printf '%s\n' 'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin || true"; };' \
+      'Dir::Cache::pkgcache ""; Dir::Cache::srcpkgcache "";' >"$root/etc/apt/apt.conf.d/docker-clean"
+    rm -rf "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/man/* "$root"/usr/share/doc/*
+    tar -C "$root" -cf "$tarball.partial" . && mv "$tarball.partial" "$tarball"
+    rm -rf "$root"
+  fi
+  pm import -q "$tarball" "$base" >/dev/null || die "podman import of $tarball failed"
+}
+
+build() {
+  need
+  ensure_base
+  # The release binary without the tests' failpoints, stripped as the build stage strips it, in
+  # the build context where the Dockerfile's `prebuilt` stage takes it.
+  cargo build --release --locked -p dedupe-actors --bin dedupe
+  mkdir -p .image
+  install -s -m 0755 "$CARGO_TARGET_DIR/release/dedupe" .image/dedupe
+  local started=$SECONDS
+  # The docker format keeps the HEALTHCHECK (OCI images have none).
+  pm build --format docker --pull=never --network host "${ulimits[@]}" --build-arg BINARY=prebuilt \
+    -f deploy/Dockerfile -t "$image" .
+  local bytes
+  bytes=$(pm image inspect --format '{{.Size}}' "$image")
+  echo "image.sh: built $image in $((SECONDS - started)) s: $((bytes / 1000000)) MB"
+}
+
+case "${1:-}" in
+  build) build ;;
+  check) need; exec deploy/local/image-check.sh ;;
+  *) echo "usage: $0 build|check" >&2; exit 2 ;;
+esac
