@@ -3,8 +3,8 @@
 # Apache Kafka broker (started here with deploy/local/kafka.sh if it is not running), Segment's
 # Node, browser (in headless Chromium) and Java libraries against the tracking API, the
 # broker-fault tests on a three-node cluster (the first of them starts deploy/local/cluster.sh;
-# this script stops it when the tests are done), the deployment checks (promtool rule tests,
-# Kubernetes schemas, compose). A test that cannot reach its broker fails; nothing is skipped.
+# this script stops it when the tests are done), the container image built and run with podman,
+# the deployment checks (promtool rule tests, Kubernetes schemas, compose). A test that cannot reach its broker fails; nothing is skipped.
 # Each step's time is printed when it ends, and nextest prints every test's at the end of its run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -41,6 +41,12 @@ venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
 "$venv/bin/pip" install -q -r tests/python/requirements.txt
 DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
 step "Python tests"
+
+# The container image: built with podman around a release binary without failpoints, then run
+# against the local broker (deploy/local/image-check.sh says what each check proves).
+deploy/local/image.sh build
+deploy/local/image.sh check
+step "container tests"
 
 # Deployment files: alert rules and their promtool unit tests, Kubernetes schemas, compose.
 deploy/check.sh
