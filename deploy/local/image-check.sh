@@ -34,7 +34,7 @@ containers=()
 pm() { podman --runtime runc "$@" 2> >(grep -v 'systemd connection' >&2); }
 cleanup() {
   local c
-  for c in "${containers[@]}"; do pm rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
+  for c in "${containers[@]}"; do pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true; done
   pm volume rm -f "$volume" >/dev/null 2>&1 || true
   rm -rf "$scratch"
 }
