@@ -5,6 +5,9 @@
 #                                 here (cargo build --release), tagged localhost/dedupe:latest
 #   deploy/local/image.sh check   the container tests against the local broker
 #                                 (deploy/local/image-check.sh)
+#   deploy/local/image.sh compose deploy/compose.yaml under podman-compose with the images of
+#                                 deploy/compose.podman.yaml: up, Prometheus scraping the worker
+#                                 and holding every alert rule, down
 #
 # When no registry serves debian:bookworm-slim, the base is made from Debian's own packages with
 # debootstrap and cached as a tarball in $DEDUPE_IMAGE_CACHE (/var/tmp/dedupe-image). The image's
@@ -71,8 +74,65 @@ build() {
   echo "image.sh: built $image in $((SECONDS - started)) s: $((bytes / 1000000)) MB"
 }
 
+# An image for compose.podman.yaml from deploy/local/containers/NAME.Dockerfile, once.
+helper_image() {
+  local name=$1 context=$2
+  pm image exists "localhost/dedupe-$name:local" && return
+  cp "deploy/local/containers/$name.Dockerfile" "$context/Dockerfile"
+  pm build -q --format docker --pull=never --network host "${ulimits[@]}" -t "localhost/dedupe-$name:local" "$context" >/dev/null \
+    || die "building localhost/dedupe-$name:local failed"
+}
+
+# deploy/compose.yaml under podman-compose, with compose.podman.yaml's images: up, checked, down.
+compose() {
+  need
+  command -v podman-compose >/dev/null || die "podman-compose is not installed (deploy/local/install-deps.sh installs it)"
+  pm image exists "$image" || die "no image $image: run $0 build first"
+  ensure_base
+  local context
+  context=$(mktemp -d)
+  cp -r "$(dirname "$(deploy/local/kafka.sh classpath | cut -d: -f1)")" "$context/libs"
+  cp deploy/local/containers/kafka-entry.sh "$context/"
+  helper_image kafka "$context"
+  rm -rf "$context"/*
+  helper_image prometheus "$context"
+  rm -rf "$context"
+  # podman-compose runs plain `podman`: runc and the lowered limits come from this file.
+  # Globals, not locals: the EXIT trap that takes the services down reads them.
+  conf=$cache/containers.conf
+  mkdir -p "$cache"
+  printf '[containers]\ndefault_ulimits = ["nofile=16384:16384", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n' >"$conf"
+  project=dedupe-compose-check
+  files=(-p "$project" -f deploy/compose.yaml -f deploy/compose.podman.yaml)
+  local services=(kafka topics worker ingest prometheus)
+  trap 'CONTAINERS_CONF=$conf podman-compose "${files[@]}" down -v >/dev/null 2>&1 || true' EXIT
+  CONTAINERS_CONF=$conf podman-compose "${files[@]}" up -d "${services[@]}" >"$cache/compose-up.log" 2>&1 \
+    || { tail -n 30 "$cache/compose-up.log" >&2; die "podman-compose up failed (its log: $cache/compose-up.log)"; }
+  local started=$SECONDS rules targets
+  until targets=$(curl -sf http://127.0.0.1:9090/api/v1/targets) && grep -q '"job":"dedupe".*"health":"up"' <<<"$targets"; do
+    [ $((SECONDS - started)) -lt 240 ] || { podman logs "${project}_worker_1" 2>&1 | tail -n 20 >&2; die "Prometheus did not scrape the worker within 240 s: $targets"; }
+    sleep 2
+  done
+  echo "image.sh: compose: Prometheus scrapes the worker ($((SECONDS - started)) s after up)"
+  rules=$(curl -sf http://127.0.0.1:9090/api/v1/rules)
+  local alert
+  for alert in $(sed -n 's/^ *- alert: *//p' deploy/prometheus/rules.yml); do
+    grep -q "\"name\":\"$alert\"" <<<"$rules" || die "Prometheus did not load the alert $alert"
+  done
+  echo "image.sh: compose: Prometheus loaded every alert of deploy/prometheus/rules.yml"
+  # podman-compose 1.0 starts services in order but does not wait for a dependency's condition:
+  # the worker may start before the topics exist, exit, and be restarted (restart: on-failure).
+  started=$SECONDS
+  until curl -sf http://127.0.0.1:9464/readyz >/dev/null; do
+    [ $((SECONDS - started)) -lt 180 ] || { podman logs "${project}_worker_1" 2>&1 | tail -n 20 >&2; die "the worker was not ready behind 127.0.0.1:9464 within 180 s"; }
+    sleep 2
+  done
+  echo "image.sh: compose: the worker is ready; taking the services down"
+}
+
 case "${1:-}" in
   build) build ;;
   check) need; exec deploy/local/image-check.sh ;;
-  *) echo "usage: $0 build|check" >&2; exit 2 ;;
+  compose) compose ;;
+  *) echo "usage: $0 build|check|compose" >&2; exit 2 ;;
 esac
