@@ -9,11 +9,11 @@ set -euo pipefail
 # launcher runs tests/java's client of Segment's Java library), jq (cluster.sh
 # reads kcat's JSON), openssl (the test cluster's CA and certificate), iproute2 (its network namespace),
 # chromium (Segment's browser library in a real browser, tests/ingest/browser.rs), wrk (the tracking
-# API bench), podman with runc and debootstrap (the container image and its tests,
+# API bench), podman with runc, debootstrap and podman-compose (the container image and its tests,
 # deploy/local/image.sh), and Node.js with npm (Segment's JavaScript libraries, below) unless a node
 # is on PATH.
 packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jdk-headless jq openssl iproute2
-  chromium wrk podman runc debootstrap)
+  chromium wrk podman runc debootstrap podman-compose)
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   packages+=(nodejs npm)
 fi

@@ -35,17 +35,22 @@ cargo machete
 step "lints"
 
 # Python: Segment's own client (segment-analytics-python) against the real `dedupe ingest` and
-# worker, in a venv of pinned packages. The binary is the one the Rust tests built above.
+# worker, in a venv of pinned packages. The binary is the one the Rust tests built above. The
+# tests' directories (their workers' ledgers, about 7 GB a run) are kept only for
+# a failed test.
 venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q -r tests/python/requirements.txt
-DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
+DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed tests/python
 step "Python tests"
 
 # The container image: built with podman around a release binary without failpoints, then run
 # against the local broker (deploy/local/image-check.sh says what each check proves).
 deploy/local/image.sh build
 deploy/local/image.sh check
+# deploy/compose.yaml under podman-compose: up, Prometheus scraping the worker with every alert
+# rule loaded, the worker ready, down.
+deploy/local/image.sh compose
 step "container tests"
 
 # Deployment files: alert rules and their promtool unit tests, Kubernetes schemas, compose.
