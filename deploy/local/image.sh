@@ -8,6 +8,8 @@
 #   deploy/local/image.sh compose deploy/compose.yaml under podman-compose with the images of
 #                                 deploy/compose.podman.yaml: up, Prometheus scraping the worker
 #                                 and holding every alert rule, down
+#   deploy/local/image.sh kube    the worker's StatefulSet as one Pod (deploy/k8s/render-pod.py)
+#                                 under podman kube play against the local broker, then down
 #
 # When no registry serves debian:bookworm-slim, the base is made from Debian's own packages with
 # debootstrap and cached as a tarball in $DEDUPE_IMAGE_CACHE (/var/tmp/dedupe-image). The image's
@@ -99,9 +101,7 @@ compose() {
   rm -rf "$context"
   # podman-compose runs plain `podman`: runc and the lowered limits come from this file.
   # Globals, not locals: the EXIT trap that takes the services down reads them.
-  conf=$cache/containers.conf
-  mkdir -p "$cache"
-  printf '[containers]\ndefault_ulimits = ["nofile=16384:16384", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n' >"$conf"
+  write_conf
   project=dedupe-compose-check
   files=(-p "$project" -f deploy/compose.yaml -f deploy/compose.podman.yaml)
   local services=(kafka topics worker ingest prometheus)
@@ -130,9 +130,59 @@ compose() {
   echo "image.sh: compose: the worker is ready; taking the services down"
 }
 
+# The runc and ulimit settings for podman commands that take no flags for them (podman-compose,
+# podman kube play).
+write_conf() {
+  conf=$cache/containers.conf
+  mkdir -p "$cache"
+  printf '[containers]\ndefault_ulimits = ["nofile=16384:16384", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n' >"$conf"
+}
+
+# The worker's StatefulSet, rendered as its first Pod (deploy/k8s/render-pod.py), under `podman
+# kube play` against the local broker: ready, uid 10001, deduplicating; then down, with the volumes
+# kube play made for the ledger's claim and the ConfigMap.
+kube() {
+  need
+  pm image exists "$image" || die "no image $image: run $0 build first"
+  ! curl -s -o /dev/null http://127.0.0.1:9464/ || die "port 9464 is taken on this host"
+  write_conf
+  local run_id
+  run_id=$(date +%s)-$$
+  kube_input=kube-check-in-$run_id kube_output=kube-check-out-$run_id
+  kube_yaml=$(mktemp --suffix=.yaml)
+  deploy/local/kafka.sh up >/dev/null
+  deploy/local/kafka.sh create-topic "$kube_input" 4 >/dev/null 2>&1
+  deploy/local/kafka.sh create-topic "$kube_output" 4 >/dev/null 2>&1
+  python3 deploy/k8s/render-pod.py --image "$image" --host-network \
+    --env DEDUPE_KAFKA_BROKERS=127.0.0.1:9092 --env "DEDUPE_WORKER_INPUT_TOPIC=$kube_input" \
+    --env "DEDUPE_WORKER_OUTPUT_TOPIC=$kube_output" --env "DEDUPE_WORKER_GROUP_ID=kube-check-$run_id" \
+    --env DEDUPE_METRICS_ADDR=127.0.0.1:9464 >"$kube_yaml"
+  trap 'CONTAINERS_CONF=$conf podman kube down "$kube_yaml" >/dev/null 2>&1 || true; podman volume rm -f ledger-dedupe-worker-0 dedupe-config >/dev/null 2>&1 || true; rm -f "$kube_yaml"' EXIT
+  CONTAINERS_CONF=$conf podman kube play "$kube_yaml" >"$cache/kube-play.log" 2>&1 \
+    || { cat "$cache/kube-play.log" >&2; die "podman kube play failed"; }
+  local started=$SECONDS
+  until curl -sf http://127.0.0.1:9464/readyz >/dev/null; do
+    [ $((SECONDS - started)) -lt 180 ] || { podman logs dedupe-worker-0-worker 2>&1 | tail -n 20 >&2; die "the pod's worker was not ready within 180 s"; }
+    sleep 1
+  done
+  echo "image.sh: kube: the StatefulSet's pod is ready $((SECONDS - started)) s after kube play"
+  local uids
+  uids=$(podman exec dedupe-worker-0-worker awk '/^Uid:/ {print $2, $3, $4, $5}' /proc/1/status)
+  [ "$uids" = "10001 10001 10001 10001" ] || die "the pod's worker runs as uids $uids"
+  local dedupe=$CARGO_TARGET_DIR/release/dedupe
+  "$dedupe" loadgen --brokers 127.0.0.1:9092 --topic "$kube_input" --count 10000 --dup-ratio 0.05 >/dev/null
+  started=$SECONDS
+  until "$dedupe" verify --brokers 127.0.0.1:9092 --input-topic "$kube_input" --output-topic "$kube_output" --timeout-secs 20 >/dev/null 2>&1; do
+    [ $((SECONDS - started)) -lt 120 ] || die "verify did not pass within 120 s"
+    sleep 1
+  done
+  echo "image.sh: kube: as uid 10001, 10,000 records with 5% re-sent ids deduplicated, verify passes; taking the pod down"
+}
+
 case "${1:-}" in
   build) build ;;
   check) need; exec deploy/local/image-check.sh ;;
   compose) compose ;;
-  *) echo "usage: $0 build|check|compose" >&2; exit 2 ;;
+  kube) kube ;;
+  *) echo "usage: $0 build|check|compose|kube" >&2; exit 2 ;;
 esac
