@@ -51,6 +51,8 @@ deploy/local/image.sh check
 # deploy/compose.yaml under podman-compose: up, Prometheus scraping the worker with every alert
 # rule loaded, the worker ready, down.
 deploy/local/image.sh compose
+# The worker's StatefulSet rendered as its first Pod, under podman kube play.
+deploy/local/image.sh kube
 step "container tests"
 
 # Deployment files: alert rules and their promtool unit tests, Kubernetes schemas, compose.
