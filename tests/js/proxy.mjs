@@ -58,8 +58,11 @@ export function startProxy({ upstream, holdMs = 0, dropFirstAccepted = false }) 
       res.on('close', () => {
         if (!res.writableFinished) entry.clientGone = true;
       });
+      // A connection of its own for each request (`agent: false`): reusing a pooled one races the
+      // server closing it when idle, which fails the forwarded request with "socket hang up"
+      // before the front door has seen it, and the test would blame the front door.
       const upstreamReq = http.request(
-        { host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers },
+        { host: target.hostname, port: target.port, method: req.method, path: req.url, headers: req.headers, agent: false },
         (up) => {
           const answer = [];
           up.on('data', (c) => answer.push(c));
