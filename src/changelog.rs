@@ -44,6 +44,16 @@ pub fn encode(ids: &[(LedgerKey, i64)]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// How many ids a changelog record holds, from its header alone.
+pub fn count(bytes: &[u8]) -> Result<u64, ChangelogFormatError> {
+    let version = *bytes.first().ok_or(ChangelogFormatError::Malformed(0))?;
+    if version != VERSION {
+        return Err(ChangelogFormatError::Version(version));
+    }
+    let mut at = 1;
+    get_varint(bytes, &mut at)
+}
+
 /// Decodes a changelog record into ids and first-seen times (ms), appending to `out`.
 pub fn decode_into(bytes: &[u8], out: &mut Vec<(LedgerKey, i64)>) -> Result<(), ChangelogFormatError> {
     let mut at = 0usize;
@@ -133,6 +143,7 @@ mod tests {
         let mut out = Vec::new();
         decode_into(&bytes, &mut out).unwrap();
         assert_eq!(out, ids);
+        assert_eq!(count(&bytes), Ok(3));
         assert!(encode(&[]).is_none(), "no new ids, no record");
     }
 

@@ -62,6 +62,21 @@ pub const PARTITIONS_LOADING: &str = "dedupe_partitions_loading";
 pub const HANDOVER_SECONDS: &str = "dedupe_handover_duration_seconds";
 pub const HANDOVER_IN_PROGRESS_SECONDS: &str = "dedupe_handover_in_progress_seconds";
 pub const HANDOVER_IDS_LOADED: &str = "dedupe_handover_ids_loaded_total";
+pub const HANDOVER_LOAD_SECONDS: &str = "dedupe_handover_load_seconds";
+pub const PARTITION_RETAKES: &str = "dedupe_partition_retakes_total";
+/// Values of [`LABEL_REASON`] on [`PARTITION_RETAKES`]: why a partition was taken over again.
+pub const REASON_FAILED: &str = "failed";
+pub const REASON_FENCED: &str = "fenced";
+pub const REASON_HUNG: &str = "hung";
+/// Label of [`HANDOVER_LOAD_SECONDS`]: where a take-over's load spent its time, and its values.
+pub const LABEL_PHASE: &str = "phase";
+pub const PHASE_FENCE: &str = "fence";
+pub const PHASE_PREPARE: &str = "prepare";
+pub const PHASE_FETCH: &str = "fetch";
+pub const PHASE_DECODE: &str = "decode";
+pub const PHASE_INDEX: &str = "index";
+pub const PHASE_RUN_WAIT: &str = "run_wait";
+pub const PHASE_COMMIT: &str = "commit";
 pub const CHANGELOG_RECORDS: &str = "dedupe_changelog_records_total";
 /// Label of [`PARTITION_REVOCATIONS`] (its values below), [`UNKEYED`] and the tracking API's
 /// refusals: why.
@@ -158,6 +173,8 @@ pub const ALL: &[Metric] = &[
     m(HANDOVER_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the partition's last handover took: from its assignment to its first batch being processable (fenced, ids loaded)."),
     m(HANDOVER_IN_PROGRESS_SECONDS, Gauge, Some(Unit::Seconds), &[], "How long the oldest handover still loading has been under way (0 when none is)."),
     m(HANDOVER_IDS_LOADED, Counter, None, P, "Ids loaded into the ledger from the id changelog when the partition was assigned."),
+    m(PARTITION_RETAKES, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Partitions taken over again in process after their pipeline failed, by reason: failed (a transaction kept aborting, a fatal producer error), fenced (the broker bumped the producer's epoch, e.g. a transaction that outlived its timeout), hung (a client call hung past its timeout)."),
+    m(HANDOVER_LOAD_SECONDS, Gauge, Some(Unit::Seconds), &[LABEL_PARTITION, LABEL_PHASE], "Where the partition's last take-over spent its time before it resumed: fence (init_transactions and the committed offset), prepare (estimating the ids and making room for them in the id index), fetch (waiting for changelog records), decode, index (fingerprints into the id index), run_wait (waiting for sorted runs to be written), commit (ingesting the runs)."),
     m(CHANGELOG_RECORDS, Counter, None, P, "Id changelog records written (one per output transaction that published new ids)."),
     m(LEDGER_BYTES, Gauge, Some(Unit::Bytes), &[], "Bytes of SST files the ledger holds on disk."),
     m(LEDGER_IDS, Gauge, None, &[], "Ids the ledger holds (an estimate)."),

@@ -92,6 +92,21 @@ pub fn transactional_id(output_topic: &str, partition: i32) -> String {
     format!("dedupe-{output_topic}-{partition}")
 }
 
+/// The partition a [`transactional_id`] of `output_topic` names.
+pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
+    transactional_id.strip_prefix("dedupe-")?.strip_prefix(output_topic)?.strip_prefix('-')?.parse().ok()
+}
+
+/// How long one blocking transactional call (a flush, sending the offsets, a commit, an abort)
+/// may take: half the transaction's timeout, between 10 s and 30 s. A call to a node that hangs
+/// fails after the clients' `socket.timeout.ms` (10 s by default here) and librdkafka asks the
+/// next leader or coordinator; the call's own timeout bounds the rest, so a partition stalled by
+/// a fault notices within seconds, aborts, and tries its batch again, well inside the
+/// transaction's timeout.
+pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
+    Duration::from_millis(transaction_timeout_ms / 2).clamp(Duration::from_secs(10), Duration::from_secs(30))
+}
+
 /// Counts delivery results so a transaction knows where its output records and its changelog
 /// record landed, and why one was not delivered.
 pub struct DeliveryTracker {
@@ -184,7 +199,7 @@ impl OutputWriter {
             .set("queue.buffering.max.kbytes", "262144")
             .create_with_context(DeliveryTracker::new(topic, topics.changelog))
             .map_err(|source| PublishError::Fatal { source })?;
-        let timeout = Duration::from_millis(transaction_timeout_ms.max(10_000));
+        let timeout = call_timeout(transaction_timeout_ms);
         let watched = crate::watchdog::arm("init_transactions", &transactional_id, timeout);
         producer.init_transactions(timeout).map_err(|e| classify(e, &transactional_id))?;
         drop(watched);
@@ -314,6 +329,8 @@ impl OutputWriter {
         let mut backoff = COMMIT_RETRIES;
         loop {
             let watched = crate::watchdog::arm("commit_transaction", &self.transactional_id, self.timeout);
+            // The tests hang a commit here (`sleep(MS)`), as librdkafka's known hangs do.
+            fail::fail_point!("output-commit-hangs");
             let committed = self.producer.commit_transaction(self.timeout);
             drop(watched);
             match committed {
@@ -357,4 +374,26 @@ fn classify(e: KafkaError, transactional_id: &str) -> PublishError {
         return PublishError::Fenced { transactional_id: transactional_id.to_string(), source: e };
     }
     PublishError::Aborted { source: e }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transactional_id_names_its_partition_and_no_other_topics() {
+        let id = transactional_id("events.out", 7);
+        assert_eq!(partition_of("events.out", &id), Some(7));
+        assert_eq!(partition_of("events", &id), None, "a topic whose name is a prefix of the output's");
+        assert_eq!(partition_of("events.out", "dedupe-events.out-x"), None);
+        assert_eq!(partition_of("events.out", "other-events.out-1"), None);
+    }
+
+    #[test]
+    fn a_calls_timeout_is_half_the_transactions_within_bounds() {
+        assert_eq!(call_timeout(60_000), Duration::from_secs(30));
+        assert_eq!(call_timeout(40_000), Duration::from_secs(20));
+        assert_eq!(call_timeout(5_000), Duration::from_secs(10));
+        assert_eq!(call_timeout(900_000), Duration::from_secs(30));
+    }
 }

@@ -10,9 +10,12 @@
 //!
 //! So every blocking transactional call is armed with a deadline (its own timeout plus
 //! [`GRACE`]); a watchdog thread checks the armed calls every second, and when one is overdue it
-//! logs which call hung and where, counts it, and ends the process with [`STUCK_EXIT_CODE`], as a
-//! crash would: the orchestrator restarts the worker and recovery repairs the ledger from the
-//! output topic (nothing of an uncommitted transaction is visible).
+//! logs which call hung and where, counts it, and hands it to the [`Rescue`] registered for it:
+//! the worker leaves the hung call to its thread and takes its partition over again with a new
+//! producer, whose `init_transactions` fences the hung one (nothing of its open transaction
+//! becomes visible). A call no rescue takes (a take-over's own `init_transactions`) ends the
+//! process with [`STUCK_EXIT_CODE`], as a crash would: the orchestrator restarts the worker and
+//! recovery repairs the ledger.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,17 +26,29 @@ use std::time::{Duration, Instant};
 pub const STUCK_EXIT_CODE: i32 = 4;
 
 /// How long past its own timeout a call may take before it counts as hung.
-pub const GRACE: Duration = Duration::from_secs(30);
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// Takes over a hung call of `owner` (`call` is its name): true when it will recover without the
+/// process exiting.
+pub type Rescue = Box<dyn Fn(&'static str, &str) -> bool + Send + Sync>;
 
 struct Armed {
     call: &'static str,
     owner: String,
     deadline: Instant,
+    /// A rescue was asked for it: it is not reported again.
+    rescued: bool,
 }
 
 struct Watchdog {
     armed: Mutex<HashMap<u64, Armed>>,
     next: AtomicU64,
+    rescue: Mutex<Option<Rescue>>,
+}
+
+/// Registers what takes over hung calls (the worker's coordinator); replaces an earlier one.
+pub fn set_rescue(rescue: Rescue) {
+    *watchdog().rescue.lock().unwrap_or_else(|p| p.into_inner()) = Some(rescue);
 }
 
 fn watchdog() -> &'static Watchdog {
@@ -46,14 +61,25 @@ fn watchdog() -> &'static Watchdog {
         if let Err(e) = started {
             tracing::error!(error = %e, "Cannot start the watchdog thread; hung client calls will not end the process.");
         }
-        Watchdog { armed: Mutex::new(HashMap::new()), next: AtomicU64::new(0) }
+        Watchdog { armed: Mutex::new(HashMap::new()), next: AtomicU64::new(0), rescue: Mutex::new(None) }
     })
 }
 
-/// Ends the process if an armed call is overdue at `now`.
+/// Hands each armed call overdue at `now` to the rescue; ends the process if none takes it.
 fn check(now: Instant) {
     let Some(overdue) = overdue(now) else { return };
     metrics::counter!(crate::metrics::ERRORS, crate::metrics::LABEL_KIND => crate::metrics::KIND_STUCK).increment(1);
+    let rescued = watchdog().rescue.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|rescue| rescue(overdue.0, &overdue.1));
+    if rescued {
+        tracing::error!(
+            call = overdue.0,
+            owner = %overdue.1,
+            past_deadline_secs = overdue.2.as_secs(),
+            "A Kafka client call has not returned {} s past its own timeout (a known librdkafka hang, e.g. after the consumer group's coordinator moved); leaving it to its thread and taking its partition over again with a new producer.",
+            GRACE.as_secs()
+        );
+        return;
+    }
     tracing::error!(
         call = overdue.0,
         owner = %overdue.1,
@@ -70,10 +96,13 @@ fn check(now: Instant) {
     std::process::exit(STUCK_EXIT_CODE);
 }
 
-/// The first armed call overdue at `now`: (call, owner, how long past its deadline).
+/// The first armed call overdue at `now` that no rescue was asked for: (call, owner, how long
+/// past its deadline). It is marked as asked.
 fn overdue(now: Instant) -> Option<(&'static str, String, Duration)> {
-    let armed = watchdog().armed.lock().unwrap_or_else(|p| p.into_inner());
-    armed.values().find(|a| now > a.deadline).map(|a| (a.call, a.owner.clone(), now - a.deadline))
+    let mut armed = watchdog().armed.lock().unwrap_or_else(|p| p.into_inner());
+    let found = armed.values_mut().find(|a| now > a.deadline && !a.rescued)?;
+    found.rescued = true;
+    Some((found.call, found.owner.clone(), now - found.deadline))
 }
 
 /// An armed call; disarmed when dropped (the call returned, or its thread unwound).
@@ -88,7 +117,7 @@ pub fn arm(call: &'static str, owner: &str, timeout: Duration) -> Guard {
     let w = watchdog();
     let id = w.next.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + timeout + GRACE;
-    w.armed.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Armed { call, owner: owner.to_string(), deadline });
+    w.armed.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Armed { call, owner: owner.to_string(), deadline, rescued: false });
     Guard { id }
 }
 
@@ -110,6 +139,7 @@ mod tests {
         let late = now + Duration::from_secs(60) + GRACE + Duration::from_secs(2);
         let found = overdue(late).expect("overdue after its timeout and the grace");
         assert_eq!((found.0, found.1.as_str()), ("send_offsets_to_transaction", "dedupe-out-0"));
+        assert!(overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"), "a call is handed to the rescue once");
         drop(guard);
         assert!(overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"), "a returned call is disarmed");
     }

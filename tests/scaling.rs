@@ -93,6 +93,35 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
 }
 
 #[test]
+fn a_partition_taken_away_while_it_loads_and_given_back_at_once_is_not_fenced_by_its_first_take_over() {
+    // w1 owns both partitions, and its first two take-overs stall 15 s before they fence (as a
+    // slow init_transactions would). w2 joins meanwhile and gets one of them, then is killed:
+    // after w2's 6 s session the group gives the partition back to w1 while w1's first take-over
+    // of it still stalls. The second take-over waits for the first, which stops without fencing:
+    // w1 is never fenced, never exits, and every id is published once.
+    let input = TestTopic::create("reassign-in", 2);
+    let output = TestTopic::create("reassign-out", 2);
+    let group = format!("reassign-{}", uuid::Uuid::new_v4().simple());
+    let root = tempfile::tempdir().unwrap();
+    let spec = |n: &str| group_worker(&input.name, &output.name, &root.path().join(n), &group, n);
+    let load = load(&input.name, Duration::from_secs(2));
+    let mut w1 = spec("w1").env("FAILPOINTS", "takeover-before-fence=2*sleep(15000)->off").start();
+    wait_until("w1 taking both partitions over", Duration::from_secs(60), Duration::from_millis(50), || (w1.metric("dedupe_partitions_loading", &[]) >= 2.0).then_some(()), || w1.log_text());
+    let mut w2 = spec("w2").start();
+    wait_until("w2 owning a partition", Duration::from_secs(60), Duration::from_millis(50), || (w2.metric("dedupe_partitions_owned", &[]) >= 1.0).then_some(()), || w2.log_text());
+    w2.kill();
+    wait_settled(&[&w1], 2, Duration::from_secs(120));
+    let summary = load.finish();
+    wait_for_records(&output.name, summary.distinct as usize, Duration::from_secs(120));
+    let page = w1.metrics().unwrap();
+    assert!(w1.metric("dedupe_partition_assignments_total", &[]) >= 3.0, "the partition came back to w1:\n{page}");
+    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "fenced")]), None, "w1 was fenced:\n{}", w1.log_text());
+    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[]), None, "{page}");
+    assert_eq!(w1.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w1.log_text());
+    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, summary.distinct as usize, "a partition given back while it loaded");
+}
+
+#[test]
 fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
     let input = TestTopic::create("freeze-in", 2);
     let output = TestTopic::create("freeze-out", 2);

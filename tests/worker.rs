@@ -1,6 +1,7 @@
 //! The dedupe worker against the real broker: duplicates removed in order, across batches and
 //! restarts; bad input under every policy; failure paths (aborted transactions, a full producer
-//! queue, a restart whose old pipeline ends late, a zombie worker).
+//! queue, a partition taken over again while the others publish, a hung commit left behind, a
+//! zombie worker).
 //! Crash tests live in `tests/crash.rs`.
 
 use std::collections::{BTreeMap, HashSet};
@@ -231,36 +232,70 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
 }
 
 #[test]
-fn a_pipeline_that_ends_after_its_restart_leaves_the_new_owner_alone() {
-    // Input only in partition 0, whose first six transactions abort: the pipeline gives up and
-    // the worker restarts every partition. Partition 1's pipeline, told to stop by the restart,
-    // reports its end 8 s late, after the restart took partition 1 over again (2 s backoff).
-    let input = TestTopic::create("late-in", 2);
-    let output = TestTopic::create("late-out", 2);
+fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_other_publishes() {
+    // Input in both partitions; the first six transactions abort (partition 0's, whose input is
+    // there first): its pipeline gives up, and only partition 0 is taken over again. Partition 1
+    // publishes meanwhile.
+    let input = TestTopic::create("retake-in", 2);
+    let output = TestTopic::create("retake-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let first = ids(50);
     produce_full_to(&input.name, Some(0), &keyed(&first.iter().collect::<Vec<_>>()));
-    let mut spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
-        .env("FAILPOINTS", "output-before-produce=6*return->off;worker-stopped-late=1*return(8000)->off");
+    let mut spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("FAILPOINTS", "output-before-produce=6*return->off");
     spec.partitions = Some("0,1".into());
     let mut worker = spec.start();
     wait_for_records(&output.name, first.len(), Duration::from_secs(90));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !worker.log_text().contains("A partition pipeline that a restart replaced ended") {
-        assert!(Instant::now() < deadline, "the stopped pipeline's late end never came:\n{}", worker.log_text());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // The new owners of both partitions still publish, with no second restart: new ids in both
-    // partitions, and some of the first ones again.
+    // New ids in both partitions, and some of the first ones again.
     let second = ids(100);
     let refs: Vec<&String> = second.iter().chain(&first[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
     wait_for_records(&output.name, first.len() + second.len(), Duration::from_secs(60));
     let page = worker.metrics().unwrap();
-    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "pipeline")]), Some(1.0), "one restart only:\n{page}");
+    let retakes = |reason| metric_value(&page, "dedupe_partition_retakes_total", &[("partition", "0"), ("reason", reason)]);
+    assert_eq!(retakes("failed"), Some(1.0), "partition 0 taken over again once:\n{page}");
+    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[("partition", "1")]), None, "partition 1 left alone:\n{page}");
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), first.len() + second.len(), "{}", worker.log_text());
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
+    // The first commit hangs 30 s inside librdkafka's call (as its known hangs do). With a 20 s
+    // transaction timeout the call's own timeout is 10 s, so the watchdog hands it over 20 s in:
+    // the partition is taken over again with a new producer, which fences the hung one. When the
+    // hung call returns, its pipeline ends (fenced) long after it was replaced: that changes
+    // nothing, and the worker never exits.
+    let input = TestTopic::create("hung-in", 1);
+    let output = TestTopic::create("hung-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let first = ids(30);
+    produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
+    let mut worker = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_TRANSACTION_TIMEOUT_MS", "20000")
+        .env("FAILPOINTS", "output-commit-hangs=1*sleep(30000)->off")
+        .start();
+    wait_for_records(&output.name, first.len(), Duration::from_secs(90));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !worker.log_text().contains("A partition pipeline that was replaced ended") {
+        assert!(Instant::now() < deadline, "the hung pipeline's late end never came:\n{}", worker.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let second = ids(40);
+    let refs: Vec<&String> = second.iter().chain(&first[..10]).collect();
+    produce_full(&input.name, &keyed(&refs));
+    wait_for_records(&output.name, first.len() + second.len(), Duration::from_secs(60));
+    let page = worker.metrics().unwrap();
+    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[("reason", "hung")]), Some(1.0), "{page}");
+    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "stuck")]), Some(1.0), "{page}");
+    // The late end was the replaced pipeline's: nothing of this worker was fenced, and the new
+    // pipeline was left alone.
+    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "fenced")]), None, "{page}");
+    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[("reason", "fenced")]), None, "{page}");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(consume_all(&output.name, true).len(), first.len() + second.len(), "{}", worker.log_text());
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }

@@ -94,6 +94,7 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
         rate_per_sec: args.rate,
         show_progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         spread_timestamps: None,
+            sample_every: 0,
     };
     let summary = tools::loadgen(config, load)?;
     Ok(serde_json::to_string(&summary)?)

@@ -152,10 +152,11 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let config = Arc::new(config);
     let system = System::new();
     let db = ledger.clone();
+    let store = ledger.clone();
     let code = system.block_on(async move {
         let health = Arc::new(Health::default());
         let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
-        let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, health.clone(), options).start();
+        let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, store, health.clone(), options).start();
         let server =
             crate::http::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone())?;
         let server_handle = server.handle();

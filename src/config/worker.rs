@@ -37,10 +37,11 @@ pub struct WorkerConfig {
     /// The dedupe window the operators promise (the alerts page below it). The changelog must
     /// keep ids at least this long, or a moved partition could not get its window back.
     pub promised_window_secs: u64,
-    /// A partition this worker's ledger holds nothing for (moved here, new volume) is loaded from
-    /// the changelog newest first, and resumes once every id first seen in this many seconds is
-    /// loaded (or all are); older ids back-fill while it runs. 0: resume after the newest chunk.
-    pub handover_min_window_secs: u64,
+    /// A partition this worker's ledger holds nothing for (moved here, new volume) resumes once
+    /// every id published in this many seconds is loaded from the changelog; older ids load in the
+    /// background after it. Unset: `promised_window_secs`, so the whole promised window moves with
+    /// the partition before it publishes anything.
+    pub handover_min_window_secs: Option<u64>,
     /// The input partitions this worker owns, e.g. `0-3,7`. Unset: derived from
     /// `worker_index`/`worker_count`, or every partition of the input topic.
     pub partitions: Option<PartitionSet>,
@@ -85,10 +86,9 @@ impl Default for WorkerConfig {
             changelog_retention_secs: 7 * 86_400,
             // The alerts page when the window falls under 24 hours.
             promised_window_secs: 86_400,
-            // Client retries, most duplicates, come within minutes (docs/operations.md: the
-            // duplicate-age heatmap); older ones arriving during the back-fill, typically under a
-            // minute, may pass.
-            handover_min_window_secs: 300,
+            // The promised window: a bulk load takes about a second per 5M ids
+            // (docs/performance.md, the handoff bench).
+            handover_min_window_secs: None,
             // One worker owning every partition, unless told otherwise.
             partitions: None,
             worker_index: None,
@@ -116,6 +116,12 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// How much of a new partition's window is loaded before it resumes (see
+    /// `handover_min_window_secs`).
+    pub fn handover_window(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.handover_min_window_secs.unwrap_or(self.promised_window_secs))
+    }
+
     /// The id changelog topic: `changelog_topic`, or `<output_topic>.ids`.
     pub fn changelog_topic(&self) -> String {
         self.changelog_topic.clone().unwrap_or_else(|| crate::changelog::default_topic(&self.output_topic))

@@ -14,8 +14,9 @@ use super::buffer::IdBuffer;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
     encode_first_seen, generation_cf_name, generation_meta_key, progress_key, to_json, CommitRecord,
-    COMMIT_KEY, META_COMMIT_SEQ,
+    COMMIT_KEY, META_COMMIT_SEQ, META_FORGOTTEN,
 };
+use super::load::LoadedRuns;
 use super::tuning::ingest_file_options;
 use super::{Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
 use crate::identity::LedgerKey;
@@ -33,6 +34,8 @@ pub(super) struct InFlight {
     pub(super) progress: BTreeMap<Partition, Vec<u8>>,
     /// The log of the batches in this commit, removed once it is applied.
     log: Option<PathBuf>,
+    /// Files of a bulk load (`load.rs`) ingested together with this commit's own file.
+    loaded: Vec<PathBuf>,
     /// `None` once joined and failed: the next attempt writes the file on the caller's thread.
     pub(super) job: Option<std::thread::JoinHandle<Result<PathBuf>>>,
 }
@@ -88,7 +91,7 @@ impl Ledger {
     /// thread: a commit in flight is finished first, then the buffer is committed.
     pub(super) fn commit_pending(&self, state: &mut State) -> Result<()> {
         self.finish_in_flight(state, true)?;
-        if self.take_commit(state, false)? {
+        if self.take_commit(state, false, None)? {
             self.finish_in_flight(state, true)?;
         }
         Ok(())
@@ -99,18 +102,64 @@ impl Ledger {
     /// is finished first.
     pub(super) fn start_commit(&self, state: &mut State) -> Result<()> {
         self.finish_in_flight(state, true)?;
-        self.take_commit(state, true)?;
+        self.take_commit(state, true, None)?;
         Ok(())
     }
 
-    /// Moves the buffer into a commit in flight; with `background`, its file is written by a
-    /// new thread. False when there was nothing to commit.
-    fn take_commit(&self, state: &mut State, background: bool) -> Result<bool> {
+    /// Makes a bulk load durable and visible: its runs are ingested with the next commit (the
+    /// buffer's file and its commit record, which carries the load's metadata, progress record
+    /// and window floor), in one ingestion. The buffer's file is written by a thread while the
+    /// lock is free; the commit is applied before this returns.
+    pub(super) fn commit_load(&self, runs: LoadedRuns) -> Result<()> {
+        let seq = {
+            let mut state = self.lock();
+            self.finish_in_flight(&mut state, true)?;
+            if state.generations.last().map(|g| g.meta.id) != Some(runs.generation) {
+                for file in &runs.files {
+                    let _ = std::fs::remove_file(file);
+                }
+                // A load pins its generation, so this is a bug, not a state on disk.
+                return Err(LedgerError::CorruptMetadata { what: "the generation a load went into was sealed while it ran".into() });
+            }
+            self.take_commit(&mut state, true, Some(runs))?;
+            state.commit_seq + 1
+        };
+        // Another call may apply the commit first (it finds the file written): then it is done.
+        loop {
+            let state = self.lock();
+            match &state.in_flight {
+                Some(f) if f.record.seq == seq => {
+                    if f.job.as_ref().is_none_or(|job| job.is_finished()) {
+                        break;
+                    }
+                }
+                _ => return Ok(()),
+            }
+            drop(state);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let mut state = self.lock();
+        if state.commit_seq < seq {
+            self.finish_in_flight(&mut state, true)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the buffer into a commit in flight, with a bulk load's runs if `load` brings them;
+    /// with `background`, its file is written by a new thread. False when there was nothing to
+    /// commit.
+    fn take_commit(&self, state: &mut State, background: bool, load: Option<LoadedRuns>) -> Result<bool> {
         debug_assert!(state.in_flight.is_none());
-        if state.pending.is_empty() && state.pending_progress.is_empty() {
+        if state.pending.is_empty() && state.pending_progress.is_empty() && load.is_none() {
             return Ok(false);
         }
         let seq = state.commit_seq + 1;
+        let mut forgotten = None;
+        let mut loaded = Vec::new();
+        if let Some(load) = load {
+            forgotten = load.apply(state);
+            loaded = load.files;
+        }
         let Some(active) = state.generations.last() else {
             return Ok(false);
         };
@@ -120,6 +169,7 @@ impl Ledger {
             seq,
             meta: active.meta.clone(),
             progress,
+            forgotten,
         };
         // Batches recorded from now on go to the next commit's log.
         let log = match state.log.take() {
@@ -149,6 +199,7 @@ impl Ledger {
             ids,
             progress: std::mem::take(&mut state.pending_progress),
             log,
+            loaded,
             job,
         });
         state.pending_batches = 0;
@@ -181,9 +232,12 @@ impl Ledger {
         let mut ingest = IngestExternalFileOptions::default();
         ingest.set_move_files(true);
         let cf = self.cf(&generation_cf_name(record.meta.id))?;
+        // A load's runs first, the commit's own file (with the commit record) last: the newest.
+        let mut files = in_flight.loaded.clone();
+        files.push(file.clone());
         let ingested = self
             .db
-            .ingest_external_file_cf_opts(&cf, &ingest, vec![file.clone()])
+            .ingest_external_file_cf_opts(&cf, &ingest, files)
             .map_err(rocks(Doing::Write));
         drop(cf);
         if ingested.is_err() {
@@ -200,11 +254,17 @@ impl Ledger {
         for (partition, value) in &in_flight.progress {
             batch.put_cf(&progress_cf, progress_key(*partition), value);
         }
+        if let Some(forgotten) = &record.forgotten {
+            batch.put_cf(&meta_cf, META_FORGOTTEN, to_json(forgotten));
+        }
         drop((meta_cf, progress_cf));
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;
         state.commit_seq = record.seq;
+        if let Some(forgotten) = &record.forgotten {
+            state.forgotten = forgotten.clone();
+        }
         // Everything written to the small column families before (generation starts, seals,
         // forgetting) goes with it: one atomic flush.
         self.flush_all(state, true)?;

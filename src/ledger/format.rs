@@ -113,6 +113,10 @@ pub(super) struct CommitRecord {
     pub(super) seq: u64,
     pub(super) meta: GenerationMeta,
     pub(super) progress: BTreeMap<Partition, Vec<u8>>,
+    /// Every partition's window floor ([`META_FORGOTTEN`]) as of this commit, when the commit
+    /// changed one (a bulk load); absent otherwise, and in records written before loads existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) forgotten: Option<BTreeMap<Partition, i64>>,
 }
 
 pub(super) fn parse_json<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> Result<T> {

@@ -46,12 +46,20 @@ impl Ledger {
         Ok(())
     }
 
-    /// Seals the active generation when it is full, then forgets the oldest generations until
-    /// the rest fit the budget.
+    /// Seals the active generation when it is full, or when the id index must grow, then forgets
+    /// the oldest generations until the rest fit the budget.
     pub(super) fn maybe_seal(&self, state: &mut State) -> Result<()> {
         let Some(active) = state.generations.last() else {
             return Ok(());
         };
+        // A bulk load's fingerprints name the active generation: it stays active until the
+        // load is in (`load.rs`).
+        if state.loads > 0 {
+            return Ok(());
+        }
+        if state.index.needs_growth(0) {
+            return self.grow_index(state, 0);
+        }
         let full_by_ids = self
             .options
             .seal_after_ids
@@ -61,6 +69,54 @@ impl Ledger {
         {
             return Ok(());
         }
+        self.seal_active(state, None)
+    }
+
+    /// Grows the id index until `more` ids fit beside those it holds (see `index/`). Its entries
+    /// of a generation are all stored at one size, so the active generation is sealed first,
+    /// unless it holds nothing yet: then its tag simply starts again at the new size.
+    pub(super) fn grow_index(&self, state: &mut State, more: u64) -> Result<()> {
+        if !state.index.needs_growth(more) {
+            return Ok(());
+        }
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
+        if active.meta.ids > 0 || !state.pending.is_empty() || state.in_flight.is_some() {
+            return self.seal_active(state, Some(more));
+        }
+        let tag = IdIndex::tag(active.meta.id);
+        self.grow_table(state, more);
+        // No id was recorded into it, so it has no slot to keep (a bulk load given up may have
+        // left fingerprints: they go).
+        state.index.forget(tag);
+        state.index.start(tag);
+        Ok(())
+    }
+
+    /// Doubles the id index until `more` ids fit (the active generation sealed or empty).
+    fn grow_table(&self, state: &mut State, more: u64) {
+        // A background store of the index copies a table of the old size: it gives up.
+        state.index_epoch += 1;
+        let started = std::time::Instant::now();
+        while state.index.needs_growth(more) {
+            state.index.grow();
+        }
+        let (geometry, level) = state.index.geometry();
+        tracing::info!(
+            level,
+            bytes = state.index.table_bytes(),
+            capacity_ids = geometry.capacity(level),
+            ids = state.index.live_slots(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Grew the id index."
+        );
+    }
+
+    /// Seals the active generation (growing the id index for `grow` more ids first, if given),
+    /// starts the next, forgets the oldest generations while the rest exceed the budget, and
+    /// stores the index.
+    fn seal_active(&self, state: &mut State, grow: Option<u64>) -> Result<()> {
         // The sealed generation's buffered ids go in before it is sealed.
         self.commit_pending(state)?;
         let Some(active) = state.generations.last() else {
@@ -80,6 +136,9 @@ impl Ledger {
             }
             None => return Ok(()),
         };
+        if let Some(more) = grow {
+            self.grow_table(state, more);
+        }
         self.start_generation(state)?;
         // Flush without waiting (all column families together, so NoWal stays a consistent
         // prefix): the sealed generation leaves the memtables and the WAL, which would otherwise

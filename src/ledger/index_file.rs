@@ -6,9 +6,12 @@
 //! multiple of 4096][table][table checksum, u64 LE]`. The table starts aligned, so it is read in
 //! parallel pieces straight into memory; its checksum is the XXH3-64 of the XXH3-64s (u64 LE) of
 //! its 8 MiB pieces in order, so each reader hashes what it read. The header holds the file
-//! version, the table's seed, its bucket count, the overflowed buckets, the slots held per tag,
-//! the ledger's `commit_seq` when it was written, and every live generation's id with whether it
-//! was sealed then. The table is the index's buckets as they are in memory.
+//! version, the table's seed, its sizes (buckets at level 0, the full size's level) and its
+//! level, the overflowed buckets, the slots held per tag and the level each tag's entries were
+//! stored at, the ledger's `commit_seq` when it was written, and every live generation's id with
+//! whether it was sealed then. The table is the index's buckets as they are in memory, at its
+//! current size: the file grows with the ids held. A file of version 2 (a table at full size
+//! from the start) is of another version: the first open after the upgrade rebuilds the index.
 //!
 //! # When it is trusted
 //! Ids reach a generation only through commits, and a sealed generation never changes. So, for a
@@ -54,7 +57,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::direct_io::{align_up, read_pieces, table_pieces, DirectWriter, CHUNK};
 use super::error::io_error;
-use super::index::{Header, IdIndex};
+use super::index::{Geometry, Header, IdIndex};
 use super::{Result, State};
 
 /// The index file's name in a ledger (or checkpoint) directory.
@@ -64,7 +67,7 @@ const TEMPORARY: &str = "id-index.partial";
 /// overlap when one gives up while the next starts).
 const STORING: &str = "id-index.storing.";
 const MAGIC: &[u8; 8] = b"DDUPIDX\x01";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Longest header accepted (256 tag counts, generations: far below this).
 const MAX_HEADER: u32 = 1 << 20;
 
@@ -235,8 +238,8 @@ pub(super) fn remove_leftovers(dir: &Path) -> Result<()> {
 }
 
 /// Reads the index file in `dir` for a ledger at `commit_seq` with `generations` (id → sealed)
-/// and a table of `buckets` buckets. `None` (with the cause logged) when there is no usable file.
-pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BTreeMap<u64, bool>) -> Option<Loaded> {
+/// and a table of `geometry`'s sizes. `None` (with the cause logged) when there is no usable file.
+pub(super) fn read(dir: &Path, geometry: Geometry, commit_seq: u64, generations: &BTreeMap<u64, bool>) -> Option<Loaded> {
     let path = dir.join(INDEX_FILE);
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
@@ -249,7 +252,7 @@ pub(super) fn read(dir: &Path, buckets: usize, commit_seq: u64, generations: &BT
             return None;
         }
     };
-    match read_file(&path, file, buckets) {
+    match read_file(&path, file, geometry) {
         Ok(Some((index, stamp))) => {
             let trusted = generations
                 .keys()
@@ -300,9 +303,9 @@ fn invalid(what: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
 }
 
-/// The index and stamp in `file` (at `path`); `Ok(None)` for a well-formed file of another table
-/// size.
-fn read_file(path: &Path, file: std::fs::File, buckets: usize) -> std::io::Result<Option<(IdIndex, Stamp)>> {
+/// The index and stamp in `file` (at `path`); `Ok(None)` for a well-formed file of other table
+/// sizes.
+fn read_file(path: &Path, file: std::fs::File, geometry: Geometry) -> std::io::Result<Option<(IdIndex, Stamp)>> {
     let file_len = file.metadata()?.len();
     let mut head = std::io::BufReader::new(&file);
     let mut magic = [0u8; 8];
@@ -329,7 +332,7 @@ fn read_file(path: &Path, file: std::fs::File, buckets: usize) -> std::io::Resul
     }
     let table_start = table_start as u64;
     let mut digests = Vec::new();
-    let loaded = IdIndex::from_parts(&index_header, buckets, |table| {
+    let loaded = IdIndex::from_parts(&index_header, geometry, |table| {
         let expected = table_start + table.len() as u64 + 8;
         if file_len != expected {
             return Err(invalid(format!("{file_len} bytes where the table and its checksum make {expected}")));
@@ -368,14 +371,16 @@ fn header_end_and_table_start(header_len: usize) -> (usize, usize) {
 }
 
 fn encode_header(h: &Header, stamp: &Stamp) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + 8 * h.slots_by_tag.len() + 9 * stamp.generations.len());
+    let mut out = Vec::with_capacity(64 + 9 * h.slots_by_tag.len() + 9 * stamp.generations.len());
     out.extend_from_slice(&VERSION.to_le_bytes());
-    for v in [h.seed, h.buckets, h.overflowed, stamp.commit_seq] {
+    for v in [h.seed, h.geometry.base as u64, h.overflowed, stamp.commit_seq] {
         out.extend_from_slice(&v.to_le_bytes());
     }
+    out.extend_from_slice(&[h.geometry.max_level, h.level]);
     out.extend_from_slice(&(h.slots_by_tag.len() as u32).to_le_bytes());
-    for v in &h.slots_by_tag {
-        out.extend_from_slice(&v.to_le_bytes());
+    for (slots, level) in h.slots_by_tag.iter().zip(&h.level_of) {
+        out.extend_from_slice(&slots.to_le_bytes());
+        out.push(*level);
     }
     out.extend_from_slice(&(stamp.generations.len() as u32).to_le_bytes());
     for (id, sealed) in &stamp.generations {
@@ -391,24 +396,35 @@ fn decode_header(bytes: &[u8]) -> std::io::Result<(Header, Stamp)> {
     if version != VERSION {
         return Err(invalid(format!("file version {version}, this code reads {VERSION}")));
     }
-    let (seed, buckets, overflowed, commit_seq) = (read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?);
+    let (seed, base, overflowed, commit_seq) = (read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?);
+    let [max_level, level] = read_bytes::<2>(&mut r)?;
     let tags = read_u32(&mut r)? as usize;
     if tags > 1 << 16 {
         return Err(invalid(format!("{tags} tag counts")));
     }
-    let slots_by_tag = (0..tags).map(|_| read_u64(&mut r)).collect::<std::io::Result<Vec<u64>>>()?;
+    let mut slots_by_tag = Vec::with_capacity(tags);
+    let mut level_of = Vec::with_capacity(tags);
+    for _ in 0..tags {
+        slots_by_tag.push(read_u64(&mut r)?);
+        level_of.push(read_bytes::<1>(&mut r)?[0]);
+    }
     let count = read_u32(&mut r)? as usize;
     let mut generations = BTreeMap::new();
     for _ in 0..count {
         let id = read_u64(&mut r)?;
-        let mut sealed = [0u8; 1];
-        r.read_exact(&mut sealed)?;
-        generations.insert(id, sealed[0] != 0);
+        generations.insert(id, read_bytes::<1>(&mut r)?[0] != 0);
     }
     if !r.is_empty() {
         return Err(invalid("bytes after the header"));
     }
-    Ok((Header { seed, buckets, overflowed, slots_by_tag }, Stamp { commit_seq, generations }))
+    let geometry = Geometry { base: usize::try_from(base).map_err(|_| invalid("a table too large for this machine"))?, max_level };
+    Ok((Header { seed, geometry, level, overflowed, slots_by_tag, level_of }, Stamp { commit_seq, generations }))
+}
+
+fn read_bytes<const N: usize>(r: &mut impl Read) -> std::io::Result<[u8; N]> {
+    let mut b = [0u8; N];
+    r.read_exact(&mut b)?;
+    Ok(b)
 }
 
 fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {

@@ -136,6 +136,7 @@ mod format;
 mod generations;
 mod index;
 mod index_file;
+mod load;
 mod lookup;
 mod open;
 mod options;
@@ -149,6 +150,7 @@ mod tuning;
 pub use error::{LedgerError, Result};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
 pub use index_file::{IndexSource, INDEX_FILE};
+pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
 pub use options::{Durability, LedgerOptions};
 pub use stats::{GenerationInfo, LedgerStats};
 
@@ -228,6 +230,10 @@ struct State {
     /// checkpoint writes the index file itself: a background store started under an older epoch
     /// gives up (see `index_file.rs`).
     index_epoch: u64,
+    /// Bulk loads under way (`load.rs`): the active generation is not sealed while there are any.
+    loads: u32,
+    /// Ids the loads under way said they bring: room the id index keeps for them.
+    reserved: u64,
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;

@@ -71,7 +71,7 @@ impl Ledger {
         let mut forgotten = self.read_forgotten()?;
         let metas = self.read_generation_metas()?;
         let mut generations = self.reconcile_generations(cf_names, metas, &mut forgotten)?;
-        let commit_seq = self.recover_commit(&mut generations)?;
+        let commit_seq = self.recover_commit(&mut generations, &mut forgotten)?;
         self.remove_ingest_leftovers()?;
         super::index_file::remove_leftovers(&self.path)?;
         for g in generations.iter().filter(|g| g.meta.sealed) {
@@ -338,6 +338,8 @@ fn empty_state() -> State {
         spare: None,
         index_stored_at: None,
         index_epoch: 0,
+        loads: 0,
+        reserved: 0,
     }
 }
 

@@ -1,6 +1,6 @@
 //! Configuration of a ledger: [`LedgerOptions`], with the crash [`Durability`] it chooses.
 
-use super::index::IdIndex;
+use super::index::{Geometry, IdIndex};
 
 /// How much of the most recent work may be lost on a crash (see the [module docs](super) for
 /// costs). The one type for it: the configuration's `ledger.durability` and the bench's
@@ -129,8 +129,14 @@ impl LedgerOptions {
             .unwrap_or_else(|| IdIndex::capacity_for_budget(self.budget_bytes))
     }
 
-    /// Bytes of memory the id index takes.
+    /// Bytes of memory the id index takes at full size (it starts at most 64 times smaller and
+    /// grows with the ids held).
     pub fn index_bytes(&self) -> u64 {
         IdIndex::bytes_for_capacity(self.index_capacity())
+    }
+
+    /// The id index's sizes.
+    pub(super) fn index_geometry(&self) -> Geometry {
+        Geometry::for_capacity(self.index_capacity())
     }
 }

@@ -19,7 +19,7 @@ impl Ledger {
             return Ok(IndexSource::Empty);
         }
         if state.generations.is_empty() {
-            state.index = IdIndex::new(self.options.index_capacity(), rand::random());
+            state.index = IdIndex::new(self.options.index_geometry(), 0, rand::random());
             return Ok(IndexSource::Empty);
         }
         let (to_read, source) = self.start_index(state);
@@ -46,29 +46,37 @@ impl Ledger {
     }
 
     /// Sets `state.index` up: loaded from the index file when it vouches for the generations
-    /// (those it trusts revived), else a new table. Returns the generations (by position) whose
-    /// keys must still be read from disk, and where the index comes from.
+    /// (those it trusts revived), else a new table, in either case large enough for the ids still
+    /// to read. Returns the generations (by position) whose keys must still be read from disk, and
+    /// where the index comes from.
     fn start_index(&self, state: &mut State) -> (Vec<usize>, IndexSource) {
         let sealed = state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect();
-        let buckets = IdIndex::buckets_for_capacity(self.options.index_capacity());
-        match index_file::read(&self.path, buckets, state.commit_seq, &sealed) {
+        let geometry = self.options.index_geometry();
+        match index_file::read(&self.path, geometry, state.commit_seq, &sealed) {
             Some(loaded) => {
                 state.index = loaded.index;
-                let mut to_read = Vec::new();
-                for (i, g) in state.generations.iter().enumerate() {
-                    let tag = IdIndex::tag(g.meta.id);
-                    if loaded.trusted.contains(&g.meta.id) {
-                        state.index.revive(tag);
-                    } else {
-                        state.index.start(tag);
-                        to_read.push(i);
-                    }
+                let (trusted, to_read): (Vec<usize>, Vec<usize>) =
+                    (0..state.generations.len()).partition(|&i| loaded.trusted.contains(&state.generations[i].meta.id));
+                for &i in &trusted {
+                    state.index.revive(IdIndex::tag(state.generations[i].meta.id));
+                }
+                // Room for what is read from disk: a generation the file does not vouch for is
+                // never the active one being filled, since the file vouches for that one only if
+                // nothing was committed since, and then there is nothing to read.
+                let more: u64 = to_read.iter().map(|&i| state.generations[i].meta.ids).sum();
+                let index = &mut state.index;
+                while index.live_slots() + more > index.geometry().0.capacity(index.geometry().1) && index.geometry().1 < geometry.max_level {
+                    index.grow();
+                }
+                for &i in &to_read {
+                    state.index.start(IdIndex::tag(state.generations[i].meta.id));
                 }
                 let source = if to_read.is_empty() { IndexSource::Loaded } else { IndexSource::Partial };
                 (to_read, source)
             }
             None => {
-                state.index = IdIndex::new(self.options.index_capacity(), rand::random());
+                let ids: u64 = state.generations.iter().map(|g| g.meta.ids).sum();
+                state.index = IdIndex::new(geometry, geometry.level_for(ids), rand::random());
                 for g in state.generations.iter() {
                     state.index.start(IdIndex::tag(g.meta.id));
                 }

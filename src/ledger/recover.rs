@@ -1,6 +1,8 @@
 //! Recovery, on open, of what a crash left: the commit record of a file ingested without its
 //! bookkeeping, the batch logs of commits not made yet, and files written for an ingestion.
 
+use std::collections::BTreeMap;
+
 use rocksdb::WriteBatch;
 
 use super::batch_log::{log_path, log_seq, BatchLog};
@@ -8,15 +10,17 @@ use super::commit::INGEST_FILE_EXTENSION;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
     generation_meta_key, parse_json, progress_key, to_json, CommitRecord, COMMIT_KEY, META_COMMIT_SEQ,
+    META_FORGOTTEN,
 };
 use super::{Durability, Generation, Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
+use crate::Partition;
 
 impl Ledger {
     /// A buffered run of ids becomes durable when its file is ingested; the metadata and progress
     /// records that go with it are written (and flushed) just after. If a crash fell between the
     /// two, the file's commit record says what they must be: apply it. Returns the sequence
     /// number of the last commit applied.
-    pub(super) fn recover_commit(&self, generations: &mut [Generation]) -> Result<u64> {
+    pub(super) fn recover_commit(&self, generations: &mut [Generation], forgotten: &mut BTreeMap<Partition, i64>) -> Result<u64> {
         let meta_cf = self.cf(CF_META)?;
         let applied = match self.db.get_cf(&meta_cf, META_COMMIT_SEQ).map_err(rocks(Doing::Read))? {
             Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
@@ -48,11 +52,17 @@ impl Ledger {
         for (partition, value) in &record.progress {
             batch.put_cf(&progress_cf, progress_key(*partition), value);
         }
+        if let Some(floors) = &record.forgotten {
+            batch.put_cf(&meta_cf, META_FORGOTTEN, to_json(floors));
+        }
         self.db
             .write_opt(batch, &self.sync_write_options())
             .map_err(rocks(Doing::Write))?;
         self.flush_cfs(&[CF_META, CF_PROGRESS], true)?;
         generations[i].meta = meta;
+        if let Some(floors) = record.forgotten {
+            *forgotten = floors;
+        }
         Ok(record.seq)
     }
 

@@ -37,8 +37,10 @@ pub struct LedgerStats {
     pub oldest_first_seen_ms: Option<i64>,
     /// First-seen time of the newest id held, ms.
     pub newest_first_seen_ms: Option<i64>,
-    /// Bytes of the in-memory id index.
+    /// Bytes of the in-memory id index (it grows with the ids held, up to its full size).
     pub index_bytes: u64,
+    /// Ids the id index holds at its current size before it grows again.
+    pub index_capacity_ids: u64,
     /// Ids in the id index.
     pub index_ids: u64,
     /// Index buckets that overflowed: ids hashing to them are looked up in every generation.
@@ -81,6 +83,10 @@ impl Ledger {
             oldest_first_seen_ms: None,
             newest_first_seen_ms: None,
             index_bytes: state.index.table_bytes(),
+            index_capacity_ids: {
+                let (geometry, level) = state.index.geometry();
+                geometry.capacity(level)
+            },
             index_ids: state.index.live_slots(),
             index_overflowed_buckets: state.index.overflowed_buckets(),
             disk_lookups: self.disk_lookups.load(std::sync::atomic::Ordering::Relaxed),

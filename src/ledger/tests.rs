@@ -544,6 +544,8 @@ fn a_corrupt_truncated_or_missing_index_file_is_rebuilt() {
 #[derive(Debug, Clone)]
 enum Op {
     Batch { partition: Partition, ids: Vec<u8>, time_step: i64 },
+    /// A bulk load of a partition's ids (a partition moved here), with its progress record.
+    Load { partition: Partition, ids: Vec<u8>, time_step: i64 },
     Reopen,
     /// Close, do this to the stored id index, reopen.
     ReopenWith(Damage),
@@ -565,6 +567,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (0i32..3, prop::collection::vec(0u8..80, 0..24), 0i64..3_000)
             .prop_map(|(partition, ids, time_step)| Op::Batch { partition, ids, time_step }),
+        2 => (0i32..3, prop::collection::vec(0u8..80, 0..40), 0i64..3_000)
+            .prop_map(|(partition, ids, time_step)| Op::Load { partition, ids, time_step }),
         1 => Just(Op::Reopen),
         1 => prop_oneof![
             Just(Damage::Delete),
@@ -660,6 +664,12 @@ fn run_model(
                 model.batch(&ledger, &options, partition, &ids, now, &record)?;
                 progress.insert(partition, record);
             }
+            Op::Load { partition, ids, time_step } => {
+                now += time_step;
+                let record = format!("step {step}").into_bytes();
+                model.load(&ledger, &options, partition, &ids, now, &record)?;
+                progress.insert(partition, record);
+            }
         }
         model.check(&ledger, &progress, now)?;
     }
@@ -689,7 +699,26 @@ impl Model {
             };
             prop_assert_eq!(*verdict, expected);
         }
-        // Apply the aging the ledger did: only whole generations, oldest first.
+        self.age(ledger, options)
+    }
+
+    /// Loads `ids` in bulk at `now` with the progress record `record`: they are held in the
+    /// generation the load went into, those held before included (the newer copy is the one a
+    /// lookup finds).
+    fn load(&mut self, ledger: &Ledger, options: &LedgerOptions, partition: Partition, ids: &[u8], now: i64, record: &[u8]) -> Result<(), TestCaseError> {
+        let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
+        let mut load = ledger.begin_load(partition, items.len() as u64).unwrap();
+        let into = ledger.generations().unwrap().last().unwrap().meta.id;
+        load.add(&items).unwrap();
+        load.finish(record, WindowFloor::Keep).unwrap();
+        for (k, t) in items {
+            self.held.insert(k, (into, partition, t));
+        }
+        self.age(ledger, options)
+    }
+
+    /// Applies the aging the ledger did: only whole generations, oldest first.
+    fn age(&mut self, ledger: &Ledger, options: &LedgerOptions) -> Result<(), TestCaseError> {
         let after: Vec<u64> = ledger.generations().unwrap().iter().map(|g| g.meta.id).collect();
         prop_assert!(after.windows(2).all(|w| w[1] == w[0] + 1), "gaps in {:?}", after);
         if let (Some(first_before), Some(first_after)) = (self.live.first(), after.first()) {

@@ -35,14 +35,13 @@
 
 mod replay;
 
-pub use replay::{backfill, recover_partition, Backfill, REPLAY_BATCH};
+pub use replay::{backfill, recover_partition, Backfill, LoadMeter};
 
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
 use crate::config::{IdSource, KafkaConfig};
-use crate::identity::LedgerKey;
 use crate::ledger::LedgerError;
 use crate::progress::Progress;
 
@@ -60,22 +59,24 @@ pub enum RecoveryError {
     )]
     LedgerAhead { log: Source, partition: i32, ledger_next_output: i64, output_end: i64 },
     #[error("recording replayed ids of partition {partition}: {source}")]
-    Record { partition: i32, source: RecordFailure },
+    Record { partition: i32, source: LedgerError },
     #[error("replaying partition {partition} did not reach offset {target} within {seconds}s (at {at})")]
     Timeout { partition: i32, target: i64, at: i64, seconds: u64 },
+    #[error("loading partition {partition} stopped: the partition was taken away or the worker is stopping")]
+    Stopped { partition: i32 },
 }
 
-/// Records replayed ids (with their first-seen times) and the progress to store with them
-/// (`None`: leave the partition's progress record as it is).
-pub type RecordReplayed<'a> = dyn FnMut(&[(LedgerKey, i64)], Option<Progress>) -> Result<(), RecordFailure> + 'a;
-
-/// Why the replayed ids could not be recorded.
-#[derive(Debug, thiserror::Error)]
-pub enum RecordFailure {
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
-    #[error("the ledger's owner stopped before answering")]
-    LedgerGone,
+impl RecoveryError {
+    /// Whether another attempt may succeed (the brokers were away), as opposed to a state it
+    /// meets again (the ledger ahead of the log, a changelog record it cannot read, a failing
+    /// ledger) or a stop that was asked for.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Kafka { .. } | Self::Timeout { .. } => true,
+            Self::Record { source, .. } => source.is_retryable(),
+            Self::Changelog { .. } | Self::LedgerAhead { .. } | Self::Stopped { .. } => false,
+        }
+    }
 }
 
 /// The log a partition's ids are replayed from.
@@ -116,7 +117,7 @@ impl std::fmt::Display for Source {
 }
 
 /// What recovering one partition did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RecoveryReport {
     pub partition: i32,
     /// The log replayed.
@@ -136,6 +137,19 @@ pub struct RecoveryReport {
     pub resume_input_at: Option<i64>,
     /// The progress written at the end of recovery.
     pub progress: Progress,
+    /// Where the replay's time went.
+    pub times: ReplayTimes,
+}
+
+/// Where a replay's time went on the thread that ran it, in seconds: estimating the load and
+/// making room for it in the id index, waiting for the log's records, reading ids out of them,
+/// and the ledger's share.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReplayTimes {
+    pub prepare_secs: f64,
+    pub fetch_secs: f64,
+    pub decode_secs: f64,
+    pub load: crate::ledger::LoadTimes,
 }
 
 /// What recovery needs to know about one partition.
@@ -151,10 +165,12 @@ pub struct RecoveryInput<'a> {
     pub committed_input: Option<i64>,
     /// Proceed when the ledger is ahead of the output, trusting the ledger.
     pub accept_ledger_ahead: bool,
-    /// A newest-first load may hand the partition over once it covers this much time; the rest
-    /// back-fills (see [`Backfill`]).
+    /// A partition the ledger holds nothing for resumes once the ids published within this
+    /// much time are loaded; the older rest back-fills (see [`Backfill`]).
     pub ready_window: Duration,
     pub timeout: Duration,
+    /// Set when the load should stop (the partition was taken away, the worker is stopping).
+    pub stop: &'a std::sync::atomic::AtomicBool,
 }
 
 /// What recovery knows about a partition before it reads anything: the plain data the
@@ -175,6 +191,10 @@ pub struct RecoveryFacts {
     pub output_high: i64,
     /// The operator trusts a ledger that is ahead of the output.
     pub accept_ledger_ahead: bool,
+    /// For a partition the ledger holds nothing for: the first log offset published within the
+    /// handover window (`None`: not looked up, or the whole log is within it). What comes before
+    /// it back-fills after the partition resumes.
+    pub window_start: Option<i64>,
 }
 
 /// What recovery will do: which range of the log to replay into the ledger and where input resumes.
@@ -192,6 +212,9 @@ pub struct RecoveryPlan {
     pub ledger_ahead_accepted: Option<i64>,
     /// Where the input resumes: the committed offset, else the ledger's, else its beginning (None).
     pub resume_input_at: Option<i64>,
+    /// Log offsets [from, to) older than the handover window, loaded after the partition resumed
+    /// (a rebuild only).
+    pub backfill: Option<(i64, i64)>,
 }
 
 /// Why recovery refuses to plan.
@@ -234,7 +257,15 @@ pub fn plan_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, PlanRefusal>
         .committed_input
         .filter(|&o| o >= 0)
         .or(facts.ledger_progress.map(|pr| pr.next_input_offset).filter(|&o| o >= 0));
-    Ok(RecoveryPlan { replay_from: from, replay_to: high.max(from), rebuild, retention_gap, ledger_ahead_accepted, resume_input_at })
+    // A rebuild loads the handover window before the partition resumes, and the older rest after.
+    let mut backfill = None;
+    if let Some(start) = facts.window_start.filter(|_| rebuild).map(|s| s.clamp(from, high)) {
+        if start > from {
+            backfill = Some((from, start));
+            from = start;
+        }
+    }
+    Ok(RecoveryPlan { replay_from: from, replay_to: high.max(from), rebuild, retention_gap, ledger_ahead_accepted, resume_input_at, backfill })
 }
 
 impl RecoveryPlan {
@@ -259,12 +290,13 @@ impl RecoveryPlan {
             );
         }
         if self.rebuild && self.replay_to > self.replay_from {
-            tracing::warn!(
+            tracing::info!(
                 partition,
                 from = self.replay_from,
                 to = self.replay_to,
+                backfill = ?self.backfill,
                 source = %facts.source,
-                "The ledger holds nothing for this partition: loading its ids, newest first. The dedupe window is at most the log's retention."
+                "The ledger holds nothing for this partition: loading its ids before it resumes. The dedupe window is at most the log's retention."
             );
         }
     }
@@ -299,6 +331,7 @@ mod tests {
             log_high: output.1,
             output_high: output.1,
             accept_ledger_ahead: false,
+            window_start: None,
         }
     }
 
@@ -317,6 +350,7 @@ mod tests {
             log_high: changelog.1,
             output_high: 2_000_000,
             accept_ledger_ahead: false,
+            window_start: None,
         }
     }
 
@@ -344,6 +378,31 @@ mod tests {
             assert_eq!((plan.replay_from, plan.replay_to), (10, 65));
             assert_eq!(plan.resume_input_at, Some(77));
         }
+    }
+
+    #[test]
+    fn a_partition_new_to_this_ledger_loads_its_window_first_and_back_fills_the_rest() {
+        // Records from offset 40 on were published within the handover window.
+        let mut f = changelog_facts(None, Some(77), (10, 65));
+        f.window_start = Some(40);
+        let plan = plan_recovery(&f).unwrap();
+        assert_eq!((plan.replay_from, plan.replay_to), (40, 65), "the window, before the partition resumes");
+        assert_eq!(plan.backfill, Some((10, 40)), "the older rest, after");
+        // The whole log within the window, or a window start before what is retained: no back-fill.
+        for start in [Some(10), Some(3), None] {
+            f.window_start = start;
+            let plan = plan_recovery(&f).unwrap();
+            assert_eq!((plan.replay_from, plan.replay_to, plan.backfill), (10, 65, None), "window start {start:?}");
+        }
+        // Nothing published within the window: everything back-fills, nothing holds the partition.
+        f.window_start = Some(65);
+        let plan = plan_recovery(&f).unwrap();
+        assert_eq!((plan.replay_from, plan.replay_to, plan.backfill), (65, 65, Some((10, 65))));
+        // A partition the ledger holds (a tail to catch up on) never back-fills.
+        let mut behind = changelog_facts(Some((900, 40)), Some(1500), (0, 65));
+        behind.window_start = Some(50);
+        let plan = plan_recovery(&behind).unwrap();
+        assert_eq!((plan.replay_from, plan.replay_to, plan.backfill), (40, 65, None));
     }
 
     #[test]
@@ -433,26 +492,36 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the facts: the replay range lies within what the output retains, and every
-        /// output offset the ledger lacks is either replayed or reported as a retention gap.
+        /// Whatever the facts: the replay range lies within what the log retains, and every
+        /// offset the ledger lacks is replayed, back-filled after the partition resumes, or
+        /// reported as a retention gap.
         #[test]
         fn the_plan_never_skips_output_the_ledger_lacks(
             low in 0i64..1000, len in 0i64..1000, ledger in proptest::option::of(-1i64..2500),
-            accept in any::<bool>(),
+            accept in any::<bool>(), window_start in proptest::option::of(0i64..2500),
         ) {
             let high = low + len;
             let mut f = facts(ledger.map(|o| (0, o)), None, (low, high));
             f.accept_ledger_ahead = accept;
+            f.window_start = window_start;
             match plan_recovery(&f) {
                 Err(PlanRefusal::LedgerAhead { ledger_next_output, output_end, .. }) => {
                     prop_assert!(!accept && ledger_next_output > output_end);
                 }
                 Ok(plan) => {
                     prop_assert!(low <= plan.replay_from && plan.replay_from <= plan.replay_to && plan.replay_to == high);
+                    // Where the ranges the ledger gets (back-fill, then replay) begin.
+                    let loaded_from = match plan.backfill {
+                        Some((from, to)) => {
+                            prop_assert!(plan.rebuild && from < to && to == plan.replay_from);
+                            from
+                        }
+                        None => plan.replay_from,
+                    };
                     let lacks_from = ledger.filter(|&o| o >= 0).unwrap_or(low);
                     match plan.retention_gap {
-                        Some((from, to)) => prop_assert!(from == lacks_from && to == plan.replay_from),
-                        None => prop_assert!(plan.replay_from <= lacks_from.max(low) || plan.ledger_ahead_accepted.is_some()),
+                        Some((from, to)) => prop_assert!(from == lacks_from && to == loaded_from),
+                        None => prop_assert!(loaded_from <= lacks_from.max(low) || plan.ledger_ahead_accepted.is_some()),
                     }
                 }
             }

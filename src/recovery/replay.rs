@@ -1,5 +1,12 @@
 //! The I/O half of recovery: read the planned range of the log into the ledger.
+//!
+//! A range is read by one consumer tuned for throughput (large fetches, a deep prefetch queue, no
+//! wait at the end of the log). Its ids go into the ledger as a bulk load
+//! ([`crate::ledger::Load`]: sorted runs ingested with one commit, the id index filled as they
+//! arrive) unless the range is a short tail of a partition the ledger holds (a crash's last few
+//! batches), which is recorded batch by batch.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
@@ -8,45 +15,55 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    now_ms, plan_recovery, PlanRefusal, RecordReplayed, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryPlan, RecoveryReport, Source,
+    now_ms, plan_recovery, PlanRefusal, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryReport, ReplayTimes, Source,
 };
 use crate::changelog;
 use crate::config::IdSource;
 use crate::identity::{message_key, LedgerKey, RecordView};
 use crate::kafka::{client_config, Reader, ReaderContext};
+use crate::ledger::{Ledger, LedgerError, Load, LoadTimes, WindowFloor};
 use crate::progress::Progress;
 
-/// How many replayed ids are recorded per ledger write.
-pub const REPLAY_BATCH: usize = 16_384;
+/// A tail of a partition the ledger holds is recorded batch by batch up to this many ids; a longer
+/// one becomes a bulk load.
+const SHORT_TAIL_IDS: usize = 1 << 18;
 
-/// Changelog records in the newest chunk of a newest-first load; each older chunk is twice the
-/// size of the one before, so a load takes few passes whatever the records hold.
-const FIRST_CHUNK_RECORDS: i64 = 32;
+/// Ids per `check_and_record` call when a short tail is recorded.
+const TAIL_BATCH: usize = 16_384;
 
-/// What a newest-first load left to do once the partition could resume: older ranges of the
-/// changelog, loaded in the background with [`backfill`].
+/// How far an id's first-seen time (its input record's timestamp, set by a client's or a
+/// producer's clock) may be ahead of the time the worker published it. Records published before a
+/// load's start hold ids first seen up to this much later.
+const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
+
+/// Reports a load's headway: ids loaded so far, records read, records in all.
+pub type LoadMeter<'a> = dyn FnMut(u64, i64, i64) + 'a;
+
+/// What a rebuild left to load once the partition could resume: the changelog's records older
+/// than the handover window, and the window floor the first load set for them.
 #[derive(Debug, Default)]
 pub struct Backfill {
-    ranges: Vec<(i64, i64)>,
+    range: Option<(i64, i64)>,
+    floor_ms: i64,
 }
 
 impl Backfill {
     pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
+        self.range.is_none()
     }
 }
 
 /// Replays the planned tail of the partition's log (the id changelog, or the output for a
-/// progress record that predates it) into the ledger through `record`, and returns where the
-/// input resumes. `on_progress(ids, records_done, records_total)` is called as it goes.
+/// progress record that predates it) into the ledger, and returns where the input resumes.
 ///
-/// A partition the ledger holds nothing for is loaded newest first; once what is loaded covers
-/// `input.ready_window` (every id first seen since then is held), the rest is returned as a
-/// [`Backfill`] and the partition may resume while it loads.
+/// A partition the ledger holds nothing for is loaded up to the handover window
+/// (`input.ready_window`) before it resumes; what is older is returned as a [`Backfill`], and
+/// until it is loaded the ledger's window for the partition says that ids first seen before the
+/// handover window may be missing.
 pub fn recover_partition(
     input: &RecoveryInput<'_>,
-    record: &mut RecordReplayed<'_>,
-    on_progress: &mut dyn FnMut(u64, i64, i64),
+    ledger: &Ledger,
+    meter: &mut LoadMeter<'_>,
 ) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
     let ends = LogEnds::read(input)?;
@@ -55,50 +72,122 @@ pub fn recover_partition(
     })?;
     plan.warn(p, &ends.facts);
     let source = ends.facts.source;
-    let next_input = plan.resume_input_at.unwrap_or(-1);
-    let before = input.ledger_progress.unwrap_or(Progress::NONE);
-    // The progress stored with each replayed batch. Forward, it says how far the replay got; a
-    // newest-first load stores none until it is complete, so a crash mid-load starts it over.
-    let progress_at = |next: i64| {
-        Some(match (source, plan.rebuild) {
-            (_, true) => Progress::NONE,
-            (Source::Changelog, false) => Progress { next_input_offset: next_input, next_changelog_offset: next, ..before },
-            (Source::Output, false) => Progress { next_input_offset: next_input, next_output_offset: next, next_changelog_offset: -1 },
-        })
-    };
-    let (replay, done, rest) = load(input, &plan, ends.topic(input), source, record, &progress_at, on_progress)?;
-    // Done: the ledger holds every id of the partition's retained log. From here on every
-    // transaction writes the changelog, so its position is the changelog's end.
+    // Done: the ledger holds every id of the partition's log from the replayed range's start
+    // on. From here on every transaction writes the changelog, so its position is its end.
     let progress = Progress {
-        next_input_offset: next_input,
+        next_input_offset: plan.resume_input_at.unwrap_or(-1),
         next_output_offset: ends.facts.output_high.max(if source == Source::Output { plan.replay_to } else { -1 }),
         next_changelog_offset: ends.changelog_high,
     };
-    record(&[], Some(progress)).map_err(|source| RecoveryError::Record { partition: p, source })?;
-    on_progress(replay.ids, done, plan.replay_to - plan.replay_from);
+    let backfill = match plan.backfill {
+        Some(range) => Backfill { range: Some(range), floor_ms: ends.window_start_ms - CLOCK_SKEW_MS },
+        None => Backfill::default(),
+    };
+    let floor = if backfill.is_empty() { WindowFloor::Keep } else { WindowFloor::Raise(backfill.floor_ms) };
+    let total = plan.replay_to - plan.replay_from;
+    let mut read = RangeRead::new(input, ends.topic(input), source);
+    let preparing = Instant::now();
+    let mut sink = if plan.rebuild {
+        let expected = estimate_ids(input, ends.topic(input), source, plan.replay_from, plan.replay_to);
+        Sink::Bulk(Box::new(begin_load(ledger, p, expected)?))
+    } else {
+        Sink::Tail { ledger, partition: p, ids: Vec::new(), records_seen: 0, records: total }
+    };
+    let prepare_secs = preparing.elapsed().as_secs_f64();
+    read.read(plan.replay_from, plan.replay_to, &mut sink, &mut |ids, at| meter(ids, at, total))?;
+    let (_, load) = sink.finish(&progress.encode(), floor).map_err(|source| RecoveryError::Record { partition: p, source })?;
+    meter(read.ids, total, total);
+    let times = ReplayTimes { prepare_secs, fetch_secs: read.fetch_secs, decode_secs: read.decode_secs, load };
     let report = RecoveryReport {
         partition: p,
         source,
-        ids_loaded: replay.ids,
+        ids_loaded: read.ids,
         replayed_from: plan.replay_from,
         replayed_to: plan.replay_to,
-        replayed_records: replay.records,
+        replayed_records: read.records,
         rebuilt: plan.rebuild,
         retention_gap: plan.retention_gap,
         resume_input_at: plan.resume_input_at,
         progress,
+        times,
     };
-    Ok((report, rest))
+    Ok((report, backfill))
+}
+
+/// Loads what a rebuild left (the changelog's records older than the handover window) in one bulk
+/// load, leaving the partition's progress record to its running pipeline, and lowers the window
+/// floor the first load raised. Returns the ids loaded. A stop or a crash part way leaves the
+/// floor raised: the window then says what is held.
+pub fn backfill(input: &RecoveryInput<'_>, ledger: &Ledger, backfill: Backfill, meter: &mut LoadMeter<'_>) -> Result<u64, RecoveryError> {
+    let Some((from, to)) = backfill.range else { return Ok(0) };
+    let p = input.partition;
+    let mut read = RangeRead::new(input, input.changelog_topic, Source::Changelog);
+    let expected = estimate_ids(input, input.changelog_topic, Source::Changelog, from, to);
+    let mut sink = Sink::Bulk(Box::new(begin_load(ledger, p, expected)?));
+    read.read(from, to, &mut sink, &mut |ids, at| meter(ids, at, to - from))?;
+    let floor = WindowFloor::Lower { expected: backfill.floor_ms, with: None };
+    let (ids, _) = sink.finish(&[], floor).map_err(|source| RecoveryError::Record { partition: p, source })?;
+    Ok(ids)
+}
+
+fn begin_load(ledger: &Ledger, partition: i32, expected_ids: u64) -> Result<Load<'_>, RecoveryError> {
+    ledger.begin_load(partition, expected_ids).map_err(|source| RecoveryError::Record { partition, source })
+}
+
+/// About how many ids `[from, to)` of the log holds, for the room a load makes in the id index:
+/// one per output record; for the changelog, the ids of a few records spread over the range times
+/// the records, with a margin. 0 when it cannot tell (the load then makes no room first).
+fn estimate_ids(input: &RecoveryInput<'_>, topic: &str, source: Source, from: i64, to: i64) -> u64 {
+    const SAMPLES: i64 = 12;
+    let records = (to - from).max(0);
+    if source == Source::Output || records == 0 {
+        return records as u64;
+    }
+    let Ok(consumer) = replay_consumer(input) else { return 0 };
+    let (mut sampled, mut ids) = (0u64, 0u64);
+    let samples = records.min(SAMPLES);
+    for k in 0..samples {
+        let at = from + records * (2 * k + 1) / (2 * samples);
+        let mut tpl = TopicPartitionList::new();
+        if tpl.add_partition_offset(topic, input.partition, Offset::Offset(at)).is_err() || consumer.assign(&tpl).is_err() {
+            return 0;
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    if let Ok(n) = changelog::count(m.payload().unwrap_or_default()) {
+                        sampled += 1;
+                        ids += n;
+                    }
+                    break;
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                _ => {}
+            }
+        }
+    }
+    if sampled == 0 {
+        return 0;
+    }
+    // Every transaction that writes a changelog record also writes its commit marker there, so
+    // about half the offsets are records; a little more than the sample says. The index grows
+    // before it is 80% full, so a load up to a quarter larger than this still fits.
+    (ids as f64 / sampled as f64 * records as f64 / 2.0 * 1.05) as u64
 }
 
 /// Where the partition's logs end, and the facts recovery is planned on.
 struct LogEnds {
     facts: RecoveryFacts,
     changelog_high: i64,
+    /// The time the handover window starts at (ms), when it was looked up.
+    window_start_ms: i64,
 }
 
 impl LogEnds {
-    /// Reads both logs' watermarks (one client for both) and picks the log to replay.
+    /// Reads both logs' watermarks (one client for both) and picks the log to replay; for a
+    /// partition the ledger holds nothing for, also the first changelog offset published within
+    /// the handover window.
     fn read(input: &RecoveryInput<'_>) -> Result<Self, RecoveryError> {
         let p = input.partition;
         let kerr = |topic: &str| {
@@ -114,6 +203,13 @@ impl LogEnds {
             Source::Changelog => (changelog_low, changelog_high),
             Source::Output => (output_low, output_high),
         };
+        let window_start_ms = now_ms().saturating_sub(input.ready_window.as_millis() as i64);
+        let holds_nothing = input.ledger_progress.is_none_or(|pr| pr.next_changelog_offset < 0);
+        let window_start = if source == Source::Changelog && holds_nothing && log_high > log_low {
+            first_offset_since(&consumer, input.changelog_topic, p, window_start_ms).map_err(kerr(input.changelog_topic))?
+        } else {
+            None
+        };
         let facts = RecoveryFacts {
             ledger_progress: input.ledger_progress,
             committed_input: input.committed_input,
@@ -122,8 +218,9 @@ impl LogEnds {
             log_high,
             output_high,
             accept_ledger_ahead: input.accept_ledger_ahead,
+            window_start,
         };
-        Ok(LogEnds { facts, changelog_high })
+        Ok(LogEnds { facts, changelog_high, window_start_ms })
     }
 
     /// The topic of the log replayed.
@@ -135,69 +232,18 @@ impl LogEnds {
     }
 }
 
-/// Replays the planned range: forward, or for a rebuild from the changelog newest first, until
-/// what is loaded covers `input.ready_window`. Returns the replay, the records read, and the
-/// ranges left to back-fill.
-fn load<'i, 'a>(
-    input: &'i RecoveryInput<'a>,
-    plan: &RecoveryPlan,
-    topic: &'i str,
-    source: Source,
-    record: &mut RecordReplayed<'_>,
-    progress_at: &dyn Fn(i64) -> Option<Progress>,
-    on_progress: &mut dyn FnMut(u64, i64, i64),
-) -> Result<(Replay<'i, 'a>, i64, Backfill), RecoveryError> {
-    let newest_first_load = plan.rebuild && source == Source::Changelog;
-    let mut ranges = if newest_first_load {
-        newest_first(plan.replay_from, plan.replay_to, FIRST_CHUNK_RECORDS)
-    } else {
-        vec![(plan.replay_from, plan.replay_to)]
-    };
-    ranges.retain(|(from, to)| from < to);
-    ranges.reverse();
-    let total = plan.replay_to - plan.replay_from;
-    let mut replay = Replay::new(input, topic, source);
-    let mut done = 0;
-    while let Some((from, to)) = ranges.pop() {
-        replay.read_range(from, to, record, progress_at, &mut |ids, at| on_progress(ids, done + at, total))?;
-        done += to - from;
-        let covered = replay.oldest_ms.map(|oldest| now_ms().saturating_sub(oldest)).unwrap_or(0);
-        if newest_first_load && covered >= input.ready_window.as_millis() as i64 {
-            break;
-        }
-    }
-    ranges.reverse();
-    Ok((replay, done, Backfill { ranges }))
-}
-
-/// Loads what a newest-first load left, newest first, leaving the partition's progress record to
-/// its running pipeline. Returns the ids loaded. A crash part way leaves the window at what was
-/// loaded: a contiguous newest part, so what `dedupe_window_seconds` reports still holds.
-pub fn backfill(
-    input: &RecoveryInput<'_>,
-    backfill: Backfill,
-    record: &mut RecordReplayed<'_>,
-    on_progress: &mut dyn FnMut(u64),
-) -> Result<u64, RecoveryError> {
-    let mut replay = Replay::new(input, input.changelog_topic, Source::Changelog);
-    for (from, to) in backfill.ranges {
-        replay.read_range(from, to, record, &|_| None, &mut |ids, _| on_progress(ids))?;
-        on_progress(replay.ids);
-    }
-    Ok(replay.ids)
-}
-
-/// `[from, to)` cut into ranges from the newest: `first` records, then twice as many, and so on.
-fn newest_first(from: i64, to: i64, first: i64) -> Vec<(i64, i64)> {
-    let mut out = Vec::new();
-    let (mut end, mut size) = (to, first.max(1));
-    while end > from {
-        let start = end.saturating_sub(size).max(from);
-        out.push((start, end));
-        end = start;
-        size = size.saturating_mul(2);
-    }
-    out
+/// The first offset of `topic`'s partition whose record was written at `since_ms` or later
+/// (`None`: Kafka does not say, so everything is loaded first).
+fn first_offset_since(consumer: &Reader, topic: &str, partition: i32, since_ms: i64) -> Result<Option<i64>, KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(since_ms))?;
+    let found = consumer.offsets_for_times(tpl, Duration::from_secs(30))?;
+    Ok(found.find_partition(topic, partition).and_then(|e| match e.offset() {
+        Offset::Offset(o) => Some(o),
+        // No record that recent: everything is older than the window.
+        Offset::End => Some(i64::MAX),
+        _ => None,
+    }))
 }
 
 fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
@@ -206,41 +252,90 @@ fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
-        .set("fetch.max.bytes", "52428800")
-        .set("max.partition.fetch.bytes", "16777216")
-        // The end of each range is found by an empty fetch: do not let the broker hold it.
+        // Large fetches and a deep queue: the changelog is read as fast as the broker sends it.
+        .set("fetch.max.bytes", "104857600")
+        .set("max.partition.fetch.bytes", "52428800")
+        .set("queued.max.messages.kbytes", "262144")
+        // The end of the range is found by an empty fetch: do not let the broker hold it.
         .set("fetch.wait.max.ms", "10")
         .create_with_context(ReaderContext)
 }
 
-struct Replay<'i, 'a> {
+/// Where the ids read go: the ledger, batch by batch for a short tail, else in bulk.
+enum Sink<'l> {
+    /// A tail, with the records read of it so far and in all.
+    Tail { ledger: &'l Ledger, partition: i32, ids: Vec<(LedgerKey, i64)>, records_seen: i64, records: i64 },
+    Bulk(Box<Load<'l>>),
+}
+
+impl Sink<'_> {
+    fn add(&mut self, ids: &[(LedgerKey, i64)]) -> Result<(), LedgerError> {
+        fail::fail_point!("recovery-mid-replay", !ids.is_empty(), |_| {
+            eprintln!("failpoint recovery-mid-replay: exiting");
+            std::process::exit(86)
+        });
+        match self {
+            Sink::Tail { ledger, partition, ids: held, records_seen, records } if held.len() + ids.len() > SHORT_TAIL_IDS => {
+                // The records to come hold about as many ids each as those so far.
+                let so_far = (held.len() + ids.len()) as f64;
+                let per_record = so_far / (*records_seen + 1) as f64;
+                let expected = (so_far + per_record * (*records - *records_seen - 1).max(0) as f64) as u64;
+                let mut load = ledger.begin_load(*partition, expected)?;
+                load.add(held)?;
+                load.add(ids)?;
+                *self = Sink::Bulk(Box::new(load));
+            }
+            Sink::Tail { ids: held, records_seen, .. } => {
+                held.extend_from_slice(ids);
+                *records_seen += 1;
+            }
+            Sink::Bulk(load) => load.add(ids)?,
+        }
+        Ok(())
+    }
+
+    /// Records what was added with `progress` (empty: leave the partition's as it is). Returns
+    /// the ids recorded and where the ledger's time went.
+    fn finish(self, progress: &[u8], floor: WindowFloor) -> Result<(u64, LoadTimes), LedgerError> {
+        match self {
+            Sink::Tail { ledger, partition, ids, .. } => {
+                let started = Instant::now();
+                for batch in ids.chunks(TAIL_BATCH) {
+                    ledger.check_and_record(partition, batch, &[])?;
+                }
+                ledger.check_and_record(partition, &[], progress)?;
+                Ok((ids.len() as u64, LoadTimes { commit_secs: started.elapsed().as_secs_f64(), ..LoadTimes::default() }))
+            }
+            Sink::Bulk(load) => (*load).finish(progress, floor),
+        }
+    }
+}
+
+/// Reads ranges of one log partition.
+struct RangeRead<'i, 'a> {
     input: &'i RecoveryInput<'a>,
     topic: &'i str,
     source: Source,
     started: Instant,
     ids: u64,
     records: u64,
-    /// The oldest first-seen time among the ids loaded.
-    oldest_ms: Option<i64>,
     batch: Vec<(LedgerKey, i64)>,
+    /// Waiting for records from the broker.
+    fetch_secs: f64,
+    /// Reading ids out of the records.
+    decode_secs: f64,
 }
 
-impl<'i, 'a> Replay<'i, 'a> {
+impl<'i, 'a> RangeRead<'i, 'a> {
     fn new(input: &'i RecoveryInput<'a>, topic: &'i str, source: Source) -> Self {
-        let batch = Vec::with_capacity(REPLAY_BATCH);
-        Replay { input, topic, source, started: Instant::now(), ids: 0, records: 0, oldest_ms: None, batch }
+        RangeRead { input, topic, source, started: Instant::now(), ids: 0, records: 0, batch: Vec::new(), fetch_secs: 0.0, decode_secs: 0.0 }
     }
 
-    /// Reads `[from, to)` of the log, recording its ids in batches of [`REPLAY_BATCH`]. Each range
-    /// gets a consumer of its own, so nothing fetched for another range can be taken for this one.
-    fn read_range(
-        &mut self,
-        from: i64,
-        to: i64,
-        record: &mut RecordReplayed<'_>,
-        progress_at: &dyn Fn(i64) -> Option<Progress>,
-        on_progress: &mut dyn FnMut(u64, i64),
-    ) -> Result<(), RecoveryError> {
+    /// Reads `[from, to)` of the log into `sink`; `meter(ids, records read)` as it goes.
+    fn read(&mut self, from: i64, to: i64, sink: &mut Sink<'_>, meter: &mut dyn FnMut(u64, i64)) -> Result<(), RecoveryError> {
+        if from >= to {
+            return Ok(());
+        }
         let p = self.input.partition;
         let kerr = |source| RecoveryError::Kafka { topic: self.topic.to_string(), partition: p, source };
         let consumer = replay_consumer(self.input).map_err(kerr)?;
@@ -248,12 +343,19 @@ impl<'i, 'a> Replay<'i, 'a> {
         tpl.add_partition_offset(self.topic, p, Offset::Offset(from)).map_err(kerr)?;
         consumer.assign(&tpl).map_err(kerr)?;
         let mut next = from;
+        let mut metered = Instant::now();
         while next < to {
+            if self.input.stop.load(Ordering::Relaxed) {
+                return Err(RecoveryError::Stopped { partition: p });
+            }
             if self.started.elapsed() > self.input.timeout {
                 let seconds = self.input.timeout.as_secs();
                 return Err(RecoveryError::Timeout { partition: p, target: to, at: next, seconds });
             }
-            match consumer.poll(Duration::from_millis(500)) {
+            let polled = Instant::now();
+            let message = consumer.poll(Duration::from_millis(500));
+            self.fetch_secs += polled.elapsed().as_secs_f64();
+            match message {
                 None => {}
                 // With read_committed the end is the last stable offset; after fencing that is
                 // the high watermark, up to trailing transaction markers.
@@ -264,20 +366,23 @@ impl<'i, 'a> Replay<'i, 'a> {
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
                     self.records += 1;
+                    let decoding = Instant::now();
                     self.take_ids(&m)?;
-                    if self.batch.len() >= REPLAY_BATCH {
-                        self.flush(record, progress_at(next))?;
-                        on_progress(self.ids, next - from);
+                    self.decode_secs += decoding.elapsed().as_secs_f64();
+                    sink.add(&self.batch).map_err(|source| RecoveryError::Record { partition: p, source })?;
+                    if metered.elapsed() >= Duration::from_millis(250) {
+                        meter(self.ids, next - from);
+                        metered = Instant::now();
                     }
                 }
             }
         }
-        self.flush(record, progress_at(to))
+        Ok(())
     }
 
-    /// Appends the ids a log record holds to the batch.
+    /// The ids a log record holds, in `self.batch`.
     fn take_ids(&mut self, m: &BorrowedMessage<'_>) -> Result<(), RecoveryError> {
-        let before = self.batch.len();
+        self.batch.clear();
         match self.source {
             Source::Changelog => {
                 changelog::decode_into(m.payload().unwrap_or_default(), &mut self.batch).map_err(|source| {
@@ -291,17 +396,7 @@ impl<'i, 'a> Replay<'i, 'a> {
                 }
             }
         }
-        let taken = &self.batch[before..];
-        self.ids += taken.len() as u64;
-        if let Some(oldest) = taken.iter().map(|(_, t)| *t).min() {
-            self.oldest_ms = Some(self.oldest_ms.map_or(oldest, |o| o.min(oldest)));
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self, record: &mut RecordReplayed<'_>, progress: Option<Progress>) -> Result<(), RecoveryError> {
-        record(&self.batch, progress).map_err(|source| RecoveryError::Record { partition: self.input.partition, source })?;
-        self.batch.clear();
+        self.ids += self.batch.len() as u64;
         Ok(())
     }
 }
@@ -314,22 +409,4 @@ fn output_record_key(m: &BorrowedMessage<'_>, id_source: &IdSource) -> Result<Le
         value: m.payload(),
     };
     message_key(&view, id_source)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::newest_first;
-
-    #[test]
-    fn newest_first_covers_the_range_once_from_the_end_in_growing_chunks() {
-        assert_eq!(newest_first(0, 100, 8), vec![(92, 100), (76, 92), (44, 76), (0, 44)]);
-        assert_eq!(newest_first(5, 5, 8), vec![]);
-        assert_eq!(newest_first(10, 12, 8), vec![(10, 12)]);
-        for (from, to) in [(0, 1), (3, 1000), (1000, 123_457)] {
-            let chunks = newest_first(from, to, 32);
-            assert_eq!(chunks.first().map(|c| c.1), Some(to));
-            assert_eq!(chunks.last().map(|c| c.0), Some(from));
-            assert!(chunks.windows(2).all(|w| w[1].1 == w[0].0), "contiguous, newest first");
-        }
-    }
 }

@@ -135,18 +135,6 @@ impl Actor for PartitionConsumer {
     }
 }
 
-/// The end of a pipeline told to stop. With the `failpoints` feature, `worker-stopped-late`
-/// (`return(MS)`) holds the end back MS milliseconds, so that a test can make it arrive after
-/// a restart took the partition over again.
-async fn stopped() -> Result<(), PipelineError> {
-    #[cfg(feature = "failpoints")]
-    if let Some(Some(ms)) = fail::eval("worker-stopped-late", |v| v.and_then(|v| v.parse::<u64>().ok())) {
-        eprintln!("failpoint worker-stopped-late: the end of a stopped pipeline waits {ms} ms");
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    Ok(())
-}
-
 struct Pipeline {
     partition: i32,
     ledger: Addr<LedgerActor>,
@@ -220,11 +208,11 @@ impl Pipeline {
     async fn run(mut self, queue: Queue, mut stop: watch::Receiver<bool>) -> Result<(), PipelineError> {
         loop {
             if *stop.borrow() {
-                return stopped().await;
+                return Ok(());
             }
             let batch = tokio::select! {
                 batch = self.collect(&queue) => batch,
-                _ = stop.changed() => return stopped().await,
+                _ = stop.changed() => return Ok(()),
             };
             if batch.is_empty() {
                 continue;

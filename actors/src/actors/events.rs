@@ -13,15 +13,23 @@ use rdkafka::error::KafkaError;
 use crate::actors::consumer::PipelineError;
 use crate::actors::coordinator::StartError;
 
-/// The pipeline could not start (topics missing, recovery refused, the broker unreachable).
+/// The pipeline, or a partition of it, could not start (topics missing, recovery refused, the
+/// broker unreachable); `again` when it is started again after a backoff rather than the worker
+/// exiting.
 pub struct PipelineStartFailed<'a> {
     pub error: &'a StartError,
+    pub again: bool,
 }
 
 impl PipelineStartFailed<'_> {
     pub fn emit(&self) {
-        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
-        tracing::error!(retryable = self.error.is_retryable(), "Starting the pipeline failed; exiting: {}", self.error);
+        if self.again {
+            metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
+            tracing::warn!("Starting the pipeline failed; starting it again after a backoff: {}", self.error);
+        } else {
+            metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
+            tracing::error!("Starting the pipeline failed; exiting: {}", self.error);
+        }
     }
 }
 
@@ -137,8 +145,9 @@ impl SnapshotFailed<'_> {
 
 /// This worker's producer on a partition was fenced: another worker took the partition over, or
 /// the broker aborted a transaction that outlived `transaction.timeout.ms` (a broker that hung or
-/// a cluster that was down longer than that) and bumped the producer's epoch. Either way it must
-/// stop publishing; a restart fences in turn and recovers from the output.
+/// a cluster that was down longer than that) and bumped the producer's epoch. The partition is
+/// taken over again in process (a new producer fences in turn and recovers from the changelog);
+/// a second fence soon after is another writer's, and ends the worker.
 pub struct Fenced<'a> {
     pub partition: i32,
     pub error: &'a PipelineError,
@@ -149,7 +158,7 @@ impl Fenced<'_> {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
         tracing::error!(
             partition = self.partition,
-            "Partition {}'s producer was fenced (another worker took the partition over, or the broker aborted a transaction older than worker.transaction_timeout_ms); this worker stops: {}",
+            "Partition {}'s producer was fenced (the broker aborted a transaction older than worker.transaction_timeout_ms, or another worker took the partition over): {}",
             self.partition,
             self.error
         );
@@ -173,7 +182,7 @@ impl PipelineFatal<'_> {
     }
 }
 
-/// A partition's pipeline failed; the pipeline restarts from recovery.
+/// A partition's pipeline failed; the partition is taken over again.
 pub struct PipelineFailed<'a> {
     pub partition: i32,
     pub error: &'a PipelineError,
@@ -184,7 +193,7 @@ impl PipelineFailed<'_> {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
         tracing::error!(
             partition = self.partition,
-            "A partition pipeline failed; restarting the pipeline from recovery: {}",
+            "A partition pipeline failed; taking the partition over again: {}",
             self.error
         );
     }

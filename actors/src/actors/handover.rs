@@ -7,29 +7,33 @@
 //!    cut off from the network) and aborts its open transaction; its next commit fails as fenced.
 //! 2. The group's committed input offset is read (stable now that nothing is pending).
 //! 3. Recovery replays what the ledger lacks, from the id changelog (see `dedupe::recovery`).
-//!    A partition the ledger holds nothing for is loaded newest first, and handed over as soon as
-//!    what is loaded covers `worker.handover_min_window_secs`; older ids back-fill on this thread
-//!    while the partition runs, and `dedupe_window_seconds` only ever reports what is loaded.
+//!    A partition the ledger holds nothing for loads every id published within
+//!    `worker.handover_min_window_secs` (by default the promised window) before it is handed
+//!    over; older ids back-fill on this thread while the partition runs, and
+//!    `dedupe_window_seconds` only ever reports what is held.
+//!
+//! The load writes into the ledger through its own handle on this thread, not through the ledger
+//! actor: its work (sorting and writing runs of ids) must not occupy the actor's threads, which
+//! every live partition's batches go through. The ledger serializes on its own lock.
+//!
+//! A take-over stops at its next record when its `stop` flag is set (the partition was taken away
+//! again, or the worker is stopping).
 
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use actix::prelude::*;
 use dedupe::config::Config;
-use dedupe::identity::LedgerKey;
-use dedupe::ledger::LedgerError;
+use dedupe::ledger::{Ledger, LedgerError};
 use dedupe::metrics as m;
 use dedupe::output::{OutputTopics, OutputWriter, PublishError};
 use dedupe::progress::{Progress, ProgressFormatError};
-use dedupe::recovery::{
-    backfill, recover_partition, Backfill, RecordFailure, RecordReplayed, RecoveryError, RecoveryInput, RecoveryReport,
-};
+use dedupe::recovery::{backfill, recover_partition, Backfill, RecoveryError, RecoveryInput, RecoveryReport};
 use metrics::Counter;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::actors::events::BackfillStopped;
-use crate::actors::ledger::{CheckAndRecord, LedgerActor};
 use crate::actors::membership::Input;
 
 /// A partition ready to process: its fenced producer and what recovery found.
@@ -64,7 +68,7 @@ impl TakeOverError {
             Self::ReadProgress { source } => source.is_retryable(),
             Self::LedgerGone | Self::OpenProducer { .. } | Self::CommittedOffset { .. } => true,
             Self::Progress { .. } => false,
-            Self::Recovery(e) => matches!(e, RecoveryError::Kafka { .. } | RecoveryError::Timeout { .. }),
+            Self::Recovery(e) => e.is_retryable(),
         }
     }
 }
@@ -73,12 +77,15 @@ impl TakeOverError {
 pub struct TakeOver<'a> {
     pub config: &'a Config,
     pub consumer: &'a Input,
-    pub ledger: &'a Addr<LedgerActor>,
+    /// The worker's ledger (see the module docs).
+    pub ledger: &'a Ledger,
     pub partition: i32,
     /// The ledger's progress record of the partition, if it has one.
     pub ledger_progress: Option<Progress>,
     /// Start even when the ledger is ahead of the output topic (`--accept-ledger-ahead`).
     pub accept_ledger_ahead: bool,
+    /// Set when the take-over should stop.
+    pub stop: &'a AtomicBool,
 }
 
 impl TakeOver<'_> {
@@ -90,6 +97,12 @@ impl TakeOver<'_> {
         let started = Instant::now();
         let w = &self.config.worker;
         let changelog = w.changelog_topic();
+        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(RecoveryError::Stopped { partition: p }.into());
+        }
+        // The tests hold a take-over here (`sleep(MS)`), as a slow `init_transactions` would, so
+        // that its partition can be taken away and given back meanwhile.
+        fail::fail_point!("takeover-before-fence");
         // 1. Fence first: init_transactions aborts an older producer's open transaction, whose
         // pending offsets would otherwise keep the group's committed offset unstable.
         let topics = OutputTopics { output: &w.output_topic, changelog: &changelog, dead_letter: w.dead_letter_topic.as_deref() };
@@ -109,33 +122,19 @@ impl TakeOver<'_> {
             ledger_progress: self.ledger_progress,
             committed_input,
             accept_ledger_ahead: self.accept_ledger_ahead,
-            ready_window: Duration::from_secs(w.handover_min_window_secs),
+            ready_window: w.handover_window(),
             timeout: Duration::from_secs(3600),
+            stop: self.stop,
         };
-        let mut record = record_into(self.ledger, p);
         let mut load = LoadProgress::new(p);
-        let (report, rest) = recover_partition(&input, &mut record, &mut |ids, done, total| load.update(ids, done, total))?;
+        let (report, rest) = recover_partition(&input, self.ledger, &mut |ids, done, total| load.update(ids, done, total))?;
         load.finish();
         let timings = Timings { fenced_secs, committed_secs, seconds: started.elapsed().as_secs_f64() };
         report_taken_over(&report, &timings, !rest.is_empty());
         ready(TakenOver { writer, report });
         if !rest.is_empty() {
-            run_backfill(&input, rest, &mut record);
+            run_backfill(&input, self.ledger, rest);
         }
-        Ok(())
-    }
-}
-
-/// Records replayed ids (and progress) of partition `p` through the ledger actor, from this
-/// blocking thread.
-fn record_into(ledger: &Addr<LedgerActor>, p: i32) -> impl FnMut(&[(LedgerKey, i64)], Option<Progress>) -> Result<(), RecordFailure> + '_ {
-    move |items, progress| {
-        fail::fail_point!("recovery-mid-replay", !items.is_empty(), |_| {
-            eprintln!("failpoint recovery-mid-replay: exiting");
-            std::process::exit(86)
-        });
-        futures::executor::block_on(ledger.send(CheckAndRecord { partition: p, items: items.to_vec(), progress }))
-            .map_err(|_mailbox| RecordFailure::LedgerGone)??;
         Ok(())
     }
 }
@@ -190,7 +189,20 @@ fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool)
     let label = report.partition.to_string();
     // One id per output record: what recovery replayed, in output records, whichever log it read.
     metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.ids_loaded);
-    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label).set(timings.seconds);
+    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label.clone()).set(timings.seconds);
+    let t = &report.times;
+    let phases = [
+        (m::PHASE_FENCE, timings.committed_secs),
+        (m::PHASE_PREPARE, t.prepare_secs),
+        (m::PHASE_FETCH, t.fetch_secs),
+        (m::PHASE_DECODE, t.decode_secs),
+        (m::PHASE_INDEX, t.load.index_secs),
+        (m::PHASE_RUN_WAIT, t.load.run_wait_secs),
+        (m::PHASE_COMMIT, t.load.commit_secs),
+    ];
+    for (phase, seconds) in phases {
+        metrics::gauge!(m::HANDOVER_LOAD_SECONDS, m::LABEL_PARTITION => label.clone(), m::LABEL_PHASE => phase).set(seconds);
+    }
     tracing::info!(
         partition = report.partition,
         source = %report.source,
@@ -201,28 +213,38 @@ fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool)
         resume_input_at = report.resume_input_at,
         fenced_secs = timings.fenced_secs,
         committed_secs = timings.committed_secs,
+        prepare_secs = t.prepare_secs,
+        fetch_secs = t.fetch_secs,
+        decode_secs = t.decode_secs,
+        index_secs = t.load.index_secs,
+        run_wait_secs = t.load.run_wait_secs,
+        commit_secs = t.load.commit_secs,
+        runs = t.load.runs,
         seconds = timings.seconds,
         backfill,
         "Took the partition over: previous producer fenced, ledger up to date."
     );
 }
 
-/// Loads the older ids a newest-first load left, counting them; its end is logged, never fatal
-/// (the window is what was loaded, and grows with new traffic).
-fn run_backfill(input: &RecoveryInput<'_>, rest: Backfill, record: &mut RecordReplayed<'_>) {
+/// Loads the ids older than the handover window that a new partition left, counting them; its
+/// end is logged, never fatal (the window is what was loaded, and grows with new traffic).
+fn run_backfill(input: &RecoveryInput<'_>, ledger: &Ledger, rest: Backfill) {
     let p = input.partition;
     let ids_loaded = metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => p.to_string());
     let backfill_started = Instant::now();
     // The back-fill counts its own ids from zero.
     let mut loaded_before = 0;
-    let mut on_backfill = |ids: u64| {
+    let mut on_backfill = |ids: u64, _done: i64, _total: i64| {
         ids_loaded.increment(ids.saturating_sub(loaded_before));
         loaded_before = ids;
     };
-    match backfill(input, rest, record, &mut on_backfill) {
-        Ok(ids) => tracing::info!(partition = p, ids, seconds = backfill_started.elapsed().as_secs_f64(), "Back-filled the partition's older ids."),
-        Err(dedupe::recovery::RecoveryError::Record { source: RecordFailure::LedgerGone, .. }) => {
-            tracing::info!(partition = p, "The worker is stopping; the back-fill of older ids stops with it (the window is what was loaded).");
+    match backfill(input, ledger, rest, &mut on_backfill) {
+        Ok(ids) => {
+            ids_loaded.increment(ids.saturating_sub(loaded_before));
+            tracing::info!(partition = p, ids, seconds = backfill_started.elapsed().as_secs_f64(), "Back-filled the partition's older ids.");
+        }
+        Err(RecoveryError::Stopped { .. }) => {
+            tracing::info!(partition = p, "The back-fill of older ids stopped with the partition (the window is what was loaded).");
         }
         Err(error) => BackfillStopped { partition: p, error: &error }.emit(),
     }
@@ -271,8 +293,6 @@ fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// The ledger's progress record of `partition`, decoded.
-pub fn decode_progress(all: &std::collections::BTreeMap<i32, Vec<u8>>, partition: i32) -> Result<Option<Progress>, TakeOverError> {
-    all.get(&partition)
-        .map(|bytes| Progress::decode(bytes).map_err(|source| TakeOverError::Progress { partition, source }))
-        .transpose()
+pub fn decode_progress(bytes: Option<&[u8]>, partition: i32) -> Result<Option<Progress>, TakeOverError> {
+    bytes.map(|bytes| Progress::decode(bytes).map_err(|source| TakeOverError::Progress { partition, source })).transpose()
 }

@@ -62,18 +62,6 @@ impl Handler<CheckAndRecord> for LedgerActor {
     }
 }
 
-/// The progress record of every partition the ledger knows.
-#[derive(Message)]
-#[rtype(result = "Result<BTreeMap<dedupe::Partition, Vec<u8>>, LedgerError>")]
-pub struct AllProgress;
-
-impl Handler<AllProgress> for LedgerActor {
-    type Result = Result<BTreeMap<dedupe::Partition, Vec<u8>>, LedgerError>;
-    fn handle(&mut self, _: AllProgress, _: &mut Self::Context) -> Self::Result {
-        self.ledger.all_progress()
-    }
-}
-
 /// The ledger's stats and, per partition, its window at `now_ms`.
 #[derive(Message)]
 #[rtype(result = "Result<StatsReport, LedgerError>")]

@@ -73,6 +73,8 @@ pub enum MembershipError {
     Poller { source: std::io::Error },
     #[error("resuming input partition {partition}: {source}")]
     Resume { partition: i32, source: KafkaError },
+    #[error("rewinding input partition {partition} to offset {offset:?}: {source}")]
+    Seek { partition: i32, offset: Option<i64>, source: KafkaError },
 }
 
 /// The consumer's context: the rebalance callback.
@@ -226,6 +228,22 @@ impl Membership {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
         self.consumer.resume(&tpl).map_err(|source| MembershipError::Resume { partition, source })
+    }
+
+    /// Stops fetching a partition whose pipeline failed, until it is taken over again.
+    pub fn pause(&self, topic: &str, partition: i32) -> Result<(), MembershipError> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, partition);
+        self.consumer.pause(&tpl).map_err(|source| MembershipError::Resume { partition, source })
+    }
+
+    /// Rewinds a partition taken over again to `offset` (its beginning when `None`): what its
+    /// failed pipeline had fetched past the last committed batch is dropped and fetched again.
+    pub fn rewind(&self, topic: &str, partition: i32, offset: Option<i64>) -> Result<(), MembershipError> {
+        let to = offset.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
+        self.consumer
+            .seek(topic, partition, to, Duration::from_secs(10))
+            .map_err(|source| MembershipError::Seek { partition, offset, source })
     }
 
     /// Stops polling and closes the consumer (leaving the group: a static member keeps its

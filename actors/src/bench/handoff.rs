@@ -2,18 +2,24 @@
 //!
 //! On the real broker, with the configuration given (the defaults unless told otherwise):
 //! 1. `--ids` fresh ids are produced to a one-partition input topic, stamped with times spread
-//!    over the last `--span-secs` (an hour by default: a partition that has been running that
-//!    long, so that the window is a real span and not the seconds it took to produce the ids);
+//!    over the last `--span-secs` (by default the promised window, 24 hours: a partition that has
+//!    been running that long, so that the window is a real span and not the seconds it took to
+//!    produce the ids);
 //! 2. worker A (`--assignment group`) publishes them all, and the window it reports is noted;
 //! 3. worker B, on an empty data directory, joins the group and A stops (SIGTERM), so the group
-//!    moves the partition to B while a trickle of new ids keeps arriving;
+//!    moves the partition to B while a trickle of new ids keeps arriving, and with it copies of
+//!    old ids (2,000 of A's, first seen all through the span), as a client's late retries would;
 //! 4. from B's assignment the bench times the first publish (`handover_ready_secs`) and the moment
 //!    B's window for the partition is back within 5% of A's, aged by the time since
-//!    (`window_restored_secs`).
+//!    (`window_restored_secs`);
+//! 5. once B has read the input to its end, the output B wrote is read: every copy of an old id
+//!    found there is a duplicate the move let through (`old_duplicates_published`).
 //!
-//! The figures come from B's own metrics, polled every 20 ms. The workers log at `warn`
-//! (`DEDUPE_BENCH_WORKER_LOG=info` shows the take-over's phases).
+//! The figures come from B's own metrics, polled every 20 ms, and its take-over's breakdown from
+//! `dedupe_handover_load_seconds`. The workers log at `warn` (`DEDUPE_BENCH_WORKER_LOG=info` shows
+//! the take-over's phases).
 
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,8 +49,16 @@ pub struct HandoffBench {
     pub build_ids_per_sec: f64,
     /// The span the ids' first-seen times were spread over.
     pub span_secs: u64,
-    /// B's `worker.handover_min_window_secs`: how much of the window is loaded before it resumes.
-    pub handover_min_window_secs: u64,
+    /// How much of the window B loads before it resumes (`worker.handover_min_window_secs`, by
+    /// default the promised window).
+    pub handover_window_secs: u64,
+    /// Copies of old ids (first seen across the span) sent while the partition moved...
+    pub old_duplicates_sent: u64,
+    /// ...and how many of them B published: each one a duplicate the move let through.
+    pub old_duplicates_published: u64,
+    /// Where B's take-over spent its time before it resumed, in seconds, by phase (see
+    /// `dedupe_handover_load_seconds`).
+    pub load_breakdown_secs: BTreeMap<String, f64>,
     /// B's window from its assignment until it was back.
     pub window_samples: Vec<WindowSample>,
 }
@@ -146,6 +160,9 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     if a_exit != Some(0) {
         bail!("worker A exited with {a_exit:?} on SIGTERM");
     }
+    // What B writes starts where A's output ends; the old ids' copies go in after A stopped.
+    let b_output_from = output_end(config, output)?;
+    let old_copies = send_again(config, input, built.samples.iter().map(|(id, _)| id.clone()).collect());
     let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
         w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0
     })?;
@@ -162,7 +179,11 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
     })?;
     let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
     let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
+    let load_breakdown_secs = load_breakdown(&b);
     let _ = trickler.join();
+    let old_duplicates_sent = old_copies.join().map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
+    let old: HashSet<String> = built.samples.into_iter().map(|(id, _)| id).collect();
+    let old_duplicates_published = published_again(config, input, output, b_output_from, &old)?;
     let b_exit = b.terminate(Duration::from_secs(120))?;
     if b_exit != Some(0) {
         bail!("worker B exited with {b_exit:?} on SIGTERM");
@@ -177,9 +198,82 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
         ids_loaded,
         build_ids_per_sec: built.ids_per_sec,
         span_secs: span.as_secs(),
-        handover_min_window_secs: config.worker.handover_min_window_secs,
+        handover_window_secs: config.worker.handover_window().as_secs(),
+        old_duplicates_sent,
+        old_duplicates_published,
+        load_breakdown_secs,
         window_samples: samples.taken,
     })
+}
+
+/// B's take-over of partition 0, phase by phase.
+fn load_breakdown(b: &Worker) -> BTreeMap<String, f64> {
+    [m::PHASE_FENCE, m::PHASE_PREPARE, m::PHASE_FETCH, m::PHASE_DECODE, m::PHASE_INDEX, m::PHASE_RUN_WAIT, m::PHASE_COMMIT]
+        .into_iter()
+        .map(|phase| (phase.to_string(), b.metric(m::HANDOVER_LOAD_SECONDS, &[("partition", "0"), ("phase", phase)])))
+        .collect()
+}
+
+/// The end (high watermark) of the output's only partition.
+fn output_end(config: &Config, output: &str) -> anyhow::Result<i64> {
+    let reader: dedupe::kafka::Reader = dedupe::kafka::client_config(&config.kafka)
+        .set("group.id", format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()))
+        .create_with_context(dedupe::kafka::ReaderContext)?;
+    let (_, high) = rdkafka::consumer::Consumer::fetch_watermarks(&reader, output, 0, Duration::from_secs(30))?;
+    Ok(high)
+}
+
+/// Sends each of `ids` again, 200 a second, on a thread; returns how many were sent.
+fn send_again(config: &Config, input: &str, ids: Vec<String>) -> std::thread::JoinHandle<anyhow::Result<u64>> {
+    let (config, input) = (config.clone(), input.to_string());
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let producer = bench_producer(&config)?;
+        for (i, id) in ids.iter().enumerate() {
+            produce_one(&producer, &input, id)?;
+            let due = started + Duration::from_millis(5 * (i as u64 + 1));
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
+        rdkafka::producer::Producer::flush(&producer, Duration::from_secs(60))?;
+        Ok(ids.len() as u64)
+    })
+}
+
+fn bench_producer(config: &Config) -> anyhow::Result<rdkafka::producer::BaseProducer> {
+    Ok(dedupe::kafka::client_config(&config.kafka).set("enable.idempotence", "true").set("acks", "all").create()?)
+}
+
+fn produce_one(producer: &rdkafka::producer::BaseProducer, topic: &str, id: &str) -> anyhow::Result<()> {
+    let value = format!(r#"{{"messageId":"{id}","type":"track"}}"#);
+    producer.send(rdkafka::producer::BaseRecord::to(topic).key(id).payload(&value)).map_err(|(e, _)| e)?;
+    producer.poll(Duration::ZERO);
+    Ok(())
+}
+
+/// How many records B wrote (the output from `from` on) carry one of the `old` ids, once B has
+/// processed the whole input: a last new id is sent, and B's output is read until it holds it.
+fn published_again(config: &Config, input: &str, output: &str, from: i64, old: &HashSet<String>) -> anyhow::Result<u64> {
+    let last = uuid::Uuid::new_v4().to_string();
+    let producer = bench_producer(config)?;
+    produce_one(&producer, input, &last)?;
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(60))?;
+    let started = Instant::now();
+    loop {
+        let (mut found, mut again) = (false, 0u64);
+        let start = std::collections::HashMap::from([(0, from)]);
+        dedupe::kafka::read_from(&config.kafka, output, true, &start, Duration::from_secs(120), &mut |m| {
+            let key = rdkafka::Message::key(m).map(String::from_utf8_lossy).unwrap_or_default();
+            found |= key == last;
+            again += u64::from(old.contains(key.as_ref()));
+        })?;
+        if found {
+            return Ok(again);
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("worker B did not publish the bench's last id within 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Worker A once it has published every id and reported its window.
@@ -188,6 +282,8 @@ struct Built {
     ids_per_sec: f64,
     window_before: f64,
     noted_at: Instant,
+    /// Ids A published, with their first-seen times, spread over the span.
+    samples: Vec<(String, i64)>,
 }
 
 /// Produces `ids` ids stamped over `span` and lets worker A publish them all.
@@ -202,6 +298,8 @@ fn build_on_a(config: &Config, ids: u64, span: Duration, work_dir: &Path, input:
         rate_per_sec: None,
         show_progress: true,
         spread_timestamps: Some(span),
+        // About 2,000 ids, spread over the span, to send again while the partition moves.
+        sample_every: (ids / 2000).max(1),
     };
     let load = crate::cli::tools::loadgen(config, load)?;
     // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
@@ -216,7 +314,7 @@ fn build_on_a(config: &Config, ids: u64, span: Duration, work_dir: &Path, input:
         window_before = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
         window_before > 0.0
     })?;
-    Ok(Built { worker: a, ids_per_sec, window_before, noted_at: Instant::now() })
+    Ok(Built { worker: a, ids_per_sec, window_before, noted_at: Instant::now(), samples: load.samples })
 }
 
 /// A trickle of new ids during the take-over, 200 a second, so B has something to publish.
@@ -233,6 +331,7 @@ fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Resu
             rate_per_sec: Some(200.0),
             show_progress: false,
             spread_timestamps: None,
+            sample_every: 0,
         };
         crate::cli::tools::loadgen(&config, load).map(|s| s.distinct_ids)
     })

@@ -70,7 +70,7 @@ pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, w
     eprintln!("bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}", dup_ratio * 100.0);
     let load = crate::cli::tools::loadgen(
         config,
-        crate::cli::tools::Load { topic: &input, count: messages, dup_ratio, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true, spread_timestamps: None },
+        crate::cli::tools::Load { topic: &input, count: messages, dup_ratio, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true, spread_timestamps: None, sample_every: 0 },
     )?;
     eprintln!("bench: produced at {:.0} msgs/s", load.records_per_sec);
 
@@ -249,6 +249,7 @@ fn latency_phase(worker: &BenchWorker, mode: &Mode<'_>, msgs_per_sec: f64) -> an
             rate_per_sec: Some(rate),
             show_progress: false,
             spread_timestamps: None,
+            sample_every: 0,
         },
     )?;
     let what = format!("the {} latency phase", mode.name);

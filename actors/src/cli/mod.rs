@@ -86,8 +86,9 @@ pub struct HandoffBenchArgs {
     /// Ids the first worker builds the partition with.
     #[arg(long, default_value_t = 1_000_000)]
     pub ids: u64,
-    /// The ids' first-seen times are spread over this many seconds, ending now.
-    #[arg(long, default_value_t = 3600)]
+    /// The ids' first-seen times are spread over this many seconds, ending now (by default the
+    /// promised window, 24 hours).
+    #[arg(long, default_value_t = 86_400)]
     pub span_secs: u64,
     /// Where the bench's ledgers go (default: a temporary directory).
     #[arg(long)]

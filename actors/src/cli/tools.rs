@@ -105,6 +105,10 @@ pub struct LoadgenSummary {
     pub resent: u64,
     pub seconds: f64,
     pub records_per_sec: f64,
+    /// Every `sample_every`-th new id with the time it was stamped with (ms), for a caller that
+    /// sends some of them again later.
+    #[serde(skip)]
+    pub samples: Vec<(String, i64)>,
 }
 
 /// What `loadgen` produces.
@@ -125,12 +129,14 @@ pub struct Load<'a> {
     /// Stamp the records with times spread evenly over this span, ending now (the first-seen
     /// times of a partition that has been running that long); the producer's clock if None.
     pub spread_timestamps: Option<Duration>,
+    /// Keep every this-many-th new id in the summary's `samples` (0: none).
+    pub sample_every: u64,
 }
 
 /// Produces `count` records keyed by UUIDv4; a share `dup_ratio` of them re-send an id sent
 /// `dup_delay` earlier (or the most recent ones, when nothing is that old yet).
 pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
-    let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps } = load;
+    let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps, sample_every } = load;
     let spread_from = spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
     dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15))
         .with_context(|| format!("connecting to {}", config.kafka.brokers))?;
@@ -151,6 +157,7 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
     let mut recent: std::collections::VecDeque<(Instant, String)> = std::collections::VecDeque::new();
     let mut distinct = 0u64;
     let mut resent = 0u64;
+    let mut samples = Vec::new();
     let started = Instant::now();
     let filler: String = "x".repeat(value_bytes.saturating_sub(90));
     for i in 0..count {
@@ -173,8 +180,15 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         };
         let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
         let mut record = BaseRecord::to(topic).key(&id).payload(&value);
-        if let (Some(from), Some(span)) = (spread_from, spread_timestamps) {
-            record = record.timestamp(from + (span.as_millis() as u64 * i / count.max(1)) as i64);
+        let stamp = match (spread_from, spread_timestamps) {
+            (Some(from), Some(span)) => Some(from + (span.as_millis() as u64 * i / count.max(1)) as i64),
+            _ => None,
+        };
+        if let Some(ms) = stamp {
+            record = record.timestamp(ms);
+        }
+        if !resend && sample_every > 0 && distinct.is_multiple_of(sample_every) {
+            samples.push((id.clone(), stamp.unwrap_or_else(dedupe::recovery::now_ms)));
         }
         loop {
             match producer.send(record) {
@@ -207,7 +221,7 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         anyhow::bail!("{failed} of {count} loadgen records were not delivered to {topic} (first error: {first})");
     }
     let seconds = started.elapsed().as_secs_f64();
-    Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, seconds, records_per_sec: count as f64 / seconds })
+    Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, seconds, records_per_sec: count as f64 / seconds, samples })
 }
 
 /// `dedupe ledger stats`: the ledger's stats and every partition's progress, as JSON. The

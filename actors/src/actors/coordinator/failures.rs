@@ -5,6 +5,7 @@
 use actix::prelude::*;
 
 use super::shutdown::Finish;
+use super::retake::Retake;
 use super::{exit, Coordinator, Stage};
 use crate::actors::consumer::PartitionStopped;
 use crate::actors::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
@@ -30,11 +31,22 @@ impl Handler<PartitionStopped> for Coordinator {
         let stopping = owner.is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
         let current = owner.is_some();
         match msg.result {
+            // A pipeline an earlier take-over started, ending after a retake, a restart or a new
+            // take-over replaced it (several partitions fail together when the brokers go away):
+            // whatever its end, the partition, if owned, is another pipeline's now. Its producer
+            // was fenced by that take-over's own, so "fenced" says nothing about this worker.
+            Err(e) if !current => {
+                tracing::info!(partition = p, error = %e, "A partition pipeline that was replaced ended with an error.");
+            }
+            Ok(()) if !current => tracing::info!(partition = p, "A partition pipeline that was replaced ended."),
+            Err(e) if stopping || self.shutting_down => {
+                tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it.");
+            }
             Err(e) if e.is_fenced() => {
                 Fenced { partition: p, error: &e }.emit();
-                self.teardown();
-                System::current().stop_with_code(exit::FENCED);
-                return;
+                if !self.retake(p, Retake::Fenced, ctx) {
+                    return;
+                }
             }
             Err(e) if !e.is_retryable() => {
                 // A state a restart in process would only repeat (a corrupt or unreadable
@@ -44,18 +56,12 @@ impl Handler<PartitionStopped> for Coordinator {
                 System::current().stop_with_code(exit::FAILED);
                 return;
             }
-            // A pipeline torn down for a restart (several partitions fail together when the
-            // brokers go away), ending before or after the restart took its partition over
-            // again: the partition, if owned, is another pipeline's now.
-            Err(e) if !current => {
-                tracing::info!(partition = p, error = %e, "A partition pipeline that a restart replaced ended with an error.");
-            }
-            Ok(()) if !current => tracing::info!(partition = p, "A partition pipeline that a restart replaced ended."),
-            Err(e) if !stopping && !self.shutting_down => {
+            Err(e) => {
                 PipelineFailed { partition: p, error: &e }.emit();
-                self.restart(ctx);
+                if !self.retake(p, Retake::Failed, ctx) {
+                    return;
+                }
             }
-            Err(e) => tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it."),
             Ok(()) => {}
         }
         if current {

@@ -10,13 +10,14 @@
 //! taken over together, then assigned) or from the consumer group (`"group"`: each assignment is
 //! taken over as it comes, while the others keep running).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::config::{Assignment, Config};
+use dedupe::ledger::Ledger;
 use dedupe::metrics as m;
 use dedupe::retry::Backoff;
 use dedupe::snapshot::{SnapshotPace, Trigger};
@@ -34,6 +35,7 @@ pub use shutdown::Shutdown;
 
 // One file per concern; the state they share is declared here.
 mod failures;
+mod retake;
 mod revocation;
 mod shutdown;
 mod stats;
@@ -122,12 +124,38 @@ struct Owned {
     assigned_at: Instant,
     /// Which take-over this is, so a late result for an earlier one is ignored.
     epoch: u64,
+    /// Taken over again after its pipeline failed (see `retake.rs`): its input is rewound to the
+    /// committed offset before it flows.
+    retake: bool,
+    /// Stops the partition's take-over (its load, or its back-fill) once the partition is no
+    /// longer owned: read by its `Drop`.
+    #[allow(dead_code)]
+    stop: StopOnDrop,
+}
+
+/// A flag a take-over thread reads, set when this is dropped.
+#[derive(Default)]
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl StopOnDrop {
+    fn flag(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// One running membership: torn down whole when the pipeline restarts.
 struct Running {
     membership: Membership,
     owned: BTreeMap<i32, Owned>,
+    /// The input consumer has its partitions: in group mode from the start, in static mode once
+    /// every partition is loaded and assigned.
+    assigned: bool,
     /// Revocations waiting for their partitions to stop.
     revocations: Vec<(Vec<i32>, std::sync::mpsc::Sender<()>)>,
 }
@@ -137,12 +165,22 @@ pub struct Coordinator {
     /// `static` assignment: the configured partitions.
     static_partitions: Vec<i32>,
     pub(crate) ledger: Addr<LedgerActor>,
+    /// The ledger itself, for take-overs' bulk loads (see [`handover`](crate::actors::handover)).
+    store: Arc<Ledger>,
+    /// Per partition, held by its take-over thread while it runs: one take-over at a time.
+    takeover_turns: HashMap<i32, Arc<Mutex<()>>>,
     health: Arc<Health>,
     options: RunOptions,
     settings: Arc<PipelineSettings>,
     running: Option<Running>,
     next_epoch: u64,
     restarts: Vec<Instant>,
+    /// Per partition, when it was taken over again in process (see `retake.rs`).
+    retakes: HashMap<i32, Vec<Instant>>,
+    /// When a partition's producer was last fenced.
+    fenced_at: Option<Instant>,
+    /// Hung client calls left to their threads.
+    abandoned: usize,
     /// A restart of the pipeline is scheduled: further failures (of the pipelines it tears down)
     /// are covered by it.
     restart_pending: bool,
@@ -162,6 +200,7 @@ impl Coordinator {
         config: Arc<Config>,
         static_partitions: Vec<i32>,
         ledger: Addr<LedgerActor>,
+        store: Arc<Ledger>,
         health: Arc<Health>,
         options: RunOptions,
     ) -> Self {
@@ -180,12 +219,17 @@ impl Coordinator {
             config,
             static_partitions,
             ledger,
+            store,
+            takeover_turns: HashMap::new(),
             health,
             options,
             settings,
             running: None,
             next_epoch: 0,
             restarts: Vec::new(),
+            retakes: HashMap::new(),
+            fenced_at: None,
+            abandoned: 0,
             restart_pending: false,
             shutting_down: false,
             exit_when_revoked: None,
@@ -209,21 +253,29 @@ impl Coordinator {
         let me = ctx.address();
         let membership = match Membership::start(&self.config, me.clone().recipient(), me.clone().recipient(), me.recipient()) {
             Ok(m) => m,
-            Err(e) => return self.fail_start(&e.into()),
+            Err(e) => return self.fail_start(&e.into(), ctx),
         };
-        self.running = Some(Running { membership, owned: BTreeMap::new(), revocations: Vec::new() });
+        let assigned = self.group_mode();
+        self.running = Some(Running { membership, owned: BTreeMap::new(), assigned, revocations: Vec::new() });
         if self.group_mode() {
             self.health.idle_ok.store(true, Ordering::Relaxed);
             tracing::info!(group = %self.config.worker.group_id, member = ?self.config.worker.member_id(), "Joined the consumer group; waiting for partitions.");
         } else {
             let partitions: Vec<(i32, Option<Queue>)> = self.static_partitions.iter().map(|&p| (p, None)).collect();
-            self.take_over(partitions, ctx);
+            self.take_over(partitions, false, ctx);
         }
         self.publish_health();
     }
 
-    fn fail_start(&mut self, e: &StartError) {
-        PipelineStartFailed { error: e }.emit();
+    /// Starting the pipeline, or a partition of it, failed: a failure another attempt may mend
+    /// restarts the pipeline after a backoff (as many times as [`Coordinator::restart`] allows);
+    /// any other ends the worker.
+    fn fail_start(&mut self, e: &StartError, ctx: &mut Context<Self>) {
+        PipelineStartFailed { error: e, again: e.is_retryable() }.emit();
+        if e.is_retryable() && !self.shutting_down {
+            self.restart(ctx);
+            return;
+        }
         self.teardown();
         System::current().stop_with_code(exit::FAILED);
     }
@@ -298,6 +350,7 @@ impl Actor for Coordinator {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        self.rescue_hung_calls(ctx);
         self.start_pipeline(ctx);
         ctx.run_interval(Duration::from_secs(5), |act, ctx| act.export_stats(ctx));
         let snapshots = &self.config.snapshots;

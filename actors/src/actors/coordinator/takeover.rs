@@ -2,6 +2,7 @@
 //! assigned, and starting each one's publisher and consumer once it is loaded: in static mode all
 //! together, in group mode each as it comes.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -11,10 +12,10 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
-use super::{Coordinator, Owned, StartError, Stage};
+use super::retake::Retake;
+use super::{Coordinator, Owned, StartError, Stage, StopOnDrop};
 use crate::actors::consumer::{PartitionConsumer, PartitionStopped};
 use crate::actors::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
-use crate::actors::ledger::AllProgress;
 use crate::actors::membership::{Assigned, Queue};
 use crate::actors::producer::Publisher;
 
@@ -28,43 +29,43 @@ struct Loaded {
 }
 
 impl Coordinator {
-    /// Starts taking each partition over, on blocking threads, after reading the ledger's progress.
-    pub(super) fn take_over(&mut self, partitions: Vec<(i32, Option<Queue>)>, ctx: &mut Context<Self>) {
+    /// Starts taking each partition over, each on a blocking thread of its own; `retake` when
+    /// they are taken over again after their pipeline failed (see `retake.rs`).
+    pub(super) fn take_over(&mut self, partitions: Vec<(i32, Option<Queue>)>, retake: bool, ctx: &mut Context<Self>) {
         let Some(running) = self.running.as_mut() else { return };
-        let mut started = Vec::new();
+        let me = ctx.address();
         for (p, queue) in partitions {
             metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string()).increment(1);
             self.next_epoch += 1;
-            running.owned.insert(p, Owned { stage: Stage::Loading { queue }, assigned_at: Instant::now(), epoch: self.next_epoch });
-            started.push((p, self.next_epoch));
-        }
-        let (config, ledger, accept) = (self.config.clone(), self.ledger.clone(), self.options.accept_ledger_ahead);
-        let consumer = running.membership.consumer.clone();
-        let me = ctx.address();
-        actix_rt::spawn(async move {
-            let progress = match ledger.send(AllProgress).await {
-                Ok(Ok(all)) => all,
-                Ok(Err(source)) => {
-                    let error = TakeOverError::ReadProgress { source };
-                    return me.do_send(Loaded { partition: started.first().map_or(-1, |s| s.0), epoch: started.first().map_or(0, |s| s.1), result: Err(error) });
+            let epoch = self.next_epoch;
+            let stop = StopOnDrop::default();
+            let flag = stop.flag();
+            running.owned.insert(p, Owned { stage: Stage::Loading { queue }, assigned_at: Instant::now(), epoch, retake, stop });
+            let turn = self.takeover_turns.entry(p).or_default().clone();
+            let (config, ledger, consumer, me) = (self.config.clone(), self.store.clone(), running.membership.consumer.clone(), me.clone());
+            let accept = self.options.accept_ledger_ahead;
+            actix_rt::task::spawn_blocking(move || {
+                // One take-over of a partition at a time: an earlier one, taken away while it
+                // loaded, has stopped and let go of its producer before this one fences, so it
+                // cannot fence this one's producer with its own.
+                let _turn = turn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if flag.load(Ordering::Relaxed) {
+                    return;
                 }
-                Err(_) => return,
-            };
-            for (p, epoch) in started {
-                let (config, ledger, consumer, me) = (config.clone(), ledger.clone(), consumer.clone(), me.clone());
-                let progress = decode_progress(&progress, p);
-                actix_rt::task::spawn_blocking(move || {
-                    let ready = |taken| me.do_send(Loaded { partition: p, epoch, result: Ok(taken) });
-                    let result = progress.and_then(|ledger_progress| {
-                        let take = TakeOver { config: &config, consumer: &consumer, ledger: &ledger, partition: p, ledger_progress, accept_ledger_ahead: accept };
+                let ready = |taken| me.do_send(Loaded { partition: p, epoch, result: Ok(taken) });
+                let result = ledger
+                    .progress(p)
+                    .map_err(|source| TakeOverError::ReadProgress { source })
+                    .and_then(|bytes| decode_progress(bytes.as_deref(), p))
+                    .and_then(|ledger_progress| {
+                        let take = TakeOver { config: &config, consumer: &consumer, ledger: &ledger, partition: p, ledger_progress, accept_ledger_ahead: accept, stop: &flag };
                         take.run(ready)
                     });
-                    if let Err(error) = result {
-                        me.do_send(Loaded { partition: p, epoch, result: Err(error) });
-                    }
-                });
-            }
-        });
+                if let Err(error) = result {
+                    me.do_send(Loaded { partition: p, epoch, result: Err(error) });
+                }
+            });
+        }
     }
 
     /// Starts the partition's publisher and consumer actor.
@@ -117,6 +118,7 @@ impl Coordinator {
             ready.push((p, taken, queue));
         }
         consumer.assign(&tpl).map_err(|source| StartError::Assign { source })?;
+        running.assigned = true;
         for (p, taken, queue) in ready {
             self.go_live(p, *taken, queue, report_to.clone());
         }
@@ -134,7 +136,7 @@ impl Handler<Assigned> for Coordinator {
         }
         let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
         tracing::info!(partitions = %PartitionSet(partitions), "The group assigned partitions; taking them over.");
-        self.take_over(msg.partitions.into_iter().map(|(p, q)| (p, Some(q))).collect(), ctx);
+        self.take_over(msg.partitions.into_iter().map(|(p, q)| (p, Some(q))).collect(), false, ctx);
         self.publish_health();
     }
 }
@@ -144,33 +146,56 @@ impl Handler<Loaded> for Coordinator {
 
     fn handle(&mut self, msg: Loaded, ctx: &mut Self::Context) {
         let p = msg.partition;
-        let current = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
-        if !current {
+        let owned = self.running.as_ref().and_then(|r| r.owned.get(&p)).filter(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
+        let Some(retake) = owned.map(|o| o.retake) else {
             // Revoked (or torn down) while loading: the producer is dropped with the result.
             return;
-        }
+        };
         let taken = match msg.result {
             Ok(taken) => taken,
-            Err(source) => return self.fail_start(&StartError::TakeOver { partition: p, source: Box::new(source) }),
-        };
-        if self.group_mode() {
-            let Some(running) = self.running.as_mut() else { return };
-            let Some(owned) = running.owned.get_mut(&p) else { return };
-            let Stage::Loading { queue } = &mut owned.stage else { return };
-            let Some(queue) = queue.take() else { return };
-            if let Err(e) = running.membership.resume(&self.config.worker.input_topic, p) {
-                return self.fail_start(&e.into());
+            Err(source) if source.is_retryable() && !self.shutting_down => {
+                // The brokers or the coordinator were away: the partition is taken over again.
+                tracing::warn!(partition = p, error = %source, "Taking the partition over failed; trying again.");
+                self.retake(p, Retake::Failed, ctx);
+                return;
             }
-            self.go_live(p, taken, queue, ctx.address().recipient());
+            Err(source) => return self.fail_start(&StartError::TakeOver { partition: p, source: Box::new(source) }, ctx),
+        };
+        if retake || self.group_mode() {
+            if let Err(e) = self.resume_taken(p, retake, taken, ctx) {
+                return self.fail_start(&e, ctx);
+            }
         } else {
             if let Some(owned) = self.running.as_mut().and_then(|r| r.owned.get_mut(&p)) {
                 owned.stage = Stage::Loaded { taken: Box::new(taken) };
             }
             if let Err(e) = self.assign_static_when_loaded(ctx.address().recipient()) {
-                return self.fail_start(&e);
+                return self.fail_start(&e, ctx);
             }
         }
         // The window the partition has now, at once rather than at the next tick.
         self.export_stats(ctx);
+    }
+}
+
+impl Coordinator {
+    /// Lets a taken-over partition's input flow into its new pipeline: a partition the group
+    /// assigned resumes where the group's committed offset is; one taken over again is first
+    /// rewound there, past what its failed pipeline had fetched.
+    fn resume_taken(&mut self, p: i32, retake: bool, taken: TakenOver, ctx: &mut Context<Self>) -> Result<(), StartError> {
+        let topic = self.config.worker.input_topic.clone();
+        let Some(running) = self.running.as_mut() else { return Ok(()) };
+        let Some(owned) = running.owned.get_mut(&p) else { return Ok(()) };
+        let Stage::Loading { queue } = &mut owned.stage else { return Ok(()) };
+        let queue = match queue.take() {
+            Some(queue) => queue,
+            None => running.membership.consumer.split_partition_queue(&topic, p).ok_or(StartError::SplitQueue { partition: p })?,
+        };
+        if retake {
+            running.membership.rewind(&topic, p, taken.report.resume_input_at)?;
+        }
+        running.membership.resume(&topic, p)?;
+        self.go_live(p, taken, queue, ctx.address().recipient());
+        Ok(())
     }
 }
