@@ -12,10 +12,21 @@ use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
 
-/// The base configuration of every Kafka client: brokers, security, pass-through properties.
+/// How long a client waits for a broker's answer, or for a connection, before it gives up on that
+/// broker and asks another (the next leader or coordinator). librdkafka's defaults are 60 s and
+/// 30 s: a node that hangs or is cut off then held every call to it that long, which was most of
+/// what a broker fault cost (docs/testing.md, the fault table). A healthy broker answers in
+/// milliseconds, and a leader's move takes the cluster about 9 s to decide, so 10 s costs nothing
+/// when all is well. `kafka.properties` can set either.
+pub const SOCKET_TIMEOUT_MS: &str = "10000";
+
+/// The base configuration of every Kafka client: brokers, security, timeouts, pass-through
+/// properties.
 pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &kafka.brokers);
+    cfg.set("socket.timeout.ms", SOCKET_TIMEOUT_MS);
+    cfg.set("socket.connection.setup.timeout.ms", SOCKET_TIMEOUT_MS);
     cfg.set("security.protocol", kafka.security_protocol.as_librdkafka());
     if let Some(m) = &kafka.sasl_mechanism {
         cfg.set("sasl.mechanisms", m);

@@ -8,11 +8,11 @@
 //! the output twice: `dedupe verify`, and the kit's own count (every input id exactly once, in its
 //! own partition, as its first copy, in the order of its first copies).
 //!
-//! The default run holds each fault 20 s against a worker whose transaction and socket timeouts
-//! are 10 s, so a hold still outlasts them. `DEDUPE_CLUSTER_LONG=1` runs the long variants with
-//! the worker's default configuration (60 s timeouts): 30 kills, three rolling restarts, a pause
-//! of 130 s, a cut and an outage of 180 s. Each prints one `cluster-fault:` line for the fault
-//! table in docs/testing.md.
+//! The worker runs its default configuration. The default run pauses a node 65 s and cuts one off
+//! or takes the whole cluster down for 60 s, past every client timeout; `DEDUPE_CLUSTER_LONG=1`
+//! runs the long variants: 30 kills, three rolling restarts, a pause of 130 s, a cut and an
+//! outage of 180 s. Each prints one `cluster-fault:` line for the fault table in docs/testing.md,
+//! with the longest time an output partition stood still.
 //!
 //! The cluster also has a SASL_SSL listener (SCRAM-SHA-512 over TLS, ACLs enforced) for the
 //! security tests at the end, and a network namespace joined to it by a veth pair, where a
@@ -32,9 +32,9 @@ use rand::Rng;
 /// The binary under test, built by cargo for this test run.
 const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
-/// How long a pause, a cut or an outage lasts: 20 s, or `long_secs` in the long variants.
-fn hold(long_secs: u64) -> Duration {
-    Duration::from_secs(if long() { long_secs } else { 20 })
+/// How long a pause, a cut or an outage lasts: `secs`, or `long_secs` in the long variants.
+fn hold(secs: u64, long_secs: u64) -> Duration {
+    Duration::from_secs(if long() { long_secs } else { secs })
 }
 
 /// One fault test: topics, a supervised worker, load produced while the fault runs.
@@ -48,6 +48,20 @@ struct Scenario {
     load: Load,
     stalls: StallMeter,
     started: Instant,
+    /// When every output partition was first seen growing.
+    flowing: Instant,
+}
+
+/// What a fault's stall is measured on.
+enum Stall {
+    /// The longest time any output partition stood still.
+    Any,
+    /// The longest time a partition other than these stood still (their leader was cut off from
+    /// the worker, so nothing could write them), and how long after the link came back they grew
+    /// again.
+    Except(Vec<i32>),
+    /// How long after the last node was back every output partition grew again.
+    AfterOutage,
 }
 
 const PARTITIONS: i32 = 3;
@@ -65,17 +79,11 @@ impl Scenario {
         let input = TestTopic::create("cluster-in", PARTITIONS);
         let output = TestTopic::create("cluster-out", PARTITIONS);
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = DEDUPE
+        // The worker's own batching and timeouts: its defaults.
+        let spec = DEDUPE
             .worker(&input.name, &output.name, &dir.path().join("ledger"))
             .without("DEDUPE_WORKER_BATCH_MAX_RECORDS")
             .without("DEDUPE_WORKER_BATCH_LINGER_MS");
-        if !long() {
-            // Timeouts a 20 s hold outlasts: the transaction's, and the socket's of every client.
-            let config = dir.path().join("short-timeouts.toml");
-            std::fs::write(&config, "[kafka.properties]\n\"socket.timeout.ms\" = \"10000\"\n").unwrap();
-            spec = spec.env("DEDUPE_WORKER_TRANSACTION_TIMEOUT_MS", "10000");
-            spec.extra_args.extend(["--config".into(), config.display().to_string()]);
-        }
         let spec = adapt(spec);
         let group = spec.env.iter().find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID").expect("the spec names its group").1.clone();
         let worker = Supervised::start(&spec);
@@ -83,29 +91,42 @@ impl Scenario {
         let started = Instant::now();
         let load = Load::start(&input.name, LoadSpec::default());
         stalls.wait_flowing(started, Duration::from_secs(120));
-        Self { fault, input, output, dir, group, worker, load, stalls, started }
+        let flowing = Instant::now();
+        Self { fault, input, output, dir, group, worker, load, stalls, started, flowing }
     }
 
     /// Ends the load once every output partition grows again after the fault (`healed`), waits
     /// until the output holds every id, stops the worker, and checks that the output holds every
     /// input id exactly once, in its partition, as its first copy, in order.
-    fn finish(self, injected: usize, healed: Instant) {
-        let Scenario { fault, input, output, dir, worker, load, stalls, started, .. } = self;
+    fn finish(self, injected: usize, healed: Instant, measured: Stall) {
+        let Scenario { fault, input, output, dir, worker, load, stalls, started, flowing, .. } = self;
         stalls.wait_flowing(healed, Duration::from_secs(300));
         let load = load.finish();
-        let longest_stall = stalls.finish();
+        let growth = stalls.finish();
+        let stall = match measured {
+            Stall::Any => format!("longest stall {:.1} s", growth.longest_stall(flowing, &[]).as_secs_f64()),
+            Stall::Except(cut) => format!(
+                "longest stall {:.1} s of the partitions whose leader it reached; partitions {cut:?} grew again {:.1} s after the link came back",
+                growth.longest_stall(flowing, &cut).as_secs_f64(),
+                growth.back_after(healed, &cut).unwrap_or(Duration::MAX).as_secs_f64()
+            ),
+            Stall::AfterOutage => format!(
+                "every partition grew again {:.1} s after the last node was back (longest stall {:.1} s, the outage included)",
+                growth.back_after(healed, &[]).unwrap_or(Duration::MAX).as_secs_f64(),
+                growth.longest_stall(flowing, &[]).as_secs_f64()
+            ),
+        };
         let distinct = load.distinct as usize;
         worker.wait_for_output(&output.name, distinct, Duration::from_secs(300));
         let exits = worker.finish();
         let count = Count::of(&input.name, &output.name);
         eprintln!(
-            "cluster-fault: {fault} | injected {injected} | in {} | out {} | duplicates {} | missing {} | worker restarts {} (exit codes {exits:?}) | longest stall {:.1} s | load {:.0} s",
+            "cluster-fault: {fault} | injected {injected} | in {} | out {} | duplicates {} | missing {} | worker restarts {} (exit codes {exits:?}) | {stall} | load {:.0} s",
             count.input_records,
             count.output_records,
             count.duplicates,
             count.missing,
             exits.len(),
-            longest_stall.as_secs_f64(),
             started.elapsed().as_secs_f64()
         );
         exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, fault);
@@ -140,7 +161,7 @@ fn leaders_and_coordinators_killed_at_random_moments() {
         std::thread::sleep(Duration::from_millis(rng.random_range(0..4000)));
         c.start(victim);
     }
-    s.finish(kills, Instant::now());
+    s.finish(kills, Instant::now(), Stall::Any);
 }
 
 /// Every node stopped cleanly (SIGTERM) and started again, one after the other, under load.
@@ -156,7 +177,7 @@ fn a_rolling_restart_of_every_node() {
             c.wait_for_leaders(&s.output.name, PARTITIONS);
         }
     }
-    s.finish(3 * rounds, Instant::now());
+    s.finish(3 * rounds, Instant::now(), Stall::Any);
 }
 
 /// A node that hangs (SIGSTOP) for longer than the worker's transaction timeout and its clients'
@@ -169,9 +190,9 @@ fn a_node_paused_past_the_transaction_and_client_timeouts() {
     let coordinator = dedupe::output::transactional_id(&s.output.name, 0);
     let victim = c.wait_for("transaction coordinator", |c| c.transaction_coordinator(&coordinator));
     c.pause(victim);
-    std::thread::sleep(hold(130));
+    std::thread::sleep(hold(65, 130));
     c.resume(victim);
-    s.finish(1, Instant::now());
+    s.finish(1, Instant::now(), Stall::Any);
 }
 
 /// The worker cut off from one node past its client timeouts, then reconnected: the worker runs
@@ -190,10 +211,11 @@ fn a_node_cut_off_from_the_worker_past_its_timeouts() {
         spec
     });
     let victim = c.wait_for("output leader", |c| c.leader(&s.output.name, 0));
+    let cut: Vec<i32> = (0..PARTITIONS).filter(|&p| c.leader(&s.output.name, p) == Some(victim)).collect();
     c.cut(victim);
-    std::thread::sleep(hold(180));
+    std::thread::sleep(hold(60, 180));
     c.heal(victim);
-    s.finish(1, Instant::now());
+    s.finish(1, Instant::now(), Stall::Except(cut));
 }
 
 /// All three nodes killed at once, down past the worker's client timeouts, then started on their
@@ -205,14 +227,15 @@ fn the_whole_cluster_down_past_the_client_timeouts() {
     for node in kit::cluster::NODES {
         c.kill(node);
     }
-    std::thread::sleep(hold(180));
+    std::thread::sleep(hold(60, 180));
     // The nodes are started together: a KRaft quorum needs two of them to elect a controller.
     let starts: Vec<_> = kit::cluster::NODES.into_iter().map(|node| std::thread::spawn(move || cluster().start(node))).collect();
     for s in starts {
         s.join().expect("node start");
     }
+    let back = Instant::now();
     c.wait_for_leaders(&s.output.name, PARTITIONS);
-    s.finish(1, Instant::now());
+    s.finish(1, back, Stall::AfterOutage);
 }
 
 /// Adds ACLs allowing `principal` the `operations` on one resource.

@@ -37,6 +37,7 @@ impl Ledger {
                 super::index_file::link_into(&self.path, dir)?;
             } else {
                 state.index_epoch += 1;
+                state.index.finish_growth();
                 super::index_file::write(dir, state, true)?;
                 super::index_file::link_into(dir, &self.path)?;
                 state.index_stored_at = Some(state.commit_seq);

@@ -99,9 +99,12 @@ impl Ledger {
         // A background store of the index copies a table of the old size: it gives up.
         state.index_epoch += 1;
         let started = std::time::Instant::now();
-        while state.index.needs_growth(more) {
+        let target = state.index.level_for(more);
+        while state.index.geometry().1 < target {
+            // A doubling right after another: the other's buckets are split first (`grow` does).
             state.index.grow();
         }
+        self.grow_in_background(state);
         let (geometry, level) = state.index.geometry();
         tracing::info!(
             level,

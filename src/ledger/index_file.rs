@@ -119,6 +119,19 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
     if !state.index.knows() {
         return Ok(());
     }
+    if state.index.live_slots() == 0 {
+        // Nothing to vouch for, and nothing to read back: an index that holds no id is not
+        // stored (rebuilding it costs nothing), and one stored before goes, so that no file
+        // outlives what it describes.
+        let target = dir.join(INDEX_FILE);
+        if target.exists() {
+            std::fs::remove_file(&target).map_err(io_error("remove", &target))?;
+            if durable {
+                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))?;
+            }
+        }
+        return Ok(());
+    }
     let stamp = Stamp {
         commit_seq: state.commit_seq,
         generations: state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect(),

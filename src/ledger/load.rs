@@ -75,13 +75,10 @@ pub enum WindowFloor {
 pub struct Load<'l> {
     ledger: &'l Ledger,
     partition: Partition,
-    /// The active generation, pinned while the load runs.
-    generation: u64,
-    /// The generation's base for stored first-seen times, once known.
-    base_ms: Option<i64>,
-    /// Puts the added ids' fingerprints in the id index.
-    indexer: Indexer,
-    /// Ids of the run filling, with their stored first-seen times.
+    /// Once room is made for it in the id index ([`Load::reserve`]): the generation it goes into.
+    pinned: Option<Pinned>,
+    /// Ids of the run filling: with their first-seen times until the load is pinned, their
+    /// stored first-seen times (relative to the generation's base) after.
     run: Vec<(LedgerKey, i64)>,
     /// Runs written.
     files: Vec<PathBuf>,
@@ -89,21 +86,34 @@ pub struct Load<'l> {
     writing: std::collections::VecDeque<JoinHandle<Result<PathBuf>>>,
     span: Option<PartitionSpan>,
     ids: u64,
-    /// The room it reserved in the id index.
-    expected_ids: u64,
     times: LoadTimes,
     /// Ids per run ([`RUN_IDS`]; smaller in tests, so that a load has several).
     run_ids: usize,
 }
 
+/// The generation a load goes into, held active until it is in, and what the load reserved.
+struct Pinned {
+    generation: u64,
+    /// The generation's base for stored first-seen times.
+    base_ms: i64,
+    /// The room it reserved in the id index.
+    expected_ids: u64,
+    /// Puts the added ids' fingerprints in the id index.
+    indexer: Indexer,
+}
+
 /// Where a load's time went on the thread that feeds it, in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LoadTimes {
-    /// Putting fingerprints in the id index (with the wait for the ledger's lock).
+    /// Making room in the id index for the load ([`Load::reserve`]).
+    pub reserve_secs: f64,
+    /// Putting fingerprints in the id index, on its own thread (with the waits for the ledger's
+    /// lock).
     pub index_secs: f64,
-    /// Waiting for a run to be sorted and written by its thread (the disk, when it is the bound).
+    /// Waiting for a run to be sorted and written by its thread.
     pub run_wait_secs: f64,
-    /// The commit: the last run's wait, the ingestion and the bookkeeping.
+    /// The commit: the last runs' wait, the index's last chunks, the ingestion and the
+    /// bookkeeping.
     pub commit_secs: f64,
     /// Runs written.
     pub runs: usize,
@@ -120,54 +130,74 @@ pub(super) struct LoadedRuns {
 }
 
 impl Ledger {
-    /// Starts loading `partition`'s ids in bulk into the active generation, which stays active
-    /// until the load is finished or dropped. `expected_ids` (an estimate) is the room the id
-    /// index makes for the load first, since it cannot grow while the generation is pinned; a
-    /// load larger than that still answers exactly, but may leave some of the index's buckets
-    /// overflowed (their ids looked up on disk) until the index is rebuilt.
-    pub fn begin_load(&self, partition: Partition, expected_ids: u64) -> Result<Load<'_>> {
-        let mut state = self.lock();
-        if state.loads == 0 {
-            let room = state.reserved + expected_ids;
-            self.grow_index(&mut state, room)?;
-        }
-        let Some(active) = state.generations.last() else {
-            return Err(LedgerError::CorruptMetadata { what: "the ledger has no active generation".into() });
-        };
-        let (generation, base_ms) = (active.meta.id, active.meta.base_ms);
-        state.loads += 1;
-        state.reserved += expected_ids;
-        Ok(Load {
+    /// Starts loading `partition`'s ids in bulk (into the active generation, once the load says
+    /// how many it brings: see [`Load::reserve`]).
+    pub fn begin_load(&self, partition: Partition) -> Load<'_> {
+        Load {
             ledger: self,
             partition,
-            generation,
-            base_ms,
-            indexer: Indexer::start(Arc::clone(&self.state), IdIndex::tag(generation)),
+            pinned: None,
             run: Vec::with_capacity(RUN_IDS),
             files: Vec::new(),
             writing: std::collections::VecDeque::new(),
             span: None,
             ids: 0,
-            expected_ids,
             times: LoadTimes::default(),
             run_ids: RUN_IDS,
-        })
+        }
     }
 }
 
 impl Load<'_> {
+    /// Makes room in the id index for about `expected_ids` ids (the index cannot grow while a
+    /// load is under way: the generation it goes into is pinned, and a generation's entries are
+    /// all stored at one size), then pins the active generation and puts the fingerprints of the
+    /// ids added so far in the index. The ids [`Load::add`] takes before this wait in memory; the
+    /// first full run, and [`Load::finish`], reserve what they hold if nothing was reserved. A load
+    /// larger than its reservation still answers exactly, but may leave some of the index's
+    /// buckets overflowed (their ids looked up on disk) until the index is rebuilt.
+    pub fn reserve(&mut self, expected_ids: u64) -> Result<()> {
+        if self.pinned.is_some() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let first = self.run.first().map_or_else(crate::recovery::now_ms, |(_, t)| *t);
+        let (generation, base_ms) = {
+            let mut state = self.ledger.lock();
+            if state.loads == 0 {
+                let room = state.reserved + expected_ids;
+                self.ledger.grow_index(&mut state, room)?;
+            }
+            let Some(active) = state.generations.last() else {
+                return Err(LedgerError::CorruptMetadata { what: "the ledger has no active generation".into() });
+            };
+            let generation = active.meta.id;
+            state.loads += 1;
+            state.reserved += expected_ids;
+            (generation, pinned_base(&mut state, generation, first))
+        };
+        let mut indexer = Indexer::start(Arc::clone(&self.ledger.state), IdIndex::tag(generation));
+        indexer.add(self.run.iter().map(|(k, _)| *k).collect());
+        for (_, t) in &mut self.run {
+            *t = stored_first_seen_ms(base_ms, *t);
+        }
+        self.pinned = Some(Pinned { generation, base_ms, expected_ids, indexer });
+        self.times.reserve_secs = started.elapsed().as_secs_f64();
+        Ok(())
+    }
+
     /// Adds ids with their first-seen times (ms). An id may come more than once (the changelog
     /// holds it again when it was published again after it left an earlier owner's window); the
     /// copy with the latest first-seen time is the one kept.
     pub fn add(&mut self, ids: &[(LedgerKey, i64)]) -> Result<()> {
         let Some(&(_, first)) = ids.first() else { return Ok(()) };
-        let base_ms = match self.base_ms {
-            Some(base) => base,
-            None => *self.base_ms.insert(pinned_base(&mut self.ledger.lock(), self.generation, first)),
-        };
-        self.indexer.add(ids.iter().map(|(k, _)| *k).collect());
-        for &(key, time_ms) in ids {
-            self.run.push((key, stored_first_seen_ms(base_ms, time_ms)));
+        match &mut self.pinned {
+            Some(pinned) => {
+                pinned.indexer.add(ids.iter().map(|(k, _)| *k).collect());
+                let base_ms = pinned.base_ms;
+                self.run.extend(ids.iter().map(|&(key, time_ms)| (key, stored_first_seen_ms(base_ms, time_ms))));
+            }
+            None => self.run.extend_from_slice(ids),
         }
         let span = self.span.get_or_insert(PartitionSpan { first_seen_ms: first, last_seen_ms: first, ids: 0 });
         for &(_, time_ms) in ids {
@@ -177,6 +207,8 @@ impl Load<'_> {
         span.ids += ids.len() as u64;
         self.ids += ids.len() as u64;
         if self.run.len() >= self.run_ids {
+            // Nothing reserved yet: at least twice what came so far.
+            self.reserve(2 * self.ids)?;
             self.write_run()?;
         }
         // The crash tests die here: part way through a load, with runs written.
@@ -189,20 +221,29 @@ impl Load<'_> {
         self.ids
     }
 
+    /// Whether room was made for the load (see [`Load::reserve`]).
+    pub fn reserved(&self) -> bool {
+        self.pinned.is_some()
+    }
+
     /// Writes the last run and makes the load durable and visible: every run is ingested, with
     /// `progress` as the partition's progress record (empty: left as it is) and the window floor
     /// changed as `floor` says, in one commit. Returns the ids loaded and where the time went.
     pub fn finish(mut self, progress: &[u8], floor: WindowFloor) -> Result<(u64, LoadTimes)> {
         let started = std::time::Instant::now();
+        self.reserve(self.ids)?;
         self.write_run()?;
         while !self.writing.is_empty() {
             self.wait_for_run()?;
         }
+        let Some(pinned) = self.pinned.as_mut() else {
+            return Err(LedgerError::CorruptMetadata { what: "a load finished without its generation".into() });
+        };
         // Every fingerprint is in before any id is (see the module docs).
-        self.times.index_secs = self.indexer.finish();
+        self.times.index_secs = pinned.indexer.finish();
         let runs = LoadedRuns {
             partition: self.partition,
-            generation: self.generation,
+            generation: pinned.generation,
             files: std::mem::take(&mut self.files),
             span: self.span,
             progress: progress.to_vec(),
@@ -229,7 +270,7 @@ impl Load<'_> {
                 super::commit::INGEST_FILE_EXTENSION
             )),
             options: load_run_options(&self.ledger.options, &self.ledger.block_cache),
-            base_ms: self.base_ms.unwrap_or(0),
+            base_ms: self.pinned.as_ref().map_or(0, |p| p.base_ms),
             ids,
         };
         let spawned = std::thread::Builder::new().name("ledger-load".into()).spawn(move || writer.write());
@@ -257,7 +298,9 @@ impl Load<'_> {
 
 impl Drop for Load<'_> {
     fn drop(&mut self) {
-        self.indexer.finish();
+        if let Some(pinned) = self.pinned.as_mut() {
+            pinned.indexer.finish();
+        }
         // Runs still being written are waited for, so that their files can go too.
         while !self.writing.is_empty() {
             let _ = self.wait_for_run();
@@ -265,9 +308,10 @@ impl Drop for Load<'_> {
         for file in self.files.drain(..) {
             let _ = std::fs::remove_file(file);
         }
+        let Some(pinned) = self.pinned.take() else { return };
         let mut state = self.ledger.lock();
         state.loads = state.loads.saturating_sub(1);
-        state.reserved = state.reserved.saturating_sub(self.expected_ids);
+        state.reserved = state.reserved.saturating_sub(pinned.expected_ids);
         // A seal the load held back happens now.
         if let Err(e) = self.ledger.maybe_seal(&mut state) {
             tracing::warn!(error = %e, "Could not seal the active generation after a load; the next batch tries again.");
@@ -454,7 +498,7 @@ mod tests {
     /// Loads ids `0..n` of partition 7 (first seen at 1,000 s + n) in chunks of 1,000, in runs of
     /// 3,000, and finishes with `progress`.
     fn load(ledger: &Ledger, n: u64, progress: &[u8]) -> (u64, LoadTimes) {
-        let mut load = ledger.begin_load(7, 0).unwrap();
+        let mut load = ledger.begin_load(7);
         load.run_ids = 3_000;
         let ids: Vec<(LedgerKey, i64)> = (0..n).map(|i| (key(i), 1_000_000 + i as i64 * 1000)).collect();
         for chunk in ids.chunks(1_000) {
@@ -506,7 +550,7 @@ mod tests {
     fn a_load_given_up_leaves_neither_ids_nor_files() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path(), options()).unwrap();
-        let mut load = ledger.begin_load(7, 0).unwrap();
+        let mut load = ledger.begin_load(7);
         load.run_ids = 3_000;
         let ids: Vec<(LedgerKey, i64)> = (0..7_000).map(|i| (key(i), 1_000_000)).collect();
         load.add(&ids).unwrap();
@@ -528,7 +572,7 @@ mod tests {
     fn an_id_loaded_twice_keeps_its_latest_first_seen_time() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path(), options()).unwrap();
-        let mut load = ledger.begin_load(7, 0).unwrap();
+        let mut load = ledger.begin_load(7);
         load.run_ids = 2;
         // The changelog holds id 1 twice: published again after it left an earlier window.
         load.add(&[(key(1), 1_000_000), (key(2), 2_000_000)]).unwrap();
@@ -544,11 +588,11 @@ mod tests {
         let ledger = Ledger::open(dir.path(), options()).unwrap();
         let now = 200_000_000;
         // The window: ids first seen from 100,000 s on; older ones are still to come.
-        let mut load = ledger.begin_load(7, 0).unwrap();
+        let mut load = ledger.begin_load(7);
         load.add(&[(key(1), 150_000_000), (key(2), 190_000_000)]).unwrap();
         load.finish(b"p", WindowFloor::Raise(140_000_000)).unwrap();
         assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(50_000)), "the oldest loaded id");
-        let mut load = ledger.begin_load(7, 0).unwrap();
+        let mut load = ledger.begin_load(7);
         load.add(&[(key(3), 120_000_000)]).unwrap();
         // The floor holds across a reopen: it is in the commit.
         load.finish(&[], WindowFloor::Keep).unwrap();
@@ -556,7 +600,7 @@ mod tests {
         drop(ledger);
         let ledger = Ledger::open(dir.path(), options()).unwrap();
         assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(60_000)));
-        let mut load = ledger.begin_load(7, 0).unwrap();
+        let mut load = ledger.begin_load(7);
         load.add(&[(key(4), 100_000_000)]).unwrap();
         load.finish(&[], WindowFloor::Lower { expected: 140_000_000, with: None }).unwrap();
         assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(100_000)), "the older ids are in");

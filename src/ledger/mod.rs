@@ -246,7 +246,8 @@ pub struct Ledger {
     block_cache: Cache,
     /// Shared with the thread that stores the id index after a seal.
     state: Arc<Mutex<State>>,
-    /// Threads storing the id index in the background (joined when the ledger is dropped).
+    /// Threads storing or growing the id index in the background (joined when the ledger is
+    /// dropped).
     index_stores: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Keys looked up in a generation's column family (the id index could not rule them out).
     disk_lookups: std::sync::atomic::AtomicU64,
@@ -395,6 +396,7 @@ impl Ledger {
             return Ok(());
         }
         state.index_epoch += 1;
+        state.index.finish_growth();
         index_file::write(&self.path, &state, true)?;
         state.index_stored_at = Some(state.commit_seq);
         Ok(())
@@ -403,7 +405,8 @@ impl Ledger {
     /// Starts storing the id index right after a seal, in the background (see `index_file.rs`);
     /// a failure only costs the next open time.
     fn store_index_after_seal(&self, state: &mut State) {
-        if !state.index.knows() || !state.pending.is_empty() || state.in_flight.is_some() {
+        // While the table doubles it is not read whole: the next seal or the close stores it.
+        if !state.index.knows() || !state.pending.is_empty() || state.in_flight.is_some() || state.index.growing() {
             return;
         }
         if self.options.durability == Durability::NoWal {
@@ -428,6 +431,35 @@ impl Ledger {
                 stores.push(handle);
             }
             Err(e) => tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it."),
+        }
+    }
+
+    /// Splits the buckets of a doubling of the id index on a thread of its own, taking the lock
+    /// for a short step at a time (see `index/grow.rs`); done at once where no thread can be had.
+    fn grow_in_background(&self, state: &mut State) {
+        /// Buckets split per step: about a millisecond and a half under the lock.
+        const STEP: usize = 32 << 10;
+        if !state.index.growing() {
+            return;
+        }
+        let shared = Arc::clone(&self.state);
+        let spawned = std::thread::Builder::new().name("index-grow".into()).spawn(move || loop {
+            let done = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).index.split_some(STEP);
+            if done {
+                return;
+            }
+            std::thread::yield_now();
+        });
+        match spawned {
+            Ok(handle) => {
+                let mut stores = self.index_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                stores.retain(|h| !h.is_finished());
+                stores.push(handle);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Could not start a thread to grow the id index; growing it at once.");
+                state.index.finish_growth();
+            }
         }
     }
 

@@ -18,8 +18,12 @@ impl Ledger {
         if !self.options.build_index {
             return Ok(IndexSource::Empty);
         }
-        if state.generations.is_empty() {
+        if state.generations.iter().all(|g| g.meta.ids == 0) {
+            // Nothing to index (an index that holds nothing is not stored, see `index_file.rs`).
             state.index = IdIndex::new(self.options.index_geometry(), 0, rand::random());
+            for g in &state.generations {
+                state.index.start(IdIndex::tag(g.meta.id));
+            }
             return Ok(IndexSource::Empty);
         }
         let (to_read, source) = self.start_index(state);
@@ -67,6 +71,7 @@ impl Ledger {
                 let index = &mut state.index;
                 while index.live_slots() + more > index.geometry().0.capacity(index.geometry().1) && index.geometry().1 < geometry.max_level {
                     index.grow();
+                    index.finish_growth();
                 }
                 for &i in &to_read {
                     state.index.start(IdIndex::tag(state.generations[i].meta.id));

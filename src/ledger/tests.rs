@@ -707,9 +707,10 @@ impl Model {
     /// lookup finds).
     fn load(&mut self, ledger: &Ledger, options: &LedgerOptions, partition: Partition, ids: &[u8], now: i64, record: &[u8]) -> Result<(), TestCaseError> {
         let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
-        let mut load = ledger.begin_load(partition, items.len() as u64).unwrap();
-        let into = ledger.generations().unwrap().last().unwrap().meta.id;
+        let mut load = ledger.begin_load(partition);
         load.add(&items).unwrap();
+        load.reserve(items.len() as u64).unwrap();
+        let into = ledger.generations().unwrap().last().unwrap().meta.id;
         load.finish(record, WindowFloor::Keep).unwrap();
         for (k, t) in items {
             self.held.insert(k, (into, partition, t));

@@ -141,12 +141,10 @@ pub struct RecoveryReport {
     pub times: ReplayTimes,
 }
 
-/// Where a replay's time went on the thread that ran it, in seconds: estimating the load and
-/// making room for it in the id index, waiting for the log's records, reading ids out of them,
-/// and the ledger's share.
+/// Where a replay's time went on the thread that ran it, in seconds: waiting for the log's
+/// records, reading ids out of them, and the ledger's share.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ReplayTimes {
-    pub prepare_secs: f64,
     pub fetch_secs: f64,
     pub decode_secs: f64,
     pub load: crate::ledger::LoadTimes,

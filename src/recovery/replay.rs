@@ -86,18 +86,11 @@ pub fn recover_partition(
     let floor = if backfill.is_empty() { WindowFloor::Keep } else { WindowFloor::Raise(backfill.floor_ms) };
     let total = plan.replay_to - plan.replay_from;
     let mut read = RangeRead::new(input, ends.topic(input), source);
-    let preparing = Instant::now();
-    let mut sink = if plan.rebuild {
-        let expected = estimate_ids(input, ends.topic(input), source, plan.replay_from, plan.replay_to);
-        Sink::Bulk(Box::new(begin_load(ledger, p, expected)?))
-    } else {
-        Sink::Tail { ledger, partition: p, ids: Vec::new(), records_seen: 0, records: total }
-    };
-    let prepare_secs = preparing.elapsed().as_secs_f64();
+    let mut sink = if plan.rebuild { Sink::Bulk(Box::new(ledger.begin_load(p))) } else { Sink::Tail { ledger, partition: p, ids: Vec::new() } };
     read.read(plan.replay_from, plan.replay_to, &mut sink, &mut |ids, at| meter(ids, at, total))?;
     let (_, load) = sink.finish(&progress.encode(), floor).map_err(|source| RecoveryError::Record { partition: p, source })?;
     meter(read.ids, total, total);
-    let times = ReplayTimes { prepare_secs, fetch_secs: read.fetch_secs, decode_secs: read.decode_secs, load };
+    let times = ReplayTimes { fetch_secs: read.fetch_secs, decode_secs: read.decode_secs, load };
     let report = RecoveryReport {
         partition: p,
         source,
@@ -122,58 +115,11 @@ pub fn backfill(input: &RecoveryInput<'_>, ledger: &Ledger, backfill: Backfill, 
     let Some((from, to)) = backfill.range else { return Ok(0) };
     let p = input.partition;
     let mut read = RangeRead::new(input, input.changelog_topic, Source::Changelog);
-    let expected = estimate_ids(input, input.changelog_topic, Source::Changelog, from, to);
-    let mut sink = Sink::Bulk(Box::new(begin_load(ledger, p, expected)?));
+    let mut sink = Sink::Bulk(Box::new(ledger.begin_load(p)));
     read.read(from, to, &mut sink, &mut |ids, at| meter(ids, at, to - from))?;
     let floor = WindowFloor::Lower { expected: backfill.floor_ms, with: None };
     let (ids, _) = sink.finish(&[], floor).map_err(|source| RecoveryError::Record { partition: p, source })?;
     Ok(ids)
-}
-
-fn begin_load(ledger: &Ledger, partition: i32, expected_ids: u64) -> Result<Load<'_>, RecoveryError> {
-    ledger.begin_load(partition, expected_ids).map_err(|source| RecoveryError::Record { partition, source })
-}
-
-/// About how many ids `[from, to)` of the log holds, for the room a load makes in the id index:
-/// one per output record; for the changelog, the ids of a few records spread over the range times
-/// the records, with a margin. 0 when it cannot tell (the load then makes no room first).
-fn estimate_ids(input: &RecoveryInput<'_>, topic: &str, source: Source, from: i64, to: i64) -> u64 {
-    const SAMPLES: i64 = 12;
-    let records = (to - from).max(0);
-    if source == Source::Output || records == 0 {
-        return records as u64;
-    }
-    let Ok(consumer) = replay_consumer(input) else { return 0 };
-    let (mut sampled, mut ids) = (0u64, 0u64);
-    let samples = records.min(SAMPLES);
-    for k in 0..samples {
-        let at = from + records * (2 * k + 1) / (2 * samples);
-        let mut tpl = TopicPartitionList::new();
-        if tpl.add_partition_offset(topic, input.partition, Offset::Offset(at)).is_err() || consumer.assign(&tpl).is_err() {
-            return 0;
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    if let Ok(n) = changelog::count(m.payload().unwrap_or_default()) {
-                        sampled += 1;
-                        ids += n;
-                    }
-                    break;
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                _ => {}
-            }
-        }
-    }
-    if sampled == 0 {
-        return 0;
-    }
-    // Every transaction that writes a changelog record also writes its commit marker there, so
-    // about half the offsets are records; a little more than the sample says. The index grows
-    // before it is 80% full, so a load up to a quarter larger than this still fits.
-    (ids as f64 / sampled as f64 * records as f64 / 2.0 * 1.05) as u64
 }
 
 /// Where the partition's logs end, and the facts recovery is planned on.
@@ -263,33 +209,36 @@ fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
 
 /// Where the ids read go: the ledger, batch by batch for a short tail, else in bulk.
 enum Sink<'l> {
-    /// A tail, with the records read of it so far and in all.
-    Tail { ledger: &'l Ledger, partition: i32, ids: Vec<(LedgerKey, i64)>, records_seen: i64, records: i64 },
+    Tail { ledger: &'l Ledger, partition: i32, ids: Vec<(LedgerKey, i64)> },
     Bulk(Box<Load<'l>>),
 }
 
+/// Records a bulk load reads before it says how many ids it expects, from them and the share of
+/// the range they took (the id index makes room for that many before any is put in it).
+const RECORDS_BEFORE_RESERVING: u64 = 64;
+
 impl Sink<'_> {
-    fn add(&mut self, ids: &[(LedgerKey, i64)]) -> Result<(), LedgerError> {
+    /// Adds the ids of the `records`-th record read, `done` of the range read so far (0..=1).
+    fn add(&mut self, ids: &[(LedgerKey, i64)], records: u64, done: f64) -> Result<(), LedgerError> {
         fail::fail_point!("recovery-mid-replay", !ids.is_empty(), |_| {
             eprintln!("failpoint recovery-mid-replay: exiting");
             std::process::exit(86)
         });
         match self {
-            Sink::Tail { ledger, partition, ids: held, records_seen, records } if held.len() + ids.len() > SHORT_TAIL_IDS => {
-                // The records to come hold about as many ids each as those so far.
-                let so_far = (held.len() + ids.len()) as f64;
-                let per_record = so_far / (*records_seen + 1) as f64;
-                let expected = (so_far + per_record * (*records - *records_seen - 1).max(0) as f64) as u64;
-                let mut load = ledger.begin_load(*partition, expected)?;
+            Sink::Tail { ledger, partition, ids: held } if held.len() + ids.len() > SHORT_TAIL_IDS => {
+                let mut load = ledger.begin_load(*partition);
                 load.add(held)?;
                 load.add(ids)?;
+                load.reserve(expected(load.ids(), done))?;
                 *self = Sink::Bulk(Box::new(load));
             }
-            Sink::Tail { ids: held, records_seen, .. } => {
-                held.extend_from_slice(ids);
-                *records_seen += 1;
+            Sink::Tail { ids: held, .. } => held.extend_from_slice(ids),
+            Sink::Bulk(load) => {
+                load.add(ids)?;
+                if !load.reserved() && records >= RECORDS_BEFORE_RESERVING {
+                    load.reserve(expected(load.ids(), done))?;
+                }
             }
-            Sink::Bulk(load) => load.add(ids)?,
         }
         Ok(())
     }
@@ -298,7 +247,7 @@ impl Sink<'_> {
     /// the ids recorded and where the ledger's time went.
     fn finish(self, progress: &[u8], floor: WindowFloor) -> Result<(u64, LoadTimes), LedgerError> {
         match self {
-            Sink::Tail { ledger, partition, ids, .. } => {
+            Sink::Tail { ledger, partition, ids } => {
                 let started = Instant::now();
                 for batch in ids.chunks(TAIL_BATCH) {
                     ledger.check_and_record(partition, batch, &[])?;
@@ -309,6 +258,13 @@ impl Sink<'_> {
             Sink::Bulk(load) => (*load).finish(progress, floor),
         }
     }
+}
+
+/// About how many ids a range holds in all, when `ids` came in its first `done` (0..=1): a tenth
+/// more than that share says. The id index grows before it is 80% full, so a load up to a
+/// further quarter larger still fits.
+fn expected(ids: u64, done: f64) -> u64 {
+    (ids as f64 / done.max(1e-6) * 1.1) as u64
 }
 
 /// Reads ranges of one log partition.
@@ -369,7 +325,8 @@ impl<'i, 'a> RangeRead<'i, 'a> {
                     let decoding = Instant::now();
                     self.take_ids(&m)?;
                     self.decode_secs += decoding.elapsed().as_secs_f64();
-                    sink.add(&self.batch).map_err(|source| RecoveryError::Record { partition: p, source })?;
+                    let done = (next - from) as f64 / (to - from) as f64;
+                    sink.add(&self.batch, self.records, done).map_err(|source| RecoveryError::Record { partition: p, source })?;
                     if metered.elapsed() >= Duration::from_millis(250) {
                         meter(self.ids, next - from);
                         metered = Instant::now();

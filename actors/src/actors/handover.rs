@@ -193,7 +193,7 @@ fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool)
     let t = &report.times;
     let phases = [
         (m::PHASE_FENCE, timings.committed_secs),
-        (m::PHASE_PREPARE, t.prepare_secs),
+        (m::PHASE_PREPARE, t.load.reserve_secs),
         (m::PHASE_FETCH, t.fetch_secs),
         (m::PHASE_DECODE, t.decode_secs),
         (m::PHASE_INDEX, t.load.index_secs),
@@ -213,7 +213,7 @@ fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool)
         resume_input_at = report.resume_input_at,
         fenced_secs = timings.fenced_secs,
         committed_secs = timings.committed_secs,
-        prepare_secs = t.prepare_secs,
+        reserve_secs = t.load.reserve_secs,
         fetch_secs = t.fetch_secs,
         decode_secs = t.decode_secs,
         index_secs = t.load.index_secs,

@@ -16,11 +16,12 @@
 //! # Growing
 //! The table starts small (level 0: at most 1/64 of its full size, which is sized from the disk
 //! budget) and doubles, in place, when the ids it holds near its capacity: each bucket splits into
-//! two, each entry going where the next bit of its stored fingerprint says (`grow.rs`). Memory,
-//! the index file and the times to store and load it follow the ids held, not the budget. Every
-//! entry of a generation is stored at one level (the table grows only between generations: the
-//! ledger seals the active generation first), so the index knows, per tag, how many fingerprint
-//! bits the bucket has taken over since; a lookup compares the rest.
+//! two, each entry going where the next bit of its stored fingerprint says, a bucket at a time
+//! while the index is in use (`grow.rs`). Memory, the index file and the times to store and load
+//! it follow the ids held, not the budget. Every entry of a generation is stored at one level (the
+//! table grows only between generations: the ledger seals the active generation first), so the
+//! index knows, per tag, how many fingerprint bits the bucket has taken over since; a lookup
+//! compares all of them.
 //!
 //! # Forgetting
 //! The tag is the generation id modulo 256. Dropping a generation only marks its tag dead: its
@@ -48,7 +49,8 @@ mod tests;
 
 pub(crate) use place::{Geometry, Place, Placer};
 
-use place::fingerprint;
+use grow::Splitting;
+use place::{fingerprint, Choice};
 use region::Region;
 
 use crate::identity::LedgerKey;
@@ -99,6 +101,8 @@ pub(crate) struct IdIndex {
     /// Slots holding each tag, dead or alive.
     slots_by_tag: [u64; TAGS],
     overflowed: u64,
+    /// A doubling under way (`grow.rs`).
+    splitting: Option<Splitting>,
     /// False for an index that was not built: every probe is [`Probe::Unknown`].
     knows: bool,
 }
@@ -139,6 +143,7 @@ impl IdIndex {
             gap: [DEAD; TAGS],
             slots_by_tag: [0; TAGS],
             overflowed: 0,
+            splitting: None,
             knows: true,
         }
     }
@@ -190,7 +195,7 @@ impl IdIndex {
 
     /// What computing places at the current level takes, for other threads.
     pub(crate) fn placer(&self) -> Placer {
-        Placer { seed: self.seed, base: self.geometry.base, level: self.level }
+        Placer::new(self.seed, self.geometry, self.level)
     }
 
     /// Asks the CPU to start loading the buckets of `place` (lookups of a batch overlap their
@@ -227,10 +232,10 @@ impl IdIndex {
     /// The fingerprints a slot is compared with, by its tag's [`IdIndex::gap`]: the id's
     /// fingerprint at each level it may have been stored at; [`DEAD`] selects a value no stored
     /// fingerprint has.
-    fn wanted(&self, word: u64) -> [u32; 16] {
+    fn wanted(&self, choice: Choice) -> [u32; 16] {
         let mut wanted = [u32::MAX; 16];
         for gap in 0..=self.level {
-            wanted[usize::from(gap)] = u32::from(fingerprint(word, self.level - gap));
+            wanted[usize::from(gap)] = u32::from(fingerprint(choice, self.level - gap));
         }
         wanted
     }
@@ -242,12 +247,12 @@ impl IdIndex {
         }
         let mut tags = [0u8; 4];
         let mut len = 0usize;
-        for (b, word) in [(place.first, place.first_word), (place.second, place.second_word)] {
-            let bucket = self.bucket(b);
+        for choice in place.choices {
+            let bucket = self.bucket(self.bucket_of(choice));
             if bucket[FLAGS_BYTE] & OVERFLOW != 0 {
                 return Probe::Unknown;
             }
-            let wanted = self.wanted(word);
+            let wanted = self.wanted(choice);
             for i in 0..SLOTS {
                 let (tag, f) = Self::slot(bucket, i);
                 if u32::from(f) == wanted[usize::from(self.gap[usize::from(tag)])] {
@@ -303,20 +308,22 @@ impl IdIndex {
     fn store(&mut self, place: &Place, tag: u8, once: bool) -> bool {
         debug_assert!(self.live[usize::from(tag)], "insert into a dead tag");
         debug_assert_eq!(self.level_of[usize::from(tag)], self.level, "insert into a tag of another level");
-        let fingerprints = [fingerprint(place.first_word, self.level), fingerprint(place.second_word, self.level)];
+        let [c0, c1] = place.choices;
+        let buckets = [self.bucket_for_insert(c0), self.bucket_for_insert(c1)];
+        let fingerprints = [fingerprint(c0, self.level), fingerprint(c1, self.level)];
         // Only a held fingerprint makes a scan `None`, and only an insert-once looks for one.
-        let scan = |b, f| self.scan(b, once.then_some((tag, f)));
-        let (Some(first), Some(second)) = (scan(place.first, fingerprints[0]), scan(place.second, fingerprints[1])) else {
+        let scan = |i: usize| self.scan(buckets[i], once.then_some((tag, fingerprints[i])));
+        let (Some(first), Some(second)) = (scan(0), scan(1)) else {
             return true;
         };
         let (target, free, f) = if second.live < first.live {
-            (place.second, second.free, fingerprints[1])
+            (buckets[1], second.free, fingerprints[1])
         } else {
-            (place.first, first.free, fingerprints[0])
+            (buckets[0], first.free, fingerprints[0])
         };
         let Some(i) = free else {
             // Both buckets are full of live slots.
-            let bucket = self.bucket_mut(place.first);
+            let bucket = self.bucket_mut(buckets[0]);
             if bucket[FLAGS_BYTE] & OVERFLOW == 0 {
                 bucket[FLAGS_BYTE] |= OVERFLOW;
                 self.overflowed += 1;
@@ -371,11 +378,20 @@ impl IdIndex {
         self.gap[t] = self.level - self.level_of[t];
     }
 
+    /// The level the table should be at to hold `more` ids beside those it holds within
+    /// [`GROW_AT`] of its capacity (its full size's if none is large enough).
+    pub(crate) fn level_for(&self, more: u64) -> u8 {
+        let held = (self.live_slots() + more) as f64;
+        (self.level..=self.geometry.max_level)
+            .find(|&l| held <= GROW_AT * self.geometry.capacity(l) as f64)
+            .unwrap_or(self.geometry.max_level)
+    }
+
     /// Whether the table should grow before `more` ids are stored: it holds (with them) more than
     /// [`GROW_AT`] of what the current level is sized for, and it is not at full size. Past
     /// [`PREPARE_AT`], the next level's memory is made resident in the background meanwhile.
     pub(crate) fn needs_growth(&mut self, more: u64) -> bool {
-        if !self.knows || self.level >= self.geometry.max_level {
+        if !self.knows || self.level >= self.geometry.max_level || self.growing() {
             return false;
         }
         let held = (self.live_slots() + more) as f64;
@@ -423,8 +439,9 @@ impl IdIndex {
         }
     }
 
-    /// The table's bytes.
+    /// The table's bytes (no doubling under way: see [`IdIndex::finish_growth`]).
     pub(crate) fn table(&self) -> &[u8] {
+        debug_assert!(!self.growing(), "the table is read whole while it doubles");
         self.region.bytes(self.table_len())
     }
 

@@ -1,14 +1,17 @@
 //! Where an id lives in the id index, at each of the table's sizes, and its fingerprint there.
 //!
 //! The table at level `l` has `base << l` buckets, from level 0 up to `max_level` (its size at
-//! full capacity). An id hashes (XXH3-128 with the table's seed) to two 64-bit words; each,
-//! multiplied by `base`, gives a number `P` whose bits above bit `64 - l` are the id's bucket at
-//! level `l`, and whose next 16 bits are its fingerprint there. So when the table doubles, the
-//! bucket gains one bit, the top bit of the fingerprint of level `l`: an entry's new bucket is
-//! known from what the table holds, without its key. An entry keeps the fingerprint it was stored
-//! with; after `g` doublings the bucket accounts for its top `g` bits, and the other `16 - g`
-//! tell it apart from other ids in its bucket.
+//! full capacity). An id hashes (XXH3-128 with the table's seed) to two 64-bit words, one per
+//! bucket choice. The top bits of a word, divided by `base`, give a remainder `r` and a quotient
+//! `q`: the bucket at level `l` is `r + base * (q mod 2^l)`, and the fingerprint there is the
+//! next 16 bits of `q`, `(q >> l) mod 2^16`. So when the table doubles from `M` buckets to `2M`,
+//! an entry stays in its bucket `b` or moves to `b + M`, as the lowest bit of its stored
+//! fingerprint not yet taken by the bucket says: every bucket splits on its own, in any order,
+//! without the ids' keys. An entry keeps the fingerprint it was stored with; after `g` doublings
+//! the bucket accounts for its low `g` bits, and the other `16 - g` tell it apart from other ids
+//! in its bucket.
 
+use strength_reduce::StrengthReducedU64;
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
 use super::{BUCKET_BYTES, SLOTS, TARGET_LOAD};
@@ -70,52 +73,75 @@ fn buckets_for(capacity: u64) -> usize {
     buckets.max(2)
 }
 
-/// Where an id lives at one level: its two buckets, and the words its fingerprints come from.
+/// One bucket choice of an id, at every level: its bucket at level `l` is
+/// `r + base * (q mod 2^l)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Choice {
+    pub(crate) r: usize,
+    pub(crate) q: u64,
+}
+
+impl Choice {
+    /// The bucket at `level`, of a table of `base << level` buckets.
+    pub(crate) fn bucket(self, base: usize, level: u8) -> usize {
+        self.r + base * (self.q & ((1u64 << level) - 1)) as usize
+    }
+}
+
+/// Where an id lives: its two bucket choices, and its buckets at the table's current level.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Place {
     pub(crate) first: usize,
     pub(crate) second: usize,
-    /// The low 64 bits of `P` for the first bucket, and of the second's.
-    pub(crate) first_word: u64,
-    pub(crate) second_word: u64,
+    pub(crate) choices: [Choice; 2],
 }
 
 /// Computes places at one level of one table (its seed and geometry), apart from the table.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Placer {
-    pub(crate) seed: u64,
-    pub(crate) base: usize,
-    pub(crate) level: u8,
+    seed: u64,
+    base: StrengthReducedU64,
+    /// The top bits of a hash word that are divided by `base`.
+    shift: u32,
+    level: u8,
 }
 
 impl Placer {
+    pub(crate) fn new(seed: u64, geometry: Geometry, level: u8) -> Placer {
+        // Enough bits for the remainder to be uniform (a quotient of at least 24 bits beyond
+        // the bucket, so the bias is below 2^-24) and for every level's fingerprint.
+        let bits = (usize::BITS - geometry.base.leading_zeros() + 24 + u32::from(geometry.max_level)).min(64);
+        Placer { seed, base: StrengthReducedU64::new(geometry.base as u64), shift: 64 - bits, level }
+    }
+
     /// Where `key` lives.
     pub(crate) fn place(&self, key: &LedgerKey) -> Place {
         let h = xxh3_128_with_seed(&key.0, self.seed);
-        let (first, first_word) = self.bucket(h as u64);
-        let (second, second_word) = self.bucket((h >> 64) as u64);
-        Place { first, second, first_word, second_word }
+        let choices = [self.choice(h as u64), self.choice((h >> 64) as u64)];
+        let base = self.base.get() as usize;
+        Place { first: choices[0].bucket(base, self.level), second: choices[1].bucket(base, self.level), choices }
     }
 
-    fn bucket(&self, word: u64) -> (usize, u64) {
-        let p = u128::from(word) * self.base as u128;
-        ((p >> (64 - u32::from(self.level))) as usize, p as u64)
+    fn choice(&self, word: u64) -> Choice {
+        let (q, r) = StrengthReducedU64::div_rem(word >> self.shift, self.base);
+        Choice { r: r as usize, q }
     }
 }
 
-/// The fingerprint of the id whose word is `word`, at `level`: the 16 bits of `P` below its
-/// bucket bits (0 is kept for empty slots).
-pub(crate) fn fingerprint(word: u64, level: u8) -> u16 {
-    match ((word >> (48 - u32::from(level))) & 0xffff) as u16 {
-        0 => 1,
+/// The fingerprint of a choice stored at `level`: the 16 bits of its quotient above the bucket's.
+/// A fingerprint of 0 marks an empty slot, so an id whose bits are all 0 takes 0x8000 instead:
+/// its low bits, which later doublings take, stay as they are.
+pub(crate) fn fingerprint(choice: Choice, level: u8) -> u16 {
+    match ((choice.q >> level) & 0xffff) as u16 {
+        0 => 0x8000,
         f => f,
     }
 }
 
-/// Which of the two buckets a fingerprint stored `doublings` levels ago goes to when the table
-/// doubles: the bit below the bucket bits it was stored with, so far taken by the bucket.
-pub(crate) fn split_bit(fingerprint: u16, doublings: u8) -> usize {
-    usize::from(fingerprint >> (15 - doublings) & 1)
+/// Whether a fingerprint stored `doublings` levels ago moves, when the table doubles, to the
+/// bucket in the new half: its lowest bit not yet taken by the bucket.
+pub(crate) fn moves(fingerprint: u16, doublings: u8) -> bool {
+    fingerprint >> doublings & 1 == 1
 }
 
 #[cfg(test)]
@@ -123,25 +149,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_doubling_sends_each_id_to_the_bucket_its_fingerprint_names() {
+    fn a_doubling_keeps_each_id_in_its_bucket_or_sends_it_to_the_new_half_as_its_fingerprint_says() {
         let g = Geometry { base: 1_000, max_level: 6 };
         for n in 0..20_000u64 {
             let mut k = [0u8; 16];
             k[..8].copy_from_slice(&n.to_le_bytes());
             let key = LedgerKey(k);
-            let at = |level| Placer { seed: 9, base: g.base, level }.place(&key);
+            let at = |level| Placer::new(9, g, level).place(&key);
             let stored = at(0);
             for level in 1..=6u8 {
-                let now = at(level);
-                // The same bucket, refined: the top bits of the level-0 bucket are the new one's.
-                assert_eq!(now.first >> level, stored.first, "id {n} level {level}");
-                assert_eq!(now.second >> level, stored.second, "id {n} level {level}");
-                // Each doubling's bit is the next bit of the fingerprint stored at level 0.
-                let before = at(level - 1);
-                assert_eq!(now.first, 2 * before.first + split_bit(fingerprint(stored.first_word, 0), level - 1), "id {n} level {level}");
-                assert_eq!(now.second, 2 * before.second + split_bit(fingerprint(stored.second_word, 0), level - 1), "id {n} level {level}");
+                let (now, before) = (at(level), at(level - 1));
+                for c in 0..2 {
+                    let (b_now, b_before) = if c == 0 { (now.first, before.first) } else { (now.second, before.second) };
+                    let moved = moves(fingerprint(stored.choices[c], 0), level - 1);
+                    assert_eq!(b_now, b_before + if moved { g.buckets(level - 1) } else { 0 }, "id {n} level {level}");
+                    assert!(b_now < g.buckets(level));
+                }
             }
         }
+    }
+
+    #[test]
+    fn buckets_are_filled_evenly() {
+        let g = Geometry { base: 97, max_level: 2 };
+        let placer = Placer::new(5, g, 2);
+        let mut counts = vec![0u32; g.buckets(2)];
+        for n in 0..388_000u64 {
+            let mut k = [0u8; 16];
+            k[8..].copy_from_slice(&n.to_le_bytes());
+            counts[placer.place(&LedgerKey(k)).first] += 1;
+        }
+        // 1,000 ids a bucket on average: within 15% everywhere.
+        assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{:?}", counts.iter().min().zip(counts.iter().max()));
     }
 
     #[test]

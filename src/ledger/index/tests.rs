@@ -186,6 +186,10 @@ fn an_overflowed_bucket_stays_unknown_after_a_doubling() {
     assert!(!refused.is_empty());
     let overflowed = index.overflowed_buckets();
     index.grow();
+    for n in &refused {
+        assert_eq!(probe(&index, *n), Probe::Unknown, "id {n}, before its bucket is split");
+    }
+    index.finish_growth();
     assert_eq!(index.overflowed_buckets(), 2 * overflowed);
     for n in refused {
         assert_eq!(probe(&index, n), Probe::Unknown, "id {n}");
@@ -200,6 +204,7 @@ fn a_table_stored_and_read_back_answers_alike() {
     index.grow();
     index.start(5);
     insert(&mut index, 50_000..90_000, 5);
+    index.finish_growth();
     let header = index.header();
     let table = index.table().to_vec();
     let mut back = IdIndex::from_parts(&header, index.geometry().0, |t| {
@@ -216,4 +221,33 @@ fn a_table_stored_and_read_back_answers_alike() {
     // A header of another size is refused.
     let other = Geometry { base: header.geometry.base + 1, ..header.geometry };
     assert!(IdIndex::from_parts(&header, other, |_| Ok(())).unwrap().is_none());
+}
+
+#[test]
+fn ids_stay_found_while_the_table_splits_a_few_buckets_at_a_time() {
+    let mut index = growing(2_000, 3);
+    index.start(1);
+    insert(&mut index, 0..30_000, 1);
+    for (round, tag) in [(0u64, 2u8), (1, 3), (2, 4)] {
+        index.grow();
+        index.start(tag);
+        let base = 100_000 * (round + 1);
+        let mut next = base;
+        // A few buckets split, some new ids in (splitting the buckets they need), all probed.
+        while !index.split_some(97) {
+            insert(&mut index, next..next + 50, tag);
+            next += 50;
+            for n in (0..30_000).step_by(13) {
+                assert!(maybe_in(probe(&index, n), 1), "id {n} lost in round {round}");
+            }
+            for n in (base..next).step_by(7) {
+                assert!(maybe_in(probe(&index, n), tag), "new id {n} lost in round {round}");
+            }
+        }
+        assert!(!index.growing());
+        for n in base..next {
+            assert!(maybe_in(probe(&index, n), tag), "new id {n} lost after round {round}");
+        }
+    }
+    assert_eq!(index.overflowed_buckets(), 0);
 }

@@ -248,14 +248,53 @@ pub fn wait_for_records(topic: &str, expected: usize, timeout: Duration) -> Vec<
     }
 }
 
-/// Watches a topic's high watermarks: when each partition last grew, and the longest time one
-/// stood still (under load spread over every partition, each one grows every second when all is
-/// well).
+/// Watches a topic's high watermarks: when each partition grew (under load spread over every
+/// partition, each one grows every second when all is well), from which how long each stood still.
 pub struct StallMeter {
     stop: Arc<AtomicBool>,
     moved: Arc<Mutex<HashMap<i32, Instant>>>,
     partitions: i32,
-    thread: std::thread::JoinHandle<Duration>,
+    thread: std::thread::JoinHandle<Growth>,
+}
+
+/// When each partition of a watched topic grew, from when the watch started until it stopped.
+pub struct Growth {
+    started: Instant,
+    stopped: Instant,
+    grew: HashMap<i32, Vec<Instant>>,
+}
+
+impl Growth {
+    /// The longest time one of the partitions not in `except` did not grow, from `from` (every
+    /// partition growing then) until the watch stopped.
+    pub fn longest_stall(&self, from: Instant, except: &[i32]) -> Duration {
+        let mut longest = Duration::ZERO;
+        for (p, times) in &self.grew {
+            if except.contains(p) {
+                continue;
+            }
+            let mut last = from.max(self.started);
+            for t in times.iter().filter(|t| **t > from).chain([&self.stopped]) {
+                longest = longest.max(t.duration_since(last));
+                last = *t;
+            }
+        }
+        longest
+    }
+
+    /// How long after `since` the last of the partitions in `of` grew again (all of them when
+    /// empty); `None` if one never did.
+    pub fn back_after(&self, since: Instant, of: &[i32]) -> Option<Duration> {
+        let mut slowest = Duration::ZERO;
+        for (p, times) in &self.grew {
+            if !of.is_empty() && !of.contains(p) {
+                continue;
+            }
+            let first = times.iter().find(|t| **t > since)?;
+            slowest = slowest.max(first.duration_since(since));
+        }
+        Some(slowest)
+    }
 }
 
 impl StallMeter {
@@ -268,19 +307,20 @@ impl StallMeter {
                 let consumer: BaseConsumer = client_config().create().expect("watermark client");
                 let mut last: HashMap<i32, i64> = HashMap::new();
                 let started = Instant::now();
-                let mut longest = Duration::ZERO;
+                let mut grew: HashMap<i32, Vec<Instant>> = (0..partitions).map(|p| (p, Vec::new())).collect();
                 while !stop.load(Ordering::Relaxed) {
                     for p in 0..partitions {
                         if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(1)) {
                             if last.insert(p, high).is_some_and(|before| high > before) {
-                                moved.lock().unwrap().insert(p, Instant::now());
+                                let now = Instant::now();
+                                moved.lock().unwrap().insert(p, now);
+                                grew.entry(p).or_default().push(now);
                             }
                         }
-                        longest = longest.max(moved.lock().unwrap().get(&p).unwrap_or(&started).elapsed());
                     }
                     std::thread::sleep(Duration::from_millis(250));
                 }
-                longest
+                Growth { started, stopped: Instant::now(), grew }
             })
         };
         Self { stop, moved, partitions, thread }
@@ -300,8 +340,8 @@ impl StallMeter {
         )
     }
 
-    /// Stops watching; the longest time one partition stood still.
-    pub fn finish(self) -> Duration {
+    /// Stops watching; when each partition grew.
+    pub fn finish(self) -> Growth {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().expect("the stall meter")
     }

@@ -23,9 +23,9 @@ use dedupe::retry::Backoff;
 
 use super::{exit, Coordinator, Stage};
 
-/// Waits before a partition is taken over again: 0.5, 1, 2, 4, 8 s for the retakes within ten
-/// minutes.
-const RETAKE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(8), 10);
+/// Waits before a partition is taken over again: 0.5, 1, 2, then 4 s for the retakes within ten
+/// minutes (while the brokers are down, each attempt also waits out its own client timeouts).
+const RETAKE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(4), 10);
 /// Retakes of one partition within ten minutes before the worker gives up.
 const MAX_RETAKES: usize = 10;
 /// A fence after a retake that followed a fence, within this long, is another writer's.
