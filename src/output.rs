@@ -98,13 +98,13 @@ pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
 }
 
 /// How long one blocking transactional call (a flush, sending the offsets, a commit, an abort)
-/// may take: half the transaction's timeout, between 10 s and 30 s. A call to a node that hangs
-/// fails after the clients' `socket.timeout.ms` (10 s by default here) and librdkafka asks the
-/// next leader or coordinator; the call's own timeout bounds the rest, so a partition stalled by
-/// a fault notices within seconds, aborts, and tries its batch again, well inside the
-/// transaction's timeout.
+/// may take: a sixth of the transaction's timeout, between 10 s and 15 s. A call to a node that
+/// hangs fails after the clients' `socket.timeout.ms` (10 s here) and librdkafka asks the next
+/// leader or coordinator; the call's own timeout bounds the rest, so a partition stalled by a
+/// fault aborts and tries its batch again, or (a commit) calls again, within seconds, well inside
+/// the transaction's timeout. The watchdog takes a call 5 s past this for hung.
 pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
-    Duration::from_millis(transaction_timeout_ms / 2).clamp(Duration::from_secs(10), Duration::from_secs(30))
+    Duration::from_millis(transaction_timeout_ms / 6).clamp(Duration::from_secs(10), Duration::from_secs(15))
 }
 
 /// Counts delivery results so a transaction knows where its output records and its changelog
@@ -390,10 +390,10 @@ mod tests {
     }
 
     #[test]
-    fn a_calls_timeout_is_half_the_transactions_within_bounds() {
-        assert_eq!(call_timeout(60_000), Duration::from_secs(30));
-        assert_eq!(call_timeout(40_000), Duration::from_secs(20));
+    fn a_calls_timeout_is_a_sixth_of_the_transactions_within_bounds() {
+        assert_eq!(call_timeout(60_000), Duration::from_secs(10));
+        assert_eq!(call_timeout(72_000), Duration::from_secs(12));
         assert_eq!(call_timeout(5_000), Duration::from_secs(10));
-        assert_eq!(call_timeout(900_000), Duration::from_secs(30));
+        assert_eq!(call_timeout(900_000), Duration::from_secs(15));
     }
 }

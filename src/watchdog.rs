@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 pub const STUCK_EXIT_CODE: i32 = 4;
 
 /// How long past its own timeout a call may take before it counts as hung.
-pub const GRACE: Duration = Duration::from_secs(10);
+pub const GRACE: Duration = Duration::from_secs(5);
 
 /// Takes over a hung call of `owner` (`call` is its name): true when it will recover without the
 /// process exiting.

@@ -8,7 +8,7 @@ use clap::Parser;
 use dedupe::config::Config;
 use dedupe_actors::cli::{
     BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, HandoffBenchArgs, IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs,
-    PipelineBenchArgs, RunArgs, VerifyArgs,
+    OpenBenchArgs, PipelineBenchArgs, RunArgs, VerifyArgs,
 };
 use dedupe_actors::actors::coordinator::RunOptions;
 use dedupe_actors::cli::tools;
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
         Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| bench_handoff(&args, &config)),
         Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| bench_pipeline(&args, &config)),
+        Command::Bench(BenchCommand::Open(args)) => with_config(&args.config, |config| bench_open(&args, &config)),
     }
 }
 
@@ -144,6 +145,31 @@ fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<Str
         ));
     }
     out.push_str(&serde_json::to_string(&result)?);
+    Ok(out)
+}
+
+/// `dedupe bench open`.
+fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
+    let tmp = tempfile::tempdir()?;
+    let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
+    let reports = dedupe::bench::sizes::run(&dedupe_actors::run::ledger_options(config), &args.ids, &dir)?;
+    let mut out = String::new();
+    if !args.json {
+        for r in &reports {
+            out.push_str(&format!(
+                "{} ids: first open {:.2} s ({} MB resident after), close {:.2} s, {} MB on disk ({} MB index file), reopen {:.2} s ({})\n",
+                r.ids,
+                r.first_open_secs,
+                r.rss_after_open_bytes >> 20,
+                r.close_secs,
+                r.disk_bytes >> 20,
+                r.index_file_bytes >> 20,
+                r.reopen_secs,
+                r.reopen_index
+            ));
+        }
+    }
+    out.push_str(&serde_json::to_string(&serde_json::json!({ "sizes": reports }))?);
     Ok(out)
 }
 

@@ -2,3 +2,4 @@
 
 pub mod ledger;
 pub mod segment_baseline;
+pub mod sizes;

@@ -58,13 +58,15 @@ impl Ledger {
             return Ok(());
         }
         if state.index.needs_growth(0) {
-            return self.grow_index(state, 0);
+            let target = state.index.level_for(0);
+            return self.grow_to(state, target);
         }
         let full_by_ids = self
             .options
             .seal_after_ids
             .is_some_and(|n| active.meta.ids >= n);
         if !full_by_ids
+            && !state.seal_requested
             && self.generation_bytes(state, active)? < self.options.generation_target_bytes()
         {
             return Ok(());
@@ -72,21 +74,31 @@ impl Ledger {
         self.seal_active(state, None)
     }
 
-    /// Grows the id index until `more` ids fit beside those it holds (see `index/`). Its entries
-    /// of a generation are all stored at one size, so the active generation is sealed first,
-    /// unless it holds nothing yet: then its tag simply starts again at the new size.
-    pub(super) fn grow_index(&self, state: &mut State, more: u64) -> Result<()> {
-        if !state.index.needs_growth(more) {
+    /// Grows the id index, if need be, so that a load of about `more` ids fits at its target load
+    /// (rather than within the margin the index grows at: a load's estimate has a margin of its
+    /// own, and the table's size is most of what filling it costs).
+    pub(super) fn make_room(&self, state: &mut State, more: u64) -> Result<()> {
+        let (geometry, level) = state.index.geometry();
+        let held = state.index.live_slots() + more;
+        let target = (level..=geometry.max_level).find(|&l| geometry.capacity(l) >= held).unwrap_or(geometry.max_level);
+        if target == level || state.index.growing() {
             return Ok(());
         }
+        self.grow_to(state, target)
+    }
+
+    /// Grows the id index to level `target`. Its entries of a generation are all stored at one
+    /// size (see `index/`), so the active generation is sealed first, unless it holds nothing
+    /// yet: then its tag simply starts again at the new size.
+    fn grow_to(&self, state: &mut State, target: u8) -> Result<()> {
         let Some(active) = state.generations.last() else {
             return Ok(());
         };
         if active.meta.ids > 0 || !state.pending.is_empty() || state.in_flight.is_some() {
-            return self.seal_active(state, Some(more));
+            return self.seal_active(state, Some(target));
         }
         let tag = IdIndex::tag(active.meta.id);
-        self.grow_table(state, more);
+        self.grow_table(state, target);
         // No id was recorded into it, so it has no slot to keep (a bulk load given up may have
         // left fingerprints: they go).
         state.index.forget(tag);
@@ -94,12 +106,11 @@ impl Ledger {
         Ok(())
     }
 
-    /// Doubles the id index until `more` ids fit (the active generation sealed or empty).
-    fn grow_table(&self, state: &mut State, more: u64) {
+    /// Doubles the id index up to level `target` (the active generation sealed or empty).
+    fn grow_table(&self, state: &mut State, target: u8) {
         // A background store of the index copies a table of the old size: it gives up.
         state.index_epoch += 1;
         let started = std::time::Instant::now();
-        let target = state.index.level_for(more);
         while state.index.geometry().1 < target {
             // A doubling right after another: the other's buckets are split first (`grow` does).
             state.index.grow();
@@ -116,10 +127,11 @@ impl Ledger {
         );
     }
 
-    /// Seals the active generation (growing the id index for `grow` more ids first, if given),
+    /// Seals the active generation (growing the id index to level `grow` first, if given),
     /// starts the next, forgets the oldest generations while the rest exceed the budget, and
     /// stores the index.
-    fn seal_active(&self, state: &mut State, grow: Option<u64>) -> Result<()> {
+    fn seal_active(&self, state: &mut State, grow: Option<u8>) -> Result<()> {
+        state.seal_requested = false;
         // The sealed generation's buffered ids go in before it is sealed.
         self.commit_pending(state)?;
         let Some(active) = state.generations.last() else {
@@ -139,8 +151,8 @@ impl Ledger {
             }
             None => return Ok(()),
         };
-        if let Some(more) = grow {
-            self.grow_table(state, more);
+        if let Some(target) = grow {
+            self.grow_table(state, target);
         }
         self.start_generation(state)?;
         // Flush without waiting (all column families together, so NoWal stays a consistent

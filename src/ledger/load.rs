@@ -8,9 +8,9 @@
 //! - puts each id's fingerprint in the id index as it arrives, on a thread of its own (the index
 //!   made room for the load first: it cannot grow while the load runs), taking the ledger's lock
 //!   once per call of [`Load::add`];
-//! - collects the ids in runs of [`RUN_IDS`], each sorted and written as one SST file (with a
-//!   bloom filter, uncompressed: see `tuning.rs`) by a thread of its own while the next run fills,
-//!   two runs at a time;
+//! - collects the ids in runs of [`RUN_IDS`], each sorted and written as one SST file
+//!   (uncompressed, without a filter: see `tuning.rs`) by a thread of its own while the next run
+//!   fills, two runs at a time;
 //! - and, in [`Load::finish`], ingests every run together with the next regular commit (the id
 //!   buffer's file and its commit record) in one `ingest_external_file` call.
 //!
@@ -26,7 +26,9 @@
 //!   index file stored before it no longer vouches for the generation the ids went into.
 //! - **One generation.** The ids go into the active generation, which a load pins: it is not
 //!   sealed while a load into it is under way (the fingerprints name it), so it may grow past its
-//!   target by what the pipeline records meanwhile; it is sealed as usual once the load is in.
+//!   target by what the pipeline records meanwhile; it is sealed as usual once the load is in, and
+//!   at once after a load of more than [`SEAL_AFTER_RUNS`] runs, so that it is compacted into one
+//!   sorted run.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -43,9 +45,13 @@ use super::{Ledger, LedgerError, PartitionSpan, Result, State};
 use crate::identity::LedgerKey;
 use crate::Partition;
 
-/// Ids collected before they are sorted and written as one run: 4M ids, about 100 MB of memory
+/// Ids collected before they are sorted and written as one run: 8M ids, about 200 MB of memory
 /// (three runs at most per load: one filling, two being written).
-pub const RUN_IDS: usize = 4 << 20;
+pub const RUN_IDS: usize = 8 << 20;
+
+/// A load of more runs than this has its generation sealed once it is in: the runs carry no
+/// filter, so until the generation is compacted a lookup that reaches it reads a block of each.
+const SEAL_AFTER_RUNS: usize = 3;
 
 /// Runs written at once: sorting and writing a run costs about 150 ns per id, more than the rest
 /// of a load together, so two writers keep up with the changelog on two cores.
@@ -166,7 +172,7 @@ impl Load<'_> {
             let mut state = self.ledger.lock();
             if state.loads == 0 {
                 let room = state.reserved + expected_ids;
-                self.ledger.grow_index(&mut state, room)?;
+                self.ledger.make_room(&mut state, room)?;
             }
             let Some(active) = state.generations.last() else {
                 return Err(LedgerError::CorruptMetadata { what: "the ledger has no active generation".into() });
@@ -251,6 +257,10 @@ impl Load<'_> {
         };
         self.ledger.commit_load(runs)?;
         self.times.commit_secs = started.elapsed().as_secs_f64();
+        if self.times.runs > SEAL_AFTER_RUNS {
+            // Sealed when the load lets go of it (in `drop`, just after).
+            self.ledger.lock().seal_requested = true;
+        }
         Ok((self.ids, self.times))
     }
 

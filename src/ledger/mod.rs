@@ -234,6 +234,8 @@ struct State {
     loads: u32,
     /// Ids the loads under way said they bring: room the id index keeps for them.
     reserved: u64,
+    /// Seal the active generation at the next chance, full or not (after a large bulk load).
+    seal_requested: bool,
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;

@@ -340,6 +340,7 @@ fn empty_state() -> State {
         index_epoch: 0,
         loads: 0,
         reserved: 0,
+        seal_requested: false,
     }
 }
 

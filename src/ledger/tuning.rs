@@ -48,12 +48,22 @@ pub(super) fn ingest_file_options(options: &LedgerOptions, cache: &Cache) -> Opt
     generation_options(options, cache, false)
 }
 
-/// Options of a bulk load's runs (`load.rs`): the generation's table format with a bloom filter,
-/// uncompressed. Compressing them took ZSTD 100-150 ns per id, as long as writing them
-/// uncompressed, on the path that holds a moved partition back; uncompressed they take about 29
-/// bytes per id instead of 20 until their generation's compaction at seal rewrites them.
+/// Options of a bulk load's runs (`load.rs`): the generation's table format, uncompressed and
+/// without a filter. Measured loading 50M ids on the project's machine: 10.3 s with a bloom filter
+/// and uncompressed runs, 6.8 s without the filter; ZSTD took 100-150 ns per id more, as much as
+/// writing the run uncompressed. Without a filter, a lookup that reaches the generation reads a
+/// block of each run that may hold the id, so a load of more than a few runs has its generation
+/// sealed once it is in, which compacts it into one sorted run (`load.rs`). Uncompressed, the runs
+/// take about 29 bytes per id instead of 18 until then.
 pub(super) fn load_run_options(options: &LedgerOptions, cache: &Cache) -> Options {
     let mut run = generation_options(options, cache, false);
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    table.set_cache_index_and_filter_blocks(false);
+    table.set_block_size(16 << 10);
+    table.set_format_version(6);
+    table.set_block_restart_interval(options.block_restart_interval);
+    run.set_block_based_table_factory(&table);
     run.set_compression_type(DBCompressionType::None);
     run.set_bottommost_compression_type(DBCompressionType::None);
     run

@@ -77,6 +77,25 @@ pub enum BenchCommand {
     /// A partition moving between two workers (consumer group): how long until the new owner
     /// publishes, and until its window is back.
     Handoff(HandoffBenchArgs),
+    /// What a ledger costs at given numbers of ids with the configured options (the service's
+    /// defaults): first open, memory, close, files on disk, reopen.
+    Open(OpenBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OpenBenchArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The numbers of ids, one ledger each, in this order (the first one's memory is the
+    /// process's alone).
+    #[arg(long, value_delimiter = ',', default_value = "0,10000000")]
+    pub ids: Vec<u64>,
+    /// Where the ledgers go (default: a temporary directory).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Print only the final JSON line on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

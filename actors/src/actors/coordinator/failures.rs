@@ -27,6 +27,8 @@ impl Handler<PartitionStopped> for Coordinator {
 
     fn handle(&mut self, msg: PartitionStopped, ctx: &mut Self::Context) {
         let p = msg.partition;
+        // A pipeline left behind in a hung call has let go of its thread.
+        self.abandoned.remove(&msg.epoch);
         let owner = self.running.as_ref().and_then(|r| r.owned.get(&p)).filter(|o| o.epoch == msg.epoch);
         let stopping = owner.is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
         let current = owner.is_some();

@@ -179,8 +179,8 @@ pub struct Coordinator {
     retakes: HashMap<i32, Vec<Instant>>,
     /// When a partition's producer was last fenced.
     fenced_at: Option<Instant>,
-    /// Hung client calls left to their threads.
-    abandoned: usize,
+    /// The take-over epochs of pipelines left behind in a hung client call, until they end.
+    abandoned: std::collections::HashSet<u64>,
     /// A restart of the pipeline is scheduled: further failures (of the pipelines it tears down)
     /// are covered by it.
     restart_pending: bool,
@@ -229,7 +229,7 @@ impl Coordinator {
             restarts: Vec::new(),
             retakes: HashMap::new(),
             fenced_at: None,
-            abandoned: 0,
+            abandoned: std::collections::HashSet::new(),
             restart_pending: false,
             shutting_down: false,
             exit_when_revoked: None,

@@ -33,7 +33,8 @@ const FENCE_MEMORY: Duration = Duration::from_secs(300);
 /// In group mode, how long a fenced partition waits before it is taken over again: long enough
 /// for the group to tell a worker that lost the partition (a frozen one, woken up) that it did.
 const GROUP_FENCE_WAIT: Duration = Duration::from_secs(5);
-/// Hung client calls left to their threads before the worker exits instead.
+/// Hung client calls left to their threads (and not returned since) before the worker exits
+/// instead.
 const MAX_ABANDONED: usize = 3;
 
 /// Why a partition is taken over again.
@@ -58,9 +59,11 @@ impl Coordinator {
             return false;
         }
         if why == Retake::Hung {
-            self.abandoned += 1;
-            if self.abandoned > MAX_ABANDONED {
-                tracing::error!(abandoned = self.abandoned, "Too many hung client calls hold their threads; exiting so that a restart recovers.");
+            if let Some(epoch) = self.running.as_ref().and_then(|r| r.owned.get(&p)).map(|o| o.epoch) {
+                self.abandoned.insert(epoch);
+            }
+            if self.abandoned.len() > MAX_ABANDONED {
+                tracing::error!(abandoned = self.abandoned.len(), "Too many hung client calls hold their threads; exiting so that a restart recovers.");
                 self.teardown();
                 System::current().stop_with_code(exit::STUCK);
                 return false;
