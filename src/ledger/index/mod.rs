@@ -296,13 +296,38 @@ impl IdIndex {
         self.store(place, tag, false)
     }
 
-    /// Like [`IdIndex::insert`], unless a slot of either bucket already holds the id's
-    /// fingerprint with `tag`: for loads in bulk, which may meet an id twice (a changelog that
-    /// holds an id again after it left an earlier owner's window, a load that a crash interrupted
-    /// and that runs again). The index only ever says "perhaps in this generation", so one slot
-    /// answers for every id of the generation with that fingerprint there.
-    pub(crate) fn insert_once(&mut self, place: &Place, tag: u8) -> bool {
-        self.store(place, tag, true)
+    /// Stores `place`'s fingerprint with `tag` for a bulk load, which inserts in the order of
+    /// first buckets: the id goes into its first bucket when that has room, without reading the
+    /// second, so the table is walked from one end to the other; only an id whose first bucket is
+    /// full reads both and goes to the emptier. Lookups read both buckets either way. A load may
+    /// meet an id twice (a changelog that holds an id again after it left an earlier owner's
+    /// window, a load that a crash interrupted and that runs again): a bucket that already holds
+    /// the fingerprint with `tag` takes no second slot, since the index only ever says "perhaps in
+    /// this generation".
+    pub(crate) fn insert_bulk(&mut self, place: &Place, tag: u8) -> bool {
+        debug_assert_eq!(self.level_of[usize::from(tag)], self.level, "insert into a tag of another level");
+        let first = self.bucket_for_insert(place.choices[0]);
+        let f = fingerprint(place.choices[0], self.level);
+        match self.scan(first, Some((tag, f))) {
+            None => true,
+            Some(BucketScan { free: Some(i), .. }) => {
+                self.put(first, i, tag, f);
+                true
+            }
+            Some(BucketScan { free: None, .. }) => self.store(place, tag, true),
+        }
+    }
+
+    /// Writes `tag` and `f` into slot `i` of bucket `b`.
+    fn put(&mut self, b: usize, i: usize, tag: u8, f: u16) {
+        let bucket = self.bucket_mut(b);
+        let (old_tag, old_fingerprint) = Self::slot(bucket, i);
+        let [lo, hi] = f.to_le_bytes();
+        bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES].copy_from_slice(&[tag, lo, hi]);
+        if old_fingerprint != 0 {
+            self.slots_by_tag[usize::from(old_tag)] -= 1;
+        }
+        self.slots_by_tag[usize::from(tag)] += 1;
     }
 
     fn store(&mut self, place: &Place, tag: u8, once: bool) -> bool {
@@ -330,14 +355,7 @@ impl IdIndex {
             }
             return false;
         };
-        let bucket = self.bucket_mut(target);
-        let (old_tag, old_fingerprint) = Self::slot(bucket, i);
-        let [lo, hi] = f.to_le_bytes();
-        bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES].copy_from_slice(&[tag, lo, hi]);
-        if old_fingerprint != 0 {
-            self.slots_by_tag[usize::from(old_tag)] -= 1;
-        }
-        self.slots_by_tag[usize::from(tag)] += 1;
+        self.put(target, i, tag, f);
         true
     }
 

@@ -103,18 +103,18 @@ fn a_full_table_overflows_into_unknown_answers_never_absent_ones() {
 }
 
 #[test]
-fn an_id_inserted_once_takes_one_slot_however_often_it_comes() {
+fn an_id_loaded_again_takes_no_second_slot() {
     let mut index = table(100_000, 0);
     index.start(2);
     for _ in 0..3 {
         for n in 0..1_000 {
-            assert!(index.insert_once(&index.place(&key(n)), 2));
+            assert!(index.insert_bulk(&index.place(&key(n)), 2));
         }
     }
     assert_eq!(index.live_slots(), 1_000);
     // Another generation's tag takes its own slot.
     index.start(3);
-    assert!(index.insert_once(&index.place(&key(1)), 3));
+    assert!(index.insert_bulk(&index.place(&key(1)), 3));
     assert_eq!(index.live_slots(), 1_001);
     assert!(maybe_in(probe(&index, 1), 2) && maybe_in(probe(&index, 1), 3));
 }
@@ -250,4 +250,21 @@ fn ids_stay_found_while_the_table_splits_a_few_buckets_at_a_time() {
         }
     }
     assert_eq!(index.overflowed_buckets(), 0);
+}
+
+#[test]
+fn ids_loaded_in_bulk_in_bucket_order_are_all_found_and_a_full_table_answers_unknown() {
+    let mut index = IdIndex::new(Geometry { base: 1_000, max_level: 0 }, 0, 7);
+    index.start(1);
+    let mut places: Vec<(u64, Place)> = (0..21_000u64).map(|n| (n, index.place(&key(n)))).collect();
+    places.sort_unstable_by_key(|(_, p)| p.first);
+    let refused: Vec<u64> = places.iter().filter(|(_, p)| !index.insert_bulk(p, 1)).map(|(n, _)| *n).collect();
+    // 21 ids a bucket on average into 21 slots: some buckets and their second choices fill up.
+    assert!(!refused.is_empty(), "the table was meant to be over full");
+    for (n, _) in &places {
+        assert!(maybe_in(probe(&index, *n), 1), "id {n} lost");
+    }
+    for n in refused {
+        assert_eq!(probe(&index, n), Probe::Unknown, "id {n}");
+    }
 }
