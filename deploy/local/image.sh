@@ -106,6 +106,11 @@ compose() {
   files=(-p "$project" -f deploy/compose.yaml -f deploy/compose.podman.yaml)
   local services=(kafka topics worker ingest prometheus)
   trap 'CONTAINERS_CONF=$conf podman-compose "${files[@]}" down -v >/dev/null 2>&1 || true' EXIT
+  # A network left by an earlier run keeps the plugins it was made with; made anew, it resolves
+  # the services' names when the dnsname plugin is installed.
+  podman network rm -f "${project}_default" >/dev/null 2>&1 || true
+  [ -x /usr/lib/cni/dnsname ] || [ "$(podman info --format '{{.Host.NetworkBackend}}')" = netavark ] \
+    || die "podman's networks resolve no names here: install golang-github-containernetworking-plugin-dnsname (deploy/local/install-deps.sh)"
   CONTAINERS_CONF=$conf podman-compose "${files[@]}" up -d "${services[@]}" >"$cache/compose-up.log" 2>&1 \
     || { tail -n 30 "$cache/compose-up.log" >&2; die "podman-compose up failed (its log: $cache/compose-up.log)"; }
   local started=$SECONDS rules targets
