@@ -105,6 +105,7 @@ pub const SNAPSHOT_FAILURES: &str = "dedupe_snapshot_failures_total";
 pub const INGEST_REQUESTS: &str = "dedupe_ingest_requests_total";
 pub const INGEST_EVENTS: &str = "dedupe_ingest_events_total";
 pub const INGEST_REJECTED: &str = "dedupe_ingest_rejected_total";
+pub const INGEST_ASSIGNED_IDS: &str = "dedupe_ingest_assigned_ids_total";
 pub const INGEST_REQUEST_SECONDS: &str = "dedupe_ingest_request_seconds";
 pub const INGEST_IN_FLIGHT: &str = "dedupe_ingest_requests_in_flight";
 pub const INGEST_BODY_READS: &str = "dedupe_ingest_body_reads";
@@ -115,6 +116,7 @@ pub const LABEL_STATUS: &str = "status";
 pub const LABEL_TYPE: &str = "type";
 /// Label of [`INGEST_BODY_READS`], and its values: a known key in the `Authorization` header, or none.
 pub const LABEL_KEY: &str = "key";
+pub const LABEL_ORIGIN: &str = "origin";
 pub const KEY_KEYED: &str = "keyed";
 pub const KEY_KEYLESS: &str = "keyless";
 /// Value of [`LABEL_REASON`] on [`INGEST_REJECTED`]: a settings request whose `Host` header cannot
@@ -190,6 +192,7 @@ pub const ALL: &[Metric] = &[
     m(SNAPSHOT_FAILURES, Counter, None, &[LABEL_STAGE], "Failed snapshots, by stage (checkpoint, hook, prune)."),
     m(INGEST_REQUESTS, Counter, None, &[LABEL_ENDPOINT, LABEL_STATUS], "HTTP requests to the tracking API by endpoint and status code."),
     m(INGEST_EVENTS, Counter, None, &[LABEL_TYPE], "Events accepted and acknowledged by Kafka, by type."),
+    m(INGEST_ASSIGNED_IDS, Counter, None, &[LABEL_ORIGIN], "Accepted events sent without a messageId, by the id they got: derived (from their content and the client's timestamp; a retry gets the same one) or random."),
     m(INGEST_REJECTED, Counter, None, &[LABEL_REASON], "Requests refused whole, and invalid events (each dead-lettered, or refused with its request), by reason."),
     m(INGEST_IN_FLIGHT, Gauge, None, &[], "Requests being decoded and produced now (their bodies have arrived); at most ingest.max_in_flight_requests."),
     m(INGEST_BODY_READS, Gauge, None, &[LABEL_KEY], "Requests whose bodies are arriving now, keyed (a known key in the Authorization header) or keyless."),

@@ -11,6 +11,9 @@ mod browser;
 // Segment's libraries sending a batch with one invalid event.
 #[path = "ingest/clients.rs"]
 mod clients;
+// Events without a `messageId`: derived ids, so a retry is dropped.
+#[path = "ingest/ids.rs"]
+mod ids;
 #[path = "ingest/limits.rs"]
 mod limits;
 // Segment's server libraries that post to `/v1/import`: analytics-java.
@@ -109,7 +112,7 @@ fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
     let ingest = start_ingest(&brokers(), &topic.name, &[]);
     ingest.wait_ready(200);
 
-    // Forty messages: even ones carry their own messageId, odd ones get one assigned.
+    // Forty messages: even ones carry their own messageId, odd ones get one from the service.
     let n = 40;
     let batch: Vec<Value> = (0..n)
         .map(|i| {
@@ -144,12 +147,15 @@ fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
         assert_eq!(String::from_utf8(key.clone()).unwrap(), format!("web:{id}"));
         assert_eq!(rec.partition, java_partition(&key, 4), "key {id} is not on the murmur2 partition");
         partitions.insert(rec.partition);
-        // Client ids are kept; the others got a UUIDv4.
+        // Client ids are kept; the others, which carry the client's timestamp, got one derived
+        // from their content (a version-8 UUID, marked by a header).
         let i = value["properties"]["i"].as_u64().unwrap();
         if i.is_multiple_of(2) {
             assert_eq!(id, format!("m-{i}"));
+            assert_eq!(header(rec, "dedupe-message-id"), None);
         } else {
-            assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 4);
+            assert_eq!(uuid::Uuid::parse_str(&id).unwrap().get_version_num(), 8);
+            assert_eq!(header(rec, "dedupe-message-id"), Some("derived"));
         }
         ids.insert(id);
         // The shared context is merged under the message's own fields; times are kept as sent.
@@ -158,8 +164,10 @@ fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
         assert_eq!(value["timestamp"], "2024-01-01T00:00:00.000Z");
         assert!(value["receivedAt"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 24), "{value}");
         assert!(value.get("writeKey").is_none());
-        // The source header, and the receive time as the record's timestamp.
-        assert_eq!(rec.headers, vec![("dedupe-source".to_string(), Some(b"web".to_vec()))]);
+        // The source header (and the id's mark, above), and the receive time as the record's
+        // timestamp.
+        assert_eq!(rec.headers[0], ("dedupe-source".to_string(), Some(b"web".to_vec())));
+        assert_eq!(rec.headers.len(), 1 + usize::from(!i.is_multiple_of(2)));
         let ts = rec.timestamp.expect("a record timestamp");
         assert!(ts >= before - 1 && ts <= after + 1, "timestamp {ts} not within the request ({before}..{after})");
     }

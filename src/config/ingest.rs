@@ -70,6 +70,21 @@ pub struct IngestConfig {
     /// document (`GET /v1/projects/<writeKey>/settings`) points the library at. Unset: the
     /// request's own `Host` header, over http.
     pub public_url: Option<String>,
+    /// What an event sent without a `messageId` gets. `derive`: when it carries the client's own
+    /// `timestamp`, an id derived from its content (docs/tracking-api.md lists the fields), so a
+    /// retry of the same request gets the same id and the worker drops it; without one, a random
+    /// UUIDv4. `random`: always a random UUIDv4 (every retry of an id-less event is published).
+    pub missing_message_id: MissingMessageId,
+}
+
+/// What `ingest.missing_message_id` asks for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum MissingMessageId {
+    /// Derived from the event's content when it has the client's `timestamp`, else random.
+    Derive,
+    /// Always a random UUIDv4.
+    Random,
 }
 
 /// What `ingest.on_invalid_event` asks for.
@@ -145,6 +160,8 @@ impl Default for IngestConfig {
             rate_limit_events_per_sec: 0,
             rate_limit_burst_events: 0,
             public_url: None,
+            // The retry of an id-less event is the seed's lost response too.
+            missing_message_id: MissingMessageId::Derive,
         }
     }
 }

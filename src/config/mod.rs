@@ -31,7 +31,7 @@ mod units;
 mod validate;
 mod worker;
 
-pub use ingest::{IngestConfig, OnInvalidEvent};
+pub use ingest::{IngestConfig, MissingMessageId, OnInvalidEvent};
 pub use kafka::{is_secret_property, KafkaConfig, SecurityProtocol};
 pub use ledger::LedgerConfig;
 pub use secret::{Secret, SecretMatcher};

@@ -196,6 +196,17 @@ fn sasl_needs_its_mechanism_user_and_password_and_a_ca_file_must_be_readable() {
 }
 
 #[test]
+fn an_id_less_events_id_is_derived_unless_told_otherwise() {
+    assert_eq!(load_str("", &[]).unwrap().ingest.missing_message_id, MissingMessageId::Derive);
+    let c = load_str("[ingest]\nmissing_message_id = \"random\"\n", &[]).unwrap();
+    assert_eq!(c.ingest.missing_message_id, MissingMessageId::Random);
+    let c = load_str("", &[("DEDUPE_INGEST_MISSING_MESSAGE_ID", "random")]).unwrap();
+    assert_eq!(c.ingest.missing_message_id, MissingMessageId::Random);
+    let e = load_str("[ingest]\nmissing_message_id = \"hash\"\n", &[]).unwrap_err().to_string();
+    assert!(e.contains("ingest.missing_message_id") && e.contains("derive"), "{e}");
+}
+
+#[test]
 fn browser_settings_are_checked_naming_the_key() {
     // Good: origins with and without a port, the wildcard, a rate with its burst, a public URL;
     // and an origin list through the environment, in TOML's array syntax.

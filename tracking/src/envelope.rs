@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use serde_json::value::RawValue;
 
-use super::event::{Making, Message, Refused, Shared};
+use super::event::{Making, Message, MessageIds, Refused, Shared};
 use super::json::{self, check_strict, Fields};
 use super::{rfc3339_millis, Endpoint, Location, Rejection, MAX_BATCH_EVENTS, MAX_MERGED_BYTES, MAX_REQUEST_BYTES};
 
@@ -78,12 +78,12 @@ impl<'a> Envelope<'a> {
     /// returned with its problem, never costing the others. Only what concerns the whole request
     /// refuses it: a batch that is not an array, empty or over the limits, or shared fields that
     /// are not valid JSON.
-    pub fn into_events(self, received_at: SystemTime) -> Result<Events, Rejection> {
+    pub fn into_events(self, received_at: SystemTime, ids: MessageIds<'_>) -> Result<Events, Rejection> {
         let received_at = format!("\"{}\"", rfc3339_millis(received_at));
         let mut events = Events::default();
         match self.endpoint {
             Endpoint::Single(event_type) => {
-                let making = Making { received_at: &received_at, path_type: Some(event_type), shared: &Shared::default() };
+                let making = Making { received_at: &received_at, path_type: Some(event_type), shared: &Shared::default(), ids };
                 match making.make(Location(None), self.text) {
                     Ok(m) => events.messages.push(m),
                     Err(r) => events.refused.push(r),
@@ -114,7 +114,7 @@ impl<'a> Envelope<'a> {
                 if merged > MAX_MERGED_BYTES {
                     return Err(Rejection::MergedBatchTooLarge { bytes: merged });
                 }
-                let making = Making { received_at: &received_at, path_type: None, shared: &shared };
+                let making = Making { received_at: &received_at, path_type: None, shared: &shared, ids };
                 events.messages.reserve(items.len());
                 for (i, item) in items.into_iter().enumerate() {
                     match making.make(Location(Some(i)), item.get()) {

@@ -3,7 +3,8 @@
 //!
 //! The record is the client's JSON for the event, every value as the bytes sent, in the order
 //! sent, with only what this service changes: `writeKey` removed (a secret), `messageId` added
-//! when missing or `null`, `receivedAt` set, `type` set from the path on a single-event route,
+//! when missing or `null` (derived from the event's content when it has the client's `timestamp`,
+//! see [`crate::derived_id`]; else random), `receivedAt` set, `type` set from the path on a single-event route,
 //! and a batch's shared `context`, `integrations` (deep-merged, the event's own values winning)
 //! and `sentAt` added where the event lacks them. The same event makes the same record on every
 //! route.
@@ -13,6 +14,7 @@ use std::fmt;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::derived_id::derived_message_id;
 use super::json::{self, check_strict, is_duplicate_key, Fields};
 use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES};
 
@@ -69,8 +71,10 @@ impl Problem {
 /// One event ready for Kafka.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
-    /// The client's `messageId`, or a UUIDv4 assigned here.
+    /// The client's `messageId`, or one this service gave it.
     pub message_id: String,
+    /// Where `message_id` came from.
+    pub id_origin: IdOrigin,
     pub event_type: EventType,
     /// The record's value: the event as sent, with the changes the module doc lists.
     pub value: Vec<u8>,
@@ -110,6 +114,45 @@ impl Shared<'_> {
     }
 }
 
+/// Where an event's `messageId` came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdOrigin {
+    /// The client's own.
+    Client,
+    /// Derived from the event's content (see [`crate::derived_id`]).
+    Derived,
+    /// A random UUIDv4: the event had no id, and none could be derived.
+    Random,
+}
+
+impl IdOrigin {
+    /// The `origin` label of the front door's id counter.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Derived => "derived",
+            Self::Random => "random",
+        }
+    }
+}
+
+/// What an event sent without a `messageId` gets (`ingest.missing_message_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingId {
+    /// An id derived from its content when it has the client's `timestamp`, else a random one.
+    Derive,
+    /// Always a random UUIDv4.
+    Random,
+}
+
+/// How a request's events without a `messageId` get one: the source they count under, and the
+/// policy.
+#[derive(Debug, Clone, Copy)]
+pub struct MessageIds<'a> {
+    pub source: &'a str,
+    pub missing: MissingId,
+}
+
 /// What every event of a request is made with.
 pub struct Making<'a> {
     /// `receivedAt` as JSON text (a quoted string).
@@ -117,6 +160,7 @@ pub struct Making<'a> {
     /// The type the path gives, on a single-event route.
     pub path_type: Option<EventType>,
     pub shared: &'a Shared<'a>,
+    pub ids: MessageIds<'a>,
 }
 
 /// The fields validation reads, as parsed values (each small).
@@ -139,16 +183,23 @@ impl Making<'_> {
         // The strict check refused a repeated key at every depth already.
         let fields = Fields::parse_repeated(raw).map_err(|e| refuse(problem_of(&e)))?;
         let read = self.read(&fields).map_err(&refuse)?;
-        let (message_id, assigned) = match read.message_id {
-            Some(id) => (id, false),
-            None => (uuid::Uuid::new_v4().to_string(), true),
+        let derived = || match self.ids.missing {
+            MissingId::Derive => derived_message_id(self.ids.source, read.event_type, &fields),
+            MissingId::Random => None,
         };
-        let value = self.record(&fields, raw.len(), read.event_type, assigned.then_some(message_id.as_str()))
-            .map_err(|e| refuse(problem_of(&e)))?;
+        let (message_id, id_origin) = match read.message_id {
+            Some(id) => (id, IdOrigin::Client),
+            None => match derived() {
+                Some(id) => (id, IdOrigin::Derived),
+                None => (uuid::Uuid::new_v4().to_string(), IdOrigin::Random),
+            },
+        };
+        let assigned = (id_origin != IdOrigin::Client).then_some(message_id.as_str());
+        let value = self.record(&fields, raw.len(), read.event_type, assigned).map_err(|e| refuse(problem_of(&e)))?;
         if value.len() > MAX_RECORD_BYTES {
             return Err(refuse(Problem::MergedTooLarge { bytes: value.len() }));
         }
-        Ok(Message { message_id, event_type: read.event_type, value })
+        Ok(Message { message_id, id_origin, event_type: read.event_type, value })
     }
 
     fn read(&self, fields: &Fields<'_>) -> Result<Read, Problem> {

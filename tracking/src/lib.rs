@@ -22,6 +22,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod derived_id;
 pub mod envelope;
 pub mod event;
 pub mod json;
@@ -34,7 +35,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use auth::{basic_auth_user, AuthError, WriteKeys, WriteKeysError, ENV_WRITE_KEYS};
 pub use body::{check_content_type, decode_body};
 pub use envelope::{Envelope, Events};
-pub use event::{valid_message_id, Message, Problem, Refused};
+pub use derived_id::{derived_message_id, is_derived};
+pub use event::{valid_message_id, IdOrigin, Message, MessageIds, MissingId, Problem, Refused};
 pub use settings::settings_document;
 
 /// Most bytes of one message as the client sent it (Segment's documented limit: 32 KB).
@@ -66,6 +68,9 @@ pub const MAX_MESSAGE_ID_BYTES: usize = 256;
 pub const MAX_SOURCE_BYTES: usize = 128;
 /// The record header naming the source a message came from (input and dead-letter records).
 pub const HEADER_SOURCE: &str = "dedupe-source";
+/// The header that marks a record whose `messageId` this service gave it: `derived` (from the
+/// event's content) or `random`. A record with the client's own id has none.
+pub const HEADER_MESSAGE_ID: &str = "dedupe-message-id";
 /// Dead-letter record headers: why the event was refused (a [`Problem::reason`] code), the
 /// sentence saying so, when the request arrived (RFC 3339, ms), the endpoint it was posted to
 /// (as in metric labels), and its place in a batch (absent for a single-event route).

@@ -21,7 +21,11 @@ fn at(ms: u64) -> SystemTime {
 }
 
 fn events(endpoint: &str, body: &str) -> Result<Events, Rejection> {
-    Envelope::parse(Endpoint::from_name(endpoint).unwrap(), body.as_bytes())?.into_events(at(0))
+    events_with(endpoint, body, MissingId::Derive)
+}
+
+fn events_with(endpoint: &str, body: &str, missing: MissingId) -> Result<Events, Rejection> {
+    Envelope::parse(Endpoint::from_name(endpoint).unwrap(), body.as_bytes())?.into_events(at(0), MessageIds { source: "web", missing })
 }
 
 /// The request's messages if every event is valid; else the first problem's reason.
@@ -119,9 +123,86 @@ fn single_message_takes_type_from_path_and_gets_id_and_received_at() {
         text(&m[0]),
         format!(r#"{{"userId":"u1","event":"Bought","type":"track","timestamp":"2020-01-01T00:00:00Z","messageId":"{id}","receivedAt":"1970-01-01T00:00:00.000Z"}}"#)
     );
-    // No messageId was sent, so a UUIDv4 is assigned.
-    assert_eq!(uuid::Uuid::parse_str(id).unwrap().get_version_num(), 4);
+    // No messageId was sent but the client's timestamp was: the id is derived from the event.
+    assert_eq!(m[0].id_origin, IdOrigin::Derived);
+    assert_eq!(uuid::Uuid::parse_str(id).unwrap().get_version_num(), 8);
 }
+
+/// The ids of the id-less events of a request, in order.
+fn ids_of(endpoint: &str, body: &str, missing: MissingId) -> Vec<(String, IdOrigin)> {
+    let events = events_with(endpoint, body, missing).unwrap();
+    assert!(events.refused.is_empty(), "{:?}", events.refused);
+    events.messages.into_iter().map(|m| (m.message_id, m.id_origin)).collect()
+}
+
+#[test]
+fn an_id_less_event_with_the_clients_timestamp_gets_the_same_id_each_time_it_is_sent() {
+    let event = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00.123Z","properties":{"sku":"a-1","price":9.5}}"#;
+    let first = ids_of("batch", &format!(r#"{{"batch":[{event}],"sentAt":"2026-12-03T10:00:01Z"}}"#), MissingId::Derive);
+    // The retry: sent later, with another sentAt, context and key order inside properties, on
+    // the single-event route.
+    let retry = r#"{"event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00.123Z","properties":{"price":9.5,"sku":"a-1"},"sentAt":"2026-12-03T10:05:00Z","context":{"library":{"name":"x"}}}"#;
+    let again = ids_of("track", retry, MissingId::Derive);
+    assert_eq!(first[0].1, IdOrigin::Derived);
+    assert_eq!(first, again);
+    assert!(is_derived(&first[0].0));
+    // The id depends on the source: another source's same event is another event.
+    let other = Envelope::parse(Endpoint::Batch, format!(r#"{{"batch":[{event}]}}"#).as_bytes())
+        .unwrap()
+        .into_events(at(0), MessageIds { source: "ios", missing: MissingId::Derive })
+        .unwrap();
+    assert_ne!(other.messages[0].message_id, first[0].0);
+}
+
+#[test]
+fn events_that_differ_in_what_ids_are_derived_from_get_different_ids() {
+    let base = r#"{"type":"track","event":"Bought","userId":"u1","anonymousId":"a1","timestamp":"2026-12-03T10:00:00.123Z","properties":{"sku":"a-1"}}"#;
+    let variants = [
+        base.to_string(),
+        base.replace("10:00:00.123Z", "10:00:00.124Z"),
+        base.replace(r#""event":"Bought""#, r#""event":"Viewed""#),
+        base.replace(r#""userId":"u1""#, r#""userId":"u2""#),
+        base.replace(r#""anonymousId":"a1""#, r#""anonymousId":"a2""#),
+        base.replace(r#""sku":"a-1""#, r#""sku":"a-2""#),
+        base.replace(r#""userId":"u1""#, r#""userId":1"#),
+        base.replace(r#""type":"track""#, r#""type":"page","name":"Bought""#),
+    ];
+    let body = format!(r#"{{"batch":[{}]}}"#, variants.join(","));
+    let ids = ids_of("batch", &body, MissingId::Derive);
+    let distinct: std::collections::HashSet<_> = ids.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(distinct.len(), variants.len(), "{ids:?}");
+    // A field the id is not made of changes nothing.
+    let same = ids_of("batch", &format!(r#"{{"batch":[{},{}]}}"#, base, base.replace(r#""type""#, r#""channel":"server","type""#)), MissingId::Derive);
+    assert_eq!(same[0], same[1]);
+}
+
+#[test]
+fn without_the_clients_timestamp_or_with_random_ids_an_id_less_event_gets_a_random_uuid() {
+    let no_timestamp = r#"{"type":"track","event":"Bought","userId":"u1"}"#;
+    let blank = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":""}"#;
+    let stamped = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00Z"}"#;
+    for (event, missing) in [(no_timestamp, MissingId::Derive), (blank, MissingId::Derive), (stamped, MissingId::Random)] {
+        let body = format!(r#"{{"batch":[{event},{event}]}}"#);
+        let ids = ids_of("batch", &body, missing);
+        assert!(ids.iter().all(|(id, origin)| *origin == IdOrigin::Random
+            && uuid::Uuid::parse_str(id).unwrap().get_version_num() == 4), "{ids:?}");
+        assert_ne!(ids[0].0, ids[1].0);
+    }
+    // The client's own id is kept as sent, whatever the policy.
+    let own = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00Z","messageId":"m-1"}"#;
+    assert_eq!(ids_of("track", own, MissingId::Derive), vec![("m-1".to_string(), IdOrigin::Client)]);
+}
+
+#[test]
+fn a_derived_id_is_pinned() {
+    // Part of what clients may rely on: the same event gets this id in every release.
+    let event = r#"{"type":"identify","userId":"u1","timestamp":"2026-12-03T10:00:00Z","traits":{"b":[1,{"y":2,"x":null}],"a":"é"}}"#;
+    let ids = ids_of("batch", &format!(r#"{{"batch":[{event}]}}"#), MissingId::Derive);
+    assert_eq!(ids[0].0, PINNED_DERIVED_ID);
+}
+
+/// Computed apart from this code, by the recipe docs/tracking-api.md gives (its Python lines).
+const PINNED_DERIVED_ID: &str = "e6ff708f-afe7-85bb-89fa-9702968e609c";
 
 #[test]
 fn numbers_strings_and_order_are_kept_as_sent_on_every_route() {

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use dedupe::config::Config;
 use dedupe_tracking::{
-    self as tracking, Endpoint, Events, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_REASON, HEADER_RECEIVED_AT, HEADER_SOURCE,
+    self as tracking, Endpoint, Events, IdOrigin, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_MESSAGE_ID, HEADER_REASON,
+    HEADER_RECEIVED_AT, HEADER_SOURCE,
 };
 use futures::channel::oneshot;
 use rdkafka::client::ClientContext;
@@ -169,7 +170,10 @@ impl Delivery {
         // them, which the worker removes (and the dead-letter topic keeps, keyed alike).
         for m in &events.messages {
             let key = tracking::record_key(source, &m.message_id);
-            let headers = OwnedHeaders::new_with_capacity(1).insert(Header { key: HEADER_SOURCE, value: Some(source) });
+            let mut headers = OwnedHeaders::new_with_capacity(2).insert(Header { key: HEADER_SOURCE, value: Some(source) });
+            if m.id_origin != IdOrigin::Client {
+                headers = headers.insert(Header { key: HEADER_MESSAGE_ID, value: Some(m.id_origin.as_str()) });
+            }
             let record = BaseRecord::with_opaque_to(&self.topic, Arc::clone(&acks))
                 .key(&key)
                 .payload(&m.value)

@@ -50,10 +50,12 @@ use std::time::{Duration, Instant, SystemTime};
 use actix_web::http::header::{ALLOW, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpRequest, HttpResponse};
-use dedupe::config::{Config, OnInvalidEvent};
+use dedupe::config::{Config, MissingMessageId, OnInvalidEvent};
 use dedupe::log_limit::{LogLimiter, LOG_INTERVAL};
 use dedupe_tracking::rate_limit::{Rate, RateLimited, RateLimiter};
-use dedupe_tracking::{self as tracking, Endpoint, Envelope, Events, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS};
+use dedupe_tracking::{
+    self as tracking, Endpoint, Envelope, Events, IdOrigin, MessageIds, MissingId, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS,
+};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use serde_json::json;
@@ -102,6 +104,8 @@ pub struct Ingest {
     in_flight: InFlight,
     body_reads: BodyReads,
     on_invalid_event: OnInvalidEvent,
+    /// What an event sent without a `messageId` gets (`ingest.missing_message_id`).
+    missing_id: MissingId,
     logs: LogLimiter,
     /// `ingest.public_url` split as the settings document wants it: (protocol, host and path).
     public_url: Option<(String, String)>,
@@ -165,6 +169,8 @@ impl Ingest {
         let outcome = match self.delivery.deliver(&source, endpoint, &events, tracking::unix_millis(received_at)).await {
             Ok(()) => Outcome::Accepted {
                 types: events.messages.iter().map(|m| m.event_type).collect(),
+                assigned: [IdOrigin::Derived, IdOrigin::Random]
+                    .map(|origin| events.messages.iter().filter(|m| m.id_origin == origin).count() as u64),
                 refused: events.refused.iter().map(RefusedEvent::from).collect(),
             },
             Err(e) => Outcome::Unavailable(e),
@@ -186,7 +192,8 @@ impl Ingest {
         let encoding = req.headers().get(CONTENT_ENCODING).map(|h| h.to_str().unwrap_or("unreadable").to_string());
         let keys = Arc::clone(&self.keys);
         let inline = raw.len() <= INLINE_BODY_BYTES;
-        let decode = move || decode_and_validate(endpoint, &raw, encoding.as_deref(), authorization.as_deref(), &keys, received_at);
+        let missing = self.missing_id;
+        let decode = move || decode_and_validate(endpoint, &raw, encoding.as_deref(), authorization.as_deref(), &keys, missing, received_at);
         if inline {
             return decode();
         }
@@ -205,6 +212,7 @@ fn decode_and_validate(
     encoding: Option<&str>,
     authorization: Option<&str>,
     keys: &WriteKeys,
+    missing: MissingId,
     received_at: SystemTime,
 ) -> Decoded {
     let body = tracking::decode_body(raw, encoding).map_err(|r| (Outcome::Rejected(r), None))?;
@@ -213,7 +221,7 @@ fn decode_and_validate(
         Ok(source) => source.to_string(),
         Err(e) => return Err((Outcome::Unauthorized(e), None)),
     };
-    match envelope.into_events(received_at) {
+    match envelope.into_events(received_at, MessageIds { source: &source, missing }) {
         Ok(events) => Ok((source, events)),
         Err(r) => Err((Outcome::Rejected(r), Some(source))),
     }
@@ -331,6 +339,10 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
         in_flight: InFlight::new(ingest_config.max_in_flight_requests),
         body_reads: BodyReads::new(ingest_config.keyless_body_reads(), ingest_config.keyless_body_reads_per_client()),
         on_invalid_event: ingest_config.on_invalid_event,
+        missing_id: match ingest_config.missing_message_id {
+            MissingMessageId::Derive => MissingId::Derive,
+            MissingMessageId::Random => MissingId::Random,
+        },
         logs: LogLimiter::new(LOG_INTERVAL),
         public_url: ingest_config.public_url.as_deref().and_then(settings::split_public_url),
     });

@@ -9,8 +9,8 @@ use actix_web::http::StatusCode;
 use actix_web::HttpResponse;
 use dedupe::log_limit::{LogLimiter, LogVerdict};
 use dedupe::metrics::{
-    INGEST_EVENTS, INGEST_LOG_SUPPRESSED, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS, LABEL_ENDPOINT,
-    LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
+    INGEST_ASSIGNED_IDS, INGEST_EVENTS, INGEST_LOG_SUPPRESSED, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS, LABEL_ENDPOINT,
+    LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
 };
 use dedupe_tracking::rate_limit;
 use dedupe_tracking::{AuthError, EventType, Refused, Rejection};
@@ -42,7 +42,8 @@ impl From<&Refused> for RefusedEvent {
 pub enum Outcome {
     /// Every event is in Kafka: the valid ones (these types) in the input topic, the refused
     /// ones in the dead-letter topic.
-    Accepted { types: Vec<EventType>, refused: Vec<RefusedEvent> },
+    /// `assigned`: how many of the events got a derived id, and how many a random one.
+    Accepted { types: Vec<EventType>, assigned: [u64; 2], refused: Vec<RefusedEvent> },
     /// The body cannot be read, or an event is invalid under `refuse-request`: nothing was
     /// produced.
     Rejected(Rejection),
@@ -193,7 +194,10 @@ impl RequestFinished<'_> {
         metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => self.endpoint, LABEL_STATUS => status_label(status)).increment(1);
         metrics::histogram!(INGEST_REQUEST_SECONDS, LABEL_ENDPOINT => self.endpoint).record(self.elapsed.as_secs_f64());
         let source = self.source.unwrap_or("-");
-        if let Outcome::Accepted { types, refused } = self.outcome {
+        if let Outcome::Accepted { types, assigned, refused } = self.outcome {
+            for (origin, n) in ["derived", "random"].into_iter().zip(*assigned).filter(|(_, n)| *n > 0) {
+                metrics::counter!(INGEST_ASSIGNED_IDS, LABEL_ORIGIN => origin).increment(n);
+            }
             // One counter update per type and per reason, not per event.
             let mut counts = [0u64; EventType::ALL.len()];
             for t in types {
@@ -282,7 +286,7 @@ mod tests {
     #[test]
     fn only_a_fully_acknowledged_request_is_200() {
         // Bad input is 400, a missing or unknown key 401, anything short of every ack 503.
-        let accepted = || Outcome::Accepted { types: vec![EventType::Track], refused: Vec::new() };
+        let accepted = || Outcome::Accepted { types: vec![EventType::Track], assigned: [0, 0], refused: Vec::new() };
         let cases = [
             (accepted(), 200, "accepted"),
             (Outcome::Rejected(Rejection::EmptyBatch), 400, "empty_batch"),
@@ -339,13 +343,13 @@ mod tests {
     async fn an_accepted_request_names_each_refused_event() {
         // Nothing refused: the answer Segment's libraries expect. Some refused: each named, so a
         // client that looks can tell which, and one that does not still sees success.
-        let (body, _) = body_of(&Outcome::Accepted { types: vec![EventType::Track], refused: Vec::new() }).await;
+        let (body, _) = body_of(&Outcome::Accepted { types: vec![EventType::Track], assigned: [0, 0], refused: Vec::new() }).await;
         assert_eq!(body, json!({ "success": true }));
         let refused = vec![
             RefusedEvent { index: Some(3), code: "missing_event", message: "batch[3]: a track message needs an `event` name".into() },
             RefusedEvent { index: None, code: "bad_message_id", message: "the message: ...".into() },
         ];
-        let (body, _) = body_of(&Outcome::Accepted { types: vec![EventType::Track], refused }).await;
+        let (body, _) = body_of(&Outcome::Accepted { types: vec![EventType::Track], assigned: [0, 0], refused }).await;
         assert_eq!(
             body,
             json!({ "success": true, "rejected": [
