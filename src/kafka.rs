@@ -20,6 +20,13 @@ use crate::config::KafkaConfig;
 /// when all is well. `kafka.properties` can set either.
 pub const SOCKET_TIMEOUT_MS: &str = "10000";
 
+/// How often a client looks up the leaders of the partitions it uses (librdkafka's default is
+/// five minutes). A node that hangs or is cut off answers nothing, not "not the leader", so a
+/// client learns that the cluster moved its leaderships elsewhere (about 9 s after the node went
+/// silent) only from a lookup: until then its records wait for the old leader. One small metadata
+/// request per client every 3 s. `kafka.properties` can set it.
+pub const METADATA_REFRESH_MS: &str = "3000";
+
 /// The base configuration of every Kafka client: brokers, security, timeouts, pass-through
 /// properties.
 pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
@@ -27,6 +34,7 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     cfg.set("bootstrap.servers", &kafka.brokers);
     cfg.set("socket.timeout.ms", SOCKET_TIMEOUT_MS);
     cfg.set("socket.connection.setup.timeout.ms", SOCKET_TIMEOUT_MS);
+    cfg.set("topic.metadata.refresh.interval.ms", METADATA_REFRESH_MS);
     cfg.set("security.protocol", kafka.security_protocol.as_librdkafka());
     if let Some(m) = &kafka.sasl_mechanism {
         cfg.set("sasl.mechanisms", m);

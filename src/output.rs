@@ -228,13 +228,22 @@ impl OutputWriter {
         let result = self.fill_and_commit(batch, group);
         match result {
             Ok(c) => Ok(c),
+            // A call that timed out waited on a node that answers nothing (hung, paused or cut
+            // off). This producer keeps asking that node (librdkafka looks up a transaction
+            // coordinator again only on an error, and a silent node gives none), so every retry
+            // would wait as long. A new producer looks everything up afresh, and fences this one
+            // and aborts its transaction as it starts.
+            Err(PublishError::Aborted { source }) if timed_out(&source) => Err(PublishError::Fatal { source }),
             Err(PublishError::Aborted { source }) => {
                 // Abort so the next batch starts clean; if even that fails the producer is unusable.
-                let _watched = crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
-                self.producer
-                    .abort_transaction(self.timeout)
-                    .map_err(|e| classify(e, &self.transactional_id))?;
-                Err(PublishError::Aborted { source })
+                let watched = crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
+                let aborted = self.producer.abort_transaction(self.timeout);
+                drop(watched);
+                match aborted {
+                    Ok(()) => Err(PublishError::Aborted { source }),
+                    Err(e) if timed_out(&e) => Err(PublishError::Fatal { source: e }),
+                    Err(e) => Err(classify(e, &self.transactional_id)),
+                }
             }
             Err(e) => Err(e),
         }
@@ -353,6 +362,11 @@ impl OutputWriter {
 /// Retries of a commit that timed out: at once (each call already waits up to the transaction
 /// timeout), five times.
 const COMMIT_RETRIES: Backoff = Backoff::new(Duration::ZERO, Duration::ZERO, 5);
+
+/// Whether a call gave up waiting for an answer (librdkafka's local timeout).
+fn timed_out(e: &KafkaError) -> bool {
+    matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::RequestTimedOut))
+}
 
 /// Sorts a transactional error into fenced / abortable / fatal.
 fn classify(e: KafkaError, transactional_id: &str) -> PublishError {

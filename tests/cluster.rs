@@ -116,6 +116,11 @@ impl Scenario {
                 growth.longest_stall(flowing, &[]).as_secs_f64()
             ),
         };
+        // What the worker said through the fault, for finding what held a stall.
+        if std::env::var_os("DEDUPE_CLUSTER_WORKER_LOG").is_some() {
+            let log = worker.worker.lock().unwrap().log_text();
+            eprintln!("worker log ({fault}):\n{}", log.lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n"));
+        }
         let distinct = load.distinct as usize;
         worker.wait_for_output(&output.name, distinct, Duration::from_secs(300));
         let exits = worker.finish();
@@ -218,13 +223,15 @@ fn a_node_cut_off_from_the_worker_past_its_timeouts() {
         let leaders: Vec<i32> = (0..PARTITIONS).filter_map(|p| c.leader(&s.output.name, p)).collect();
         leaders.iter().copied().find(|&n| Some(n) != group_coordinator).or(leaders.first().copied())
     });
-    // The partitions the cut leaves without a way to commit: the node leads their output or
-    // changelog partition, or coordinates their transactions or the group's offsets.
+    // The partitions the cut leaves without a way to go on: the node leads their input (nobody
+    // else serves its records), output or changelog partition, or coordinates their transactions
+    // or the group's offsets.
     let changelog = format!("{}.ids", s.output.name);
     let cut: Vec<i32> = (0..PARTITIONS)
         .filter(|&p| {
             let txn = dedupe::output::transactional_id(&s.output.name, p);
-            [c.leader(&s.output.name, p), c.leader(&changelog, p), c.transaction_coordinator(&txn), group_coordinator].contains(&Some(victim))
+            [c.leader(&s.input.name, p), c.leader(&s.output.name, p), c.leader(&changelog, p), c.transaction_coordinator(&txn), group_coordinator]
+                .contains(&Some(victim))
         })
         .collect();
     c.cut(victim);

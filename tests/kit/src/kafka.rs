@@ -304,7 +304,12 @@ impl StallMeter {
         let thread = {
             let (stop, moved, topic) = (stop.clone(), moved.clone(), topic.to_string());
             std::thread::spawn(move || {
-                let consumer: BaseConsumer = client_config().create().expect("watermark client");
+                // Leaders looked up every second: a client that asks a paused or cut-off node
+                // hears nothing back, not "not the leader", and would keep asking it, so the
+                // meter would see the output stall as long as the node does, however soon the
+                // worker writes to the partition's new leader.
+                let consumer: BaseConsumer =
+                    client_config().set("topic.metadata.refresh.interval.ms", "1000").create().expect("watermark client");
                 let mut last: HashMap<i32, i64> = HashMap::new();
                 let started = Instant::now();
                 let mut grew: HashMap<i32, Vec<Instant>> = (0..partitions).map(|p| (p, Vec::new())).collect();
