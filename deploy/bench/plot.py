@@ -33,13 +33,13 @@ def handoff(bench, out):
     ax.plot(t, [s["target_secs"] / 3600 for s in samples], "--", color="grey", label="A's window, aged since")
     ax.plot(t, [s["window_secs"] / 3600 for s in samples], color="tab:blue", label="B's window")
     ax.axvline(bench["handover_ready_secs"], color="tab:green", lw=0.8)
-    ax.annotate(f" first publish, {bench['handover_ready_secs']:.1f} s", (bench["handover_ready_secs"], 0), color="tab:green",
-                va="bottom", fontsize=8)
+    ax.annotate(f"first publish, {bench['handover_ready_secs']:.1f} s ", (bench["handover_ready_secs"], 0), color="tab:green",
+                va="bottom", ha="right", fontsize=8)
     ax.set_xlabel("seconds since B's assignment")
     ax.set_ylabel("window (hours)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"Moving a partition of {bench['ids']:,} ids between workers")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center left", fontsize=8)
     save(fig, out)
 
 

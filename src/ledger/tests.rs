@@ -619,6 +619,9 @@ struct Model {
     /// bucket; the older copy may sit in its second, or under an older generation's tag) until
     /// the older copy's generation ages out. Room, never an answer.
     loaded_again: HashMap<u64, u64>,
+    /// The earlier copies (generation, first-seen time) of ids a load recorded again, while
+    /// their generations live: a lookup may find either copy, and each is a true sighting.
+    earlier: HashMap<LedgerKey, Vec<(u64, i64)>>,
 }
 
 fn run_model(
@@ -695,8 +698,11 @@ impl Model {
         for ((k, t), verdict) in items.iter().zip(&verdicts) {
             let expected = match self.held.get(k) {
                 Some(&(gen, _, first)) => {
-                    let b = bases.get(&gen).copied().unwrap_or(base);
-                    Verdict::Duplicate { first_seen_ms: stored_first_seen_ms(b, first) }
+                    let seen = |gen: u64, first: i64| stored_first_seen_ms(bases.get(&gen).copied().unwrap_or(base), first);
+                    let earlier = self.earlier.get(k).into_iter().flatten().map(|&(g, f)| Verdict::Duplicate { first_seen_ms: seen(g, f) });
+                    let found = Verdict::Duplicate { first_seen_ms: seen(gen, first) };
+                    // The latest copy, or an earlier one a load left in place.
+                    if earlier.clone().any(|v| v == *verdict) { *verdict } else { found }
                 }
                 None => {
                     self.held.insert(*k, (active.meta.id, partition, *t));
@@ -719,8 +725,9 @@ impl Model {
         let into = ledger.generations().unwrap().last().unwrap().meta.id;
         load.finish(record, WindowFloor::Keep).unwrap();
         for (k, t) in items {
-            if self.held.insert(k, (into, partition, t)).is_some() {
+            if let Some((g, _, first)) = self.held.insert(k, (into, partition, t)) {
                 *self.loaded_again.entry(into).or_default() += 1;
+                self.earlier.entry(k).or_default().push((g, first));
             }
         }
         self.age(ledger, options)
@@ -737,6 +744,10 @@ impl Model {
         self.live = after;
         let live: HashSet<u64> = self.live.iter().copied().collect();
         self.loaded_again.retain(|g, _| live.contains(g));
+        for copies in self.earlier.values_mut() {
+            copies.retain(|(g, _)| live.contains(g));
+        }
+        self.earlier.retain(|_, copies| !copies.is_empty());
         let forgotten: Vec<_> = self.held.iter().filter(|(_, (g, _, _))| !live.contains(g)).map(|(k, v)| (*k, *v)).collect();
         for (k, (_, p, t)) in forgotten {
             self.held.remove(&k);
