@@ -10,11 +10,12 @@ set -euo pipefail
 # reads kcat's JSON), openssl (the test cluster's CA and certificate), iproute2 (its network namespace),
 # chromium (Segment's browser library in a real browser, tests/ingest/browser.rs), wrk (the tracking
 # API bench), podman with runc, debootstrap and podman-compose (the container image and its tests,
-# deploy/local/image.sh; the dnsname network plugin, a recommendation of podman that
-# --no-install-recommends leaves out, lets compose's services find each other by name; python3-yaml for deploy/k8s/render-pod.py), and Node.js with npm (Segment's JavaScript libraries, below) unless a node
+# deploy/local/image.sh; two packages --no-install-recommends leaves out: the dnsname network
+# plugin, which lets compose's services find each other by name, and catatonit, the pause process
+# of `podman kube play`'s pods; python3-yaml for deploy/k8s/render-pod.py), and Node.js with npm (Segment's JavaScript libraries, below) unless a node
 # is on PATH.
 packages=(libclang-dev libssl-dev pkg-config kcat curl prometheus docker-compose maven openjdk-17-jdk-headless jq openssl iproute2
-  chromium wrk podman runc golang-github-containernetworking-plugin-dnsname debootstrap podman-compose python3-yaml)
+  chromium wrk podman runc golang-github-containernetworking-plugin-dnsname catatonit debootstrap podman-compose python3-yaml)
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   packages+=(nodejs npm)
 fi
