@@ -126,6 +126,9 @@ pub enum IdOrigin {
 }
 
 impl IdOrigin {
+    /// The origins of an id this service gave, in the order the front door counts them.
+    pub const ASSIGNED: [IdOrigin; 2] = [IdOrigin::Derived, IdOrigin::Random];
+
     /// The `origin` label of the front door's id counter.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -169,7 +169,7 @@ impl Ingest {
         let outcome = match self.delivery.deliver(&source, endpoint, &events, tracking::unix_millis(received_at)).await {
             Ok(()) => Outcome::Accepted {
                 types: events.messages.iter().map(|m| m.event_type).collect(),
-                assigned: [IdOrigin::Derived, IdOrigin::Random]
+                assigned: IdOrigin::ASSIGNED
                     .map(|origin| events.messages.iter().filter(|m| m.id_origin == origin).count() as u64),
                 refused: events.refused.iter().map(RefusedEvent::from).collect(),
             },

@@ -13,7 +13,7 @@ use dedupe::metrics::{
     LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
 };
 use dedupe_tracking::rate_limit;
-use dedupe_tracking::{AuthError, EventType, Refused, Rejection};
+use dedupe_tracking::{AuthError, EventType, IdOrigin, Refused, Rejection};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
@@ -42,7 +42,7 @@ impl From<&Refused> for RefusedEvent {
 pub enum Outcome {
     /// Every event is in Kafka: the valid ones (these types) in the input topic, the refused
     /// ones in the dead-letter topic.
-    /// `assigned`: how many of the events got a derived id, and how many a random one.
+    /// `assigned`: how many of the events got an id of each of `IdOrigin::ASSIGNED`.
     Accepted { types: Vec<EventType>, assigned: [u64; 2], refused: Vec<RefusedEvent> },
     /// The body cannot be read, or an event is invalid under `refuse-request`: nothing was
     /// produced.
@@ -195,8 +195,8 @@ impl RequestFinished<'_> {
         metrics::histogram!(INGEST_REQUEST_SECONDS, LABEL_ENDPOINT => self.endpoint).record(self.elapsed.as_secs_f64());
         let source = self.source.unwrap_or("-");
         if let Outcome::Accepted { types, assigned, refused } = self.outcome {
-            for (origin, n) in ["derived", "random"].into_iter().zip(*assigned).filter(|(_, n)| *n > 0) {
-                metrics::counter!(INGEST_ASSIGNED_IDS, LABEL_ORIGIN => origin).increment(n);
+            for (origin, n) in IdOrigin::ASSIGNED.into_iter().zip(*assigned).filter(|(_, n)| *n > 0) {
+                metrics::counter!(INGEST_ASSIGNED_IDS, LABEL_ORIGIN => origin.as_str()).increment(n);
             }
             // One counter update per type and per reason, not per event.
             let mut counts = [0u64; EventType::ALL.len()];
