@@ -228,6 +228,30 @@ pub fn check_security(kafka: &KafkaConfig, timeout: Duration) -> Result<(), Secu
     }
 }
 
+/// Whether `e` is a cluster's passing state that the same request meets no more once
+/// leaderships settle: a leader that moved or died, a node that cannot be reached for now, a
+/// request that timed out. A reader asks again instead of failing its caller.
+pub fn is_transient(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::NotLeaderForPartition
+                | C::LeaderNotAvailable
+                | C::FencedLeaderEpoch
+                | C::UnknownLeaderEpoch
+                | C::NotEnoughReplicas
+                | C::NotEnoughReplicasAfterAppend
+                | C::OffsetNotAvailable
+                | C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::OperationTimedOut
+                | C::RequestTimedOut
+                | C::KafkaStorageError
+        )
+    )
+}
+
 /// Whether `e` is the group coordinator refusing a reader's group: readers assign their
 /// partitions and offsets themselves and commit nothing, so librdkafka's lookup of their group's
 /// coordinator (which every consumer with a `group.id` makes, and `assign` needs the id) may fail

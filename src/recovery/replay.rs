@@ -36,6 +36,29 @@ const TAIL_BATCH: usize = 16_384;
 /// load's start hold ids first seen up to this much later.
 const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
 
+/// How long the log's ends are asked for while leaderships move (a node killed or restarted): a
+/// transient refusal is asked again, each attempt waiting at most [`LOOKUP_ATTEMPT`].
+const LOOKUP_PATIENCE: Duration = Duration::from_secs(60);
+const LOOKUP_ATTEMPT: Duration = Duration::from_secs(5);
+const LOOKUP_PAUSE: Duration = Duration::from_millis(250);
+
+/// Runs `ask` (given the time it may wait) until it answers or fails with more than a passing
+/// cluster state (see [`crate::kafka::is_transient`]), for at most [`LOOKUP_PATIENCE`]. A failed
+/// take-over would instead start again from the fence, after a backoff.
+fn ask_patiently<T>(mut ask: impl FnMut(Duration) -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    let deadline = Instant::now() + LOOKUP_PATIENCE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ask(left.min(LOOKUP_ATTEMPT).max(Duration::from_millis(100))) {
+            Err(e) if crate::kafka::is_transient(&e) && left > LOOKUP_PAUSE => {
+                tracing::debug!(error = %e, "A log's ends could not be read for now; asking again.");
+                std::thread::sleep(LOOKUP_PAUSE);
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// Reports a load's headway: ids loaded so far, records read, records in all.
 pub type LoadMeter<'a> = dyn FnMut(u64, i64, i64) + 'a;
 
@@ -141,7 +164,7 @@ impl LogEnds {
             move |source| RecoveryError::Kafka { topic, partition: p, source }
         };
         let consumer = replay_consumer(input).map_err(kerr(input.changelog_topic))?;
-        let watermarks = |topic: &str| consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).map_err(kerr(topic));
+        let watermarks = |topic: &str| ask_patiently(|wait| consumer.fetch_watermarks(topic, p, wait)).map_err(kerr(topic));
         let source = Source::for_progress(input.ledger_progress);
         let (output_low, output_high) = watermarks(input.output_topic)?;
         let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;
@@ -183,7 +206,7 @@ impl LogEnds {
 fn first_offset_since(consumer: &Reader, topic: &str, partition: i32, since_ms: i64) -> Result<Option<i64>, KafkaError> {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(since_ms))?;
-    let found = consumer.offsets_for_times(tpl, Duration::from_secs(30))?;
+    let found = ask_patiently(|wait| consumer.offsets_for_times(tpl.clone(), wait))?;
     Ok(found.find_partition(topic, partition).and_then(|e| match e.offset() {
         Offset::Offset(o) => Some(o),
         // No record that recent: everything is older than the window.
@@ -317,6 +340,11 @@ impl<'i, 'a> RangeRead<'i, 'a> {
                 // the high watermark, up to trailing transaction markers.
                 Some(Err(KafkaError::PartitionEOF(_))) => break,
                 Some(Err(e)) if crate::kafka::is_reader_group_refusal(&e) => {}
+                // A leader that moved or a node away for now: the consumer finds the new leader
+                // itself and goes on fetching (the load's timeout bounds the wait).
+                Some(Err(e)) if crate::kafka::is_transient(&e) => {
+                    tracing::debug!(error = %e, topic = self.topic, partition = p, "A log read waits for its partition's leader.");
+                }
                 Some(Err(e)) => return Err(kerr(e)),
                 Some(Ok(m)) if m.offset() >= to => break,
                 Some(Ok(m)) => {

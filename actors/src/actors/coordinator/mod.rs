@@ -177,6 +177,8 @@ pub struct Coordinator {
     restarts: Vec<Instant>,
     /// Per partition, when it was taken over again in process (see `retake.rs`).
     retakes: HashMap<i32, Vec<Instant>>,
+    /// Per partition, its retakes since it last went live: the backoff before the next one.
+    retake_streak: HashMap<i32, u32>,
     /// When a partition's producer was last fenced.
     fenced_at: Option<Instant>,
     /// The take-over epochs of pipelines left behind in a hung client call, until they end.
@@ -228,6 +230,7 @@ impl Coordinator {
             next_epoch: 0,
             restarts: Vec::new(),
             retakes: HashMap::new(),
+            retake_streak: HashMap::new(),
             fenced_at: None,
             abandoned: std::collections::HashSet::new(),
             restart_pending: false,

@@ -23,8 +23,8 @@ use dedupe::retry::Backoff;
 
 use super::{exit, Coordinator, Stage};
 
-/// Waits before a partition is taken over again: 0.5, 1, 2, then 4 s for the retakes within ten
-/// minutes (while the brokers are down, each attempt also waits out its own client timeouts).
+/// Waits before a partition is taken over again: 0.5, 1, 2, then 4 s for the retakes since it was
+/// last live (while the brokers are down, each attempt also waits out its own client timeouts).
 const RETAKE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(4), 10);
 /// Retakes of one partition within ten minutes before the worker gives up.
 const MAX_RETAKES: usize = 10;
@@ -79,7 +79,12 @@ impl Coordinator {
             System::current().stop_with_code(exit::FAILED);
             return false;
         }
-        let mut delay = RETAKE_BACKOFF.delay(history.len() as u32);
+        // The backoff grows with the retakes since the partition was last live, not with every
+        // retake in ten minutes: faults minutes apart (a rolling restart, repeated node kills)
+        // each cost their own recovery, not a growing wait.
+        let streak = self.retake_streak.entry(p).or_default();
+        *streak += 1;
+        let mut delay = RETAKE_BACKOFF.delay(*streak);
         if why == Retake::Fenced {
             self.fenced_at = Some(now);
             if self.group_mode() {

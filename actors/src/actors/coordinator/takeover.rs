@@ -93,6 +93,7 @@ impl Coordinator {
         let seconds = owned.assigned_at.elapsed().as_secs_f64();
         metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => p.to_string()).set(seconds);
         owned.stage = Stage::Live { stop, arbiter };
+        self.retake_streak.remove(&p);
         tracing::info!(partition = p, seconds, "The partition is live: processing input.");
     }
 
