@@ -619,9 +619,10 @@ struct Model {
     /// bucket; the older copy may sit in its second, or under an older generation's tag) until
     /// the older copy's generation ages out. Room, never an answer.
     loaded_again: HashMap<u64, u64>,
-    /// The earlier copies (generation, first-seen time) of ids a load recorded again, while
-    /// their generations live: a lookup may find either copy, and each is a true sighting.
-    earlier: HashMap<LedgerKey, Vec<(u64, i64)>>,
+    /// The earlier copies (generation, partition, first-seen time) of ids a load recorded again,
+    /// while their generations live: a lookup may find either copy, and each is a true sighting;
+    /// each also keeps its partition's window open.
+    earlier: HashMap<LedgerKey, Vec<(u64, Partition, i64)>>,
 }
 
 fn run_model(
@@ -702,7 +703,7 @@ impl Model {
                     let seen = |gen: u64, first: i64| Verdict::Duplicate {
                         first_seen_ms: stored_first_seen_ms(bases.get(&gen).copied().unwrap_or(base), first),
                     };
-                    let earlier = self.earlier.get(k).into_iter().flatten().map(|&(g, f)| seen(g, f));
+                    let earlier = self.earlier.get(k).into_iter().flatten().map(|&(g, _, f)| seen(g, f));
                     std::iter::once(seen(gen, first)).chain(earlier).collect()
                 }
                 None => {
@@ -726,9 +727,9 @@ impl Model {
         let into = ledger.generations().unwrap().last().unwrap().meta.id;
         load.finish(record, WindowFloor::Keep).unwrap();
         for (k, t) in items {
-            if let Some((g, _, first)) = self.held.insert(k, (into, partition, t)) {
+            if let Some((g, p, first)) = self.held.insert(k, (into, partition, t)) {
                 *self.loaded_again.entry(into).or_default() += 1;
-                self.earlier.entry(k).or_default().push((g, first));
+                self.earlier.entry(k).or_default().push((g, p, first));
             }
         }
         self.age(ledger, options)
@@ -746,7 +747,11 @@ impl Model {
         let live: HashSet<u64> = self.live.iter().copied().collect();
         self.loaded_again.retain(|g, _| live.contains(g));
         for copies in self.earlier.values_mut() {
-            copies.retain(|(g, _)| live.contains(g));
+            for &(_, p, t) in copies.iter().filter(|(g, _, _)| !live.contains(g)) {
+                let f = self.forgotten_through.entry(p).or_insert(t);
+                *f = (*f).max(t);
+            }
+            copies.retain(|(g, _, _)| live.contains(g));
         }
         self.earlier.retain(|_, copies| !copies.is_empty());
         let forgotten: Vec<_> = self.held.iter().filter(|(_, (g, _, _))| !live.contains(g)).map(|(k, v)| (*k, *v)).collect();
@@ -763,7 +768,8 @@ impl Model {
         // The window never claims an id it forgot, and exists exactly when ids are held.
         for p in 0..3 {
             let window = ledger.window(p, now);
-            let holds = self.held.values().any(|(_, q, _)| *q == p);
+            let holds = self.held.values().any(|(_, q, _)| *q == p)
+                || self.earlier.values().flatten().any(|(_, q, _)| *q == p);
             prop_assert_eq!(window.is_some(), holds, "partition {}", p);
             if let (Some(w), Some(f)) = (window, self.forgotten_through.get(&p)) {
                 prop_assert!(now - w.as_millis() as i64 >= *f);
