@@ -11,7 +11,8 @@
 //!   `now`, so a client clock in the future cannot stretch the window);
 //! - records without a usable id follow the unkeyed policy and are never recorded.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 
 use crate::config::UnkeyedPolicy;
 use crate::identity::LedgerKey;
@@ -31,8 +32,9 @@ pub struct Candidate {
 pub enum Fate {
     /// Published, and its id recorded.
     Publish,
-    /// Dropped: its id was first seen `age_ms` before this record (0 within the batch).
-    Duplicate { age_ms: i64 },
+    /// Dropped: its id was first seen at `first_seen_ms`, `age_ms` before this record's time (0
+    /// if its clock is behind); `in_batch`: the first copy is earlier in this batch.
+    Duplicate { first_seen_ms: i64, age_ms: i64, in_batch: bool },
     /// No usable id: published without being recorded (policy `forward`).
     Forward(Unkeyed),
     /// No usable id: written to the dead-letter topic (policy `dead-letter`).
@@ -66,7 +68,7 @@ impl BatchDecision {
 /// If `found` has fewer entries than the batch has keyed candidates: the ledger answers one per id.
 pub fn decide(candidates: &[Candidate], found: &[Option<i64>], policy: UnkeyedPolicy, now_ms: i64) -> BatchDecision {
     let mut found = found.iter().copied();
-    let mut seen_in_batch = HashSet::with_capacity(candidates.len());
+    let mut seen_in_batch: HashMap<LedgerKey, i64> = HashMap::with_capacity(candidates.len());
     let mut fates = Vec::with_capacity(candidates.len());
     let mut new_ids = Vec::with_capacity(candidates.len());
     let mut oldest_new_ms: Option<i64> = None;
@@ -76,13 +78,21 @@ pub fn decide(candidates: &[Candidate], found: &[Option<i64>], policy: UnkeyedPo
             Ok(key) => {
                 let in_ledger = found.next().expect("the ledger answers once per keyed record");
                 if let Some(first_seen) = in_ledger {
-                    Fate::Duplicate { age_ms: (ts - first_seen).max(0) }
-                } else if !seen_in_batch.insert(key) {
-                    Fate::Duplicate { age_ms: 0 }
+                    Fate::Duplicate { first_seen_ms: first_seen, age_ms: (ts - first_seen).max(0), in_batch: false }
                 } else {
-                    oldest_new_ms = Some(oldest_new_ms.map_or(ts, |o| o.min(ts)));
-                    new_ids.push((key, ts.min(now_ms)));
-                    Fate::Publish
+                    match seen_in_batch.entry(key) {
+                        Entry::Occupied(first) => {
+                            let first_seen = *first.get();
+                            Fate::Duplicate { first_seen_ms: first_seen, age_ms: (ts - first_seen).max(0), in_batch: true }
+                        }
+                        Entry::Vacant(slot) => {
+                            let first_seen = ts.min(now_ms);
+                            slot.insert(first_seen);
+                            oldest_new_ms = Some(oldest_new_ms.map_or(ts, |o| o.min(ts)));
+                            new_ids.push((key, first_seen));
+                            Fate::Publish
+                        }
+                    }
                 }
             }
             Err(reason) => match policy {
@@ -113,10 +123,11 @@ mod tests {
 
     #[test]
     fn new_ids_are_published_once_and_repeats_in_the_batch_dropped() {
-        // The third record repeats the first id: dropped, with age 0; the first copy is published.
+        // The third record repeats the first id: dropped, 20 ms after the first copy, which is
+        // published.
         let batch = [keyed(1, 10), keyed(2, 20), keyed(1, 30)];
         let d = decide(&batch, &[None, None, None], UnkeyedPolicy::Forward, NOW);
-        assert_eq!(d.fates, [Fate::Publish, Fate::Publish, Fate::Duplicate { age_ms: 0 }]);
+        assert_eq!(d.fates, [Fate::Publish, Fate::Publish, Fate::Duplicate { first_seen_ms: 10, age_ms: 20, in_batch: true }]);
         assert_eq!(d.new_ids, [(key(1), 10), (key(2), 20)]);
         assert_eq!(d.oldest_new_ms, Some(10));
         assert_eq!(d.duplicates(), 1);
@@ -126,7 +137,7 @@ mod tests {
     fn ids_the_ledger_holds_are_dropped_with_their_age() {
         // The ledger first saw id 2 at 5; this copy is stamped 500.
         let d = decide(&[keyed(1, 100), keyed(2, 500)], &[None, Some(5)], UnkeyedPolicy::Forward, NOW);
-        assert_eq!(d.fates, [Fate::Publish, Fate::Duplicate { age_ms: 495 }]);
+        assert_eq!(d.fates, [Fate::Publish, Fate::Duplicate { first_seen_ms: 5, age_ms: 495, in_batch: false }]);
         assert_eq!(d.new_ids, [(key(1), 100)]);
     }
 

@@ -1,6 +1,7 @@
 //! The domain core of dedupe: message identity, the ledger, the commit and recovery protocol,
 //! configuration, Kafka client factories and metric names. It knows nothing of actix.
 
+pub mod audit;
 pub mod batch;
 pub mod changelog;
 #[cfg(feature = "bench")]

@@ -54,6 +54,11 @@ pub const PARTITIONS_READY: &str = "dedupe_partitions_ready";
 pub const PARTITIONS_OWNED: &str = "dedupe_partitions_owned";
 pub const ERRORS: &str = "dedupe_errors_total";
 pub const OUTPUT_QUEUE_FULL: &str = "dedupe_output_queue_full_waits_total";
+pub const AUDIT_RECORDS: &str = "dedupe_audit_records_total";
+/// Values of [`LABEL_OUTCOME`] on [`AUDIT_RECORDS`].
+pub const AUDIT_WRITTEN: &str = "written";
+pub const AUDIT_SAMPLED_OUT: &str = "sampled_out";
+pub const AUDIT_OVER_CAP: &str = "over_cap";
 
 // Moving partitions between workers (`worker.assignment = "group"`).
 pub const PARTITION_ASSIGNMENTS: &str = "dedupe_partition_assignments_total";
@@ -169,6 +174,7 @@ pub const ALL: &[Metric] = &[
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
     m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
     m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
+    m(AUDIT_RECORDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Dropped duplicates and their audit records, by outcome: written (in a committed transaction, with the batch's output), sampled_out (the id is outside worker.audit_sample), over_cap (past worker.audit_max_per_sec)."),
     m(PARTITION_ASSIGNMENTS, Counter, None, P, "Input partitions the consumer group assigned to this worker."),
     m(PARTITION_REVOCATIONS, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Input partitions taken from this worker, by reason: revoked (its batch finished, its producer released) or lost (the group gave it away, e.g. after a session timeout)."),
     m(PARTITIONS_LOADING, Gauge, None, &[], "Assigned partitions whose ids are still being loaded into the ledger (not yet processing)."),

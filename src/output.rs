@@ -52,6 +52,8 @@ pub struct Committed {
 pub struct Batch<'a> {
     pub records: &'a [OutRecord],
     pub dead_letters: &'a [OutRecord],
+    /// Audit records, sent to the audit topic's partition of the input partition's number.
+    pub audit: &'a [OutRecord],
     pub new_ids: &'a [(LedgerKey, i64)],
     pub input_topic: &'a str,
     pub input_partition: i32,
@@ -85,6 +87,8 @@ pub struct OutputTopics<'a> {
     pub output: &'a str,
     pub changelog: &'a str,
     pub dead_letter: Option<&'a str>,
+    /// The duplicate audit (`worker.audit_topic`), when on.
+    pub audit: Option<&'a str>,
 }
 
 /// The transactional id of the producer that owns `partition` of `output_topic`.
@@ -222,6 +226,7 @@ pub struct OutputWriter {
     partition: i32,
     changelog_topic: String,
     dead_letter_topic: Option<String>,
+    audit_topic: Option<String>,
     transactional_id: String,
     timeout: Duration,
 }
@@ -251,6 +256,7 @@ impl OutputWriter {
             partition,
             changelog_topic: topics.changelog.to_string(),
             dead_letter_topic: topics.dead_letter.map(str::to_string),
+            audit_topic: topics.audit.map(str::to_string),
             transactional_id,
             timeout,
         })
@@ -301,6 +307,11 @@ impl OutputWriter {
         if let Some(dlq) = self.dead_letter_topic.clone() {
             for r in batch.dead_letters {
                 self.send(&dlq, None, r)?;
+            }
+        }
+        if let Some(audit) = self.audit_topic.clone() {
+            for r in batch.audit {
+                self.send(&audit, Some(batch.input_partition), r)?;
             }
         }
         if let Some(value) = crate::changelog::encode(batch.new_ids) {

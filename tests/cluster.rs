@@ -269,10 +269,12 @@ fn allow(principal: &str, operations: &[Operation], resource: Resource<'_>) {
 fn allow_worker(principal: &str, input: &str, output: &str, group: &str) {
     use Operation::*;
     let changelog = format!("{output}.ids");
+    let audit = format!("{output}.duplicates");
     let transactional_prefix = format!("dedupe-{output}-");
     allow(principal, &[Read, Describe], Resource::Topic(input));
     allow(principal, &[Write, Read, Describe], Resource::Topic(output));
     allow(principal, &[Write, Read, Describe, DescribeConfigs, Create], Resource::Topic(&changelog));
+    allow(principal, &[Write, Describe, Create], Resource::Topic(&audit));
     allow(principal, &[Read], Resource::Group(group));
     allow(principal, &[Write, Describe], Resource::TransactionalIdPrefix(&transactional_prefix));
 }

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use kit::*;
 
 /// The binary under test, built by cargo for this test run.
@@ -100,6 +101,150 @@ fn verify_fails_on_a_duplicate_and_on_a_missing_id() {
     assert_eq!(code, 1, "{summary}");
     assert_eq!(summary["duplicate_ids_in_output"], 1);
     assert_eq!(summary["input_ids_missing_from_output"], 1);
+}
+
+/// `n` ids, each copied `1 + extra(i)` times in a row (repeats land in the same batch), every
+/// other one with the front door's source header; then `again` of them re-sent later.
+fn with_repeats(all: &[String], extra: impl Fn(usize) -> usize) -> Vec<Outgoing> {
+    let mut records = Vec::new();
+    for (i, id) in all.iter().enumerate() {
+        let mut record = keyed(&[id]).remove(0);
+        if i % 2 == 0 {
+            record.2.push(("dedupe-source".to_string(), b"web".to_vec()));
+        }
+        for _ in 0..=extra(i) {
+            records.push(record.clone());
+        }
+    }
+    records
+}
+
+/// The input records that are not their id's first copy: (partition, offset) -> record.
+fn dropped_copies(input: &str) -> BTreeMap<(i32, i64), Record> {
+    let mut seen = HashSet::new();
+    consume_all(input, true).into_iter().filter(|r| !seen.insert(r.key.clone())).map(|r| ((r.partition, r.offset), r)).collect()
+}
+
+/// The audit's records, read committed, as JSON values keyed by the input record they name.
+fn audit_records(topic: &str) -> BTreeMap<(i32, i64), (Record, serde_json::Value)> {
+    let mut out = BTreeMap::new();
+    for r in consume_all(topic, true) {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().expect("an audit record has a value")).expect("JSON");
+        let at = (v["input_partition"].as_i64().unwrap() as i32, v["input_offset"].as_i64().unwrap());
+        assert!(out.insert(at, (r, v)).is_none(), "two audit records name input {at:?}");
+    }
+    out
+}
+
+#[test]
+fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
+    let input = TestTopic::create("audit-in", 2);
+    let output = TestTopic::create("audit-out", 2);
+    let audit = dedupe::audit::default_topic(&output.name);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let all = ids(300);
+    // Every fifth id sent twice in a row (the copy lands in the same batch), then ids 0..40
+    // again in a later batch, and ids 40..60 again after a restart.
+    produce_full(&input.name, &with_repeats(&all, |i| usize::from(i % 5 == 0)));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 300, Duration::from_secs(60));
+    produce_full(&input.name, &with_repeats(&all[..40], |_| 0));
+    wait_for_records(&audit, 60 + 40, Duration::from_secs(60));
+    let page = worker.metrics().expect("metrics page");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    produce_full(&input.name, &with_repeats(&all[40..60], |_| 0));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&audit, 60 + 40 + 20, Duration::from_secs(60));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+
+    let written = metric_value(&page, "dedupe_audit_records_total", &[("outcome", "written")]);
+    assert_eq!(written, Some(100.0), "the first run's audit records, counted once committed");
+    let dropped = dropped_copies(&input.name);
+    let audited = audit_records(&audit);
+    assert_eq!(dropped.len(), 120);
+    assert_eq!(audited.keys().collect::<Vec<_>>(), dropped.keys().collect::<Vec<_>>(), "exactly the dropped copies, each once");
+    let mut in_batch = 0;
+    for (at, (record, v)) in &audited {
+        let copy = &dropped[at];
+        let id = String::from_utf8(copy.key.clone().unwrap()).unwrap();
+        assert_eq!(record.key, copy.key, "keyed like the input");
+        assert_eq!(record.partition, copy.partition, "in the input partition's number");
+        assert_eq!(v["v"], 1);
+        assert_eq!(v["ledger_key"], id.replace('-', ""), "a UUID id's own digits");
+        assert_eq!(v["input_topic"], input.name.as_str());
+        assert_eq!(v["timestamp_ms"], copy.timestamp.unwrap());
+        let first_seen = v["first_seen_ms"].as_i64().unwrap();
+        assert!(first_seen <= copy.timestamp.unwrap() && first_seen > copy.timestamp.unwrap() - 600_000, "{v}");
+        assert_eq!(v["age_ms"].as_i64().unwrap(), copy.timestamp.unwrap() - first_seen);
+        let index = all.iter().position(|i| *i == id).unwrap();
+        assert_eq!(v["source"], if index % 2 == 0 { serde_json::json!("web") } else { serde_json::Value::Null });
+        assert_eq!(v["verdict"], "unknown", "no content digest is kept");
+        assert!(v.get("payload").is_none(), "no payload unless worker.audit_payloads");
+        in_batch += usize::from(v["in_batch"] == true);
+    }
+    assert!(in_batch > 0 && in_batch <= 60, "the copies sent at once were mostly in their first copy's batch: {in_batch}");
+    let (code, summary) = DEDUPE.verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
+
+#[test]
+fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_and_turns_off() {
+    let input = TestTopic::create("audit-sampled-in", 1);
+    let output = TestTopic::create("audit-sampled-out", 1);
+    let audit = dedupe::audit::default_topic(&output.name);
+    let dir = tempfile::tempdir().unwrap();
+    let all = ids(400);
+    let records = with_repeats(&all, |_| 1);
+    produce_full(&input.name, &records);
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_AUDIT_SAMPLE", "0.5")
+        .env("DEDUPE_WORKER_AUDIT_MAX_PER_SEC", "50")
+        .env("DEDUPE_WORKER_AUDIT_PAYLOADS", "true");
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 400, Duration::from_secs(60));
+    // The last batch's counters move after its commit: wait until every drop is counted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let page = loop {
+        let page = worker.metrics().expect("metrics page");
+        if metric_value(&page, "dedupe_duplicates_dropped_total", &[]) == Some(400.0) || Instant::now() > deadline {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let count = |outcome| metric_value(&page, "dedupe_audit_records_total", &[("outcome", outcome)]).unwrap_or(0.0) as usize;
+    // Sampled in: ids whose first 8 key bytes are below half the range.
+    let sampled_in = all.iter().filter(|id| u64::from_str_radix(&id.replace('-', "")[..16], 16).unwrap() < u64::MAX / 2).count();
+    assert_eq!(count("sampled_out"), 400 - sampled_in, "sampling is by id");
+    assert_eq!(count("written") + count("over_cap"), sampled_in);
+    assert!(count("over_cap") > 0 && count("written") >= 50, "{page}");
+    let audited = audit_records(&audit);
+    assert_eq!(audited.len(), count("written"));
+    let dropped = dropped_copies(&input.name);
+    for (at, (_, v)) in &audited {
+        let id = v["ledger_key"].as_str().unwrap();
+        assert!(u64::from_str_radix(&id[..16], 16).unwrap() < u64::MAX / 2, "an id outside the sample was audited: {v}");
+        let payload = base64::engine::general_purpose::STANDARD.decode(v["payload"].as_str().unwrap()).unwrap();
+        assert_eq!(Some(payload), dropped[at].value, "the dropped copy's value, as read");
+    }
+
+    // Off: no audit topic at all.
+    let input = TestTopic::create("audit-off-in", 1);
+    let output = TestTopic::create("audit-off-out", 1);
+    produce_full(&input.name, &with_repeats(&all[..50], |_| 1));
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_AUDIT_TOPIC", "").start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 50, Duration::from_secs(60));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let kafka = dedupe::config::KafkaConfig { brokers: brokers(), ..Default::default() };
+    let exists = dedupe::kafka::partition_count(&kafka, &dedupe::audit::default_topic(&output.name), Duration::from_secs(10)).unwrap();
+    assert_eq!(exists, None, "worker.audit_topic = \"\" makes no audit topic");
 }
 
 /// The bad-input records of one run: (expected keyed ids, records).

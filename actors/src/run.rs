@@ -39,6 +39,7 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
     let all = check_topics(config)?;
     let input = all.len();
     ensure_changelog(config, input)?;
+    ensure_audit(config, input)?;
     if config.worker.assignment == Assignment::Group {
         return Ok(Vec::new());
     }
@@ -116,6 +117,30 @@ fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Makes sure the duplicate audit topic, when on, exists with as many partitions as the input
+/// (an audit record goes to its input partition's number); creates it (with
+/// `worker.audit_retention_secs`) when it is missing.
+fn ensure_audit(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
+    let w = &config.worker;
+    let Some(topic) = w.audit_topic() else { return Ok(()) };
+    let existing = dedupe::kafka::partition_count(&config.kafka, &topic, Duration::from_secs(15))
+        .with_context(|| format!("worker.audit_topic: reading metadata of {topic}"))?;
+    match existing {
+        None => {
+            let retention_ms = (w.audit_retention_secs * 1000).to_string();
+            let configs = [("cleanup.policy", "delete"), ("retention.ms", retention_ms.as_str())];
+            futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, &topic, input_partitions as i32, -1, &configs))
+                .with_context(|| format!("worker.audit_topic: the duplicate audit {topic} does not exist and could not be created; create it with {input_partitions} partitions, or set worker.audit_topic = \"\" to turn the audit off"))?;
+            tracing::info!(topic = %topic, partitions = input_partitions, retention_secs = w.audit_retention_secs, "Created the duplicate audit topic.");
+        }
+        Some(n) if n < input_partitions => {
+            bail!("worker.audit_topic: the duplicate audit {topic} has {n} partitions but the input has {input_partitions}; it needs at least {input_partitions}")
+        }
+        Some(_) => {}
     }
     Ok(())
 }

@@ -171,6 +171,25 @@ fn group_assignment_settings_are_checked_naming_the_key() {
 }
 
 #[test]
+fn the_duplicate_audit_is_on_by_default_and_its_settings_are_checked() {
+    let c = load_str("", &[]).unwrap();
+    assert_eq!(c.worker.audit_topic().as_deref(), Some("events.out.duplicates"), "the default follows the output topic");
+    let off = load_str("", &[("DEDUPE_WORKER_AUDIT_TOPIC", "")]).unwrap();
+    assert_eq!(off.worker.audit_topic(), None, "an empty topic turns the audit off");
+    for (text, key) in [
+        ("[worker]\naudit_topic = \"events.out\"\n", "worker.audit_topic:"),
+        ("[worker]\naudit_topic = \"events.out.ids\"\n", "worker.audit_topic:"),
+        ("[worker]\naudit_topic = \" \"\n", "worker.audit_topic:"),
+        ("[worker]\naudit_sample = 1.5\n", "worker.audit_sample:"),
+        ("[worker]\naudit_sample = -0.1\n", "worker.audit_sample:"),
+        ("[worker]\naudit_retention_secs = 0\n", "worker.audit_retention_secs:"),
+    ] {
+        let err = load_str(text, &[]).unwrap_err().to_string();
+        assert!(err.starts_with(key), "{text}: {err}");
+    }
+}
+
+#[test]
 fn sasl_needs_its_mechanism_user_and_password_and_a_ca_file_must_be_readable() {
     let sasl = "[kafka]\nsecurity_protocol = \"sasl_ssl\"\n";
     let err = load_str(sasl, &[]).unwrap_err().to_string();

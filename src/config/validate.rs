@@ -18,6 +18,7 @@ impl Config {
         check_worker_ownership(&self.worker)?;
         check_worker_changelog(&self.worker)?;
         check_worker_unkeyed(&self.worker)?;
+        check_worker_audit(&self.worker)?;
         check_worker_batches(&self.worker)?;
         check_ledger(&self.ledger)?;
         check_snapshots_and_ingest(self)?;
@@ -141,6 +142,26 @@ fn check_worker_unkeyed(w: &WorkerConfig) -> Result<(), ConfigError> {
             }
             Some(_) => {}
         }
+    }
+    Ok(())
+}
+
+/// The duplicate audit: a topic of its own, a share between 0 and 1.
+fn check_worker_audit(w: &WorkerConfig) -> Result<(), ConfigError> {
+    if let Some(audit) = w.audit_topic() {
+        let others = [Some(w.input_topic.clone()), Some(w.output_topic.clone()), Some(w.changelog_topic()), w.dead_letter_topic.clone()];
+        if others.iter().flatten().any(|t| *t == audit) {
+            return Err(bad("worker.audit_topic", "must differ from the input, output, changelog and dead-letter topics (\"\" turns the audit off)"));
+        }
+        if audit.trim().is_empty() {
+            return Err(bad("worker.audit_topic", "must not be blank (\"\" turns the audit off)"));
+        }
+    }
+    if !(0.0..=1.0).contains(&w.audit_sample) {
+        return Err(bad("worker.audit_sample", format!("{} is not between 0.0 and 1.0", w.audit_sample)));
+    }
+    if w.audit_retention_secs == 0 {
+        return Err(bad("worker.audit_retention_secs", "must be positive"));
     }
     Ok(())
 }

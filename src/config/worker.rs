@@ -57,6 +57,21 @@ pub struct WorkerConfig {
     pub unkeyed_policy: UnkeyedPolicy,
     /// Where `dead-letter` sends such records.
     pub dead_letter_topic: Option<String>,
+    /// The duplicate audit: one record per dropped duplicate, written in the same transaction as
+    /// its batch's output (see docs/operations.md, "The duplicate audit"). Unset:
+    /// `<output_topic>.duplicates`; `""` turns the audit off. Created when missing.
+    pub audit_topic: Option<String>,
+    /// `retention.ms` (in seconds) the worker gives the audit topic when it creates it.
+    pub audit_retention_secs: u64,
+    /// Include the dropped copy's value (base64) in its audit record. Off: values may hold
+    /// personal data.
+    pub audit_payloads: bool,
+    /// The share of ids whose drops are audited, 0.0 to 1.0, chosen by id (every drop of an id
+    /// sampled in is audited).
+    pub audit_sample: f64,
+    /// Most audit records per second per partition; drops past it are counted, not audited, so a
+    /// retry storm cannot double the output's write load.
+    pub audit_max_per_sec: u32,
     /// Most records per batch (one ledger lookup, one transaction).
     pub batch_max_records: usize,
     /// Most bytes of keys and values per batch.
@@ -100,6 +115,14 @@ impl Default for WorkerConfig {
             // Never lose data: a record without a usable id goes on unchecked.
             unkeyed_policy: UnkeyedPolicy::Forward,
             dead_letter_topic: None,
+            audit_topic: None,
+            // As long as the changelog: the drops of the window and a weekend's outage.
+            audit_retention_secs: 7 * 86_400,
+            audit_payloads: false,
+            audit_sample: 1.0,
+            // About 0.6% of events are duplicates: 1,000 a second per partition is the audit of
+            // 160k events a second on that partition.
+            audit_max_per_sec: 1000,
             // The ledger bench's batch size (src/bench/ledger.rs), at which the ledger figures of
             // docs/performance.md were measured.
             batch_max_records: 4096,
@@ -125,6 +148,16 @@ impl WorkerConfig {
     /// The id changelog topic: `changelog_topic`, or `<output_topic>.ids`.
     pub fn changelog_topic(&self) -> String {
         self.changelog_topic.clone().unwrap_or_else(|| crate::changelog::default_topic(&self.output_topic))
+    }
+
+    /// The duplicate audit topic: `audit_topic`, or `<output_topic>.duplicates`; `None` when the
+    /// audit is off (`audit_topic = ""`).
+    pub fn audit_topic(&self) -> Option<String> {
+        match &self.audit_topic {
+            Some(t) if t.is_empty() => None,
+            Some(t) => Some(t.clone()),
+            None => Some(crate::audit::default_topic(&self.output_topic)),
+        }
     }
 
     /// The static member id: `member_id`, or the host name.

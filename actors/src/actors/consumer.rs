@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
 use dedupe::batch::{self, Candidate, Fate};
 use dedupe::config::{IdSource, UnkeyedPolicy};
 use dedupe::identity::{message_key, LedgerKey, RecordView, Unkeyed};
@@ -26,6 +27,7 @@ use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
 use metrics::{Counter, Histogram, SharedString};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use dedupe_tracking::HEADER_SOURCE;
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -54,6 +56,18 @@ pub struct PipelineSettings {
     /// Bench baseline only: copy every record with the same consumer, producer and transactions,
     /// without the ledger.
     pub passthrough: bool,
+    /// The input topic, named in audit records.
+    pub input_topic: String,
+    /// The duplicate audit, when on (`worker.audit_topic`).
+    pub audit: Option<AuditSettings>,
+}
+
+/// How dropped duplicates are audited (see `dedupe::audit`).
+#[derive(Debug, Clone)]
+pub struct AuditSettings {
+    pub payloads: bool,
+    pub sample: f64,
+    pub max_per_sec: u32,
 }
 
 /// Why a partition pipeline ended.
@@ -125,6 +139,7 @@ impl Actor for PartitionConsumer {
             next_output_offset: self.progress.next_output_offset,
             next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
+            sampler: self.settings.audit.as_ref().map(|a| Sampler::new(a.sample, a.max_per_sec)),
         };
         let stop = self.stop.clone();
         let fut = async move { pipeline.run(queue, stop).await };
@@ -144,6 +159,8 @@ struct Pipeline {
     next_output_offset: i64,
     next_changelog_offset: i64,
     unkeyed_warned_at: Option<Instant>,
+    /// Chooses the drops the audit records; `None` when the audit is off.
+    sampler: Option<Sampler>,
 }
 
 /// The metric handles of one partition's pipeline, registered once when it starts, so a batch
@@ -164,6 +181,9 @@ struct PartitionMetrics {
     publish_seconds: Histogram,
     record_seconds: Histogram,
     committed: Counter,
+    audit_written: Counter,
+    audit_sampled_out: Counter,
+    audit_over_cap: Counter,
 }
 
 impl PartitionMetrics {
@@ -185,6 +205,9 @@ impl PartitionMetrics {
             publish_seconds: stage(m::STAGE_PUBLISH),
             record_seconds: stage(m::STAGE_RECORD),
             committed: metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_COMMITTED),
+            audit_written: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_WRITTEN),
+            audit_sampled_out: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_SAMPLED_OUT),
+            audit_over_cap: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_OVER_CAP),
             label,
         }
     }
@@ -306,7 +329,7 @@ impl Pipeline {
         self.metrics.records_in.increment(batch.len() as u64);
         let records: Vec<OutRecord> = batch.into_iter().map(|r| r.out).collect();
         let out_count = records.len() as u64;
-        let outgoing = Arc::new(Outgoing { records, dead_letters: Vec::new(), new_ids: Vec::new() });
+        let outgoing = Arc::new(Outgoing { records, dead_letters: Vec::new(), audit: Vec::new(), new_ids: Vec::new() });
         self.publish(&outgoing, next_input_offset).await?;
         self.metrics.records_out.increment(out_count);
         Ok(())
@@ -361,10 +384,21 @@ impl Pipeline {
         let decision = batch::decide(&candidates, found, self.settings.unkeyed_policy, now_ms());
         let mut records = Vec::with_capacity(batch.len());
         let mut dead_letters = Vec::new();
+        let mut audit = Vec::new();
+        let now = Instant::now();
         for (r, fate) in batch.into_iter().zip(&decision.fates) {
             match *fate {
                 Fate::Publish => records.push(r.out),
-                Fate::Duplicate { age_ms } => self.metrics.duplicate_age.record(age_ms as f64 / 1000.0),
+                Fate::Duplicate { first_seen_ms, age_ms, in_batch } => {
+                    self.metrics.duplicate_age.record(age_ms as f64 / 1000.0);
+                    if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
+                        match sampler.admit(&key, now) {
+                            Admission::Audited => audit.push(self.audit_record(&r, key, first_seen_ms, age_ms, in_batch)),
+                            Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
+                            Admission::OverCap => self.metrics.audit_over_cap.increment(1),
+                        }
+                    }
+                }
                 Fate::Forward(reason) => {
                     self.unkeyed(reason, UnkeyedPolicy::Forward);
                     records.push(r.out);
@@ -380,7 +414,24 @@ impl Pipeline {
         if duplicates > 0 {
             self.metrics.duplicates.increment(duplicates);
         }
-        Decided { outgoing: Outgoing { records, dead_letters, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
+        Decided { outgoing: Outgoing { records, dead_letters, audit, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
+    }
+
+    /// The audit record of a dropped copy.
+    fn audit_record(&self, r: &InRecord, key: LedgerKey, first_seen_ms: i64, age_ms: i64, in_batch: bool) -> OutRecord {
+        let source = r.out.headers.iter().find(|(k, _)| k == HEADER_SOURCE).and_then(|(_, v)| v.as_deref()).and_then(|v| std::str::from_utf8(v).ok());
+        let drop = DroppedCopy {
+            key,
+            record: &r.out,
+            source,
+            input_topic: &self.settings.input_topic,
+            input_partition: self.partition,
+            input_offset: r.offset,
+            first_seen_ms,
+            age_ms,
+            in_batch,
+        };
+        audit::encode(&drop, self.settings.audit.as_ref().is_some_and(|a| a.payloads))
     }
 
     /// Step 3: publishes the new records and the input offset in one transaction; returns the new
@@ -388,11 +439,15 @@ impl Pipeline {
     async fn publish_decided(&mut self, decided: Decided, next_input_offset: i64) -> Result<Vec<(LedgerKey, i64)>, PipelineError> {
         let t = Instant::now();
         let out_count = decided.outgoing.records.len() as u64;
+        let audited = decided.outgoing.audit.len() as u64;
         let outgoing = Arc::new(decided.outgoing);
         let committed = self.publish(&outgoing, next_input_offset).await?;
         self.metrics.publish_seconds.record(t.elapsed().as_secs_f64());
         self.metrics.committed.increment(1);
         self.metrics.records_out.increment(out_count);
+        if audited > 0 {
+            self.metrics.audit_written.increment(audited);
+        }
         if let Some(last) = committed.last_output_offset {
             self.next_output_offset = last + 1;
         }

@@ -105,7 +105,8 @@ impl TakeOver<'_> {
         fail::fail_point!("takeover-before-fence");
         // 1. Fence first: init_transactions aborts an older producer's open transaction, whose
         // pending offsets would otherwise keep the group's committed offset unstable.
-        let topics = OutputTopics { output: &w.output_topic, changelog: &changelog, dead_letter: w.dead_letter_topic.as_deref() };
+        let audit = w.audit_topic();
+        let topics = OutputTopics { output: &w.output_topic, changelog: &changelog, dead_letter: w.dead_letter_topic.as_deref(), audit: audit.as_deref() };
         let writer = OutputWriter::open(&self.config.kafka, &topics, p, w.transaction_timeout_ms)
             .map_err(|source| TakeOverError::OpenProducer { partition: p, source })?;
         let fenced_secs = started.elapsed().as_secs_f64();

@@ -39,6 +39,8 @@ impl Actor for Publisher {
 pub struct Outgoing {
     pub records: Vec<OutRecord>,
     pub dead_letters: Vec<OutRecord>,
+    /// Audit records of the batch's dropped duplicates (see `dedupe::audit`).
+    pub audit: Vec<OutRecord>,
     pub new_ids: Vec<(LedgerKey, i64)>,
 }
 
@@ -61,6 +63,7 @@ impl Handler<Publish> for Publisher {
         let batch = Batch {
             records: &outgoing.records,
             dead_letters: &outgoing.dead_letters,
+            audit: &outgoing.audit,
             new_ids: &outgoing.new_ids,
             input_topic: &self.input_topic,
             input_partition: self.partition,

@@ -112,11 +112,13 @@ impl Drop for TestTopic {
     fn drop(&mut self) {
         let admin: Result<AdminClient<DefaultClientContext>, _> = client_config().create();
         if let Ok(admin) = admin {
-            // With the id changelog a worker made for it, when this is an output topic, and the
-            // dead-letter topic a front door made for it, when this is an input topic.
+            // With the id changelog and the duplicate audit a worker made for it, when this is an
+            // output topic, and the dead-letter topic a front door made for it, when this is an
+            // input topic.
             let changelog = dedupe::changelog::default_topic(&self.name);
+            let audit = dedupe::audit::default_topic(&self.name);
             let dead_letters = format!("{}.dead-letter", self.name);
-            let _ = futures::executor::block_on(admin.delete_topics(&[&self.name, &changelog, &dead_letters], &AdminOptions::new()));
+            let _ = futures::executor::block_on(admin.delete_topics(&[&self.name, &changelog, &audit, &dead_letters], &AdminOptions::new()));
         }
     }
 }

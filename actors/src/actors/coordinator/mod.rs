@@ -25,7 +25,7 @@ use dedupe::window::IdRate;
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
-use crate::actors::consumer::PipelineSettings;
+use crate::actors::consumer::{AuditSettings, PipelineSettings};
 use crate::actors::events::PipelineStartFailed;
 use crate::actors::handover::{TakeOverError, TakenOver};
 use crate::actors::ledger::LedgerActor;
@@ -215,6 +215,8 @@ impl Coordinator {
             batch_max_bytes: w.batch_max_bytes.0 as usize,
             batch_linger: Duration::from_millis(w.batch_linger_ms),
             passthrough: options.passthrough,
+            input_topic: w.input_topic.clone(),
+            audit: w.audit_topic().map(|_| AuditSettings { payloads: w.audit_payloads, sample: w.audit_sample, max_per_sec: w.audit_max_per_sec }),
         });
         let snapshot_pace = SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));
         Self {
