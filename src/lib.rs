@@ -7,6 +7,7 @@ pub mod changelog;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod config;
+pub mod explain;
 pub mod identity;
 pub mod ledger;
 pub mod log_limit;

@@ -136,6 +136,103 @@ fn with_a_token_the_bearer_scheme_is_taken_in_any_case() {
 }
 
 /// Published snapshot directories (`ledger-*`) under `root`.
+/// Runs `dedupe explain ID` against a worker's metrics address and ledger directory; the JSON
+/// line and the sentence it printed.
+fn explain(ledger: &Path, metrics_port: u16, id: &str, sent_at: Option<&str>) -> (serde_json::Value, String) {
+    let mut cmd = DEDUPE.command();
+    cmd.args(["explain", id, "--brokers", &brokers(), "--data-dir", ledger.to_str().unwrap()])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")]);
+    if let Some(t) = sent_at {
+        cmd.args(["--sent-at", t]);
+    }
+    let out = cmd.output().expect("dedupe explain");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "dedupe explain {id} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = stdout.lines();
+    let json = serde_json::from_str(lines.next().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    (json, lines.next().unwrap_or_default().to_string())
+}
+
+#[test]
+fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger() {
+    let input = TestTopic::create("explain-in", 2);
+    let output = TestTopic::create("explain-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let all = ids(60);
+    produce_full(&input.name, &keyed(&all.iter().collect::<Vec<_>>()));
+    let records = consume_all(&input.name, true);
+    let in_partition = |p: i32| records.iter().filter(|r| r.partition == p).collect::<Vec<_>>();
+    let (mine, theirs) = (in_partition(0), in_partition(1));
+    assert!(!mine.is_empty() && !theirs.is_empty(), "the ids spread over both partitions");
+    // This worker owns partition 0 only. The test's producer is librdkafka's, with its default
+    // partitioner.
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &ledger)
+        .env("DEDUPE_WORKER_PARTITIONS", "0")
+        .env("DEDUPE_WORKER_INPUT_PARTITIONER", "consistent_random")
+        .start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, mine.len(), Duration::from_secs(60));
+    let port = worker.metrics_port;
+
+    // An id the worker holds: where, since when, and the window.
+    let held = mine[0];
+    let id = String::from_utf8(held.key.clone().unwrap()).unwrap();
+    let (a, sentence) = explain(&ledger, port, &id, None);
+    assert_eq!(a["held"], true, "{a}");
+    assert_eq!(a["partition"], 0);
+    assert_eq!(a["owned"], true);
+    // First seen at its record's time, as the ledger keeps it: to the second of its generation.
+    let first_seen = a["first_seen_ms"].as_i64().unwrap();
+    let sent = held.timestamp.unwrap();
+    assert!(first_seen <= sent && sent - first_seen < 1000, "first seen {first_seen}, sent {sent}");
+    assert!(a["generation"].is_u64() && a["copies"].as_array().unwrap().len() == 1, "{a}");
+    assert!(a["window_secs"].as_f64().unwrap() >= 0.0 && a["reason"].is_null(), "{a}");
+    assert!(sentence.contains("is in the window") && sentence.contains("dropped"), "{sentence}");
+
+    // An id never sent: not held; the time it was sent tells never seen from aged out.
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let unknown_mine = (0..1000)
+        .map(|_| uuid::Uuid::new_v4().to_string())
+        .find(|u| {
+            let partition = dedupe_actors::explain::partition_of_id(&dedupe::config::IdSource::Key, dedupe::config::InputPartitioner::ConsistentRandom, u.as_bytes(), 2);
+            partition == Some(0)
+        })
+        .unwrap_or(unknown);
+    let (a, sentence) = explain(&ledger, port, &unknown_mine, None);
+    assert_eq!((a["held"].clone(), a["reason"].clone()), (serde_json::json!(false), serde_json::json!("not_in_window")), "{a}");
+    assert!(sentence.contains("published"), "{sentence}");
+    let now = dedupe::recovery::now_ms().to_string();
+    let (a, _) = explain(&ledger, port, &unknown_mine, Some(&now));
+    assert_eq!(a["reason"], "never_seen", "{a}");
+    let (a, _) = explain(&ledger, port, &unknown_mine, Some("2020-01-01T00:00:00Z"));
+    assert_eq!(a["reason"], "aged_out", "{a}");
+
+    // An id of the partition another worker owns: which one.
+    let other = String::from_utf8(theirs[0].key.clone().unwrap()).unwrap();
+    let (a, sentence) = explain(&ledger, port, &other, None);
+    assert_eq!((a["owned"].clone(), a["partition"].clone(), a["reason"].clone()), (serde_json::json!(false), serde_json::json!(1), serde_json::json!("not_owned")));
+    assert!(sentence.contains("ask the worker that owns partition 1"), "{sentence}");
+
+    // The endpoint keeps the admin rules: a web page is refused.
+    let answer = kit::http::request(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        "GET",
+        &format!("/admin/ids/{id}"),
+        &[("Origin", "https://evil.example")],
+        b"",
+    )
+    .expect("an answer");
+    assert_eq!(answer.status, 403);
+
+    // The worker stopped: the same from its ledger directory.
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let (a, _) = explain(&ledger, port, &id, None);
+    assert_eq!((a["held"].clone(), a["first_seen_ms"].clone()), (serde_json::json!(true), serde_json::json!(first_seen)), "{a}");
+    assert!(a["partition"].is_null() && a["owned"].is_null(), "a stopped worker's ledger does not say whose partition: {a}");
+}
+
 fn snapshot_dirs(root: &Path) -> usize {
     match std::fs::read_dir(root) {
         Ok(entries) => entries

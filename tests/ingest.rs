@@ -89,6 +89,16 @@ fn murmur2_matches_the_java_clients_known_vectors() {
     assert_eq!(java_partition(b"web:m-1", 4), 3);
 }
 
+#[test]
+fn explain_puts_a_key_id_where_the_java_client_puts_its_record() {
+    for (key, partitions) in [("6ba7b810-9dad-11d1-80b4-00c04fd430c8", 4), ("web:m-1", 4), ("a", 3), ("messageId-7", 12)] {
+        let p = dedupe_actors::explain::partition_of_id(&dedupe::config::IdSource::Key, dedupe::config::InputPartitioner::Murmur2Random, key.as_bytes(), partitions);
+        assert_eq!(p, Some(java_partition(key.as_bytes(), partitions)), "{key}");
+    }
+    let header = dedupe::config::IdSource::Header("message-id".into());
+    assert_eq!(dedupe_actors::explain::partition_of_id(&header, dedupe::config::InputPartitioner::Murmur2Random, b"x", 4), None, "a header id's partition follows a key it does not see");
+}
+
 /// The binary under test, built by cargo for this test run.
 const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 

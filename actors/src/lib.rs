@@ -8,7 +8,8 @@
 //! - [`http`]: the HTTP servers. The tracking API ([`http::ingest`]), metrics and the admin
 //!   endpoint ([`http::telemetry`]), and what bounds every connection ([`http::server`],
 //!   [`http::guarded_stream`]).
-//! - [`cli`]: the command line and the operator's commands ([`cli::tools`]).
+//! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
+//!   explain`, and where an id's partition is.
 //! - [`run`]: the worker, wired together.
 //! - [`bench`]: the pipeline bench.
 
@@ -29,6 +30,7 @@ pub mod bench {
     pub mod pipeline;
 }
 pub mod cli;
+pub mod explain;
 pub mod http {
     //! The HTTP servers and what bounds their connections.
     pub mod cors;

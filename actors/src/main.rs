@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use dedupe::config::Config;
 use dedupe_actors::cli::{
-    BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, HandoffBenchArgs, IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs,
+    BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, HandoffBenchArgs, IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs,
     OpenBenchArgs, PipelineBenchArgs, RunArgs, VerifyArgs,
 };
 use dedupe_actors::actors::coordinator::RunOptions;
@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         Command::Ingest(args) => serve_ingest(&args),
         Command::Verify(args) => verify(&args),
         Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
+        Command::Explain(args) => explain(&args),
         Command::Ledger(command) => ledger(&command),
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
         Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| bench_handoff(&args, &config)),
@@ -102,6 +103,18 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
 }
 
 /// `dedupe ledger stats|snapshot|restore`.
+/// `dedupe explain ID`: the answer as one JSON line, then its sentence.
+fn explain(args: &ExplainArgs) -> ExitCode {
+    let sent_at_ms = match args.sent_at_ms() {
+        Ok(ms) => ms,
+        Err(e) => return fail(e),
+    };
+    with_config(&args.config, |config| {
+        let answer = dedupe_actors::explain::explain(&config, &args.id, sent_at_ms, config.metrics.addr)?;
+        Ok(format!("{}\n{}", serde_json::to_string(&answer)?, answer.sentence))
+    })
+}
+
 fn ledger(command: &LedgerCommand) -> ExitCode {
     let args = match command {
         LedgerCommand::Stats(a) | LedgerCommand::Snapshot(a) => a,

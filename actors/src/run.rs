@@ -33,15 +33,16 @@ pub fn maintenance_ledger_options(config: &Config) -> LedgerOptions {
     }
 }
 
-/// Which input partitions this worker owns (in static mode; none up front in group mode), after
-/// checking the input and output topics and making sure the id changelog is there.
-pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
+/// Which input partitions this worker owns (in static mode; none up front in group mode), and how
+/// many the input has, after checking the input and output topics and making sure the id
+/// changelog and the duplicate audit are there.
+pub fn owned_partitions(config: &Config) -> anyhow::Result<(Vec<i32>, usize)> {
     let all = check_topics(config)?;
     let input = all.len();
     ensure_changelog(config, input)?;
     ensure_audit(config, input)?;
     if config.worker.assignment == Assignment::Group {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), input));
     }
     let w = &config.worker;
     let owned = match (&w.partitions, w.worker_index, w.worker_count) {
@@ -57,7 +58,7 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<Vec<i32>> {
     if owned.is_empty() {
         bail!("this worker owns no partition of {} ({input} partitions)", w.input_topic);
     }
-    Ok(owned)
+    Ok((owned, input))
 }
 
 /// Checks that the input and output topics exist and fit; returns every input partition.
@@ -163,7 +164,7 @@ fn data_dir_error(path: &std::path::Path, e: std::io::Error) -> anyhow::Error {
 /// Runs the worker until a signal or a fatal error; returns the process exit code.
 pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let handle = crate::http::telemetry::init_metrics()?;
-    let partitions = owned_partitions(&config)?;
+    let (partitions, input_partitions) = owned_partitions(&config)?;
     let path = config.worker.data_dir.clone();
     std::fs::create_dir_all(&path).map_err(|e| data_dir_error(&path, e))?;
     let ledger = Arc::new(Ledger::open(&path, ledger_options(&config)).context("opening the ledger")?);
@@ -178,12 +179,19 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let system = System::new();
     let db = ledger.clone();
     let store = ledger.clone();
+    let admin_ledger = ledger.clone();
     let code = system.block_on(async move {
         let health = Arc::new(Health::default());
         let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
         let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, store, health.clone(), options).start();
-        let server =
-            crate::http::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, coordinator.clone())?;
+        let targets = crate::http::telemetry::AdminTargets {
+            coordinator: coordinator.clone(),
+            ledger: admin_ledger,
+            id_source: config.worker.id_source.clone(),
+            partitioner: config.worker.input_partitioner,
+            input_partitions: input_partitions as i32,
+        };
+        let server = crate::http::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, targets)?;
         let server_handle = server.handle();
         actix_rt::spawn(server);
         tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");

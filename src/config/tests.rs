@@ -171,6 +171,16 @@ fn group_assignment_settings_are_checked_naming_the_key() {
 }
 
 #[test]
+fn one_partition_may_be_given_as_a_number() {
+    let c = load_str("", &[("DEDUPE_WORKER_PARTITIONS", "3")]).unwrap();
+    assert_eq!(c.worker.partitions, Some(PartitionSet(vec![3])), "the environment's 3 reads as a number");
+    let c = load_str("[worker]\npartitions = 0\n", &[]).unwrap();
+    assert_eq!(c.worker.partitions, Some(PartitionSet(vec![0])));
+    let err = load_str("[worker]\npartitions = -1\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.partitions:"), "{err}");
+}
+
+#[test]
 fn the_duplicate_audit_is_on_by_default_and_its_settings_are_checked() {
     let c = load_str("", &[]).unwrap();
     assert_eq!(c.worker.audit_topic().as_deref(), Some("events.out.duplicates"), "the default follows the output topic");

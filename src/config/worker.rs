@@ -53,6 +53,10 @@ pub struct WorkerConfig {
     pub data_dir: PathBuf,
     /// Where the message id is read: `key`, `header:NAME` or `json:/pointer`.
     pub id_source: IdSource,
+    /// How the input's producers choose a keyed record's partition, so that `dedupe explain`
+    /// can name the partition of an id read from the key: `murmur2_random` (the Java client's and
+    /// the front door's) or `consistent_random` (librdkafka's default: CRC32).
+    pub input_partitioner: InputPartitioner,
     /// What to do with a record whose id is missing, empty, over 1 KiB or unreadable.
     pub unkeyed_policy: UnkeyedPolicy,
     /// Where `dead-letter` sends such records.
@@ -112,6 +116,8 @@ impl Default for WorkerConfig {
             data_dir: PathBuf::from("/var/lib/dedupe/ledger"),
             // The input topic is keyed by message id.
             id_source: IdSource::Key,
+            // The Java client's, which the front door's producer uses too.
+            input_partitioner: InputPartitioner::Murmur2Random,
             // Never lose data: a record without a usable id goes on unchecked.
             unkeyed_policy: UnkeyedPolicy::Forward,
             dead_letter_topic: None,
@@ -190,6 +196,16 @@ impl std::str::FromStr for Assignment {
             other => Err(format!("`{other}` is not one of static, group")),
         }
     }
+}
+
+/// A Kafka producer's partitioner for keyed records (librdkafka's names).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum InputPartitioner {
+    /// `murmur2(key) & 0x7fffffff % partitions`: the Java client's default, and the front door's.
+    Murmur2Random,
+    /// `crc32(key) % partitions`: librdkafka's default (confluent-kafka for Python, Go, .NET).
+    ConsistentRandom,
 }
 
 /// Where a record's message id is read from.
@@ -325,9 +341,20 @@ impl Serialize for PartitionSet {
     }
 }
 
+/// A list as text (`"0-3,7"`), or one partition as a number (`3`, as `DEDUPE_WORKER_PARTITIONS=3`
+/// reads).
 impl<'de> Deserialize<'de> for PartitionSet {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Text(String),
+            One(i64),
+        }
+        let text = match Given::deserialize(d).map_err(|_| serde::de::Error::custom("must be a list of partitions like \"0-3,7\", or one partition"))? {
+            Given::Text(text) => text,
+            Given::One(n) => n.to_string(),
+        };
         Self::parse(&text).map_err(serde::de::Error::custom)
     }
 }

@@ -7,7 +7,7 @@ use super::batch_log::LoggedBatch;
 use super::error::{rocks, Doing};
 use super::format::{decode_first_seen, progress_key};
 use super::index::{IdIndex, Probe};
-use super::{stored_first_seen_ms, Ledger, LedgerError, Result, State, Verdict, CF_PROGRESS};
+use super::{stored_first_seen_ms, Ledger, LedgerError, Result, Sighting, State, Verdict, CF_PROGRESS};
 use crate::identity::LedgerKey;
 use crate::Partition;
 
@@ -83,6 +83,28 @@ impl Ledger {
                 if let Some(value) = result.map_err(rocks(Doing::Read))? {
                     found[i] = Some(decode_first_seen(base_ms, &value)?);
                 }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Every copy of `key` the ledger holds, newest generation first: each generation's id and
+    /// the copy's first-seen time. Reads every live generation (not the id index): for explaining
+    /// one id, not for the pipeline.
+    pub(super) fn sightings_in(&self, state: &State, key: &LedgerKey) -> Result<Vec<Sighting>> {
+        let mut found = Vec::new();
+        let buffered = state.pending.get(key).or_else(|| state.in_flight.as_ref().and_then(|f| f.ids.get(key)));
+        for (newest, generation) in state.generations.iter().rev().enumerate() {
+            if newest == 0 {
+                if let Some(&first_seen_ms) = buffered {
+                    found.push(Sighting { generation: generation.meta.id, first_seen_ms });
+                    continue;
+                }
+            }
+            let Some(base_ms) = generation.meta.base_ms else { continue };
+            let cf = self.cf(&generation.name)?;
+            if let Some(value) = self.db.get_cf(&cf, key.0).map_err(rocks(Doing::Read))? {
+                found.push(Sighting { generation: generation.meta.id, first_seen_ms: decode_first_seen(base_ms, &value)? });
             }
         }
         Ok(found)

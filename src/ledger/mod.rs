@@ -180,6 +180,14 @@ pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;
 /// A file present in the ledger directory only while the ledger is being created.
 pub const CREATING_MARKER: &str = "CREATING";
 
+/// One copy of an id the ledger holds: the generation it is in and its first-seen time. An id has
+/// one copy, or two while a load's newer copy and the older one both live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Sighting {
+    pub generation: u64,
+    pub first_seen_ms: i64,
+}
+
 /// The answer for one id of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -316,6 +324,12 @@ impl Ledger {
         self.buffer_batch(&mut state, batch)?;
         self.maybe_seal(&mut state)?;
         Ok(verdicts)
+    }
+
+    /// Every copy of `key` held, newest generation first (see [`Sighting`]).
+    pub fn sightings(&self, key: &LedgerKey) -> Result<Vec<Sighting>> {
+        let state = self.lock();
+        self.sightings_in(&state, key)
     }
 
     /// How far back the ledger remembers one partition's ids: every id of `partition` first seen

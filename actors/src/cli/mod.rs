@@ -33,6 +33,11 @@ pub enum Command {
     Ingest(IngestArgs),
     /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do.
     Loadgen(LoadgenArgs),
+    /// Explain one message id: whether it is in the window (a copy arriving now is dropped), when
+    /// it was first seen and where it is held, how far back the window reaches, and why an id is
+    /// not held. Asks the running worker at metrics.addr (GET /admin/ids/ID); reads a stopped
+    /// worker's ledger when nothing answers there. Prints one JSON line, then one sentence.
+    Explain(ExplainArgs),
     /// Inspect, snapshot and restore the ledger.
     #[command(subcommand)]
     Ledger(LedgerCommand),
@@ -52,6 +57,31 @@ pub enum LedgerCommand {
     /// Restore a snapshot into the ledger directory (the worker must be stopped). The next start
     /// replays the output topic from the snapshot's progress records.
     Restore(RestoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The message id, as the client sent it.
+    pub id: String,
+    /// When the id was first sent (RFC 3339, or ms since the epoch): tells an id that aged out of
+    /// the window from one never seen.
+    #[arg(long, value_name = "TIME")]
+    pub sent_at: Option<String>,
+}
+
+impl ExplainArgs {
+    /// `--sent-at` in ms since the epoch.
+    pub fn sent_at_ms(&self) -> Result<Option<i64>, String> {
+        let Some(text) = self.sent_at.as_deref() else { return Ok(None) };
+        if let Ok(ms) = text.parse::<i64>() {
+            return Ok(Some(ms));
+        }
+        let t = humantime::parse_rfc3339_weak(text).map_err(|e| format!("--sent-at: `{text}` is neither ms since the epoch nor an RFC 3339 time: {e}"))?;
+        let ms = t.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("--sent-at: `{text}` is before 1970"))?.as_millis();
+        Ok(Some(ms as i64))
+    }
 }
 
 #[derive(Debug, Args)]

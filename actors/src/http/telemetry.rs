@@ -16,7 +16,7 @@ use dedupe::metrics as m;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
-use crate::actors::coordinator::{Coordinator, Health, TakeSnapshot};
+use crate::actors::coordinator::{Coordinator, Health, OwnedPartitions, TakeSnapshot};
 use crate::actors::events::AdminRefused;
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
@@ -41,24 +41,36 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz`, and `POST /admin/snapshot` (take a ledger snapshot
-/// now) on `addr`, which is loopback unless configured otherwise. The admin endpoint needs
-/// `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is, a loopback
-/// client that is not a web page (see `authorize`).
+/// What the admin endpoints reach: the coordinator, and for `GET /admin/ids/{id}` the ledger and
+/// how ids map to input partitions.
+pub struct AdminTargets {
+    pub coordinator: actix::Addr<Coordinator>,
+    pub ledger: Arc<dedupe::ledger::Ledger>,
+    pub id_source: dedupe::config::IdSource,
+    pub partitioner: dedupe::config::InputPartitioner,
+    /// The input topic's partitions, as read at start.
+    pub input_partitions: i32,
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz`, `POST /admin/snapshot` (take a ledger snapshot now)
+/// and `GET /admin/ids/{id}` (explain one id) on `addr`, which is loopback unless configured
+/// otherwise. The admin endpoints need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token
+/// is set; when none is, a loopback client that is not a web page (see `authorize`).
 pub fn serve(
     addr: SocketAddr,
     admin_token: Option<Secret>,
     handle: PrometheusHandle,
     health: Arc<Health>,
-    coordinator: actix::Addr<Coordinator>,
+    targets: AdminTargets,
 ) -> anyhow::Result<actix_web::dev::Server> {
-    let admin = web::Data::new(Admin { token: admin_token.map(SecretMatcher::new), coordinator, logs: Default::default() });
+    let admin = web::Data::new(Admin { token: admin_token.map(SecretMatcher::new), targets, logs: Default::default() });
     let server = HttpServer::new(move || {
         let handle = handle.clone();
         let health = health.clone();
         App::new()
             .app_data(admin.clone())
             .route("/admin/snapshot", web::post().to(admin_snapshot))
+            .route("/admin/ids/{id}", web::get().to(admin_explain))
             .route("/metrics", metrics_route(handle))
             .route("/healthz", web::get().to(|| async { HttpResponse::Ok().body("ok\n") }))
             .route(
@@ -95,7 +107,7 @@ const SEC_FETCH_SITE: &str = "sec-fetch-site";
 /// What the admin endpoints share.
 struct Admin {
     token: Option<SecretMatcher>,
-    coordinator: actix::Addr<Coordinator>,
+    targets: AdminTargets,
     /// Refusals' log lines, at most one per interval.
     logs: dedupe::log_limit::LogLimiter,
 }
@@ -231,24 +243,67 @@ fn header(req: &HttpRequest, name: impl actix_web::http::header::AsHeaderName) -
     req.headers().get(name).map(|v| v.to_str().unwrap_or(""))
 }
 
-/// `POST /admin/snapshot`: takes a snapshot and answers with its directory.
-async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpResponse {
+/// Lets an admin request through, or answers its refusal (logged, counted).
+fn admit(req: &HttpRequest, admin: &Admin) -> Result<(), HttpResponse> {
     let peer = req.peer_addr().map(|a| a.ip());
     let listener = req.app_config().local_addr();
     let request = AdminRequest {
-        authorization: header(&req, AUTHORIZATION),
-        origin: header(&req, ORIGIN),
-        sec_fetch_site: header(&req, SEC_FETCH_SITE),
-        host: header(&req, HOST),
+        authorization: header(req, AUTHORIZATION),
+        origin: header(req, ORIGIN),
+        sec_fetch_site: header(req, SEC_FETCH_SITE),
+        host: header(req, HOST),
         listener,
         peer,
     };
-    if let Err(refusal) = authorize(admin.token.as_ref(), &request) {
+    authorize(admin.token.as_ref(), &request).map_err(|refusal| {
         AdminRefused { peer, why: refusal.why() }.emit(&admin.logs);
-        return refusal.response(listener);
+        refusal.response(listener)
+    })
+}
+
+/// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch.
+#[derive(serde::Deserialize)]
+struct ExplainQuery {
+    sent_at_ms: Option<i64>,
+}
+
+/// `GET /admin/ids/{id}`: whether the ledger holds the id, and why not (see `dedupe::explain`).
+async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<String>, query: web::Query<ExplainQuery>) -> HttpResponse {
+    if let Err(refused) = admit(&req, &admin) {
+        return refused;
+    }
+    let id = id.into_inner();
+    let t = &admin.targets;
+    let partition = crate::explain::partition_of_id(&t.id_source, t.partitioner, id.as_bytes(), t.input_partitions);
+    let owned = match partition {
+        Some(p) => match t.coordinator.send(OwnedPartitions).await {
+            Ok(owned) => Some(owned.contains(&p)),
+            Err(_) => return HttpResponse::ServiceUnavailable().json(json!({ "error": "the worker is stopping" })),
+        },
+        None => None,
+    };
+    let ledger = t.ledger.clone();
+    let sent_at_ms = query.sent_at_ms;
+    let answer = web::block(move || {
+        let q = dedupe::explain::Question { id: &id, partition, owned, sent_at_ms, now_ms: dedupe::recovery::now_ms() };
+        dedupe::explain::explain(&ledger, &q)
+    })
+    .await;
+    match answer {
+        Ok(Ok(answer)) => HttpResponse::Ok().json(answer),
+        Ok(Err(e @ dedupe::explain::ExplainError::Id(_))) => HttpResponse::BadRequest().json(json!({ "error": e.to_string() })),
+        Ok(Err(e)) => HttpResponse::InternalServerError().json(json!({ "error": e.to_string() })),
+        Err(_) => HttpResponse::ServiceUnavailable().json(json!({ "error": "the worker is stopping" })),
+    }
+}
+
+/// `POST /admin/snapshot`: takes a snapshot and answers with its directory.
+async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpResponse {
+    if let Err(refused) = admit(&req, &admin) {
+        return refused;
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    admin.coordinator.do_send(TakeSnapshot { trigger: Trigger::Requested, reply: Some(tx) });
+    admin.targets.coordinator.do_send(TakeSnapshot { trigger: Trigger::Requested, reply: Some(tx) });
     match rx.await {
         Ok(Ok(dir)) => HttpResponse::Ok().json(json!({ "snapshot": dir })),
         Ok(Err(e @ SnapshotError::Busy)) => HttpResponse::Conflict().json(json!({ "error": e.to_string() })),

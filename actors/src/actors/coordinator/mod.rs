@@ -366,3 +366,20 @@ impl Actor for Coordinator {
         }
     }
 }
+
+/// The input partitions this worker owns now (taken over, loading or live); in static mode before
+/// the pipeline runs, the configured ones.
+#[derive(Message)]
+#[rtype(result = "Vec<i32>")]
+pub struct OwnedPartitions;
+
+impl Handler<OwnedPartitions> for Coordinator {
+    type Result = Vec<i32>;
+
+    fn handle(&mut self, _: OwnedPartitions, _: &mut Self::Context) -> Vec<i32> {
+        match &self.running {
+            Some(running) => running.owned.keys().copied().collect(),
+            None => self.static_partitions.clone(),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! `dedupe explain ID`: asks the running worker (`GET /admin/ids/{id}` at its metrics address),
+//! or, when none listens there, reads the stopped worker's ledger, and prints the answer (see
+//! `dedupe::explain`) as one JSON line and one sentence.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use dedupe::config::{Config, IdSource, InputPartitioner};
+
+/// The input partition of an id read from the record key: the partition the input's producers
+/// choose for that key with `partitioner` (librdkafka's own implementations; `murmur2_random` is
+/// the Java client's). `None` for ids read from a header or the value, whose partition follows a
+/// key this command does not see.
+pub fn partition_of_id(source: &IdSource, partitioner: InputPartitioner, id: &[u8], partitions: i32) -> Option<i32> {
+    if *source != IdSource::Key || id.is_empty() || partitions <= 0 {
+        return None;
+    }
+    let choose = match partitioner {
+        InputPartitioner::Murmur2Random => rdkafka::bindings::rd_kafka_msg_partitioner_murmur2_random,
+        InputPartitioner::ConsistentRandom => rdkafka::bindings::rd_kafka_msg_partitioner_consistent_random,
+    };
+    // SAFETY: with a key that is not null, these partitioners read `keylen` bytes of `key` and
+    // nothing else (the topic and opaque pointers are used only for a null key).
+    let p = unsafe { choose(std::ptr::null(), id.as_ptr().cast(), id.len(), partitions, std::ptr::null_mut(), std::ptr::null_mut()) };
+    Some(p)
+}
+
+/// Explains `id`: asks the worker at `addr`; reads `config.worker.data_dir` when nothing listens
+/// there.
+pub fn explain(config: &Config, id: &str, sent_at_ms: Option<i64>, addr: std::net::SocketAddr) -> anyhow::Result<dedupe::explain::Answer> {
+    let mut url = format!("http://{addr}/admin/ids/{}", urlencode(id));
+    if let Some(ms) = sent_at_ms {
+        url.push_str(&format!("?sent_at_ms={ms}"));
+    }
+    let mut request = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build().get(&url);
+    if let Some(token) = &config.metrics.admin_token {
+        request = request.set("Authorization", &format!("Bearer {}", token.expose()));
+    }
+    match request.call() {
+        Ok(response) => Ok(serde_json::from_reader::<_, AnswerJson>(response.into_reader())?.into()),
+        Err(ureq::Error::Status(status, response)) => {
+            let body = response.into_string().unwrap_or_default();
+            anyhow::bail!("the worker at {addr} could not explain the id ({status}): {}", body.trim())
+        }
+        Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => offline(config, id, sent_at_ms),
+        Err(ureq::Error::Transport(t)) => anyhow::bail!("asking the worker at {addr}: {t}"),
+    }
+}
+
+/// A stopped worker's ledger, opened as `dedupe ledger stats` opens it. Which partition the id
+/// belongs to and whether this worker owned it are not known here.
+fn offline(config: &Config, id: &str, sent_at_ms: Option<i64>) -> anyhow::Result<dedupe::explain::Answer> {
+    let path = &config.worker.data_dir;
+    if !path.join("CURRENT").exists() {
+        anyhow::bail!("no worker answers on metrics.addr and there is no ledger at {}", path.display());
+    }
+    let ledger = dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
+        .with_context(|| format!("no worker answers on metrics.addr; opening the ledger at {} (is a worker running on it?)", path.display()))?;
+    let q = dedupe::explain::Question { id, partition: None, owned: None, sent_at_ms, now_ms: dedupe::recovery::now_ms() };
+    let answer = dedupe::explain::explain(&ledger, &q)?;
+    ledger.close()?;
+    Ok(answer)
+}
+
+/// Percent-encodes an id for a URL path segment (ids are any bytes up to 1 KiB).
+fn urlencode(id: &str) -> String {
+    id.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// The worker's answer, as read back.
+#[derive(serde::Deserialize)]
+struct AnswerJson {
+    id: String,
+    ledger_key: String,
+    partition: Option<i32>,
+    owned: Option<bool>,
+    held: bool,
+    first_seen_ms: Option<i64>,
+    generation: Option<u64>,
+    copies: Vec<SightingJson>,
+    window_secs: Option<f64>,
+    window_start_ms: Option<i64>,
+    reason: Option<String>,
+    sentence: String,
+}
+
+#[derive(serde::Deserialize)]
+struct SightingJson {
+    generation: u64,
+    first_seen_ms: i64,
+}
+
+impl From<AnswerJson> for dedupe::explain::Answer {
+    fn from(a: AnswerJson) -> Self {
+        let reason = a.reason.as_deref().and_then(|r| {
+            [
+                dedupe::explain::REASON_NOT_OWNED,
+                dedupe::explain::REASON_AGED_OUT,
+                dedupe::explain::REASON_NEVER_SEEN,
+                dedupe::explain::REASON_NOT_IN_WINDOW,
+            ]
+            .into_iter()
+            .find(|known| *known == r)
+        });
+        Self {
+            id: a.id,
+            ledger_key: a.ledger_key,
+            partition: a.partition,
+            owned: a.owned,
+            held: a.held,
+            first_seen_ms: a.first_seen_ms,
+            generation: a.generation,
+            copies: a.copies.into_iter().map(|s| dedupe::ledger::Sighting { generation: s.generation, first_seen_ms: s.first_seen_ms }).collect(),
+            window_secs: a.window_secs,
+            window_start_ms: a.window_start_ms,
+            reason,
+            sentence: a.sentence,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_is_escaped_for_the_path() {
+        assert_eq!(urlencode("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(urlencode("6ba7b810-9dad"), "6ba7b810-9dad");
+    }
+}
