@@ -106,7 +106,7 @@ pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
 /// hangs fails after the clients' `socket.timeout.ms` (10 s here) and librdkafka asks the next
 /// leader or coordinator; the call's own timeout bounds the rest, so a partition stalled by a
 /// fault aborts and tries its batch again, or (a commit) calls again, within seconds, well inside
-/// the transaction's timeout. The watchdog takes a call 5 s past this for hung.
+/// the transaction's timeout. The watchdog takes a call 2 s past this for hung.
 pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
     Duration::from_millis(transaction_timeout_ms / 6).clamp(Duration::from_secs(10), Duration::from_secs(15))
 }
@@ -318,8 +318,14 @@ impl OutputWriter {
             let r = OutRecord { value: Some(value), ..OutRecord::default() };
             self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
         }
-        let watched = crate::watchdog::arm("flush", &self.transactional_id, self.timeout);
-        self.producer.flush(self.timeout).map_err(|e| classify(e, &self.transactional_id))?;
+        // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
+        // node just killed, each step can use most of its own timeout in turn (seen in the kill
+        // test: a flush that waited 9 s for the leader to move, then a commit that timed out
+        // after 10 s more). Past the budget a new producer is quicker than asking on.
+        let budget = TransactionBudget::new(self.timeout);
+        let wait = budget.left();
+        let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
+        self.producer.flush(wait).map_err(|e| classify(e, &self.transactional_id))?;
         drop(watched);
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
             // The abort names why: the first failed record's topic and its error.
@@ -331,16 +337,17 @@ impl OutputWriter {
         offsets
             .add_partition_offset(batch.input_topic, batch.input_partition, Offset::Offset(batch.next_input_offset))
             .map_err(|source| PublishError::Fatal { source })?;
-        let watched = crate::watchdog::arm("send_offsets_to_transaction", &self.transactional_id, self.timeout);
+        let wait = budget.left();
+        let watched = crate::watchdog::arm("send_offsets_to_transaction", &self.transactional_id, wait);
         self.producer
-            .send_offsets_to_transaction(&offsets, group, self.timeout)
+            .send_offsets_to_transaction(&offsets, group, wait)
             .map_err(|e| classify(e, &self.transactional_id))?;
         drop(watched);
         fail::fail_point!("output-before-commit", |_| {
             eprintln!("failpoint output-before-commit: exiting");
             std::process::exit(86)
         });
-        self.commit_with_retries()?;
+        self.commit_with_retries(&budget)?;
         let tracker = self.producer.context();
         let last = tracker.last_output.load(Ordering::Relaxed);
         let changelog = tracker.last_changelog.load(Ordering::Relaxed);
@@ -383,25 +390,32 @@ impl OutputWriter {
         }
     }
 
-    /// Commits, calling `commit_transaction` again on a retriable error (a timeout), as
-    /// librdkafka requires: the commit may have reached the broker, so the transaction must not
-    /// be aborted then. This is the commit's only retry; an aborted transaction is a different
-    /// failure, retried by the caller as a whole batch.
-    fn commit_with_retries(&mut self) -> Result<(), PublishError> {
+    /// Commits, calling `commit_transaction` again on a retriable error, as librdkafka requires:
+    /// the commit may have reached the broker, so the transaction must not be aborted then. A
+    /// commit that timed out is not asked again on this producer: it waited on a coordinator that
+    /// died or went silent, and this producer would keep asking the same one (seen in the kill
+    /// test: a second 10 s wait, while a new producer took 0.7 s). The caller makes a new
+    /// producer, whose `init_transactions` has the coordinator finish the transaction either
+    /// way (committed if the commit reached it, else aborted) before recovery reads the logs,
+    /// as after a crash at this point. This is the commit's only retry; an aborted transaction
+    /// is a different failure, retried by the caller as a whole batch.
+    fn commit_with_retries(&mut self, budget: &TransactionBudget) -> Result<(), PublishError> {
         let mut backoff = COMMIT_RETRIES;
         loop {
-            let watched = crate::watchdog::arm("commit_transaction", &self.transactional_id, self.timeout);
+            let wait = budget.left();
+            let watched = crate::watchdog::arm("commit_transaction", &self.transactional_id, wait);
             // The tests hang a commit here (`sleep(MS)`), as librdkafka's known hangs do.
             fail::fail_point!("output-commit-hangs");
-            let committed = self.producer.commit_transaction(self.timeout);
+            let committed = self.producer.commit_transaction(wait);
             drop(watched);
             match committed {
                 Ok(()) => return Ok(()),
+                Err(e) if timed_out(&e) => return Err(PublishError::Fatal { source: e }),
                 Err(e) => {
                     let retriable = matches!(&e, KafkaError::Transaction(t) if t.is_retriable());
                     match backoff.next_delay().filter(|_| retriable) {
                         Some(delay) => {
-                            tracing::warn!(retries = backoff.retries(), "Committing the output transaction timed out; retrying the commit.");
+                            tracing::warn!(retries = backoff.retries(), error = %e, "Committing the output transaction failed for now; retrying the commit.");
                             std::thread::sleep(delay);
                         }
                         None => return Err(classify(e, &self.transactional_id)),
@@ -412,8 +426,27 @@ impl OutputWriter {
     }
 }
 
-/// Retries of a commit that timed out: at once (each call already waits up to the transaction
-/// timeout), five times.
+/// What is left of a transaction's time for its next wait: its call timeout from the first
+/// wait's start, and never less than [`TransactionBudget::FLOOR`] (a healthy step takes
+/// milliseconds; one that needs more than what is left would rather fail into a new producer).
+struct TransactionBudget {
+    deadline: std::time::Instant,
+}
+
+impl TransactionBudget {
+    const FLOOR: Duration = Duration::from_secs(1);
+
+    fn new(total: Duration) -> Self {
+        Self { deadline: std::time::Instant::now() + total }
+    }
+
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(std::time::Instant::now()).max(Self::FLOOR)
+    }
+}
+
+/// Retries of a commit refused for now (a retriable error other than a timeout): at once, five
+/// times.
 const COMMIT_RETRIES: Backoff = Backoff::new(Duration::ZERO, Duration::ZERO, 5);
 
 /// Whether a call gave up waiting for an answer (librdkafka's local timeout).

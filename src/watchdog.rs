@@ -25,8 +25,10 @@ use std::time::{Duration, Instant};
 /// The exit code of a process the watchdog ended.
 pub const STUCK_EXIT_CODE: i32 = 4;
 
-/// How long past its own timeout a call may take before it counts as hung.
-pub const GRACE: Duration = Duration::from_secs(5);
+/// How long past its own timeout a call may take before it counts as hung. librdkafka returns a
+/// call that honours its timeout within milliseconds of it; the hangs above last minutes. Every
+/// second of grace is a second more of stall for the partition whose call hung.
+pub const GRACE: Duration = Duration::from_secs(2);
 
 /// Takes over a hung call of `owner` (`call` is its name): true when it will recover without the
 /// process exiting.

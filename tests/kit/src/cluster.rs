@@ -198,6 +198,25 @@ impl Cluster {
         crate::wait_until(what, Duration::from_secs(90), Duration::from_millis(500), || find(self), || self.describe())
     }
 
+    /// Waits until every partition of every topic has all its replicas in sync: a node killed and
+    /// started again has caught up, so the next fault meets a whole cluster.
+    pub fn wait_in_sync(&self) {
+        crate::wait_until(
+            "every replica in sync",
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            || {
+                let md = self.metadata(None)?;
+                md.topics()
+                    .iter()
+                    .flat_map(|t| t.partitions())
+                    .all(|p| p.leader() >= 0 && p.isr().len() == p.replicas().len())
+                    .then_some(())
+            },
+            || self.describe(),
+        )
+    }
+
     /// Waits until every one of `partitions` partitions of `topic` has a leader.
     pub fn wait_for_leaders(&self, topic: &str, partitions: i32) {
         crate::wait_until(

@@ -284,6 +284,22 @@ impl Growth {
         longest
     }
 
+    /// The longest time one partition did not grow, among the stills that overlap `[from, to]`
+    /// (a fault's: the output flowed on every partition before it, and again after it).
+    pub fn longest_stall_during(&self, from: Instant, to: Instant) -> Duration {
+        let mut longest = Duration::ZERO;
+        for times in self.grew.values() {
+            let mut last = self.started;
+            for t in times.iter().chain([&self.stopped]) {
+                if *t > from && last < to {
+                    longest = longest.max(t.duration_since(last));
+                }
+                last = *t;
+            }
+        }
+        longest
+    }
+
     /// How long after `since` the last of the partitions in `of` grew again (all of them when
     /// empty); `None` if one never did.
     pub fn back_after(&self, since: Instant, of: &[i32]) -> Option<Duration> {
