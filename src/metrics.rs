@@ -55,6 +55,14 @@ pub const PARTITIONS_OWNED: &str = "dedupe_partitions_owned";
 pub const ERRORS: &str = "dedupe_errors_total";
 pub const OUTPUT_QUEUE_FULL: &str = "dedupe_output_queue_full_waits_total";
 pub const AUDIT_RECORDS: &str = "dedupe_audit_records_total";
+pub const SOURCE_RECORDS: &str = "dedupe_source_records_total";
+/// Label of [`SOURCE_RECORDS`]: the front door's source of a record, `other`, or `none`.
+pub const LABEL_SOURCE: &str = "source";
+pub const SOURCE_OTHER: &str = "other";
+pub const SOURCE_NONE: &str = "none";
+/// Values of [`LABEL_OUTCOME`] on [`SOURCE_RECORDS`].
+pub const OUTCOME_PUBLISHED: &str = "published";
+pub const OUTCOME_DUPLICATE: &str = "duplicate";
 /// Values of [`LABEL_OUTCOME`] on [`AUDIT_RECORDS`].
 pub const AUDIT_WRITTEN: &str = "written";
 pub const AUDIT_SAMPLED_OUT: &str = "sampled_out";
@@ -175,6 +183,7 @@ pub const ALL: &[Metric] = &[
     m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
     m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(AUDIT_RECORDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Dropped duplicates and their audit records, by outcome: written (in a committed transaction, with the batch's output), sampled_out (the id is outside worker.audit_sample), over_cap (past worker.audit_max_per_sec)."),
+    m(SOURCE_RECORDS, Counter, None, &[LABEL_SOURCE, LABEL_OUTCOME], "Keyed input records by the front door's source (worker.sources; other, or none without the header) and outcome: published, or duplicate (dropped). The duplicate share per source is duplicate / (published + duplicate)."),
     m(PARTITION_ASSIGNMENTS, Counter, None, P, "Input partitions the consumer group assigned to this worker."),
     m(PARTITION_REVOCATIONS, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Input partitions taken from this worker, by reason: revoked (its batch finished, its producer released) or lost (the group gave it away, e.g. after a session timeout)."),
     m(PARTITIONS_LOADING, Gauge, None, &[], "Assigned partitions whose ids are still being loaded into the ledger (not yet processing)."),

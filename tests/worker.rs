@@ -142,7 +142,7 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
     let output = TestTopic::create("audit-out", 2);
     let audit = dedupe::audit::default_topic(&output.name);
     let dir = tempfile::tempdir().unwrap();
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_SOURCES", "web");
     let all = ids(300);
     // Every fifth id sent twice in a row (the copy lands in the same batch), then ids 0..40
     // again in a later batch, and ids 40..60 again after a restart.
@@ -162,6 +162,14 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
 
     let written = metric_value(&page, "dedupe_audit_records_total", &[("outcome", "written")]);
     assert_eq!(written, Some(100.0), "the first run's audit records, counted once committed");
+    // Per source: every other id came through the front door as `web`, the rest without the
+    // header; of the first run's 100 drops, 30 + 20 were web's.
+    let by_source = |source, outcome| metric_value(&page, "dedupe_source_records_total", &[("source", source), ("outcome", outcome)]);
+    assert_eq!(by_source("web", "duplicate"), Some(50.0));
+    assert_eq!(by_source("none", "duplicate"), Some(50.0));
+    assert_eq!(by_source("web", "published"), Some(150.0));
+    assert_eq!(by_source("none", "published"), Some(150.0));
+    assert_eq!(by_source("other", "duplicate"), Some(0.0), "no source outside worker.sources");
     let dropped = dropped_copies(&input.name);
     let audited = audit_records(&audit);
     assert_eq!(dropped.len(), 120);

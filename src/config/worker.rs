@@ -76,6 +76,11 @@ pub struct WorkerConfig {
     /// Most audit records per second per partition; drops past it are counted, not audited, so a
     /// retry storm cannot double the output's write load.
     pub audit_max_per_sec: u32,
+    /// The sources counted apart in `dedupe_source_records_total` (the front door's write keys'
+    /// sources: its `dedupe-source` header). Empty: the sources of `ingest.write_keys_file` and
+    /// `DEDUPE_WRITE_KEYS` when the worker can read them. Any other source counts as `other`, a
+    /// record without the header as `none`, so the series stay few.
+    pub sources: Vec<String>,
     /// Most records per batch (one ledger lookup, one transaction).
     pub batch_max_records: usize,
     /// Most bytes of keys and values per batch.
@@ -129,6 +134,7 @@ impl Default for WorkerConfig {
             // About 0.6% of events are duplicates: 1,000 a second per partition is the audit of
             // 160k events a second on that partition.
             audit_max_per_sec: 1000,
+            sources: Vec::new(),
             // The ledger bench's batch size (src/bench/ledger.rs), at which the ledger figures of
             // docs/performance.md were measured.
             batch_max_records: 4096,

@@ -60,6 +60,8 @@ pub struct PipelineSettings {
     pub input_topic: String,
     /// The duplicate audit, when on (`worker.audit_topic`).
     pub audit: Option<AuditSettings>,
+    /// The sources counted apart in `dedupe_source_records_total`.
+    pub sources: Vec<String>,
 }
 
 /// How dropped duplicates are audited (see `dedupe::audit`).
@@ -135,7 +137,7 @@ impl Actor for PartitionConsumer {
             ledger: self.ledger.clone(),
             publisher: self.publisher.clone(),
             settings: self.settings.clone(),
-            metrics: PartitionMetrics::new(self.partition),
+            metrics: PartitionMetrics::new(self.partition, &self.settings.sources),
             next_output_offset: self.progress.next_output_offset,
             next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
@@ -184,11 +186,19 @@ struct PartitionMetrics {
     audit_written: Counter,
     audit_sampled_out: Counter,
     audit_over_cap: Counter,
+    /// Per counted source (its header value), then `other` and `none`: (published, duplicate).
+    by_source: Vec<(Vec<u8>, (Counter, Counter))>,
+    other_source: (Counter, Counter),
+    no_source: (Counter, Counter),
 }
 
 impl PartitionMetrics {
-    fn new(partition: i32) -> Self {
+    fn new(partition: i32, sources: &[String]) -> Self {
         let label = SharedString::from(partition.to_string());
+        let source = |name: &str| {
+            let counter = |outcome: &'static str| metrics::counter!(m::SOURCE_RECORDS, m::LABEL_SOURCE => name.to_string(), m::LABEL_OUTCOME => outcome);
+            (counter(m::OUTCOME_PUBLISHED), counter(m::OUTCOME_DUPLICATE))
+        };
         let counter = |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
         let histogram = |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
         let stage = |stage: &'static str| metrics::histogram!(m::STAGE_SECONDS, m::LABEL_STAGE => stage);
@@ -208,7 +218,24 @@ impl PartitionMetrics {
             audit_written: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_WRITTEN),
             audit_sampled_out: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_SAMPLED_OUT),
             audit_over_cap: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_OVER_CAP),
+            by_source: sources
+                .iter()
+                .map(|s| (s.as_bytes().to_vec(), source(s)))
+                .collect(),
+            other_source: source(m::SOURCE_OTHER),
+            no_source: source(m::SOURCE_NONE),
             label,
+        }
+    }
+}
+
+impl PartitionMetrics {
+    /// The (published, duplicate) counters of a record's source.
+    fn of_source(&self, record: &OutRecord) -> &(Counter, Counter) {
+        let header = record.headers.iter().find(|(k, _)| k == HEADER_SOURCE).map(|(_, v)| v.as_deref().unwrap_or_default());
+        match header {
+            None => &self.no_source,
+            Some(value) => self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, pair)| pair),
         }
     }
 }
@@ -388,8 +415,12 @@ impl Pipeline {
         let now = Instant::now();
         for (r, fate) in batch.into_iter().zip(&decision.fates) {
             match *fate {
-                Fate::Publish => records.push(r.out),
+                Fate::Publish => {
+                    self.metrics.of_source(&r.out).0.increment(1);
+                    records.push(r.out);
+                }
                 Fate::Duplicate { first_seen_ms, age_ms, in_batch } => {
+                    self.metrics.of_source(&r.out).1.increment(1);
                     self.metrics.duplicate_age.record(age_ms as f64 / 1000.0);
                     if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
                         match sampler.admit(&key, now) {

@@ -217,6 +217,7 @@ impl Coordinator {
             passthrough: options.passthrough,
             input_topic: w.input_topic.clone(),
             audit: w.audit_topic().map(|_| AuditSettings { payloads: w.audit_payloads, sample: w.audit_sample, max_per_sec: w.audit_max_per_sec }),
+            sources: counted_sources(&config),
         });
         let snapshot_pace = SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));
         Self {
@@ -364,6 +365,24 @@ impl Actor for Coordinator {
                 ctx.notify(TakeSnapshot { trigger: Trigger::Scheduled, reply: None });
             });
         }
+    }
+}
+
+/// The sources counted apart per record: `worker.sources`, or else those of the front door's write
+/// keys when this worker can read them (the same configuration file and environment).
+fn counted_sources(config: &Config) -> Vec<String> {
+    if !config.worker.sources.is_empty() {
+        return config.worker.sources.clone();
+    }
+    let env = std::env::var(dedupe_tracking::auth::ENV_WRITE_KEYS).ok();
+    match dedupe_tracking::auth::WriteKeys::load(config.ingest.write_keys_file.as_deref(), env.as_deref()) {
+        Ok(keys) => {
+            let mut sources: Vec<String> = keys.sources().map(str::to_string).collect();
+            sources.sort_unstable();
+            sources.dedup();
+            sources
+        }
+        Err(_) => Vec::new(),
     }
 }
 
