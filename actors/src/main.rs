@@ -149,7 +149,7 @@ fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
 fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let result = dedupe_actors::bench::handoff::run(config, args.ids, Duration::from_secs(args.span_secs), &dir)?;
+    let result = dedupe_actors::bench::handoff::run(config, args.ids, Duration::from_secs(args.span_secs), args.value_bytes, &dir)?;
     let mut out = String::new();
     if !args.json {
         out.push_str(&format!(

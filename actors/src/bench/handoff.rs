@@ -49,6 +49,8 @@ pub struct HandoffBench {
     pub build_ids_per_sec: f64,
     /// The span the ids' first-seen times were spread over.
     pub span_secs: u64,
+    /// Bytes of each input record's value.
+    pub value_bytes: usize,
     /// How much of the window B loads before it resumes (`worker.handover_min_window_secs`, by
     /// default the promised window).
     pub handover_window_secs: u64,
@@ -128,7 +130,7 @@ impl Worker {
     }
 }
 
-pub fn run(config: &Config, ids: u64, span: Duration, work_dir: &Path) -> anyhow::Result<HandoffBench> {
+pub fn run(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_dir: &Path) -> anyhow::Result<HandoffBench> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (input, output, group) = (format!("handoff-in-{id}"), format!("handoff-out-{id}"), format!("handoff-{id}"));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -136,12 +138,13 @@ pub fn run(config: &Config, ids: u64, span: Duration, work_dir: &Path) -> anyhow
         rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[])).with_context(|| format!("creating {topic}"))?;
     }
     let dir = work_dir.join(format!("handoff-{id}"));
-    let result = measure(config, ids, span, &dir, &input, &output, &group);
+    let result = measure(config, ids, span, value_bytes, &dir, &input, &output, &group);
     let _ = std::fs::remove_dir_all(&dir);
     let changelog = dedupe::changelog::default_topic(&output);
+    let audit = dedupe::audit::default_topic(&output);
     let cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
         let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = dedupe::kafka::client_config(&config.kafka).create()?;
-        admin.delete_topics(&[&input, &output, &changelog], &rdkafka::admin::AdminOptions::new()).await?;
+        admin.delete_topics(&[&input, &output, &changelog, &audit], &rdkafka::admin::AdminOptions::new()).await?;
         Ok(())
     });
     if let Err(e) = cleanup {
@@ -150,8 +153,9 @@ pub fn run(config: &Config, ids: u64, span: Duration, work_dir: &Path) -> anyhow
     result
 }
 
-fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
-    let built = build_on_a(config, ids, span, work_dir, input, output, group)?;
+#[allow(clippy::too_many_arguments)]
+fn measure(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
+    let built = build_on_a(config, ids, span, value_bytes, work_dir, input, output, group)?;
     let a = built.worker;
     let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"), &[])?;
     b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, &[]) == 0.0 && w.metric("dedupe_ledger_budget_bytes", &[]) > 0.0)?;
@@ -198,6 +202,7 @@ fn measure(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &s
         ids_loaded,
         build_ids_per_sec: built.ids_per_sec,
         span_secs: span.as_secs(),
+        value_bytes,
         handover_window_secs: config.worker.handover_window().as_secs(),
         old_duplicates_sent,
         old_duplicates_published,
@@ -287,14 +292,15 @@ struct Built {
 }
 
 /// Produces `ids` ids stamped over `span` and lets worker A publish them all.
-fn build_on_a(config: &Config, ids: u64, span: Duration, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<Built> {
+#[allow(clippy::too_many_arguments)]
+fn build_on_a(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<Built> {
     eprintln!("bench: producing {ids} ids to {input}, stamped over the last {} s", span.as_secs());
     let load = crate::cli::tools::Load {
         topic: input,
         count: ids,
         dup_ratio: 0.0,
         dup_delay: Duration::ZERO,
-        value_bytes: 64,
+        value_bytes,
         rate_per_sec: None,
         show_progress: true,
         spread_timestamps: Some(span),
