@@ -243,8 +243,8 @@ fn header(req: &HttpRequest, name: impl actix_web::http::header::AsHeaderName) -
     req.headers().get(name).map(|v| v.to_str().unwrap_or(""))
 }
 
-/// Lets an admin request through, or answers its refusal (logged, counted).
-fn admit(req: &HttpRequest, admin: &Admin) -> Result<(), HttpResponse> {
+/// Lets an admin request through (`None`), or answers its refusal (logged, counted).
+fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
     let peer = req.peer_addr().map(|a| a.ip());
     let listener = req.app_config().local_addr();
     let request = AdminRequest {
@@ -255,7 +255,7 @@ fn admit(req: &HttpRequest, admin: &Admin) -> Result<(), HttpResponse> {
         listener,
         peer,
     };
-    authorize(admin.token.as_ref(), &request).map_err(|refusal| {
+    authorize(admin.token.as_ref(), &request).err().map(|refusal| {
         AdminRefused { peer, why: refusal.why() }.emit(&admin.logs);
         refusal.response(listener)
     })
@@ -269,7 +269,7 @@ struct ExplainQuery {
 
 /// `GET /admin/ids/{id}`: whether the ledger holds the id, and why not (see `dedupe::explain`).
 async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<String>, query: web::Query<ExplainQuery>) -> HttpResponse {
-    if let Err(refused) = admit(&req, &admin) {
+    if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
     let id = id.into_inner();
@@ -299,7 +299,7 @@ async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<
 
 /// `POST /admin/snapshot`: takes a snapshot and answers with its directory.
 async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpResponse {
-    if let Err(refused) = admit(&req, &admin) {
+    if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
