@@ -1,5 +1,6 @@
 //! Crash tests against the real broker, in the shape: produce, process, crash, restart, and
-//! assert on what the output topic holds (read_committed).
+//! assert on what the output topic holds (read_committed), and that the duplicate audit holds
+//! exactly the dropped copies, once each.
 //!
 //! - A crash matrix with failpoints (the binary is built with the `failpoints` feature): in the
 //!   middle of a transaction, after the publish and before the ledger write, after the ledger
@@ -25,6 +26,12 @@ fn restart_and_check_exactly_once(spec: &WorkerSpec, input: &str, output: &str, 
     wait_for_records(output, distinct, publish_within);
     assert_eq!(worker.terminate(Duration::from_secs(60)), Some(0), "{what}:\n{}", worker.log_text());
     exactly_once::assert_exactly_once(DEDUPE, input, output, distinct, what);
+    exactly_once::assert_audit_holds_the_drops(input, output, what);
+}
+
+/// A worker whose every drop is audited, however fast a restart works through a backlog.
+fn audit_uncapped(spec: WorkerSpec) -> WorkerSpec {
+    spec.env("DEDUPE_WORKER_AUDIT_MAX_PER_SEC", "100000000")
 }
 
 /// Crashes the worker at a failpoint, restarts it clean, and checks the output.
@@ -33,7 +40,7 @@ fn crash_at(failpoints: &str, durability: &str) {
     let output = TestTopic::create("crash-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let distinct = produce_with_repeats(&input.name, 3000, 600);
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = audit_uncapped(DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")))
         .env("DEDUPE_LEDGER_DURABILITY", durability)
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
 
@@ -75,7 +82,7 @@ fn crash_in_the_middle_of_recovery() {
     let output = TestTopic::create("crash-rec-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let distinct = produce_with_repeats(&input.name, 3000, 600);
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = audit_uncapped(DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")))
         .env("DEDUPE_LEDGER_DURABILITY", "no-wal")
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
     // First crash: after several publishes, leaving an output tail the ledger lacks.
@@ -92,6 +99,7 @@ fn crash_in_the_middle_of_recovery() {
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
     assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap_or(0.0) > 0.0, "recovery replayed the tail");
     exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, "after a crash in the middle of recovery");
+    exactly_once::assert_audit_holds_the_drops(&input.name, &output.name, "after a crash in the middle of recovery");
 }
 
 #[test]
@@ -101,7 +109,7 @@ fn chaos_sigkill_at_random_moments() {
     let input = TestTopic::create("chaos-in", 4);
     let output = TestTopic::create("chaos-out", 4);
     let dir = tempfile::tempdir().unwrap();
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = audit_uncapped(DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")))
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "2000");
 
     // The load: real clients' retries, 5% of ids re-sent (many of them seconds after their first

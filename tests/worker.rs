@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use kit::exactly_once::{audit_records, dropped_copies};
 use kit::*;
 
 /// The binary under test, built by cargo for this test run.
@@ -117,23 +118,6 @@ fn with_repeats(all: &[String], extra: impl Fn(usize) -> usize) -> Vec<Outgoing>
         }
     }
     records
-}
-
-/// The input records that are not their id's first copy: (partition, offset) -> record.
-fn dropped_copies(input: &str) -> BTreeMap<(i32, i64), Record> {
-    let mut seen = HashSet::new();
-    consume_all(input, true).into_iter().filter(|r| !seen.insert(r.key.clone())).map(|r| ((r.partition, r.offset), r)).collect()
-}
-
-/// The audit's records, read committed, as JSON values keyed by the input record they name.
-fn audit_records(topic: &str) -> BTreeMap<(i32, i64), (Record, serde_json::Value)> {
-    let mut out = BTreeMap::new();
-    for r in consume_all(topic, true) {
-        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().expect("an audit record has a value")).expect("JSON");
-        let at = (v["input_partition"].as_i64().unwrap() as i32, v["input_offset"].as_i64().unwrap());
-        assert!(out.insert(at, (r, v)).is_none(), "two audit records name input {at:?}");
-    }
-    out
 }
 
 #[test]

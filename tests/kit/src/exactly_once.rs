@@ -3,7 +3,7 @@
 //! input, as its first copy (key, value and headers), and per partition in the order of the
 //! input's first copies.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::{consume_all, Dedupe, Record};
 
@@ -91,6 +91,40 @@ pub fn assert_exactly_once(dedupe: Dedupe, input: &str, output: &str, distinct: 
     let (code, summary) = dedupe.verify(input, output);
     assert_eq!(code, 0, "{what}: dedupe verify: {summary}");
     count
+}
+
+/// The input records that are not their id's first copy, read committed: (partition, offset) ->
+/// record. These are what the worker drops.
+pub fn dropped_copies(input: &str) -> BTreeMap<(i32, i64), Record> {
+    let mut seen = HashSet::new();
+    consume_all(input, true).into_iter().filter(|r| !seen.insert(r.key.clone())).map(|r| ((r.partition, r.offset), r)).collect()
+}
+
+/// The duplicate audit's records, read committed, as JSON values keyed by the input record each
+/// names; panics if two name the same one.
+pub fn audit_records(topic: &str) -> BTreeMap<(i32, i64), (Record, serde_json::Value)> {
+    let mut out = BTreeMap::new();
+    for r in consume_all(topic, true) {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().expect("an audit record has a value")).expect("JSON");
+        let at = (v["input_partition"].as_i64().expect("input_partition") as i32, v["input_offset"].as_i64().expect("input_offset"));
+        assert!(out.insert(at, (r, v)).is_none(), "two audit records name input {at:?}");
+    }
+    out
+}
+
+/// Checks that the output's duplicate audit holds one record for each dropped copy of the input
+/// and nothing else: exactly as committed as the output (no cap or sampling in the way).
+pub fn assert_audit_holds_the_drops(input: &str, output: &str, what: &str) {
+    let dropped = dropped_copies(input);
+    let audited = audit_records(&dedupe::audit::default_topic(output));
+    let missing: Vec<_> = dropped.keys().filter(|k| !audited.contains_key(k)).take(5).collect();
+    let extra: Vec<_> = audited.keys().filter(|k| !dropped.contains_key(k)).take(5).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty() && dropped.len() == audited.len(),
+        "{what}: the audit holds {} records for {} dropped copies; missing e.g. {missing:?}, not dropped e.g. {extra:?}",
+        audited.len(),
+        dropped.len()
+    );
 }
 
 #[cfg(test)]
