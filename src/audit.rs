@@ -77,17 +77,12 @@ struct Value<'a> {
     payload: Option<String>,
 }
 
-/// The ledger key as 32 lower-case hex digits (for a UUID id, the UUID's own digits).
-pub fn key_hex(key: &LedgerKey) -> String {
-    key.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The audit record of `drop`: keyed like the input record, to be sent to the input partition's
 /// number of the audit topic.
 pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
     let value = Value {
         v: FORMAT_VERSION,
-        ledger_key: key_hex(&drop.key),
+        ledger_key: drop.key.hex(),
         source: drop.source,
         input_topic: drop.input_topic,
         input_partition: drop.input_partition,
@@ -100,7 +95,7 @@ pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
         payload: if with_payload { drop.record.value.as_deref().map(|v| base64::engine::general_purpose::STANDARD.encode(v)) } else { None },
     };
     OutRecord {
-        key: drop.record.key.clone().or_else(|| Some(key_hex(&drop.key).into_bytes())),
+        key: drop.record.key.clone().or_else(|| Some(drop.key.hex().into_bytes())),
         // Serializing a struct of strings and numbers cannot fail.
         value: Some(serde_json::to_vec(&value).unwrap_or_default()),
         headers: Vec::new(),

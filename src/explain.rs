@@ -69,7 +69,7 @@ pub enum ExplainError {
 /// Explains `q.id` from `ledger`.
 pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError> {
     let key = ledger_key(q.id.as_bytes())?;
-    let ledger_key = crate::audit::key_hex(&key);
+    let ledger_key = key.hex();
     if q.owned == Some(false) {
         let p = q.partition.unwrap_or(-1);
         return Ok(Answer {

@@ -41,6 +41,11 @@ impl LedgerKey {
     pub fn as_bytes(&self) -> &[u8; LEDGER_KEY_BYTES] {
         &self.0
     }
+
+    /// The key as 32 lower-case hex digits (for a UUID id, the UUID's own digits).
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 impl AsRef<[u8]> for LedgerKey {
@@ -51,11 +56,7 @@ impl AsRef<[u8]> for LedgerKey {
 
 impl fmt::Debug for LedgerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LedgerKey(")?;
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, ")")
+        write!(f, "LedgerKey({})", self.hex())
     }
 }
 
@@ -95,10 +96,6 @@ pub fn ledger_key(id: &[u8]) -> Result<LedgerKey, IdError> {
 mod tests {
     use super::*;
 
-    fn hex(key: LedgerKey) -> String {
-        key.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
     #[test]
     fn uuid_forms_map_to_the_uuid_bytes() {
         // The hyphenated, upper-case and simple forms of one UUID are one message.
@@ -110,7 +107,7 @@ mod tests {
         ];
         for form in forms {
             assert_eq!(
-                hex(ledger_key(form).unwrap()),
+                ledger_key(form).unwrap().hex(),
                 "6ba7b8109dad11d180b400c04fd430c8"
             );
         }
@@ -149,7 +146,7 @@ mod tests {
             (&[0u8; 1024], KNOWN_ZEROS_1024),
         ];
         for (id, expected) in vectors {
-            assert_eq!(hex(ledger_key(id).unwrap()), expected, "id {id:?}");
+            assert_eq!(ledger_key(id).unwrap().hex(), expected, "id {id:?}");
         }
     }
 
