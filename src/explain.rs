@@ -9,7 +9,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::identity::{ledger_key, IdError};
 use crate::ledger::{Ledger, LedgerError, Sighting};
@@ -29,15 +29,23 @@ pub struct Question<'a> {
     pub now_ms: i64,
 }
 
-/// Why an id is not held, or not asked about.
-pub const REASON_NOT_OWNED: &str = "not_owned";
-pub const REASON_AGED_OUT: &str = "aged_out";
-pub const REASON_NEVER_SEEN: &str = "never_seen";
-/// Not held, and nothing tells never seen from aged out.
-pub const REASON_NOT_IN_WINDOW: &str = "not_in_window";
+/// Why an id is not held, or not asked about (`not_owned`, `aged_out`, `never_seen`,
+/// `not_in_window` in the answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The id's partition is not this worker's.
+    NotOwned,
+    /// Sent before the window's start.
+    AgedOut,
+    /// Sent inside the window and never seen here.
+    NeverSeen,
+    /// Not held, and nothing tells never seen from aged out.
+    NotInWindow,
+}
 
 /// The answer, one JSON object; `sentence` says it in words.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
     pub id: String,
     pub ledger_key: String,
@@ -53,8 +61,8 @@ pub struct Answer {
     /// How far back the window reaches: the partition's when it is known, else the ledger's.
     pub window_secs: Option<f64>,
     pub window_start_ms: Option<i64>,
-    /// Why it is not held (see the `REASON_` constants); `None` when it is.
-    pub reason: Option<&'static str>,
+    /// Why it is not held; `None` when it is.
+    pub reason: Option<Reason>,
     pub sentence: String,
 }
 
@@ -83,7 +91,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
             copies: Vec::new(),
             window_secs: None,
             window_start_ms: None,
-            reason: Some(REASON_NOT_OWNED),
+            reason: Some(Reason::NotOwned),
             sentence: format!("Id {} belongs to input partition {p}, which this worker does not own; ask the worker that owns partition {p}.", q.id),
         });
     }
@@ -111,15 +119,15 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         ),
         None => match (q.sent_at_ms, window_start_ms) {
             (Some(sent), Some(start)) if sent < start => (
-                Some(REASON_AGED_OUT),
+                Some(Reason::AgedOut),
                 format!("Id {} is not held: sent at {}, before the window's start, so it aged out; {reach}. A copy arriving now is published.", q.id, when(sent)),
             ),
             (Some(sent), _) => (
-                Some(REASON_NEVER_SEEN),
+                Some(Reason::NeverSeen),
                 format!("Id {} is not held: sent at {}, inside the window, and never seen here; {reach}. A copy arriving now is published.", q.id, when(sent)),
             ),
             (None, _) => (
-                Some(REASON_NOT_IN_WINDOW),
+                Some(Reason::NotInWindow),
                 format!(
                     "Id {} is not held: never seen here, or first seen before the window's start and aged out (give the time it was sent to tell which); {reach}. A copy arriving now is published.",
                     q.id
@@ -202,11 +210,11 @@ mod tests {
         let now = 100 * HOUR;
         let (_dir, ledger) = ledger_with(&[("other", now - 5 * HOUR)]);
         let aged = explain(&ledger, &ask(ID, Some(now - 30 * HOUR), now)).unwrap();
-        assert_eq!((aged.held, aged.reason), (false, Some(REASON_AGED_OUT)));
+        assert_eq!((aged.held, aged.reason), (false, Some(Reason::AgedOut)));
         let never = explain(&ledger, &ask(ID, Some(now - HOUR), now)).unwrap();
-        assert_eq!(never.reason, Some(REASON_NEVER_SEEN));
+        assert_eq!(never.reason, Some(Reason::NeverSeen));
         let unknown = explain(&ledger, &ask(ID, None, now)).unwrap();
-        assert_eq!(unknown.reason, Some(REASON_NOT_IN_WINDOW));
+        assert_eq!(unknown.reason, Some(Reason::NotInWindow));
         assert!(unknown.sentence.contains("never seen here, or first seen before"), "{}", unknown.sentence);
         assert!(unknown.sentence.contains("published"));
     }
@@ -216,7 +224,7 @@ mod tests {
         let (_dir, ledger) = ledger_with(&[]);
         let q = Question { id: ID, partition: Some(7), owned: Some(false), sent_at_ms: None, now_ms: HOUR };
         let a = explain(&ledger, &q).unwrap();
-        assert_eq!((a.reason, a.partition), (Some(REASON_NOT_OWNED), Some(7)));
+        assert_eq!((a.reason, a.partition), (Some(Reason::NotOwned), Some(7)));
         assert!(a.sentence.contains("ask the worker that owns partition 7"), "{}", a.sentence);
         assert!(matches!(explain(&ledger, &ask("", None, HOUR)), Err(ExplainError::Id(IdError::Empty))));
     }

@@ -37,7 +37,7 @@ pub fn explain(config: &Config, id: &str, sent_at_ms: Option<i64>, addr: std::ne
         request = request.set("Authorization", &format!("Bearer {}", token.expose()));
     }
     match request.call() {
-        Ok(response) => Ok(serde_json::from_reader::<_, AnswerJson>(response.into_reader())?.into()),
+        Ok(response) => Ok(serde_json::from_reader(response.into_reader())?),
         Err(ureq::Error::Status(status, response)) => {
             let body = response.into_string().unwrap_or_default();
             anyhow::bail!("the worker at {addr} could not explain the id ({status}): {}", body.trim())
@@ -67,58 +67,6 @@ fn urlencode(id: &str) -> String {
     id.bytes()
         .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
         .collect()
-}
-
-/// The worker's answer, as read back.
-#[derive(serde::Deserialize)]
-struct AnswerJson {
-    id: String,
-    ledger_key: String,
-    partition: Option<i32>,
-    owned: Option<bool>,
-    held: bool,
-    first_seen_ms: Option<i64>,
-    generation: Option<u64>,
-    copies: Vec<SightingJson>,
-    window_secs: Option<f64>,
-    window_start_ms: Option<i64>,
-    reason: Option<String>,
-    sentence: String,
-}
-
-#[derive(serde::Deserialize)]
-struct SightingJson {
-    generation: u64,
-    first_seen_ms: i64,
-}
-
-impl From<AnswerJson> for dedupe::explain::Answer {
-    fn from(a: AnswerJson) -> Self {
-        let reason = a.reason.as_deref().and_then(|r| {
-            [
-                dedupe::explain::REASON_NOT_OWNED,
-                dedupe::explain::REASON_AGED_OUT,
-                dedupe::explain::REASON_NEVER_SEEN,
-                dedupe::explain::REASON_NOT_IN_WINDOW,
-            ]
-            .into_iter()
-            .find(|known| *known == r)
-        });
-        Self {
-            id: a.id,
-            ledger_key: a.ledger_key,
-            partition: a.partition,
-            owned: a.owned,
-            held: a.held,
-            first_seen_ms: a.first_seen_ms,
-            generation: a.generation,
-            copies: a.copies.into_iter().map(|s| dedupe::ledger::Sighting { generation: s.generation, first_seen_ms: s.first_seen_ms }).collect(),
-            window_secs: a.window_secs,
-            window_start_ms: a.window_start_ms,
-            reason,
-            sentence: a.sentence,
-        }
-    }
 }
 
 #[cfg(test)]

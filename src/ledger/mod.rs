@@ -182,7 +182,7 @@ pub const CREATING_MARKER: &str = "CREATING";
 
 /// One copy of an id the ledger holds: the generation it is in and its first-seen time. An id has
 /// one copy, or two while a load's newer copy and the older one both live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sighting {
     pub generation: u64,
     pub first_seen_ms: i64,
