@@ -229,13 +229,21 @@ impl PartitionMetrics {
     }
 }
 
+/// A record's `dedupe-source` header (the front door's source): `None` without one, else its
+/// value (`None` for a header without a value).
+fn source_header(record: &OutRecord) -> Option<Option<&[u8]>> {
+    record.headers.iter().find(|(k, _)| k == HEADER_SOURCE).map(|(_, v)| v.as_deref())
+}
+
 impl PartitionMetrics {
-    /// The (published, duplicate) counters of a record's source.
-    fn of_source(&self, record: &OutRecord) -> &(Counter, Counter) {
-        let header = record.headers.iter().find(|(k, _)| k == HEADER_SOURCE).map(|(_, v)| v.as_deref().unwrap_or_default());
+    /// The (published, duplicate) counters of a record's source header.
+    fn of_source(&self, header: Option<Option<&[u8]>>) -> &(Counter, Counter) {
         match header {
             None => &self.no_source,
-            Some(value) => self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, pair)| pair),
+            Some(value) => {
+                let value = value.unwrap_or_default();
+                self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, pair)| pair)
+            }
         }
     }
 }
@@ -416,15 +424,19 @@ impl Pipeline {
         for (r, fate) in batch.into_iter().zip(&decision.fates) {
             match *fate {
                 Fate::Publish => {
-                    self.metrics.of_source(&r.out).0.increment(1);
+                    self.metrics.of_source(source_header(&r.out)).0.increment(1);
                     records.push(r.out);
                 }
                 Fate::Duplicate { first_seen_ms, age_ms, in_batch } => {
-                    self.metrics.of_source(&r.out).1.increment(1);
+                    let source = source_header(&r.out);
+                    self.metrics.of_source(source).1.increment(1);
                     self.metrics.duplicate_age.record(age_ms as f64 / 1000.0);
                     if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
                         match sampler.admit(&key, now) {
-                            Admission::Audited => audit.push(self.audit_record(&r, key, first_seen_ms, age_ms, in_batch)),
+                            Admission::Audited => {
+                                let source = source.flatten().and_then(|v| std::str::from_utf8(v).ok());
+                                audit.push(self.audit_record(&r, key, source, first_seen_ms, age_ms, in_batch));
+                            }
                             Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
                             Admission::OverCap => self.metrics.audit_over_cap.increment(1),
                         }
@@ -448,9 +460,8 @@ impl Pipeline {
         Decided { outgoing: Outgoing { records, dead_letters, audit, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
     }
 
-    /// The audit record of a dropped copy.
-    fn audit_record(&self, r: &InRecord, key: LedgerKey, first_seen_ms: i64, age_ms: i64, in_batch: bool) -> OutRecord {
-        let source = r.out.headers.iter().find(|(k, _)| k == HEADER_SOURCE).and_then(|(_, v)| v.as_deref()).and_then(|v| std::str::from_utf8(v).ok());
+    /// The audit record of a dropped copy from `source`.
+    fn audit_record(&self, r: &InRecord, key: LedgerKey, source: Option<&str>, first_seen_ms: i64, age_ms: i64, in_batch: bool) -> OutRecord {
         let drop = DroppedCopy {
             key,
             record: &r.out,
