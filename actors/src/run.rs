@@ -85,64 +85,70 @@ fn check_topics(config: &Config) -> anyhow::Result<Vec<i32>> {
     Ok((0..input as i32).collect())
 }
 
+/// A topic of the worker's own (the changelog, the audit): its configuration key, what it is, its
+/// name, and the retention it is created with.
+struct OwnTopic<'a> {
+    key: &'a str,
+    what: &'a str,
+    name: &'a str,
+    retention_secs: u64,
+}
+
+/// Makes sure `topic` has at least `partitions` partitions (its records go to the input
+/// partition's number); creates it when it is missing, with its retention and `cleanup.policy =
+/// delete` (`if_not_created` completes the error then). True when it existed before.
+fn ensure_own_topic(config: &Config, topic: &OwnTopic<'_>, partitions: usize, if_not_created: &str) -> anyhow::Result<bool> {
+    let OwnTopic { key, what, name, retention_secs } = *topic;
+    let existing = dedupe::kafka::partition_count(&config.kafka, name, Duration::from_secs(15))
+        .with_context(|| format!("{key}: reading metadata of {name}"))?;
+    match existing {
+        None => {
+            let retention_ms = (retention_secs * 1000).to_string();
+            let configs = [("cleanup.policy", "delete"), ("retention.ms", retention_ms.as_str())];
+            futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, name, partitions as i32, -1, &configs))
+                .with_context(|| format!("{key}: {what} {name} does not exist and could not be created; create it with {partitions} partitions{if_not_created}"))?;
+            tracing::info!(topic = %name, partitions, retention_secs, "Created {what} topic.");
+            Ok(false)
+        }
+        Some(n) if n < partitions => {
+            bail!("{key}: {what} {name} has {n} partitions but the input has {partitions}; it needs at least {partitions}")
+        }
+        Some(_) => Ok(true),
+    }
+}
+
 /// Makes sure the id changelog exists with as many partitions as the input and keeps ids at
 /// least `worker.promised_window_secs`; creates it (with `worker.changelog_retention_secs`) when
 /// it is missing.
 fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
     let w = &config.worker;
-    let topic = w.changelog_topic();
-    let t = Duration::from_secs(15);
-    let existing = dedupe::kafka::partition_count(&config.kafka, &topic, t)
-        .with_context(|| format!("worker.changelog_topic: reading metadata of {topic}"))?;
-    match existing {
-        None => {
-            let retention_ms = (w.changelog_retention_secs * 1000).to_string();
-            let configs = [("cleanup.policy", "delete"), ("retention.ms", retention_ms.as_str())];
-            futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, &topic, input_partitions as i32, -1, &configs))
-                .with_context(|| format!("worker.changelog_topic: the id changelog {topic} does not exist and could not be created; create it with {input_partitions} partitions and retention.ms >= {} s", w.promised_window_secs))?;
-            tracing::info!(topic = %topic, partitions = input_partitions, retention_secs = w.changelog_retention_secs, "Created the id changelog topic.");
-        }
-        Some(n) if n < input_partitions => {
-            bail!("worker.changelog_topic: the id changelog {topic} has {n} partitions but the input has {input_partitions}; it needs at least {input_partitions}")
-        }
-        Some(_) => {
-            let retention = futures::executor::block_on(dedupe::kafka::topic_retention_ms(&config.kafka, &topic))
-                .with_context(|| format!("worker.changelog_topic: reading the configuration of {topic}"))?;
-            if let Some(ms) = retention.filter(|&ms| ms >= 0) {
-                if (ms as u64) < w.promised_window_secs * 1000 {
-                    bail!(
-                        "worker.promised_window_secs: the id changelog {topic} keeps records {} s (retention.ms), less than the promised window of {} s; raise its retention.ms",
-                        ms / 1000,
-                        w.promised_window_secs
-                    );
-                }
-            }
+    let name = w.changelog_topic();
+    let topic = OwnTopic { key: "worker.changelog_topic", what: "the id changelog", name: &name, retention_secs: w.changelog_retention_secs };
+    let if_not_created = format!(" and retention.ms >= {} s", w.promised_window_secs);
+    if !ensure_own_topic(config, &topic, input_partitions, &if_not_created)? {
+        return Ok(());
+    }
+    let retention = futures::executor::block_on(dedupe::kafka::topic_retention_ms(&config.kafka, &name))
+        .with_context(|| format!("worker.changelog_topic: reading the configuration of {name}"))?;
+    if let Some(ms) = retention.filter(|&ms| ms >= 0) {
+        if (ms as u64) < w.promised_window_secs * 1000 {
+            bail!(
+                "worker.promised_window_secs: the id changelog {name} keeps records {} s (retention.ms), less than the promised window of {} s; raise its retention.ms",
+                ms / 1000,
+                w.promised_window_secs
+            );
         }
     }
     Ok(())
 }
 
-/// Makes sure the duplicate audit topic, when on, exists with as many partitions as the input
-/// (an audit record goes to its input partition's number); creates it (with
-/// `worker.audit_retention_secs`) when it is missing.
+/// Makes sure the duplicate audit topic, when on, exists with as many partitions as the input;
+/// creates it (with `worker.audit_retention_secs`) when it is missing.
 fn ensure_audit(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
     let w = &config.worker;
-    let Some(topic) = w.audit_topic() else { return Ok(()) };
-    let existing = dedupe::kafka::partition_count(&config.kafka, &topic, Duration::from_secs(15))
-        .with_context(|| format!("worker.audit_topic: reading metadata of {topic}"))?;
-    match existing {
-        None => {
-            let retention_ms = (w.audit_retention_secs * 1000).to_string();
-            let configs = [("cleanup.policy", "delete"), ("retention.ms", retention_ms.as_str())];
-            futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, &topic, input_partitions as i32, -1, &configs))
-                .with_context(|| format!("worker.audit_topic: the duplicate audit {topic} does not exist and could not be created; create it with {input_partitions} partitions, or set worker.audit_topic = \"\" to turn the audit off"))?;
-            tracing::info!(topic = %topic, partitions = input_partitions, retention_secs = w.audit_retention_secs, "Created the duplicate audit topic.");
-        }
-        Some(n) if n < input_partitions => {
-            bail!("worker.audit_topic: the duplicate audit {topic} has {n} partitions but the input has {input_partitions}; it needs at least {input_partitions}")
-        }
-        Some(_) => {}
-    }
+    let Some(name) = w.audit_topic() else { return Ok(()) };
+    let topic = OwnTopic { key: "worker.audit_topic", what: "the duplicate audit", name: &name, retention_secs: w.audit_retention_secs };
+    ensure_own_topic(config, &topic, input_partitions, ", or set worker.audit_topic = \"\" to turn the audit off")?;
     Ok(())
 }
 
