@@ -503,7 +503,30 @@ impl RunWriter {
             let _ = std::fs::remove_file(&self.file);
         }
         written.map_err(rocks(Doing::Write))?;
+        read_back(&self.file);
         Ok(self.file)
+    }
+}
+
+/// Asks the kernel to read a run back into the page cache, in the background. RocksDB's
+/// `SstFileWriter` drops the pages of the file it writes as it goes, so without this every lookup
+/// that reaches the loaded generation before its compaction reads a block of each run from disk:
+/// at 200M ids (25 runs) the first batch after a take-over, with 2,000 copies of old ids, took
+/// seconds. Read back (1.2 GB/s here, beside a load bound by the CPU), the same lookups are page
+/// cache reads. Only a hint: without it the lookups are slower, never wrong.
+fn read_back(file: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    /// Linux reads at most a device's readahead size per hint, so the file is hinted in steps.
+    const STEP: i64 = 4 << 20;
+    let Ok(opened) = std::fs::File::open(file) else { return };
+    let Ok(len) = opened.metadata().map(|m| m.len() as i64) else { return };
+    for offset in (0..len).step_by(STEP as usize) {
+        // SAFETY: the descriptor is open for the call's duration; fadvise reads no memory of ours.
+        let advised = unsafe { libc::posix_fadvise(opened.as_raw_fd(), offset, STEP, libc::POSIX_FADV_WILLNEED) };
+        if advised != 0 {
+            tracing::debug!(code = advised, "Could not ask for a load's run to be read back into the page cache.");
+            return;
+        }
     }
 }
 
@@ -535,6 +558,43 @@ mod tests {
 
     fn ingest_files(dir: &std::path::Path) -> usize {
         std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == super::super::commit::INGEST_FILE_EXTENSION)).count()
+    }
+
+    /// The share of `file`'s pages in the page cache.
+    fn resident_share(file: &std::path::Path) -> f64 {
+        use std::os::fd::AsRawFd;
+        let opened = std::fs::File::open(file).unwrap();
+        let len = opened.metadata().unwrap().len() as usize;
+        let pages = len.div_ceil(4096);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: a read-only shared mapping of the whole file, unmapped before returning; mincore
+        // writes one byte per page into `vec`, which has one per page.
+        unsafe {
+            let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, opened.as_raw_fd(), 0);
+            assert_ne!(map, libc::MAP_FAILED);
+            assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
+            libc::munmap(map, len);
+        }
+        vec.iter().filter(|&&v| v & 1 == 1).count() as f64 / pages as f64
+    }
+
+    #[test]
+    fn a_written_run_is_read_back_into_the_page_cache_whole() {
+        // About 10 MB: more than Linux reads for one readahead hint.
+        let dir = tempfile::tempdir().unwrap();
+        let cache = rocksdb::Cache::new_lru_cache(1 << 20);
+        let ids: Vec<(LedgerKey, i64)> = (0..350_000).map(|i| (key(i), i as i64)).collect();
+        let writer = RunWriter { file: dir.path().join("run.sst"), options: load_run_options(&options(), &cache), base_ms: 0, ids };
+        let file = writer.write().unwrap();
+        assert!(std::fs::metadata(&file).unwrap().len() > 8 << 20);
+        // The reads were asked for; they finish in the background.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut share = resident_share(&file);
+        while share < 0.99 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            share = resident_share(&file);
+        }
+        assert!(share >= 0.99, "{:.0}% of the run is in the page cache", share * 100.0);
     }
 
     #[test]
