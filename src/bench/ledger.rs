@@ -26,6 +26,9 @@ const SIMULATED_IDS_PER_MS: u64 = 100;
 const UNAGED_BUDGET_BYTES_PER_KEY: u64 = 24;
 /// How often (in batches) disk use and generations are sampled.
 const SAMPLE_EVERY_BATCHES: u64 = 32;
+/// A `check_and_record` call slower than this is logged with the ids recorded so far: what the
+/// ledger logged just before it (a seal, a doubling of the index) tells the stall's cause.
+const SLOW_BATCH: Duration = Duration::from_secs(1);
 
 /// Errors of the bench.
 #[derive(Debug, thiserror::Error)]
@@ -419,6 +422,9 @@ fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_d
         let took = started.elapsed();
         run.timed += took;
         run.slowest = run.slowest.max(took);
+        if took > SLOW_BATCH {
+            tracing::info!(ids = run.done, took_ms = took.as_millis() as u64, "A batch was slow.");
+        }
         run.duplicates_found += verdicts.iter().filter(|v| matches!(v, Verdict::Duplicate { .. })).count() as u64;
         run.done += n as u64;
         batches += 1;

@@ -132,8 +132,10 @@ impl Ledger {
     /// stores the index.
     fn seal_active(&self, state: &mut State, grow: Option<u8>) -> Result<()> {
         state.seal_requested = false;
+        let started = std::time::Instant::now();
         // The sealed generation's buffered ids go in before it is sealed.
         self.commit_pending(state)?;
+        let committed = started.elapsed();
         let Some(active) = state.generations.last() else {
             return Ok(());
         };
@@ -161,10 +163,20 @@ impl Ledger {
         // sorted run in the background, without filters (see `tuning::generation_options`).
         self.flush_all(state, false)?;
         self.compact_when_sealed(&sealed_name)?;
+        let flushed = started.elapsed();
         self.age(state)?;
+        let aged = started.elapsed();
         // Everything is committed and the new generation is empty: store the index, so that a
         // crash from here on reads only the generation now active (see `index_file.rs`).
         self.store_index_after_seal(state);
+        tracing::info!(
+            generation = %sealed_name,
+            commit_ms = committed.as_millis() as u64,
+            flush_ms = (flushed - committed).as_millis() as u64,
+            age_ms = (aged - flushed).as_millis() as u64,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "Sealed the active generation."
+        );
         Ok(())
     }
 

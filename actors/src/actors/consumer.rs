@@ -141,6 +141,7 @@ impl Actor for PartitionConsumer {
             next_output_offset: self.progress.next_output_offset,
             next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
+            live_since: Some(Instant::now()),
             sampler: self.settings.audit.as_ref().map(|a| Sampler::new(a.sample, a.max_per_sec)),
         };
         let stop = self.stop.clone();
@@ -161,6 +162,9 @@ struct Pipeline {
     next_output_offset: i64,
     next_changelog_offset: i64,
     unkeyed_warned_at: Option<Instant>,
+    /// When the pipeline started, until its first batch is through (logged with its steps' times:
+    /// what a partition's resume after a take-over costs).
+    live_since: Option<Instant>,
     /// Chooses the drops the audit records; `None` when the audit is off.
     sampler: Option<Sampler>,
 }
@@ -377,9 +381,12 @@ impl Pipeline {
         let next_input_offset = batch[n - 1].offset + 1;
         self.metrics.records_in.increment(n as u64);
         self.metrics.batch_records.record(n as f64);
+        let started = Instant::now();
         let found = self.look_up(&batch).await?;
+        let looked_up = started.elapsed();
         let decided = self.decide(batch, &found);
         let new_ids = self.publish_decided(decided, next_input_offset).await?;
+        let published = started.elapsed();
         fail::fail_point!("worker-after-publish", |_| {
             eprintln!("failpoint worker-after-publish: exiting");
             std::process::exit(86)
@@ -389,6 +396,18 @@ impl Pipeline {
             eprintln!("failpoint worker-after-record: exiting");
             std::process::exit(86)
         });
+        if let Some(live_since) = self.live_since.take() {
+            let ms = |d: Duration| d.as_millis() as u64;
+            tracing::info!(
+                partition = self.partition,
+                records = n,
+                waited_ms = ms(started.duration_since(live_since)),
+                lookup_ms = ms(looked_up),
+                publish_ms = ms(published - looked_up),
+                record_ms = ms(started.elapsed() - published),
+                "The partition's first batch is through."
+            );
+        }
         Ok(())
     }
 
