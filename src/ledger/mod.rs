@@ -244,6 +244,9 @@ struct State {
     reserved: u64,
     /// Seal the active generation at the next chance, full or not (after a large bulk load).
     seal_requested: bool,
+    /// Seals put off in a row while a large id buffer is committed in the background first
+    /// (see [`Ledger::ready_to_seal`]).
+    seal_deferrals: u32,
 }
 
 type Db = DBWithThreadMode<MultiThreaded>;

@@ -341,6 +341,7 @@ fn empty_state() -> State {
         loads: 0,
         reserved: 0,
         seal_requested: false,
+        seal_deferrals: 0,
     }
 }
 

@@ -105,6 +105,44 @@ fn empty_ledger_reports_no_window() {
 }
 
 #[test]
+fn a_seal_waits_for_a_large_buffer_to_be_committed_in_the_background_instead_of_writing_it_under_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    // A buffer that holds every id of the generation: the seal finds them all buffered.
+    let options = LedgerOptions { seal_after_ids: Some(100_000), write_buffer_bytes: 256 << 20, ..small_options(Durability::Wal) };
+    let ledger = Ledger::open(dir.path(), options).unwrap();
+    let batch = |b: u64| -> Vec<(LedgerKey, i64)> { (0..4096).map(|i| (key(b * 4096 + i), b as i64)).collect() };
+    let mut b = 0;
+    while ledger.generations().unwrap()[0].meta.ids < 100_000 {
+        ledger.check_and_record(0, &batch(b), &b.to_le_bytes()).unwrap();
+        b += 1;
+    }
+    // The batch that filled the generation started committing its buffer and left it active.
+    {
+        let state = ledger.lock();
+        assert_eq!(state.generations.len(), 1, "sealed at once");
+        let in_flight = state.in_flight.as_ref().expect("the buffer is being committed");
+        assert!(in_flight.ids.len() >= 100_000 - 4096, "{} ids in flight", in_flight.ids.len());
+        assert!(state.pending.is_empty());
+    }
+    // A later batch seals it, once that commit is in, writing only its own ids under the lock.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ledger.generations().unwrap().len() == 1 {
+        assert!(std::time::Instant::now() < deadline, "never sealed");
+        std::thread::sleep(Duration::from_millis(20));
+        ledger.check_and_record(0, &batch(b), &b.to_le_bytes()).unwrap();
+        b += 1;
+    }
+    let generations = ledger.generations().unwrap();
+    assert!(generations[0].meta.sealed);
+    assert_eq!(generations[0].meta.ids, b * 4096, "every batch up to the seal went into the sealed generation");
+    let keys: Vec<LedgerKey> = (0..b * 4096).map(key).collect();
+    assert!(ledger.check(&keys).unwrap().iter().all(Option::is_some));
+    // The next one goes into the new generation.
+    ledger.check_and_record(0, &batch(b), &b.to_le_bytes()).unwrap();
+    assert_eq!(ledger.generations().unwrap()[1].meta.ids, 4096);
+}
+
+#[test]
 fn aging_drops_oldest_generations_whole_and_shrinks_the_window() {
     let dir = tempfile::tempdir().unwrap();
     let options = LedgerOptions {
