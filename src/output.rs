@@ -102,17 +102,13 @@ pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
 }
 
 /// How long one blocking transactional call (a flush, sending the offsets, a commit, an abort)
-/// may take: a sixth of the transaction's timeout, between 15 s and 20 s. A call to a node that
+/// may take: a sixth of the transaction's timeout, between 10 s and 15 s. A call to a node that
 /// hangs fails after the clients' `socket.timeout.ms` (10 s here) and librdkafka asks the next
 /// leader or coordinator; the call's own timeout bounds the rest, so a partition stalled by a
 /// fault aborts and tries its batch again, or (a commit) calls again, within seconds, well inside
-/// the transaction's timeout. At least 15 s because a broker that dies hands its leaderships on
-/// only after `broker.session.timeout.ms` (9 s by default) and a metadata refresh: with 10 s, a
-/// flush waiting for a dead leader's acknowledgements timed out just before the new leader took
-/// them (the kill test: three partitions' flushes at 10.0 s), and the partition paid a whole
-/// take-over on top. The watchdog takes a call 2 s past this for hung.
+/// the transaction's timeout. The watchdog takes a call 2 s past this for hung.
 pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
-    Duration::from_millis(transaction_timeout_ms / 6).clamp(Duration::from_secs(15), Duration::from_secs(20))
+    Duration::from_millis(transaction_timeout_ms / 6).clamp(Duration::from_secs(10), Duration::from_secs(15))
 }
 
 /// Counts delivery results so a transaction knows where its output records and its changelog
@@ -495,9 +491,9 @@ mod tests {
 
     #[test]
     fn a_calls_timeout_is_a_sixth_of_the_transactions_within_bounds() {
-        assert_eq!(call_timeout(60_000), Duration::from_secs(15));
-        assert_eq!(call_timeout(108_000), Duration::from_secs(18));
-        assert_eq!(call_timeout(5_000), Duration::from_secs(15));
-        assert_eq!(call_timeout(900_000), Duration::from_secs(20));
+        assert_eq!(call_timeout(60_000), Duration::from_secs(10));
+        assert_eq!(call_timeout(72_000), Duration::from_secs(12));
+        assert_eq!(call_timeout(5_000), Duration::from_secs(10));
+        assert_eq!(call_timeout(900_000), Duration::from_secs(15));
     }
 }

@@ -401,7 +401,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
 #[test]
 fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
     // The first commit hangs 30 s inside librdkafka's call (as its known hangs do). With a 20 s
-    // transaction timeout the call's own timeout is 15 s, so the watchdog hands it over 17 s in:
+    // transaction timeout the call's own timeout is 10 s, so the watchdog hands it over 20 s in:
     // the partition is taken over again with a new producer, which fences the hung one. When the
     // hung call returns, its pipeline ends (fenced) long after it was replaced: that changes
     // nothing, and the worker never exits.
