@@ -15,7 +15,8 @@
 //!
 //! `source` is the front door's source header, or null for other producers; `first_seen_ms` is
 //! the first copy's first-seen time (the ledger's, or the earlier copy's in the same batch:
-//! `in_batch`); `verdict` is `unknown` (the ledger keeps no digest of the first copy's content);
+//! `in_batch`); `verdict` is `retry` (the same content digest as the first copy), `reused_id`
+//! (another digest) or `unknown` (either copy has none; see [`crate::batch::Verdict`]);
 //! `payload` (base64 of the dropped copy's value) is there only with `worker.audit_payloads`.
 //!
 //! Sampling is by id ([`Sampler`]): every drop of an id sampled in is audited, so an id's story is
@@ -27,6 +28,7 @@ use std::time::Instant;
 use base64::Engine;
 use serde::Serialize;
 
+use crate::batch::Verdict;
 use crate::identity::LedgerKey;
 use crate::output::OutRecord;
 
@@ -37,9 +39,6 @@ pub const FORMAT_VERSION: u32 = 1;
 pub fn default_topic(output_topic: &str) -> String {
     format!("{output_topic}.duplicates")
 }
-
-/// The verdict while the ledger keeps no content digest of an id's first copy.
-pub const VERDICT_UNKNOWN: &str = "unknown";
 
 /// One dropped duplicate, as the audit tells it.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +57,7 @@ pub struct DroppedCopy<'a> {
     pub age_ms: i64,
     /// The first copy was earlier in the same batch.
     pub in_batch: bool,
+    pub verdict: Verdict,
 }
 
 #[derive(Serialize)]
@@ -91,7 +91,7 @@ pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
         first_seen_ms: drop.first_seen_ms,
         age_ms: drop.age_ms,
         in_batch: drop.in_batch,
-        verdict: VERDICT_UNKNOWN,
+        verdict: drop.verdict.as_str(),
         payload: if with_payload { drop.record.value.as_deref().map(|v| base64::engine::general_purpose::STANDARD.encode(v)) } else { None },
     };
     OutRecord {
@@ -181,6 +181,7 @@ mod tests {
             first_seen_ms: 1_000,
             age_ms: 4_000,
             in_batch: false,
+            verdict: Verdict::ReusedId,
         };
         let out = encode(&drop, false);
         assert_eq!(out.key.as_deref(), Some(&b"id-1"[..]), "keyed like the input record");
@@ -190,7 +191,7 @@ mod tests {
             serde_json::json!({
                 "v": 1, "ledger_key": "00000000000000010000000000000007", "source": "web", "input_topic": "events.in",
                 "input_partition": 3, "input_offset": 42, "timestamp_ms": 5000, "first_seen_ms": 1000, "age_ms": 4000,
-                "in_batch": false, "verdict": "unknown"
+                "in_batch": false, "verdict": "reused_id"
             })
         );
         let with = encode(&drop, true);
@@ -201,7 +202,7 @@ mod tests {
     #[test]
     fn a_record_without_a_key_is_keyed_by_its_ledger_key() {
         let record = OutRecord::default();
-        let drop = DroppedCopy { key: key(2), record: &record, source: None, input_topic: "t", input_partition: 0, input_offset: 0, first_seen_ms: 0, age_ms: 0, in_batch: true };
+        let drop = DroppedCopy { key: key(2), record: &record, source: None, input_topic: "t", input_partition: 0, input_offset: 0, first_seen_ms: 0, age_ms: 0, in_batch: true, verdict: Verdict::Retry };
         assert_eq!(encode(&drop, false).key.as_deref(), Some(&b"00000000000000020000000000000007"[..]));
     }
 

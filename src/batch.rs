@@ -9,14 +9,17 @@
 //! - the first copy of an id is the one published, and published records keep input order;
 //! - exactly the published ids are recorded, each with its record's timestamp (never later than
 //!   `now`, so a client clock in the future cannot stretch the window);
-//! - records without a usable id follow the unkeyed policy and are never recorded.
+//! - records without a usable id follow the unkeyed policy and are never recorded;
+//! - a copy is a `retry` when its content digest and the first copy's agree, `reused_id` when
+//!   they differ, `unknown` when either has none; a reused id follows its policy, and is never
+//!   recorded again.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use crate::config::UnkeyedPolicy;
-use crate::identity::LedgerKey;
-use crate::identity::Unkeyed;
+use crate::config::{ReusedIdPolicy, UnkeyedPolicy};
+use crate::identity::{ContentDigest, LedgerKey, Unkeyed};
+use crate::ledger::Held;
 
 /// One input record, as far as the decision is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +28,54 @@ pub struct Candidate {
     pub id: Result<LedgerKey, Unkeyed>,
     /// The record's timestamp, if it has one.
     pub timestamp_ms: Option<i64>,
+    /// The digest of its content (see [`crate::identity::DigestSource`]), if it has one.
+    pub digest: Option<ContentDigest>,
+}
+
+/// What a copy of an id already seen is, by its content against the first copy's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The same content: a retry.
+    Retry,
+    /// Other content under the same id: a client reusing ids (or a collision of ids).
+    ReusedId,
+    /// One of the two copies has no digest (recorded before digests, loaded from the
+    /// changelog, or `worker.content_digest` does not give one).
+    Unknown,
+}
+
+impl Verdict {
+    /// All verdicts, in the order the metrics list them.
+    pub const ALL: [Verdict; 3] = [Verdict::Retry, Verdict::ReusedId, Verdict::Unknown];
+
+    fn of(first: Option<ContentDigest>, this: Option<ContentDigest>) -> Verdict {
+        match (first, this) {
+            (Some(a), Some(b)) if a == b => Verdict::Retry,
+            (Some(_), Some(_)) => Verdict::ReusedId,
+            _ => Verdict::Unknown,
+        }
+    }
+
+    /// The `verdict` label and the audit record's field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Retry => "retry",
+            Verdict::ReusedId => "reused_id",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// Where an id was seen before: when, and how this copy compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The first copy's first-seen time, ms.
+    pub first_seen_ms: i64,
+    /// This copy's time less the first copy's (0 if its clock is behind).
+    pub age_ms: i64,
+    /// The first copy is earlier in this batch.
+    pub in_batch: bool,
+    pub verdict: Verdict,
 }
 
 /// What happens to one record.
@@ -32,9 +83,11 @@ pub struct Candidate {
 pub enum Fate {
     /// Published, and its id recorded.
     Publish,
-    /// Dropped: its id was first seen at `first_seen_ms`, `age_ms` before this record's time (0
-    /// if its clock is behind); `in_batch`: the first copy is earlier in this batch.
-    Duplicate { first_seen_ms: i64, age_ms: i64, in_batch: bool },
+    /// Dropped: its id was seen before (a retry, a reused id under the policy `drop`, or
+    /// unknown).
+    Duplicate(Seen),
+    /// A reused id published or dead-lettered by the policy, and not recorded again.
+    Reused(Seen, ReusedIdPolicy),
     /// No usable id: published without being recorded (policy `forward`).
     Forward(Unkeyed),
     /// No usable id: written to the dead-letter topic (policy `dead-letter`).
@@ -48,8 +101,8 @@ pub enum Fate {
 pub struct BatchDecision {
     /// One fate per record, in input order.
     pub fates: Vec<Fate>,
-    /// The ids to record, with their first-seen times, in input order.
-    pub new_ids: Vec<(LedgerKey, i64)>,
+    /// The ids to record, with their first-seen times and digests, in input order.
+    pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     /// The oldest timestamp among the published new ids (for the end-to-end latency).
     pub oldest_new_ms: Option<i64>,
 }
@@ -57,45 +110,60 @@ pub struct BatchDecision {
 impl BatchDecision {
     /// Records dropped as duplicates.
     pub fn duplicates(&self) -> usize {
-        self.fates.iter().filter(|f| matches!(f, Fate::Duplicate { .. })).count()
+        self.fates.iter().filter(|f| matches!(f, Fate::Duplicate(_))).count()
     }
 }
 
-/// Decides a batch. `found` holds the ledger's answer (first-seen ms, if held) for each keyed
-/// candidate, in order: one entry per candidate whose id is `Ok`.
+/// How a batch is decided: the policies, and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    pub unkeyed: UnkeyedPolicy,
+    pub reused_id: ReusedIdPolicy,
+    /// Now, ms: no first-seen time is later.
+    pub now_ms: i64,
+}
+
+/// Decides a batch. `found` holds the ledger's answer (what it holds, if anything) for each
+/// keyed candidate, in order: one entry per candidate whose id is `Ok`.
 ///
 /// # Panics
 /// If `found` has fewer entries than the batch has keyed candidates: the ledger answers one per id.
-pub fn decide(candidates: &[Candidate], found: &[Option<i64>], policy: UnkeyedPolicy, now_ms: i64) -> BatchDecision {
+pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) -> BatchDecision {
+    let now_ms = rules.now_ms;
     let mut found = found.iter().copied();
-    let mut seen_in_batch: HashMap<LedgerKey, i64> = HashMap::with_capacity(candidates.len());
+    let mut seen_in_batch: HashMap<LedgerKey, Held> = HashMap::with_capacity(candidates.len());
     let mut fates = Vec::with_capacity(candidates.len());
     let mut new_ids = Vec::with_capacity(candidates.len());
     let mut oldest_new_ms: Option<i64> = None;
     for candidate in candidates {
         let ts = candidate.timestamp_ms.unwrap_or(now_ms);
+        let seen = |first: Held, in_batch: bool| {
+            let verdict = Verdict::of(first.digest, candidate.digest);
+            let seen = Seen { first_seen_ms: first.first_seen_ms, age_ms: (ts - first.first_seen_ms).max(0), in_batch, verdict };
+            match (verdict, rules.reused_id) {
+                (Verdict::ReusedId, ReusedIdPolicy::Publish | ReusedIdPolicy::DeadLetter) => Fate::Reused(seen, rules.reused_id),
+                _ => Fate::Duplicate(seen),
+            }
+        };
         let fate = match candidate.id {
             Ok(key) => {
                 let in_ledger = found.next().expect("the ledger answers once per keyed record");
-                if let Some(first_seen) = in_ledger {
-                    Fate::Duplicate { first_seen_ms: first_seen, age_ms: (ts - first_seen).max(0), in_batch: false }
+                if let Some(first) = in_ledger {
+                    seen(first, false)
                 } else {
                     match seen_in_batch.entry(key) {
-                        Entry::Occupied(first) => {
-                            let first_seen = *first.get();
-                            Fate::Duplicate { first_seen_ms: first_seen, age_ms: (ts - first_seen).max(0), in_batch: true }
-                        }
+                        Entry::Occupied(first) => seen(*first.get(), true),
                         Entry::Vacant(slot) => {
                             let first_seen = ts.min(now_ms);
-                            slot.insert(first_seen);
+                            slot.insert(Held { first_seen_ms: first_seen, digest: candidate.digest });
                             oldest_new_ms = Some(oldest_new_ms.map_or(ts, |o| o.min(ts)));
-                            new_ids.push((key, first_seen));
+                            new_ids.push((key, first_seen, candidate.digest));
                             Fate::Publish
                         }
                     }
                 }
             }
-            Err(reason) => match policy {
+            Err(reason) => match rules.unkeyed {
                 UnkeyedPolicy::Forward => Fate::Forward(reason),
                 UnkeyedPolicy::DeadLetter => Fate::DeadLetter(reason),
                 UnkeyedPolicy::Drop => Fate::Drop(reason),
@@ -116,19 +184,32 @@ mod tests {
     }
 
     fn keyed(n: u8, ts: i64) -> Candidate {
-        Candidate { id: Ok(key(n)), timestamp_ms: Some(ts) }
+        Candidate { id: Ok(key(n)), timestamp_ms: Some(ts), digest: None }
+    }
+
+    fn digested(n: u8, ts: i64, content: u64) -> Candidate {
+        Candidate { digest: Some(ContentDigest::of_hash(content << 48)), ..keyed(n, ts) }
+    }
+
+    fn held(first_seen_ms: i64) -> Option<Held> {
+        Some(Held { first_seen_ms, digest: None })
+    }
+
+    fn dup(first_seen_ms: i64, age_ms: i64, in_batch: bool, verdict: Verdict) -> Seen {
+        Seen { first_seen_ms, age_ms, in_batch, verdict }
     }
 
     const NOW: i64 = 1_000_000;
+    const FORWARD: Rules = Rules { unkeyed: UnkeyedPolicy::Forward, reused_id: ReusedIdPolicy::Drop, now_ms: NOW };
 
     #[test]
     fn new_ids_are_published_once_and_repeats_in_the_batch_dropped() {
         // The third record repeats the first id: dropped, 20 ms after the first copy, which is
         // published.
         let batch = [keyed(1, 10), keyed(2, 20), keyed(1, 30)];
-        let d = decide(&batch, &[None, None, None], UnkeyedPolicy::Forward, NOW);
-        assert_eq!(d.fates, [Fate::Publish, Fate::Publish, Fate::Duplicate { first_seen_ms: 10, age_ms: 20, in_batch: true }]);
-        assert_eq!(d.new_ids, [(key(1), 10), (key(2), 20)]);
+        let d = decide(&batch, &[None, None, None], FORWARD);
+        assert_eq!(d.fates, [Fate::Publish, Fate::Publish, Fate::Duplicate(dup(10, 20, true, Verdict::Unknown))]);
+        assert_eq!(d.new_ids, [(key(1), 10, None), (key(2), 20, None)]);
         assert_eq!(d.oldest_new_ms, Some(10));
         assert_eq!(d.duplicates(), 1);
     }
@@ -136,32 +217,61 @@ mod tests {
     #[test]
     fn ids_the_ledger_holds_are_dropped_with_their_age() {
         // The ledger first saw id 2 at 5; this copy is stamped 500.
-        let d = decide(&[keyed(1, 100), keyed(2, 500)], &[None, Some(5)], UnkeyedPolicy::Forward, NOW);
-        assert_eq!(d.fates, [Fate::Publish, Fate::Duplicate { first_seen_ms: 5, age_ms: 495, in_batch: false }]);
-        assert_eq!(d.new_ids, [(key(1), 100)]);
+        let d = decide(&[keyed(1, 100), keyed(2, 500)], &[None, held(5)], FORWARD);
+        assert_eq!(d.fates, [Fate::Publish, Fate::Duplicate(dup(5, 495, false, Verdict::Unknown))]);
+        assert_eq!(d.new_ids, [(key(1), 100, None)]);
     }
 
     #[test]
     fn first_seen_times_never_lie_in_the_future() {
         // A record stamped after `now` (a client clock ahead) is recorded at `now`; a record
         // without a timestamp is stamped `now`.
-        let batch = [keyed(1, NOW + 60_000), Candidate { id: Ok(key(2)), timestamp_ms: None }];
-        let d = decide(&batch, &[None, None], UnkeyedPolicy::Forward, NOW);
-        assert_eq!(d.new_ids, [(key(1), NOW), (key(2), NOW)]);
+        let batch = [keyed(1, NOW + 60_000), Candidate { timestamp_ms: None, ..keyed(2, 0) }];
+        let d = decide(&batch, &[None, None], FORWARD);
+        assert_eq!(d.new_ids, [(key(1), NOW, None), (key(2), NOW, None)]);
     }
 
     #[test]
     fn records_without_an_id_follow_the_policy_and_are_never_recorded() {
-        let batch = [Candidate { id: Err(Unkeyed::Missing), timestamp_ms: Some(1) }, keyed(1, 2)];
+        let batch = [Candidate { id: Err(Unkeyed::Missing), timestamp_ms: Some(1), digest: None }, keyed(1, 2)];
         for (policy, fate) in [
             (UnkeyedPolicy::Forward, Fate::Forward(Unkeyed::Missing)),
             (UnkeyedPolicy::DeadLetter, Fate::DeadLetter(Unkeyed::Missing)),
             (UnkeyedPolicy::Drop, Fate::Drop(Unkeyed::Missing)),
         ] {
             // The ledger is asked only about the keyed record.
-            let d = decide(&batch, &[None], policy, NOW);
+            let d = decide(&batch, &[None], Rules { unkeyed: policy, ..FORWARD });
             assert_eq!(d.fates, [fate, Fate::Publish]);
-            assert_eq!(d.new_ids, [(key(1), 2)]);
+            assert_eq!(d.new_ids, [(key(1), 2, None)]);
+        }
+    }
+
+    #[test]
+    fn a_copy_is_a_retry_a_reused_id_or_unknown_by_its_digest() {
+        let first = |content: u64| Some(Held { first_seen_ms: 5, digest: Some(ContentDigest::of_hash(content << 48)) });
+        // Held with digest 7: the same content is a retry, other content a reused id; a copy
+        // without a digest, or an id held without one, is unknown.
+        let batch = [digested(1, 10, 7), digested(2, 10, 8), keyed(3, 10), digested(4, 10, 7)];
+        let d = decide(&batch, &[first(7), first(7), first(7), held(5)], FORWARD);
+        let verdicts: Vec<Verdict> = d.fates.iter().map(|f| match f { Fate::Duplicate(s) => s.verdict, other => panic!("{other:?}") }).collect();
+        assert_eq!(verdicts, [Verdict::Retry, Verdict::ReusedId, Verdict::Unknown, Verdict::Unknown]);
+        assert_eq!(d.duplicates(), 4);
+        // Within a batch, against the first copy's digest; the first copy is recorded with it.
+        let d = decide(&[digested(1, 10, 1), digested(1, 20, 1), digested(1, 30, 2)], &[None, None, None], FORWARD);
+        assert_eq!(d.fates[1..], [Fate::Duplicate(dup(10, 10, true, Verdict::Retry)), Fate::Duplicate(dup(10, 20, true, Verdict::ReusedId))]);
+        assert_eq!(d.new_ids, [(key(1), 10, Some(ContentDigest::of_hash(1 << 48)))]);
+    }
+
+    #[test]
+    fn a_reused_id_follows_its_policy_and_is_never_recorded_again() {
+        let first = Some(Held { first_seen_ms: 5, digest: Some(ContentDigest::of_hash(1 << 48)) });
+        for policy in [ReusedIdPolicy::Publish, ReusedIdPolicy::DeadLetter] {
+            let rules = Rules { reused_id: policy, ..FORWARD };
+            let d = decide(&[digested(1, 10, 2), digested(1, 10, 1)], &[first, first], rules);
+            // The reused id goes where the policy says; a retry is dropped whatever it says.
+            assert_eq!(d.fates, [Fate::Reused(dup(5, 5, false, Verdict::ReusedId), policy), Fate::Duplicate(dup(5, 5, false, Verdict::Retry))]);
+            assert!(d.new_ids.is_empty());
+            assert_eq!(d.duplicates(), 1);
         }
     }
 
@@ -177,18 +287,18 @@ mod tests {
             let mut all_ids = std::collections::BTreeSet::new();
             for (b, ids) in batches.iter().enumerate() {
                 let batch: Vec<Candidate> = ids.iter().map(|&n| keyed(n, b as i64)).collect();
-                let found: Vec<Option<i64>> = ids.iter().map(|n| ledger.get(&key(*n)).copied()).collect();
-                let d = decide(&batch, &found, UnkeyedPolicy::Forward, NOW);
+                let found: Vec<Option<Held>> = ids.iter().map(|n| ledger.get(&key(*n)).copied()).collect();
+                let d = decide(&batch, &found, FORWARD);
                 for (i, fate) in d.fates.iter().enumerate() {
                     if *fate == Fate::Publish {
                         published.push(ids[i]);
                     }
                 }
-                let recorded: Vec<LedgerKey> = d.new_ids.iter().map(|(k, _)| *k).collect();
+                let recorded: Vec<LedgerKey> = d.new_ids.iter().map(|(k, _, _)| *k).collect();
                 let publishes: Vec<LedgerKey> = d.fates.iter().zip(ids).filter(|(f, _)| **f == Fate::Publish).map(|(_, n)| key(*n)).collect();
                 prop_assert_eq!(recorded, publishes);
-                for (k, ts) in d.new_ids {
-                    ledger.insert(k, ts);
+                for (k, ts, digest) in d.new_ids {
+                    ledger.insert(k, Held { first_seen_ms: ts, digest });
                 }
                 all_ids.extend(ids.iter().copied());
             }

@@ -10,8 +10,10 @@
 //! Record value, version 1:
 //! `0x01`, count (unsigned LEB128 varint), base first-seen ms (i64 big-endian), then per id its
 //! 16-byte ledger key and its first-seen time minus the base (zigzag varint). No key, no headers.
+//! Content digests are not carried: a loaded id's later copies get the verdict `unknown`.
 
 use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
+use crate::ledger::Sent;
 
 const VERSION: u8 = 1;
 
@@ -31,15 +33,15 @@ pub enum ChangelogFormatError {
 
 /// Encodes a batch's new ids with their first-seen times (ms). `None` for an empty batch: a
 /// transaction without new ids writes no changelog record.
-pub fn encode(ids: &[(LedgerKey, i64)]) -> Option<Vec<u8>> {
-    let base = ids.first()?.1;
+pub fn encode<S: Sent>(ids: &[S]) -> Option<Vec<u8>> {
+    let base = ids.first()?.time_ms();
     let mut out = Vec::with_capacity(1 + 10 + 8 + ids.len() * (LEDGER_KEY_BYTES + 3));
     out.push(VERSION);
     put_varint(&mut out, ids.len() as u64);
     out.extend_from_slice(&base.to_be_bytes());
-    for (key, ts) in ids {
-        out.extend_from_slice(key.as_bytes());
-        put_varint(&mut out, zigzag(ts.wrapping_sub(base)));
+    for id in ids {
+        out.extend_from_slice(id.key().as_bytes());
+        put_varint(&mut out, zigzag(id.time_ms().wrapping_sub(base)));
     }
     Some(out)
 }
@@ -144,7 +146,7 @@ mod tests {
         decode_into(&bytes, &mut out).unwrap();
         assert_eq!(out, ids);
         assert_eq!(count(&bytes), Ok(3));
-        assert!(encode(&[]).is_none(), "no new ids, no record");
+        assert!(encode::<(LedgerKey, i64)>(&[]).is_none(), "no new ids, no record");
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub const KIND_ADMIN_UNAUTHORIZED: &str = "admin_unauthorized";
 pub const RECORDS_IN: &str = "dedupe_records_in_total";
 pub const RECORDS_OUT: &str = "dedupe_records_out_total";
 pub const DUPLICATES_DROPPED: &str = "dedupe_duplicates_dropped_total";
+pub const REUSED_IDS: &str = "dedupe_reused_ids_total";
 pub const UNKEYED: &str = "dedupe_unkeyed_records_total";
 pub const BATCH_RECORDS: &str = "dedupe_batch_records";
 pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
@@ -58,6 +59,10 @@ pub const AUDIT_RECORDS: &str = "dedupe_audit_records_total";
 pub const SOURCE_RECORDS: &str = "dedupe_source_records_total";
 /// Label of [`SOURCE_RECORDS`]: the front door's source of a record, `other`, or `none`.
 pub const LABEL_SOURCE: &str = "source";
+/// A duplicate's verdict: `retry`, `reused_id` or `unknown` (see `dedupe::batch::Verdict`).
+pub const LABEL_VERDICT: &str = "verdict";
+/// What happened to a reused id: `dropped`, `published` or `dead_lettered`.
+pub const LABEL_ACTION: &str = "action";
 pub const SOURCE_OTHER: &str = "other";
 pub const SOURCE_NONE: &str = "none";
 /// Values of [`LABEL_OUTCOME`] on [`SOURCE_RECORDS`].
@@ -165,7 +170,8 @@ const P: &[&str] = &[LABEL_PARTITION];
 pub const ALL: &[Metric] = &[
     m(RECORDS_IN, Counter, None, P, "Input records read."),
     m(RECORDS_OUT, Counter, None, P, "Records published to the output topic in committed transactions."),
-    m(DUPLICATES_DROPPED, Counter, None, P, "Records dropped because their id was already in the ledger."),
+    m(DUPLICATES_DROPPED, Counter, None, &[LABEL_PARTITION, LABEL_VERDICT], "Records dropped because their id was already in the ledger, by verdict: retry (the same content as the first copy), reused_id (other content), unknown (either copy has no content digest)."),
+    m(REUSED_IDS, Counter, None, &[LABEL_PARTITION, LABEL_ACTION], "Records whose id the ledger holds for other content, by what worker.on_reused_id did with them: dropped, published or dead_lettered."),
     m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable) and the policy applied (forward, drop, dead-letter)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
     m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),

@@ -24,7 +24,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
-use crate::identity::LedgerKey;
+use crate::identity::{ContentDigest, LedgerKey};
 use crate::kafka::client_config;
 use crate::retry::Backoff;
 
@@ -54,7 +54,8 @@ pub struct Batch<'a> {
     pub dead_letters: &'a [OutRecord],
     /// Audit records, sent to the audit topic's partition of the input partition's number.
     pub audit: &'a [OutRecord],
-    pub new_ids: &'a [(LedgerKey, i64)],
+    /// The batch's new ids, with first-seen times and content digests.
+    pub new_ids: &'a [(LedgerKey, i64, Option<ContentDigest>)],
     pub input_topic: &'a str,
     pub input_partition: i32,
     pub next_input_offset: i64,

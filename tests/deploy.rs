@@ -180,6 +180,7 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         ("DedupeWorkerNotReady", "warn"),
         ("DedupeLedgerIndexOverflowed", "warn"),
         ("DedupeHandoverStuck", "warn"),
+        ("DedupeReusedIds", "warn"),
     ];
     for (name, severity) in expected {
         let alert = by_name.get(name).unwrap_or_else(|| panic!("rules.yml has no alert {name}"));
@@ -204,6 +205,10 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
     let handover = by_name["DedupeHandoverStuck"];
     assert!(handover.field("expr").unwrap().contains("dedupe_handover_in_progress_seconds) > 600"));
     assert_eq!(handover.field("for").as_deref(), Some("5m"));
+    // Reused ids: one input record in 10,000, held for 15 minutes.
+    let reused = by_name["DedupeReusedIds"];
+    assert!(reused.field("expr").unwrap().contains("> 0.0001"));
+    assert_eq!(reused.field("for").as_deref(), Some("15m"));
     // Three missed hourly snapshots.
     assert!(by_name["DedupeSnapshotsFailing"].field("expr").unwrap().contains("> 10800"));
     assert!(by_name["DedupeWorkerDown"].field("expr").unwrap().contains("up{job=\"dedupe\"} == 0"));

@@ -146,6 +146,7 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
 
     let written = metric_value(&page, "dedupe_audit_records_total", &[("outcome", "written")]);
     assert_eq!(written, Some(100.0), "the first run's audit records, counted once committed");
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "retry")]), Some(100.0));
     // Per source: every other id came through the front door as `web`, the rest without the
     // header; of the first run's 100 drops, 30 + 20 were web's.
     let by_source = |source, outcome| metric_value(&page, "dedupe_source_records_total", &[("source", source), ("outcome", outcome)]);
@@ -173,13 +174,77 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
         assert_eq!(v["age_ms"].as_i64().unwrap(), copy.timestamp.unwrap() - first_seen);
         let index = all.iter().position(|i| *i == id).unwrap();
         assert_eq!(v["source"], if index % 2 == 0 { serde_json::json!("web") } else { serde_json::Value::Null });
-        assert_eq!(v["verdict"], "unknown", "no content digest is kept");
+        assert_eq!(v["verdict"], "retry", "every copy is its first copy's value again");
         assert!(v.get("payload").is_none(), "no payload unless worker.audit_payloads");
         in_batch += usize::from(v["in_batch"] == true);
     }
     assert!(in_batch > 0 && in_batch <= 60, "the copies sent at once were mostly in their first copy's batch: {in_batch}");
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
+}
+
+/// Records of `ids` whose values say `content`.
+fn with_content(ids: &[String], content: &str) -> Vec<Outgoing> {
+    ids.iter().map(|id| (Some(id.as_bytes().to_vec()), Some(format!(r#"{{"messageId":"{id}","c":"{content}"}}"#).into_bytes()), Vec::new())).collect()
+}
+
+#[test]
+fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
+    let input = TestTopic::create("reused-in", 1);
+    let output = TestTopic::create("reused-out", 1);
+    let dead = TestTopic::create("reused-dead", 1);
+    let audit = dedupe::audit::default_topic(&output.name);
+    let dir = tempfile::tempdir().unwrap();
+    let all = ids(30);
+    // 30 first copies; ids 0..10 again as they were (retries), ids 10..20 with other content
+    // (reused ids); ids 20..30 again with other content but the same front door digest header,
+    // which wins over the value (a retry whose sentAt changed).
+    let header = |records: Vec<Outgoing>| -> Vec<Outgoing> {
+        records.into_iter().map(|(k, v, _)| (k, v, vec![("dedupe-content-digest".to_string(), b"00000000000000aa".to_vec())])).collect()
+    };
+    produce_full(&input.name, &[with_content(&all[..20], "a"), header(with_content(&all[20..], "a"))].concat());
+    produce_full(&input.name, &[with_content(&all[..10], "a"), with_content(&all[10..20], "b"), header(with_content(&all[20..], "b"))].concat());
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_ON_REUSED_ID", "dead-letter")
+        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead.name);
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 30, Duration::from_secs(60));
+    wait_for_records(&dead.name, 10, Duration::from_secs(60));
+    wait_for_records(&audit, 20, Duration::from_secs(60));
+    let page = worker.metrics().expect("metrics page");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let count = |name, labels: &[(&str, &str)]| metric_value(&page, name, labels).unwrap_or(0.0);
+    assert_eq!(count("dedupe_duplicates_dropped_total", &[("verdict", "retry")]), 20.0);
+    assert_eq!(count("dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), 0.0, "dead-lettered, not dropped");
+    assert_eq!(count("dedupe_reused_ids_total", &[("action", "dead_lettered")]), 10.0);
+    // The dead letters are the reused ids' second events, as sent.
+    let dead_values: Vec<String> = consume_all(&dead.name, true).iter().map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap()).collect();
+    assert_eq!(dead_values, with_content(&all[10..20], "b").iter().map(|r| String::from_utf8(r.1.clone().unwrap()).unwrap()).collect::<Vec<_>>());
+    let verdicts: BTreeMap<String, usize> = audit_records(&audit).values().fold(BTreeMap::new(), |mut m, (_, v)| {
+        *m.entry(v["verdict"].as_str().unwrap().to_string()).or_default() += 1;
+        m
+    });
+    assert_eq!(verdicts, BTreeMap::from([("retry".to_string(), 20)]));
+
+    // The digests outlive a restart (the ledger keeps them); the default policy drops a reused
+    // id, counted and audited as one.
+    produce_full(&input.name, &[with_content(&all[10..20], "c"), with_content(&all[..5], "a")].concat());
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&audit, 35, Duration::from_secs(60));
+    let page = worker.metrics().expect("metrics page");
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), Some(10.0));
+    assert_eq!(metric_value(&page, "dedupe_reused_ids_total", &[("action", "dropped")]), Some(10.0));
+    let verdicts: BTreeMap<String, usize> = audit_records(&audit).values().fold(BTreeMap::new(), |mut m, (_, v)| {
+        *m.entry(v["verdict"].as_str().unwrap().to_string()).or_default() += 1;
+        m
+    });
+    assert_eq!(verdicts, BTreeMap::from([("retry".to_string(), 25), ("reused_id".to_string(), 10)]));
+    assert_eq!(consume_all(&output.name, true).len(), 30, "nothing more published");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::segment_baseline::SegmentLedger;
-use crate::identity::LedgerKey;
+use crate::identity::{ContentDigest, LedgerKey};
 use crate::ledger::{Durability, Ledger, LedgerError, LedgerOptions, Verdict, INDEX_FILE};
 
 /// Batches a re-sent id may reach back over (client retries re-send recent messages).
@@ -79,6 +79,9 @@ pub struct LedgerBenchConfig {
     pub seed: u64,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Record each id with a content digest (what the worker does by default): the cost of
+    /// telling retries from reused ids, against a run without.
+    pub digests: bool,
 }
 
 impl Default for LedgerBenchConfig {
@@ -96,6 +99,7 @@ impl Default for LedgerBenchConfig {
             ledger: LedgerOptions::default(),
             seed: 42,
             progress: true,
+            digests: false,
         }
     }
 }
@@ -105,6 +109,8 @@ impl Default for LedgerBenchConfig {
 pub struct LedgerBenchReport {
     pub keys: u64,
     pub batch: usize,
+    /// Ids recorded with content digests.
+    pub digests: bool,
     pub dup_ratio: f64,
     pub durability: String,
     pub generations_configured: u32,
@@ -324,6 +330,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     Ok(LedgerBenchReport {
         keys: config.keys,
         batch: config.batch,
+        digests: config.digests,
         dup_ratio: config.dup_ratio,
         durability: format!("{:?}", config.durability),
         generations_configured: config.generations,
@@ -394,6 +401,7 @@ struct InsertRun {
 fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_dir: &Path) -> Result<InsertRun, BenchError> {
     let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
     let mut items = Vec::with_capacity(config.batch);
+    let mut digested: Vec<(LedgerKey, i64, Option<ContentDigest>)> = Vec::with_capacity(config.batch);
     let bar = progress_bar(config, config.keys, "ledger");
     let wall = Instant::now();
     let mut run = InsertRun {
@@ -418,7 +426,14 @@ fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_d
         run.duplicates_expected += stream.next_batch(n, &mut items);
         let progress = (batches + 1).to_le_bytes();
         let started = Instant::now();
-        let verdicts = ledger.check_and_record(0, &items, &progress)?;
+        let verdicts = if config.digests {
+            // A digest per id, the same for its re-sent copies (retries).
+            digested.clear();
+            digested.extend(items.iter().map(|&(key, t)| (key, t, Some(ContentDigest::of_value(key.as_bytes())))));
+            ledger.check_and_record(0, &digested, &progress)?
+        } else {
+            ledger.check_and_record(0, &items, &progress)?
+        };
         let took = started.elapsed();
         run.timed += took;
         run.slowest = run.slowest.max(took);

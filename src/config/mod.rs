@@ -38,7 +38,7 @@ pub use secret::{Secret, SecretMatcher};
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};
 pub use units::ByteSize;
-pub use worker::{Assignment, IdSource, InputPartitioner, PartitionSet, UnkeyedPolicy, WorkerConfig};
+pub use worker::{Assignment, DigestSource, IdSource, InputPartitioner, PartitionSet, ReusedIdPolicy, UnkeyedPolicy, WorkerConfig};
 
 #[cfg(test)]
 mod tests;

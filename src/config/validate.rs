@@ -4,7 +4,7 @@
 //! in that order; the snapshot and ingest checks interleave, as they always have, so that the
 //! error a given file gets does not change.
 
-use super::{Assignment, ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, SnapshotConfig, UnkeyedPolicy, WorkerConfig};
+use super::{Assignment, ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig, ReusedIdPolicy, SnapshotConfig, UnkeyedPolicy, WorkerConfig};
 
 fn bad(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::invalid(key, message)
@@ -132,11 +132,16 @@ fn check_worker_changelog(w: &WorkerConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `dead-letter` needs a topic of its own.
+/// `dead-letter` (for records without an id, or for reused ids) needs a topic of its own.
 fn check_worker_unkeyed(w: &WorkerConfig) -> Result<(), ConfigError> {
-    if w.unkeyed_policy == UnkeyedPolicy::DeadLetter {
+    let needed_by = match (w.unkeyed_policy, w.on_reused_id) {
+        (UnkeyedPolicy::DeadLetter, _) => Some("unkeyed_policy"),
+        (_, ReusedIdPolicy::DeadLetter) => Some("on_reused_id"),
+        _ => None,
+    };
+    if let Some(setting) = needed_by {
         match &w.dead_letter_topic {
-            None => return Err(bad("worker.dead_letter_topic", "must be set when unkeyed_policy is dead-letter")),
+            None => return Err(bad("worker.dead_letter_topic", &format!("must be set when {setting} is dead-letter"))),
             Some(t) if t == &w.output_topic || t == &w.input_topic => {
                 return Err(bad("worker.dead_letter_topic", "must differ from the input and output topics"))
             }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::ByteSize;
+pub use crate::identity::DigestSource;
 
 /// The dedupe worker.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -59,8 +60,17 @@ pub struct WorkerConfig {
     pub input_partitioner: InputPartitioner,
     /// What to do with a record whose id is missing, empty, over 1 KiB or unreadable.
     pub unkeyed_policy: UnkeyedPolicy,
-    /// Where `dead-letter` sends such records.
+    /// Where `dead-letter` sends such records (and reused ids, with `on_reused_id = "dead-letter"`).
     pub dead_letter_topic: Option<String>,
+    /// Where a record's content digest is read, which tells a retry from a reused id:
+    /// `header-or-value` (the front door's `dedupe-content-digest` header, else a hash of the
+    /// record's value), `header` (only the header: for producers whose retries change the value),
+    /// or `none` (no digests kept: every duplicate's verdict is `unknown`).
+    pub content_digest: DigestSource,
+    /// What happens to a record whose id the ledger holds for other content (verdict
+    /// `reused_id`): `drop` (as a retry is), `publish` (it goes out; its id stays recorded for its
+    /// first copy) or `dead-letter` (to `dead_letter_topic`, in the same transaction).
+    pub on_reused_id: ReusedIdPolicy,
     /// The duplicate audit: one record per dropped duplicate, written in the same transaction as
     /// its batch's output (see docs/operations.md, "The duplicate audit"). Unset:
     /// `<output_topic>.duplicates`; `""` turns the audit off. Created when missing.
@@ -126,6 +136,10 @@ impl Default for WorkerConfig {
             // Never lose data: a record without a usable id goes on unchecked.
             unkeyed_policy: UnkeyedPolicy::Forward,
             dead_letter_topic: None,
+            // The front door's digest for its records, the value's for other producers' records.
+            content_digest: DigestSource::HeaderOrValue,
+            // As Segment does: the id decides. Counted, audited, and alerted on.
+            on_reused_id: ReusedIdPolicy::Drop,
             audit_topic: None,
             // As long as the changelog: the drops of the window and a weekend's outage.
             audit_retention_secs: 7 * 86_400,
@@ -278,6 +292,18 @@ pub enum UnkeyedPolicy {
     /// Drop it, counted and logged.
     Drop,
     /// Publish it to `worker.dead_letter_topic`, in the same transaction.
+    DeadLetter,
+}
+
+/// What happens to a record whose id the ledger holds for other content.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReusedIdPolicy {
+    /// Dropped as a duplicate (verdict `reused_id`), counted and audited.
+    Drop,
+    /// Published; its id stays recorded for the first copy.
+    Publish,
+    /// Published to `worker.dead_letter_topic`, in the same transaction.
     DeadLetter,
 }
 

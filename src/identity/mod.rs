@@ -15,11 +15,14 @@
 
 //!
 //! Where a record's id is read from (its key, a header or a JSON field), and why a record has
-//! none, is the `record` submodule's part: [`message_key`], [`RecordView`], [`Unkeyed`].
+//! none, is the `record` submodule's part: [`message_key`], [`RecordView`], [`Unkeyed`]. What tells
+//! a retry from a reused id is the `digest` submodule's: [`ContentDigest`], [`DigestSource`].
 
 use std::fmt;
 
+mod digest;
 mod record;
+pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES, HEADER_CONTENT_DIGEST};
 pub use record::{message_key, RecordView, Unkeyed};
 
 /// Longest message id accepted, in bytes.

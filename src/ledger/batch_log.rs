@@ -5,15 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use super::error::{io_error, Result};
-use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
+use crate::identity::{ContentDigest, CONTENT_DIGEST_BYTES, LedgerKey, LEDGER_KEY_BYTES};
 use crate::Partition;
 
-/// A checked batch as the buffer and the batch log hold it: its new ids with their event times.
+/// A checked batch as the buffer and the batch log hold it: its new ids with their event times
+/// and digests.
 pub(super) struct LoggedBatch {
     pub(super) partition: Partition,
     /// Base the active generation takes if this batch is its first.
     pub(super) base_ms: i64,
-    pub(super) new_ids: Vec<(LedgerKey, i64)>,
+    pub(super) new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     pub(super) progress: Vec<u8>,
 }
 
@@ -29,6 +30,10 @@ pub(super) struct BatchLog {
 pub(super) const LOG_FILE_PREFIX: &str = "batches-";
 const LOG_FILE_EXTENSION: &str = "log";
 const LOG_RECORD_HEADER: usize = 12;
+/// Bytes per new id in a record: key, event time, digest.
+const ID_BYTES: usize = LEDGER_KEY_BYTES + 8 + CONTENT_DIGEST_BYTES;
+/// The same in a record written by format version 2 (no digest).
+const V2_ID_BYTES: usize = LEDGER_KEY_BYTES + 8;
 
 pub(super) fn log_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("{LOG_FILE_PREFIX}{seq:012}.{LOG_FILE_EXTENSION}"))
@@ -74,9 +79,10 @@ impl BatchLog {
         buf.extend_from_slice(&(batch.progress.len() as u32).to_le_bytes());
         buf.extend_from_slice(&batch.progress);
         buf.extend_from_slice(&(batch.new_ids.len() as u32).to_le_bytes());
-        for (key, time_ms) in &batch.new_ids {
+        for (key, time_ms, digest) in &batch.new_ids {
             buf.extend_from_slice(&key.0);
             buf.extend_from_slice(&time_ms.to_le_bytes());
+            buf.extend_from_slice(&digest.map_or([0; CONTENT_DIGEST_BYTES], ContentDigest::to_bytes));
         }
         let payload_len = (buf.len() - LOG_RECORD_HEADER) as u32;
         let checksum = xxhash_rust::xxh3::xxh3_64(&buf[LOG_RECORD_HEADER..]);
@@ -124,11 +130,22 @@ impl BatchLog {
         let progress_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
         let progress = take(progress_len)?.to_vec();
         let count = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
-        let mut new_ids = Vec::with_capacity(count.min(payload.len() / 24));
+        // A record written by format version 2 has no digests: what is left says which it is.
+        let left = payload.len() - (4 + 8 + 4 + progress_len + 4);
+        let with_digests = match left {
+            n if n == count * ID_BYTES => true,
+            n if n == count * V2_ID_BYTES => false,
+            _ => return None,
+        };
+        let mut new_ids = Vec::with_capacity(count);
         for _ in 0..count {
             let key = LedgerKey(take(LEDGER_KEY_BYTES)?.try_into().ok()?);
             let time_ms = i64::from_le_bytes(take(8)?.try_into().ok()?);
-            new_ids.push((key, time_ms));
+            let digest = match with_digests {
+                true => ContentDigest::from_bytes(take(CONTENT_DIGEST_BYTES)?.try_into().ok()?),
+                false => None,
+            };
+            new_ids.push((key, time_ms, digest));
         }
         Some(LoggedBatch {
             partition,
@@ -149,7 +166,10 @@ mod tests {
             partition: n as Partition,
             base_ms: n as i64 * 1000,
             new_ids: (0..ids)
-                .map(|i| (ledger_key(format!("log-{n}-{i}").as_bytes()).unwrap(), (n * 1000 + i) as i64))
+                .map(|i| {
+                    let digest = (i % 2 == 0).then(|| ContentDigest::of_hash(i << 48));
+                    (ledger_key(format!("log-{n}-{i}").as_bytes()).unwrap(), (n * 1000 + i) as i64, digest)
+                })
                 .collect(),
             progress: n.to_le_bytes().to_vec(),
         }
@@ -232,6 +252,41 @@ mod tests {
         log.append(&third, true).unwrap();
         let (read, _) = BatchLog::read(&path).unwrap();
         assert_same(&read, &[batch(1, 5), batch(2, 5), third]);
+    }
+
+    #[test]
+    fn a_log_written_before_digests_reads_back_without_them() {
+        // Format version 2's records: per id its key and time, no digest.
+        let dir = tempfile::tempdir().unwrap();
+        let path = log_path(dir.path(), 1);
+        let written = batch(7, 3);
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&written.partition.to_le_bytes());
+        payload.extend_from_slice(&written.base_ms.to_le_bytes());
+        payload.extend_from_slice(&(written.progress.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&written.progress);
+        payload.extend_from_slice(&3u32.to_le_bytes());
+        for (key, time_ms, _) in &written.new_ids {
+            payload.extend_from_slice(&key.0);
+            payload.extend_from_slice(&time_ms.to_le_bytes());
+        }
+        let mut record = (payload.len() as u32).to_le_bytes().to_vec();
+        record.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+        record.extend_from_slice(&payload);
+        std::fs::write(&path, &record).unwrap();
+        let (read, valid) = BatchLog::read(&path).unwrap();
+        assert_eq!(valid, record.len() as u64);
+        let ids: Vec<_> = read[0].new_ids.iter().map(|(k, t, d)| (*k, *t, *d)).collect();
+        let expected: Vec<_> = written.new_ids.iter().map(|(k, t, _)| (*k, *t, None)).collect();
+        assert_eq!(ids, expected);
+        // A record whose length fits neither layout is corrupt.
+        let mut bad = payload.clone();
+        bad.push(0);
+        let mut record = (bad.len() as u32).to_le_bytes().to_vec();
+        record.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&bad).to_le_bytes());
+        record.extend_from_slice(&bad);
+        std::fs::write(&path, &record).unwrap();
+        assert_eq!(BatchLog::read(&path).unwrap().0.len(), 0);
     }
 
     #[test]

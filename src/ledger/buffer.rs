@@ -8,15 +8,15 @@ use super::batch_log::LoggedBatch;
 use super::index::IdIndex;
 use super::stats::DEFAULT_BYTES_PER_ID_ESTIMATE;
 use super::tuning::effective_write_buffer_bytes;
-use super::{stored_first_seen_ms, Durability, Ledger, PartitionSpan, Result, State};
+use super::{stored_first_seen_ms, Durability, Held, Ledger, PartitionSpan, Result, State};
 use crate::identity::LedgerKey;
 
 /// What a buffered batch's progress record and metadata are assumed to cost towards the write
 /// buffer, so batches without new ids are committed too.
 const BUFFERED_BATCH_OVERHEAD_BYTES: u64 = 64;
 
-/// Buffered ids, with their stored first-seen times.
-pub(super) type IdBuffer = HashMap<LedgerKey, i64, KeyHashing>;
+/// Buffered ids, with their stored first-seen times and digests.
+pub(super) type IdBuffer = HashMap<LedgerKey, Held, KeyHashing>;
 
 /// An empty buffer, hashing with a new random seed.
 pub(super) fn new_buffer() -> IdBuffer {
@@ -91,7 +91,7 @@ impl Ledger {
         } = state;
         if let Some(active) = generations.last_mut() {
             let tag = IdIndex::tag(active.meta.id);
-            if let Some(&(_, first)) = new_ids.first() {
+            if let Some(&(_, first, _)) = new_ids.first() {
                 let meta = &mut active.meta;
                 let base_ms = *meta.base_ms.get_or_insert(base_ms);
                 let span = meta.partitions.entry(partition).or_insert(PartitionSpan {
@@ -99,11 +99,11 @@ impl Ledger {
                     last_seen_ms: first,
                     ids: 0,
                 });
-                for (key, time_ms) in &new_ids {
-                    span.first_seen_ms = span.first_seen_ms.min(*time_ms);
-                    span.last_seen_ms = span.last_seen_ms.max(*time_ms);
-                    pending.insert(*key, stored_first_seen_ms(base_ms, *time_ms));
-                    index.insert(&index.place(key), tag);
+                for &(key, time_ms, digest) in &new_ids {
+                    span.first_seen_ms = span.first_seen_ms.min(time_ms);
+                    span.last_seen_ms = span.last_seen_ms.max(time_ms);
+                    pending.insert(key, Held { first_seen_ms: stored_first_seen_ms(base_ms, time_ms), digest });
+                    index.insert(&index.place(&key), tag);
                 }
                 span.ids += new_ids.len() as u64;
                 meta.ids += new_ids.len() as u64;

@@ -13,12 +13,12 @@ use super::batch_log::BatchLog;
 use super::buffer::IdBuffer;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
-    encode_first_seen, generation_cf_name, generation_meta_key, progress_key, to_json, CommitRecord,
+    encode_value, generation_cf_name, generation_meta_key, progress_key, to_json, CommitRecord,
     COMMIT_KEY, META_COMMIT_SEQ, META_FORGOTTEN,
 };
 use super::load::LoadedRuns;
 use super::tuning::ingest_file_options;
-use super::{Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
+use super::{Held, Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
 use crate::identity::LedgerKey;
 use crate::Partition;
 
@@ -64,15 +64,15 @@ impl CommitWriter {
     }
 
     fn write(self) -> Result<PathBuf> {
-        let mut ids: Vec<(LedgerKey, i64)> = self.ids.iter().map(|(k, t)| (*k, *t)).collect();
+        let mut ids: Vec<(LedgerKey, Held)> = self.ids.iter().map(|(k, held)| (*k, *held)).collect();
         ids.sort_unstable_by_key(|(k, _)| *k);
         let written = (|| {
             let mut writer = SstFileWriter::create(&self.options);
             writer.open(&self.file)?;
-            let mut value = Vec::with_capacity(4);
-            for (key, t) in &ids {
+            let mut value = Vec::with_capacity(8);
+            for (key, held) in &ids {
                 value.clear();
-                encode_first_seen(self.base_ms, *t, &mut value);
+                encode_value(self.base_ms, held.first_seen_ms, held.digest, &mut value);
                 writer.put(key.0, &value)?;
             }
             writer.put(COMMIT_KEY, &self.record)?;

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{LedgerError, Result, FIRST_SEEN_RESOLUTION_MS, GENERATION_CF_PREFIX};
-use crate::identity::LEDGER_KEY_BYTES;
+use super::{Held, LedgerError, Result, FIRST_SEEN_RESOLUTION_MS, GENERATION_CF_PREFIX};
+use crate::identity::{ContentDigest, CONTENT_DIGEST_BYTES, LEDGER_KEY_BYTES};
 use crate::Partition;
 
 pub(super) const META_FORMAT_VERSION: &[u8] = b"format_version";
@@ -50,21 +50,39 @@ pub(super) fn encode_first_seen(base_ms: i64, first_seen_ms: i64, out: &mut Vec<
     }
 }
 
-pub(super) fn decode_first_seen(base_ms: i64, bytes: &[u8]) -> Result<i64> {
+/// A stored value: the first-seen offset, then the content digest's bytes when the id has one
+/// (values written before format version 3 never do).
+pub(super) fn encode_value(base_ms: i64, first_seen_ms: i64, digest: Option<ContentDigest>, out: &mut Vec<u8>) {
+    encode_first_seen(base_ms, first_seen_ms, out);
+    if let Some(digest) = digest {
+        out.extend_from_slice(&digest.to_bytes());
+    }
+}
+
+/// What a stored value says: the first-seen time, and the digest if one follows it.
+pub(super) fn decode_value(base_ms: i64, bytes: &[u8]) -> Result<Held> {
+    let corrupt = || LedgerError::CorruptMetadata {
+        what: format!("a stored value is neither a first-seen varint nor one with a content digest: {bytes:?}"),
+    };
     let mut zz: u64 = 0;
-    for (i, byte) in bytes.iter().enumerate() {
-        if i >= 10 {
-            break;
-        }
+    for (i, byte) in bytes.iter().enumerate().take(10) {
         zz |= u64::from(byte & 0x7f) << (7 * i);
         if byte & 0x80 == 0 {
             let delta = ((zz >> 1) as i64) ^ -((zz & 1) as i64);
-            return Ok(base_ms.saturating_add(delta.saturating_mul(FIRST_SEEN_RESOLUTION_MS)));
+            let first_seen_ms = base_ms.saturating_add(delta.saturating_mul(FIRST_SEEN_RESOLUTION_MS));
+            let digest = match &bytes[i + 1..] {
+                [] => None,
+                rest => Some(
+                    <[u8; CONTENT_DIGEST_BYTES]>::try_from(rest)
+                        .ok()
+                        .and_then(ContentDigest::from_bytes)
+                        .ok_or_else(corrupt)?,
+                ),
+            };
+            return Ok(Held { first_seen_ms, digest });
         }
     }
-    Err(LedgerError::CorruptMetadata {
-        what: format!("a stored first-seen time is not a varint: {bytes:?}"),
-    })
+    Err(corrupt())
 }
 
 /// The first-seen time a later lookup will report for an id recorded at `first_seen_ms`.

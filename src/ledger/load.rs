@@ -38,7 +38,7 @@ use std::thread::JoinHandle;
 use rocksdb::{Options, SstFileWriter};
 
 use super::error::{rocks, Doing};
-use super::format::{encode_first_seen, stored_first_seen_ms};
+use super::format::{encode_value, stored_first_seen_ms};
 use super::index::IdIndex;
 use super::tuning::load_run_options;
 use super::{Ledger, LedgerError, PartitionSpan, Result, State};
@@ -494,7 +494,8 @@ impl RunWriter {
                     continue;
                 }
                 value.clear();
-                encode_first_seen(self.base_ms, *t, &mut value);
+                // The changelog carries no digests: a loaded id's copies get the verdict `unknown`.
+                encode_value(self.base_ms, *t, None, &mut value);
                 writer.put(key.0, &value)?;
             }
             writer.finish()
@@ -624,7 +625,7 @@ mod tests {
             check(&ledger, "after the load");
             // A loaded id sent again is a duplicate; a new one is new.
             let v = ledger.check_and_record(7, &[(key(5), 30_000_000), (key(30_000), 30_000_000)], b"next").unwrap();
-            assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 1_005_000 }, Verdict::New], "{durability}");
+            assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 1_005_000, digest: None }, Verdict::New], "{durability}");
             ledger.drop_without_closing();
             let ledger = Ledger::open(dir.path(), LedgerOptions { durability, ..options() }).unwrap();
             assert_eq!(ledger.check(&[key(9_999)]).unwrap(), vec![Some(1_000_000 + 9_999_000)], "{durability}: after a crash");

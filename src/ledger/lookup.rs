@@ -5,19 +5,19 @@ use std::collections::BTreeMap;
 
 use super::batch_log::LoggedBatch;
 use super::error::{rocks, Doing};
-use super::format::{decode_first_seen, progress_key};
+use super::format::{decode_value, progress_key};
 use super::index::{IdIndex, Probe};
-use super::{stored_first_seen_ms, Ledger, LedgerError, Result, Sighting, State, Verdict, CF_PROGRESS};
+use super::{stored_first_seen_ms, Held, Ledger, LedgerError, Result, Sent, Sighting, State, Verdict, CF_PROGRESS};
 use crate::identity::LedgerKey;
 use crate::Partition;
 
 impl Ledger {
-    /// Looks up sorted, distinct keys. Returns the first-seen time of each key held.
+    /// Looks up sorted, distinct keys. Returns what the ledger holds of each key held.
     ///
     /// The id index answers most keys ("not held") from memory. The others are looked up in the
     /// buffer and in RocksDB, only in the generations the index names (in every generation, newest
     /// first, when the index cannot tell).
-    pub(super) fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
+    pub(super) fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<Held>>> {
         /// Keys whose buckets are prefetched ahead of the one being probed.
         const PREFETCH_AHEAD: usize = 8;
         let mut found = vec![None; keys.len()];
@@ -47,8 +47,8 @@ impl Ledger {
                 let buffered = state.pending.get(&keys[i]).or_else(|| {
                     state.in_flight.as_ref().and_then(|f| f.ids.get(&keys[i]))
                 });
-                if let Some(&t) = buffered {
-                    found[i] = Some(t);
+                if let Some(&held) = buffered {
+                    found[i] = Some(held);
                     continue;
                 }
             }
@@ -81,7 +81,7 @@ impl Ledger {
                 .batched_multi_get_cf(&cf, list.iter().map(|&i| &keys[i].0), true);
             for (&i, result) in list.iter().zip(results) {
                 if let Some(value) = result.map_err(rocks(Doing::Read))? {
-                    found[i] = Some(decode_first_seen(base_ms, &value)?);
+                    found[i] = Some(decode_value(base_ms, &value)?);
                 }
             }
         }
@@ -96,15 +96,15 @@ impl Ledger {
         let buffered = state.pending.get(key).or_else(|| state.in_flight.as_ref().and_then(|f| f.ids.get(key)));
         for (newest, generation) in state.generations.iter().rev().enumerate() {
             if newest == 0 {
-                if let Some(&first_seen_ms) = buffered {
-                    found.push(Sighting { generation: generation.meta.id, first_seen_ms });
+                if let Some(held) = buffered {
+                    found.push(Sighting { generation: generation.meta.id, first_seen_ms: held.first_seen_ms });
                     continue;
                 }
             }
             let Some(base_ms) = generation.meta.base_ms else { continue };
             let cf = self.cf(&generation.name)?;
             if let Some(value) = self.db.get_cf(&cf, key.0).map_err(rocks(Doing::Read))? {
-                found.push(Sighting { generation: generation.meta.id, first_seen_ms: decode_first_seen(base_ms, &value)? });
+                found.push(Sighting { generation: generation.meta.id, first_seen_ms: decode_value(base_ms, &value)?.first_seen_ms });
             }
         }
         Ok(found)
@@ -153,34 +153,31 @@ impl Ledger {
 
 /// The verdict on each item of a batch, in input order, and the batch to record: the new ids, at
 /// the base the active generation has or takes with them. `slot` gives each item's distinct key,
-/// `found` the first-seen time of each distinct key held.
-pub(super) fn judge_batch(
+/// `found` what the ledger holds of each distinct key held.
+pub(super) fn judge_batch<S: Sent>(
     state: &State,
     partition: Partition,
-    items: &[(LedgerKey, i64)],
+    items: &[S],
     progress: &[u8],
     slot: &[usize],
-    found: &[Option<i64>],
+    found: &[Option<Held>],
 ) -> (Vec<Verdict>, LoggedBatch) {
     let active_index = state.generations.len() - 1;
     let active = &state.generations[active_index];
-    let base_ms = active
-        .meta
-        .base_ms
-        .or_else(|| items.first().map(|(_, t)| *t))
-        .unwrap_or(0);
-    // Time each distinct key is recorded at in this batch, if it is new.
-    let mut recorded: Vec<Option<i64>> = vec![None; found.len()];
+    let base_ms = active.meta.base_ms.or_else(|| items.first().map(Sent::time_ms)).unwrap_or(0);
+    // What each distinct key is recorded as in this batch, if it is new.
+    let mut recorded: Vec<Option<Held>> = vec![None; found.len()];
     let mut verdicts = Vec::with_capacity(items.len());
-    let mut new_ids: Vec<(LedgerKey, i64)> = Vec::with_capacity(items.len());
-    for ((key, time_ms), &s) in items.iter().zip(slot) {
-        if let Some(first_seen_ms) = found[s].or(recorded[s]) {
-            verdicts.push(Verdict::Duplicate { first_seen_ms });
+    let mut new_ids = Vec::with_capacity(items.len());
+    for (item, &s) in items.iter().zip(slot) {
+        if let Some(held) = found[s].or(recorded[s]) {
+            verdicts.push(Verdict::Duplicate { first_seen_ms: held.first_seen_ms, digest: held.digest });
             continue;
         }
-        recorded[s] = Some(stored_first_seen_ms(base_ms, *time_ms));
+        let (time_ms, digest) = (item.time_ms(), item.digest());
+        recorded[s] = Some(Held { first_seen_ms: stored_first_seen_ms(base_ms, time_ms), digest });
         verdicts.push(Verdict::New);
-        new_ids.push((*key, *time_ms));
+        new_ids.push((item.key(), time_ms, digest));
     }
     let batch = LoggedBatch {
         partition,

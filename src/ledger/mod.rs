@@ -39,9 +39,10 @@
 //!
 //! # On-disk format (version [`FORMAT_VERSION`])
 //! - `gen-<12 digit id>` column families: key = the 16-byte [`LedgerKey`], value = zigzag varint
-//!   of `(first_seen_ms - generation.base_ms)` in whole seconds ([`FIRST_SEEN_RESOLUTION_MS`]), so a
-//!   value is 1-3 bytes for ids within ~12 days of the generation's base. Reported first-seen
-//!   times are therefore rounded down to the second relative to the generation's base.
+//!   of `(first_seen_ms - generation.base_ms)` in whole seconds ([`FIRST_SEEN_RESOLUTION_MS`]), so
+//!   1-3 bytes for ids within ~12 days of the generation's base, followed by the first copy's
+//!   [`ContentDigest`] (2 bytes, little-endian, never 0) when it was recorded with one. Reported
+//!   first-seen times are therefore rounded down to the second relative to the generation's base.
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
 //!   `forgotten` = JSON map partition → last first-seen time (ms) of any id already forgotten.
 //!   `commit_seq` (u64 LE) = the last commit applied to this column family and [`CF_PROGRESS`].
@@ -51,7 +52,8 @@
 //!   partition's progress record as of that commit.
 //! - Batch log `batches-<12 digit commit seq>.log` (with a WAL): records `[payload length u32 LE]
 //!   [XXH3-64 of the payload, u64 LE][payload]`, payload = partition i32, base ms i64, progress
-//!   length u32 and bytes, id count u32, then per new id its 16 bytes and event time ms i64 (all LE).
+//!   length u32 and bytes, id count u32, then per new id its 16 bytes, event time ms i64 and content
+//!   digest u16 (0: none) (all LE). A version 2 log's records lack the digests; their length tells.
 //! - Message identity ([`crate::identity`]) is part of the format too.
 //!
 //! # How ids are written
@@ -124,7 +126,7 @@ use std::time::Duration;
 
 use rocksdb::{Cache, DBWithThreadMode, MultiThreaded};
 
-use crate::identity::LedgerKey;
+use crate::identity::{ContentDigest, LedgerKey};
 
 mod batch_log;
 mod buffer;
@@ -169,9 +171,11 @@ pub const CF_PROGRESS: &str = "progress";
 pub const GENERATION_CF_PREFIX: &str = "gen-";
 /// The on-disk format this code reads and writes.
 /// Version 2 added the batch log, ingested files and commit records; a version 1 ledger (ids in
-/// memtables, RocksDB's WAL) is read and upgraded on open. Older code must not open a version 2
-/// ledger: it would neither replay the batch log nor apply a commit record.
-pub const FORMAT_VERSION: u32 = 2;
+/// memtables, RocksDB's WAL) is read and upgraded on open. Version 3 added content digests to
+/// stored values and batch log records; a version 2 ledger opens as it is (its ids have no
+/// digest) and is marked version 3. Older code must not open a newer ledger: version 2 code would
+/// misread a version 3 batch log.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format this code opens (and upgrades).
 const OLDEST_READABLE_FORMAT_VERSION: u32 = 1;
 /// Resolution of stored first-seen times.
@@ -188,17 +192,60 @@ pub struct Sighting {
     pub first_seen_ms: i64,
 }
 
+/// What the ledger holds for an id: when it was first seen (rounded down to
+/// [`FIRST_SEEN_RESOLUTION_MS`] relative to its generation's base) and the digest of its first
+/// copy's content, when it was recorded with one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Event time of the first sighting, ms.
+    pub first_seen_ms: i64,
+    pub digest: Option<ContentDigest>,
+}
+
 /// The answer for one id of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Not held before: now recorded.
     New,
     /// Held already; first seen at this time (rounded down to [`FIRST_SEEN_RESOLUTION_MS`]
-    /// relative to its generation's base).
+    /// relative to its generation's base), with the first copy's digest if it was kept.
     Duplicate {
         /// Event time of the first sighting, ms.
         first_seen_ms: i64,
+        digest: Option<ContentDigest>,
     },
+}
+
+/// One id of a batch to check and record: its key, its event time (ms) and, when the caller
+/// has one, the digest of its content. `(key, time)` records no digest.
+pub trait Sent {
+    fn key(&self) -> LedgerKey;
+    fn time_ms(&self) -> i64;
+    fn digest(&self) -> Option<ContentDigest>;
+}
+
+impl Sent for (LedgerKey, i64) {
+    fn key(&self) -> LedgerKey {
+        self.0
+    }
+    fn time_ms(&self) -> i64 {
+        self.1
+    }
+    fn digest(&self) -> Option<ContentDigest> {
+        None
+    }
+}
+
+impl Sent for (LedgerKey, i64, Option<ContentDigest>) {
+    fn key(&self) -> LedgerKey {
+        self.0
+    }
+    fn time_ms(&self) -> i64 {
+        self.1
+    }
+    fn digest(&self) -> Option<ContentDigest> {
+        self.2
+    }
 }
 
 struct Generation {
@@ -296,24 +343,25 @@ impl Ledger {
         Self::open_inner(path.as_ref(), options, false)
     }
 
-    /// Looks keys up without recording anything: the first-seen time of each key held.
-    pub fn check(&self, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
+    /// Looks keys up without recording anything: what the ledger holds of each key held (its
+    /// first-seen time and digest).
+    pub fn held(&self, keys: &[LedgerKey]) -> Result<Vec<Option<Held>>> {
         let (sorted, slot) = sort_distinct(keys.iter().copied());
         let state = self.lock();
         let found = self.lookup_sorted(&state, &sorted)?;
         Ok(slot.into_iter().map(|s| found[s]).collect())
     }
 
-    /// Checks a batch of one partition's ids (key, event time ms) and records the new ones,
-    /// together with the partition's progress record, in one atomic write. An empty `progress`
-    /// leaves the partition's progress record as it is.
-    pub fn check_and_record(
-        &self,
-        partition: Partition,
-        items: &[(LedgerKey, i64)],
-        progress: &[u8],
-    ) -> Result<Vec<Verdict>> {
-        let (sorted, slot) = sort_distinct(items.iter().map(|(k, _)| *k));
+    /// Looks keys up without recording anything: the first-seen time of each key held.
+    pub fn check(&self, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
+        Ok(self.held(keys)?.into_iter().map(|h| h.map(|h| h.first_seen_ms)).collect())
+    }
+
+    /// Checks a batch of one partition's ids (key, event time ms, and optionally content digest)
+    /// and records the new ones, together with the partition's progress record, in one atomic
+    /// write. An empty `progress` leaves the partition's progress record as it is.
+    pub fn check_and_record<S: Sent>(&self, partition: Partition, items: &[S], progress: &[u8]) -> Result<Vec<Verdict>> {
+        let (sorted, slot) = sort_distinct(items.iter().map(Sent::key));
         let mut state = self.lock();
         // Commits happen before this batch is recorded, so that an error (worth a retry) always
         // means the batch was not recorded: a finished background commit is applied, and a full

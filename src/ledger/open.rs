@@ -113,8 +113,9 @@ impl Ledger {
                     return Err(LedgerError::UnknownFormat { found });
                 }
                 if found != FORMAT_VERSION {
-                    // The older format's data reads as is; from now on batch logs and commit
-                    // records are written, which older code would ignore.
+                    // The older format's data reads as is (its values and batch log records
+                    // without digests too); from now on batch logs, commit records and digests
+                    // are written, which older code would ignore or misread.
                     self.write_format_marker(true)?;
                 }
             }

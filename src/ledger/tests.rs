@@ -3,7 +3,8 @@
 
 use super::*;
 use super::batch_log::LOG_FILE_PREFIX;
-use super::format::{decode_first_seen, encode_first_seen, META_FORMAT_VERSION};
+use super::format::{decode_value, encode_first_seen, encode_value, META_FORMAT_VERSION};
+use crate::identity::ContentDigest;
 use super::generations::MAX_LIVE_GENERATIONS;
 use super::stats::DEFAULT_BYTES_PER_ID_ESTIMATE;
 use crate::identity::ledger_key;
@@ -39,7 +40,7 @@ fn first_seen_round_trips_at_second_resolution() {
     for (base, t) in [(0, 0), (1_000, 999), (1_000, 1_001), (5_000, 1_234_567), (i64::MAX / 4, 1)] {
         let mut v = Vec::new();
         encode_first_seen(base, t, &mut v);
-        let back = decode_first_seen(base, &v).unwrap();
+        let back = decode_value(base, &v).unwrap().first_seen_ms;
         assert_eq!(back, stored_first_seen_ms(base, t));
         assert!(back <= t && t - back < FIRST_SEEN_RESOLUTION_MS || t < base);
     }
@@ -47,6 +48,50 @@ fn first_seen_round_trips_at_second_resolution() {
     let mut v = Vec::new();
     encode_first_seen(0, 12 * 24 * 3_600_000, &mut v);
     assert!(v.len() <= 3, "{} bytes", v.len());
+}
+
+#[test]
+fn a_value_carries_its_digest_or_none_and_anything_else_is_corrupt() {
+    let digest = ContentDigest::of_hash(0x1234 << 48);
+    let mut v = Vec::new();
+    encode_value(5_000, 9_000, Some(digest), &mut v);
+    assert_eq!(decode_value(5_000, &v).unwrap(), Held { first_seen_ms: 9_000, digest: Some(digest) });
+    // A value written before digests: the varint alone.
+    let mut old = Vec::new();
+    encode_first_seen(5_000, 9_000, &mut old);
+    assert_eq!(decode_value(5_000, &old).unwrap(), Held { first_seen_ms: 9_000, digest: None });
+    // One byte too many or too few after the varint, or a zero digest: corrupt, never guessed.
+    for bad in [[old.clone(), vec![1]].concat(), [v.clone(), vec![1]].concat(), [old.clone(), vec![0, 0]].concat()] {
+        assert!(matches!(decode_value(5_000, &bad), Err(LedgerError::CorruptMetadata { .. })), "{bad:?}");
+    }
+}
+
+#[test]
+fn digests_are_kept_with_ids_through_buffer_commit_and_reopen() {
+    let d = |n: u64| Some(ContentDigest::of_hash(n << 48));
+    for durability in [Durability::Wal, Durability::NoWal] {
+        let dir = tempfile::tempdir().unwrap();
+        let items = [(key(1), 10_000, d(1)), (key(2), 11_000, None), (key(1), 12_000, d(9))];
+        {
+            let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
+            let v = ledger.check_and_record(0, &items, b"p").unwrap();
+            // A repeat within the batch answers with the first copy's digest, not its own.
+            assert_eq!(v[2], Verdict::Duplicate { first_seen_ms: 10_000, digest: d(1) });
+            // From the buffer, then from a committed file.
+            for _ in 0..2 {
+                let held = ledger.held(&[key(1), key(2), key(3)]).unwrap();
+                assert_eq!(held, vec![Some(Held { first_seen_ms: 10_000, digest: d(1) }), Some(Held { first_seen_ms: 11_000, digest: None }), None]);
+                ledger.flush().unwrap();
+            }
+        }
+        let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
+        let v = ledger.check_and_record(0, &[(key(2), 20_000, d(2)), (key(1), 20_000, d(1))], b"q").unwrap();
+        assert_eq!(
+            v,
+            vec![Verdict::Duplicate { first_seen_ms: 11_000, digest: None }, Verdict::Duplicate { first_seen_ms: 10_000, digest: d(1) }],
+            "{durability:?}"
+        );
+    }
 }
 
 #[test]
@@ -59,11 +104,11 @@ fn batch_verdicts_in_order_with_repeats() {
         .unwrap();
     assert_eq!(
         v,
-        vec![Verdict::New, Verdict::New, Verdict::Duplicate { first_seen_ms: 10_000 }]
+        vec![Verdict::New, Verdict::New, Verdict::Duplicate { first_seen_ms: 10_000, digest: None }]
     );
     // The next batch re-sends id 2 (first seen at 10.5 s, stored at second resolution).
     let v = ledger.check_and_record(3, &[(key(2), 20_000), (key(3), 20_000)], b"p2").unwrap();
-    assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 10_000 }, Verdict::New]);
+    assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 10_000, digest: None }, Verdict::New]);
     assert_eq!(ledger.check(&[key(1), key(4), key(3)]).unwrap(), vec![Some(10_000), None, Some(20_000)]);
     assert_eq!(ledger.progress(3).unwrap().as_deref(), Some(&b"p2"[..]));
     assert_eq!(ledger.progress(4).unwrap(), None);
@@ -96,7 +141,7 @@ fn empty_ledger_reports_no_window() {
     assert_eq!(ledger.window(0, 1_000_000), None);
     assert_eq!(ledger.window_overall(1_000_000), None);
     // A batch of only progress (no ids) holds no window either.
-    ledger.check_and_record(0, &[], b"x").unwrap();
+    ledger.check_and_record::<(LedgerKey, i64)>(0, &[], b"x").unwrap();
     assert_eq!(ledger.window(0, 1_000_000), None);
     ledger.check_and_record(0, &[(key(1), 400_000)], b"y").unwrap();
     assert_eq!(ledger.window(0, 1_000_000), Some(Duration::from_millis(600_000)));
@@ -250,6 +295,50 @@ fn a_version_1_ledger_is_read_and_upgraded() {
     let meta = ledger.cf(CF_META).unwrap();
     let marker = ledger.db.get_cf(&meta, META_FORMAT_VERSION).unwrap().unwrap();
     assert_eq!(marker, FORMAT_VERSION.to_le_bytes());
+}
+
+#[test]
+fn a_version_2_ledger_without_digests_opens_and_works() {
+    // What version 2 wrote: values without digests, batch log records without them (written here
+    // by hand), the marker 2. Its ids answer with no digest; new ones keep theirs.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+        ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
+        ledger.flush().unwrap();
+        let meta = ledger.cf(CF_META).unwrap();
+        ledger.db.put_cf(&meta, META_FORMAT_VERSION, 2u32.to_le_bytes()).unwrap();
+    }
+    {
+        let logs: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("batches-"))
+            .collect();
+        assert_eq!(logs.len(), 1, "{logs:?}");
+        let mut payload = Vec::new();
+        payload.extend_from_slice(&0i32.to_le_bytes());
+        payload.extend_from_slice(&1000i64.to_le_bytes());
+        payload.extend_from_slice(&1u32.to_le_bytes());
+        payload.extend_from_slice(b"q");
+        payload.extend_from_slice(&1u32.to_le_bytes());
+        payload.extend_from_slice(&key(2).0);
+        payload.extend_from_slice(&2000i64.to_le_bytes());
+        let mut record = (payload.len() as u32).to_le_bytes().to_vec();
+        record.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+        record.extend_from_slice(&payload);
+        std::fs::write(&logs[0], &record).unwrap();
+    }
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    let none = |t| Some(Held { first_seen_ms: t, digest: None });
+    assert_eq!(ledger.held(&[key(1), key(2)]).unwrap(), vec![none(1000), none(2000)]);
+    assert_eq!(ledger.progress(0).unwrap(), Some(b"q".to_vec()));
+    let digest = Some(ContentDigest::of_hash(0x77 << 48));
+    let v = ledger.check_and_record(0, &[(key(1), 3000, digest), (key(3), 3000, digest)], b"r").unwrap();
+    assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 1000, digest: None }, Verdict::New]);
+    assert_eq!(ledger.held(&[key(3)]).unwrap(), vec![Some(Held { first_seen_ms: 3000, digest })]);
+    let meta = ledger.cf(CF_META).unwrap();
+    assert_eq!(ledger.db.get_cf(&meta, META_FORMAT_VERSION).unwrap().unwrap(), FORMAT_VERSION.to_le_bytes());
 }
 
 #[test]
@@ -740,6 +829,7 @@ impl Model {
                 Some(&(gen, _, first)) => {
                     let seen = |gen: u64, first: i64| Verdict::Duplicate {
                         first_seen_ms: stored_first_seen_ms(bases.get(&gen).copied().unwrap_or(base), first),
+                        digest: None,
                     };
                     let earlier = self.earlier.get(k).into_iter().flatten().map(|&(g, _, f)| seen(g, f));
                     std::iter::once(seen(gen, first)).chain(earlier).collect()
@@ -961,7 +1051,7 @@ fn batch_log_replays_a_prefix_and_drops_a_torn_tail() {
             assert_eq!(ledger.progress(0).unwrap(), Some(3u64.to_le_bytes().to_vec()));
             assert_eq!(ledger.stats().unwrap().ids_estimate, 30);
             let verdicts = ledger.check_and_record(0, &items(3), &4u64.to_le_bytes()).unwrap();
-            assert!(verdicts.iter().all(|v| *v == Verdict::Duplicate { first_seen_ms: 3000 }), "{verdicts:?}");
+            assert!(verdicts.iter().all(|v| *v == Verdict::Duplicate { first_seen_ms: 3000, digest: None }), "{verdicts:?}");
             ledger.check_and_record(0, &items(5), &5u64.to_le_bytes()).unwrap();
         }
         let ledger = Ledger::open(&dir, small_options(mode)).unwrap();

@@ -275,7 +275,7 @@ impl Sink<'_> {
                 for batch in ids.chunks(TAIL_BATCH) {
                     ledger.check_and_record(partition, batch, &[])?;
                 }
-                ledger.check_and_record(partition, &[], progress)?;
+                ledger.check_and_record::<(LedgerKey, i64)>(partition, &[], progress)?;
                 Ok((ids.len() as u64, LoadTimes { commit_secs: started.elapsed().as_secs_f64(), ..LoadTimes::default() }))
             }
             Sink::Bulk(load) => (*load).finish(progress, floor),

@@ -79,3 +79,39 @@ fn with_random_ids_configured_a_retry_of_an_id_less_request_is_another_event() {
         .collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
 }
+
+#[test]
+fn through_the_front_door_a_retry_and_a_reused_id_get_their_verdicts() {
+    let input = TestTopic::create("ingest-verdicts", 1);
+    let output = TestTopic::create("ingest-verdicts-out", 1);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[]);
+    ingest.wait_ready(200);
+    let post = |body: Value| {
+        let answer = ingest.post_json("/v1/batch", Some(KEY_WEB), &body);
+        assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    };
+    let event = |id: &str, amount: u32| json!({ "type": "track", "event": "Paid", "userId": "u-7", "messageId": id, "properties": { "amount": amount } });
+    // A request and its retry (another sentAt); then a client reusing an id for another purchase.
+    post(json!({ "batch": [event("m-1", 12), event("m-2", 5)], "sentAt": "2026-12-03T10:00:01.000Z" }));
+    post(json!({ "batch": [event("m-1", 12), event("m-2", 5)], "sentAt": "2026-12-03T10:00:31.000Z" }));
+    post(json!({ "batch": [event("m-1", 99)], "sentAt": "2026-12-03T10:01:00.000Z" }));
+    assert!(consume_all(&input.name, false).iter().all(|r| header(r, "dedupe-content-digest").is_some_and(|d| d.len() == 16)));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = super::DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).start();
+    worker.wait_ready(std::time::Duration::from_secs(60));
+    kit::wait_for_records(&output.name, 2, std::time::Duration::from_secs(90));
+    let audit = dedupe::audit::default_topic(&output.name);
+    kit::wait_for_records(&audit, 3, std::time::Duration::from_secs(90));
+    let page = worker.metrics().expect("metrics page");
+    assert_eq!(worker.terminate(std::time::Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    // By input offset: the retry's two copies, then the reused id.
+    let verdicts: Vec<String> = kit::exactly_once::audit_records(&audit).values().map(|(_, v)| v["verdict"].as_str().unwrap().to_string()).collect();
+    assert_eq!(verdicts, ["retry", "retry", "reused_id"]);
+    assert_eq!(kit::metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "retry")]), Some(2.0));
+    assert_eq!(kit::metric_value(&page, "dedupe_reused_ids_total", &[("action", "dropped")]), Some(1.0));
+    // The output has each id once, its first copy.
+    let out: Vec<Value> = consume_all(&output.name, true).iter().map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()).collect();
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0]["properties"]["amount"], 12);
+}

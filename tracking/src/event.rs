@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::derived_id::derived_message_id;
+use super::digest::content_hash;
 use super::json::{self, check_strict, is_duplicate_key, Fields};
 use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES};
 
@@ -78,6 +79,8 @@ pub struct Message {
     pub event_type: EventType,
     /// The record's value: the event as sent, with the changes the module doc lists.
     pub value: Vec<u8>,
+    /// What tells a retry of this event from another event under its id ([`crate::digest`]).
+    pub content_hash: u64,
 }
 
 /// One event refused: where it was, why, and what the dead-letter topic keeps of it.
@@ -202,7 +205,8 @@ impl Making<'_> {
         if value.len() > MAX_RECORD_BYTES {
             return Err(refuse(Problem::MergedTooLarge { bytes: value.len() }));
         }
-        Ok(Message { message_id, id_origin, event_type: read.event_type, value })
+        let content_hash = content_hash(read.event_type, &fields, self.shared);
+        Ok(Message { message_id, id_origin, event_type: read.event_type, value, content_hash })
     }
 
     fn read(&self, fields: &Fields<'_>) -> Result<Read, Problem> {

@@ -23,6 +23,7 @@
 pub mod auth;
 pub mod body;
 pub mod derived_id;
+pub mod digest;
 pub mod envelope;
 pub mod event;
 pub mod json;
@@ -36,6 +37,7 @@ pub use auth::{basic_auth_user, AuthError, WriteKeys, WriteKeysError, ENV_WRITE_
 pub use body::{check_content_type, decode_body};
 pub use envelope::{Envelope, Events};
 pub use derived_id::{derived_message_id, is_derived};
+pub use digest::{content_hash, HEADER_CONTENT_DIGEST};
 pub use event::{valid_message_id, IdOrigin, Message, MessageIds, MissingId, Problem, Refused};
 pub use settings::settings_document;
 

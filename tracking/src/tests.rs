@@ -554,3 +554,30 @@ proptest! {
         prop_assert!(serde_json::from_str::<Value>(&records[0]).is_ok());
     }
 }
+
+#[test]
+fn a_retry_hashes_alike_and_another_event_under_the_same_id_does_not() {
+    let event = r#"{"type":"track","event":"Bought","userId":"u1","messageId":"m-1","properties":{"sku":"a-1"}"#;
+    let hash = |body: &str| messages("batch", body).unwrap()[0].content_hash;
+    // A library's retry: the same event and shared context, another `sentAt` (on the batch or on
+    // the event), through the batch route or the single-event one.
+    let first = hash(&format!(r#"{{"batch":[{event}}}],"context":{{"app":"a"}},"sentAt":"2026-12-03T10:00:00Z"}}"#));
+    let retry = hash(&format!(r#"{{"batch":[{event}}}],"context":{{"app":"a"}},"sentAt":"2026-12-03T10:05:00Z"}}"#));
+    let own_sent_at = hash(&format!(r#"{{"batch":[{event},"sentAt":"x","receivedAt":"y"}}],"context":{{"app":"a"}}}}"#));
+    assert_eq!(first, retry);
+    assert_eq!(first, own_sent_at);
+    let single = messages("track", &format!(r#"{event},"context":{{"app":"a"}}}}"#)).unwrap()[0].content_hash;
+    let single_retry = messages("track", &format!(r#"{event},"context":{{"app":"a"}},"sentAt":"later"}}"#)).unwrap()[0].content_hash;
+    assert_eq!(single, single_retry);
+    // Another property, another shared context, or no context: another event.
+    let other = hash(&format!(r#"{{"batch":[{}}}],"context":{{"app":"a"}}}}"#, event.replace("a-1", "a-2")));
+    let other_context = hash(&format!(r#"{{"batch":[{event}}}],"context":{{"app":"b"}}}}"#));
+    let no_context = hash(&format!(r#"{{"batch":[{event}}}]}}"#));
+    assert!(first != other && first != other_context && first != no_context && other != other_context);
+    // Pinned: the worker compares hashes the front door sent before and after an upgrade.
+    assert_eq!(tracking_digest_hex(no_context), "17b61971be6805e6");
+}
+
+fn tracking_digest_hex(hash: u64) -> String {
+    crate::digest::header_value(hash)
+}

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
-use dedupe::batch::{self, Candidate, Fate};
-use dedupe::config::{IdSource, UnkeyedPolicy};
-use dedupe::identity::{message_key, LedgerKey, RecordView, Unkeyed};
-use dedupe::ledger::LedgerError;
+use dedupe::batch::{self, Candidate, Fate, Rules, Seen, Verdict};
+use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
+use dedupe::identity::{message_key, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST};
+use dedupe::ledger::{Held, LedgerError};
 use dedupe::metrics as m;
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
@@ -50,6 +50,9 @@ const LOST_WAKEUP_CHECK: Duration = Duration::from_secs(1);
 pub struct PipelineSettings {
     pub id_source: IdSource,
     pub unkeyed_policy: UnkeyedPolicy,
+    /// Where a record's content digest is read (`worker.content_digest`).
+    pub content_digest: DigestSource,
+    pub reused_id: ReusedIdPolicy,
     pub batch_max_records: usize,
     pub batch_max_bytes: usize,
     pub batch_linger: Duration,
@@ -177,7 +180,10 @@ struct PartitionMetrics {
     label: SharedString,
     records_in: Counter,
     records_out: Counter,
-    duplicates: Counter,
+    /// Per verdict, in the order of [`Verdict::ALL`].
+    duplicates: [Counter; 3],
+    /// Reused ids dropped, published, dead-lettered.
+    reused: [Counter; 3],
     changelog_records: Counter,
     wakeups_recovered: Counter,
     batch_records: Histogram,
@@ -209,7 +215,8 @@ impl PartitionMetrics {
         Self {
             records_in: counter(m::RECORDS_IN),
             records_out: counter(m::RECORDS_OUT),
-            duplicates: counter(m::DUPLICATES_DROPPED),
+            duplicates: Verdict::ALL.map(|v| metrics::counter!(m::DUPLICATES_DROPPED, m::LABEL_PARTITION => label.clone(), m::LABEL_VERDICT => v.as_str())),
+            reused: ["dropped", "published", "dead_lettered"].map(|a| metrics::counter!(m::REUSED_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_ACTION => a)),
             changelog_records: counter(m::CHANGELOG_RECORDS),
             wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
             batch_records: histogram(m::BATCH_RECORDS),
@@ -256,8 +263,12 @@ impl PartitionMetrics {
 struct InRecord {
     offset: i64,
     id: Result<LedgerKey, Unkeyed>,
+    digest: Option<ContentDigest>,
     out: OutRecord,
 }
+
+/// A new id as recorded: its key, first-seen time and content digest.
+type NewId = (LedgerKey, i64, Option<ContentDigest>);
 
 /// What a batch publishes, decided: its new records, its dead letters, its new ids.
 struct Decided {
@@ -350,6 +361,7 @@ impl Pipeline {
             value: msg.payload(),
         };
         let id = message_key(&view, &self.settings.id_source);
+        let digest = self.settings.content_digest.digest((view.header)(HEADER_CONTENT_DIGEST), msg.payload());
         let out = OutRecord {
             key: msg.key().map(<[u8]>::to_vec),
             value: msg.payload().map(<[u8]>::to_vec),
@@ -358,7 +370,7 @@ impl Pipeline {
                 .unwrap_or_default(),
             timestamp_ms: msg.timestamp().to_millis(),
         };
-        InRecord { offset: msg.offset(), id, out }
+        InRecord { offset: msg.offset(), id, digest, out }
     }
 
     /// The bench's baseline (`--passthrough`): every record copied in the same transactions,
@@ -411,9 +423,9 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Step 1: looks the batch's ids up in the ledger: the first-seen time of each keyed record's id, if
-    /// held.
-    async fn look_up(&self, batch: &[InRecord]) -> Result<Vec<Option<i64>>, PipelineError> {
+    /// Step 1: looks the batch's ids up in the ledger: what it holds of each keyed record's id (its
+    /// first-seen time and digest), if anything.
+    async fn look_up(&self, batch: &[InRecord]) -> Result<Vec<Option<Held>>, PipelineError> {
         let p = self.partition;
         let t = Instant::now();
         let keys: Vec<LedgerKey> = batch.iter().filter_map(|r| r.id.ok()).collect();
@@ -432,10 +444,11 @@ impl Pipeline {
 
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy.
-    fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<i64>]) -> Decided {
+    fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
         let candidates: Vec<Candidate> =
-            batch.iter().map(|r| Candidate { id: r.id, timestamp_ms: r.out.timestamp_ms }).collect();
-        let decision = batch::decide(&candidates, found, self.settings.unkeyed_policy, now_ms());
+            batch.iter().map(|r| Candidate { id: r.id, timestamp_ms: r.out.timestamp_ms, digest: r.digest }).collect();
+        let rules = Rules { unkeyed: self.settings.unkeyed_policy, reused_id: self.settings.reused_id, now_ms: now_ms() };
+        let decision = batch::decide(&candidates, found, rules);
         let mut records = Vec::with_capacity(batch.len());
         let mut dead_letters = Vec::new();
         let mut audit = Vec::new();
@@ -446,20 +459,34 @@ impl Pipeline {
                     self.metrics.of_source(source_header(&r.out)).0.increment(1);
                     records.push(r.out);
                 }
-                Fate::Duplicate { first_seen_ms, age_ms, in_batch } => {
+                Fate::Duplicate(seen) => {
                     let source = source_header(&r.out);
                     self.metrics.of_source(source).1.increment(1);
-                    self.metrics.duplicate_age.record(age_ms as f64 / 1000.0);
+                    self.metrics.duplicate_age.record(seen.age_ms as f64 / 1000.0);
+                    let verdict = Verdict::ALL.iter().position(|v| *v == seen.verdict).unwrap_or(2);
+                    self.metrics.duplicates[verdict].increment(1);
+                    if seen.verdict == Verdict::ReusedId {
+                        self.metrics.reused[0].increment(1);
+                    }
                     if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
                         match sampler.admit(&key, now) {
                             Admission::Audited => {
                                 let source = source.flatten().and_then(|v| std::str::from_utf8(v).ok());
-                                audit.push(self.audit_record(&r, key, source, first_seen_ms, age_ms, in_batch));
+                                audit.push(self.audit_record(&r, key, source, seen));
                             }
                             Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
                             Admission::OverCap => self.metrics.audit_over_cap.increment(1),
                         }
                     }
+                }
+                Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
+                    self.metrics.reused[2].increment(1);
+                    dead_letters.push(r.out);
+                }
+                Fate::Reused(..) => {
+                    self.metrics.reused[1].increment(1);
+                    self.metrics.of_source(source_header(&r.out)).0.increment(1);
+                    records.push(r.out);
                 }
                 Fate::Forward(reason) => {
                     self.unkeyed(reason, UnkeyedPolicy::Forward);
@@ -472,15 +499,11 @@ impl Pipeline {
                 Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
             }
         }
-        let duplicates = decision.duplicates() as u64;
-        if duplicates > 0 {
-            self.metrics.duplicates.increment(duplicates);
-        }
         Decided { outgoing: Outgoing { records, dead_letters, audit, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
     }
 
     /// The audit record of a dropped copy from `source`.
-    fn audit_record(&self, r: &InRecord, key: LedgerKey, source: Option<&str>, first_seen_ms: i64, age_ms: i64, in_batch: bool) -> OutRecord {
+    fn audit_record(&self, r: &InRecord, key: LedgerKey, source: Option<&str>, seen: Seen) -> OutRecord {
         let drop = DroppedCopy {
             key,
             record: &r.out,
@@ -488,16 +511,17 @@ impl Pipeline {
             input_topic: &self.settings.input_topic,
             input_partition: self.partition,
             input_offset: r.offset,
-            first_seen_ms,
-            age_ms,
-            in_batch,
+            first_seen_ms: seen.first_seen_ms,
+            age_ms: seen.age_ms,
+            in_batch: seen.in_batch,
+            verdict: seen.verdict,
         };
         audit::encode(&drop, self.settings.audit.as_ref().is_some_and(|a| a.payloads))
     }
 
     /// Step 3: publishes the new records and the input offset in one transaction; returns the new
     /// ids, to record.
-    async fn publish_decided(&mut self, decided: Decided, next_input_offset: i64) -> Result<Vec<(LedgerKey, i64)>, PipelineError> {
+    async fn publish_decided(&mut self, decided: Decided, next_input_offset: i64) -> Result<Vec<NewId>, PipelineError> {
         let t = Instant::now();
         let out_count = decided.outgoing.records.len() as u64;
         let audited = decided.outgoing.audit.len() as u64;
@@ -524,7 +548,7 @@ impl Pipeline {
     }
 
     /// Step 4: records the new ids with the progress that follows this batch.
-    async fn record(&self, new_ids: Vec<(LedgerKey, i64)>, next_input_offset: i64) -> Result<(), PipelineError> {
+    async fn record(&self, new_ids: Vec<NewId>, next_input_offset: i64) -> Result<(), PipelineError> {
         let p = self.partition;
         let t = Instant::now();
         let progress = Progress {

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dedupe::identity::LedgerKey;
-use dedupe::ledger::{Ledger, LedgerError, LedgerStats, Verdict};
+use dedupe::identity::{ContentDigest, LedgerKey};
+use dedupe::ledger::{Held, Ledger, LedgerError, LedgerStats, Verdict};
 use dedupe::progress::Progress;
 
 pub struct LedgerActor {
@@ -25,27 +25,27 @@ impl Actor for LedgerActor {
     type Context = SyncContext<Self>;
 }
 
-/// Looks ids up without recording them: the first-seen time of each id held.
+/// Looks ids up without recording them: what the ledger holds of each id held.
 #[derive(Message)]
-#[rtype(result = "Result<Vec<Option<i64>>, LedgerError>")]
+#[rtype(result = "Result<Vec<Option<Held>>, LedgerError>")]
 pub struct Lookup {
     pub keys: Vec<LedgerKey>,
 }
 
 impl Handler<Lookup> for LedgerActor {
-    type Result = Result<Vec<Option<i64>>, LedgerError>;
+    type Result = Result<Vec<Option<Held>>, LedgerError>;
     fn handle(&mut self, msg: Lookup, _: &mut Self::Context) -> Self::Result {
-        self.ledger.check(&msg.keys)
+        self.ledger.held(&msg.keys)
     }
 }
 
-/// Checks a batch's ids (key, first-seen ms) and records the new ones with the partition's
-/// progress, atomically; answers each id's verdict.
+/// Checks a batch's ids (key, first-seen ms, content digest) and records the new ones with the
+/// partition's progress, atomically; answers each id's verdict.
 #[derive(Message)]
 #[rtype(result = "Result<Vec<Verdict>, LedgerError>")]
 pub struct CheckAndRecord {
     pub partition: i32,
-    pub items: Vec<(LedgerKey, i64)>,
+    pub items: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     /// `None` leaves the partition's progress record as it is (a background load of older ids).
     pub progress: Option<Progress>,
 }

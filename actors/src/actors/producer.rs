@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dedupe::identity::LedgerKey;
+use dedupe::identity::{ContentDigest, LedgerKey};
 use dedupe::output::{Batch, Committed, OutRecord, OutputWriter, PublishError};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
@@ -41,7 +41,8 @@ pub struct Outgoing {
     pub dead_letters: Vec<OutRecord>,
     /// Audit records of the batch's dropped duplicates (see `dedupe::audit`).
     pub audit: Vec<OutRecord>,
-    pub new_ids: Vec<(LedgerKey, i64)>,
+    /// With their first-seen times and content digests.
+    pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
 }
 
 /// Publish a batch with the input offset that follows it. The batch is shared, so an attempt

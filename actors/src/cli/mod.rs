@@ -374,6 +374,9 @@ pub struct LedgerBenchArgs {
     /// Ledger data-block restart interval.
     #[arg(long)]
     pub restart_interval: Option<i32>,
+    /// Record each id with a content digest, as the worker does by default.
+    #[arg(long)]
+    pub digests: bool,
 }
 
 impl LedgerBenchArgs {
@@ -398,6 +401,7 @@ impl LedgerBenchArgs {
             durability: self.durability.unwrap_or(defaults.durability),
             generations: self.generations.unwrap_or(defaults.generations),
             ledger,
+            digests: self.digests,
             ..defaults
         }
     }

@@ -211,6 +211,8 @@ impl Coordinator {
         let settings = Arc::new(PipelineSettings {
             id_source: w.id_source.clone(),
             unkeyed_policy: w.unkeyed_policy,
+            content_digest: w.content_digest,
+            reused_id: w.on_reused_id,
             batch_max_records: w.batch_max_records,
             batch_max_bytes: w.batch_max_bytes.0 as usize,
             batch_linger: Duration::from_millis(w.batch_linger_ms),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dedupe::config::Config;
 use dedupe_tracking::{
-    self as tracking, Endpoint, Events, IdOrigin, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_MESSAGE_ID, HEADER_REASON,
+    self as tracking, Endpoint, Events, IdOrigin, HEADER_CONTENT_DIGEST, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_MESSAGE_ID, HEADER_REASON,
     HEADER_RECEIVED_AT, HEADER_SOURCE,
 };
 use futures::channel::oneshot;
@@ -170,7 +170,10 @@ impl Delivery {
         // them, which the worker removes (and the dead-letter topic keeps, keyed alike).
         for m in &events.messages {
             let key = tracking::record_key(source, &m.message_id);
-            let mut headers = OwnedHeaders::new_with_capacity(2).insert(Header { key: HEADER_SOURCE, value: Some(source) });
+            let digest = tracking::digest::header_value(m.content_hash);
+            let mut headers = OwnedHeaders::new_with_capacity(3)
+                .insert(Header { key: HEADER_SOURCE, value: Some(source) })
+                .insert(Header { key: HEADER_CONTENT_DIGEST, value: Some(&digest) });
             if m.id_origin != IdOrigin::Client {
                 headers = headers.insert(Header { key: HEADER_MESSAGE_ID, value: Some(m.id_origin.as_str()) });
             }
@@ -220,6 +223,14 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_worker_reads_the_digest_the_front_door_writes() {
+        let hash = 0x1234_5678_9abc_def0;
+        assert_eq!(HEADER_CONTENT_DIGEST, dedupe::identity::HEADER_CONTENT_DIGEST);
+        let header = tracking::digest::header_value(hash);
+        assert_eq!(dedupe::identity::ContentDigest::of_header(header.as_bytes()), Some(dedupe::identity::ContentDigest::of_hash(hash)));
+    }
 
     #[test]
     fn the_producer_lingers_and_compresses_unless_kafka_properties_say_otherwise() {
