@@ -67,7 +67,10 @@ impl Ledger {
         }
         if state.index.needs_growth(0) {
             let target = state.index.level_for(0);
-            return self.grow_to(state, target, true);
+            // Put off only while the table has room: at its first sizes a background commit
+            // takes longer than the batches need to fill it to overflowing.
+            let may_defer = state.index.growth_can_wait();
+            return self.grow_to(state, target, may_defer);
         }
         let full_by_ids = self
             .options

@@ -64,6 +64,9 @@ const OVERFLOW: u8 = 1;
 const TARGET_LOAD: f64 = 0.9;
 /// The share of the current level's capacity at which the table grows (at the next seal).
 const GROW_AT: f64 = 0.8;
+/// The share past which a growth due waits for nothing: buckets start to overflow not far above
+/// it, and an overflowed bucket stays so after the growth.
+const GROW_NOW_AT: f64 = 0.85;
 /// The share at which the next level's memory starts to be made resident, in the background.
 const PREPARE_AT: f64 = 0.5;
 /// The fewest bytes an id takes on disk (16 key bytes less the prefix shared with its neighbour,
@@ -419,6 +422,12 @@ impl IdIndex {
             self.region.populate_in_background(from, to);
         }
         held > GROW_AT * capacity
+    }
+
+    /// Whether a growth due can wait a little (for a seal to find a small id buffer): the table
+    /// holds at most [`GROW_NOW_AT`] of its current level's capacity.
+    pub(crate) fn growth_can_wait(&self) -> bool {
+        (self.live_slots() as f64) <= GROW_NOW_AT * self.geometry.capacity(self.level) as f64
     }
 }
 
