@@ -125,6 +125,13 @@ fn dead_letter_needs_a_topic() {
     assert!(err.starts_with("worker.dead_letter_topic:"), "{err}");
     let c = load_str("[worker]\nunkeyed_policy = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n", &[]).unwrap();
     assert_eq!(c.worker.unkeyed_policy, UnkeyedPolicy::DeadLetter);
+    // Reused ids sent aside need it too; the message names the setting that asks for it.
+    let err = load_str("[worker]\non_reused_id = \"dead-letter\"\n", &[]).unwrap_err().to_string();
+    assert!(err.starts_with("worker.dead_letter_topic:") && err.contains("on_reused_id"), "{err}");
+    let c = load_str("[worker]\non_reused_id = \"publish\"\ncontent_digest = \"header\"\n", &[]).unwrap();
+    assert_eq!((c.worker.on_reused_id, c.worker.content_digest), (crate::config::ReusedIdPolicy::Publish, crate::config::DigestSource::Header));
+    let err = load_str("[worker]\ncontent_digest = \"body\"\n", &[]).unwrap_err().to_string();
+    assert!(err.contains("content_digest"), "{err}");
 }
 
 #[test]

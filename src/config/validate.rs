@@ -141,7 +141,7 @@ fn check_worker_unkeyed(w: &WorkerConfig) -> Result<(), ConfigError> {
     };
     if let Some(setting) = needed_by {
         match &w.dead_letter_topic {
-            None => return Err(bad("worker.dead_letter_topic", &format!("must be set when {setting} is dead-letter"))),
+            None => return Err(bad("worker.dead_letter_topic", format!("must be set when {setting} is dead-letter"))),
             Some(t) if t == &w.output_topic || t == &w.input_topic => {
                 return Err(bad("worker.dead_letter_topic", "must differ from the input and output topics"))
             }
