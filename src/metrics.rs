@@ -39,6 +39,7 @@ pub const RECORDS_IN: &str = "dedupe_records_in_total";
 pub const RECORDS_OUT: &str = "dedupe_records_out_total";
 pub const DUPLICATES_DROPPED: &str = "dedupe_duplicates_dropped_total";
 pub const REUSED_IDS: &str = "dedupe_reused_ids_total";
+pub const SOURCE_REUSED_IDS: &str = "dedupe_source_reused_ids_total";
 pub const UNKEYED: &str = "dedupe_unkeyed_records_total";
 pub const BATCH_RECORDS: &str = "dedupe_batch_records";
 pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
@@ -172,6 +173,7 @@ pub const ALL: &[Metric] = &[
     m(RECORDS_OUT, Counter, None, P, "Records published to the output topic in committed transactions."),
     m(DUPLICATES_DROPPED, Counter, None, &[LABEL_PARTITION, LABEL_VERDICT], "Records dropped because their id was already in the ledger, by verdict: retry (the same content as the first copy), reused_id (other content), unknown (either copy has no content digest)."),
     m(REUSED_IDS, Counter, None, &[LABEL_PARTITION, LABEL_ACTION], "Records whose id the ledger holds for other content, by what worker.on_reused_id did with them: dropped, published or dead_lettered."),
+    m(SOURCE_REUSED_IDS, Counter, None, &[LABEL_SOURCE], "Records whose id the ledger holds for other content, by the front door's source (as dedupe_source_records_total counts sources): the clients that reuse ids."),
     m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable) and the policy applied (forward, drop, dead-letter)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
     m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),

@@ -390,6 +390,10 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     panel_with("dedupe_window_forecast_seconds");
     panel_with("dedupe_consumer_lag_records");
     panel_with("rate(dedupe_duplicates_dropped_total");
+    // Retries and reused ids: by verdict, by what the policy did, by source.
+    panel_with("sum by (verdict) (rate(dedupe_duplicates_dropped_total");
+    panel_with("sum by (action) (rate(dedupe_reused_ids_total");
+    panel_with("sum by (source) (rate(dedupe_source_reused_ids_total");
     panel_with("time() - dedupe_snapshot_last_success_timestamp_seconds");
     panel_with("dedupe_transactions_total");
     panel_with("dedupe_ledger_budget_bytes");

@@ -219,6 +219,7 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     assert_eq!(count("dedupe_duplicates_dropped_total", &[("verdict", "retry")]), 20.0);
     assert_eq!(count("dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), 0.0, "dead-lettered, not dropped");
     assert_eq!(count("dedupe_reused_ids_total", &[("action", "dead_lettered")]), 10.0);
+    assert_eq!(count("dedupe_source_reused_ids_total", &[("source", "none")]), 10.0, "counted under the records' source");
     // The dead letters are the reused ids' second events, as sent.
     let dead_values: Vec<String> = consume_all(&dead.name, true).iter().map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap()).collect();
     assert_eq!(dead_values, with_content(&all[10..20], "b").iter().map(|r| String::from_utf8(r.1.clone().unwrap()).unwrap()).collect::<Vec<_>>());

@@ -196,10 +196,18 @@ struct PartitionMetrics {
     audit_written: Counter,
     audit_sampled_out: Counter,
     audit_over_cap: Counter,
-    /// Per counted source (its header value), then `other` and `none`: (published, duplicate).
-    by_source: Vec<(Vec<u8>, (Counter, Counter))>,
-    other_source: (Counter, Counter),
-    no_source: (Counter, Counter),
+    /// Per counted source (its header value), then `other` and `none`.
+    by_source: Vec<(Vec<u8>, SourceCounters)>,
+    other_source: SourceCounters,
+    no_source: SourceCounters,
+}
+
+/// One source's records: published, dropped as duplicates, and with an id reused for other
+/// content (whatever `worker.on_reused_id` did with them).
+struct SourceCounters {
+    published: Counter,
+    duplicate: Counter,
+    reused: Counter,
 }
 
 impl PartitionMetrics {
@@ -207,7 +215,11 @@ impl PartitionMetrics {
         let label = SharedString::from(partition.to_string());
         let source = |name: &str| {
             let counter = |outcome: &'static str| metrics::counter!(m::SOURCE_RECORDS, m::LABEL_SOURCE => name.to_string(), m::LABEL_OUTCOME => outcome);
-            (counter(m::OUTCOME_PUBLISHED), counter(m::OUTCOME_DUPLICATE))
+            SourceCounters {
+                published: counter(m::OUTCOME_PUBLISHED),
+                duplicate: counter(m::OUTCOME_DUPLICATE),
+                reused: metrics::counter!(m::SOURCE_REUSED_IDS, m::LABEL_SOURCE => name.to_string()),
+            }
         };
         let counter = |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
         let histogram = |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
@@ -247,13 +259,13 @@ fn source_header(record: &OutRecord) -> Option<Option<&[u8]>> {
 }
 
 impl PartitionMetrics {
-    /// The (published, duplicate) counters of a record's source header.
-    fn of_source(&self, header: Option<Option<&[u8]>>) -> &(Counter, Counter) {
+    /// The counters of a record's source header.
+    fn of_source(&self, header: Option<Option<&[u8]>>) -> &SourceCounters {
         match header {
             None => &self.no_source,
             Some(value) => {
                 let value = value.unwrap_or_default();
-                self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, pair)| pair)
+                self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, counters)| counters)
             }
         }
     }
@@ -456,17 +468,18 @@ impl Pipeline {
         for (r, fate) in batch.into_iter().zip(&decision.fates) {
             match *fate {
                 Fate::Publish => {
-                    self.metrics.of_source(source_header(&r.out)).0.increment(1);
+                    self.metrics.of_source(source_header(&r.out)).published.increment(1);
                     records.push(r.out);
                 }
                 Fate::Duplicate(seen) => {
                     let source = source_header(&r.out);
-                    self.metrics.of_source(source).1.increment(1);
+                    self.metrics.of_source(source).duplicate.increment(1);
                     self.metrics.duplicate_age.record(seen.age_ms as f64 / 1000.0);
                     let verdict = Verdict::ALL.iter().position(|v| *v == seen.verdict).unwrap_or(2);
                     self.metrics.duplicates[verdict].increment(1);
                     if seen.verdict == Verdict::ReusedId {
                         self.metrics.reused[0].increment(1);
+                        self.metrics.of_source(source).reused.increment(1);
                     }
                     if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
                         match sampler.admit(&key, now) {
@@ -481,11 +494,14 @@ impl Pipeline {
                 }
                 Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
                     self.metrics.reused[2].increment(1);
+                    self.metrics.of_source(source_header(&r.out)).reused.increment(1);
                     dead_letters.push(r.out);
                 }
                 Fate::Reused(..) => {
                     self.metrics.reused[1].increment(1);
-                    self.metrics.of_source(source_header(&r.out)).0.increment(1);
+                    let counters = self.metrics.of_source(source_header(&r.out));
+                    counters.published.increment(1);
+                    counters.reused.increment(1);
                     records.push(r.out);
                 }
                 Fate::Forward(reason) => {
