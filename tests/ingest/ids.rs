@@ -115,3 +115,50 @@ fn through_the_front_door_a_retry_and_a_reused_id_get_their_verdicts() {
     assert_eq!(out.len(), 2);
     assert_eq!(out[0]["properties"]["amount"], 12);
 }
+
+#[test]
+fn a_load_with_retries_and_reused_ids_keeps_its_verdicts_and_its_audit_through_a_kill() {
+    let input = TestTopic::create("ingest-verdict-load", 2);
+    let output = TestTopic::create("ingest-verdict-load-out", 2);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[]);
+    ingest.wait_ready(200);
+    let post = |batch: Vec<Value>, sent_at: &str| {
+        let answer = ingest.post_json("/v1/batch", Some(KEY_WEB), &json!({ "batch": batch, "sentAt": sent_at }));
+        assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+    };
+    let event = |i: usize, amount: usize| json!({ "type": "track", "event": "Paid", "userId": format!("u-{i}"), "messageId": format!("e-{i}"), "properties": { "amount": amount } });
+    // 200 events in batches of 10; 5% of them sent again later (a lost answer); three ids reused
+    // by a client for other purchases.
+    for b in 0..20 {
+        post((b * 10..b * 10 + 10).map(|i| event(i, i)).collect(), "2026-12-03T10:00:00.000Z");
+    }
+    post((0..10).map(|k| event(k * 20, k * 20)).collect(), "2026-12-03T10:00:30.000Z");
+    post((1..4).map(|i| event(i, 999)).collect(), "2026-12-03T10:01:00.000Z");
+
+    // The worker is killed once some of it is through, then finishes.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = super::DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let mut worker = spec.start();
+    kit::wait_for_records(&output.name, 50, std::time::Duration::from_secs(90));
+    worker.kill();
+    let mut worker = spec.start();
+    kit::wait_for_records(&output.name, 200, std::time::Duration::from_secs(90));
+    let audit = dedupe::audit::default_topic(&output.name);
+    kit::wait_for_records(&audit, 13, std::time::Duration::from_secs(90));
+    assert_eq!(worker.terminate(std::time::Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+
+    // The audit holds exactly the dropped copies, with their verdicts.
+    kit::exactly_once::assert_audit_holds_the_drops(&input.name, &output.name, "after a kill");
+    let mut verdicts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (record, v) in kit::exactly_once::audit_records(&audit).values() {
+        let key = String::from_utf8(record.key.clone().unwrap()).unwrap();
+        verdicts.entry(v["verdict"].as_str().unwrap().to_string()).or_default().push(key);
+    }
+    let mut reused = verdicts.remove("reused_id").unwrap_or_default();
+    reused.sort();
+    assert_eq!(reused, ["web:e-1", "web:e-2", "web:e-3"]);
+    assert_eq!(verdicts.remove("retry").map(|k| k.len()), Some(10));
+    assert!(verdicts.is_empty(), "no other verdict: {verdicts:?}");
+    let (code, summary) = super::DEDUPE.verify(&input.name, &output.name);
+    assert_eq!(code, 0, "{summary}");
+}
