@@ -174,10 +174,12 @@ fn batch_lands_as_keyed_records_on_the_java_clients_partitions() {
         assert_eq!(value["timestamp"], "2024-01-01T00:00:00.000Z");
         assert!(value["receivedAt"].as_str().is_some_and(|t| t.ends_with('Z') && t.len() == 24), "{value}");
         assert!(value.get("writeKey").is_none());
-        // The source header (and the id's mark, above), and the receive time as the record's
-        // timestamp.
+        // The source header, the content digest (16 hex digits) and the id's mark (above), and
+        // the receive time as the record's timestamp.
         assert_eq!(rec.headers[0], ("dedupe-source".to_string(), Some(b"web".to_vec())));
-        assert_eq!(rec.headers.len(), 1 + usize::from(!i.is_multiple_of(2)));
+        assert_eq!(rec.headers[1].0, "dedupe-content-digest");
+        assert!(rec.headers[1].1.as_ref().is_some_and(|d| d.len() == 16 && d.iter().all(u8::is_ascii_hexdigit)), "{:?}", rec.headers[1]);
+        assert_eq!(rec.headers.len(), 2 + usize::from(!i.is_multiple_of(2)));
         let ts = rec.timestamp.expect("a record timestamp");
         assert!(ts >= before - 1 && ts <= after + 1, "timestamp {ts} not within the request ({before}..{after})");
     }

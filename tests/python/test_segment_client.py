@@ -17,6 +17,7 @@ import contextlib
 import gzip
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -260,9 +261,12 @@ def test_client_events_arrive(dedupe_bin, make_topic, use_gzip):
     got = by_message_id(records)
     for msg in sent:
         [record] = got[msg["messageId"]]
-        # Keyed <source>:<messageId>, with the source header, and the client's fields as sent.
+        # Keyed <source>:<messageId>, with the source header and the content digest (16 hex
+        # digits), and the client's fields as sent.
         assert record["key"] == f"{SOURCE}:{msg['messageId']}"
-        assert record["headers"] == ["dedupe-source", SOURCE], record["headers"]
+        headers = record["headers"]
+        assert headers[:3] == ["dedupe-source", SOURCE, "dedupe-content-digest"], headers
+        assert len(headers) == 4 and re.fullmatch(r"[0-9a-f]{16}", headers[3]), headers
         value = json.loads(record["payload"])
         assert value["type"] == msg["type"]
         assert value["timestamp"] == msg["timestamp"]
