@@ -515,11 +515,18 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
 
     let mut a = spec_a.start();
     a.wait_ready(Duration::from_secs(60));
-    // A steady trickle of input, with re-sent ids, while the second worker starts.
+    // A steady trickle of input, with re-sent ids, while the second worker starts and until the
+    // first has stopped: a fenced worker that took its partition over again learns of the second
+    // fence only when it writes again (each writes until the other's second fence ends it).
     let topic = input.name.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let feeding = stop.clone();
     let feeder = std::thread::spawn(move || {
         let mut sent = Vec::new();
-        for round in 0..40 {
+        for round in 0..600 {
+            if round >= 40 && feeding.load(std::sync::atomic::Ordering::Relaxed) {
+                break;
+            }
             let fresh = ids(25);
             let mut batch: Vec<&String> = fresh.iter().collect();
             if round > 0 {
@@ -536,6 +543,7 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
     let mut b = spec_b.start();
     b.wait_ready(Duration::from_secs(60));
     let code = a.wait(Duration::from_secs(60));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert_eq!(code, Some(3), "the older worker stops itself once fenced:\n{}", a.log_text());
     assert!(a.log_text().contains("fenced"), "{}", a.log_text());
     let distinct = feeder.join().unwrap();
