@@ -515,18 +515,11 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
 
     let mut a = spec_a.start();
     a.wait_ready(Duration::from_secs(60));
-    // A steady trickle of input, with re-sent ids, while the second worker starts and until the
-    // first has stopped: a fenced worker that took its partition over again learns of the second
-    // fence only when it writes again (each writes until the other's second fence ends it).
+    // A steady trickle of input, with re-sent ids, while the second worker starts.
     let topic = input.name.clone();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let feeding = stop.clone();
     let feeder = std::thread::spawn(move || {
         let mut sent = Vec::new();
-        for round in 0..600 {
-            if round >= 40 && feeding.load(std::sync::atomic::Ordering::Relaxed) {
-                break;
-            }
+        for round in 0..40 {
             let fresh = ids(25);
             let mut batch: Vec<&String> = fresh.iter().collect();
             if round > 0 {
@@ -542,13 +535,21 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
     wait_for_records(&output.name, 25, Duration::from_secs(60));
     let mut b = spec_b.start();
     b.wait_ready(Duration::from_secs(60));
-    let code = a.wait(Duration::from_secs(60));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(code, Some(3), "the older worker stops itself once fenced:\n{}", a.log_text());
-    assert!(a.log_text().contains("fenced"), "{}", a.log_text());
+    // Two writers of one partition: the first fenced takes its partition over again (a fence can
+    // also be the broker aborting a transaction that outlived its timeout), which fences the
+    // other, and so on; one fenced a second time within five minutes stops itself with status 3.
+    // Which one, and when, depends on who writes when: what must hold is that only the newest
+    // producer's transactions commit, so every id is published once.
     let distinct = feeder.join().unwrap();
-    wait_for_records(&output.name, distinct, Duration::from_secs(60));
-    assert_eq!(b.terminate(Duration::from_secs(30)), Some(0));
+    wait_for_records(&output.name, distinct, Duration::from_secs(90));
+    let codes = [a.terminate(Duration::from_secs(30)), b.terminate(Duration::from_secs(30))];
+    eprintln!("zombie: exit codes {codes:?}");
+    let logs = [a.log_text(), b.log_text()];
+    assert!(logs[0].contains("fenced"), "the first worker was fenced:\n{}", logs[0]);
+    for (code, log) in codes.iter().zip(&logs) {
+        assert!(matches!(code, Some(0) | Some(3)), "exit {code:?}:\n{log}");
+        assert_eq!(*code == Some(3), log.contains("Fenced again soon after a fence"), "{log}");
+    }
     let out = consume_all(&output.name, true);
     let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), out.len(), "no duplicates in the output");

@@ -177,6 +177,11 @@ impl Worker {
         let _ = self.child.wait();
     }
 
+    /// The exit code if the process has exited (`Some(None)`: killed by a signal), else `None`.
+    pub fn exited(&mut self) -> Option<Option<i32>> {
+        self.child.try_wait().ok().flatten().map(|status| status.code())
+    }
+
     pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
         let deadline = Instant::now() + timeout;
         loop {
