@@ -16,6 +16,7 @@
 pub mod actors {
     //! The worker's actors and the events they emit.
     pub mod consumer;
+    pub mod partition_metrics;
     pub mod coordinator;
     pub mod events;
     pub mod ledger;

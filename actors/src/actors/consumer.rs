@@ -20,20 +20,18 @@ use dedupe::batch::{self, Candidate, Fate, Rules, Seen, Verdict};
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::{message_key, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST};
 use dedupe::ledger::{Held, LedgerError};
-use dedupe::metrics as m;
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
-use metrics::{Counter, Histogram, SharedString};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use dedupe_tracking::HEADER_SOURCE;
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use crate::actors::events::{InputReadFailed, TransactionFailed, TransactionRetried, UnkeyedRecord};
 use crate::actors::ledger::{CheckAndRecord, LedgerActor, Lookup};
 use crate::actors::membership::Queue;
+use crate::actors::partition_metrics::{source_header, PartitionMetrics};
 use crate::actors::producer::{Outgoing, Publish, Publisher};
 
 /// How often, and after how long, a batch whose output transaction was aborted is sent again
@@ -170,105 +168,6 @@ struct Pipeline {
     live_since: Option<Instant>,
     /// Chooses the drops the audit records; `None` when the audit is off.
     sampler: Option<Sampler>,
-}
-
-/// The metric handles of one partition's pipeline, registered once when it starts, so a batch
-/// formats no label and looks no series up.
-struct PartitionMetrics {
-    /// The partition as a label value, for the rare series registered as they come (unkeyed
-    /// records, by reason and policy).
-    label: SharedString,
-    records_in: Counter,
-    records_out: Counter,
-    /// Per verdict, in the order of [`Verdict::ALL`].
-    duplicates: [Counter; 3],
-    /// Reused ids dropped, published, dead-lettered.
-    reused: [Counter; 3],
-    changelog_records: Counter,
-    wakeups_recovered: Counter,
-    batch_records: Histogram,
-    end_to_end: Histogram,
-    duplicate_age: Histogram,
-    lookup_seconds: Histogram,
-    publish_seconds: Histogram,
-    record_seconds: Histogram,
-    committed: Counter,
-    audit_written: Counter,
-    audit_sampled_out: Counter,
-    audit_over_cap: Counter,
-    /// Per counted source (its header value), then `other` and `none`.
-    by_source: Vec<(Vec<u8>, SourceCounters)>,
-    other_source: SourceCounters,
-    no_source: SourceCounters,
-}
-
-/// One source's records: published, dropped as duplicates, and with an id reused for other
-/// content (whatever `worker.on_reused_id` did with them).
-struct SourceCounters {
-    published: Counter,
-    duplicate: Counter,
-    reused: Counter,
-}
-
-impl PartitionMetrics {
-    fn new(partition: i32, sources: &[String]) -> Self {
-        let label = SharedString::from(partition.to_string());
-        let source = |name: &str| {
-            let counter = |outcome: &'static str| metrics::counter!(m::SOURCE_RECORDS, m::LABEL_SOURCE => name.to_string(), m::LABEL_OUTCOME => outcome);
-            SourceCounters {
-                published: counter(m::OUTCOME_PUBLISHED),
-                duplicate: counter(m::OUTCOME_DUPLICATE),
-                reused: metrics::counter!(m::SOURCE_REUSED_IDS, m::LABEL_SOURCE => name.to_string()),
-            }
-        };
-        let counter = |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
-        let histogram = |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
-        let stage = |stage: &'static str| metrics::histogram!(m::STAGE_SECONDS, m::LABEL_STAGE => stage);
-        Self {
-            records_in: counter(m::RECORDS_IN),
-            records_out: counter(m::RECORDS_OUT),
-            duplicates: Verdict::ALL.map(|v| metrics::counter!(m::DUPLICATES_DROPPED, m::LABEL_PARTITION => label.clone(), m::LABEL_VERDICT => v.as_str())),
-            reused: ["dropped", "published", "dead_lettered"].map(|a| metrics::counter!(m::REUSED_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_ACTION => a)),
-            changelog_records: counter(m::CHANGELOG_RECORDS),
-            wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
-            batch_records: histogram(m::BATCH_RECORDS),
-            end_to_end: histogram(m::END_TO_END_SECONDS),
-            duplicate_age: metrics::histogram!(m::DUPLICATE_AGE_SECONDS),
-            lookup_seconds: stage(m::STAGE_LOOKUP),
-            publish_seconds: stage(m::STAGE_PUBLISH),
-            record_seconds: stage(m::STAGE_RECORD),
-            committed: metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_COMMITTED),
-            audit_written: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_WRITTEN),
-            audit_sampled_out: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_SAMPLED_OUT),
-            audit_over_cap: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_OVER_CAP),
-            by_source: sources
-                .iter()
-                .map(|s| (s.as_bytes().to_vec(), source(s)))
-                .collect(),
-            other_source: source(m::SOURCE_OTHER),
-            no_source: source(m::SOURCE_NONE),
-            label,
-        }
-    }
-}
-
-/// A record's `dedupe-source` header (the front door's source): `None` without one, else its
-/// value (`None` for a header without a value).
-fn source_header(record: &OutRecord) -> Option<Option<&[u8]>> {
-    record.headers.iter().find(|(k, _)| k == HEADER_SOURCE).map(|(_, v)| v.as_deref())
-}
-
-impl PartitionMetrics {
-    /// The counters of a record's source header.
-    fn of_source(&self, header: Option<Option<&[u8]>>) -> &SourceCounters {
-        match header {
-            None => &self.no_source,
-            Some(value) => {
-                let value = value.unwrap_or_default();
-                self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, counters)| counters)
-            }
-        }
-    }
 }
 
 /// One input record, copied out of the consumer's buffer, with its id (or why it has none).
@@ -475,8 +374,7 @@ impl Pipeline {
                     let source = source_header(&r.out);
                     self.metrics.of_source(source).duplicate.increment(1);
                     self.metrics.duplicate_age.record(seen.age_ms as f64 / 1000.0);
-                    let verdict = Verdict::ALL.iter().position(|v| *v == seen.verdict).unwrap_or(2);
-                    self.metrics.duplicates[verdict].increment(1);
+                    self.metrics.dropped(seen.verdict).increment(1);
                     if seen.verdict == Verdict::ReusedId {
                         self.metrics.reused[0].increment(1);
                         self.metrics.of_source(source).reused.increment(1);

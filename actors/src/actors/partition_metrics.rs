@@ -1,0 +1,113 @@
+//! The metric handles of one partition's pipeline (`consumer.rs`), registered once when it
+//! starts, and the source header they are counted by.
+
+use dedupe::batch::Verdict;
+use dedupe::metrics as m;
+use dedupe::output::OutRecord;
+use dedupe_tracking::HEADER_SOURCE;
+use metrics::{Counter, Histogram, SharedString};
+
+/// The metric handles of one partition's pipeline, registered once when it starts, so a batch
+/// formats no label and looks no series up.
+pub(crate) struct PartitionMetrics {
+    /// The partition as a label value, for the rare series registered as they come (unkeyed
+    /// records, by reason and policy).
+    pub(crate) label: SharedString,
+    pub(crate) records_in: Counter,
+    pub(crate) records_out: Counter,
+    /// Per verdict, in the order of [`Verdict::ALL`].
+    pub(crate) duplicates: [Counter; 3],
+    /// Reused ids dropped, published, dead-lettered.
+    pub(crate) reused: [Counter; 3],
+    pub(crate) changelog_records: Counter,
+    pub(crate) wakeups_recovered: Counter,
+    pub(crate) batch_records: Histogram,
+    pub(crate) end_to_end: Histogram,
+    pub(crate) duplicate_age: Histogram,
+    pub(crate) lookup_seconds: Histogram,
+    pub(crate) publish_seconds: Histogram,
+    pub(crate) record_seconds: Histogram,
+    pub(crate) committed: Counter,
+    pub(crate) audit_written: Counter,
+    pub(crate) audit_sampled_out: Counter,
+    pub(crate) audit_over_cap: Counter,
+    /// Per counted source (its header value), then `other` and `none`.
+    pub(crate) by_source: Vec<(Vec<u8>, SourceCounters)>,
+    pub(crate) other_source: SourceCounters,
+    pub(crate) no_source: SourceCounters,
+}
+
+/// One source's records: published, dropped as duplicates, and with an id reused for other
+/// content (whatever `worker.on_reused_id` did with them).
+pub(crate) struct SourceCounters {
+    pub(crate) published: Counter,
+    pub(crate) duplicate: Counter,
+    pub(crate) reused: Counter,
+}
+
+impl PartitionMetrics {
+    pub(crate) fn new(partition: i32, sources: &[String]) -> Self {
+        let label = SharedString::from(partition.to_string());
+        let source = |name: &str| {
+            let counter = |outcome: &'static str| metrics::counter!(m::SOURCE_RECORDS, m::LABEL_SOURCE => name.to_string(), m::LABEL_OUTCOME => outcome);
+            SourceCounters {
+                published: counter(m::OUTCOME_PUBLISHED),
+                duplicate: counter(m::OUTCOME_DUPLICATE),
+                reused: metrics::counter!(m::SOURCE_REUSED_IDS, m::LABEL_SOURCE => name.to_string()),
+            }
+        };
+        let counter = |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
+        let histogram = |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
+        let stage = |stage: &'static str| metrics::histogram!(m::STAGE_SECONDS, m::LABEL_STAGE => stage);
+        Self {
+            records_in: counter(m::RECORDS_IN),
+            records_out: counter(m::RECORDS_OUT),
+            duplicates: Verdict::ALL.map(|v| metrics::counter!(m::DUPLICATES_DROPPED, m::LABEL_PARTITION => label.clone(), m::LABEL_VERDICT => v.as_str())),
+            reused: ["dropped", "published", "dead_lettered"].map(|a| metrics::counter!(m::REUSED_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_ACTION => a)),
+            changelog_records: counter(m::CHANGELOG_RECORDS),
+            wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
+            batch_records: histogram(m::BATCH_RECORDS),
+            end_to_end: histogram(m::END_TO_END_SECONDS),
+            duplicate_age: metrics::histogram!(m::DUPLICATE_AGE_SECONDS),
+            lookup_seconds: stage(m::STAGE_LOOKUP),
+            publish_seconds: stage(m::STAGE_PUBLISH),
+            record_seconds: stage(m::STAGE_RECORD),
+            committed: metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_COMMITTED),
+            audit_written: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_WRITTEN),
+            audit_sampled_out: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_SAMPLED_OUT),
+            audit_over_cap: metrics::counter!(m::AUDIT_RECORDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => m::AUDIT_OVER_CAP),
+            by_source: sources
+                .iter()
+                .map(|s| (s.as_bytes().to_vec(), source(s)))
+                .collect(),
+            other_source: source(m::SOURCE_OTHER),
+            no_source: source(m::SOURCE_NONE),
+            label,
+        }
+    }
+}
+
+/// A record's `dedupe-source` header (the front door's source): `None` without one, else its
+/// value (`None` for a header without a value).
+pub(crate) fn source_header(record: &OutRecord) -> Option<Option<&[u8]>> {
+    record.headers.iter().find(|(k, _)| k == HEADER_SOURCE).map(|(_, v)| v.as_deref())
+}
+
+impl PartitionMetrics {
+    /// The drop counter of `verdict`.
+    pub(crate) fn dropped(&self, verdict: Verdict) -> &Counter {
+        let at = Verdict::ALL.iter().position(|v| *v == verdict).unwrap_or(Verdict::ALL.len() - 1);
+        &self.duplicates[at]
+    }
+
+    /// The counters of a record's source header.
+    pub(crate) fn of_source(&self, header: Option<Option<&[u8]>>) -> &SourceCounters {
+        match header {
+            None => &self.no_source,
+            Some(value) => {
+                let value = value.unwrap_or_default();
+                self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, counters)| counters)
+            }
+        }
+    }
+}
