@@ -50,6 +50,7 @@ pub const WINDOW_FORECAST_SECONDS: &str = "dedupe_window_forecast_seconds";
 pub const CONSUMER_LAG: &str = "dedupe_consumer_lag_records";
 pub const INPUT_WAKEUPS_RECOVERED: &str = "dedupe_input_wakeups_recovered_total";
 pub const RECOVERY_REPLAYED: &str = "dedupe_recovery_replayed_records_total";
+pub const RECOVERY_EARLY_ENDS: &str = "dedupe_recovery_early_ends_total";
 pub const RECOVERY_SECONDS: &str = "dedupe_recovery_duration_seconds";
 pub const TRANSACTIONS: &str = "dedupe_transactions_total";
 pub const PARTITIONS_READY: &str = "dedupe_partitions_ready";
@@ -184,6 +185,7 @@ pub const ALL: &[Metric] = &[
     m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
     m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
     m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),
+    m(RECOVERY_EARLY_ENDS, Counter, None, P, "Reads of the id changelog (or the output) for recovery or a take-over that met an end of partition before the offset they read to (a new leader whose high watermark had not caught up) and read on instead of ending there."),
     m(RECOVERY_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the last recovery of the partition took."),
     m(TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),

@@ -337,8 +337,20 @@ impl<'i, 'a> RangeRead<'i, 'a> {
             match message {
                 None => {}
                 // With read_committed the end is the last stable offset; after fencing that is
-                // the high watermark, up to trailing transaction markers.
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                // the high watermark. An end of partition is the range's end only if the
+                // consumer's position (past every record and transaction marker it read) reached
+                // it: a leader that took over without an error the consumer saw may serve a
+                // high watermark not yet caught up, and that end would leave ids out of the
+                // ledger. Short of it, the read goes on until the leader catches up (or the
+                // take-over's time runs out).
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    let at = position(&consumer, self.topic, p);
+                    if reached(at, to) {
+                        break;
+                    }
+                    metrics::counter!(crate::metrics::RECOVERY_EARLY_ENDS, crate::metrics::LABEL_PARTITION => p.to_string()).increment(1);
+                    tracing::warn!(partition = p, topic = self.topic, at = ?at, end = to, "A read of a log ended before the range it was asked for; reading on until the leader has caught up.");
+                }
                 Some(Err(e)) if crate::kafka::is_reader_group_refusal(&e) => {}
                 // Even a passing error (a leader that moved) ends the read: the consumer would go
                 // on at the new leader, whose first fetches may end at a high watermark not yet
@@ -387,6 +399,20 @@ impl<'i, 'a> RangeRead<'i, 'a> {
     }
 }
 
+/// The next offset `consumer` reads of `topic`'s partition (`None`: it has read nothing yet).
+fn position(consumer: &Reader, topic: &str, partition: i32) -> Option<i64> {
+    let positions = consumer.position().ok()?;
+    match positions.find_partition(topic, partition)?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// Whether a read whose consumer stands at `at` has read the range ending before `to`.
+fn reached(at: Option<i64>, to: i64) -> bool {
+    at.is_some_and(|at| at >= to)
+}
+
 fn output_record_key(m: &BorrowedMessage<'_>, id_source: &IdSource) -> Result<LedgerKey, crate::identity::Unkeyed> {
     let headers = m.headers();
     let view = RecordView {
@@ -395,4 +421,65 @@ fn output_record_key(m: &BorrowedMessage<'_>, id_source: &IdSource) -> Result<Le
         value: m.payload(),
     };
     message_key(&view, id_source)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against the broker of `deploy/local/kafka.sh` (the suite starts it).
+    use std::sync::atomic::AtomicBool;
+
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    use super::*;
+    use crate::config::KafkaConfig;
+    use crate::ledger::{Ledger, LedgerOptions};
+
+    #[test]
+    fn a_read_whose_log_ends_short_of_its_range_reads_on_instead_of_ending_there() {
+        let kafka = KafkaConfig::default();
+        let topic = format!("dedupe-replay-early-end-{}", uuid::Uuid::new_v4().simple());
+        futures::executor::block_on(crate::kafka::create_topic(&kafka, &topic, 1, 1, &[])).unwrap();
+        let producer: BaseProducer = client_config(&kafka).create().unwrap();
+        let ids: Vec<(LedgerKey, i64)> = (0..6).map(|n| (crate::identity::ledger_key(format!("id-{n}").as_bytes()).unwrap(), 1_000 * n)).collect();
+        for pair in ids.chunks(2) {
+            let value = changelog::encode(pair).unwrap();
+            producer.send(BaseRecord::<(), _>::to(&topic).partition(0).payload(&value)).unwrap();
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let options = LedgerOptions { budget_bytes: 64 << 20, write_buffer_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..LedgerOptions::default() };
+        let ledger = Ledger::open(dir.path(), options).unwrap();
+        let stop = AtomicBool::new(false);
+        let input = RecoveryInput {
+            kafka: &kafka,
+            output_topic: &topic,
+            changelog_topic: &topic,
+            partition: 0,
+            id_source: &IdSource::Key,
+            ledger_progress: None,
+            committed_input: None,
+            accept_ledger_ahead: false,
+            ready_window: Duration::from_secs(300),
+            timeout: Duration::from_secs(4),
+            stop: &stop,
+        };
+
+        // The log holds offsets 0..3; a leader not caught up answers with that end for a range
+        // to 5. Ending there would leave the ids of offsets 3 and 4 out of the ledger.
+        let mut sink = Sink::Tail { ledger: &ledger, partition: 0, ids: Vec::new() };
+        let mut read = RangeRead::new(&input, &topic, Source::Changelog);
+        let early = read.read(0, 5, &mut sink, &mut |_, _| {});
+        assert!(matches!(early, Err(RecoveryError::Timeout { target: 5, at: 3, .. })), "{early:?}");
+
+        // The range the log holds is read whole.
+        let mut sink = Sink::Tail { ledger: &ledger, partition: 0, ids: Vec::new() };
+        let mut read = RangeRead::new(&input, &topic, Source::Changelog);
+        read.read(0, 3, &mut sink, &mut |_, _| {}).unwrap();
+        assert_eq!(read.ids, 6);
+        match sink {
+            Sink::Tail { ids: read_ids, .. } => assert_eq!(read_ids, ids),
+            Sink::Bulk(_) => panic!("six ids are a short tail"),
+        }
+    }
 }
