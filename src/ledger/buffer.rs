@@ -64,6 +64,11 @@ impl Ledger {
         buffered_bytes >= effective_write_buffer_bytes(&self.options) as u64
     }
 
+    /// About how many ids a full buffer holds.
+    pub(super) fn buffer_capacity_ids(&self) -> u64 {
+        effective_write_buffer_bytes(&self.options) as u64 / DEFAULT_BYTES_PER_ID_ESTIMATE
+    }
+
     /// Records a checked batch: appended to the batch log, when there is one, then applied to the
     /// buffer.
     pub(super) fn buffer_batch(&self, state: &mut State, batch: LoggedBatch) -> Result<()> {

@@ -20,7 +20,7 @@ pub(super) const MAX_LIVE_GENERATIONS: usize = 200;
 
 /// A seal commits the id buffer under the ledger's lock; a buffer of more ids than this (about
 /// 15 ms of writing) is committed in the background first, and the seal waits for it.
-const SEAL_BUFFER_IDS: usize = 1 << 16;
+pub(super) const SEAL_BUFFER_IDS: usize = 1 << 16;
 
 /// Background commits a seal waits for, at most: if the buffer fills faster than it is
 /// committed, the seal goes ahead with what is buffered then.
@@ -57,12 +57,9 @@ impl Ledger {
     /// Seals the active generation when it is full, or when the id index must grow, then forgets
     /// the oldest generations until the rest fit the budget.
     pub(super) fn maybe_seal(&self, state: &mut State) -> Result<()> {
-        let Some(active) = state.generations.last() else {
-            return Ok(());
-        };
         // A bulk load's fingerprints name the active generation: it stays active until the
         // load is in (`load.rs`).
-        if state.loads > 0 {
+        if state.generations.is_empty() || state.loads > 0 {
             return Ok(());
         }
         if state.index.needs_growth(0) {
@@ -72,6 +69,12 @@ impl Ledger {
             let may_defer = state.index.growth_can_wait();
             return self.grow_to(state, target, may_defer);
         }
+        if state.index.growth_near(2 * self.buffer_capacity_ids()) {
+            self.commit_ahead_of_growth(state)?;
+        }
+        let Some(active) = state.generations.last() else {
+            return Ok(());
+        };
         let full_by_ids = self
             .options
             .seal_after_ids
@@ -107,6 +110,21 @@ impl Ledger {
         state.seal_deferrals += 1;
         self.start_commit(state)?;
         Ok(false)
+    }
+
+    /// Within two buffers' worth of ids of a growth of the id index, commits the id buffer in the
+    /// background whenever it holds more than a seal should write under the lock and no commit is
+    /// under way, so that the growth's seal finds a small buffer. Otherwise, at the index's first
+    /// sizes, the buffer held every id since the last commit (up to a write buffer's worth, 0.4 s
+    /// of writing at 1.8M ids); the background commit the seal then started took longer than the
+    /// batches took to fill the table to where the growth cannot wait (`growth_can_wait`), and
+    /// the seal wrote the buffer under the lock.
+    fn commit_ahead_of_growth(&self, state: &mut State) -> Result<()> {
+        let idle = state.in_flight.as_ref().is_none_or(|f| f.job.as_ref().is_none_or(|job| job.is_finished()));
+        if idle && state.pending.len() > SEAL_BUFFER_IDS {
+            self.start_commit(state)?;
+        }
+        Ok(())
     }
 
     /// Grows the id index, if need be, so that a load of about `more` ids fits at its target load

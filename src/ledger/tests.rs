@@ -5,7 +5,7 @@ use super::*;
 use super::batch_log::LOG_FILE_PREFIX;
 use super::format::{decode_value, encode_first_seen, encode_value, META_FORMAT_VERSION};
 use crate::identity::ContentDigest;
-use super::generations::MAX_LIVE_GENERATIONS;
+use super::generations::{MAX_LIVE_GENERATIONS, SEAL_BUFFER_IDS};
 use super::stats::DEFAULT_BYTES_PER_ID_ESTIMATE;
 use crate::identity::ledger_key;
 use proptest::prelude::*;
@@ -1254,4 +1254,40 @@ fn the_index_grows_in_time_when_ids_come_faster_than_a_background_commit() {
     }
     let stats = ledger.stats().unwrap();
     assert_eq!((stats.index_overflowed_buckets, stats.index_ids), (0, i), "the index overflowed");
+}
+
+#[test]
+fn near_a_growth_of_the_id_index_the_buffer_is_committed_ahead_so_the_growths_seal_writes_little() {
+    // A buffer of a write buffer's ids (700K here) is more than the index's first size takes
+    // before it grows (210K). Without committing ahead, the growth's seal found every id since the
+    // start buffered and wrote them under the lock, unless a background commit it started was done
+    // before the table filled past where the growth cannot wait (at full speed, it was not: 0.4 s
+    // batches in the ledger bench). Each batch here waits for background commits, so the test
+    // sees what each batch leaves buffered, not how fast a commit runs.
+    let dir = tempfile::tempdir().unwrap();
+    let options = LedgerOptions { write_buffer_bytes: 16 << 20, ..small_options(Durability::Wal) };
+    let ledger = Ledger::open(dir.path(), options).unwrap();
+    let first_level = ledger.lock().index.geometry().1;
+    let (mut i, mut near) = (0u64, 0u64);
+    while ledger.lock().index.geometry().1 == first_level {
+        assert!(i < 2_000_000, "the id index did not grow");
+        let batch: Vec<_> = (i..i + 4096).map(|j| (key(j), 1_000_000 + j as i64)).collect();
+        i += 4096;
+        ledger.check_and_record(0, &batch, b"p").unwrap();
+        loop {
+            let state = ledger.lock();
+            if state.in_flight.as_ref().is_none_or(|f| f.job.as_ref().is_none_or(|job| job.is_finished())) {
+                break;
+            }
+            drop(state);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let state = ledger.lock();
+        if state.index.growth_near(2 * ledger.buffer_capacity_ids()) {
+            near += 1;
+            assert!(state.pending.len() <= SEAL_BUFFER_IDS, "{} ids buffered near the growth, at {i} ids", state.pending.len());
+        }
+    }
+    assert!(near > 10, "only {near} batches came near the growth");
+    assert_eq!(ledger.stats().unwrap().index_ids, i);
 }

@@ -424,6 +424,19 @@ impl IdIndex {
         held > GROW_AT * capacity
     }
 
+    /// Whether the table nears its next growth: `ahead` more ids would take it past its growth
+    /// mark ([`GROW_AT`]), it holds more than [`PREPARE_AT`] of its current level's capacity,
+    /// and it is not at full size or growing.
+    pub(crate) fn growth_near(&self, ahead: u64) -> bool {
+        let held = self.live_slots() as f64;
+        let capacity = self.geometry.capacity(self.level) as f64;
+        self.knows
+            && self.level < self.geometry.max_level
+            && !self.growing()
+            && held > PREPARE_AT * capacity
+            && held + ahead as f64 > GROW_AT * capacity
+    }
+
     /// Whether a growth due can wait a little (for a seal to find a small id buffer): the table
     /// holds at most [`GROW_NOW_AT`] of its current level's capacity.
     pub(crate) fn growth_can_wait(&self) -> bool {
