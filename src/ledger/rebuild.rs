@@ -59,7 +59,7 @@ impl Ledger {
         match index_file::read(&self.path, geometry, state.commit_seq, &sealed) {
             Some(loaded) => {
                 state.index = loaded.index;
-                let (trusted, to_read): (Vec<usize>, Vec<usize>) =
+                let (trusted, mut to_read): (Vec<usize>, Vec<usize>) =
                     (0..state.generations.len()).partition(|&i| loaded.trusted.contains(&state.generations[i].meta.id));
                 for &i in &trusted {
                     state.index.revive(IdIndex::tag(state.generations[i].meta.id));
@@ -69,9 +69,23 @@ impl Ledger {
                 // nothing was committed since, and then there is nothing to read.
                 let more: u64 = to_read.iter().map(|&i| state.generations[i].meta.ids).sum();
                 let index = &mut state.index;
+                let level = index.geometry().1;
                 while index.live_slots() + more > index.geometry().0.capacity(index.geometry().1) && index.geometry().1 < geometry.max_level {
                     index.grow();
                     index.finish_growth();
+                }
+                // A table grown here keeps every entry at the level it was stored at, which is
+                // right for the sealed generations. The active one takes more ids, and they go in
+                // at the new level, while its entries would be compared at the old one: every id
+                // recorded from now on would be answered "absent". So the active generation is
+                // read from disk again, at the new level. (A file stored fuller than its level's
+                // capacity, as an open that replayed a crash's batch log leaves it, grows here.)
+                if index.geometry().1 > level {
+                    for &i in trusted.iter().filter(|&&i| !state.generations[i].meta.sealed) {
+                        index.forget(IdIndex::tag(state.generations[i].meta.id));
+                        to_read.push(i);
+                    }
+                    to_read.sort_unstable();
                 }
                 for &i in &to_read {
                     state.index.start(IdIndex::tag(state.generations[i].meta.id));
