@@ -40,6 +40,14 @@ pub(super) struct InFlight {
     pub(super) job: Option<std::thread::JoinHandle<Result<PathBuf>>>,
 }
 
+impl InFlight {
+    /// Whether nothing of it still runs in the background: its file is written, or is written on
+    /// the caller's thread when it is finished (no thread, or a failed one).
+    pub(super) fn written(&self) -> bool {
+        self.job.as_ref().is_none_or(|job| job.is_finished())
+    }
+}
+
 /// Writes a commit's file: its ids sorted, then its commit record. Needs nothing of the open
 /// database, so it runs on a thread of its own.
 struct CommitWriter {
@@ -129,7 +137,7 @@ impl Ledger {
             let state = self.lock();
             match &state.in_flight {
                 Some(f) if f.record.seq == seq => {
-                    if f.job.as_ref().is_none_or(|job| job.is_finished()) {
+                    if f.written() {
                         break;
                     }
                 }

@@ -98,7 +98,7 @@ impl Ledger {
     /// batches' ids meanwhile: its size is a target, not a limit.
     fn ready_to_seal(&self, state: &mut State) -> Result<bool> {
         let committing = state.in_flight.as_ref().is_some_and(|f| {
-            f.ids.len() > SEAL_BUFFER_IDS && f.job.as_ref().is_some_and(|job| !job.is_finished())
+            f.ids.len() > SEAL_BUFFER_IDS && !f.written()
         });
         if committing {
             return Ok(false);
@@ -120,7 +120,7 @@ impl Ledger {
     /// batches took to fill the table to where the growth cannot wait (`growth_can_wait`), and
     /// the seal wrote the buffer under the lock.
     fn commit_ahead_of_growth(&self, state: &mut State) -> Result<()> {
-        let idle = state.in_flight.as_ref().is_none_or(|f| f.job.as_ref().is_none_or(|job| job.is_finished()));
+        let idle = state.in_flight.as_ref().is_none_or(|f| f.written());
         if idle && state.pending.len() > SEAL_BUFFER_IDS {
             self.start_commit(state)?;
         }

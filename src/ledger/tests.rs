@@ -1276,7 +1276,7 @@ fn near_a_growth_of_the_id_index_the_buffer_is_committed_ahead_so_the_growths_se
         ledger.check_and_record(0, &batch, b"p").unwrap();
         loop {
             let state = ledger.lock();
-            if state.in_flight.as_ref().is_none_or(|f| f.job.as_ref().is_none_or(|job| job.is_finished())) {
+            if state.in_flight.as_ref().is_none_or(|f| f.written()) {
                 break;
             }
             drop(state);
