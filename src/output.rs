@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -123,6 +123,9 @@ pub struct DeliveryTracker {
     /// The first failed delivery since the last reset: its topic, and the broker's or
     /// librdkafka's reason (a missing ACL on the dead-letter topic, say).
     first_failure: Mutex<Option<(String, RDKafkaErrorCode)>>,
+    /// When a broker last refused or dropped this producer's connection (librdkafka's transport
+    /// failure): a node died or restarts, and the cluster moves its leaderships soon.
+    last_transport_failure: Mutex<Option<Instant>>,
 }
 
 impl DeliveryTracker {
@@ -134,7 +137,14 @@ impl DeliveryTracker {
             last_changelog: AtomicI64::new(-1),
             failures: AtomicU64::new(0),
             first_failure: Mutex::new(None),
+            last_transport_failure: Mutex::new(None),
         }
+    }
+
+    /// Whether a broker refused or dropped this producer's connection within `within`.
+    fn transport_failed_within(&self, within: Duration) -> bool {
+        let last = *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        last.is_some_and(|at| at.elapsed() <= within)
     }
 
     fn reset(&self) {
@@ -149,7 +159,15 @@ impl DeliveryTracker {
     }
 }
 
-impl ClientContext for DeliveryTracker {}
+impl ClientContext for DeliveryTracker {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) {
+            *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+        }
+        // As rdkafka's default: every global error is logged.
+        tracing::error!("librdkafka: {error}: {reason}");
+    }
+}
 
 impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
@@ -323,11 +341,23 @@ impl OutputWriter {
         // node just killed, each step can use most of its own timeout in turn (seen in the kill
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
         // after 10 s more). Past the budget a new producer is quicker than asking on.
-        let budget = TransactionBudget::new(self.timeout);
+        let mut budget = TransactionBudget::new(self.timeout);
         let wait = budget.left();
         let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
-        self.producer.flush(wait).map_err(|e| classify(e, &self.transactional_id))?;
+        let mut flushed = self.producer.flush(wait);
         drop(watched);
+        if flushed.as_ref().is_err_and(timed_out) && self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout) {
+            // A node refused or dropped this producer's connection: it died, and its leaderships
+            // move within seconds. Waiting for that is quicker than a new producer's fence and a
+            // second send (the kill test's 16-22 s stalls were flushes that gave up just before).
+            tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node refused the producer's connection; waiting for its leaderships to move.");
+            budget.extend(LEADER_MOVE_GRACE);
+            let wait = budget.left();
+            let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
+            flushed = self.producer.flush(wait);
+            drop(watched);
+        }
+        flushed.map_err(|e| classify(e, &self.transactional_id))?;
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
             // The abort names why: the first failed record's topic and its error.
             let (topic, code) = self.producer.context().take_first_failure().unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
@@ -441,10 +471,23 @@ impl TransactionBudget {
         Self { deadline: std::time::Instant::now() + total }
     }
 
+    fn extend(&mut self, by: Duration) {
+        self.deadline += by;
+    }
+
     fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(std::time::Instant::now()).max(Self::FLOOR)
     }
 }
+
+/// How much longer a transaction may wait for its records when a node refused or dropped the
+/// producer's connection (a node died or restarts): the cluster moves a dead node's leaderships
+/// about 9 s after its death (`broker.session.timeout.ms`) and the producer learns of it at its
+/// next metadata lookup (every 3 s, [`crate::kafka::METADATA_REFRESH_MS`]), so a flush that began
+/// just before the death needs up to about 13 s, past the call timeout. Only then: a node that
+/// hangs keeps its connections open and gives no such failure, and waiting longer on it only
+/// delays the new producer that asks elsewhere.
+const LEADER_MOVE_GRACE: Duration = Duration::from_secs(5);
 
 /// Retries of a commit refused for now (a retriable error other than a timeout): at once, five
 /// times.
@@ -488,6 +531,19 @@ mod tests {
         assert_eq!(partition_of("events", &id), None, "a topic whose name is a prefix of the output's");
         assert_eq!(partition_of("events.out", "dedupe-events.out-x"), None);
         assert_eq!(partition_of("events.out", "other-events.out-1"), None);
+    }
+
+    #[test]
+    fn only_a_refused_or_dropped_connection_marks_a_node_as_gone() {
+        let tracker = DeliveryTracker::new("out", "out.ids");
+        let within = Duration::from_secs(15);
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "all brokers down");
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut), "a silent node");
+        assert!(!tracker.transport_failed_within(within), "a timeout is not a node gone");
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connection refused");
+        assert!(tracker.transport_failed_within(within));
+        *tracker.last_transport_failure.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
+        assert!(!tracker.transport_failed_within(within), "a failure older than the window is not this transaction's");
     }
 
     #[test]
