@@ -15,9 +15,6 @@ use crate::identity::LedgerKey;
 /// buffer, so batches without new ids are committed too.
 const BUFFERED_BATCH_OVERHEAD_BYTES: u64 = 64;
 
-/// Ids whose index buckets are prefetched ahead of the one being inserted.
-const INSERT_PREFETCH_AHEAD: usize = 8;
-
 /// Buffered ids, with their stored first-seen times and digests.
 pub(super) type IdBuffer = HashMap<LedgerKey, Held, KeyHashing>;
 
@@ -107,15 +104,9 @@ impl Ledger {
                     last_seen_ms: first,
                     ids: 0,
                 });
-                // The ids' buckets are loaded ahead of their inserts, as the lookups load them.
                 let places: Vec<_> = new_ids.iter().map(|(key, ..)| index.place(key)).collect();
-                for place in places.iter().take(INSERT_PREFETCH_AHEAD) {
-                    index.prefetch(place);
-                }
                 for (i, &(key, time_ms, digest)) in new_ids.iter().enumerate() {
-                    if let Some(ahead) = places.get(i + INSERT_PREFETCH_AHEAD) {
-                        index.prefetch(ahead);
-                    }
+                    index.prefetch_ahead(&places, i);
                     span.first_seen_ms = span.first_seen_ms.min(time_ms);
                     span.last_seen_ms = span.last_seen_ms.max(time_ms);
                     pending.insert(key, Held { first_seen_ms: stored_first_seen_ms(base_ms, time_ms), digest });

@@ -57,9 +57,6 @@ const SEAL_AFTER_RUNS: usize = 3;
 /// of a load together, so two writers keep up with the changelog on two cores.
 const WRITERS: usize = 2;
 
-/// Ids whose index buckets are prefetched ahead of the one being inserted.
-const PREFETCH_AHEAD: usize = 8;
-
 /// Tells apart the run files of loads that run at once.
 static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
 
@@ -444,13 +441,8 @@ fn index_all(state: &mut State, keys: &[LedgerKey], tag: u8) {
     }
     let placer = index.placer();
     let places: Vec<_> = keys.iter().map(|k| placer.place(k)).collect();
-    for place in places.iter().take(PREFETCH_AHEAD) {
-        index.prefetch(place);
-    }
     for (i, place) in places.iter().enumerate() {
-        if let Some(ahead) = places.get(i + PREFETCH_AHEAD) {
-            index.prefetch(ahead);
-        }
+        index.prefetch_ahead(&places, i);
         index.insert_bulk(place, tag);
     }
 }

@@ -18,8 +18,6 @@ impl Ledger {
     /// buffer and in RocksDB, only in the generations the index names (in every generation, newest
     /// first, when the index cannot tell).
     pub(super) fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<Held>>> {
-        /// Keys whose buckets are prefetched ahead of the one being probed.
-        const PREFETCH_AHEAD: usize = 8;
         let mut found = vec![None; keys.len()];
         let gens = &state.generations;
         let active_tag = gens.last().map(|g| IdIndex::tag(g.meta.id));
@@ -31,13 +29,8 @@ impl Ledger {
         let mut to_read: Vec<Vec<usize>> = vec![Vec::new(); gens.len()];
         let index = &state.index;
         let places: Vec<_> = keys.iter().map(|k| index.place(k)).collect();
-        for place in places.iter().take(PREFETCH_AHEAD) {
-            index.prefetch(place);
-        }
         for (i, place) in places.iter().enumerate() {
-            if let Some(ahead) = places.get(i + PREFETCH_AHEAD) {
-                index.prefetch(ahead);
-            }
+            index.prefetch_ahead(&places, i);
             let (tags, len, every) = match index.probe(place) {
                 Probe::Absent => continue,
                 Probe::Maybe { tags, len } => (tags, usize::from(len), false),

@@ -69,6 +69,8 @@ const GROW_AT: f64 = 0.8;
 const GROW_NOW_AT: f64 = 0.85;
 /// The share at which the next level's memory starts to be made resident, in the background.
 const PREPARE_AT: f64 = 0.5;
+/// Places whose buckets are prefetched ahead of the one being probed or inserted.
+const PREFETCH_AHEAD: usize = 8;
 /// The fewest bytes an id takes on disk (16 key bytes less the prefix shared with its neighbour,
 /// plus its value and entry overhead): sizing the table by it makes the budget run out first.
 const MIN_DISK_BYTES_PER_ID: u64 = 16;
@@ -199,6 +201,18 @@ impl IdIndex {
     /// What computing places at the current level takes, for other threads.
     pub(crate) fn placer(&self) -> Placer {
         Placer::new(self.seed, self.geometry, self.level)
+    }
+
+    /// Before the `i`-th of `places` is probed or inserted, prefetches the buckets of the one
+    /// [`PREFETCH_AHEAD`] places later (and, at the first, of those up to it): a batch's probes
+    /// and inserts overlap their cache misses this way.
+    pub(crate) fn prefetch_ahead(&self, places: &[Place], i: usize) {
+        if i == 0 {
+            places.iter().take(PREFETCH_AHEAD).for_each(|p| self.prefetch(p));
+        }
+        if let Some(ahead) = places.get(i + PREFETCH_AHEAD) {
+            self.prefetch(ahead);
+        }
     }
 
     /// Asks the CPU to start loading the buckets of `place` (lookups of a batch overlap their
