@@ -13,15 +13,18 @@
 //!
 //! All calls block; the actor layer runs this on a thread of its own.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+mod delivery;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use delivery::DeliveryTracker;
 
 use crate::config::KafkaConfig;
 use crate::identity::{ContentDigest, LedgerKey};
@@ -110,88 +113,6 @@ pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
 /// the transaction's timeout. The watchdog takes a call 2 s past this for hung.
 pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
     Duration::from_millis(transaction_timeout_ms / 6).clamp(Duration::from_secs(10), Duration::from_secs(15))
-}
-
-/// Counts delivery results so a transaction knows where its output records and its changelog
-/// record landed, and why one was not delivered.
-pub struct DeliveryTracker {
-    output_topic: String,
-    changelog_topic: String,
-    last_output: AtomicI64,
-    last_changelog: AtomicI64,
-    failures: AtomicU64,
-    /// The first failed delivery since the last reset: its topic, and the broker's or
-    /// librdkafka's reason (a missing ACL on the dead-letter topic, say).
-    first_failure: Mutex<Option<(String, RDKafkaErrorCode)>>,
-    /// When a broker last refused or dropped this producer's connection (librdkafka's transport
-    /// failure): a node died or restarts, and the cluster moves its leaderships soon.
-    last_transport_failure: Mutex<Option<Instant>>,
-}
-
-impl DeliveryTracker {
-    fn new(output_topic: &str, changelog_topic: &str) -> Self {
-        Self {
-            output_topic: output_topic.to_string(),
-            changelog_topic: changelog_topic.to_string(),
-            last_output: AtomicI64::new(-1),
-            last_changelog: AtomicI64::new(-1),
-            failures: AtomicU64::new(0),
-            first_failure: Mutex::new(None),
-            last_transport_failure: Mutex::new(None),
-        }
-    }
-
-    /// Whether a broker refused or dropped this producer's connection within `within`.
-    fn transport_failed_within(&self, within: Duration) -> bool {
-        let last = *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        last.is_some_and(|at| at.elapsed() <= within)
-    }
-
-    fn reset(&self) {
-        self.last_output.store(-1, Ordering::Relaxed);
-        self.last_changelog.store(-1, Ordering::Relaxed);
-        self.failures.store(0, Ordering::Relaxed);
-        self.take_first_failure();
-    }
-
-    fn take_first_failure(&self) -> Option<(String, RDKafkaErrorCode)> {
-        self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
-    }
-}
-
-impl ClientContext for DeliveryTracker {
-    fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) {
-            *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
-        }
-        // As rdkafka's default: every global error is logged.
-        tracing::error!("librdkafka: {error}: {reason}");
-    }
-}
-
-impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(m) => {
-                let topic = rdkafka::Message::topic(m);
-                let offset = rdkafka::Message::offset(m);
-                if topic == self.output_topic {
-                    self.last_output.fetch_max(offset, Ordering::Relaxed);
-                } else if topic == self.changelog_topic {
-                    self.last_changelog.fetch_max(offset, Ordering::Relaxed);
-                }
-            }
-            Err((e, m)) => {
-                if self.failures.fetch_add(1, Ordering::Relaxed) == 0 {
-                    let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
-                    let topic = rdkafka::Message::topic(m).to_string();
-                    *self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((topic, code));
-                }
-            }
-        }
-    }
 }
 
 /// How long `init_transactions` is asked again while its refusal is a passing one: the
@@ -342,22 +263,7 @@ impl OutputWriter {
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
         // after 10 s more). Past the budget a new producer is quicker than asking on.
         let mut budget = TransactionBudget::new(self.timeout);
-        let wait = budget.left();
-        let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
-        let mut flushed = self.producer.flush(wait);
-        drop(watched);
-        if flushed.as_ref().is_err_and(timed_out) && self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout) {
-            // A node refused or dropped this producer's connection: it died, and its leaderships
-            // move within seconds. Waiting for that is quicker than a new producer's fence and a
-            // second send (the kill test's 16-22 s stalls were flushes that gave up just before).
-            tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node refused the producer's connection; waiting for its leaderships to move.");
-            budget.extend(LEADER_MOVE_GRACE);
-            let wait = budget.left();
-            let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
-            flushed = self.producer.flush(wait);
-            drop(watched);
-        }
-        flushed.map_err(|e| classify(e, &self.transactional_id))?;
+        self.flush(&mut budget).map_err(|e| classify(e, &self.transactional_id))?;
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
             // The abort names why: the first failed record's topic and its error.
             let (topic, code) = self.producer.context().take_first_failure().unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
@@ -383,6 +289,51 @@ impl OutputWriter {
         let last = tracker.last_output.load(Ordering::Relaxed);
         let changelog = tracker.last_changelog.load(Ordering::Relaxed);
         Ok(Committed { last_output_offset: (last >= 0).then_some(last), changelog_offset: (changelog >= 0).then_some(changelog) })
+    }
+
+    /// Waits until every record of the transaction is acknowledged, within `budget`, in steps of
+    /// [`FLUSH_STEP`]. While a node that refused or dropped this producer's connection (it died or
+    /// restarts) holds records back, each step ends with a lookup of the leaders, so the records
+    /// go to a new leader as soon as the cluster names one rather than at the producer's next
+    /// periodic lookup (up to 3 s later), and the budget is extended once by
+    /// [`LEADER_MOVE_GRACE`]: waiting for the move is quicker than a new producer's fence and a
+    /// second send (the kill test's 16-22 s stalls were flushes that gave up just before it).
+    fn flush(&self, budget: &mut TransactionBudget) -> KafkaResult<()> {
+        let mut extended = false;
+        loop {
+            let wait = budget.left().min(FLUSH_STEP);
+            let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
+            let flushed = self.producer.flush(wait);
+            drop(watched);
+            let Err(e) = flushed else { return Ok(()) };
+            if !timed_out(&e) {
+                return Err(e);
+            }
+            let node_gone = self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout);
+            if node_gone {
+                self.look_up_leaders();
+            }
+            if budget.spent() {
+                if !node_gone || extended {
+                    return Err(e);
+                }
+                tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node refused the producer's connection; waiting for its leaderships to move.");
+                budget.extend(LEADER_MOVE_GRACE);
+                extended = true;
+            }
+        }
+    }
+
+    /// Asks the cluster for the current leaders of the topics this producer writes (librdkafka
+    /// updates its own view from the answer). Best effort: a failed lookup leaves the periodic one.
+    fn look_up_leaders(&self) {
+        let topics = [Some(&self.topic), Some(&self.changelog_topic), self.dead_letter_topic.as_ref(), self.audit_topic.as_ref()];
+        for topic in topics.into_iter().flatten() {
+            if let Err(e) = self.producer.client().fetch_metadata(Some(topic.as_str()), LEADER_LOOKUP_TIMEOUT) {
+                tracing::debug!(topic = %topic, error = %e, "Looking up the leaders failed.");
+                return;
+            }
+        }
     }
 
     fn send(&self, topic: &str, partition: Option<i32>, r: &OutRecord) -> Result<(), PublishError> {
@@ -475,6 +426,10 @@ impl TransactionBudget {
         self.deadline += by;
     }
 
+    fn spent(&self) -> bool {
+        std::time::Instant::now() >= self.deadline
+    }
+
     fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(std::time::Instant::now()).max(Self::FLOOR)
     }
@@ -482,12 +437,19 @@ impl TransactionBudget {
 
 /// How much longer a transaction may wait for its records when a node refused or dropped the
 /// producer's connection (a node died or restarts): the cluster moves a dead node's leaderships
-/// about 9 s after its death (`broker.session.timeout.ms`) and the producer learns of it at its
-/// next metadata lookup (every 3 s, [`crate::kafka::METADATA_REFRESH_MS`]), so a flush that began
-/// just before the death needs up to about 13 s, past the call timeout. Only then: a node that
-/// hangs keeps its connections open and gives no such failure, and waiting longer on it only
-/// delays the new producer that asks elsewhere.
+/// about 9 s after its death (`broker.session.timeout.ms`), and the producer, looking the leaders
+/// up at every step of such a flush, learns of it within a second; a flush that began just before
+/// the death needs about 11 s, past the call timeout. Only then: a node that hangs keeps its
+/// connections open and gives no such failure, and waiting longer on it only delays the new
+/// producer that asks elsewhere.
 const LEADER_MOVE_GRACE: Duration = Duration::from_secs(5);
+
+/// The longest wait of one step of a flush (see [`OutputWriter::flush`]); a healthy flush ends
+/// within its first.
+const FLUSH_STEP: Duration = Duration::from_secs(1);
+
+/// How long a lookup of a topic's leaders may take while a flush waits.
+const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Retries of a commit refused for now (a retriable error other than a timeout): at once, five
 /// times.
@@ -531,19 +493,6 @@ mod tests {
         assert_eq!(partition_of("events", &id), None, "a topic whose name is a prefix of the output's");
         assert_eq!(partition_of("events.out", "dedupe-events.out-x"), None);
         assert_eq!(partition_of("events.out", "other-events.out-1"), None);
-    }
-
-    #[test]
-    fn only_a_refused_or_dropped_connection_marks_a_node_as_gone() {
-        let tracker = DeliveryTracker::new("out", "out.ids");
-        let within = Duration::from_secs(15);
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "all brokers down");
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut), "a silent node");
-        assert!(!tracker.transport_failed_within(within), "a timeout is not a node gone");
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connection refused");
-        assert!(tracker.transport_failed_within(within));
-        *tracker.last_transport_failure.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
-        assert!(!tracker.transport_failed_within(within), "a failure older than the window is not this transaction's");
     }
 
     #[test]

@@ -1,0 +1,134 @@
+//! What a transactional producer reports besides its calls' results: where each delivered record
+//! landed, why one was not delivered, and when a broker last refused or dropped its connection.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryResult, ProducerContext};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::ClientContext;
+
+/// Counts delivery results so a transaction knows where its output records and its changelog
+/// record landed, and why one was not delivered.
+pub(super) struct DeliveryTracker {
+    output_topic: String,
+    changelog_topic: String,
+    pub(super) last_output: AtomicI64,
+    pub(super) last_changelog: AtomicI64,
+    pub(super) failures: AtomicU64,
+    /// The first failed delivery since the last reset: its topic, and the broker's or
+    /// librdkafka's reason (a missing ACL on the dead-letter topic, say).
+    first_failure: Mutex<Option<(String, RDKafkaErrorCode)>>,
+    /// When a broker last refused or dropped this producer's connection (librdkafka's transport
+    /// failure): a node died or restarts, and the cluster moves its leaderships soon.
+    last_transport_failure: Mutex<Option<Instant>>,
+}
+
+impl DeliveryTracker {
+    pub(super) fn new(output_topic: &str, changelog_topic: &str) -> Self {
+        Self {
+            output_topic: output_topic.to_string(),
+            changelog_topic: changelog_topic.to_string(),
+            last_output: AtomicI64::new(-1),
+            last_changelog: AtomicI64::new(-1),
+            failures: AtomicU64::new(0),
+            first_failure: Mutex::new(None),
+            last_transport_failure: Mutex::new(None),
+        }
+    }
+
+    /// Whether a broker refused or dropped this producer's connection within `within`.
+    pub(super) fn transport_failed_within(&self, within: Duration) -> bool {
+        let last = *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        last.is_some_and(|at| at.elapsed() <= within)
+    }
+
+    pub(super) fn reset(&self) {
+        self.last_output.store(-1, Ordering::Relaxed);
+        self.last_changelog.store(-1, Ordering::Relaxed);
+        self.failures.store(0, Ordering::Relaxed);
+        self.take_first_failure();
+    }
+
+    pub(super) fn take_first_failure(&self) -> Option<(String, RDKafkaErrorCode)> {
+        self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+}
+
+impl DeliveryTracker {
+    fn mark_transport_failure(&self) {
+        *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+    }
+}
+
+impl ClientContext for DeliveryTracker {
+    /// A connection the peer closed or reset, or refused, marks a node gone: librdkafka reports
+    /// a live connection's loss only as a log line, and a refused reconnection as an error
+    /// (below) only once it tries one, which can be seconds later. A node that hangs gives
+    /// neither: its requests time out ("timed out: disconnect"), which does not count.
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        if fac == "FAIL" && (message.contains("by peer") || message.contains("Connection refused")) {
+            self.mark_transport_failure();
+        }
+        crate::kafka::forward_log(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) && !reason.contains("timed out") {
+            self.mark_transport_failure();
+        }
+        // As rdkafka's default: every global error is logged.
+        tracing::error!("librdkafka: {error}: {reason}");
+    }
+}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                let topic = rdkafka::Message::topic(m);
+                let offset = rdkafka::Message::offset(m);
+                if topic == self.output_topic {
+                    self.last_output.fetch_max(offset, Ordering::Relaxed);
+                } else if topic == self.changelog_topic {
+                    self.last_changelog.fetch_max(offset, Ordering::Relaxed);
+                }
+            }
+            Err((e, m)) => {
+                if self.failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+                    let topic = rdkafka::Message::topic(m).to_string();
+                    *self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((topic, code));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refused_or_dropped_connection_marks_a_node_as_gone() {
+        let tracker = DeliveryTracker::new("out", "out.ids");
+        let within = Duration::from_secs(15);
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "all brokers down");
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut), "a silent node");
+        assert!(!tracker.transport_failed_within(within), "a timeout is not a node gone");
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "127.0.0.1:9092/1: 1 request(s) timed out: disconnect");
+        tracker.log(RDKafkaLogLevel::Warning, "REQTMOUT", "127.0.0.1:9092/1: Timed out 2 in-flight, 0 retry-queued, 0 out-queue, 0 partially-sent requests");
+        assert!(!tracker.transport_failed_within(within), "a silent node is not a node gone");
+        tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connect to ipv4#127.0.0.1:9092 failed: Connection refused");
+        assert!(tracker.transport_failed_within(within));
+        *tracker.last_transport_failure.lock().unwrap() = None;
+        tracker.log(RDKafkaLogLevel::Info, "FAIL", "127.0.0.1:9092/1: Disconnected: connection closed by peer: receive 0 after POLLIN (after 5078ms in state UP)");
+        assert!(tracker.transport_failed_within(within), "a connection the peer closed");
+        *tracker.last_transport_failure.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
+        assert!(!tracker.transport_failed_within(within), "a failure older than the window is not this transaction's");
+    }
+}
