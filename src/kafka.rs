@@ -119,24 +119,18 @@ impl SecurityWatch {
     }
 }
 
-/// Logs a librdkafka log line at its level, as rdkafka's default context does, for contexts that
-/// also read the lines.
-pub fn forward_log(level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-    use rdkafka::config::RDKafkaLogLevel as L;
-    match level {
-        L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}"),
-        L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
-        L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
-        L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
-    }
-}
-
 impl rdkafka::ClientContext for SecurityWatch {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
         if closed_during_first_request(message) {
             self.closed_early.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| message.to_string());
         }
-        forward_log(level, fac, message);
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, ProducerContext};
-use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::ClientContext;
 
 /// Counts delivery results so a transaction knows where its output records and its changelog
@@ -57,27 +56,18 @@ impl DeliveryTracker {
     }
 }
 
-impl DeliveryTracker {
-    fn mark_transport_failure(&self) {
-        *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
-    }
+/// Whether librdkafka's words for a failed connection say that the node is gone (its process
+/// died or stops): the peer closed or reset the connection, or refused a new one. A node cut off
+/// by the network ("Invalid argument", "No route to host", a timed-out connect) or one that hangs
+/// (requests timed out) is not: the cluster may still run it, and its leaderships stay.
+fn node_gone(message: &str) -> bool {
+    message.contains("by peer") || message.contains("Connection refused")
 }
 
 impl ClientContext for DeliveryTracker {
-    /// A connection the peer closed or reset, or refused, marks a node gone: librdkafka reports
-    /// a live connection's loss only as a log line, and a refused reconnection as an error
-    /// (below) only once it tries one, which can be seconds later. A node that hangs gives
-    /// neither: its requests time out ("timed out: disconnect"), which does not count.
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        if fac == "FAIL" && (message.contains("by peer") || message.contains("Connection refused")) {
-            self.mark_transport_failure();
-        }
-        crate::kafka::forward_log(level, fac, message);
-    }
-
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) && !reason.contains("timed out") {
-            self.mark_transport_failure();
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) && node_gone(reason) {
+            *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
         }
         // As rdkafka's default: every global error is logged.
         tracing::error!("librdkafka: {error}: {reason}");
@@ -121,13 +111,13 @@ mod tests {
         tracker.error(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut), "a silent node");
         assert!(!tracker.transport_failed_within(within), "a timeout is not a node gone");
         tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "127.0.0.1:9092/1: 1 request(s) timed out: disconnect");
-        tracker.log(RDKafkaLogLevel::Warning, "REQTMOUT", "127.0.0.1:9092/1: Timed out 2 in-flight, 0 retry-queued, 0 out-queue, 0 partially-sent requests");
-        assert!(!tracker.transport_failed_within(within), "a silent node is not a node gone");
+        tracker.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "10.213.0.11:29095/1: Failed to connect to broker at 10.213.0.11:29095: Invalid argument (after 0ms in state CONNECT)",
+        );
+        assert!(!tracker.transport_failed_within(within), "a silent or cut-off node is not a node gone");
         tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connect to ipv4#127.0.0.1:9092 failed: Connection refused");
         assert!(tracker.transport_failed_within(within));
-        *tracker.last_transport_failure.lock().unwrap() = None;
-        tracker.log(RDKafkaLogLevel::Info, "FAIL", "127.0.0.1:9092/1: Disconnected: connection closed by peer: receive 0 after POLLIN (after 5078ms in state UP)");
-        assert!(tracker.transport_failed_within(within), "a connection the peer closed");
         *tracker.last_transport_failure.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
         assert!(!tracker.transport_failed_within(within), "a failure older than the window is not this transaction's");
     }

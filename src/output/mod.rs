@@ -291,48 +291,27 @@ impl OutputWriter {
         Ok(Committed { last_output_offset: (last >= 0).then_some(last), changelog_offset: (changelog >= 0).then_some(changelog) })
     }
 
-    /// Waits until every record of the transaction is acknowledged, within `budget`, in steps of
-    /// [`FLUSH_STEP`]. While a node that refused or dropped this producer's connection (it died or
-    /// restarts) holds records back, each step ends with a lookup of the leaders, so the records
-    /// go to a new leader as soon as the cluster names one rather than at the producer's next
-    /// periodic lookup (up to 3 s later), and the budget is extended once by
-    /// [`LEADER_MOVE_GRACE`]: waiting for the move is quicker than a new producer's fence and a
-    /// second send (the kill test's 16-22 s stalls were flushes that gave up just before it).
+    /// Waits until every record of the transaction is acknowledged, within `budget`. If the wait
+    /// times out soon after a node closed or refused this producer's connection (it died or
+    /// stops), the budget is extended once by [`LEADER_MOVE_GRACE`]: waiting for the cluster to
+    /// move that node's leaderships is quicker than a new producer's fence and a second send (the
+    /// kill test's 16-22 s stalls were flushes that gave up just before the move).
     fn flush(&self, budget: &mut TransactionBudget) -> KafkaResult<()> {
-        let mut extended = false;
-        loop {
-            let wait = budget.left().min(FLUSH_STEP);
-            let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
-            let flushed = self.producer.flush(wait);
-            drop(watched);
-            let Err(e) = flushed else { return Ok(()) };
-            if !timed_out(&e) {
-                return Err(e);
-            }
-            let node_gone = self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout);
-            if node_gone {
-                self.look_up_leaders();
-            }
-            if budget.spent() {
-                if !node_gone || extended {
-                    return Err(e);
-                }
-                tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node refused the producer's connection; waiting for its leaderships to move.");
+        let wait = budget.left();
+        let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
+        let flushed = self.producer.flush(wait);
+        drop(watched);
+        match flushed {
+            Err(e) if timed_out(&e) && self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout) => {
+                tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node closed or refused the producer's connection; waiting for its leaderships to move.");
                 budget.extend(LEADER_MOVE_GRACE);
-                extended = true;
+                let wait = budget.left();
+                let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
+                let flushed = self.producer.flush(wait);
+                drop(watched);
+                flushed
             }
-        }
-    }
-
-    /// Asks the cluster for the current leaders of the topics this producer writes (librdkafka
-    /// updates its own view from the answer). Best effort: a failed lookup leaves the periodic one.
-    fn look_up_leaders(&self) {
-        let topics = [Some(&self.topic), Some(&self.changelog_topic), self.dead_letter_topic.as_ref(), self.audit_topic.as_ref()];
-        for topic in topics.into_iter().flatten() {
-            if let Err(e) = self.producer.client().fetch_metadata(Some(topic.as_str()), LEADER_LOOKUP_TIMEOUT) {
-                tracing::debug!(topic = %topic, error = %e, "Looking up the leaders failed.");
-                return;
-            }
+            other => other,
         }
     }
 
@@ -426,30 +405,20 @@ impl TransactionBudget {
         self.deadline += by;
     }
 
-    fn spent(&self) -> bool {
-        std::time::Instant::now() >= self.deadline
-    }
 
     fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(std::time::Instant::now()).max(Self::FLOOR)
     }
 }
 
-/// How much longer a transaction may wait for its records when a node refused or dropped the
-/// producer's connection (a node died or restarts): the cluster moves a dead node's leaderships
-/// about 9 s after its death (`broker.session.timeout.ms`), and the producer, looking the leaders
-/// up at every step of such a flush, learns of it within a second; a flush that began just before
-/// the death needs about 11 s, past the call timeout. Only then: a node that hangs keeps its
-/// connections open and gives no such failure, and waiting longer on it only delays the new
-/// producer that asks elsewhere.
+/// How much longer a transaction may wait for its records when a node closed or refused the
+/// producer's connection (it died or stops): the cluster moves a dead node's leaderships about
+/// 9 s after its death (`broker.session.timeout.ms`) and the producer learns of it at its next
+/// metadata lookup (every 3 s, [`crate::kafka::METADATA_REFRESH_MS`]), so a flush that began just
+/// before the death needs up to about 13 s, past the call timeout. Only then: a node that hangs
+/// or is cut off gives no such failure, and waiting longer on it only delays the new producer
+/// that asks elsewhere.
 const LEADER_MOVE_GRACE: Duration = Duration::from_secs(5);
-
-/// The longest wait of one step of a flush (see [`OutputWriter::flush`]); a healthy flush ends
-/// within its first.
-const FLUSH_STEP: Duration = Duration::from_secs(1);
-
-/// How long a lookup of a topic's leaders may take while a flush waits.
-const LEADER_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Retries of a commit refused for now (a retriable error other than a timeout): at once, five
 /// times.
