@@ -294,24 +294,22 @@ impl OutputWriter {
     /// Waits until every record of the transaction is acknowledged, within `budget`. If the wait
     /// times out soon after a node closed or refused this producer's connection (it died or
     /// stops), the budget is extended once by [`LEADER_MOVE_GRACE`]: waiting for the cluster to
-    /// move that node's leaderships is quicker than a new producer's fence and a second send (the
-    /// kill test's 16-22 s stalls were flushes that gave up just before the move).
+    /// move that node's leaderships is quicker than a new producer's fence and a second send.
     fn flush(&self, budget: &mut TransactionBudget) -> KafkaResult<()> {
-        let wait = budget.left();
-        let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
-        let flushed = self.producer.flush(wait);
-        drop(watched);
-        match flushed {
-            Err(e) if timed_out(&e) && self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout) => {
-                tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node closed or refused the producer's connection; waiting for its leaderships to move.");
-                budget.extend(LEADER_MOVE_GRACE);
-                let wait = budget.left();
-                let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
-                let flushed = self.producer.flush(wait);
-                drop(watched);
-                flushed
+        let mut extended = false;
+        loop {
+            let wait = budget.left();
+            let watched = crate::watchdog::arm("flush", &self.transactional_id, wait);
+            let flushed = self.producer.flush(wait);
+            drop(watched);
+            match flushed {
+                Err(e) if !extended && timed_out(&e) && self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout) => {
+                    tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node closed or refused the producer's connection; waiting for its leaderships to move.");
+                    budget.extend(LEADER_MOVE_GRACE);
+                    extended = true;
+                }
+                other => return other,
             }
-            other => other,
         }
     }
 
@@ -404,7 +402,6 @@ impl TransactionBudget {
     fn extend(&mut self, by: Duration) {
         self.deadline += by;
     }
-
 
     fn left(&self) -> Duration {
         self.deadline.saturating_duration_since(std::time::Instant::now()).max(Self::FLOOR)
