@@ -1,5 +1,5 @@
 //! What a transactional producer reports besides its calls' results: where each delivered record
-//! landed, why one was not delivered, and when a broker last refused or dropped its connection.
+//! landed, why one was not delivered, and when a node last closed or refused its connection.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -20,9 +20,9 @@ pub(super) struct DeliveryTracker {
     /// The first failed delivery since the last reset: its topic, and the broker's or
     /// librdkafka's reason (a missing ACL on the dead-letter topic, say).
     first_failure: Mutex<Option<(String, RDKafkaErrorCode)>>,
-    /// When a broker last refused or dropped this producer's connection (librdkafka's transport
-    /// failure): a node died or restarts, and the cluster moves its leaderships soon.
-    last_transport_failure: Mutex<Option<Instant>>,
+    /// When a node last closed or refused this producer's connection ([`node_gone`]): it died or
+    /// stops, and the cluster moves its leaderships soon.
+    last_node_lost: Mutex<Option<Instant>>,
 }
 
 impl DeliveryTracker {
@@ -34,13 +34,13 @@ impl DeliveryTracker {
             last_changelog: AtomicI64::new(-1),
             failures: AtomicU64::new(0),
             first_failure: Mutex::new(None),
-            last_transport_failure: Mutex::new(None),
+            last_node_lost: Mutex::new(None),
         }
     }
 
-    /// Whether a broker refused or dropped this producer's connection within `within`.
-    pub(super) fn transport_failed_within(&self, within: Duration) -> bool {
-        let last = *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    /// Whether a node closed or refused this producer's connection within `within`.
+    pub(super) fn node_lost_within(&self, within: Duration) -> bool {
+        let last = *self.last_node_lost.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         last.is_some_and(|at| at.elapsed() <= within)
     }
 
@@ -67,7 +67,7 @@ fn node_gone(message: &str) -> bool {
 impl ClientContext for DeliveryTracker {
     fn error(&self, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) && node_gone(reason) {
-            *self.last_transport_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+            *self.last_node_lost.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
         }
         // As rdkafka's default: every global error is logged.
         tracing::error!("librdkafka: {error}: {reason}");
@@ -109,16 +109,16 @@ mod tests {
         let within = Duration::from_secs(15);
         tracker.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "all brokers down");
         tracker.error(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut), "a silent node");
-        assert!(!tracker.transport_failed_within(within), "a timeout is not a node gone");
+        assert!(!tracker.node_lost_within(within), "a timeout is not a node gone");
         tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "127.0.0.1:9092/1: 1 request(s) timed out: disconnect");
         tracker.error(
             KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
             "10.213.0.11:29095/1: Failed to connect to broker at 10.213.0.11:29095: Invalid argument (after 0ms in state CONNECT)",
         );
-        assert!(!tracker.transport_failed_within(within), "a silent or cut-off node is not a node gone");
+        assert!(!tracker.node_lost_within(within), "a silent or cut-off node is not a node gone");
         tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connect to ipv4#127.0.0.1:9092 failed: Connection refused");
-        assert!(tracker.transport_failed_within(within));
-        *tracker.last_transport_failure.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
-        assert!(!tracker.transport_failed_within(within), "a failure older than the window is not this transaction's");
+        assert!(tracker.node_lost_within(within));
+        *tracker.last_node_lost.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
+        assert!(!tracker.node_lost_within(within), "a failure older than the window is not this transaction's");
     }
 }

@@ -303,7 +303,7 @@ impl OutputWriter {
             let flushed = self.producer.flush(wait);
             drop(watched);
             match flushed {
-                Err(e) if !extended && timed_out(&e) && self.producer.context().transport_failed_within(LEADER_MOVE_GRACE + self.timeout) => {
+                Err(e) if !extended && timed_out(&e) && self.producer.context().node_lost_within(LEADER_MOVE_GRACE + self.timeout) => {
                     tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node closed or refused the producer's connection; waiting for its leaderships to move.");
                     budget.extend(LEADER_MOVE_GRACE);
                     extended = true;
@@ -386,7 +386,8 @@ impl OutputWriter {
 }
 
 /// What is left of a transaction's time for its next wait: its call timeout from the first
-/// wait's start, and never less than [`TransactionBudget::FLOOR`] (a healthy step takes
+/// wait's start (extended once when a node is lost, see [`OutputWriter::flush`]), and never less
+/// than [`TransactionBudget::FLOOR`] (a healthy step takes
 /// milliseconds; one that needs more than what is left would rather fail into a new producer).
 struct TransactionBudget {
     deadline: std::time::Instant,
