@@ -27,6 +27,14 @@ pub const SOCKET_TIMEOUT_MS: &str = "10000";
 /// request per client every 3 s. `kafka.properties` can set it.
 pub const METADATA_REFRESH_MS: &str = "3000";
 
+/// The longest wait between two attempts to connect to a node that refuses or drops connections
+/// (librdkafka doubles it from 100 ms up to this; its default is 10 s, Kafka's Java clients use
+/// 1 s). A transactional producer looks its coordinator up again only when its connection to the
+/// coordinator fails anew, so after a node's death the wait grew to 6-10 s just as the cluster
+/// moved the coordinator (about 9 s after the death): the next commit or offsets call waited that
+/// much longer for a coordinator that had long been elsewhere. `kafka.properties` can set it.
+pub const RECONNECT_BACKOFF_MAX_MS: &str = "1000";
+
 /// The base configuration of every Kafka client: brokers, security, timeouts, pass-through
 /// properties.
 pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
@@ -35,6 +43,7 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     cfg.set("socket.timeout.ms", SOCKET_TIMEOUT_MS);
     cfg.set("socket.connection.setup.timeout.ms", SOCKET_TIMEOUT_MS);
     cfg.set("topic.metadata.refresh.interval.ms", METADATA_REFRESH_MS);
+    cfg.set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
     cfg.set("security.protocol", kafka.security_protocol.as_librdkafka());
     if let Some(m) = &kafka.sasl_mechanism {
         cfg.set("sasl.mechanisms", m);
