@@ -2,7 +2,7 @@
 //! write-keys file of its own, and requests to it.
 
 use std::io::Write as _;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,12 +72,10 @@ impl IngestSpec {
             writeln!(keys, "{key} {source}").unwrap();
         }
         let log = tempfile::NamedTempFile::new().expect("a log file");
-        // Both ports held at once, so that the two cannot be the same.
-        let (addr, metrics) = {
-            let a = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-            let b = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-            (a.local_addr().unwrap(), b.local_addr().unwrap())
-        };
+        let listen = crate::free_port();
+        let metrics_port = std::iter::repeat_with(crate::free_port).find(|p| *p != listen).expect("a second free port");
+        let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+        let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
         let mut cmd = self.bin.command();
         cmd.arg("ingest")
             .args(["--listen", &addr.to_string(), "--topic", &self.topic])

@@ -9,8 +9,25 @@ use std::time::{Duration, Instant};
 
 use crate::{brokers, consume_all, http, tail, Dedupe};
 
-/// A free loopback port.
+/// A free loopback port for a child process to listen on, below the kernel's ephemeral range.
+/// A port the kernel hands out for `bind(0)` comes from the range outgoing connections draw from
+/// too, so a Kafka client connecting again and again (to a node a test killed) could take it
+/// before the child bound it (seen once in a full suite: "Address already in use").
 pub fn free_port() -> u16 {
+    use rand::Rng;
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    // Below the test clusters' ports (29092 and up) and above the well-known services'.
+    let (from, to) = (20000, ephemeral_from.min(29000));
+    let mut rng = rand::rng();
+    for _ in 0..(if to > from { 200 } else { 0 }) {
+        let port = rng.random_range(from..to);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
