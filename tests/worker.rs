@@ -238,13 +238,15 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     wait_for_records(&audit, 35, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), Some(10.0));
-    assert_eq!(metric_value(&page, "dedupe_reused_ids_total", &[("action", "dropped")]), Some(10.0));
+    let counted: Vec<&str> = page.lines().filter(|l| l.starts_with("dedupe_duplicates_dropped_total") || l.starts_with("dedupe_reused_ids_total")).collect();
+    let why = format!("{counted:#?}\n{}", worker.log_text());
+    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), Some(10.0), "{why}");
+    assert_eq!(metric_value(&page, "dedupe_reused_ids_total", &[("action", "dropped")]), Some(10.0), "{why}");
     let verdicts: BTreeMap<String, usize> = audit_records(&audit).values().fold(BTreeMap::new(), |mut m, (_, v)| {
         *m.entry(v["verdict"].as_str().unwrap().to_string()).or_default() += 1;
         m
     });
-    assert_eq!(verdicts, BTreeMap::from([("retry".to_string(), 25), ("reused_id".to_string(), 10)]));
+    assert_eq!(verdicts, BTreeMap::from([("retry".to_string(), 25), ("reused_id".to_string(), 10)]), "{why}");
     assert_eq!(consume_all(&output.name, true).len(), 30, "nothing more published");
 }
 
