@@ -106,34 +106,41 @@ impl Scenario {
         stalls.wait_flowing(healed, Duration::from_secs(300));
         let load = load.finish();
         let growth = stalls.finish();
-        // The targets: a kill or the outage's recovery 15 s, any other fault 25 s.
-        let (worst, target) = match &measured {
-            Stall::Any => (growth.longest_stall(flowing, &[]), 25),
-            Stall::Except(cut) => (growth.longest_stall(flowing, cut).max(growth.back_after(healed, cut).unwrap_or(Duration::MAX)), 25),
-            Stall::PerFault(spans) => (spans.iter().map(|(from, to)| growth.longest_stall_during(*from, *to)).max().unwrap_or_default(), 15),
-            Stall::AfterOutage => (growth.back_after(healed, &[]).unwrap_or(Duration::MAX), 15),
-        };
-        let stall = match measured {
-            Stall::Any => format!("longest stall {:.1} s", growth.longest_stall(flowing, &[]).as_secs_f64()),
-            Stall::Except(cut) => format!(
-                "longest stall {:.1} s of the partitions whose transactions did not need the node; partitions {cut:?} grew again {:.1} s after the link came back",
-                growth.longest_stall(flowing, &cut).as_secs_f64(),
-                growth.back_after(healed, &cut).unwrap_or(Duration::MAX).as_secs_f64()
-            ),
-            Stall::PerFault(spans) => {
-                let each: Vec<f64> = spans.iter().map(|(from, to)| growth.longest_stall_during(*from, *to).as_secs_f64()).collect();
-                format!(
-                    "longest stall {:.1} s (per fault {:?} s; longest overall {:.1} s)",
-                    each.iter().copied().fold(0.0, f64::max),
-                    each.iter().map(|s| (s * 10.0).round() / 10.0).collect::<Vec<_>>(),
-                    growth.longest_stall(flowing, &[]).as_secs_f64()
-                )
+        // The line's figures, the worst of them and its target (the issue's: a kill or the
+        // outage's recovery 15 s, any other fault 25 s).
+        let overall = growth.longest_stall(flowing, &[]);
+        let (stall, worst, target) = match measured {
+            Stall::Any => (format!("longest stall {:.1} s", overall.as_secs_f64()), overall, 25),
+            Stall::Except(cut) => {
+                let others = growth.longest_stall(flowing, &cut);
+                let back = growth.back_after(healed, &cut).unwrap_or(Duration::MAX);
+                let line = format!(
+                    "longest stall {:.1} s of the partitions whose transactions did not need the node; partitions {cut:?} grew again {:.1} s after the link came back",
+                    others.as_secs_f64(),
+                    back.as_secs_f64()
+                );
+                (line, others.max(back), 25)
             }
-            Stall::AfterOutage => format!(
-                "every partition grew again {:.1} s after the last node was back (longest stall {:.1} s, the outage included)",
-                growth.back_after(healed, &[]).unwrap_or(Duration::MAX).as_secs_f64(),
-                growth.longest_stall(flowing, &[]).as_secs_f64()
-            ),
+            Stall::PerFault(spans) => {
+                let each: Vec<Duration> = spans.iter().map(|(from, to)| growth.longest_stall_during(*from, *to)).collect();
+                let worst = each.iter().copied().max().unwrap_or_default();
+                let line = format!(
+                    "longest stall {:.1} s (per fault {:?} s; longest overall {:.1} s)",
+                    worst.as_secs_f64(),
+                    each.iter().map(|s| (s.as_secs_f64() * 10.0).round() / 10.0).collect::<Vec<_>>(),
+                    overall.as_secs_f64()
+                );
+                (line, worst, 15)
+            }
+            Stall::AfterOutage => {
+                let back = growth.back_after(healed, &[]).unwrap_or(Duration::MAX);
+                let line = format!(
+                    "every partition grew again {:.1} s after the last node was back (longest stall {:.1} s, the outage included)",
+                    back.as_secs_f64(),
+                    overall.as_secs_f64()
+                );
+                (line, back, 15)
+            }
         };
         // What the worker said through the fault, for finding what held a stall: on request, and
         // whenever a stall ran past its target (such runs are rare and come mostly in full suites).

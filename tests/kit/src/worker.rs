@@ -21,11 +21,13 @@ pub fn free_port() -> u16 {
         .unwrap_or(32768);
     // Below the test clusters' ports (29092 and up) and above the well-known services'.
     let (from, to) = (20000, ephemeral_from.min(29000));
-    let mut rng = rand::rng();
-    for _ in 0..(if to > from { 200 } else { 0 }) {
-        let port = rng.random_range(from..to);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
+    if to > from {
+        let mut rng = rand::rng();
+        for _ in 0..200 {
+            let port = rng.random_range(from..to);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
         }
     }
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
