@@ -12,13 +12,22 @@ use rdkafka::ClientConfig;
 
 use crate::config::KafkaConfig;
 
-/// How long a client waits for a broker's answer, or for a connection, before it gives up on that
-/// broker and asks another (the next leader or coordinator). librdkafka's defaults are 60 s and
-/// 30 s: a node that hangs or is cut off then held every call to it that long, which was most of
-/// what a broker fault cost (docs/testing.md, the fault table). A healthy broker answers in
-/// milliseconds, and a leader's move takes the cluster about 9 s to decide, so 10 s costs nothing
-/// when all is well. `kafka.properties` can set either.
+/// How long a client waits for a broker's answer before it gives up on that broker and asks
+/// another (the next leader or coordinator). librdkafka's default is 60 s: a node that hangs or is
+/// cut off then held every call to it that long, which was most of what a broker fault cost
+/// (docs/testing.md, the fault table). A healthy broker answers in milliseconds, and a leader's
+/// move takes the cluster about 9 s to decide, so 10 s costs nothing when all is well.
+/// `kafka.properties` can set it.
 pub const SOCKET_TIMEOUT_MS: &str = "10000";
+
+/// How long a new connection may take to be usable (TCP, TLS, SASL and the API versions query)
+/// before the client drops it and tries again, looking a coordinator up anew. librdkafka's default
+/// is 30 s, Kafka's Java clients' 10 s. A hung node accepts connections (its kernel does) and
+/// answers nothing: a producer made while the cluster still names the hung node its coordinator
+/// (up to 16 s after the hang when the node is also the KRaft controller) waited this long on it
+/// after the coordinator had moved. A healthy broker sets a connection up in milliseconds, TLS and
+/// SCRAM included. `kafka.properties` can set it.
+pub const CONNECTION_SETUP_TIMEOUT_MS: &str = "3000";
 
 /// How often a client looks up the leaders of the partitions it uses (librdkafka's default is
 /// five minutes). A node that hangs or is cut off answers nothing, not "not the leader", so a
@@ -41,7 +50,7 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &kafka.brokers);
     cfg.set("socket.timeout.ms", SOCKET_TIMEOUT_MS);
-    cfg.set("socket.connection.setup.timeout.ms", SOCKET_TIMEOUT_MS);
+    cfg.set("socket.connection.setup.timeout.ms", CONNECTION_SETUP_TIMEOUT_MS);
     cfg.set("topic.metadata.refresh.interval.ms", METADATA_REFRESH_MS);
     cfg.set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
     cfg.set("security.protocol", kafka.security_protocol.as_librdkafka());

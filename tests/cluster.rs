@@ -110,7 +110,15 @@ impl Scenario {
         // outage's recovery 15 s, any other fault 25 s).
         let overall = growth.longest_stall(flowing, &[]);
         let (stall, worst, target) = match measured {
-            Stall::Any => (format!("longest stall {:.1} s", overall.as_secs_f64()), overall, 25),
+            Stall::Any => {
+                let each: Vec<f64> = (0..PARTITIONS)
+                    .map(|p| {
+                        let others: Vec<i32> = (0..PARTITIONS).filter(|o| *o != p).collect();
+                        (growth.longest_stall(flowing, &others).as_secs_f64() * 10.0).round() / 10.0
+                    })
+                    .collect();
+                (format!("longest stall {:.1} s (per partition {each:?} s)", overall.as_secs_f64()), overall, 25)
+            }
             Stall::Except(cut) => {
                 let others = growth.longest_stall(flowing, &cut);
                 let back = growth.back_after(healed, &cut).unwrap_or(Duration::MAX);
@@ -196,7 +204,8 @@ fn leaders_and_coordinators_killed_at_random_moments() {
             2 => c.transaction_coordinator(&txn),
             _ => c.group_coordinator(&s.group),
         });
-        eprintln!("kill {kill}: node {victim} ({kind} of partition {partition})");
+        let controller = if c.active_controller() == Some(victim) { ", the active controller" } else { "" };
+        eprintln!("kill {kill}: node {victim} ({kind} of partition {partition}{controller})");
         let killed = Instant::now();
         c.kill(victim);
         std::thread::sleep(Duration::from_millis(rng.random_range(0..4000)));
@@ -228,13 +237,26 @@ fn a_rolling_restart_of_every_node() {
 
 /// A node that hangs (SIGSTOP) for longer than the worker's transaction timeout and its clients'
 /// socket timeout, then resumes: the cluster fences it and moves its leaders; the worker's
-/// transactions on it time out.
+/// transactions on it time out. The node paused is the active KRaft controller when that node
+/// coordinates a partition's transactions (the worst case: the cluster first elects a new
+/// controller, which then gives the silent node a whole session timeout before it moves its
+/// leaders), otherwise partition 0's coordinator.
 #[test]
 fn a_node_paused_past_the_transaction_and_client_timeouts() {
     let s = Scenario::start("SIGSTOP of the transaction coordinator past transaction.timeout.ms, then SIGCONT");
     let c = cluster();
-    let coordinator = dedupe::output::transactional_id(&s.output.name, 0);
-    let victim = c.wait_for("transaction coordinator", |c| c.transaction_coordinator(&coordinator));
+    let coordinators: Vec<i32> = (0..PARTITIONS)
+        .map(|p| {
+            let id = dedupe::output::transactional_id(&s.output.name, p);
+            c.wait_for("transaction coordinator", |c| c.transaction_coordinator(&id))
+        })
+        .collect();
+    let controller = c.active_controller();
+    let victim = controller.filter(|n| coordinators.contains(n)).unwrap_or(coordinators[0]);
+    eprintln!(
+        "pausing node {victim}: transaction coordinators of partitions 0-{} {coordinators:?}, active controller {controller:?}",
+        PARTITIONS - 1
+    );
     c.pause(victim);
     std::thread::sleep(hold(65, 130));
     c.resume(victim);

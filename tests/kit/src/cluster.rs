@@ -117,9 +117,10 @@ impl Cluster {
     }
 
     fn node(&self, verb: &str, node: i32) {
-        let t = Instant::now();
+        let (t, at) = (Instant::now(), std::time::SystemTime::now());
         self.run(&[verb, &node.to_string()]);
-        eprintln!("cluster.sh {verb} {node}: {:.1} s", t.elapsed().as_secs_f64());
+        // The wall clock too, to read beside the worker's and the nodes' logs.
+        eprintln!("cluster.sh {verb} {node}: {:.1} s, from {}", t.elapsed().as_secs_f64(), humantime::format_rfc3339_millis(at));
     }
 
     /// SIGKILL (a crash); returns once the process is gone.
@@ -190,6 +191,21 @@ impl Cluster {
         let list = consumer.fetch_group_list(Some(group), Duration::from_secs(10)).ok()?;
         let g = list.groups().iter().find(|g| g.name() == group)?;
         Some(g.members().iter().map(|m| m.client_id().to_string()).collect())
+    }
+
+    /// The KRaft controller the nodes last agreed on: the leader of the highest epoch among the
+    /// nodes' `quorum-state` files (a paused or dead node's file is stale, never ahead). Kafka's
+    /// metadata does not name it: in KRaft a broker reports a random live broker as controller.
+    pub fn active_controller(&self) -> Option<i32> {
+        NODES
+            .iter()
+            .filter_map(|n| {
+                let file = self.run_dir.join(format!("node{n}/data/__cluster_metadata-0/quorum-state"));
+                let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
+                Some((state["leaderEpoch"].as_i64()?, state["leaderId"].as_i64()?))
+            })
+            .max()
+            .and_then(|(_, leader)| i32::try_from(leader).ok().filter(|id| NODES.contains(id)))
     }
 
     /// Polls `find` until it names a node (a partition without a leader gets one within the
