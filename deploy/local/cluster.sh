@@ -130,6 +130,9 @@ write_config() {
     group.consumer.min.heartbeat.interval.ms=500 group.consumer.heartbeat.interval.ms=1000 \
     `# The active controller fences a broker silent for 9 s and moves its leaderships.` \
     broker.session.timeout.ms=9000 broker.heartbeat.interval.ms=1000 \
+    `# A coordinator's transaction markers sent to a hung node wait this long before they go to the` \
+    `# node's successor (Kafka's default is 30 s); docs/operations.md recommends it for the brokers.` \
+    request.timeout.ms=10000 \
     `# Fewer threads than Kafka's defaults: three nodes share 2 cores with the worker under test.` \
     num.network.threads=2 num.io.threads=2 background.threads=2 num.recovery.threads.per.data.dir=1
 }
