@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::derived_id::derived_message_id;
 use super::digest::content_hash;
 use super::json::{self, check_strict, is_duplicate_key, Fields};
+use super::same_event::SameEvent;
 use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES};
 
 /// Why one event is refused. The message names the problem, never the payload.
@@ -189,8 +190,11 @@ impl Making<'_> {
         // The strict check refused a repeated key at every depth already.
         let fields = Fields::parse_repeated(raw).map_err(|e| refuse(problem_of(&e)))?;
         let read = self.read(&fields).map_err(&refuse)?;
+        // The strict check passed, so every value has a canonical form.
+        let same = SameEvent::of(read.event_type, &fields)
+            .ok_or_else(|| refuse(Problem::MalformedJson("a value has no canonical form".into())))?;
         let derived = || match self.ids.missing {
-            MissingId::Derive => derived_message_id(self.ids.source, read.event_type, &fields),
+            MissingId::Derive => derived_message_id(self.ids.source, &fields, &same),
             MissingId::Random => None,
         };
         let (message_id, id_origin) = match read.message_id {
@@ -205,7 +209,7 @@ impl Making<'_> {
         if value.len() > MAX_RECORD_BYTES {
             return Err(refuse(Problem::MergedTooLarge { bytes: value.len() }));
         }
-        let content_hash = content_hash(read.event_type, &fields, self.shared);
+        let content_hash = content_hash(&same);
         Ok(Message { message_id, id_origin, event_type: read.event_type, value, content_hash })
     }
 

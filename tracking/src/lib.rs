@@ -28,6 +28,7 @@ pub mod envelope;
 pub mod event;
 pub mod json;
 pub mod rate_limit;
+pub mod same_event;
 pub mod settings;
 
 use std::fmt;
@@ -39,6 +40,7 @@ pub use envelope::{Envelope, Events};
 pub use derived_id::{derived_message_id, is_derived};
 pub use digest::{content_hash, HEADER_CONTENT_DIGEST};
 pub use event::{valid_message_id, IdOrigin, Message, MessageIds, MissingId, Problem, Refused};
+pub use same_event::SameEvent;
 pub use settings::settings_document;
 
 /// Most bytes of one message as the client sent it (Segment's documented limit: 32 KB).
