@@ -3,6 +3,11 @@
 //! held, why. The worker answers `GET /admin/ids/{id}` with this, and `dedupe explain` prints it
 //! (asking the worker, or reading a stopped worker's ledger).
 //!
+//! Ids the front door writes are scoped by source: its records are keyed `<source>:<messageId>`
+//! and the ledger holds that whole key ([`crate::identity::scoped_id`]). A question names the
+//! source, or asks about the id as the worker read it; an answer about a bare id that is not held
+//! says how to ask with a source.
+//!
 //! Why an id is not held cannot be read from the ledger alone: a forgotten id leaves no trace. The
 //! asker may say when the id was first sent (`sent_at_ms`); an id sent before the window's start
 //! aged out, one sent after it was never seen here. Without that, the answer names both.
@@ -11,14 +16,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::{ledger_key, IdError};
+use crate::identity::{ledger_key, scoped_id, IdError, SOURCE_SEPARATOR};
 use crate::ledger::{Ledger, LedgerError, Sighting};
 
 /// What is asked about one id.
 #[derive(Debug, Clone, Copy)]
 pub struct Question<'a> {
-    /// The message id, as the client sent it.
+    /// The message id, as the client sent it (with `source`), or as the worker reads it.
     pub id: &'a str,
+    /// The front door's source that sent `id` (the write key's source name): the worker holds
+    /// `<source>:<id>`.
+    pub source: Option<&'a str>,
     /// The input partition the id belongs to, when known (ids read from the record key,
     /// partitioned as Kafka's clients do).
     pub partition: Option<i32>,
@@ -27,6 +35,16 @@ pub struct Question<'a> {
     /// When the asker says the id was first sent, ms since the epoch.
     pub sent_at_ms: Option<i64>,
     pub now_ms: i64,
+}
+
+impl Question<'_> {
+    /// The id as the worker reads it: `<source>:<id>` when a source is named, else the id.
+    pub fn key(&self) -> std::borrow::Cow<'_, str> {
+        match self.source {
+            Some(source) => scoped_id(source, self.id).into(),
+            None => self.id.into(),
+        }
+    }
 }
 
 /// Why an id is not held, or not asked about (`not_owned`, `aged_out`, `never_seen`,
@@ -47,7 +65,14 @@ pub enum Reason {
 /// The answer, one JSON object; `sentence` says it in words.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
+    /// The id asked about, as given.
     pub id: String,
+    /// The source named, if any.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// The id as the worker reads it (`<source>:<id>` with a source).
+    #[serde(default)]
+    pub key: String,
     pub ledger_key: String,
     pub partition: Option<i32>,
     pub owned: Option<bool>,
@@ -59,6 +84,8 @@ pub struct Answer {
     /// Every copy held, newest first.
     pub copies: Vec<Sighting>,
     /// How far back the window reaches: the partition's when it is known, else the ledger's.
+    /// Every id first seen since `window_start_ms` is held; a held id's first sighting is never
+    /// before it (an older id the ledger still holds moves the start back to it).
     pub window_secs: Option<f64>,
     pub window_start_ms: Option<i64>,
     /// Why it is not held; `None` when it is.
@@ -76,42 +103,60 @@ pub enum ExplainError {
 
 /// Explains `q.id` from `ledger`.
 pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError> {
-    let key = ledger_key(q.id.as_bytes())?;
-    let ledger_key = key.hex();
+    let id = q.key();
+    let key = ledger_key(id.as_bytes())?;
+    let mut answer = Answer {
+        id: q.id.to_string(),
+        source: q.source.map(str::to_string),
+        key: id.to_string(),
+        ledger_key: key.hex(),
+        partition: q.partition,
+        owned: q.owned,
+        held: false,
+        first_seen_ms: None,
+        generation: None,
+        copies: Vec::new(),
+        window_secs: None,
+        window_start_ms: None,
+        reason: None,
+        sentence: String::new(),
+    };
     if q.owned == Some(false) {
         let p = q.partition.unwrap_or(-1);
-        return Ok(Answer {
-            id: q.id.to_string(),
-            ledger_key,
-            partition: q.partition,
-            owned: Some(false),
-            held: false,
-            first_seen_ms: None,
-            generation: None,
-            copies: Vec::new(),
-            window_secs: None,
-            window_start_ms: None,
-            reason: Some(Reason::NotOwned),
-            sentence: format!("Id {} belongs to input partition {p}, which this worker does not own; ask the worker that owns partition {p}.", q.id),
-        });
+        answer.reason = Some(Reason::NotOwned);
+        answer.sentence = format!("Id {id} belongs to input partition {p}, which this worker does not own; ask the worker that owns partition {p}.");
+        return Ok(answer);
     }
     let copies = ledger.sightings(&key)?;
     let window = match q.partition {
         Some(p) => ledger.window(p, q.now_ms),
         None => ledger.window_overall(q.now_ms),
     };
-    let window_start_ms = window.map(|w| q.now_ms - w.as_millis() as i64);
+    // The window is where every id is held from; an id held from before it (a partition's older
+    // ids back-filling, or the ledger's overall window) moves the answer's start back to it, so
+    // that `held` and the window never disagree.
+    let first_seen_ms = copies.first().map(|s| s.first_seen_ms);
+    let window_start_ms = match (window.map(|w| q.now_ms - w.as_millis() as i64), first_seen_ms) {
+        (Some(start), Some(seen)) => Some(start.min(seen)),
+        (start, seen) => start.or(seen),
+    };
+    let window = window_start_ms.map(|start| Duration::from_millis((q.now_ms - start).max(0) as u64));
     let whose = q.partition.map_or("the ledger's".to_string(), |p| format!("partition {p}'s"));
     let reach = match (window, window_start_ms) {
         (Some(w), Some(start)) => format!("{whose} window reaches back {} (to {})", span(w), when(start)),
         _ => format!("{whose} window is empty: the ledger holds none of its ids"),
     };
+    // A bare id not held may be one the front door wrote under its source.
+    let scoped_hint = if q.source.is_none() && !id.contains(SOURCE_SEPARATOR) {
+        " Ids the front door (dedupe ingest) writes are scoped by source and held as <source>:<messageId>: ask with --source NAME (the write key's source)."
+    } else {
+        ""
+    };
     let (reason, sentence) = match copies.first() {
         Some(s) => (
             None,
             format!(
-                "Id {} is in the window: first seen {} ({} ago), held in generation {}; {reach}. A copy arriving now is dropped.",
-                q.id,
+                "Id {id} is in the window: first seen {} ({} ago), held in generation {}; {reach}. A copy arriving now is dropped.",
                 when(s.first_seen_ms),
                 span(Duration::from_millis((q.now_ms - s.first_seen_ms).max(0) as u64)),
                 s.generation
@@ -120,35 +165,29 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         None => match (q.sent_at_ms, window_start_ms) {
             (Some(sent), Some(start)) if sent < start => (
                 Some(Reason::AgedOut),
-                format!("Id {} is not held: sent at {}, before the window's start, so it aged out; {reach}. A copy arriving now is published.", q.id, when(sent)),
+                format!("Id {id} is not held: sent at {}, before the window's start, so it aged out; {reach}. A copy arriving now is published.", when(sent)),
             ),
             (Some(sent), _) => (
                 Some(Reason::NeverSeen),
-                format!("Id {} is not held: sent at {}, inside the window, and never seen here; {reach}. A copy arriving now is published.", q.id, when(sent)),
+                format!("Id {id} is not held: sent at {}, inside the window, and never seen here; {reach}. A copy arriving now is published.{scoped_hint}", when(sent)),
             ),
             (None, _) => (
                 Some(Reason::NotInWindow),
                 format!(
-                    "Id {} is not held: never seen here, or first seen before the window's start and aged out (give the time it was sent to tell which); {reach}. A copy arriving now is published.",
-                    q.id
+                    "Id {id} is not held: never seen here, or first seen before the window's start and aged out (give the time it was sent to tell which); {reach}. A copy arriving now is published.{scoped_hint}"
                 ),
             ),
         },
     };
-    Ok(Answer {
-        id: q.id.to_string(),
-        ledger_key,
-        partition: q.partition,
-        owned: q.owned,
-        held: !copies.is_empty(),
-        first_seen_ms: copies.first().map(|s| s.first_seen_ms),
-        generation: copies.first().map(|s| s.generation),
-        window_secs: window.map(|w| w.as_secs_f64()),
-        window_start_ms,
-        copies,
-        reason,
-        sentence,
-    })
+    answer.held = !copies.is_empty();
+    answer.first_seen_ms = first_seen_ms;
+    answer.generation = copies.first().map(|s| s.generation);
+    answer.window_secs = window.map(|w| w.as_secs_f64());
+    answer.window_start_ms = window_start_ms;
+    answer.copies = copies;
+    answer.reason = reason;
+    answer.sentence = sentence;
+    Ok(answer)
 }
 
 /// A time as RFC 3339, to the second.
@@ -187,7 +226,7 @@ mod tests {
     }
 
     fn ask(id: &str, sent_at_ms: Option<i64>, now_ms: i64) -> Question<'_> {
-        Question { id, partition: Some(0), owned: Some(true), sent_at_ms, now_ms }
+        Question { id, source: None, partition: Some(0), owned: Some(true), sent_at_ms, now_ms }
     }
 
     #[test]
@@ -222,10 +261,44 @@ mod tests {
     #[test]
     fn an_id_of_a_partition_the_worker_does_not_own_names_that_partition() {
         let (_dir, ledger) = ledger_with(&[]);
-        let q = Question { id: ID, partition: Some(7), owned: Some(false), sent_at_ms: None, now_ms: HOUR };
+        let q = Question { id: ID, source: None, partition: Some(7), owned: Some(false), sent_at_ms: None, now_ms: HOUR };
         let a = explain(&ledger, &q).unwrap();
         assert_eq!((a.reason, a.partition), (Some(Reason::NotOwned), Some(7)));
         assert!(a.sentence.contains("ask the worker that owns partition 7"), "{}", a.sentence);
         assert!(matches!(explain(&ledger, &ask("", None, HOUR)), Err(ExplainError::Id(IdError::Empty))));
+    }
+
+    #[test]
+    fn an_id_asked_with_its_source_is_the_front_doors_key_and_a_bare_one_gets_the_hint() {
+        // The front door held `web:<id>`; asked with the source, the answer finds it.
+        let now = 100 * HOUR;
+        let (_dir, ledger) = ledger_with(&[("web:m-1", now - HOUR)]);
+        let q = Question { source: Some("web"), ..ask("m-1", None, now) };
+        let a = explain(&ledger, &q).unwrap();
+        assert!(a.held, "{}", a.sentence);
+        assert_eq!((a.id.as_str(), a.source.as_deref(), a.key.as_str()), ("m-1", Some("web"), "web:m-1"));
+        // Asked bare, it is not held, and the sentence says how to ask.
+        let bare = explain(&ledger, &ask("m-1", None, now)).unwrap();
+        assert!(!bare.held);
+        assert!(bare.sentence.contains("--source NAME"), "{}", bare.sentence);
+        // An id that already names its source gets no hint.
+        let scoped = explain(&ledger, &ask("ios:m-1", None, now)).unwrap();
+        assert!(!scoped.held && !scoped.sentence.contains("--source"), "{}", scoped.sentence);
+    }
+
+    #[test]
+    fn a_held_id_is_never_older_than_the_window_the_answer_gives() {
+        // The id is held, first seen before partition 1's window (its own ids are newer):
+        // the answer's window reaches back to it.
+        let now = 100 * HOUR;
+        let dir = tempfile::tempdir().unwrap();
+        let options = LedgerOptions { budget_bytes: 256 << 20, write_buffer_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..LedgerOptions::default() };
+        let ledger = Ledger::open(dir.path(), options).unwrap();
+        ledger.check_and_record(0, &[(ledger_key(ID.as_bytes()).unwrap(), now - 5 * HOUR)], b"").unwrap();
+        ledger.check_and_record(1, &[(ledger_key(b"other").unwrap(), now - HOUR)], b"").unwrap();
+        let a = explain(&ledger, &Question { partition: Some(1), ..ask(ID, None, now) }).unwrap();
+        assert!(a.held);
+        assert!(a.window_start_ms.unwrap() <= a.first_seen_ms.unwrap(), "{a:?}");
+        assert_eq!(a.window_start_ms, Some(now - 5 * HOUR));
     }
 }

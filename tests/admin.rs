@@ -135,22 +135,13 @@ fn with_a_token_the_bearer_scheme_is_taken_in_any_case() {
     assert!(!worker.log_text().contains(token), "the admin token was logged");
 }
 
-/// Published snapshot directories (`ledger-*`) under `root`.
-/// Runs `dedupe explain ID` against a worker's metrics address and ledger directory; the JSON
-/// line and the sentence it printed.
+/// Runs `dedupe explain ID` against a worker's metrics port and ledger directory.
 fn explain(ledger: &Path, metrics_port: u16, id: &str, sent_at: Option<&str>) -> (serde_json::Value, String) {
-    let mut cmd = DEDUPE.command();
-    cmd.args(["explain", id, "--brokers", &brokers(), "--data-dir", ledger.to_str().unwrap()])
-        .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")]);
-    if let Some(t) = sent_at {
-        cmd.args(["--sent-at", t]);
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    match sent_at {
+        Some(t) => DEDUPE.explain(ledger, metrics, id, &["--sent-at", t]),
+        None => DEDUPE.explain(ledger, metrics, id, &[]),
     }
-    let out = cmd.output().expect("dedupe explain");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "dedupe explain {id} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let mut lines = stdout.lines();
-    let json = serde_json::from_str(lines.next().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    (json, lines.next().unwrap_or_default().to_string())
 }
 
 #[test]
@@ -233,6 +224,7 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
     assert!(a["partition"].is_null() && a["owned"].is_null(), "a stopped worker's ledger does not say whose partition: {a}");
 }
 
+/// Published snapshot directories (`ledger-*`) under `root`.
 fn snapshot_dirs(root: &Path) -> usize {
     match std::fs::read_dir(root) {
         Ok(entries) => entries

@@ -25,12 +25,20 @@ pub fn partition_of_id(source: &IdSource, partitioner: InputPartitioner, id: &[u
     Some(p)
 }
 
-/// Explains `id`: asks the worker at `addr`; reads `config.worker.data_dir` when nothing listens
-/// there.
-pub fn explain(config: &Config, id: &str, sent_at_ms: Option<i64>, addr: std::net::SocketAddr) -> anyhow::Result<dedupe::explain::Answer> {
+/// Explains `id` (from the front door's `source`, when given): asks the worker at `addr`; reads
+/// `config.worker.data_dir` when nothing listens there.
+pub fn explain(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Option<i64>, addr: std::net::SocketAddr) -> anyhow::Result<dedupe::explain::Answer> {
     let mut url = format!("http://{addr}/admin/ids/{}", urlencode(id));
+    let mut query = Vec::new();
     if let Some(ms) = sent_at_ms {
-        url.push_str(&format!("?sent_at_ms={ms}"));
+        query.push(format!("sent_at_ms={ms}"));
+    }
+    if let Some(source) = source {
+        query.push(format!("source={}", urlencode(source)));
+    }
+    if !query.is_empty() {
+        url.push('?');
+        url.push_str(&query.join("&"));
     }
     let mut request = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build().get(&url);
     if let Some(token) = &config.metrics.admin_token {
@@ -42,21 +50,21 @@ pub fn explain(config: &Config, id: &str, sent_at_ms: Option<i64>, addr: std::ne
             let body = response.into_string().unwrap_or_default();
             anyhow::bail!("the worker at {addr} could not explain the id ({status}): {}", body.trim())
         }
-        Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => offline(config, id, sent_at_ms),
+        Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => offline(config, id, source, sent_at_ms),
         Err(ureq::Error::Transport(t)) => anyhow::bail!("asking the worker at {addr}: {t}"),
     }
 }
 
 /// A stopped worker's ledger, opened as `dedupe ledger stats` opens it. Which partition the id
 /// belongs to and whether this worker owned it are not known here.
-fn offline(config: &Config, id: &str, sent_at_ms: Option<i64>) -> anyhow::Result<dedupe::explain::Answer> {
+fn offline(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Option<i64>) -> anyhow::Result<dedupe::explain::Answer> {
     let path = &config.worker.data_dir;
     if !path.join("CURRENT").exists() {
         anyhow::bail!("no worker answers on metrics.addr and there is no ledger at {}", path.display());
     }
     let ledger = dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
         .with_context(|| format!("no worker answers on metrics.addr; opening the ledger at {} (is a worker running on it?)", path.display()))?;
-    let q = dedupe::explain::Question { id, partition: None, owned: None, sent_at_ms, now_ms: dedupe::recovery::now_ms() };
+    let q = dedupe::explain::Question { id, source, partition: None, owned: None, sent_at_ms, now_ms: dedupe::recovery::now_ms() };
     let answer = dedupe::explain::explain(&ledger, &q)?;
     ledger.close()?;
     Ok(answer)

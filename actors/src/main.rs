@@ -91,12 +91,13 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
         topic: &args.topic,
         count: args.count,
         dup_ratio: args.dup_ratio,
+        reused_ratio: args.reused_ratio,
         dup_delay: Duration::from_millis(args.dup_delay_ms),
         value_bytes: args.value_bytes,
         rate_per_sec: args.rate,
         show_progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         spread_timestamps: None,
-            sample_every: 0,
+        sample_every: 0,
     };
     let summary = tools::loadgen(config, load)?;
     Ok(serde_json::to_string(&summary)?)
@@ -110,7 +111,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     with_config(&args.config, |config| {
-        let answer = dedupe_actors::explain::explain(&config, &args.id, sent_at_ms, config.metrics.addr)?;
+        let answer = dedupe_actors::explain::explain(&config, &args.id, args.source.as_deref(), sent_at_ms, config.metrics.addr)?;
         Ok(format!("{}\n{}", serde_json::to_string(&answer)?, answer.sentence))
     })
 }

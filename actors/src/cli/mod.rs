@@ -31,7 +31,8 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Serve the Segment-compatible HTTP tracking API and log every message to the input topic.
     Ingest(IngestArgs),
-    /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do.
+    /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do, and
+    /// optionally a share reusing an id for other content.
     Loadgen(LoadgenArgs),
     /// Explain one message id: whether it is in the window (a copy arriving now is dropped), when
     /// it was first seen and where it is held, how far back the window reaches, and why an id is
@@ -63,8 +64,13 @@ pub enum LedgerCommand {
 pub struct ExplainArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// The message id, as the client sent it.
+    /// The message id: as the client sent it, with `--source` for an event the front door
+    /// took; or as the worker reads it (the record's key, e.g. `web:<messageId>`).
     pub id: String,
+    /// The front door's source that sent the id (the name its write key maps to): the front door
+    /// scopes ids by source and the worker holds `<source>:<id>`.
+    #[arg(long, value_name = "NAME")]
+    pub source: Option<String>,
     /// When the id was first sent (RFC 3339, or ms since the epoch): tells an id that aged out of
     /// the window from one never seen.
     #[arg(long, value_name = "TIME")]
@@ -205,9 +211,14 @@ pub struct LoadgenArgs {
     /// How many records to produce.
     #[arg(long)]
     pub count: u64,
-    /// The share of records that re-send an earlier id.
+    /// The share of records that re-send an earlier record as it was (the same key and value),
+    /// as a client retrying a lost answer does: the worker drops them as `retry`.
     #[arg(long, default_value_t = 0.01)]
     pub dup_ratio: f64,
+    /// The share of records that reuse an earlier id for another value (a client bug): the worker
+    /// calls them `reused_id`.
+    #[arg(long, default_value_t = 0.0)]
+    pub reused_ratio: f64,
     /// Re-send ids at least this old (when there are any).
     #[arg(long, default_value_t = 0)]
     pub dup_delay_ms: u64,

@@ -261,10 +261,12 @@ fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
     })
 }
 
-/// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch.
+/// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch, and the
+/// front door's source that sent it (the worker holds `<source>:<id>`).
 #[derive(serde::Deserialize)]
 struct ExplainQuery {
     sent_at_ms: Option<i64>,
+    source: Option<String>,
 }
 
 /// `GET /admin/ids/{id}`: whether the ledger holds the id, and why not (see `dedupe::explain`).
@@ -273,8 +275,13 @@ async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<
         return refused;
     }
     let id = id.into_inner();
+    let query = query.into_inner();
+    let key = match &query.source {
+        Some(source) => dedupe::identity::scoped_id(source, &id),
+        None => id.clone(),
+    };
     let t = &admin.targets;
-    let partition = crate::explain::partition_of_id(&t.id_source, t.partitioner, id.as_bytes(), t.input_partitions);
+    let partition = crate::explain::partition_of_id(&t.id_source, t.partitioner, key.as_bytes(), t.input_partitions);
     let owned = match partition {
         Some(p) => match t.coordinator.send(OwnedPartitions).await {
             Ok(owned) => Some(owned.contains(&p)),
@@ -283,9 +290,15 @@ async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<
         None => None,
     };
     let ledger = t.ledger.clone();
-    let sent_at_ms = query.sent_at_ms;
     let answer = web::block(move || {
-        let q = dedupe::explain::Question { id: &id, partition, owned, sent_at_ms, now_ms: dedupe::recovery::now_ms() };
+        let q = dedupe::explain::Question {
+            id: &id,
+            source: query.source.as_deref(),
+            partition,
+            owned,
+            sent_at_ms: query.sent_at_ms,
+            now_ms: dedupe::recovery::now_ms(),
+        };
         dedupe::explain::explain(&ledger, &q)
     })
     .await;

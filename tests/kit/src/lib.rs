@@ -77,6 +77,24 @@ impl Dedupe {
         });
         (out.status.code().unwrap_or(-1), json)
     }
+
+    /// Runs `dedupe explain ID [ARGS]` on the test brokers, asking the worker at `metrics` (or,
+    /// when none answers there, reading the ledger at `ledger`); the JSON line and the sentence
+    /// it printed. Panics when it fails.
+    pub fn explain(&self, ledger: &Path, metrics: std::net::SocketAddr, id: &str, args: &[&str]) -> (serde_json::Value, String) {
+        let out = self
+            .command()
+            .args(["explain", id, "--brokers", &brokers(), "--data-dir", ledger.to_str().expect("a UTF-8 path")])
+            .args(["--metrics-addr", &metrics.to_string()])
+            .args(args)
+            .output()
+            .expect("dedupe explain");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "dedupe explain {id} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        let mut lines = stdout.lines();
+        let json = serde_json::from_str(lines.next().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        (json, lines.next().unwrap_or_default().to_string())
+    }
 }
 
 /// The repository's top directory.

@@ -188,7 +188,7 @@ impl Delivery {
             let received_at = tracking::rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(received_at_ms.max(0) as u64));
             for r in &events.refused {
                 let key = r.message_id.as_deref().map(|id| tracking::record_key(source, id));
-                let error = r.to_string();
+                let error = r.sentence();
                 let index = r.at.0.map(|i| i.to_string());
                 let mut headers = OwnedHeaders::new_with_capacity(6)
                     .insert(Header { key: HEADER_SOURCE, value: Some(source) })
@@ -230,6 +230,12 @@ mod tests {
         assert_eq!(HEADER_CONTENT_DIGEST, dedupe::identity::HEADER_CONTENT_DIGEST);
         let header = tracking::digest::header_value(hash);
         assert_eq!(dedupe::identity::ContentDigest::of_header(header.as_bytes()), Some(dedupe::identity::ContentDigest::of_hash(hash)));
+    }
+
+    #[test]
+    fn explain_scopes_an_id_by_source_as_the_front_door_keys_it() {
+        assert_eq!(tracking::KEY_SEPARATOR, dedupe::identity::SOURCE_SEPARATOR);
+        assert_eq!(tracking::record_key("web", "m-1"), dedupe::identity::scoped_id("web", "m-1"));
     }
 
     #[test]
