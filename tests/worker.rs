@@ -573,6 +573,47 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
 }
 
 #[test]
+fn two_pipelines_on_one_input_each_publish_all_of_it_and_never_share_offsets() {
+    // One input, two pipelines (two output topics), both with the default consumer group.
+    let input = TestTopic::create("pipelines-in", 2);
+    let (out_a, out_b) = (TestTopic::create("pipelines-a", 2), TestTopic::create("pipelines-b", 2));
+    let dir = tempfile::tempdir().unwrap();
+    let all = ids(300);
+    produce_full(&input.name, &keyed(&all[..200].iter().collect::<Vec<_>>()));
+    let a = DEDUPE.worker(&input.name, &out_a.name, &dir.path().join("a")).without("DEDUPE_WORKER_GROUP_ID");
+    let b = DEDUPE.worker(&input.name, &out_b.name, &dir.path().join("b")).without("DEDUPE_WORKER_GROUP_ID");
+    // The first pipeline reads the input and stops; the second, started after it on an empty
+    // ledger, still publishes the whole input, not only what arrives after it.
+    let mut worker = a.start();
+    wait_for_records(&out_a.name, 200, Duration::from_secs(90));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let mut worker = b.start();
+    wait_for_records(&out_b.name, 200, Duration::from_secs(90));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    // More input; both run side by side and each resumes at its own position.
+    produce_full(&input.name, &keyed(&all[200..].iter().collect::<Vec<_>>()));
+    let (mut wa, mut wb) = (a.start(), b.start());
+    wait_for_records(&out_a.name, 300, Duration::from_secs(90));
+    wait_for_records(&out_b.name, 300, Duration::from_secs(90));
+    assert_eq!(wa.terminate(Duration::from_secs(30)), Some(0), "{}", wa.log_text());
+    assert_eq!(wb.terminate(Duration::from_secs(30)), Some(0), "{}", wb.log_text());
+    for out in [&out_a, &out_b] {
+        let (code, summary) = DEDUPE.verify(&input.name, &out.name);
+        assert_eq!(code, 0, "{}: {summary}", out.name);
+        assert_eq!((summary["input_ids_missing_from_output"].as_u64(), summary["distinct_input_ids"].as_u64()), (Some(0), Some(300)), "{summary}");
+    }
+
+    // A third pipeline told to use the first one's group is refused, naming the conflict.
+    let out_c = TestTopic::create("pipelines-c", 2);
+    let group_a = format!("dedupe.{}", out_a.name);
+    let mut c = DEDUPE.worker(&input.name, &out_c.name, &dir.path().join("c")).env("DEDUPE_WORKER_GROUP_ID", &group_a).start();
+    assert_eq!(c.wait(Duration::from_secs(60)), Some(2), "{}", c.log_text());
+    let log = c.log_text();
+    assert!(log.contains(&format!("consumer group `{group_a}`")) && log.contains(&format!("`{}`", out_a.name)) && log.contains("worker.group_id"), "{log}");
+    assert!(consume_all(&out_c.name, true).is_empty(), "the refused pipeline published");
+}
+
+#[test]
 fn an_unreachable_broker_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port(); // nothing listens there

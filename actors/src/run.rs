@@ -39,6 +39,7 @@ pub fn maintenance_ledger_options(config: &Config) -> LedgerOptions {
 pub fn owned_partitions(config: &Config) -> anyhow::Result<(Vec<i32>, usize)> {
     let all = check_topics(config)?;
     let input = all.len();
+    check_group(config, &all)?;
     ensure_changelog(config, input)?;
     ensure_audit(config, input)?;
     if config.worker.assignment == Assignment::Group {
@@ -83,6 +84,17 @@ fn check_topics(config: &Config) -> anyhow::Result<Vec<i32>> {
         );
     }
     Ok((0..input as i32).collect())
+}
+
+/// Refuses a consumer group whose committed offsets belong to another pipeline (another output
+/// topic): see `dedupe::output::owner`.
+fn check_group(config: &Config, partitions: &[i32]) -> anyhow::Result<()> {
+    let w = &config.worker;
+    let group = w.group_id();
+    let committed = dedupe::output::owner::committed_metadata(&config.kafka, &group, &w.input_topic, partitions, Duration::from_secs(30))
+        .with_context(|| format!("reading the committed offsets of consumer group {group}"))?;
+    dedupe::output::owner::check_owner(&group, &w.input_topic, &w.output_topic, &committed)?;
+    Ok(())
 }
 
 /// A topic of the worker's own (the changelog, the audit): its configuration key, what it is, its

@@ -117,7 +117,9 @@ def check_custom(where, doc, by_kind):
         if not isinstance(triggers, list) or not triggers:
             return fail(where, "spec.triggers must be a non-empty list")
         worker = (dedupe_config(by_kind) or {}).get("worker", {})
-        expected = {"consumerGroup": worker.get("group_id", "dedupe"),
+        # worker.group_id's default is derived from the output topic (src/config/worker.rs).
+        default_group = "dedupe." + worker.get("output_topic", "events.out")
+        expected = {"consumerGroup": worker.get("group_id", default_group),
                     "topic": worker.get("input_topic", "events.in")}
         for t in triggers:
             if t.get("type") != "kafka":

@@ -67,8 +67,9 @@ pub struct IngestConfig {
     /// send up to 100-500 events per batch).
     pub rate_limit_burst_events: u32,
     /// The address browsers reach this API at (`https://track.example.com`), which the settings
-    /// document (`GET /v1/projects/<writeKey>/settings`) points the library at. Unset: the
-    /// request's own `Host` header, over http.
+    /// document (`GET /v1/projects/<writeKey>/settings`) points the library at. Unset: the listen
+    /// address over http (listening on every address, the settings route answers 503 until it is
+    /// set); never the request's `Host` header.
     pub public_url: Option<String>,
     /// What an event sent without a `messageId` gets. `derive`: when it carries the client's own
     /// `timestamp`, an id derived from its content (docs/tracking-api.md lists the fields), so a

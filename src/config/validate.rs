@@ -70,7 +70,7 @@ fn check_worker_topics(w: &WorkerConfig) -> Result<(), ConfigError> {
     if w.input_topic == w.output_topic {
         return Err(bad("worker.output_topic", "must differ from worker.input_topic"));
     }
-    if w.group_id.trim().is_empty() {
+    if w.group_id.as_deref().is_some_and(|g| g.trim().is_empty()) {
         return Err(bad("worker.group_id", "must not be empty"));
     }
     Ok(())

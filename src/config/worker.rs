@@ -18,8 +18,10 @@ pub struct WorkerConfig {
     /// The output topic: the source of truth, needs at least as many partitions as the input.
     pub output_topic: String,
     /// The consumer group whose committed offsets the transactions carry (and, with
-    /// `assignment = "group"`, whose coordinator decides which worker owns which partition).
-    pub group_id: String,
+    /// `assignment = "group"`, whose coordinator decides which worker owns which partition). It
+    /// belongs to one pipeline: a worker refuses to start when the group commits offsets for
+    /// another output topic. Unset: `dedupe.<output_topic>`.
+    pub group_id: Option<String>,
     /// Who decides which input partitions this worker owns: `static` (this configuration:
     /// `partitions`, or `worker_index`/`worker_count`, or every partition) or `group` (Kafka's
     /// group coordinator, KIP-848; partitions move between workers as workers come and go).
@@ -109,7 +111,8 @@ impl Default for WorkerConfig {
             // The topic names the local setup and the examples use.
             input_topic: "events.in".into(),
             output_topic: "events.out".into(),
-            group_id: "dedupe".into(),
+            // One group per pipeline: two pipelines on one input never share restart points.
+            group_id: None,
             // A fixed owner restarts at once after a crash; under the group protocol a killed
             // member's partitions wait for the broker's session timeout (45 s by default). See the
             // Scaling section of docs/operations.md.
@@ -169,6 +172,11 @@ impl WorkerConfig {
     /// `handover_min_window_secs`).
     pub fn handover_window(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.handover_min_window_secs.unwrap_or(self.promised_window_secs))
+    }
+
+    /// The consumer group: `group_id`, or `dedupe.<output_topic>`.
+    pub fn group_id(&self) -> String {
+        self.group_id.clone().unwrap_or_else(|| format!("dedupe.{}", self.output_topic))
     }
 
     /// The id changelog topic: `changelog_topic`, or `<output_topic>.ids`.

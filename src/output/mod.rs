@@ -14,6 +14,7 @@
 //! All calls block; the actor layer runs this on a thread of its own.
 
 mod delivery;
+pub mod owner;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -274,6 +275,10 @@ impl OutputWriter {
         offsets
             .add_partition_offset(batch.input_topic, batch.input_partition, Offset::Offset(batch.next_input_offset))
             .map_err(|source| PublishError::Fatal { source })?;
+        // The offset names the pipeline it belongs to (see [`owner`]).
+        if let Some(mut committed) = offsets.find_partition(batch.input_topic, batch.input_partition) {
+            committed.set_metadata(owner::offset_metadata(&self.topic));
+        }
         let wait = budget.left();
         let watched = crate::watchdog::arm("send_offsets_to_transaction", &self.transactional_id, wait);
         self.producer

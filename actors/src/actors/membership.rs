@@ -179,7 +179,7 @@ impl Membership {
         let w = &config.worker;
         let mut client = dedupe::kafka::client_config(&config.kafka);
         client
-            .set("group.id", &w.group_id)
+            .set("group.id", w.group_id())
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
@@ -207,7 +207,7 @@ impl Membership {
         let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
         if w.assignment == Assignment::Group {
             consumer.subscribe(&[&w.input_topic]).map_err(|source| MembershipError::Join {
-                group: w.group_id.clone(),
+                group: w.group_id(),
                 topic: w.input_topic.clone(),
                 source: Box::new(source),
             })?;

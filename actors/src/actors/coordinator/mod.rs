@@ -267,7 +267,7 @@ impl Coordinator {
         self.running = Some(Running { membership, owned: BTreeMap::new(), assigned, revocations: Vec::new() });
         if self.group_mode() {
             self.health.idle_ok.store(true, Ordering::Relaxed);
-            tracing::info!(group = %self.config.worker.group_id, member = ?self.config.worker.member_id(), "Joined the consumer group; waiting for partitions.");
+            tracing::info!(group = %self.config.worker.group_id(), member = ?self.config.worker.member_id(), "Joined the consumer group; waiting for partitions.");
         } else {
             let partitions: Vec<(i32, Option<Queue>)> = self.static_partitions.iter().map(|&p| (p, None)).collect();
             self.take_over(partitions, false, ctx);
