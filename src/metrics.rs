@@ -139,9 +139,9 @@ pub const LABEL_KEY: &str = "key";
 pub const LABEL_ORIGIN: &str = "origin";
 pub const KEY_KEYED: &str = "keyed";
 pub const KEY_KEYLESS: &str = "keyless";
-/// Value of [`LABEL_REASON`] on [`INGEST_REJECTED`]: a settings request whose `Host` header cannot
-/// be echoed into the document.
-pub const REASON_BAD_HOST: &str = "bad_host";
+/// Value of [`LABEL_REASON`] on [`INGEST_REJECTED`]: a settings request while the API listens on
+/// every address without `ingest.public_url`, so no address is known to point browsers at.
+pub const REASON_NO_PUBLIC_URL: &str = "no_public_url";
 
 /// Kind of a metric, as Prometheus renders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -555,6 +555,61 @@ fn gzip(data: &[u8]) -> Vec<u8> {
     e.finish().unwrap()
 }
 
+/// Bytes of records as this service wrote them: keys, values, header names and values (Kafka's
+/// own framing not counted, as the documented bound does not).
+fn written_bytes(records: &[kit::Record]) -> usize {
+    records
+        .iter()
+        .map(|r| {
+            let headers: usize = r.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum();
+            r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len) + headers
+        })
+        .sum()
+}
+
+#[test]
+fn what_one_request_writes_stays_within_the_documented_bound() {
+    // The two worst requests: 5,000 refused events (each a dead-letter record with its headers,
+    // and the answer naming them), and 5,000 valid events that merge a shared context up to the
+    // merged limit (each a record with an assigned id and three headers). Both arrive gzipped.
+    let source_bytes = "web".len();
+    let bound = dedupe_tracking::max_written_bytes(source_bytes);
+    let refused = TestTopic::create("ingest-bound-refused", 1);
+    let merged = TestTopic::create("ingest-bound-merged", 1);
+    let auth = basic(KEY_WEB);
+    for (topic, body, expect_refused) in [
+        (&refused, format!(r#"{{"batch":[{}]}}"#, vec![r#"{"messageId":1}"#; 5000].join(",")), 5000),
+        (&merged, {
+            // Own size 42 B, plus the shared context's 16 + its text per event: just under 1 MB merged.
+            let context = json!({ "c": "x".repeat(130) }).to_string();
+            let events = vec![r#"{"type":"track","event":"e","userId":"u"}"#; 5000].join(",");
+            format!(r#"{{"context":{context},"batch":[{events}]}}"#)
+        }, 0),
+    ] {
+        let ingest = start_ingest(&brokers(), &topic.name, &[]);
+        ingest.wait_ready(200);
+        let gz = gzip(body.as_bytes());
+        let r = ingest.post("/v1/batch", &[("Authorization", &auth), ("Content-Encoding", "gzip")], &gz);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["rejected_count"].as_u64().unwrap_or(0), expect_refused);
+        assert!(r.json()["rejected"].as_array().map_or(0, Vec::len) <= dedupe_tracking::MAX_ANSWER_REFUSALS);
+        let input = consume_all(&topic.name, false);
+        let letters = dead_letters(&topic.name);
+        assert_eq!(input.len() + letters.len(), 5000, "every event is a record, in one topic or the other");
+        let records = written_bytes(&input) + written_bytes(&letters);
+        let total = records + r.body.len();
+        eprintln!(
+            "bound: {} B gzipped, {} B sent, wrote {records} B of records and a {} B answer: {total} B of at most {bound} B ({:.0}x the body)",
+            gz.len(),
+            body.len(),
+            r.body.len(),
+            total as f64 / body.len() as f64
+        );
+        assert!(total <= bound, "{total} B written, the bound is {bound} B");
+        assert!(r.body.len() <= dedupe_tracking::MAX_ANSWER_BYTES, "a {} B answer", r.body.len());
+    }
+}
+
 #[test]
 fn a_small_gzip_request_cannot_amplify_memory_through_the_shared_context() {
     let topic = TestTopic::create("ingest-amplify", 1);

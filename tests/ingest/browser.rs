@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use kit::{brokers, consume_all, wait_for_records, TestTopic};
 use kit::{free_port, Ingest};
 
-use super::{basic, KEY_IOS, KEY_WEB};
+use super::{basic, DEDUPE, KEY_IOS, KEY_WEB};
 
 /// Messages by the key they were produced under.
 fn by_key(topic: &str) -> BTreeMap<String, Value> {
@@ -192,8 +192,13 @@ fn the_settings_document_points_analytics_js_back_here_for_known_keys_only() {
     assert_eq!(segment["protocol"], "http");
     assert_eq!(segment["apiKey"], KEY_WEB);
     assert_eq!(doc["metrics"]["sampleRate"], 0);
-    // Built from the request's Host, so no cache may keep it.
-    assert_eq!(r.header("cache-control"), Some("no-store"));
+    // Built from the configuration alone, so the browser may keep it.
+    assert_eq!(r.header("cache-control"), Some("private, max-age=300"));
+    // A Host header is never echoed into the document (a shared cache could be poisoned with it).
+    let r = ingest.request("GET", &format!("/v1/projects/{KEY_WEB}/settings"), &[("Host", "evil.example:1")], b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["integrations"]["Segment.io"]["apiHost"], format!("{}/v1", ingest.addr));
+    assert!(!String::from_utf8_lossy(&r.body).contains("evil"), "the request's Host reached the document");
 
     let r = ingest.request("GET", "/v1/projects/not-a-key/settings", &[], b"");
     assert_eq!((r.status, r.json()["code"].as_str()), (401, Some("unknown_write_key")));
@@ -208,9 +213,10 @@ fn the_settings_document_points_analytics_js_back_here_for_known_keys_only() {
     // By the browser only: a shared cache that ignored `Vary: Origin` must not hand one origin's
     // CORS answer to another.
     assert_eq!(r.header("cache-control"), Some("private, max-age=300"));
-    // A Host that is no host name or address is not echoed into the document.
-    let r = ingest.request("GET", &format!("/v1/projects/{KEY_WEB}/settings"), &[("Host", "[evil]:::--..")], b"");
-    assert_eq!((r.status, r.json()["code"].as_str()), (400, Some("bad_host")));
+    // Listening on every address without a public URL, there is no one address to point at.
+    let everywhere = DEDUPE.ingest(&topic.name).brokers(&brokers()).write_key(KEY_WEB, "web").every_address().start();
+    let r = everywhere.request("GET", &format!("/v1/projects/{KEY_WEB}/settings"), &[], b"");
+    assert_eq!((r.status, r.json()["code"].as_str()), (503, Some("no_public_url")));
     // Without a public URL, the start warns that HTTPS pages will refuse the http it points to.
     assert!(ingest.log_text().contains("ingest.public_url is not set"), "{}", ingest.log_text());
 }
@@ -337,17 +343,27 @@ pub(super) fn run_browser(input: &TestTopic, env: &[(&str, &str)]) -> (Ingest, S
     let page_port = free_port();
     let page_origin = format!("http://localhost:{page_port}");
     let origins = format!(r#"["{page_origin}"]"#);
-    let ingest = super::start_ingest(&brokers(), &input.name, &[("DEDUPE_INGEST_CORS_ORIGINS", origins.as_str())]);
+    // The page reaches the API through the script's recording proxy: the settings document
+    // points there, as `ingest.public_url` names a deployment's proxy.
+    let proxy_port = std::iter::repeat_with(free_port).find(|p| *p != page_port).expect("a second free port");
+    let public_url = format!("http://127.0.0.1:{proxy_port}");
+    let ingest = super::start_ingest(
+        &brokers(),
+        &input.name,
+        &[("DEDUPE_INGEST_CORS_ORIGINS", origins.as_str()), ("DEDUPE_INGEST_PUBLIC_URL", public_url.as_str())],
+    );
     ingest.wait_ready(200);
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(std::path::Path::new(&chromium).exists(), "no Chromium at {chromium}: apt-get install chromium (deploy/local/install-deps.sh does)");
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let url = format!("http://{}", ingest.addr);
     let port = page_port.to_string();
+    let proxy_port = proxy_port.to_string();
     let mut all = vec![
         ("INGEST_URL", url.as_str()),
         ("WRITE_KEY", KEY_WEB),
         ("PAGE_PORT", port.as_str()),
+        ("PROXY_PORT", proxy_port.as_str()),
         ("RUN_ID", run_id.as_str()),
         ("CHROMIUM", chromium.as_str()),
     ];

@@ -37,7 +37,8 @@ if (only !== undefined && only !== 'invalid-event') throw new Error(`unknown SCE
 
 const pages = await startPageServer({ host: '127.0.0.1', port: pagePort });
 const origin = `http://localhost:${pagePort}`;
-const proxy = await startProxy({ upstream: ingest, holdMs });
+// The port the ingest's public URL names (its settings document points the library there).
+const proxy = await startProxy({ upstream: ingest, holdMs, port: Number(env('PROXY_PORT')) });
 const browser = await puppeteer.launch({
   executablePath: chromium,
   headless: true,

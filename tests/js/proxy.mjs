@@ -3,8 +3,9 @@
 // requests are in flight), or drop the first accepted answer (so the client never hears that
 // Kafka has its events, and sends them again).
 //
-// The Host header is passed on unchanged, so the settings document the ingest builds from it
-// points the browser library back at this proxy.
+// A page's library finds its API through the settings document, which points at the ingest's
+// `ingest.public_url`: a test that sends a page through the proxy starts the ingest with that set
+// to the proxy's address, and the proxy on the port it names (`port`).
 
 import http from 'node:http';
 import zlib from 'node:zlib';
@@ -22,12 +23,12 @@ function messageIds(headers, body) {
 }
 
 /**
- * Starts the proxy on 127.0.0.1 (a free port).
- * upstream: the ingest's base URL. holdMs: how long to hold each POST's answer. dropFirstAccepted:
+ * Starts the proxy on 127.0.0.1.
+ * upstream: the ingest's base URL. port: where to listen (0: any free port). holdMs: how long to hold each POST's answer. dropFirstAccepted:
  * close the client's connection instead of passing on the first 200.
  * Resolves to { port, url, log, close }; `log` holds one entry per request, in arrival order.
  */
-export function startProxy({ upstream, holdMs = 0, dropFirstAccepted = false }) {
+export function startProxy({ upstream, holdMs = 0, dropFirstAccepted = false, port = 0 }) {
   const target = new URL(upstream);
   const log = [];
   let dropped = false;
@@ -104,7 +105,7 @@ export function startProxy({ upstream, holdMs = 0, dropFirstAccepted = false }) 
     });
   });
   return new Promise((resolve) => {
-    server.listen(0, '127.0.0.1', () => {
+    server.listen(port, '127.0.0.1', () => {
       const { port } = server.address();
       resolve({
         port,

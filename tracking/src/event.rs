@@ -18,7 +18,7 @@ use super::derived_id::derived_message_id;
 use super::digest::content_hash;
 use super::json::{self, check_strict, is_duplicate_key, Fields};
 use super::same_event::SameEvent;
-use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES};
+use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES, MAX_REFUSAL_SENTENCE_BYTES};
 
 /// Why one event is refused. The message names the problem, never the payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +93,22 @@ pub struct Refused {
     pub value: Vec<u8>,
     /// The event's `messageId`, when it has a usable one (the dead-letter record's key).
     pub message_id: Option<String>,
+}
+
+impl Refused {
+    /// What was wrong and where, as the dead-letter record's `dedupe-error` header and the answer
+    /// say it: at most [`MAX_REFUSAL_SENTENCE_BYTES`] bytes, cut at a character boundary.
+    pub fn sentence(&self) -> String {
+        let mut sentence = self.to_string();
+        if sentence.len() > MAX_REFUSAL_SENTENCE_BYTES {
+            let mut end = MAX_REFUSAL_SENTENCE_BYTES;
+            while !sentence.is_char_boundary(end) {
+                end -= 1;
+            }
+            sentence.truncate(end);
+        }
+        sentence
+    }
 }
 
 impl fmt::Display for Refused {

@@ -55,12 +55,40 @@ pub const MAX_BATCH_EVENTS: usize = 5_000;
 /// messages of their own size plus the shared fields' size. Twice [`MAX_REQUEST_BYTES`]: a small
 /// shared context over a full batch passes (Segment's libraries put the context in each message
 /// and send none shared), while a large one repeated over thousands of messages is refused
-/// without being copied once. With [`SERVICE_FIELDS_BYTES`] per event it bounds what one request
-/// writes to Kafka: at most 1 MB + 5,000 × 96 B, about 1.5 MB.
+/// without being copied once. It bounds the record values of one request; [`max_written_bytes`]
+/// bounds everything one request writes.
 pub const MAX_MERGED_BYTES: usize = 2 * MAX_REQUEST_BYTES;
 /// At most what this service adds to one event: `"messageId":"<uuid>"` (50 bytes) and
 /// `"receivedAt":"<RFC 3339, ms>"` (39), with the commas between fields.
 pub const SERVICE_FIELDS_BYTES: usize = 96;
+/// Most bytes of the sentence saying why an event was refused, in its dead-letter record's
+/// `dedupe-error` header and in the answer: a longer one is cut at a character boundary.
+pub const MAX_REFUSAL_SENTENCE_BYTES: usize = 256;
+/// Most refused events an answer lists one by one; it counts them all (`rejected_count`).
+pub const MAX_ANSWER_REFUSALS: usize = 100;
+/// Most bytes of an answer's body: its fixed fields, and each listed refusal's index, code and
+/// sentence (JSON escaping at most doubles the sentence).
+pub const MAX_ANSWER_BYTES: usize = 128 + MAX_ANSWER_REFUSALS * (64 + 2 * MAX_REFUSAL_SENTENCE_BYTES);
+/// Most bytes one event's records take beyond the event's own text and its client's `messageId`:
+/// for a refused event, the dead-letter record's key (`<source>:` before the id) and its six
+/// headers (names 83 B; values the source, a reason of at most 24 B, the sentence, the receive
+/// time 24 B, the endpoint 8 B, the index 4 B); a valid event's record takes less (the fields
+/// this service sets, an assigned id in its key, three headers).
+pub const fn max_event_overhead_bytes(source_bytes: usize) -> usize {
+    1 + 83 + 24 + MAX_REFUSAL_SENTENCE_BYTES + 24 + 8 + 4 + 2 * source_bytes
+}
+
+/// Most bytes one request makes this service write, for a source name of `source_bytes`: the
+/// record values (the events' text, merged, within [`MAX_MERGED_BYTES`], plus the fields this
+/// service sets), the keys (each client `messageId` comes from the body, so all of them come to
+/// at most [`MAX_REQUEST_BYTES`]), every event's key prefix and headers
+/// ([`max_event_overhead_bytes`]), and the answer ([`MAX_ANSWER_BYTES`]). Kafka's own framing
+/// of the records is not counted. About 3.7 MB for an 8-byte source name; gzip lets the body be
+/// small on the wire, and the rate limit bounds how many such requests a source gets in.
+pub const fn max_written_bytes(source_bytes: usize) -> usize {
+    MAX_MERGED_BYTES + MAX_REQUEST_BYTES + MAX_BATCH_EVENTS * max_event_overhead_bytes(source_bytes) + MAX_ANSWER_BYTES
+}
+
 /// Most bytes of a record value produced to Kafka: a message within [`MAX_MESSAGE_BYTES`] after
 /// merging, plus the fields this service sets (`messageId` of at most [`MAX_MESSAGE_ID_BYTES`],
 /// `type`, `receivedAt`).

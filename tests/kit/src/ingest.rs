@@ -27,11 +27,19 @@ pub struct IngestSpec {
     /// (write key, source) lines of its write-keys file.
     pub write_keys: Vec<(String, String)>,
     pub env: Vec<(String, String)>,
+    /// Listen on every address (`0.0.0.0`) instead of loopback; requests still go to loopback.
+    pub every_address: bool,
 }
 
 impl IngestSpec {
     pub fn new(bin: Dedupe, topic: &str) -> Self {
-        Self { bin, topic: topic.into(), brokers: None, write_keys: Vec::new(), env: Vec::new() }
+        Self { bin, topic: topic.into(), brokers: None, write_keys: Vec::new(), env: Vec::new(), every_address: false }
+    }
+
+    /// Listens on every address (the test still sends to loopback only).
+    pub fn every_address(mut self) -> Self {
+        self.every_address = true;
+        self
     }
 
     pub fn brokers(mut self, brokers: &str) -> Self {
@@ -76,9 +84,10 @@ impl IngestSpec {
         let metrics_port = std::iter::repeat_with(crate::free_port).find(|p| *p != listen).expect("a second free port");
         let addr = SocketAddr::from(([127, 0, 0, 1], listen));
         let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+        let bind = if self.every_address { SocketAddr::from(([0, 0, 0, 0], listen)) } else { addr };
         let mut cmd = self.bin.command();
         cmd.arg("ingest")
-            .args(["--listen", &addr.to_string(), "--topic", &self.topic])
+            .args(["--listen", &bind.to_string(), "--topic", &self.topic])
             .args(["--metrics-addr", &metrics.to_string()])
             .arg("--write-keys-file")
             .arg(keys.path())

@@ -107,8 +107,8 @@ pub struct Ingest {
     /// What an event sent without a `messageId` gets (`ingest.missing_message_id`).
     missing_id: MissingId,
     logs: LogLimiter,
-    /// `ingest.public_url` split as the settings document wants it: (protocol, host and path).
-    public_url: Option<(String, String)>,
+    /// Where the settings document points browsers.
+    api_base: settings::ApiBase,
 }
 
 /// A request decoded and authenticated: its source and its events.
@@ -299,7 +299,7 @@ fn warn_about(config: &dedupe::config::IngestConfig, cors_policy: &CorsPolicy, l
         warn!("ingest.cors_origins allows every origin (\"*\"): any page on the web can post with a write key it has seen and read the answers; list your sites' origins instead.");
     }
     if config.public_url.is_none() {
-        warn!("ingest.public_url is not set: the settings document points browsers at the request's Host over http, which pages served over HTTPS refuse to call (mixed content); set it to the https:// address browsers reach this API at.");
+        warn!("ingest.public_url is not set: the settings document points browsers at the listen address over http (or, listening on every address, is refused), which pages served over HTTPS refuse to call (mixed content); set it to the https:// address browsers reach this API at.");
     }
     if let Some(rate) = limiter {
         info!(events_per_sec = rate.events_per_sec.get(), burst = rate.burst.get(), "Each source is rate limited; a request of more events than the burst is refused (429, over_burst).");
@@ -344,7 +344,7 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
             MissingMessageId::Random => MissingId::Random,
         },
         logs: LogLimiter::new(LOG_INTERVAL),
-        public_url: ingest_config.public_url.as_deref().and_then(settings::split_public_url),
+        api_base: settings::ApiBase::of(ingest_config.public_url.as_deref(), ingest_config.listen),
     });
     let cors_policy = web::Data::new(cors_policy);
     let addr = ingest_config.listen;

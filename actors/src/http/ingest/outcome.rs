@@ -13,7 +13,7 @@ use dedupe::metrics::{
     LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
 };
 use dedupe_tracking::rate_limit;
-use dedupe_tracking::{AuthError, EventType, IdOrigin, Refused, Rejection};
+use dedupe_tracking::{AuthError, EventType, IdOrigin, Refused, Rejection, MAX_ANSWER_REFUSALS};
 use serde_json::{json, Value};
 use tracing::{debug, info, warn};
 
@@ -34,7 +34,7 @@ pub struct RefusedEvent {
 
 impl From<&Refused> for RefusedEvent {
     fn from(r: &Refused) -> Self {
-        Self { index: r.at.0, code: r.problem.reason(), message: r.to_string() }
+        Self { index: r.at.0, code: r.problem.reason(), message: r.sentence() }
     }
 }
 
@@ -98,14 +98,17 @@ impl Outcome {
         let body = match self {
             Self::Accepted { refused, .. } if refused.is_empty() => json!({ "success": true }),
             Self::Accepted { refused, .. } => {
-                let refused: Vec<Value> = refused
+                // The first few are named; all are counted (and every one is in the dead-letter
+                // topic), so a batch of thousands of bad events cannot make a large answer.
+                let listed: Vec<Value> = refused
                     .iter()
+                    .take(MAX_ANSWER_REFUSALS)
                     .map(|r| match r.index {
                         Some(i) => json!({ "index": i, "code": r.code, "message": r.message }),
                         None => json!({ "code": r.code, "message": r.message }),
                     })
                     .collect();
-                json!({ "success": true, "rejected": refused })
+                json!({ "success": true, "rejected": listed, "rejected_count": refused.len() })
             }
             Self::Rejected(r) => error_body(self.reason(), &r.to_string()),
             Self::Unreadable(e) => error_body(self.reason(), &format!("the request body could not be read: {e}")),
@@ -355,8 +358,18 @@ mod tests {
             json!({ "success": true, "rejected": [
                 { "index": 3, "code": "missing_event", "message": "batch[3]: a track message needs an `event` name" },
                 { "code": "bad_message_id", "message": "the message: ..." },
-            ]})
+            ], "rejected_count": 2})
         );
+        // Thousands refused: the first hundred named, all counted, the answer within its bound.
+        let many: Vec<RefusedEvent> = (0..5000)
+            .map(|i| RefusedEvent { index: Some(i), code: "bad_message_id", message: "x".repeat(dedupe_tracking::MAX_REFUSAL_SENTENCE_BYTES) })
+            .collect();
+        let response = Outcome::Accepted { types: Vec::new(), assigned: [0, 0], refused: many }.response();
+        let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        let bytes = bytes.len();
+        assert_eq!((body["rejected"].as_array().map(Vec::len), body["rejected_count"].as_u64()), (Some(MAX_ANSWER_REFUSALS), Some(5000)));
+        assert!(bytes <= dedupe_tracking::MAX_ANSWER_BYTES, "{bytes}");
     }
 
     #[test]
