@@ -162,3 +162,102 @@ fn a_load_with_retries_and_reused_ids_keeps_its_verdicts_and_its_audit_through_a
     let (code, summary) = super::DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
+
+/// Posts `body` as its text (numbers keep every digit) to `path` with the web source's key.
+fn post_text(ingest: &kit::Ingest, path: &str, body: &str) {
+    let auth = kit::ingest::basic(KEY_WEB);
+    let answer = ingest.post(path, &[("Authorization", &auth)], body.as_bytes());
+    assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+}
+
+#[test]
+fn id_less_events_that_one_double_would_merge_are_each_published() {
+    // Integers a unit apart past 2^64, and a decimal that a double rounds to 0.1, each id-less
+    // with the client's timestamp: four events, four derived ids, four records out.
+    let input = TestTopic::create("ingest-exact", 2);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[]);
+    ingest.wait_ready(200);
+    let order = |field: &str, n: &str| {
+        format!(r#"{{"event":"Order","userId":"u9","timestamp":"2026-12-05T07:00:00.000Z","properties":{{"tag":"T","{field}":{n}}}}}"#)
+    };
+    let numbers = [("orderId", "12345678901234567890123"), ("orderId", "12345678901234567890124"), ("amount", "0.10000000000000000001"), ("amount", "0.1")];
+    for (field, n) in numbers {
+        post_text(&ingest, "/v1/track", &order(field, n));
+    }
+    let sent = consume_all(&input.name, false);
+    let ids: BTreeSet<String> = sent
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(r.value.as_deref().unwrap()).unwrap()["messageId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 4, "each event has an id of its own");
+    // Each number reached Kafka as sent.
+    for (field, n) in numbers {
+        assert!(sent.iter().any(|r| String::from_utf8_lossy(r.value.as_deref().unwrap()).contains(&format!(r#""{field}":{n}"#))), "{n}");
+    }
+    dedupe_and_verify(&input, &ids);
+}
+
+#[test]
+fn an_id_less_retry_with_another_page_url_is_a_retry_under_either_reused_id_policy() {
+    // The same page view sent twice without a messageId: the retry's context names another URL,
+    // which the definition of the same event leaves out. The worker drops it as a `retry`, and
+    // `on_reused_id = "publish"` (the runbook's mitigation for reused ids) publishes it no more.
+    for policy in ["drop", "publish"] {
+        let input = TestTopic::create("ingest-retry-url", 1);
+        let output = TestTopic::create("ingest-retry-url-out", 1);
+        let ingest = super::start_ingest(&brokers(), &input.name, &[]);
+        ingest.wait_ready(200);
+        let view = |url: &str| format!(r#"{{"name":"Home","anonymousId":"a-1","timestamp":"2026-12-05T07:00:00.000Z","context":{{"page":{{"url":"{url}"}}}}}}"#);
+        post_text(&ingest, "/v1/batch", &format!(r#"{{"batch":[{}]}}"#, view("/a").replacen('{', r#"{"type":"page","#, 1)));
+        post_text(&ingest, "/v1/page", &view("/b"));
+        let dir = tempfile::tempdir().unwrap();
+        let mut worker = super::DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_ON_REUSED_ID", policy).start();
+        worker.wait_ready(std::time::Duration::from_secs(60));
+        let audit = dedupe::audit::default_topic(&output.name);
+        kit::wait_for_records(&audit, 1, std::time::Duration::from_secs(90));
+        let page = worker.metrics().expect("metrics page");
+        assert_eq!(worker.terminate(std::time::Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+        let verdicts: Vec<String> = kit::exactly_once::audit_records(&audit).values().map(|(_, v)| v["verdict"].as_str().unwrap().to_string()).collect();
+        assert_eq!(verdicts, ["retry"], "on_reused_id = {policy}");
+        assert_eq!(kit::metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "retry")]), Some(1.0), "on_reused_id = {policy}");
+        let out = consume_all(&output.name, true);
+        assert_eq!(out.len(), 1, "on_reused_id = {policy}: the retry was published");
+        assert!(String::from_utf8_lossy(out[0].value.as_deref().unwrap()).contains("/a"), "the first copy is the one out");
+    }
+}
+
+#[test]
+fn explain_with_the_source_finds_what_the_front_door_wrote_on_its_partition() {
+    let input = TestTopic::create("ingest-explain", 2);
+    let output = TestTopic::create("ingest-explain-out", 2);
+    let ingest = super::start_ingest(&brokers(), &input.name, &[]);
+    ingest.wait_ready(200);
+    // An id whose bare form and scoped form land on different partitions, so a tool that
+    // partitions the bare id names the wrong one.
+    let id = (0..1000)
+        .map(|i| format!("m-{i}"))
+        .find(|id| super::java_partition(format!("web:{id}").as_bytes(), 2) != super::java_partition(id.as_bytes(), 2))
+        .expect("an id whose two forms part");
+    let event = json!({ "type": "track", "event": "Paid", "userId": "u-7", "messageId": id });
+    assert_eq!(ingest.post_json("/v1/track", Some(KEY_WEB), &event).status, 200);
+    let partition = consume_all(&input.name, false)[0].partition;
+    assert_eq!(partition, super::java_partition(format!("web:{id}").as_bytes(), 2));
+
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let mut worker = super::DEDUPE.worker(&input.name, &output.name, &ledger).start();
+    kit::wait_for_records(&output.name, 1, std::time::Duration::from_secs(90));
+    // With its source: held, on the partition the front door wrote it to.
+    let (a, sentence) = super::DEDUPE.explain(&ledger, worker.metrics_addr(), &id, &["--source", "web"]);
+    assert_eq!((a["held"].as_bool(), a["partition"].as_i64(), a["key"].as_str()), (Some(true), Some(partition as i64), Some(format!("web:{id}").as_str())), "{a}");
+    assert!(a["window_start_ms"].as_i64().unwrap() <= a["first_seen_ms"].as_i64().unwrap(), "{a}");
+    assert!(sentence.contains("is in the window"), "{sentence}");
+    // As the record's key: the same answer.
+    let (k, _) = super::DEDUPE.explain(&ledger, worker.metrics_addr(), &format!("web:{id}"), &[]);
+    assert_eq!((k["held"].as_bool(), k["partition"].as_i64()), (Some(true), Some(partition as i64)), "{k}");
+    // Bare: not held here, and the answer says how to ask.
+    let (b, sentence) = super::DEDUPE.explain(&ledger, worker.metrics_addr(), &id, &[]);
+    assert_eq!(b["held"].as_bool(), Some(false), "{b}");
+    assert!(sentence.contains("scoped by source") && sentence.contains("--source"), "{sentence}");
+    assert_eq!(worker.terminate(std::time::Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+}
