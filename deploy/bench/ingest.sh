@@ -27,7 +27,7 @@
 # Prints one JSON line per round (route, connections, round, ingest_events_per_sec, ingest_p99_ms,
 # kafka_ceiling_records_per_sec, ratio), then one summary line per route and number of
 # connections (median_ratio, the ratios, the median rates). Installs what it lacks
-# (deploy/local/install-deps.sh).
+# (deploy/local/install-deps.sh --tests).
 # Needs: the dedupe binary ($DEDUPE_BIN, else $CARGO_TARGET_DIR/release/dedupe).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -42,7 +42,7 @@ threads=${BENCH_THREADS:-2}
 routes=${BENCH_ROUTES:-/v1/batch /v1/b}
 
 die() { echo "bench: $*" >&2; exit 1; }
-deploy/local/install-deps.sh
+deploy/local/install-deps.sh --tests
 [ -x "$dedupe" ] || die "no dedupe binary at $dedupe (cargo build --release -p dedupe-actors)"
 command -v wrk >/dev/null || die "wrk is not installed"
 command -v kcat >/dev/null || die "kcat is not installed"

@@ -32,7 +32,7 @@ pm() { podman --runtime runc "$@"; }
 need() {
   local tool
   for tool in podman runc debootstrap; do
-    command -v "$tool" >/dev/null || die "$tool is not installed (deploy/local/install-deps.sh installs it)"
+    command -v "$tool" >/dev/null || die "$tool is not installed (deploy/local/install-deps.sh --tests installs it)"
   done
 }
 
@@ -88,7 +88,7 @@ helper_image() {
 # deploy/compose.yaml under podman-compose, with compose.podman.yaml's images: up, checked, down.
 compose() {
   need
-  command -v podman-compose >/dev/null || die "podman-compose is not installed (deploy/local/install-deps.sh installs it)"
+  command -v podman-compose >/dev/null || die "podman-compose is not installed (deploy/local/install-deps.sh --tests installs it)"
   pm image exists "$image" || die "no image $image: run $0 build first"
   ensure_base
   local context
@@ -110,7 +110,7 @@ compose() {
   # the services' names when the dnsname plugin is installed.
   podman network rm -f "${project}_default" >/dev/null 2>&1 || true
   [ -x /usr/lib/cni/dnsname ] || [ "$(podman info --format '{{.Host.NetworkBackend}}')" = netavark ] \
-    || die "podman's networks resolve no names here: install golang-github-containernetworking-plugin-dnsname (deploy/local/install-deps.sh)"
+    || die "podman's networks resolve no names here: install golang-github-containernetworking-plugin-dnsname (deploy/local/install-deps.sh --tests)"
   CONTAINERS_CONF=$conf podman-compose "${files[@]}" up -d "${services[@]}" >"$cache/compose-up.log" 2>&1 \
     || { tail -n 30 "$cache/compose-up.log" >&2; die "podman-compose up failed (its log: $cache/compose-up.log)"; }
   local started=$SECONDS rules targets

@@ -9,14 +9,16 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/dedupe-target}
+# The suite rebuilds the workspace's crates after each change: incremental makes that quick (the
+# release profile leaves it off for one-off builds).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-1}
 started=$SECONDS
 step() { echo "test.sh: $1 done at $((SECONDS - started)) s"; }
 
+# What the suite needs beyond the build (its Debian packages, cargo-nextest, cargo-machete,
+# Segment's JavaScript libraries pinned by tests/js/package-lock.json); nothing when present.
+deploy/local/install-deps.sh --tests
 deploy/local/kafka.sh up
-# Segment's JavaScript libraries (pinned by tests/js/package-lock.json) for tests/ingest's Node and
-# Chromium tests; like the Python venv below, installed here if missing.
-tests/js/install.sh
-command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 step "setup"
 
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests
@@ -30,7 +32,6 @@ step "Rust tests"
 # Lints: clippy on every target, warnings as errors (release: it reuses the compiled C++ above),
 # and no unused dependency.
 cargo clippy --release --locked --workspace --all-targets --features dedupe-actors/failpoints -- -D warnings
-command -v cargo-machete >/dev/null || cargo install --locked cargo-machete
 cargo machete
 step "lints"
 
