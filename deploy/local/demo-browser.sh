@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 page_port=${DEMO_PAGE_PORT:-8000}
 strategy=${DEMO_STRATEGY:-standard}
 . deploy/local/demo-common.sh
-demo_setup demo-browser
+demo_setup demo-browser --browser
 # A key for this demo only; it is public in the page anyway, as every browser write key is.
 write_key=demo-browser-$run_id
 

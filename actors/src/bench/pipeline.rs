@@ -70,7 +70,7 @@ pub fn run(config: &Config, messages: u64, dup_ratio: f64, value_bytes: usize, w
     eprintln!("bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}", dup_ratio * 100.0);
     let load = crate::cli::tools::loadgen(
         config,
-        crate::cli::tools::Load { topic: &input, count: messages, dup_ratio, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true, spread_timestamps: None, sample_every: 0 },
+        crate::cli::tools::Load { topic: &input, count: messages, dup_ratio, reused_ratio: 0.0, dup_delay: Duration::ZERO, value_bytes, rate_per_sec: None, show_progress: true, spread_timestamps: None, sample_every: 0 },
     )?;
     eprintln!("bench: produced at {:.0} msgs/s", load.records_per_sec);
 
@@ -244,6 +244,7 @@ fn latency_phase(worker: &BenchWorker, mode: &Mode<'_>, msgs_per_sec: f64) -> an
             topic: mode.input,
             count: latency_messages,
             dup_ratio: 0.0,
+            reused_ratio: 0.0,
             dup_delay: Duration::ZERO,
             value_bytes: mode.value_bytes,
             rate_per_sec: Some(rate),

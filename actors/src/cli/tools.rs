@@ -102,7 +102,11 @@ impl ProducerContext for DeliveryTally {
 pub struct LoadgenSummary {
     pub records_sent: u64,
     pub distinct_ids: u64,
+    /// Retries: records that re-send an earlier record as it was (the same key and value).
     pub resent: u64,
+    /// Records that reuse an earlier id for another value (a client bug the worker calls a
+    /// reused id).
+    pub reused: u64,
     pub seconds: f64,
     pub records_per_sec: f64,
     /// Every `sample_every`-th new id with the time it was stamped with (ms), for a caller that
@@ -117,8 +121,10 @@ pub struct Load<'a> {
     pub topic: &'a str,
     /// Records to produce.
     pub count: u64,
-    /// The share of records that re-send an earlier id...
+    /// The share of records that re-send an earlier record as it was (a retry)...
     pub dup_ratio: f64,
+    /// The share of records that reuse an earlier id for another value.
+    pub reused_ratio: f64,
     /// ...sent at least this long before, when there is one that old.
     pub dup_delay: Duration,
     /// Approximate size of each record's value.
@@ -133,10 +139,11 @@ pub struct Load<'a> {
     pub sample_every: u64,
 }
 
-/// Produces `count` records keyed by UUIDv4; a share `dup_ratio` of them re-send an id sent
-/// `dup_delay` earlier (or the most recent ones, when nothing is that old yet).
+/// Produces `count` records keyed by UUIDv4; a share `dup_ratio` of them re-send a record sent
+/// `dup_delay` earlier (or a recent one, when nothing is that old yet) with the same key and
+/// value, as a retrying client does; a share `reused_ratio` reuse a recent id for a new value.
 pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
-    let Load { topic, count, dup_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps, sample_every } = load;
+    let Load { topic, count, dup_ratio, reused_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps, sample_every } = load;
     let spread_from = spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
     dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15))
         .with_context(|| format!("connecting to {}", config.kafka.brokers))?;
@@ -154,31 +161,50 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         .context("creating the loadgen producer")?;
     let bar = if show_progress { indicatif::ProgressBar::new(count) } else { indicatif::ProgressBar::hidden() };
     let mut rng = rand::rng();
-    let mut recent: std::collections::VecDeque<(Instant, String)> = std::collections::VecDeque::new();
+    // Recent records as sent (when, id, value), for retries and reused ids to draw from.
+    let mut recent: std::collections::VecDeque<(Instant, String, String)> = std::collections::VecDeque::new();
     let mut distinct = 0u64;
     let mut resent = 0u64;
+    let mut reused = 0u64;
     let mut samples = Vec::new();
     let started = Instant::now();
     let filler: String = "x".repeat(value_bytes.saturating_sub(90));
+    let (dup_ratio, reused_ratio) = (dup_ratio.clamp(0.0, 1.0), reused_ratio.clamp(0.0, 1.0));
     for i in 0..count {
-        let resend = !recent.is_empty() && rng.random_bool(dup_ratio.clamp(0.0, 1.0));
-        let id = if resend {
-            resent += 1;
-            // The oldest id at least dup_delay old, else a random recent one.
-            let now = Instant::now();
-            let due = recent.iter().position(|(t, _)| now.duration_since(*t) >= dup_delay);
-            let idx = due.unwrap_or_else(|| rng.random_range(0..recent.len()));
-            recent[idx].1.clone()
-        } else {
-            distinct += 1;
-            let id = uuid::Uuid::new_v4().to_string();
-            recent.push_back((Instant::now(), id.clone()));
-            if recent.len() > 10_000 {
-                recent.pop_front();
-            }
-            id
+        let draw: f64 = rng.random();
+        let kind = match recent.is_empty() {
+            true => Sent::New,
+            false if draw < dup_ratio => Sent::Retry,
+            false if draw < dup_ratio + reused_ratio => Sent::Reused,
+            false => Sent::New,
         };
-        let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
+        let (id, value) = match kind {
+            Sent::Retry => {
+                resent += 1;
+                // The oldest record at least dup_delay old, else a random recent one.
+                let now = Instant::now();
+                let due = recent.iter().position(|(t, _, _)| now.duration_since(*t) >= dup_delay);
+                let idx = due.unwrap_or_else(|| rng.random_range(0..recent.len()));
+                (recent[idx].1.clone(), recent[idx].2.clone())
+            }
+            Sent::Reused => {
+                reused += 1;
+                let id = recent[rng.random_range(0..recent.len())].1.clone();
+                let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
+                (id, value)
+            }
+            Sent::New => {
+                distinct += 1;
+                let id = uuid::Uuid::new_v4().to_string();
+                let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
+                recent.push_back((Instant::now(), id.clone(), value.clone()));
+                if recent.len() > 10_000 {
+                    recent.pop_front();
+                }
+                (id, value)
+            }
+        };
+        let resend = kind != Sent::New;
         let mut record = BaseRecord::to(topic).key(&id).payload(&value);
         let stamp = match (spread_from, spread_timestamps) {
             (Some(from), Some(span)) => Some(from + (span.as_millis() as u64 * i / count.max(1)) as i64),
@@ -221,7 +247,17 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         anyhow::bail!("{failed} of {count} loadgen records were not delivered to {topic} (first error: {first})");
     }
     let seconds = started.elapsed().as_secs_f64();
-    Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, seconds, records_per_sec: count as f64 / seconds, samples })
+    Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, reused, seconds, records_per_sec: count as f64 / seconds, samples })
+}
+
+/// What one loadgen record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    New,
+    /// An earlier record sent again as it was.
+    Retry,
+    /// An earlier id with a new value.
+    Reused,
 }
 
 /// `dedupe ledger stats`: the ledger's stats and every partition's progress, as JSON. The
