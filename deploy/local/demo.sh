@@ -50,7 +50,8 @@ verified=0
 verify=$(demo_verify) || verified=$?
 sent_retries=$(echo "$load" | sed -n 's/.*"resent":\([0-9]*\).*/\1/p')
 sent_reused=$(echo "$load" | sed -n 's/.*"reused":\([0-9]*\).*/\1/p')
-windows=$(page | awk '/^dedupe_window_seconds\{/ { match($1, /partition="[0-9]+"/); p = substr($1, RSTART + 11, RLENGTH - 12); printf "%s%s: %.0f s", sep, p, $2; sep = ", " }')
+windows=$(page | awk '/^dedupe_window_seconds\{/ { match($1, /partition="[0-9]+"/); print substr($1, RSTART + 11, RLENGTH - 12), $2 }' \
+  | sort -n | awk '{ printf "%s%s: %.0f s", sep, $1, $2; sep = ", " }')
 if [ "$verified" = 0 ]; then verdict="ok: every input id is in the output exactly once"; else verdict="FAILED (exit $verified): $verify"; fi
 printf '\n%-28s %s\n' "records in" "$(total dedupe_records_in_total)"
 printf '%-28s %s\n' "published" "$(total dedupe_records_out_total)"
