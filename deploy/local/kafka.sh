@@ -108,6 +108,10 @@ PROPS
 
 up() {
   need kcat "kcat checks that the broker answers metadata requests (apt-get install kcat)"
+  # Test processes started side by side may each call `up`: one starts the broker, the others
+  # wait for it and find it running.
+  exec 9>"${TMPDIR:-/tmp}/dedupe-kafka-$port.lock"
+  flock 9
   if pid=$(running_pid) && answers_metadata; then
     echo "kafka.sh: broker already running (pid $pid) at $bootstrap"
     echo "$bootstrap"
@@ -127,7 +131,7 @@ up() {
     || { cat "$run_dir/format.err" >&2; die "StorageTool random-uuid failed"; }
   "${jvm[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$run_dir/server.properties" \
     >"$run_dir/format.log" 2>&1 || { cat "$run_dir/format.log" >&2; die "formatting KRaft storage in $run_dir/data failed"; }
-  setsid nohup "${jvm[@]}" kafka.Kafka "$run_dir/server.properties" >"$run_dir/stdout.log" 2>&1 </dev/null &
+  setsid nohup "${jvm[@]}" kafka.Kafka "$run_dir/server.properties" >"$run_dir/stdout.log" 2>&1 </dev/null 9>&- &
   echo $! >"$pid_file"
   local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-90}))
   until answers_metadata; do

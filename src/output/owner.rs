@@ -60,8 +60,17 @@ pub fn check_owner(group: &str, input_topic: &str, output: &str, committed: &[(i
 /// The metadata of `group`'s committed offsets for `partitions` of `topic` (partitions with no
 /// committed offset are left out). Retries while the group's coordinator is loading or moving,
 /// up to `timeout`.
+///
+/// Reads `read_uncommitted`: a `read_committed` client asks for stable offsets only, and a crashed
+/// worker's open transaction keeps its partition's offset unstable until a new producer fences it
+/// (which happens after this check) or the transaction times out. The committed offset before it
+/// carries the same metadata.
 pub fn committed_metadata(kafka: &KafkaConfig, group: &str, topic: &str, partitions: &[i32], timeout: Duration) -> Result<Vec<(i32, String)>, KafkaError> {
-    let consumer: BaseConsumer = client_config(kafka).set("group.id", group).set("enable.auto.commit", "false").create()?;
+    let consumer: BaseConsumer = client_config(kafka)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_uncommitted")
+        .create()?;
     let mut tpl = TopicPartitionList::new();
     for &p in partitions {
         tpl.add_partition(topic, p);
