@@ -15,11 +15,10 @@
 //! carries the `dedupe-message-id: derived` header as well. SHA-256 rather than a faster hash: no
 //! one can make two different events share a derived id on purpose.
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::json::Fields;
-use super::same_event::{put, SameEvent};
+use super::json::{string_value, Fields, Name};
+use super::same_event::SameEvent;
 
 /// What starts the hashed text: a new derivation gets a new one, so ids never mean two things
 /// (v1 read numbers as doubles, which merged events that differ as sent).
@@ -28,15 +27,13 @@ const DOMAIN: &[u8] = b"dedupe derived messageId v2\0";
 /// The derived id of `event` from `source`, or `None` when it has no usable `timestamp` (a string
 /// that is not blank) in `fields`.
 pub fn derived_message_id(source: &str, fields: &Fields<'_>, event: &SameEvent) -> Option<String> {
-    match fields.get("timestamp").map(|raw| serde_json::from_str::<Value>(raw.get())) {
-        Some(Ok(Value::String(t))) if !t.trim().is_empty() => {}
-        _ => return None,
+    if fields.named(Name::Timestamp).and_then(string_value).is_none_or(|t| t.trim().is_empty()) {
+        return None;
     }
-    let mut text = Vec::with_capacity(DOMAIN.len() + 8 + source.len());
-    text.extend_from_slice(DOMAIN);
-    put(&mut text, source.as_bytes());
     let mut hash = Sha256::new();
-    hash.update(&text);
+    hash.update(DOMAIN);
+    hash.update((source.len() as u64).to_be_bytes());
+    hash.update(source.as_bytes());
     hash.update(event.text());
     let digest = hash.finalize();
     let mut bytes = [0u8; 16];

@@ -27,5 +27,24 @@ pub fn content_hash(event: &SameEvent) -> u64 {
 
 /// The header's value for `hash`.
 pub fn header_value(hash: u64) -> String {
-    format!("{hash:016x}")
+    hex(hash).iter().map(|&digit| char::from(digit)).collect()
+}
+
+/// The header's value for `hash`, without allocating: 16 lower-case hex digits.
+pub fn hex(hash: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[(hash >> (60 - 4 * i) & 0xf) as usize];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_header_is_the_hash_in_sixteen_hex_digits() {
+        for hash in [0, 1, 0xdead_beef, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(super::header_value(hash), format!("{hash:016x}"));
+        }
+    }
 }

@@ -2,10 +2,8 @@
 
 use std::time::SystemTime;
 
-use serde_json::value::RawValue;
-
 use super::event::{Making, Message, MessageIds, Refused, Shared};
-use super::json::{self, check_strict, Fields};
+use super::json::{self, check_strict, reader::ErrorKind, string_value, Fields, Mode, Reader};
 use super::{rfc3339_millis, Endpoint, Location, Rejection, MAX_BATCH_EVENTS, MAX_MERGED_BYTES, MAX_REQUEST_BYTES};
 
 /// A request body that is a readable JSON object, before authentication and validation. Every
@@ -15,6 +13,8 @@ pub struct Envelope<'a> {
     /// The body, white space around it removed.
     text: &'a str,
     top: Fields<'a>,
+    /// A batch's events' text, found in the same pass as the body's fields.
+    items: Vec<&'a str>,
     write_key: Option<String>,
 }
 
@@ -37,6 +37,16 @@ impl Events {
     }
 }
 
+/// The body's `writeKey`: none, `null`, or one string (refused if repeated or not a string).
+fn write_key_of(top: &Fields<'_>) -> Result<Option<String>, Rejection> {
+    let mut keys = top.iter().filter(|f| f.key == "writeKey").map(|f| f.value);
+    match (keys.next(), keys.next()) {
+        (None, _) | (Some("null"), None) => Ok(None),
+        (Some(key), None) if check_strict(key).is_ok() => Ok(Some(string_value(key).ok_or(Rejection::BadWriteKey)?.into_owned())),
+        _ => Err(Rejection::BadWriteKey),
+    }
+}
+
 /// JSON's white space.
 fn trim_json(text: &str) -> &str {
     text.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'))
@@ -52,21 +62,20 @@ impl<'a> Envelope<'a> {
         let text = std::str::from_utf8(body)
             .map_err(|e| Rejection::MalformedJson(format!("the body is not UTF-8 (at byte {})", e.valid_up_to())))?;
         let text = trim_json(text);
-        let top = Fields::parse_repeated(text).map_err(|e| {
-            if e.classify() == serde_json::error::Category::Data && serde_json::from_str::<&RawValue>(text).is_ok() {
-                Rejection::NotAnObject
-            } else {
-                Rejection::MalformedJson(e.to_string())
-            }
+        // One pass over the body checks its grammar, finds its fields and, on the batch route,
+        // where each event starts and ends; each event is read strictly on its own later.
+        let mut items = Vec::new();
+        let mut reader = Reader::default();
+        let top = match endpoint {
+            Endpoint::Batch => Fields::read_with_items(&mut reader, text, Mode::Skim, "batch", &mut items),
+            Endpoint::Single(_) => Fields::read(&mut reader, text, Mode::Skim),
+        }
+        .map_err(|e| match e.kind {
+            ErrorKind::NotAnObject => Rejection::NotAnObject,
+            _ => Rejection::MalformedJson(e.describe(text)),
         })?;
-        let keys: Vec<&RawValue> = top.iter().filter(|f| f.key == "writeKey").map(|f| f.value).collect();
-        let write_key = match keys.as_slice() {
-            [] => None,
-            [key] if key.get() == "null" => None,
-            [key] => Some(serde_json::from_str::<String>(key.get()).map_err(|_| Rejection::BadWriteKey)?),
-            _ => return Err(Rejection::BadWriteKey),
-        };
-        Ok(Self { endpoint, text, top, write_key })
+        let write_key = write_key_of(&top)?;
+        Ok(Self { endpoint, text, top, items, write_key })
     }
 
     /// The `writeKey` the body carried, if any.
@@ -83,7 +92,8 @@ impl<'a> Envelope<'a> {
         let mut events = Events::default();
         match self.endpoint {
             Endpoint::Single(event_type) => {
-                let making = Making { received_at: &received_at, path_type: Some(event_type), shared: &Shared::default(), ids };
+                let shared = Shared::default();
+                let mut making = Making::new(&received_at, Some(event_type), &shared, ids);
                 match making.make(Location(None), self.text) {
                     Ok(m) => events.messages.push(m),
                     Err(r) => events.refused.push(r),
@@ -93,13 +103,12 @@ impl<'a> Envelope<'a> {
                 // The body's own fields, unlike an event's, are read by this service: a repeated
                 // one leaves the request without one meaning.
                 if let Err(e) = self.top.check_unique() {
-                    return Err(Rejection::MalformedJson(e.to_string()));
+                    return Err(Rejection::MalformedJson(e.describe(self.text)));
                 }
-                let items = match self.top.get("batch") {
-                    Some(raw) if raw.get().starts_with('[') => serde_json::from_str::<Vec<&RawValue>>(raw.get())
-                        .map_err(|e| Rejection::MalformedJson(e.to_string()))?,
-                    _ => return Err(Rejection::BatchNotArray),
-                };
+                if !self.top.get("batch").is_some_and(|raw| raw.starts_with('[')) {
+                    return Err(Rejection::BatchNotArray);
+                }
+                let items = &self.items;
                 if items.is_empty() {
                     return Err(Rejection::EmptyBatch);
                 }
@@ -110,14 +119,14 @@ impl<'a> Envelope<'a> {
                 // What merging would make, bounded before anything is copied: the work and memory
                 // a request can cause stay proportional to its size.
                 let shared_bytes = shared.bytes();
-                let merged: usize = items.iter().map(|item| item.get().len().saturating_add(shared_bytes)).sum();
+                let merged: usize = items.iter().map(|item| item.len().saturating_add(shared_bytes)).sum();
                 if merged > MAX_MERGED_BYTES {
                     return Err(Rejection::MergedBatchTooLarge { bytes: merged });
                 }
-                let making = Making { received_at: &received_at, path_type: None, shared: &shared, ids };
+                let mut making = Making::new(&received_at, None, &shared, ids);
                 events.messages.reserve(items.len());
-                for (i, item) in items.into_iter().enumerate() {
-                    match making.make(Location(Some(i)), item.get()) {
+                for (i, item) in items.iter().enumerate() {
+                    match making.make(Location(Some(i)), item) {
                         Ok(m) => events.messages.push(m),
                         Err(r) => events.refused.push(r),
                     }
@@ -130,22 +139,16 @@ impl<'a> Envelope<'a> {
     /// The batch's fields that apply to each of its events. They are checked as strictly as an
     /// event: they become part of every record.
     fn shared(&self) -> Result<Shared<'a>, Rejection> {
-        let strict = |name: &str, raw: &RawValue| {
-            check_strict(raw.get()).map_err(|e| Rejection::MalformedJson(format!("the batch's `{name}`: {e}")))
-        };
-        let object = |name: &str| -> Result<Option<(&'a RawValue, Fields<'a>)>, Rejection> {
+        let refuse = |name: &str, raw: &str, e: json::JsonError| Rejection::MalformedJson(format!("the batch's `{name}`: {}", e.describe(raw)));
+        let object = |name: &str| -> Result<Option<(&'a str, Fields<'a>)>, Rejection> {
             match self.top.get(name).filter(|raw| json::is_object(raw)) {
                 None => Ok(None),
-                Some(raw) => {
-                    strict(name, raw)?;
-                    let fields = Fields::parse(raw.get()).map_err(|e| Rejection::MalformedJson(e.to_string()))?;
-                    Ok(Some((raw, fields)))
-                }
+                Some(raw) => Ok(Some((raw, Fields::strict(raw).map_err(|e| refuse(name, raw, e))?))),
             }
         };
-        let sent_at = self.top.get("sentAt").filter(|raw| raw.get() != "null");
+        let sent_at = self.top.get("sentAt").filter(|raw| *raw != "null");
         if let Some(raw) = sent_at {
-            strict("sentAt", raw)?;
+            check_strict(raw).map_err(|e| refuse("sentAt", raw, e))?;
         }
         Ok(Shared { context: object("context")?, integrations: object("integrations")?, sent_at })
     }

@@ -11,14 +11,11 @@
 
 use std::fmt;
 
-use serde_json::value::RawValue;
-use serde_json::Value;
-
 use super::derived_id::derived_message_id;
 use super::digest::content_hash;
-use super::json::{self, check_strict, is_duplicate_key, Fields};
-use super::same_event::SameEvent;
-use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES, MAX_REFUSAL_SENTENCE_BYTES};
+use super::json::{self, is_duplicate_key, is_number, string_value, Field, Fields, JsonError, Mode, Name, Reader};
+use super::same_event::{Canonical, SameEvent};
+use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES, MAX_REFUSAL_SENTENCE_BYTES, SERVICE_FIELDS_BYTES};
 
 /// Why one event is refused. The message names the problem, never the payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -118,19 +115,19 @@ impl fmt::Display for Refused {
 }
 
 /// What a batch adds to each of its events: its own `context` and `integrations` when they are
-/// objects, and its `sentAt` when it is not `null`.
+/// objects (their text and fields), and its `sentAt` when it is not `null`.
 #[derive(Default)]
 pub struct Shared<'a> {
-    pub context: Option<(&'a RawValue, Fields<'a>)>,
-    pub integrations: Option<(&'a RawValue, Fields<'a>)>,
-    pub sent_at: Option<&'a RawValue>,
+    pub context: Option<(&'a str, Fields<'a>)>,
+    pub integrations: Option<(&'a str, Fields<'a>)>,
+    pub sent_at: Option<&'a str>,
 }
 
 impl Shared<'_> {
     /// At most what merging adds to one event: the shared values' text and their names.
     pub fn bytes(&self) -> usize {
-        let object = |o: &Option<(&RawValue, Fields<'_>)>| o.as_ref().map_or(0, |(raw, _)| raw.get().len() + 16);
-        object(&self.context) + object(&self.integrations) + self.sent_at.map_or(0, |v| v.get().len() + 12)
+        let object = |o: &Option<(&str, Fields<'_>)>| o.as_ref().map_or(0, |(raw, _)| raw.len() + 16);
+        object(&self.context) + object(&self.integrations) + self.sent_at.map_or(0, |v| v.len() + 12)
     }
 }
 
@@ -176,7 +173,7 @@ pub struct MessageIds<'a> {
     pub missing: MissingId,
 }
 
-/// What every event of a request is made with.
+/// What every event of a request is made with, and the buffers reused from one event to the next.
 pub struct Making<'a> {
     /// `receivedAt` as JSON text (a quoted string).
     pub received_at: &'a str,
@@ -184,17 +181,35 @@ pub struct Making<'a> {
     pub path_type: Option<EventType>,
     pub shared: &'a Shared<'a>,
     pub ids: MessageIds<'a>,
+    reader: Reader<'a>,
+    fields: Vec<Field<'a>>,
+    same: SameEvent,
+    canonical: Canonical,
 }
 
-/// The fields validation reads, as parsed values (each small).
+/// The fields validation reads.
 struct Read {
     event_type: EventType,
     message_id: Option<String>,
 }
 
-impl Making<'_> {
-    /// Validates the event whose text is `raw` and makes its record, or says why not.
-    pub fn make(&self, at: Location, raw: &str) -> Result<Message, Refused> {
+impl<'a> Making<'a> {
+    pub fn new(received_at: &'a str, path_type: Option<EventType>, shared: &'a Shared<'a>, ids: MessageIds<'a>) -> Self {
+        Self {
+            received_at,
+            path_type,
+            shared,
+            ids,
+            reader: Reader::default(),
+            fields: Vec::with_capacity(16),
+            same: SameEvent::default(),
+            canonical: Canonical::default(),
+        }
+    }
+
+    /// Validates the event whose text is `raw` and makes its record, or says why not. One pass
+    /// over the text checks it strictly and finds its fields.
+    pub fn make(&mut self, at: Location, raw: &'a str) -> Result<Message, Refused> {
         let refuse = |problem: Problem| Refused { at, problem, value: without_write_key(raw), message_id: usable_id(raw) };
         if !raw.starts_with('{') {
             return Err(refuse(Problem::NotAnObject));
@@ -202,15 +217,22 @@ impl Making<'_> {
         if raw.len() > MAX_MESSAGE_BYTES {
             return Err(refuse(Problem::TooLarge { bytes: raw.len() }));
         }
-        check_strict(raw).map_err(|e| refuse(problem_of(&e)))?;
-        // The strict check refused a repeated key at every depth already.
-        let fields = Fields::parse_repeated(raw).map_err(|e| refuse(problem_of(&e)))?;
-        let read = self.read(&fields).map_err(&refuse)?;
-        // The strict check passed, so every value has a canonical form.
-        let same = SameEvent::of(read.event_type, &fields)
-            .ok_or_else(|| refuse(Problem::MalformedJson("a value has no canonical form".into())))?;
+        let fields = Fields::read_into(&mut self.reader, raw, Mode::Strict, std::mem::take(&mut self.fields))
+            .map_err(|e| refuse(problem_of(&e, raw)))?;
+        let made = self.made(&fields, raw).map_err(refuse);
+        self.fields = fields.into_list();
+        made
+    }
+
+    /// The record of the event with `fields` (read strictly from `raw`).
+    fn made(&mut self, fields: &Fields<'a>, raw: &str) -> Result<Message, Problem> {
+        let read = self.read(fields)?;
+        // The strict read passed, so every value has a canonical form.
+        self.same
+            .fill(read.event_type, fields, &mut self.canonical)
+            .ok_or_else(|| Problem::MalformedJson("a value has no canonical form".into()))?;
         let derived = || match self.ids.missing {
-            MissingId::Derive => derived_message_id(self.ids.source, &fields, &same),
+            MissingId::Derive => derived_message_id(self.ids.source, fields, &self.same),
             MissingId::Random => None,
         };
         let (message_id, id_origin) = match read.message_id {
@@ -221,54 +243,49 @@ impl Making<'_> {
             },
         };
         let assigned = (id_origin != IdOrigin::Client).then_some(message_id.as_str());
-        let value = self.record(&fields, raw.len(), read.event_type, assigned).map_err(|e| refuse(problem_of(&e)))?;
+        let value = self.record(fields, raw.len(), read.event_type, assigned).map_err(|e| problem_of(&e, raw))?;
         if value.len() > MAX_RECORD_BYTES {
-            return Err(refuse(Problem::MergedTooLarge { bytes: value.len() }));
+            return Err(Problem::MergedTooLarge { bytes: value.len() });
         }
-        let content_hash = content_hash(&same);
+        let content_hash = content_hash(&self.same);
         Ok(Message { message_id, id_origin, event_type: read.event_type, value, content_hash })
     }
 
     fn read(&self, fields: &Fields<'_>) -> Result<Read, Problem> {
-        let value = |name: &str| fields.get(name).and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok());
         let event_type = match self.path_type {
             Some(t) => t,
-            None => match value("type") {
-                None | Some(Value::Null) => return Err(Problem::MissingType),
-                Some(Value::String(t)) => EventType::parse(&t).ok_or(Problem::UnknownType)?,
-                Some(_) => return Err(Problem::UnknownType),
+            None => match fields.named(Name::Type) {
+                None | Some("null") => return Err(Problem::MissingType),
+                Some(t) => string_value(t).and_then(|t| EventType::parse(&t)).ok_or(Problem::UnknownType)?,
             },
         };
-        let has_id = |name: &str| match value(name) {
-            Some(Value::String(s)) => !s.is_empty(),
-            Some(Value::Number(_)) => true,
-            _ => false,
-        };
+        // A non-empty string (`""` is the only text of an empty one) or a number.
+        let has_id = |name: Name| fields.named(name).is_some_and(|v| (v.starts_with('"') && v.len() > 2) || is_number(v));
         match event_type {
-            EventType::Alias if !has_id("previousId") || !has_id("userId") => return Err(Problem::MissingAliasIds),
+            EventType::Alias if !has_id(Name::PreviousId) || !has_id(Name::UserId) => return Err(Problem::MissingAliasIds),
             EventType::Alias => {}
-            _ if !has_id("userId") && !has_id("anonymousId") => return Err(Problem::MissingIdentity),
+            _ if !has_id(Name::UserId) && !has_id(Name::AnonymousId) => return Err(Problem::MissingIdentity),
             _ => {}
         }
         match event_type {
-            EventType::Track if value("event").as_ref().and_then(Value::as_str).is_none_or(str::is_empty) => {
-                return Err(Problem::MissingEvent)
-            }
-            EventType::Group if !has_id("groupId") => return Err(Problem::MissingGroupId),
+            EventType::Track if fields.named(Name::Event).is_none_or(|v| !v.starts_with('"') || v.len() <= 2) => return Err(Problem::MissingEvent),
+            EventType::Group if !has_id(Name::GroupId) => return Err(Problem::MissingGroupId),
             _ => {}
         }
-        let message_id = match value("messageId") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(id)) if valid_message_id(&id) => Some(id),
-            Some(_) => return Err(Problem::BadMessageId),
+        let message_id = match fields.named(Name::MessageId) {
+            None | Some("null") => None,
+            Some(v) => match string_value(v) {
+                Some(id) if valid_message_id(&id) => Some(id.into_owned()),
+                _ => return Err(Problem::BadMessageId),
+            },
         };
         Ok(Read { event_type, message_id })
     }
 
     /// The record's text: the event's fields as sent, with this service's changes.
-    fn record(&self, fields: &Fields<'_>, sent: usize, event_type: EventType, assigned_id: Option<&str>) -> Result<Vec<u8>, serde_json::Error> {
+    fn record(&self, fields: &Fields<'_>, sent: usize, event_type: EventType, assigned_id: Option<&str>) -> Result<Vec<u8>, JsonError> {
         let shared = self.shared;
-        let mut out = Vec::with_capacity(sent + shared.bytes() + 96);
+        let mut out = Vec::with_capacity(sent + shared.bytes() + SERVICE_FIELDS_BYTES);
         out.push(b'{');
         let put = |out: &mut Vec<u8>, key_text: &str| {
             if out.len() > 1 {
@@ -277,14 +294,23 @@ impl Making<'_> {
             out.extend_from_slice(key_text.as_bytes());
             out.push(b':');
         };
-        let type_text = || format!("\"{}\"", event_type.as_str());
-        let id_text = |id: &str| serde_json::to_string(id).unwrap_or_default();
+        let put_type = |out: &mut Vec<u8>| {
+            out.push(b'"');
+            out.extend_from_slice(event_type.as_str().as_bytes());
+            out.push(b'"');
+        };
+        // An assigned id is a UUID: its text needs no escape.
+        let put_id = |out: &mut Vec<u8>, id: &str| {
+            out.push(b'"');
+            out.extend_from_slice(id.as_bytes());
+            out.push(b'"');
+        };
         for f in fields.iter() {
-            match f.key {
+            match f.key.as_ref() {
                 "writeKey" => continue,
                 "type" if self.path_type.is_some() => {
                     put(&mut out, f.key_text);
-                    out.extend_from_slice(type_text().as_bytes());
+                    put_type(&mut out);
                 }
                 "receivedAt" => {
                     put(&mut out, f.key_text);
@@ -292,45 +318,43 @@ impl Making<'_> {
                 }
                 "messageId" if assigned_id.is_some() => {
                     put(&mut out, f.key_text);
-                    out.extend_from_slice(id_text(assigned_id.unwrap_or_default()).as_bytes());
+                    put_id(&mut out, assigned_id.unwrap_or_default());
                 }
                 key @ ("context" | "integrations") => {
                     put(&mut out, f.key_text);
                     let defaults = if key == "context" { &shared.context } else { &shared.integrations };
                     match defaults {
-                        Some((_, defaults)) if json::is_object(f.value) => {
-                            json::merge_into(&mut out, &Fields::parse(f.value.get())?, defaults)?
-                        }
-                        _ => out.extend_from_slice(f.value.get().as_bytes()),
+                        Some((_, defaults)) if json::is_object(f.value) => json::merge_into(&mut out, &Fields::skim(f.value)?, defaults)?,
+                        _ => out.extend_from_slice(f.value.as_bytes()),
                     }
                 }
                 _ => {
                     put(&mut out, f.key_text);
-                    out.extend_from_slice(f.value.get().as_bytes());
+                    out.extend_from_slice(f.value.as_bytes());
                 }
             }
         }
-        let lacks = |name: &str| fields.get(name).is_none();
-        if self.path_type.is_some() && lacks("type") {
+        let lacks = |name: Name| fields.named(name).is_none();
+        if self.path_type.is_some() && lacks(Name::Type) {
             put(&mut out, "\"type\"");
-            out.extend_from_slice(type_text().as_bytes());
+            put_type(&mut out);
         }
-        if let (Some(id), true) = (assigned_id, lacks("messageId")) {
+        if let (Some(id), true) = (assigned_id, lacks(Name::MessageId)) {
             put(&mut out, "\"messageId\"");
-            out.extend_from_slice(id_text(id).as_bytes());
+            put_id(&mut out, id);
         }
-        if lacks("receivedAt") {
+        if lacks(Name::ReceivedAt) {
             put(&mut out, "\"receivedAt\"");
             out.extend_from_slice(self.received_at.as_bytes());
         }
-        for (name, value) in [
-            ("context", shared.context.as_ref().map(|(raw, _)| *raw)),
-            ("integrations", shared.integrations.as_ref().map(|(raw, _)| *raw)),
-            ("sentAt", shared.sent_at),
+        for (name, key_text, value) in [
+            (Name::Context, "\"context\"", shared.context.as_ref().map(|(raw, _)| *raw)),
+            (Name::Integrations, "\"integrations\"", shared.integrations.as_ref().map(|(raw, _)| *raw)),
+            (Name::SentAt, "\"sentAt\"", shared.sent_at),
         ] {
             if let (Some(value), true) = (value, lacks(name)) {
-                put(&mut out, &format!("\"{name}\""));
-                out.extend_from_slice(value.get().as_bytes());
+                put(&mut out, key_text);
+                out.extend_from_slice(value.as_bytes());
             }
         }
         out.push(b'}');
@@ -338,19 +362,20 @@ impl Making<'_> {
     }
 }
 
-/// The problem a serde_json error stands for.
-fn problem_of(e: &serde_json::Error) -> Problem {
+/// The problem a reading error of `text` stands for.
+fn problem_of(e: &JsonError, text: &str) -> Problem {
     if is_duplicate_key(e) {
-        Problem::DuplicateKey(format!("line {} column {}", e.line(), e.column()))
+        let (line, column) = e.line_column(text);
+        Problem::DuplicateKey(format!("line {line} column {column}"))
     } else {
-        Problem::MalformedJson(e.to_string())
+        Problem::MalformedJson(e.describe(text))
     }
 }
 
 /// An event's text as sent, with any top-level `writeKey` dropped: it is a secret, and a
 /// refused event is kept in Kafka too.
 fn without_write_key(raw: &str) -> Vec<u8> {
-    let fields = match Fields::parse_repeated(raw) {
+    let fields = match Fields::skim(raw) {
         Ok(fields) if fields.iter().any(|f| f.key == "writeKey") => fields,
         // Not an object (so no top-level field at all), or none to drop.
         _ => return raw.as_bytes().to_vec(),
@@ -363,7 +388,7 @@ fn without_write_key(raw: &str) -> Vec<u8> {
         }
         out.extend_from_slice(f.key_text.as_bytes());
         out.push(b':');
-        out.extend_from_slice(f.value.get().as_bytes());
+        out.extend_from_slice(f.value.as_bytes());
     }
     out.push(b'}');
     out
@@ -371,10 +396,12 @@ fn without_write_key(raw: &str) -> Vec<u8> {
 
 /// The event's `messageId` if it is a usable one, however else the event is wrong.
 fn usable_id(raw: &str) -> Option<String> {
-    let fields = Fields::parse_repeated(raw).ok()?;
-    let ids: Vec<&RawValue> = fields.iter().filter(|f| f.key == "messageId").map(|f| f.value).collect();
-    match ids.as_slice() {
-        [one] => serde_json::from_str::<String>(one.get()).ok().filter(|id| valid_message_id(id)),
+    let fields = Fields::skim(raw).ok()?;
+    let mut ids = fields.iter().filter(|f| f.key == "messageId");
+    match (ids.next(), ids.next()) {
+        (Some(one), None) if json::check_strict(one.value).is_ok() => {
+            string_value(one.value).filter(|id| valid_message_id(id)).map(|id| id.into_owned())
+        }
         _ => None,
     }
 }

@@ -249,10 +249,15 @@ impl Rejection {
 /// separator, so two sources' ids never make the same key.
 pub fn record_key(source: &str, message_id: &str) -> String {
     let mut key = String::with_capacity(source.len() + 1 + message_id.len());
+    push_record_key(&mut key, source, message_id);
+    key
+}
+
+/// [`record_key`] appended to `key`.
+pub fn push_record_key(key: &mut String, source: &str, message_id: &str) {
     key.push_str(source);
     key.push(KEY_SEPARATOR);
     key.push_str(message_id);
-    key
 }
 
 /// Milliseconds since the Unix epoch (0 for times before it).

@@ -16,19 +16,27 @@
 //! a zero byte when absent or `null`, else a one byte and the value's canonical text; the type and
 //! each value as an 8-byte big-endian length followed by the bytes.
 
-use serde_json::value::RawValue;
-
-use super::json::Fields;
+use super::json::{reader, Fields, Name};
 use super::EventType;
 
 /// The fields that make an event what it is, after its type.
-pub const FIELDS: [&str; 9] = ["event", "name", "userId", "anonymousId", "groupId", "previousId", "timestamp", "properties", "traits"];
+pub const FIELDS: [Name; 9] = [
+    Name::Event,
+    Name::Name,
+    Name::UserId,
+    Name::AnonymousId,
+    Name::GroupId,
+    Name::PreviousId,
+    Name::Timestamp,
+    Name::Properties,
+    Name::Traits,
+];
 
 /// Deepest nesting the canonical writer follows; the strict check refuses deeper text first.
 const MAX_DEPTH: usize = 128;
 
 /// An event reduced to what makes it the same event as another.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SameEvent {
     text: Vec<u8>,
 }
@@ -37,21 +45,31 @@ impl SameEvent {
     /// The event of `event_type` with `fields` (which passed the strict check). `None` only if a
     /// value is not JSON, which the strict check has refused already.
     pub fn of(event_type: EventType, fields: &Fields<'_>) -> Option<SameEvent> {
-        let mut text = Vec::with_capacity(256);
-        put(&mut text, event_type.as_str().as_bytes());
-        let mut value = Vec::new();
+        let mut same = SameEvent::default();
+        same.fill(event_type, fields, &mut Canonical::default())?;
+        Some(same)
+    }
+
+    /// Makes this the event of `event_type` with `fields`, reusing its buffer and `canonical`'s.
+    pub fn fill(&mut self, event_type: EventType, fields: &Fields<'_>, canonical: &mut Canonical) -> Option<()> {
+        let text = &mut self.text;
+        text.clear();
+        put(text, event_type.as_str().as_bytes());
         for name in FIELDS {
-            match fields.get(name).filter(|raw| raw.get() != "null") {
+            match fields.named(name).filter(|raw| *raw != "null") {
                 None => text.push(0),
                 Some(raw) => {
                     text.push(1);
-                    value.clear();
-                    canonical(raw, &mut value)?;
-                    put(&mut text, &value);
+                    // The length goes first: write the value after room for it, then fill it in.
+                    let at = text.len();
+                    text.extend_from_slice(&[0; 8]);
+                    canonical.write(raw, text)?;
+                    let len = (text.len() - at - 8) as u64;
+                    text[at..at + 8].copy_from_slice(&len.to_be_bytes());
                 }
             }
         }
-        Some(SameEvent { text })
+        Some(())
     }
 
     /// The bytes both hashes read (see the module's doc).
@@ -69,24 +87,38 @@ pub(crate) fn put(out: &mut Vec<u8>, bytes: &[u8]) {
 /// `raw`'s canonical text into `out`: no white space outside strings, every object's members in
 /// the order of their keys' text as sent, every string and number as sent. `None` for text that is
 /// not one JSON value.
-pub fn canonical(raw: &RawValue, out: &mut Vec<u8>) -> Option<()> {
-    canonical_text(raw.get(), out)
+pub fn canonical(raw: &str, out: &mut Vec<u8>) -> Option<()> {
+    Canonical::default().write(raw, out)
 }
 
-fn canonical_text(text: &str, out: &mut Vec<u8>) -> Option<()> {
-    let mut reader = Reader { text: text.as_bytes(), at: 0 };
-    reader.value(out, 0)?;
-    reader.skip_space();
-    (reader.at == reader.text.len()).then_some(())
+/// The canonical writer's buffers, reused from one value to the next: the members of every object
+/// open, and a copy of an object's members while they are put in order.
+#[derive(Debug, Default)]
+pub struct Canonical {
+    /// Each member as (start, key's end, end) in the output.
+    members: Vec<(usize, usize, usize)>,
+    copy: Vec<u8>,
+}
+
+impl Canonical {
+    /// `text`'s canonical text appended to `out`.
+    pub fn write(&mut self, text: &str, out: &mut Vec<u8>) -> Option<()> {
+        self.members.clear();
+        let mut reader = Writer { text: text.as_bytes(), at: 0, buffers: self };
+        reader.value(out, 0)?;
+        reader.skip_space();
+        (reader.at == reader.text.len()).then_some(())
+    }
 }
 
 /// A cursor over JSON text that passed the strict check.
-struct Reader<'a> {
+struct Writer<'a, 'b> {
     text: &'a [u8],
     at: usize,
+    buffers: &'b mut Canonical,
 }
 
-impl<'a> Reader<'a> {
+impl<'a> Writer<'a, '_> {
     fn skip_space(&mut self) {
         while matches!(self.text.get(self.at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
             self.at += 1;
@@ -129,6 +161,7 @@ impl<'a> Reader<'a> {
         }
         let mut i = start + 1;
         loop {
+            i = reader::plain_run(self.text, i);
             match *self.text.get(i)? {
                 b'"' => break,
                 b'\\' => i += 2,
@@ -160,26 +193,31 @@ impl<'a> Reader<'a> {
         Some(())
     }
 
-    /// Members are written to one buffer as `"key":value`, then copied out in their keys' order.
+    /// Members are written to `out` as they come (`"key":value`, commas between), then, unless
+    /// they came in order already, rewritten from a copy in their keys' order.
     fn object(&mut self, out: &mut Vec<u8>, depth: usize) -> Option<()> {
         self.at += 1;
-        let mut members: Vec<(usize, usize, usize)> = Vec::new(); // (start, key's end, end)
-        let mut buf = Vec::new();
+        out.push(b'{');
+        let body = out.len();
+        let from = self.buffers.members.len();
         self.skip_space();
         if self.text.get(self.at) == Some(&b'}') {
             self.at += 1;
         } else {
             loop {
                 self.skip_space();
-                let start = buf.len();
-                buf.extend_from_slice(self.string()?);
-                let key_end = buf.len();
+                if out.len() > body {
+                    out.push(b',');
+                }
+                let start = out.len();
+                out.extend_from_slice(self.string()?);
+                let key_end = out.len();
                 if self.next_byte()? != b':' {
                     return None;
                 }
-                buf.push(b':');
-                self.value(&mut buf, depth)?;
-                members.push((start, key_end, buf.len()));
+                out.push(b':');
+                self.value(out, depth)?;
+                self.buffers.members.push((start, key_end, out.len()));
                 match self.next_byte()? {
                     b',' => {}
                     b'}' => break,
@@ -187,14 +225,21 @@ impl<'a> Reader<'a> {
                 }
             }
         }
-        members.sort_unstable_by(|a, b| buf[a.0..a.1].cmp(&buf[b.0..b.1]));
-        out.push(b'{');
-        for (i, &(start, _, end)) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
+        let members = &mut self.buffers.members[from..];
+        if !members.windows(2).all(|w| out[w[0].0..w[0].1] <= out[w[1].0..w[1].1]) {
+            let copy = &mut self.buffers.copy;
+            copy.clear();
+            copy.extend_from_slice(&out[body..]);
+            members.sort_by(|a, b| copy[a.0 - body..a.1 - body].cmp(&copy[b.0 - body..b.1 - body]));
+            out.truncate(body);
+            for (i, &(start, _, end)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&copy[start - body..end - body]);
             }
-            out.extend_from_slice(&buf[start..end]);
         }
+        self.buffers.members.truncate(from);
         out.push(b'}');
         Some(())
     }
@@ -205,9 +250,9 @@ mod tests {
     use super::*;
 
     fn canon(text: &str) -> String {
-        let raw: Box<RawValue> = serde_json::from_str(text).unwrap();
+        let raw = text.trim();
         let mut out = Vec::new();
-        canonical(&raw, &mut out).unwrap();
+        canonical(raw, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -244,7 +289,7 @@ mod tests {
     fn text_that_is_not_one_value_has_no_canonical_form() {
         let mut out = Vec::new();
         for bad in [r#"{"a" 1}"#, "[1 2]", r#"{"a":1"#, "", "1 2", r#""open"#, r#"{"a":}"#] {
-            assert!(canonical_text(bad, &mut out).is_none(), "{bad}");
+            assert!(canonical(bad, &mut out).is_none(), "{bad}");
         }
     }
 }
