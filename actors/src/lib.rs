@@ -28,6 +28,7 @@ pub mod actors {
 pub mod bench {
     //! Benches that run the real worker.
     pub mod handoff;
+    pub mod latency;
     pub mod pipeline;
 }
 pub mod cli;

@@ -40,6 +40,8 @@ rounds=${BENCH_ROUNDS:-3}
 partitions=${BENCH_PARTITIONS:-6}
 threads=${BENCH_THREADS:-2}
 routes=${BENCH_ROUTES:-/v1/batch /v1/b}
+e2e_connections_list=${BENCH_E2E_CONNECTIONS:-32}
+e2e_rounds=${BENCH_E2E_ROUNDS:-1}
 
 die() { echo "bench: $*" >&2; exit 1; }
 deploy/local/install-deps.sh --tests
@@ -53,9 +55,10 @@ java_tool() { java -Xmx512m -cp "$cp" "$@"; }
 run_id=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')
 work=$(mktemp -d)
 ingest_pid=""
+worker_pid=""
 
 cleanup() {
-  if [ -n "$ingest_pid" ]; then kill "$ingest_pid" 2>/dev/null || true; wait "$ingest_pid" 2>/dev/null || true; fi
+  for pid in $ingest_pid $worker_pid; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   # Whatever a round left, in one call (the option takes a regular expression).
   java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --delete --topic "bench-.*-$run_id" \
     >/dev/null 2>&1 || true
@@ -64,6 +67,35 @@ cleanup() {
 trap cleanup EXIT
 
 export BENCH_WRITE_KEY="bench-$run_id" BENCH_ORIGIN="http://bench.example"
+
+# The CPU time (user and system, in clock ticks) process $1 has used.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# A port nothing listens on.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Starts `dedupe ingest` on port $1, writing to topic $2, and waits until it is ready. The rate
+# limiter and CORS on, as production would run them: a limit no request reaches, with a burst over
+# any request; places in flight for every connection of the larger round, so that none is refused.
+start_ingest() {
+  local port=$1 topic=$2
+  DEDUPE_WRITE_KEYS="$BENCH_WRITE_KEY=bench" DEDUPE_LOG_LEVEL=warn \
+    DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC=100000000 DEDUPE_INGEST_CORS_ORIGINS="[\"$BENCH_ORIGIN\"]" \
+    DEDUPE_INGEST_MAX_IN_FLIGHT_REQUESTS=128 \
+    "$dedupe" ingest --listen "127.0.0.1:$port" --brokers "$brokers" --topic "$topic" >"$work/ingest.log" 2>&1 &
+  ingest_pid=$!
+  wait_ready "http://127.0.0.1:$port/readyz" "$ingest_pid" "$work/ingest.log" "dedupe ingest"
+}
+
+# Waits until $1 answers 200, while process $2 (logging to $3, named $4) runs.
+wait_ready() {
+  for _ in $(seq 1 600); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "$1" 2>/dev/null || true)" = 200 ] && return 0
+    kill -0 "$2" 2>/dev/null || { cat "$3" >&2; die "$4 exited"; }
+    sleep 0.1
+  done
+  die "$4 was not ready within 60 s"
+}
 
 # One round of one route at one number of connections: wrk against a fresh `dedupe ingest`, then
 # ProducerPerformance for as many records. With "warmup" as the third argument, runs for
@@ -79,24 +111,14 @@ bench_route() {
   done
 
   local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  # The rate limiter and CORS on, as production would run them: a limit no request reaches, with
-  # a burst over any request; places in flight for every connection of the larger round, so that
-  # none is refused.
-  DEDUPE_WRITE_KEYS="$BENCH_WRITE_KEY=bench" DEDUPE_LOG_LEVEL=warn \
-    DEDUPE_INGEST_RATE_LIMIT_EVENTS_PER_SEC=100000000 DEDUPE_INGEST_CORS_ORIGINS="[\"$BENCH_ORIGIN\"]" \
-    DEDUPE_INGEST_MAX_IN_FLIGHT_REQUESTS=128 \
-    "$dedupe" ingest --listen "127.0.0.1:$port" --brokers "$brokers" --topic "$ingest_topic" >"$work/ingest.log" 2>&1 &
-  ingest_pid=$!
-  for _ in $(seq 1 300); do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/readyz" 2>/dev/null || true)" = 200 ] && break
-    kill -0 "$ingest_pid" 2>/dev/null || { cat "$work/ingest.log" >&2; die "dedupe ingest exited"; }
-    sleep 0.1
-  done
-
+  port=$(free_port)
+  start_ingest "$port" "$ingest_topic"
   echo "bench: $phase: wrk for ${seconds}s on $route, $connections connections, 20 events per request, against $ingest_topic ($partitions partitions)" >&2
+  local cpu_before cpu_after
+  cpu_before=$(cpu_ticks "$ingest_pid")
   BENCH_RUN_ID="$run_id-$name" BENCH_PATH="$route" wrk -t"$threads" -c"$connections" -d"${seconds}s" --timeout 30s \
     -s deploy/bench/ingest.lua "http://127.0.0.1:$port$route" >"$work/wrk.out"
+  cpu_after=$(cpu_ticks "$ingest_pid")
   cat "$work/wrk.out" >&2
   local wrk_json
   wrk_json=$(grep '^{' "$work/wrk.out" | tail -n 1)
@@ -130,9 +152,10 @@ print(w["requests"], w["non_2xx"], w["duration_us"], w["p99_us"], w["events_per_
     --topic "bench-(ingest|ceiling)-$name-$run_id" >/dev/null 2>&1 || true
   [ "$phase" = warmup ] && return 0
   python3 -c '
-import json, sys
+import json, os, sys
 connections, round_ = int(sys.argv[10]), int(sys.argv[11])
 route, accepted, duration_us, p99_us, ceiling, non_2xx, requests, record_bytes, landed = sys.argv[1:10]
+cpu_ticks = int(sys.argv[12])
 eps = int(accepted) / (int(duration_us) / 1e6)
 print(json.dumps({
     "route": route,
@@ -142,8 +165,60 @@ print(json.dumps({
     "ingest_p99_ms": round(int(p99_us) / 1000, 1),
     "kafka_ceiling_records_per_sec": round(float(ceiling)),
     "ratio": round(eps / float(ceiling), 2),
+    "ingest_cpu_us_per_event": round(cpu_ticks / os.sysconf("SC_CLK_TCK") * 1e6 / int(accepted), 2),
     "requests": int(requests), "non_2xx": int(non_2xx), "records_landed": int(landed), "record_bytes": int(record_bytes),
-}))' "$route" "$accepted_events" "$duration_us" "$p99_us" "$ceiling" "$non_2xx" "$requests" "$record_bytes" "$landed" "$connections" "$round" | tee -a "$work/rounds.jsonl"
+}))' "$route" "$accepted_events" "$duration_us" "$p99_us" "$ceiling" "$non_2xx" "$requests" "$record_bytes" "$landed" "$connections" "$round" \
+    "$((cpu_after - cpu_before))" | tee -a "$work/rounds.jsonl"
+}
+
+# One end-to-end round of one route: the worker deduplicating behind the front door, wrk posting
+# as in the other rounds, and `dedupe bench latency` reading the output topic read_committed as it
+# is written: each record's time from its request's receipt (its timestamp) to being readable.
+bench_e2e() {
+  local route=$1 connections=$2 round=$3 name
+  name=$(echo "$route" | tr -c 'a-z0-9\n' '-' | sed 's/^-*//')-c$connections-e2e$round
+  local input="bench-e2e-in-$name-$run_id" output="bench-e2e-out-$name-$run_id"
+  for t in "$input" "$output"; do
+    java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --create --topic "$t" \
+      --partitions "$partitions" --replication-factor 1 >/dev/null
+  done
+  local metrics_port port
+  metrics_port=$(free_port)
+  DEDUPE_LOG_LEVEL=warn "$dedupe" run --brokers "$brokers" --input-topic "$input" \
+    --output-topic "$output" --data-dir "$work/ledger-$name" --metrics-addr "127.0.0.1:$metrics_port" \
+    >"$work/worker.log" 2>&1 &
+  worker_pid=$!
+  wait_ready "http://127.0.0.1:$metrics_port/readyz" "$worker_pid" "$work/worker.log" "dedupe run"
+  port=$(free_port)
+  start_ingest "$port" "$input"
+
+  echo "bench: e2e: wrk for ${seconds}s on $route, $connections connections, the worker behind, reading $output" >&2
+  "$dedupe" bench latency --brokers "$brokers" --output-topic "$output" \
+    --seconds $((seconds + 5)) >"$work/latency.json" 2>"$work/latency.err" &
+  local latency_pid=$!
+  sleep 2
+  BENCH_RUN_ID="$run_id-$name" BENCH_PATH="$route" wrk -t"$threads" -c"$connections" -d"${seconds}s" --timeout 30s \
+    -s deploy/bench/ingest.lua "http://127.0.0.1:$port$route" >"$work/wrk.out"
+  wait "$latency_pid" || { cat "$work/latency.err" >&2; die "dedupe bench latency failed"; }
+  kill "$ingest_pid"; wait "$ingest_pid" 2>/dev/null || true; ingest_pid=""
+  kill "$worker_pid"; wait "$worker_pid" 2>/dev/null || true; worker_pid=""
+  rm -rf "$work/ledger-$name"
+  java_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$brokers" --delete \
+    --topic "bench-e2e-(in|out)-$name-$run_id" >/dev/null 2>&1 || true
+
+  python3 -c '
+import json, sys
+w = json.loads([l for l in open(sys.argv[1]) if l.startswith("{")][-1])
+l = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+accepted = (w["requests"] - w["non_2xx"]) * w["events_per_request"]
+if l["records"] < accepted:
+    sys.exit("bench: the reader saw %d records for %d acknowledged events" % (l["records"], accepted))
+print(json.dumps({
+    "route": sys.argv[3], "connections": int(sys.argv[4]), "round": int(sys.argv[5]), "e2e": True,
+    "e2e_events_per_sec": round(accepted / (w["duration_us"] / 1e6)),
+    "e2e_p50_ms": l["p50_ms"], "e2e_p99_ms": l["p99_ms"], "e2e_max_ms": l["max_ms"],
+    "ingest_p99_ms": round(w["p99_us"] / 1000, 1), "non_2xx": w["non_2xx"], "records_read": l["records"],
+}))' "$work/wrk.out" "$work/latency.json" "$route" "$connections" "$round" | tee -a "$work/e2e.jsonl"
 }
 
 first_route=${routes%% *}
@@ -170,3 +245,23 @@ for key in dict.fromkeys((r["route"], r["connections"]) for r in rounds):
         "median_kafka_ceiling_records_per_sec": round(statistics.median(r["kafka_ceiling_records_per_sec"] for r in rs)),
         "median_ingest_p99_ms": round(statistics.median(r["ingest_p99_ms"] for r in rs), 1),
     }))' "$work/rounds.jsonl"
+
+# End to end, after the front door alone: the same routes with the worker behind.
+for route in $routes; do
+  for connections in $e2e_connections_list; do
+    for round in $(seq 1 "$e2e_rounds"); do
+      bench_e2e "$route" "$connections" "$round"
+    done
+  done
+done
+[ -s "$work/e2e.jsonl" ] && python3 -c '
+import json, statistics, sys
+rounds = [json.loads(line) for line in open(sys.argv[1])]
+for key in dict.fromkeys((r["route"], r["connections"]) for r in rounds):
+    rs = [r for r in rounds if (r["route"], r["connections"]) == key]
+    print(json.dumps({
+        "route": key[0], "connections": key[1], "e2e_rounds": len(rs),
+        "median_e2e_events_per_sec": round(statistics.median(r["e2e_events_per_sec"] for r in rs)),
+        "median_e2e_p50_ms": statistics.median(r["e2e_p50_ms"] for r in rs),
+        "median_e2e_p99_ms": statistics.median(r["e2e_p99_ms"] for r in rs),
+    }))' "$work/e2e.jsonl"

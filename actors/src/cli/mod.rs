@@ -116,6 +116,18 @@ pub enum BenchCommand {
     /// What a ledger costs at given numbers of ids with the configured options (the service's
     /// defaults): first open, memory, close, files on disk, reopen.
     Open(OpenBenchArgs),
+    /// Reads the output topic read_committed, from its end, for a while: each record's wait from
+    /// the front door's receive time (its timestamp) to being readable, p50 and p99.
+    Latency(LatencyBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LatencyBenchArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// How long to read.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
 }
 
 #[derive(Debug, Args)]

@@ -168,12 +168,15 @@ impl Delivery {
         let (acks, answered) = Acks::new(events.len());
         // Records already handed over may still land; the client's retry makes duplicates of
         // them, which the worker removes (and the dead-letter topic keeps, keyed alike).
+        // One key buffer for the request: librdkafka copies the key, so it is reused.
+        let mut key = String::with_capacity(source.len() + 1 + 64);
         for m in &events.messages {
-            let key = tracking::record_key(source, &m.message_id);
-            let digest = tracking::digest::header_value(m.content_hash);
+            key.clear();
+            tracking::push_record_key(&mut key, source, &m.message_id);
+            let digest = tracking::digest::hex(m.content_hash);
             let mut headers = OwnedHeaders::new_with_capacity(3)
                 .insert(Header { key: HEADER_SOURCE, value: Some(source) })
-                .insert(Header { key: HEADER_CONTENT_DIGEST, value: Some(&digest) });
+                .insert(Header { key: HEADER_CONTENT_DIGEST, value: Some(&digest[..]) });
             if m.id_origin != IdOrigin::Client {
                 headers = headers.insert(Header { key: HEADER_MESSAGE_ID, value: Some(m.id_origin.as_str()) });
             }
