@@ -92,10 +92,21 @@ pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
         age_ms: drop.age_ms,
         in_batch: drop.in_batch,
         verdict: drop.verdict.as_str(),
-        payload: if with_payload { drop.record.value.as_deref().map(|v| base64::engine::general_purpose::STANDARD.encode(v)) } else { None },
+        payload: if with_payload {
+            drop.record
+                .value
+                .as_deref()
+                .map(|v| base64::engine::general_purpose::STANDARD.encode(v))
+        } else {
+            None
+        },
     };
     OutRecord {
-        key: drop.record.key.clone().or_else(|| Some(drop.key.hex().into_bytes())),
+        key: drop
+            .record
+            .key
+            .clone()
+            .or_else(|| Some(drop.key.hex().into_bytes())),
         // Serializing a struct of strings and numbers cannot fail.
         value: Some(serde_json::to_vec(&value).unwrap_or_default()),
         headers: Vec::new(),
@@ -139,11 +150,18 @@ impl Sampler {
 
     /// Whether the drop of `key` at `now` is audited; an audited drop counts against the cap.
     pub fn admit(&mut self, key: &LedgerKey, now: Instant) -> Admission {
-        let head = u64::from_be_bytes(key.as_bytes()[..8].try_into().expect("a ledger key has 16 bytes"));
+        let head = u64::from_be_bytes(
+            key.as_bytes()[..8]
+                .try_into()
+                .expect("a ledger key has 16 bytes"),
+        );
         if !self.everything && head >= self.threshold {
             return Admission::SampledOut;
         }
-        if self.second_started.is_none_or(|s| now.duration_since(s).as_secs() >= 1) {
+        if self
+            .second_started
+            .is_none_or(|s| now.duration_since(s).as_secs() >= 1)
+        {
             self.second_started = Some(now);
             self.used = 0;
         }
@@ -170,7 +188,12 @@ mod tests {
 
     #[test]
     fn a_record_carries_every_documented_field_and_no_payload_unless_asked() {
-        let record = OutRecord { key: Some(b"id-1".to_vec()), value: Some(b"{\"secret\":1}".to_vec()), headers: Vec::new(), timestamp_ms: Some(5_000) };
+        let record = OutRecord {
+            key: Some(b"id-1".to_vec()),
+            value: Some(b"{\"secret\":1}".to_vec()),
+            headers: Vec::new(),
+            timestamp_ms: Some(5_000),
+        };
         let drop = DroppedCopy {
             key: key(1),
             record: &record,
@@ -184,7 +207,11 @@ mod tests {
             verdict: Verdict::ReusedId,
         };
         let out = encode(&drop, false);
-        assert_eq!(out.key.as_deref(), Some(&b"id-1"[..]), "keyed like the input record");
+        assert_eq!(
+            out.key.as_deref(),
+            Some(&b"id-1"[..]),
+            "keyed like the input record"
+        );
         let v: serde_json::Value = serde_json::from_slice(out.value.as_deref().unwrap()).unwrap();
         assert_eq!(
             v,
@@ -196,14 +223,31 @@ mod tests {
         );
         let with = encode(&drop, true);
         let v: serde_json::Value = serde_json::from_slice(with.value.as_deref().unwrap()).unwrap();
-        assert_eq!(v["payload"], "eyJzZWNyZXQiOjF9", "base64 of the dropped copy's value");
+        assert_eq!(
+            v["payload"], "eyJzZWNyZXQiOjF9",
+            "base64 of the dropped copy's value"
+        );
     }
 
     #[test]
     fn a_record_without_a_key_is_keyed_by_its_ledger_key() {
         let record = OutRecord::default();
-        let drop = DroppedCopy { key: key(2), record: &record, source: None, input_topic: "t", input_partition: 0, input_offset: 0, first_seen_ms: 0, age_ms: 0, in_batch: true, verdict: Verdict::Retry };
-        assert_eq!(encode(&drop, false).key.as_deref(), Some(&b"00000000000000020000000000000007"[..]));
+        let drop = DroppedCopy {
+            key: key(2),
+            record: &record,
+            source: None,
+            input_topic: "t",
+            input_partition: 0,
+            input_offset: 0,
+            first_seen_ms: 0,
+            age_ms: 0,
+            in_batch: true,
+            verdict: Verdict::Retry,
+        };
+        assert_eq!(
+            encode(&drop, false).key.as_deref(),
+            Some(&b"00000000000000020000000000000007"[..])
+        );
     }
 
     #[test]
@@ -211,10 +255,21 @@ mod tests {
         let mut half = Sampler::new(0.5, u32::MAX);
         let t = Instant::now();
         assert_eq!(half.admit(&key(1), t), Admission::Audited);
-        assert_eq!(half.admit(&key(1), t), Admission::Audited, "the same id again");
+        assert_eq!(
+            half.admit(&key(1), t),
+            Admission::Audited,
+            "the same id again"
+        );
         assert_eq!(half.admit(&key(u64::MAX - 1), t), Admission::SampledOut);
-        let kept = (0..1000u64).filter(|i| half.admit(&key(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)), t) == Admission::Audited).count();
-        assert!((400..600).contains(&kept), "{kept} of 1000 spread ids kept at 0.5");
+        let kept = (0..1000u64)
+            .filter(|i| {
+                half.admit(&key(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)), t) == Admission::Audited
+            })
+            .count();
+        assert!(
+            (400..600).contains(&kept),
+            "{kept} of 1000 spread ids kept at 0.5"
+        );
         let mut none = Sampler::new(0.0, u32::MAX);
         assert_eq!(none.admit(&key(0), t), Admission::SampledOut);
         let mut all = Sampler::new(1.0, u32::MAX);
@@ -226,8 +281,24 @@ mod tests {
         let mut s = Sampler::new(1.0, 3);
         let t = Instant::now();
         let first: Vec<_> = (0..5).map(|i| s.admit(&key(i), t)).collect();
-        assert_eq!(first, [Admission::Audited, Admission::Audited, Admission::Audited, Admission::OverCap, Admission::OverCap]);
-        assert_eq!(s.admit(&key(9), t + Duration::from_millis(999)), Admission::OverCap);
-        assert_eq!(s.admit(&key(9), t + Duration::from_secs(1)), Admission::Audited, "a new second");
+        assert_eq!(
+            first,
+            [
+                Admission::Audited,
+                Admission::Audited,
+                Admission::Audited,
+                Admission::OverCap,
+                Admission::OverCap
+            ]
+        );
+        assert_eq!(
+            s.admit(&key(9), t + Duration::from_millis(999)),
+            Admission::OverCap
+        );
+        assert_eq!(
+            s.admit(&key(9), t + Duration::from_secs(1)),
+            Admission::Audited,
+            "a new second"
+        );
     }
 }

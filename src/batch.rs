@@ -110,7 +110,10 @@ pub struct BatchDecision {
 impl BatchDecision {
     /// Records dropped as duplicates.
     pub fn duplicates(&self) -> usize {
-        self.fates.iter().filter(|f| matches!(f, Fate::Duplicate(_))).count()
+        self.fates
+            .iter()
+            .filter(|f| matches!(f, Fate::Duplicate(_)))
+            .count()
     }
 }
 
@@ -139,15 +142,24 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
         let ts = candidate.timestamp_ms.unwrap_or(now_ms);
         let seen = |first: Held, in_batch: bool| {
             let verdict = Verdict::of(first.digest, candidate.digest);
-            let seen = Seen { first_seen_ms: first.first_seen_ms, age_ms: (ts - first.first_seen_ms).max(0), in_batch, verdict };
+            let seen = Seen {
+                first_seen_ms: first.first_seen_ms,
+                age_ms: (ts - first.first_seen_ms).max(0),
+                in_batch,
+                verdict,
+            };
             match (verdict, rules.reused_id) {
-                (Verdict::ReusedId, ReusedIdPolicy::Publish | ReusedIdPolicy::DeadLetter) => Fate::Reused(seen, rules.reused_id),
+                (Verdict::ReusedId, ReusedIdPolicy::Publish | ReusedIdPolicy::DeadLetter) => {
+                    Fate::Reused(seen, rules.reused_id)
+                }
                 _ => Fate::Duplicate(seen),
             }
         };
         let fate = match candidate.id {
             Ok(key) => {
-                let in_ledger = found.next().expect("the ledger answers once per keyed record");
+                let in_ledger = found
+                    .next()
+                    .expect("the ledger answers once per keyed record");
                 if let Some(first) = in_ledger {
                     seen(first, false)
                 } else {
@@ -155,7 +167,10 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
                         Entry::Occupied(first) => seen(*first.get(), true),
                         Entry::Vacant(slot) => {
                             let first_seen = ts.min(now_ms);
-                            slot.insert(Held { first_seen_ms: first_seen, digest: candidate.digest });
+                            slot.insert(Held {
+                                first_seen_ms: first_seen,
+                                digest: candidate.digest,
+                            });
                             oldest_new_ms = Some(oldest_new_ms.map_or(ts, |o| o.min(ts)));
                             new_ids.push((key, first_seen, candidate.digest));
                             Fate::Publish
@@ -171,7 +186,11 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
         };
         fates.push(fate);
     }
-    BatchDecision { fates, new_ids, oldest_new_ms }
+    BatchDecision {
+        fates,
+        new_ids,
+        oldest_new_ms,
+    }
 }
 
 #[cfg(test)]
@@ -184,23 +203,42 @@ mod tests {
     }
 
     fn keyed(n: u8, ts: i64) -> Candidate {
-        Candidate { id: Ok(key(n)), timestamp_ms: Some(ts), digest: None }
+        Candidate {
+            id: Ok(key(n)),
+            timestamp_ms: Some(ts),
+            digest: None,
+        }
     }
 
     fn digested(n: u8, ts: i64, content: u64) -> Candidate {
-        Candidate { digest: Some(ContentDigest::of_hash(content << 48)), ..keyed(n, ts) }
+        Candidate {
+            digest: Some(ContentDigest::of_hash(content << 48)),
+            ..keyed(n, ts)
+        }
     }
 
     fn held(first_seen_ms: i64) -> Option<Held> {
-        Some(Held { first_seen_ms, digest: None })
+        Some(Held {
+            first_seen_ms,
+            digest: None,
+        })
     }
 
     fn dup(first_seen_ms: i64, age_ms: i64, in_batch: bool, verdict: Verdict) -> Seen {
-        Seen { first_seen_ms, age_ms, in_batch, verdict }
+        Seen {
+            first_seen_ms,
+            age_ms,
+            in_batch,
+            verdict,
+        }
     }
 
     const NOW: i64 = 1_000_000;
-    const FORWARD: Rules = Rules { unkeyed: UnkeyedPolicy::Forward, reused_id: ReusedIdPolicy::Drop, now_ms: NOW };
+    const FORWARD: Rules = Rules {
+        unkeyed: UnkeyedPolicy::Forward,
+        reused_id: ReusedIdPolicy::Drop,
+        now_ms: NOW,
+    };
 
     #[test]
     fn new_ids_are_published_once_and_repeats_in_the_batch_dropped() {
@@ -208,7 +246,14 @@ mod tests {
         // published.
         let batch = [keyed(1, 10), keyed(2, 20), keyed(1, 30)];
         let d = decide(&batch, &[None, None, None], FORWARD);
-        assert_eq!(d.fates, [Fate::Publish, Fate::Publish, Fate::Duplicate(dup(10, 20, true, Verdict::Unknown))]);
+        assert_eq!(
+            d.fates,
+            [
+                Fate::Publish,
+                Fate::Publish,
+                Fate::Duplicate(dup(10, 20, true, Verdict::Unknown))
+            ]
+        );
         assert_eq!(d.new_ids, [(key(1), 10, None), (key(2), 20, None)]);
         assert_eq!(d.oldest_new_ms, Some(10));
         assert_eq!(d.duplicates(), 1);
@@ -218,7 +263,13 @@ mod tests {
     fn ids_the_ledger_holds_are_dropped_with_their_age() {
         // The ledger first saw id 2 at 5; this copy is stamped 500.
         let d = decide(&[keyed(1, 100), keyed(2, 500)], &[None, held(5)], FORWARD);
-        assert_eq!(d.fates, [Fate::Publish, Fate::Duplicate(dup(5, 495, false, Verdict::Unknown))]);
+        assert_eq!(
+            d.fates,
+            [
+                Fate::Publish,
+                Fate::Duplicate(dup(5, 495, false, Verdict::Unknown))
+            ]
+        );
         assert_eq!(d.new_ids, [(key(1), 100, None)]);
     }
 
@@ -226,21 +277,44 @@ mod tests {
     fn first_seen_times_never_lie_in_the_future() {
         // A record stamped after `now` (a client clock ahead) is recorded at `now`; a record
         // without a timestamp is stamped `now`.
-        let batch = [keyed(1, NOW + 60_000), Candidate { timestamp_ms: None, ..keyed(2, 0) }];
+        let batch = [
+            keyed(1, NOW + 60_000),
+            Candidate {
+                timestamp_ms: None,
+                ..keyed(2, 0)
+            },
+        ];
         let d = decide(&batch, &[None, None], FORWARD);
         assert_eq!(d.new_ids, [(key(1), NOW, None), (key(2), NOW, None)]);
     }
 
     #[test]
     fn records_without_an_id_follow_the_policy_and_are_never_recorded() {
-        let batch = [Candidate { id: Err(Unkeyed::Missing), timestamp_ms: Some(1), digest: None }, keyed(1, 2)];
+        let batch = [
+            Candidate {
+                id: Err(Unkeyed::Missing),
+                timestamp_ms: Some(1),
+                digest: None,
+            },
+            keyed(1, 2),
+        ];
         for (policy, fate) in [
             (UnkeyedPolicy::Forward, Fate::Forward(Unkeyed::Missing)),
-            (UnkeyedPolicy::DeadLetter, Fate::DeadLetter(Unkeyed::Missing)),
+            (
+                UnkeyedPolicy::DeadLetter,
+                Fate::DeadLetter(Unkeyed::Missing),
+            ),
             (UnkeyedPolicy::Drop, Fate::Drop(Unkeyed::Missing)),
         ] {
             // The ledger is asked only about the keyed record.
-            let d = decide(&batch, &[None], Rules { unkeyed: policy, ..FORWARD });
+            let d = decide(
+                &batch,
+                &[None],
+                Rules {
+                    unkeyed: policy,
+                    ..FORWARD
+                },
+            );
             assert_eq!(d.fates, [fate, Fate::Publish]);
             assert_eq!(d.new_ids, [(key(1), 2, None)]);
         }
@@ -248,28 +322,82 @@ mod tests {
 
     #[test]
     fn a_copy_is_a_retry_a_reused_id_or_unknown_by_its_digest() {
-        let first = |content: u64| Some(Held { first_seen_ms: 5, digest: Some(ContentDigest::of_hash(content << 48)) });
+        let first = |content: u64| {
+            Some(Held {
+                first_seen_ms: 5,
+                digest: Some(ContentDigest::of_hash(content << 48)),
+            })
+        };
         // Held with digest 7: the same content is a retry, other content a reused id; a copy
         // without a digest, or an id held without one, is unknown.
-        let batch = [digested(1, 10, 7), digested(2, 10, 8), keyed(3, 10), digested(4, 10, 7)];
+        let batch = [
+            digested(1, 10, 7),
+            digested(2, 10, 8),
+            keyed(3, 10),
+            digested(4, 10, 7),
+        ];
         let d = decide(&batch, &[first(7), first(7), first(7), held(5)], FORWARD);
-        let verdicts: Vec<Verdict> = d.fates.iter().map(|f| match f { Fate::Duplicate(s) => s.verdict, other => panic!("{other:?}") }).collect();
-        assert_eq!(verdicts, [Verdict::Retry, Verdict::ReusedId, Verdict::Unknown, Verdict::Unknown]);
+        let verdicts: Vec<Verdict> = d
+            .fates
+            .iter()
+            .map(|f| match f {
+                Fate::Duplicate(s) => s.verdict,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                Verdict::Retry,
+                Verdict::ReusedId,
+                Verdict::Unknown,
+                Verdict::Unknown
+            ]
+        );
         assert_eq!(d.duplicates(), 4);
         // Within a batch, against the first copy's digest; the first copy is recorded with it.
-        let d = decide(&[digested(1, 10, 1), digested(1, 20, 1), digested(1, 30, 2)], &[None, None, None], FORWARD);
-        assert_eq!(d.fates[1..], [Fate::Duplicate(dup(10, 10, true, Verdict::Retry)), Fate::Duplicate(dup(10, 20, true, Verdict::ReusedId))]);
-        assert_eq!(d.new_ids, [(key(1), 10, Some(ContentDigest::of_hash(1 << 48)))]);
+        let d = decide(
+            &[digested(1, 10, 1), digested(1, 20, 1), digested(1, 30, 2)],
+            &[None, None, None],
+            FORWARD,
+        );
+        assert_eq!(
+            d.fates[1..],
+            [
+                Fate::Duplicate(dup(10, 10, true, Verdict::Retry)),
+                Fate::Duplicate(dup(10, 20, true, Verdict::ReusedId))
+            ]
+        );
+        assert_eq!(
+            d.new_ids,
+            [(key(1), 10, Some(ContentDigest::of_hash(1 << 48)))]
+        );
     }
 
     #[test]
     fn a_reused_id_follows_its_policy_and_is_never_recorded_again() {
-        let first = Some(Held { first_seen_ms: 5, digest: Some(ContentDigest::of_hash(1 << 48)) });
+        let first = Some(Held {
+            first_seen_ms: 5,
+            digest: Some(ContentDigest::of_hash(1 << 48)),
+        });
         for policy in [ReusedIdPolicy::Publish, ReusedIdPolicy::DeadLetter] {
-            let rules = Rules { reused_id: policy, ..FORWARD };
-            let d = decide(&[digested(1, 10, 2), digested(1, 10, 1)], &[first, first], rules);
+            let rules = Rules {
+                reused_id: policy,
+                ..FORWARD
+            };
+            let d = decide(
+                &[digested(1, 10, 2), digested(1, 10, 1)],
+                &[first, first],
+                rules,
+            );
             // The reused id goes where the policy says; a retry is dropped whatever it says.
-            assert_eq!(d.fates, [Fate::Reused(dup(5, 5, false, Verdict::ReusedId), policy), Fate::Duplicate(dup(5, 5, false, Verdict::Retry))]);
+            assert_eq!(
+                d.fates,
+                [
+                    Fate::Reused(dup(5, 5, false, Verdict::ReusedId), policy),
+                    Fate::Duplicate(dup(5, 5, false, Verdict::Retry))
+                ]
+            );
             assert!(d.new_ids.is_empty());
             assert_eq!(d.duplicates(), 1);
         }

@@ -57,7 +57,10 @@ pub fn count(bytes: &[u8]) -> Result<u64, ChangelogFormatError> {
 }
 
 /// Decodes a changelog record into ids and first-seen times (ms), appending to `out`.
-pub fn decode_into(bytes: &[u8], out: &mut Vec<(LedgerKey, i64)>) -> Result<(), ChangelogFormatError> {
+pub fn decode_into(
+    bytes: &[u8],
+    out: &mut Vec<(LedgerKey, i64)>,
+) -> Result<(), ChangelogFormatError> {
     let mut at = 0usize;
     let version = *bytes.first().ok_or(ChangelogFormatError::Malformed(0))?;
     if version != VERSION {
@@ -146,7 +149,10 @@ mod tests {
         decode_into(&bytes, &mut out).unwrap();
         assert_eq!(out, ids);
         assert_eq!(count(&bytes), Ok(3));
-        assert!(encode::<(LedgerKey, i64)>(&[]).is_none(), "no new ids, no record");
+        assert!(
+            encode::<(LedgerKey, i64)>(&[]).is_none(),
+            "no new ids, no record"
+        );
     }
 
     #[test]
@@ -154,14 +160,20 @@ mod tests {
         let bytes = encode(&[(key(7), 5), (key(8), 6)]).unwrap();
         let mut out = Vec::new();
         for cut in 0..bytes.len() {
-            assert!(decode_into(&bytes[..cut], &mut out).is_err(), "cut at {cut}");
+            assert!(
+                decode_into(&bytes[..cut], &mut out).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(decode_into(&longer, &mut out).is_err());
         let mut other = bytes.clone();
         other[0] = 2;
-        assert_eq!(decode_into(&other, &mut out), Err(ChangelogFormatError::Version(2)));
+        assert_eq!(
+            decode_into(&other, &mut out),
+            Err(ChangelogFormatError::Version(2))
+        );
         // A count far larger than the bytes can hold is refused without allocating for it.
         let mut huge = vec![1];
         put_varint(&mut huge, u64::MAX >> 1);

@@ -136,14 +136,24 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
     // ids back-filling, or the ledger's overall window) moves the answer's start back to it, so
     // that `held` and the window never disagree.
     let first_seen_ms = copies.first().map(|s| s.first_seen_ms);
-    let window_start_ms = match (window.map(|w| q.now_ms - w.as_millis() as i64), first_seen_ms) {
+    let window_start_ms = match (
+        window.map(|w| q.now_ms - w.as_millis() as i64),
+        first_seen_ms,
+    ) {
         (Some(start), Some(seen)) => Some(start.min(seen)),
         (start, seen) => start.or(seen),
     };
-    let window = window_start_ms.map(|start| Duration::from_millis((q.now_ms - start).max(0) as u64));
-    let whose = q.partition.map_or("the ledger's".to_string(), |p| format!("partition {p}'s"));
+    let window =
+        window_start_ms.map(|start| Duration::from_millis((q.now_ms - start).max(0) as u64));
+    let whose = q
+        .partition
+        .map_or("the ledger's".to_string(), |p| format!("partition {p}'s"));
     let reach = match (window, window_start_ms) {
-        (Some(w), Some(start)) => format!("{whose} window reaches back {} (to {})", span(w), when(start)),
+        (Some(w), Some(start)) => format!(
+            "{whose} window reaches back {} (to {})",
+            span(w),
+            when(start)
+        ),
         _ => format!("{whose} window is empty: the ledger holds none of its ids"),
     };
     // A bare id not held may be one the front door wrote under its source.
@@ -193,7 +203,10 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
 /// A time as RFC 3339, to the second.
 fn when(ms: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_seconds(t.min(SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799))).to_string()
+    humantime::format_rfc3339_seconds(
+        t.min(SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799)),
+    )
+    .to_string()
 }
 
 /// A duration in the unit that reads best.
@@ -218,15 +231,30 @@ mod tests {
 
     fn ledger_with(ids: &[(&str, i64)]) -> (tempfile::TempDir, Ledger) {
         let dir = tempfile::tempdir().unwrap();
-        let options = LedgerOptions { budget_bytes: 256 << 20, write_buffer_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..LedgerOptions::default() };
+        let options = LedgerOptions {
+            budget_bytes: 256 << 20,
+            write_buffer_bytes: 1 << 20,
+            block_cache_bytes: 1 << 20,
+            ..LedgerOptions::default()
+        };
         let ledger = Ledger::open(dir.path(), options).unwrap();
-        let items: Vec<_> = ids.iter().map(|(id, t)| (ledger_key(id.as_bytes()).unwrap(), *t)).collect();
+        let items: Vec<_> = ids
+            .iter()
+            .map(|(id, t)| (ledger_key(id.as_bytes()).unwrap(), *t))
+            .collect();
         ledger.check_and_record(0, &items, b"").unwrap();
         (dir, ledger)
     }
 
     fn ask(id: &str, sent_at_ms: Option<i64>, now_ms: i64) -> Question<'_> {
-        Question { id, source: None, partition: Some(0), owned: Some(true), sent_at_ms, now_ms }
+        Question {
+            id,
+            source: None,
+            partition: Some(0),
+            owned: Some(true),
+            sent_at_ms,
+            now_ms,
+        }
     }
 
     #[test]
@@ -239,9 +267,19 @@ mod tests {
         assert_eq!(a.ledger_key, "6ba7b8109dad41d180b400c04fd430c8");
         assert_eq!(a.copies.len(), 1);
         assert_eq!(a.generation, Some(a.copies[0].generation));
-        assert_eq!(a.window_start_ms, Some(now - 5 * HOUR), "the oldest id held");
+        assert_eq!(
+            a.window_start_ms,
+            Some(now - 5 * HOUR),
+            "the oldest id held"
+        );
         assert_eq!(a.reason, None);
-        assert!(a.sentence.contains("is in the window") && a.sentence.contains("2.0 h ago") && a.sentence.contains("dropped"), "{}", a.sentence);
+        assert!(
+            a.sentence.contains("is in the window")
+                && a.sentence.contains("2.0 h ago")
+                && a.sentence.contains("dropped"),
+            "{}",
+            a.sentence
+        );
     }
 
     #[test]
@@ -254,18 +292,38 @@ mod tests {
         assert_eq!(never.reason, Some(Reason::NeverSeen));
         let unknown = explain(&ledger, &ask(ID, None, now)).unwrap();
         assert_eq!(unknown.reason, Some(Reason::NotInWindow));
-        assert!(unknown.sentence.contains("never seen here, or first seen before"), "{}", unknown.sentence);
+        assert!(
+            unknown
+                .sentence
+                .contains("never seen here, or first seen before"),
+            "{}",
+            unknown.sentence
+        );
         assert!(unknown.sentence.contains("published"));
     }
 
     #[test]
     fn an_id_of_a_partition_the_worker_does_not_own_names_that_partition() {
         let (_dir, ledger) = ledger_with(&[]);
-        let q = Question { id: ID, source: None, partition: Some(7), owned: Some(false), sent_at_ms: None, now_ms: HOUR };
+        let q = Question {
+            id: ID,
+            source: None,
+            partition: Some(7),
+            owned: Some(false),
+            sent_at_ms: None,
+            now_ms: HOUR,
+        };
         let a = explain(&ledger, &q).unwrap();
         assert_eq!((a.reason, a.partition), (Some(Reason::NotOwned), Some(7)));
-        assert!(a.sentence.contains("ask the worker that owns partition 7"), "{}", a.sentence);
-        assert!(matches!(explain(&ledger, &ask("", None, HOUR)), Err(ExplainError::Id(IdError::Empty))));
+        assert!(
+            a.sentence.contains("ask the worker that owns partition 7"),
+            "{}",
+            a.sentence
+        );
+        assert!(matches!(
+            explain(&ledger, &ask("", None, HOUR)),
+            Err(ExplainError::Id(IdError::Empty))
+        ));
     }
 
     #[test]
@@ -273,17 +331,27 @@ mod tests {
         // The front door held `web:<id>`; asked with the source, the answer finds it.
         let now = 100 * HOUR;
         let (_dir, ledger) = ledger_with(&[("web:m-1", now - HOUR)]);
-        let q = Question { source: Some("web"), ..ask("m-1", None, now) };
+        let q = Question {
+            source: Some("web"),
+            ..ask("m-1", None, now)
+        };
         let a = explain(&ledger, &q).unwrap();
         assert!(a.held, "{}", a.sentence);
-        assert_eq!((a.id.as_str(), a.source.as_deref(), a.key.as_str()), ("m-1", Some("web"), "web:m-1"));
+        assert_eq!(
+            (a.id.as_str(), a.source.as_deref(), a.key.as_str()),
+            ("m-1", Some("web"), "web:m-1")
+        );
         // Asked bare, it is not held, and the sentence says how to ask.
         let bare = explain(&ledger, &ask("m-1", None, now)).unwrap();
         assert!(!bare.held);
         assert!(bare.sentence.contains("--source NAME"), "{}", bare.sentence);
         // An id that already names its source gets no hint.
         let scoped = explain(&ledger, &ask("ios:m-1", None, now)).unwrap();
-        assert!(!scoped.held && !scoped.sentence.contains("--source"), "{}", scoped.sentence);
+        assert!(
+            !scoped.held && !scoped.sentence.contains("--source"),
+            "{}",
+            scoped.sentence
+        );
     }
 
     #[test]
@@ -292,13 +360,36 @@ mod tests {
         // the answer's window reaches back to it.
         let now = 100 * HOUR;
         let dir = tempfile::tempdir().unwrap();
-        let options = LedgerOptions { budget_bytes: 256 << 20, write_buffer_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..LedgerOptions::default() };
+        let options = LedgerOptions {
+            budget_bytes: 256 << 20,
+            write_buffer_bytes: 1 << 20,
+            block_cache_bytes: 1 << 20,
+            ..LedgerOptions::default()
+        };
         let ledger = Ledger::open(dir.path(), options).unwrap();
-        ledger.check_and_record(0, &[(ledger_key(ID.as_bytes()).unwrap(), now - 5 * HOUR)], b"").unwrap();
-        ledger.check_and_record(1, &[(ledger_key(b"other").unwrap(), now - HOUR)], b"").unwrap();
-        let a = explain(&ledger, &Question { partition: Some(1), ..ask(ID, None, now) }).unwrap();
+        ledger
+            .check_and_record(
+                0,
+                &[(ledger_key(ID.as_bytes()).unwrap(), now - 5 * HOUR)],
+                b"",
+            )
+            .unwrap();
+        ledger
+            .check_and_record(1, &[(ledger_key(b"other").unwrap(), now - HOUR)], b"")
+            .unwrap();
+        let a = explain(
+            &ledger,
+            &Question {
+                partition: Some(1),
+                ..ask(ID, None, now)
+            },
+        )
+        .unwrap();
         assert!(a.held);
-        assert!(a.window_start_ms.unwrap() <= a.first_seen_ms.unwrap(), "{a:?}");
+        assert!(
+            a.window_start_ms.unwrap() <= a.first_seen_ms.unwrap(),
+            "{a:?}"
+        );
         assert_eq!(a.window_start_ms, Some(now - 5 * HOUR));
     }
 }

@@ -50,7 +50,10 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cfg = ClientConfig::new();
     cfg.set("bootstrap.servers", &kafka.brokers);
     cfg.set("socket.timeout.ms", SOCKET_TIMEOUT_MS);
-    cfg.set("socket.connection.setup.timeout.ms", CONNECTION_SETUP_TIMEOUT_MS);
+    cfg.set(
+        "socket.connection.setup.timeout.ms",
+        CONNECTION_SETUP_TIMEOUT_MS,
+    );
     cfg.set("topic.metadata.refresh.interval.ms", METADATA_REFRESH_MS);
     cfg.set("reconnect.backoff.max.ms", RECONNECT_BACKOFF_MAX_MS);
     cfg.set("security.protocol", kafka.security_protocol.as_librdkafka());
@@ -96,9 +99,15 @@ impl SecurityFailure {
     /// The failure an error event names, if it is one.
     pub fn classify(error: &KafkaError, reason: &str) -> Option<Self> {
         use rdkafka::types::RDKafkaErrorCode as Code;
-        let what = if reason.is_empty() { error.to_string() } else { reason.to_string() };
+        let what = if reason.is_empty() {
+            error.to_string()
+        } else {
+            reason.to_string()
+        };
         match error.rdkafka_error_code() {
-            Some(Code::Authentication | Code::SaslAuthenticationFailed) => Some(Self::Authentication(what)),
+            Some(Code::Authentication | Code::SaslAuthenticationFailed) => {
+                Some(Self::Authentication(what))
+            }
             Some(Code::SSL) => Some(Self::Tls(what)),
             // librdkafka's hint for a connection closed during the first request (ApiVersion):
             // "might be caused by incorrect security.protocol configuration (connecting to a SSL
@@ -127,13 +136,19 @@ impl SecurityWatch {
     /// The failure that explains why no broker answered: a named one, else a connection every
     /// broker closed during the first request.
     pub fn likely_failure(&self) -> Option<SecurityFailure> {
-        self.failure()
-            .or_else(|| self.closed_early.lock().unwrap_or_else(|p| p.into_inner()).clone().map(SecurityFailure::Protocol))
+        self.failure().or_else(|| {
+            self.closed_early
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .map(SecurityFailure::Protocol)
+        })
     }
 
     /// Whether librdkafka said that no broker could be reached at all.
     pub fn all_brokers_down(&self) -> bool {
-        self.all_brokers_down.load(std::sync::atomic::Ordering::Relaxed)
+        self.all_brokers_down
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -141,22 +156,33 @@ impl rdkafka::ClientContext for SecurityWatch {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         use rdkafka::config::RDKafkaLogLevel as L;
         if closed_during_first_request(message) {
-            self.closed_early.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| message.to_string());
+            self.closed_early
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| message.to_string());
         }
         match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
             L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
-            L::Notice | L::Info => tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            L::Notice | L::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
             L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
         }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
         if let Some(failure) = SecurityFailure::classify(&error, reason) {
-            self.first.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(failure);
+            self.first
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(failure);
         }
         if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
-            self.all_brokers_down.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.all_brokers_down
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         tracing::warn!(error = %error, reason, "The Kafka client reported an error.");
     }
@@ -220,17 +246,22 @@ fn watched_metadata(
         .create_with_context(SecurityWatch::default())?;
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        let step = deadline.saturating_duration_since(std::time::Instant::now()).min(Duration::from_secs(1));
+        let step = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .min(Duration::from_secs(1));
         let result = client.client().fetch_metadata(topic, step);
         client.poll(Duration::from_millis(50));
         let watch = client.context();
         if let Some(failure) = watch.failure() {
             return Err(failure.into());
         }
-        let gave_up = std::time::Instant::now() >= deadline || (until_all_down && watch.all_brokers_down());
+        let gave_up =
+            std::time::Instant::now() >= deadline || (until_all_down && watch.all_brokers_down());
         match result {
             Ok(md) => return Ok(md),
-            Err(e) if gave_up => return Err(watch.likely_failure().map_or(e.into(), ConnectError::from)),
+            Err(e) if gave_up => {
+                return Err(watch.likely_failure().map_or(e.into(), ConnectError::from))
+            }
             Err(_) => {}
         }
     }
@@ -279,7 +310,11 @@ pub fn is_reader_group_refusal(e: &KafkaError) -> bool {
 }
 
 /// The number of partitions of `topic`, or `None` if the topic does not exist.
-pub fn partition_count(kafka: &KafkaConfig, topic: &str, timeout: Duration) -> Result<Option<usize>, ConnectError> {
+pub fn partition_count(
+    kafka: &KafkaConfig,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Option<usize>, ConnectError> {
     let md = watched_metadata(kafka, Some(topic), timeout, false)?;
     Ok(md
         .topics()
@@ -315,13 +350,21 @@ pub async fn create_topic(
 }
 
 /// The topic's `retention.ms` (-1: forever), or `None` when the broker does not say.
-pub async fn topic_retention_ms(kafka: &KafkaConfig, topic: &str) -> Result<Option<i64>, KafkaError> {
+pub async fn topic_retention_ms(
+    kafka: &KafkaConfig,
+    topic: &str,
+) -> Result<Option<i64>, KafkaError> {
     let admin: AdminClient<DefaultClientContext> = client_config(kafka).create()?;
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
-    let results = admin.describe_configs([&rdkafka::admin::ResourceSpecifier::Topic(topic)], &opts).await?;
+    let results = admin
+        .describe_configs([&rdkafka::admin::ResourceSpecifier::Topic(topic)], &opts)
+        .await?;
     for result in results {
         let resource = result.map_err(KafkaError::AdminOp)?;
-        if let Some(value) = resource.get("retention.ms").and_then(|e| e.value.as_deref()) {
+        if let Some(value) = resource
+            .get("retention.ms")
+            .and_then(|e| e.value.as_deref())
+        {
             return Ok(value.parse().ok());
         }
     }
@@ -338,7 +381,14 @@ pub fn read_to_end(
     timeout: Duration,
     each: &mut dyn FnMut(&rdkafka::message::BorrowedMessage<'_>),
 ) -> Result<u64, ReadError> {
-    read_from(kafka, topic, read_committed, &std::collections::HashMap::new(), timeout, each)
+    read_from(
+        kafka,
+        topic,
+        read_committed,
+        &std::collections::HashMap::new(),
+        timeout,
+        each,
+    )
 }
 
 /// Like [`read_to_end`], starting each partition at the offset `start` gives (else its beginning).
@@ -353,10 +403,20 @@ pub fn read_from(
     use rdkafka::{Offset, TopicPartitionList};
     let md = watched_metadata(kafka, Some(topic), Duration::from_secs(10), false)?;
     let consumer: Reader = client_config(kafka)
-        .set("group.id", format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()))
+        .set(
+            "group.id",
+            format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()),
+        )
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
+        .set(
+            "isolation.level",
+            if read_committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        )
         .create_with_context(ReaderContext)?;
     let parts: Vec<i32> = md
         .topics()
@@ -369,16 +429,23 @@ pub fn read_from(
     }
     let mut tpl = TopicPartitionList::new();
     for p in &parts {
-        let offset = start.get(p).map(|o| Offset::Offset(*o)).unwrap_or(Offset::Beginning);
+        let offset = start
+            .get(p)
+            .map(|o| Offset::Offset(*o))
+            .unwrap_or(Offset::Beginning);
         tpl.add_partition_offset(topic, *p, offset)?;
     }
     consumer.assign(&tpl)?;
-    let mut at_end: std::collections::HashMap<i32, bool> = parts.iter().map(|p| (*p, false)).collect();
+    let mut at_end: std::collections::HashMap<i32, bool> =
+        parts.iter().map(|p| (*p, false)).collect();
     let deadline = std::time::Instant::now() + timeout;
     let mut n = 0;
     while at_end.values().any(|e| !e) {
         if std::time::Instant::now() > deadline {
-            return Err(ReadError::Timeout { topic: topic.to_string(), seconds: timeout.as_secs() });
+            return Err(ReadError::Timeout {
+                topic: topic.to_string(),
+                seconds: timeout.as_secs(),
+            });
         }
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
@@ -419,7 +486,10 @@ impl From<ConnectError> for ReadError {
 }
 
 /// High watermarks of every partition of `topic`.
-pub fn high_watermarks(kafka: &KafkaConfig, topic: &str) -> Result<std::collections::HashMap<i32, i64>, ReadError> {
+pub fn high_watermarks(
+    kafka: &KafkaConfig,
+    topic: &str,
+) -> Result<std::collections::HashMap<i32, i64>, ReadError> {
     let consumer: BaseConsumer = client_config(kafka).create()?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let t = md
@@ -444,9 +514,15 @@ mod tests {
     fn the_end_of_a_partition_is_told_apart_from_errors() {
         // As a consumer poll returns it, and as librdkafka's error event carries it.
         assert!(is_partition_eof(&KafkaError::PartitionEOF(3)));
-        assert!(is_partition_eof(&KafkaError::Global(RDKafkaErrorCode::PartitionEOF)));
+        assert!(is_partition_eof(&KafkaError::Global(
+            RDKafkaErrorCode::PartitionEOF
+        )));
         // Real errors are not.
-        assert!(!is_partition_eof(&KafkaError::Global(RDKafkaErrorCode::AllBrokersDown)));
-        assert!(!is_partition_eof(&KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)));
+        assert!(!is_partition_eof(&KafkaError::Global(
+            RDKafkaErrorCode::AllBrokersDown
+        )));
+        assert!(!is_partition_eof(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::UnknownTopicOrPartition
+        )));
     }
 }

@@ -3,15 +3,15 @@
 
 pub mod audit;
 pub mod batch;
-pub mod changelog;
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod changelog;
 pub mod config;
 pub mod explain;
 pub mod identity;
+pub mod kafka;
 pub mod ledger;
 pub mod log_limit;
-pub mod kafka;
 pub mod metrics;
 pub mod output;
 pub mod progress;

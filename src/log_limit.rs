@@ -47,7 +47,10 @@ pub struct LogLimiter {
 impl LogLimiter {
     /// A limiter that logs each reason at most once per `interval`.
     pub fn new(interval: Duration) -> Self {
-        Self { interval, reasons: Mutex::new(HashMap::new()) }
+        Self {
+            interval,
+            reasons: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Whether an occurrence of `reason` at `now` is logged: the first of a reason is, later ones
@@ -58,7 +61,13 @@ impl LogLimiter {
         // usable, and logging must not panic in turn.
         let mut reasons = self.reasons.lock().unwrap_or_else(|e| e.into_inner());
         let Some(state) = reasons.get_mut(reason) else {
-            reasons.insert(reason, Reason { logged_at: now, suppressed: 0 });
+            reasons.insert(
+                reason,
+                Reason {
+                    logged_at: now,
+                    suppressed: 0,
+                },
+            );
             return LogVerdict::Log { suppressed: 0 };
         };
         // An instant before the last line (a caller may mix instants) counts as within the
@@ -111,7 +120,11 @@ mod tests {
             (3600, "rate_limited", LogVerdict::Log { suppressed: 0 }),
         ];
         for &(secs, reason, expected) in steps {
-            assert_eq!(limiter.check(reason, t0 + secs * SECOND), expected, "{reason} at {secs} s");
+            assert_eq!(
+                limiter.check(reason, t0 + secs * SECOND),
+                expected,
+                "{reason} at {secs} s"
+            );
         }
     }
 
@@ -120,11 +133,23 @@ mod tests {
         let t0 = Instant::now();
         let limiter = LogLimiter::new(10 * SECOND);
         // A line at 5 s; an occurrence stamped 1 s counts as within the interval.
-        assert_eq!(limiter.check("rate_limited", t0 + 5 * SECOND), LogVerdict::Log { suppressed: 0 });
-        assert_eq!(limiter.check("rate_limited", t0 + SECOND), LogVerdict::Suppress);
+        assert_eq!(
+            limiter.check("rate_limited", t0 + 5 * SECOND),
+            LogVerdict::Log { suppressed: 0 }
+        );
+        assert_eq!(
+            limiter.check("rate_limited", t0 + SECOND),
+            LogVerdict::Suppress
+        );
         // The interval still runs from the line at 5 s.
-        assert_eq!(limiter.check("rate_limited", t0 + 14 * SECOND), LogVerdict::Suppress);
-        assert_eq!(limiter.check("rate_limited", t0 + 15 * SECOND), LogVerdict::Log { suppressed: 2 });
+        assert_eq!(
+            limiter.check("rate_limited", t0 + 14 * SECOND),
+            LogVerdict::Suppress
+        );
+        assert_eq!(
+            limiter.check("rate_limited", t0 + 15 * SECOND),
+            LogVerdict::Log { suppressed: 2 }
+        );
     }
 
     #[test]
@@ -136,8 +161,11 @@ mod tests {
             let threads: Vec<_> = (0..8)
                 .map(|_| {
                     s.spawn(|| {
-                        (0..1_000).filter(|_| matches!(limiter.check("rate_limited", t0), LogVerdict::Log { .. })).count()
-                            as u64
+                        (0..1_000)
+                            .filter(|_| {
+                                matches!(limiter.check("rate_limited", t0), LogVerdict::Log { .. })
+                            })
+                            .count() as u64
                     })
                 })
                 .collect();
@@ -145,6 +173,9 @@ mod tests {
         });
         assert_eq!(logged, 1);
         // The next line after the interval accounts for every other one.
-        assert_eq!(limiter.check("rate_limited", t0 + LOG_INTERVAL), LogVerdict::Log { suppressed: 7_999 });
+        assert_eq!(
+            limiter.check("rate_limited", t0 + LOG_INTERVAL),
+            LogVerdict::Log { suppressed: 7_999 }
+        );
     }
 }

@@ -161,8 +161,20 @@ pub struct Metric {
     pub help: &'static str,
 }
 
-const fn m(name: &'static str, kind: Kind, unit: Option<Unit>, labels: &'static [&'static str], help: &'static str) -> Metric {
-    Metric { name, kind, unit, labels, help }
+const fn m(
+    name: &'static str,
+    kind: Kind,
+    unit: Option<Unit>,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        unit,
+        labels,
+        help,
+    }
 }
 
 use Kind::{Counter, Gauge, Histogram};
@@ -229,11 +241,25 @@ pub const ALL: &[Metric] = &[
 pub fn buckets(name: &str) -> &'static [f64] {
     match name {
         DUPLICATE_AGE_SECONDS => &[
-            1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3.0 * 3600.0, 6.0 * 3600.0, 12.0 * 3600.0, 86400.0,
-            2.0 * 86400.0, 4.0 * 86400.0, 7.0 * 86400.0,
+            1.0,
+            10.0,
+            60.0,
+            300.0,
+            900.0,
+            3600.0,
+            3.0 * 3600.0,
+            6.0 * 3600.0,
+            12.0 * 3600.0,
+            86400.0,
+            2.0 * 86400.0,
+            4.0 * 86400.0,
+            7.0 * 86400.0,
         ],
         BATCH_RECORDS => &[1.0, 10.0, 100.0, 500.0, 1000.0, 2000.0, 4096.0, 10000.0],
-        _ => &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+        _ => &[
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            30.0,
+        ],
     }
 }
 
@@ -267,8 +293,16 @@ mod tests {
         for metric in ALL {
             assert!(seen.insert(metric.name), "{} declared twice", metric.name);
             assert!(metric.name.starts_with("dedupe_"), "{}", metric.name);
-            assert!(metric.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
-            assert_eq!(metric.kind == Kind::Counter, metric.name.ends_with("_total"), "{}", metric.name);
+            assert!(metric
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'));
+            assert_eq!(
+                metric.kind == Kind::Counter,
+                metric.name.ends_with("_total"),
+                "{}",
+                metric.name
+            );
             assert!(metric.help.ends_with('.'));
         }
     }

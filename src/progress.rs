@@ -32,7 +32,11 @@ pub struct ProgressFormatError {
 impl Progress {
     /// Nothing processed, published or loaded yet: what a partition being loaded from the
     /// changelog records until the whole load is done, so that a crash mid-load starts it over.
-    pub const NONE: Progress = Progress { next_input_offset: -1, next_output_offset: -1, next_changelog_offset: -1 };
+    pub const NONE: Progress = Progress {
+        next_input_offset: -1,
+        next_output_offset: -1,
+        next_changelog_offset: -1,
+    };
 
     pub fn encode(&self) -> [u8; V2_LEN] {
         let mut out = [0u8; V2_LEN];
@@ -46,8 +50,16 @@ impl Progress {
     pub fn decode(bytes: &[u8]) -> Result<Self, ProgressFormatError> {
         let field = |at: usize| i64::from_be_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         match (bytes.first().copied(), bytes.len()) {
-            (Some(V1), V1_LEN) => Ok(Self { next_input_offset: field(1), next_output_offset: field(9), next_changelog_offset: -1 }),
-            (Some(V2), V2_LEN) => Ok(Self { next_input_offset: field(1), next_output_offset: field(9), next_changelog_offset: field(17) }),
+            (Some(V1), V1_LEN) => Ok(Self {
+                next_input_offset: field(1),
+                next_output_offset: field(9),
+                next_changelog_offset: -1,
+            }),
+            (Some(V2), V2_LEN) => Ok(Self {
+                next_input_offset: field(1),
+                next_output_offset: field(9),
+                next_changelog_offset: field(17),
+            }),
             (version, len) => Err(ProgressFormatError { len, version }),
         }
     }
@@ -59,21 +71,43 @@ mod tests {
 
     #[test]
     fn round_trips_and_rejects_other_formats() {
-        let p = Progress { next_input_offset: 42, next_output_offset: -1, next_changelog_offset: 7 };
+        let p = Progress {
+            next_input_offset: 42,
+            next_output_offset: -1,
+            next_changelog_offset: 7,
+        };
         assert_eq!(Progress::decode(&p.encode()).unwrap(), p);
         // Known vectors: the format is on disk, so it must not change by accident.
-        let v2 = Progress { next_input_offset: 1, next_output_offset: 2, next_changelog_offset: 3 }.encode();
-        assert_eq!(v2, [2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3]);
+        let v2 = Progress {
+            next_input_offset: 1,
+            next_output_offset: 2,
+            next_changelog_offset: 3,
+        }
+        .encode();
+        assert_eq!(
+            v2,
+            [2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3]
+        );
         let v1 = [1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2];
         assert_eq!(
             Progress::decode(&v1).unwrap(),
-            Progress { next_input_offset: 1, next_output_offset: 2, next_changelog_offset: -1 },
+            Progress {
+                next_input_offset: 1,
+                next_output_offset: 2,
+                next_changelog_offset: -1
+            },
             "a version-1 record (written before the changelog) still reads"
         );
         assert!(Progress::decode(&[]).is_err());
         let mut wrong_version = p.encode();
         wrong_version[0] = 3;
-        assert_eq!(Progress::decode(&wrong_version).unwrap_err().version, Some(3));
-        assert!(Progress::decode(&v2[..17]).is_err(), "a version-2 header with a version-1 length");
+        assert_eq!(
+            Progress::decode(&wrong_version).unwrap_err().version,
+            Some(3)
+        );
+        assert!(
+            Progress::decode(&v2[..17]).is_err(),
+            "a version-2 header with a version-1 length"
+        );
     }
 }

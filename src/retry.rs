@@ -17,7 +17,12 @@ impl Backoff {
     /// `retries_allowed` retries, the first after `first`, each later one after twice the one
     /// before, never more than `max`.
     pub const fn new(first: Duration, max: Duration, retries_allowed: u32) -> Self {
-        Self { first, max, retries_allowed, retries: 0 }
+        Self {
+            first,
+            max,
+            retries_allowed,
+            retries: 0,
+        }
     }
 
     /// The delay before retry number `retry` (counting from 1).
@@ -49,7 +54,9 @@ mod tests {
     #[test]
     fn delays_double_up_to_the_cap_and_retries_run_out() {
         let mut b = Backoff::new(Duration::from_millis(200), Duration::from_secs(1), 5);
-        let delays: Vec<_> = std::iter::from_fn(|| b.next_delay()).map(|d| d.as_millis()).collect();
+        let delays: Vec<_> = std::iter::from_fn(|| b.next_delay())
+            .map(|d| d.as_millis())
+            .collect();
         assert_eq!(delays, [200, 400, 800, 1000, 1000]);
         assert_eq!(b.retries(), 5);
         assert_eq!(b.next_delay(), None, "no sixth retry");
@@ -58,6 +65,9 @@ mod tests {
     #[test]
     fn immediate_retries_wait_nothing() {
         let mut b = Backoff::new(Duration::ZERO, Duration::ZERO, 2);
-        assert_eq!((b.next_delay(), b.next_delay(), b.next_delay()), (Some(Duration::ZERO), Some(Duration::ZERO), None));
+        assert_eq!(
+            (b.next_delay(), b.next_delay(), b.next_delay()),
+            (Some(Duration::ZERO), Some(Duration::ZERO), None)
+        );
     }
 }

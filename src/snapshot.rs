@@ -47,15 +47,27 @@ pub enum SnapshotError {
     #[error("the worker is stopping")]
     Stopping,
     #[error("creating the snapshot directory {dir}: {source}")]
-    CreateDir { dir: PathBuf, source: std::io::Error },
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("checkpointing the ledger into {dir}: {source}")]
-    Checkpoint { dir: PathBuf, source: crate::ledger::LedgerError },
+    Checkpoint {
+        dir: PathBuf,
+        source: crate::ledger::LedgerError,
+    },
     #[error("moving the finished checkpoint to {dir}: {source}")]
-    Publish { dir: PathBuf, source: std::io::Error },
+    Publish {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the snapshot hook `{hook}` failed: {failure}")]
     Hook { hook: String, failure: HookFailure },
     #[error("pruning old snapshots in {dir}: {source}")]
-    Prune { dir: PathBuf, source: std::io::Error },
+    Prune {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// How a snapshot hook failed.
@@ -103,7 +115,10 @@ pub struct SnapshotPace {
 impl SnapshotPace {
     /// A pace with no snapshot started yet: the first may start at once.
     pub fn new(min_interval: Duration) -> Self {
-        Self { min_interval, last_start: None }
+        Self {
+            min_interval,
+            last_start: None,
+        }
     }
 
     /// Records a snapshot starting at `now`, or refuses it with [`SnapshotError::TooSoon`] and how
@@ -111,10 +126,16 @@ impl SnapshotPace {
     /// failing checkpoint costs a flush like any other.
     pub fn try_start(&mut self, now: Instant, trigger: Trigger) -> Result<(), SnapshotError> {
         if let Some(last) = self.last_start {
-            let slack = if trigger == Trigger::Scheduled { SCHEDULE_SLACK } else { Duration::ZERO };
+            let slack = if trigger == Trigger::Scheduled {
+                SCHEDULE_SLACK
+            } else {
+                Duration::ZERO
+            };
             let due = last + self.min_interval.saturating_sub(slack);
             if now < due {
-                return Err(SnapshotError::TooSoon { retry_after: last + self.min_interval - now });
+                return Err(SnapshotError::TooSoon {
+                    retry_after: last + self.min_interval - now,
+                });
             }
         }
         self.last_start = Some(now);
@@ -135,11 +156,20 @@ impl SnapshotSlot {
     /// Reserves a fresh, sortable name under `root` (created if missing): the current time in
     /// milliseconds, moved on past any name already taken.
     pub fn reserve(root: &Path) -> Result<Self, SnapshotError> {
-        std::fs::create_dir_all(root).map_err(|source| SnapshotError::CreateDir { dir: root.to_path_buf(), source })?;
-        let mut ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        std::fs::create_dir_all(root).map_err(|source| SnapshotError::CreateDir {
+            dir: root.to_path_buf(),
+            source,
+        })?;
+        let mut ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
         loop {
             let name = format!("{SNAPSHOT_PREFIX}{ms:015}");
-            let slot = Self { partial: root.join(format!("{PARTIAL_PREFIX}{name}")), dir: root.join(name) };
+            let slot = Self {
+                partial: root.join(format!("{PARTIAL_PREFIX}{name}")),
+                dir: root.join(name),
+            };
             if !slot.dir.exists() && !slot.partial.exists() {
                 return Ok(slot);
             }
@@ -149,7 +179,10 @@ impl SnapshotSlot {
 
     /// Moves the complete checkpoint to its published name.
     pub fn publish(&self) -> Result<(), SnapshotError> {
-        std::fs::rename(&self.partial, &self.dir).map_err(|source| SnapshotError::Publish { dir: self.dir.clone(), source })
+        std::fs::rename(&self.partial, &self.dir).map_err(|source| SnapshotError::Publish {
+            dir: self.dir.clone(),
+            source,
+        })
     }
 
     /// Removes what a failed checkpoint left behind.
@@ -177,16 +210,26 @@ pub fn list_snapshots(root: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// When the snapshot in `dir` was taken (Unix ms): the number in its `ledger-<ms>` name, if it
 /// has one.
 pub fn taken_at_ms(dir: &Path) -> Option<i64> {
-    dir.file_name()?.to_str()?.strip_prefix(SNAPSHOT_PREFIX)?.parse().ok()
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix(SNAPSHOT_PREFIX)?
+        .parse()
+        .ok()
 }
 
 /// Removes all but the newest `keep` snapshots and, while none of those is older than
 /// [`OLD_SNAPSHOT_AGE`] at `now_ms` (Unix ms), the newest one that is. Returns what it removed.
 pub fn prune(root: &Path, keep: usize, now_ms: i64) -> Result<Vec<PathBuf>, SnapshotError> {
-    let dirs = list_snapshots(root).map_err(|source| SnapshotError::Prune { dir: root.to_path_buf(), source })?;
+    let dirs = list_snapshots(root).map_err(|source| SnapshotError::Prune {
+        dir: root.to_path_buf(),
+        source,
+    })?;
     let mut removed = Vec::new();
     for dir in prunable(&dirs, keep, now_ms) {
-        std::fs::remove_dir_all(dir).map_err(|source| SnapshotError::Prune { dir: dir.clone(), source })?;
+        std::fs::remove_dir_all(dir).map_err(|source| SnapshotError::Prune {
+            dir: dir.clone(),
+            source,
+        })?;
         removed.push(dir.clone());
     }
     Ok(removed)
@@ -195,11 +238,21 @@ pub fn prune(root: &Path, keep: usize, now_ms: i64) -> Result<Vec<PathBuf>, Snap
 /// Which of `dirs` (oldest first, as [`list_snapshots`] gives them) [`prune`] removes.
 fn prunable(dirs: &[PathBuf], keep: usize, now_ms: i64) -> Vec<&PathBuf> {
     let old_ms = i64::try_from(OLD_SNAPSHOT_AGE.as_millis()).unwrap_or(i64::MAX);
-    let is_old = |dir: &PathBuf| taken_at_ms(dir).is_some_and(|t| now_ms.saturating_sub(t) > old_ms);
+    let is_old =
+        |dir: &PathBuf| taken_at_ms(dir).is_some_and(|t| now_ms.saturating_sub(t) > old_ms);
     let (older, kept) = dirs.split_at(dirs.len().saturating_sub(keep));
     // Names sort by time (fixed-width milliseconds), so the last old one is the newest.
-    let anchor = if kept.iter().any(is_old) { None } else { older.iter().rposition(is_old) };
-    older.iter().enumerate().filter(|(i, _)| Some(*i) != anchor).map(|(_, dir)| dir).collect()
+    let anchor = if kept.iter().any(is_old) {
+        None
+    } else {
+        older.iter().rposition(is_old)
+    };
+    older
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != anchor)
+        .map(|(_, dir)| dir)
+        .collect()
 }
 
 /// Runs the operator's hook through `sh -c`, with the snapshot's path and partitions, the
@@ -213,8 +266,15 @@ pub fn run_hook(
     timeout: Duration,
 ) -> Result<(), SnapshotError> {
     use std::os::unix::process::CommandExt;
-    let list = partitions.iter().map(crate::Partition::to_string).collect::<Vec<_>>().join(",");
-    let err = |failure: HookFailure| SnapshotError::Hook { hook: hook.to_string(), failure };
+    let list = partitions
+        .iter()
+        .map(crate::Partition::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let err = |failure: HookFailure| SnapshotError::Hook {
+        hook: hook.to_string(),
+        failure,
+    };
     let kept = HOOK_BASE_ENV
         .iter()
         .copied()
@@ -270,7 +330,13 @@ mod tests {
             .iter()
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(left, vec![format!("{SNAPSHOT_PREFIX}{:015}", 3), format!("{SNAPSHOT_PREFIX}{:015}", 4)]);
+        assert_eq!(
+            left,
+            vec![
+                format!("{SNAPSHOT_PREFIX}{:015}", 3),
+                format!("{SNAPSHOT_PREFIX}{:015}", 4)
+            ]
+        );
         // Other directories are never touched.
         assert!(root.path().join("unrelated").exists());
     }
@@ -280,12 +346,17 @@ mod tests {
 
     /// Snapshot directories taken at these Unix ms, oldest first, as `list_snapshots` gives them.
     fn taken_at(ms: &[i64]) -> Vec<PathBuf> {
-        ms.iter().map(|ms| PathBuf::from(format!("/snaps/{SNAPSHOT_PREFIX}{ms:015}"))).collect()
+        ms.iter()
+            .map(|ms| PathBuf::from(format!("/snaps/{SNAPSHOT_PREFIX}{ms:015}")))
+            .collect()
     }
 
     /// The times of the snapshots `prune` would remove.
     fn pruned(ms: &[i64], keep: usize, now_ms: i64) -> Vec<i64> {
-        prunable(&taken_at(ms), keep, now_ms).into_iter().filter_map(|d| taken_at_ms(d)).collect()
+        prunable(&taken_at(ms), keep, now_ms)
+            .into_iter()
+            .filter_map(|d| taken_at_ms(d))
+            .collect()
     }
 
     #[test]
@@ -293,7 +364,11 @@ mod tests {
         let now = 100 * HOUR_MS;
         // Hourly snapshots, then three a minute apart (a burst of requests): the three are kept,
         // and so is the newest of the hourly ones, the only one older than an hour kept.
-        let hourly = [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now - HOUR_MS - MINUTE_MS];
+        let hourly = [
+            now - 3 * HOUR_MS,
+            now - 2 * HOUR_MS,
+            now - HOUR_MS - MINUTE_MS,
+        ];
         let burst = [now - 2 * MINUTE_MS, now - MINUTE_MS, now];
         let all: Vec<i64> = hourly.iter().chain(&burst).copied().collect();
         assert_eq!(pruned(&all, 3, now), [now - 3 * HOUR_MS, now - 2 * HOUR_MS]);
@@ -301,8 +376,17 @@ mod tests {
         let all = [now - 3 * HOUR_MS, now - 2 * HOUR_MS, now - MINUTE_MS, now];
         assert_eq!(pruned(&all, 3, now), [now - 3 * HOUR_MS]);
         // No snapshot is older than an hour: the count alone decides.
-        let all = [now - 40 * MINUTE_MS, now - 30 * MINUTE_MS, now - 20 * MINUTE_MS, now - 10 * MINUTE_MS, now];
-        assert_eq!(pruned(&all, 3, now), [now - 40 * MINUTE_MS, now - 30 * MINUTE_MS]);
+        let all = [
+            now - 40 * MINUTE_MS,
+            now - 30 * MINUTE_MS,
+            now - 20 * MINUTE_MS,
+            now - 10 * MINUTE_MS,
+            now,
+        ];
+        assert_eq!(
+            pruned(&all, 3, now),
+            [now - 40 * MINUTE_MS, now - 30 * MINUTE_MS]
+        );
         // Exactly an hour old is not older than an hour.
         let all = [now - HOUR_MS, now - 2 * MINUTE_MS, now - MINUTE_MS, now];
         assert_eq!(pruned(&all, 3, now), [now - HOUR_MS]);
@@ -337,8 +421,13 @@ mod tests {
         // The first starts at once.
         pace.try_start(t0, Trigger::Requested).unwrap();
         // A request 10.5 s later waits the 49.5 s left (Retry-After rounds it up to 50).
-        let e = pace.try_start(t0 + Duration::from_millis(10_500), Trigger::Requested).unwrap_err();
-        assert!(matches!(e, SnapshotError::TooSoon { retry_after } if retry_after == Duration::from_millis(49_500)), "{e:?}");
+        let e = pace
+            .try_start(t0 + Duration::from_millis(10_500), Trigger::Requested)
+            .unwrap_err();
+        assert!(
+            matches!(e, SnapshotError::TooSoon { retry_after } if retry_after == Duration::from_millis(49_500)),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("try again in 50 s"), "{e}");
         assert_eq!(e.stage(), "refused");
         // A scheduled one is refused too, and neither refusal moves the interval's start.
@@ -354,25 +443,47 @@ mod tests {
         let t0 = Instant::now();
         let mut pace = SnapshotPace::new(Duration::from_secs(60));
         // The first tick came 300 ms late, the second on time: 59.7 s apart.
-        pace.try_start(t0 + Duration::from_millis(300), Trigger::Scheduled).unwrap();
-        pace.try_start(t0 + Duration::from_secs(60), Trigger::Scheduled).unwrap();
+        pace.try_start(t0 + Duration::from_millis(300), Trigger::Scheduled)
+            .unwrap();
+        pace.try_start(t0 + Duration::from_secs(60), Trigger::Scheduled)
+            .unwrap();
         // A request at that moment would have been refused.
         let mut pace = SnapshotPace::new(Duration::from_secs(60));
-        pace.try_start(t0 + Duration::from_millis(300), Trigger::Requested).unwrap();
-        assert!(pace.try_start(t0 + Duration::from_secs(60), Trigger::Requested).is_err());
+        pace.try_start(t0 + Duration::from_millis(300), Trigger::Requested)
+            .unwrap();
+        assert!(pace
+            .try_start(t0 + Duration::from_secs(60), Trigger::Requested)
+            .is_err());
     }
 
     #[test]
     fn hook_gets_its_environment_and_failures_are_errors() {
         let root = tempfile::tempdir().unwrap();
         let out = root.path().join("out");
-        let hook = format!("echo \"${ENV_SNAPSHOT_DIR} ${ENV_SNAPSHOT_PARTITIONS}\" > {}", out.display());
-        run_hook(&hook, Path::new("/snap/x"), &[0, 3], &[], Duration::from_secs(10)).unwrap();
+        let hook = format!(
+            "echo \"${ENV_SNAPSHOT_DIR} ${ENV_SNAPSHOT_PARTITIONS}\" > {}",
+            out.display()
+        );
+        run_hook(
+            &hook,
+            Path::new("/snap/x"),
+            &[0, 3],
+            &[],
+            Duration::from_secs(10),
+        )
+        .unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "/snap/x 0,3");
         let e = run_hook("exit 7", Path::new("/x"), &[], &[], Duration::from_secs(10)).unwrap_err();
         assert_eq!(e.stage(), "hook");
         assert!(e.to_string().contains("exit status: 7"), "{e}");
-        let e = run_hook("sleep 5", Path::new("/x"), &[], &[], Duration::from_millis(200)).unwrap_err();
+        let e = run_hook(
+            "sleep 5",
+            Path::new("/x"),
+            &[],
+            &[],
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("killed"), "{e}");
     }
 
@@ -385,10 +496,23 @@ mod tests {
         std::env::set_var("DEDUPE_WRITE_KEYS", "wk-secret=web");
         std::env::set_var("SNAPSHOT_TEST_PROFILE", "backup-profile");
         let hook = format!("env > {}", out.display());
-        run_hook(&hook, Path::new("/snap/x"), &[1], &["SNAPSHOT_TEST_PROFILE".to_string()], Duration::from_secs(10)).unwrap();
+        run_hook(
+            &hook,
+            Path::new("/snap/x"),
+            &[1],
+            &["SNAPSHOT_TEST_PROFILE".to_string()],
+            Duration::from_secs(10),
+        )
+        .unwrap();
         let env = std::fs::read_to_string(&out).unwrap();
-        assert!(!env.contains("hunter2") && !env.contains("wk-secret"), "{env}");
-        assert!(env.contains("SNAPSHOT_TEST_PROFILE=backup-profile"), "{env}");
+        assert!(
+            !env.contains("hunter2") && !env.contains("wk-secret"),
+            "{env}"
+        );
+        assert!(
+            env.contains("SNAPSHOT_TEST_PROFILE=backup-profile"),
+            "{env}"
+        );
         assert!(env.contains("PATH="), "{env}");
     }
 
@@ -399,8 +523,21 @@ mod tests {
         // The shell starts a background child that would outlive a kill of the shell alone.
         let hook = format!("sleep 30 & echo $! > {}; wait", pid_file.display());
         let e = run_hook(&hook, Path::new("/x"), &[], &[], Duration::from_millis(500)).unwrap_err();
-        assert!(matches!(e, SnapshotError::Hook { failure: HookFailure::TimedOut(_), .. }), "{e}");
-        let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        assert!(
+            matches!(
+                e,
+                SnapshotError::Hook {
+                    failure: HookFailure::TimedOut(_),
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         // The child was killed with its group (it may linger a moment as a zombie of init).
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
@@ -409,7 +546,10 @@ mod tests {
             if gone {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "the hook's child {pid} outlived the timeout: {state}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the hook's child {pid} outlived the timeout: {state}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -420,7 +560,11 @@ mod tests {
         let mut names = std::collections::HashSet::new();
         for _ in 0..50 {
             let slot = SnapshotSlot::reserve(root.path()).unwrap();
-            assert!(names.insert(slot.dir.clone()), "{} reserved twice", slot.dir.display());
+            assert!(
+                names.insert(slot.dir.clone()),
+                "{} reserved twice",
+                slot.dir.display()
+            );
             std::fs::create_dir(&slot.partial).unwrap();
             // Not yet published: invisible to listing and pruning.
             assert!(!list_snapshots(root.path()).unwrap().contains(&slot.dir));

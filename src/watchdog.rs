@@ -71,7 +71,12 @@ fn watchdog() -> &'static Watchdog {
 fn check(now: Instant) {
     let Some(overdue) = overdue(now) else { return };
     metrics::counter!(crate::metrics::ERRORS, crate::metrics::LABEL_KIND => crate::metrics::KIND_STUCK).increment(1);
-    let rescued = watchdog().rescue.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|rescue| rescue(overdue.0, &overdue.1));
+    let rescued = watchdog()
+        .rescue
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|rescue| rescue(overdue.0, &overdue.1));
     if rescued {
         tracing::error!(
             call = overdue.0,
@@ -102,7 +107,9 @@ fn check(now: Instant) {
 /// past its deadline). It is marked as asked.
 fn overdue(now: Instant) -> Option<(&'static str, String, Duration)> {
     let mut armed = watchdog().armed.lock().unwrap_or_else(|p| p.into_inner());
-    let found = armed.values_mut().find(|a| now > a.deadline && !a.rescued)?;
+    let found = armed
+        .values_mut()
+        .find(|a| now > a.deadline && !a.rescued)?;
     found.rescued = true;
     Some((found.call, found.owner.clone(), now - found.deadline))
 }
@@ -119,13 +126,25 @@ pub fn arm(call: &'static str, owner: &str, timeout: Duration) -> Guard {
     let w = watchdog();
     let id = w.next.fetch_add(1, Ordering::Relaxed);
     let deadline = Instant::now() + timeout + GRACE;
-    w.armed.lock().unwrap_or_else(|p| p.into_inner()).insert(id, Armed { call, owner: owner.to_string(), deadline, rescued: false });
+    w.armed.lock().unwrap_or_else(|p| p.into_inner()).insert(
+        id,
+        Armed {
+            call,
+            owner: owner.to_string(),
+            deadline,
+            rescued: false,
+        },
+    );
     Guard { id }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        watchdog().armed.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        watchdog()
+            .armed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
     }
 }
 
@@ -135,14 +154,27 @@ mod tests {
 
     #[test]
     fn only_a_call_past_its_timeout_and_the_grace_is_overdue() {
-        let guard = arm("send_offsets_to_transaction", "dedupe-out-0", Duration::from_secs(60));
+        let guard = arm(
+            "send_offsets_to_transaction",
+            "dedupe-out-0",
+            Duration::from_secs(60),
+        );
         let now = Instant::now();
         assert!(overdue(now).is_none_or(|o| o.1 != "dedupe-out-0"));
         let late = now + Duration::from_secs(60) + GRACE + Duration::from_secs(2);
         let found = overdue(late).expect("overdue after its timeout and the grace");
-        assert_eq!((found.0, found.1.as_str()), ("send_offsets_to_transaction", "dedupe-out-0"));
-        assert!(overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"), "a call is handed to the rescue once");
+        assert_eq!(
+            (found.0, found.1.as_str()),
+            ("send_offsets_to_transaction", "dedupe-out-0")
+        );
+        assert!(
+            overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"),
+            "a call is handed to the rescue once"
+        );
         drop(guard);
-        assert!(overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"), "a returned call is disarmed");
+        assert!(
+            overdue(late).is_none_or(|o| o.1 != "dedupe-out-0"),
+            "a returned call is disarmed"
+        );
     }
 }

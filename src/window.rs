@@ -81,7 +81,11 @@ mod tests {
     #[test]
     fn forecast_from_the_rate() {
         // 16 GiB at 20 bytes per id is ~859M ids; at 10k ids/s that is ~23.9 hours.
-        let fill = LedgerFill { budget_bytes: 16 * GIB, bytes: GIB, ids: GIB / 20 };
+        let fill = LedgerFill {
+            budget_bytes: 16 * GIB,
+            bytes: GIB,
+            ids: GIB / 20,
+        };
         let f = forecast_seconds(fill, 10_000.0, Duration::from_secs(3600));
         assert!((f - 16.0 * GIB as f64 / 20.0 / 10_000.0).abs() < 1.0, "{f}");
         assert!(f < 86_400.0, "this worker will page once full");
@@ -90,20 +94,35 @@ mod tests {
     #[test]
     fn forecast_without_a_rate_scales_the_held_window() {
         // A quarter full after 6 hours: a full ledger holds 24 hours at the same average rate.
-        let fill = LedgerFill { budget_bytes: 4 * GIB, bytes: GIB, ids: 1_000_000 };
-        assert_eq!(forecast_seconds(fill, 0.0, Duration::from_secs(6 * 3600)), 24.0 * 3600.0);
+        let fill = LedgerFill {
+            budget_bytes: 4 * GIB,
+            bytes: GIB,
+            ids: 1_000_000,
+        };
+        assert_eq!(
+            forecast_seconds(fill, 0.0, Duration::from_secs(6 * 3600)),
+            24.0 * 3600.0
+        );
     }
 
     #[test]
     fn an_empty_ledger_forecasts_what_it_holds() {
-        let fill = LedgerFill { budget_bytes: GIB, bytes: 0, ids: 0 };
+        let fill = LedgerFill {
+            budget_bytes: GIB,
+            bytes: 0,
+            ids: 0,
+        };
         assert_eq!(forecast_seconds(fill, 5_000.0, Duration::from_secs(7)), 7.0);
     }
 
     #[test]
     fn a_full_ledger_may_forecast_less_than_it_holds() {
         // Traffic tripled: the window will shrink to a third.
-        let fill = LedgerFill { budget_bytes: GIB, bytes: GIB, ids: 50_000_000 };
+        let fill = LedgerFill {
+            budget_bytes: GIB,
+            bytes: GIB,
+            ids: 50_000_000,
+        };
         let held = Duration::from_secs(30 * 3600);
         let f = forecast_seconds(fill, 50_000_000.0 / (10.0 * 3600.0), held);
         assert!((f - 10.0 * 3600.0).abs() < 1.0, "{f}");

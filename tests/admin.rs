@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kit::*;
 use dedupe::metrics as m;
+use kit::*;
 
 /// The binary under test, built by cargo for this test run.
 const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
@@ -33,7 +33,9 @@ fn browsers_cannot_trigger_a_snapshot_and_a_loop_of_requests_takes_one_per_inter
     let snapshots = dir.path().join("snapshots");
     let ledger = dir.path().join("ledger");
     // No admin token, and the default snapshots.min_interval_secs (60).
-    let spec = DEDUPE.worker(&input.name, &output.name, &ledger).env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap());
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &ledger)
+        .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap());
     produce_full(&input.name, &keyed(&ids(200).iter().collect::<Vec<_>>()));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
@@ -49,17 +51,39 @@ fn browsers_cannot_trigger_a_snapshot_and_a_loop_of_requests_takes_one_per_inter
     ];
     for (name, value, says) in browser_requests {
         let answer = worker.post(SNAPSHOT, &[(name, value)]);
-        assert_eq!(answer.status, 403, "{name}: {value} was not refused: {:?}", answer.json());
-        let error = answer.json()["error"].as_str().unwrap_or_default().to_string();
+        assert_eq!(
+            answer.status,
+            403,
+            "{name}: {value} was not refused: {:?}",
+            answer.json()
+        );
+        let error = answer.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         assert!(error.contains(says), "{name}: {value}: {error}");
     }
-    assert_eq!(snapshot_dirs(&snapshots), 0, "a refused request took a snapshot");
+    assert_eq!(
+        snapshot_dirs(&snapshots),
+        0,
+        "a refused request took a snapshot"
+    );
     let page = worker.metrics().unwrap();
-    let refused = metric_value(&page, m::ERRORS, &[(m::LABEL_KIND, m::KIND_ADMIN_UNAUTHORIZED)]);
+    let refused = metric_value(
+        &page,
+        m::ERRORS,
+        &[(m::LABEL_KIND, m::KIND_ADMIN_UNAUTHORIZED)],
+    );
     assert_eq!(refused, Some(3.0), "each refusal is counted once");
     // A plain request from loopback, as `dedupe ledger snapshot` or curl sends it, is taken.
     let first = worker.post(SNAPSHOT, &[]);
-    assert_eq!(first.status, 200, "{:?}\n{}", first.json(), worker.log_text());
+    assert_eq!(
+        first.status,
+        200,
+        "{:?}\n{}",
+        first.json(),
+        worker.log_text()
+    );
     assert_eq!(snapshot_dirs(&snapshots), 1);
 
     // (b) Requests in a loop, with ids arriving between them.
@@ -76,17 +100,35 @@ fn browsers_cannot_trigger_a_snapshot_and_a_loop_of_requests_takes_one_per_inter
     let took = started.elapsed();
     let taken = answers.iter().filter(|a| a.status == 200).count();
     for answer in answers.iter().filter(|a| a.status != 200) {
-        assert_eq!(answer.status, 429, "a request was neither taken nor told to wait: {:?}", answer.json());
+        assert_eq!(
+            answer.status,
+            429,
+            "a request was neither taken nor told to wait: {:?}",
+            answer.json()
+        );
         let retry_after: u64 = answer
             .header("Retry-After")
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("a 429 without a whole-seconds Retry-After: {:?}", answer.headers));
+            .unwrap_or_else(|| {
+                panic!(
+                    "a 429 without a whole-seconds Retry-After: {:?}",
+                    answer.headers
+                )
+            });
         assert!((1..=60).contains(&retry_after), "Retry-After {retry_after}");
-        assert_eq!(answer.json()["retry_after_secs"].as_u64(), Some(retry_after), "{:?}", answer.json());
+        assert_eq!(
+            answer.json()["retry_after_secs"].as_u64(),
+            Some(retry_after),
+            "{:?}",
+            answer.json()
+        );
     }
     let dirs = snapshot_dirs(&snapshots);
     assert_eq!(dirs, 1 + taken, "each snapshot directory answers one 200");
-    assert!(dirs <= 2, "{LOOP_REQUESTS} requests in {took:?} took {taken} snapshots");
+    assert!(
+        dirs <= 2,
+        "{LOOP_REQUESTS} requests in {took:?} took {taken} snapshots"
+    );
     // The files: flat at once. The descriptors: the loop's connections may take a moment to close.
     let ssts_after = sst_files(&ledger);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -101,11 +143,26 @@ fn browsers_cannot_trigger_a_snapshot_and_a_loop_of_requests_takes_one_per_inter
         "{LOOP_REQUESTS} snapshot requests in {took:?}: {taken} taken (snapshot directories: {dirs}); \
          ledger SST files {ssts_before} -> {ssts_after}; worker open fds {fds_before} -> {fds_after}"
     );
-    assert!(ssts_after <= ssts_before + SST_SLACK, "the ledger's SST files went from {ssts_before} to {ssts_after}");
-    assert!(fds_after <= fds_before + FD_SLACK, "the worker's open fds went from {fds_before} to {fds_after}");
+    assert!(
+        ssts_after <= ssts_before + SST_SLACK,
+        "the ledger's SST files went from {ssts_before} to {ssts_after}"
+    );
+    assert!(
+        fds_after <= fds_before + FD_SLACK,
+        "the worker's open fds went from {fds_before} to {fds_after}"
+    );
     let page = worker.metrics().unwrap();
-    assert_eq!(metric_value(&page, "dedupe_snapshot_failures_total", &[]).unwrap_or(0.0), 0.0, "refusals are not failures: {page}");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        metric_value(&page, "dedupe_snapshot_failures_total", &[]).unwrap_or(0.0),
+        0.0,
+        "refusals are not failures: {page}"
+    );
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
 }
 
 #[test]
@@ -115,28 +172,51 @@ fn with_a_token_the_bearer_scheme_is_taken_in_any_case() {
     let dir = tempfile::tempdir().unwrap();
     let snapshots = dir.path().join("snapshots");
     let token = "t0ken-for-the-admin-test";
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_ADMIN_TOKEN", token);
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
 
     // A wrong token is refused whatever the scheme's case.
-    let wrong = worker.post(SNAPSHOT, &[("Authorization", "bearer t0ken-for-the-admin-tes")]);
+    let wrong = worker.post(
+        SNAPSHOT,
+        &[("Authorization", "bearer t0ken-for-the-admin-tes")],
+    );
     assert_eq!(wrong.status, 401, "{:?}", wrong.json());
     // The scheme in lower case, with the token: taken.
     let lower = worker.post(SNAPSHOT, &[("Authorization", &format!("bearer {token}"))]);
-    assert_eq!(lower.status, 200, "{:?}\n{}", lower.json(), worker.log_text());
+    assert_eq!(
+        lower.status,
+        200,
+        "{:?}\n{}",
+        lower.json(),
+        worker.log_text()
+    );
     assert_eq!(snapshot_dirs(&snapshots), 1);
     // In capitals: authorized too, and then told to wait for the next interval.
     let upper = worker.post(SNAPSHOT, &[("Authorization", &format!("BEARER {token}"))]);
     assert_eq!(upper.status, 429, "{:?}", upper.json());
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
-    assert!(!worker.log_text().contains(token), "the admin token was logged");
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
+    assert!(
+        !worker.log_text().contains(token),
+        "the admin token was logged"
+    );
 }
 
 /// Runs `dedupe explain ID` against a worker's metrics port and ledger directory.
-fn explain(ledger: &Path, metrics_port: u16, id: &str, sent_at: Option<&str>) -> (serde_json::Value, String) {
+fn explain(
+    ledger: &Path,
+    metrics_port: u16,
+    id: &str,
+    sent_at: Option<&str>,
+) -> (serde_json::Value, String) {
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
     match sent_at {
         Some(t) => DEDUPE.explain(ledger, metrics, id, &["--sent-at", t]),
@@ -153,9 +233,17 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
     let all = ids(60);
     produce_full(&input.name, &keyed(&all.iter().collect::<Vec<_>>()));
     let records = consume_all(&input.name, true);
-    let in_partition = |p: i32| records.iter().filter(|r| r.partition == p).collect::<Vec<_>>();
+    let in_partition = |p: i32| {
+        records
+            .iter()
+            .filter(|r| r.partition == p)
+            .collect::<Vec<_>>()
+    };
     let (mine, theirs) = (in_partition(0), in_partition(1));
-    assert!(!mine.is_empty() && !theirs.is_empty(), "the ids spread over both partitions");
+    assert!(
+        !mine.is_empty() && !theirs.is_empty(),
+        "the ids spread over both partitions"
+    );
     // This worker owns partition 0 only. The test's producer is librdkafka's, with its default
     // partitioner.
     let mut worker = DEDUPE
@@ -177,22 +265,43 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
     // First seen at its record's time, as the ledger keeps it: to the second of its generation.
     let first_seen = a["first_seen_ms"].as_i64().unwrap();
     let sent = held.timestamp.unwrap();
-    assert!(first_seen <= sent && sent - first_seen < 1000, "first seen {first_seen}, sent {sent}");
-    assert!(a["generation"].is_u64() && a["copies"].as_array().unwrap().len() == 1, "{a}");
-    assert!(a["window_secs"].as_f64().unwrap() >= 0.0 && a["reason"].is_null(), "{a}");
-    assert!(sentence.contains("is in the window") && sentence.contains("dropped"), "{sentence}");
+    assert!(
+        first_seen <= sent && sent - first_seen < 1000,
+        "first seen {first_seen}, sent {sent}"
+    );
+    assert!(
+        a["generation"].is_u64() && a["copies"].as_array().unwrap().len() == 1,
+        "{a}"
+    );
+    assert!(
+        a["window_secs"].as_f64().unwrap() >= 0.0 && a["reason"].is_null(),
+        "{a}"
+    );
+    assert!(
+        sentence.contains("is in the window") && sentence.contains("dropped"),
+        "{sentence}"
+    );
 
     // An id never sent: not held; the time it was sent tells never seen from aged out.
     let unknown = uuid::Uuid::new_v4().to_string();
     let unknown_mine = (0..1000)
         .map(|_| uuid::Uuid::new_v4().to_string())
         .find(|u| {
-            let partition = dedupe_actors::explain::partition_of_id(&dedupe::config::IdSource::Key, dedupe::config::InputPartitioner::ConsistentRandom, u.as_bytes(), 2);
+            let partition = dedupe_actors::explain::partition_of_id(
+                &dedupe::config::IdSource::Key,
+                dedupe::config::InputPartitioner::ConsistentRandom,
+                u.as_bytes(),
+                2,
+            );
             partition == Some(0)
         })
         .unwrap_or(unknown);
     let (a, sentence) = explain(&ledger, port, &unknown_mine, None);
-    assert_eq!((a["held"].clone(), a["reason"].clone()), (serde_json::json!(false), serde_json::json!("not_in_window")), "{a}");
+    assert_eq!(
+        (a["held"].clone(), a["reason"].clone()),
+        (serde_json::json!(false), serde_json::json!("not_in_window")),
+        "{a}"
+    );
     assert!(sentence.contains("published"), "{sentence}");
     let now = dedupe::recovery::now_ms().to_string();
     let (a, _) = explain(&ledger, port, &unknown_mine, Some(&now));
@@ -203,8 +312,22 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
     // An id of the partition another worker owns: which one.
     let other = String::from_utf8(theirs[0].key.clone().unwrap()).unwrap();
     let (a, sentence) = explain(&ledger, port, &other, None);
-    assert_eq!((a["owned"].clone(), a["partition"].clone(), a["reason"].clone()), (serde_json::json!(false), serde_json::json!(1), serde_json::json!("not_owned")));
-    assert!(sentence.contains("ask the worker that owns partition 1"), "{sentence}");
+    assert_eq!(
+        (
+            a["owned"].clone(),
+            a["partition"].clone(),
+            a["reason"].clone()
+        ),
+        (
+            serde_json::json!(false),
+            serde_json::json!(1),
+            serde_json::json!("not_owned")
+        )
+    );
+    assert!(
+        sentence.contains("ask the worker that owns partition 1"),
+        "{sentence}"
+    );
 
     // The endpoint keeps the admin rules: a web page is refused.
     let answer = kit::http::request(
@@ -220,8 +343,15 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
     // The worker stopped: the same from its ledger directory.
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
     let (a, _) = explain(&ledger, port, &id, None);
-    assert_eq!((a["held"].clone(), a["first_seen_ms"].clone()), (serde_json::json!(true), serde_json::json!(first_seen)), "{a}");
-    assert!(a["partition"].is_null() && a["owned"].is_null(), "a stopped worker's ledger does not say whose partition: {a}");
+    assert_eq!(
+        (a["held"].clone(), a["first_seen_ms"].clone()),
+        (serde_json::json!(true), serde_json::json!(first_seen)),
+        "{a}"
+    );
+    assert!(
+        a["partition"].is_null() && a["owned"].is_null(),
+        "a stopped worker's ledger does not say whose partition: {a}"
+    );
 }
 
 /// Published snapshot directories (`ledger-*`) under `root`.
@@ -229,7 +359,11 @@ fn snapshot_dirs(root: &Path) -> usize {
     match std::fs::read_dir(root) {
         Ok(entries) => entries
             .map(|e| e.expect("a snapshot directory entry"))
-            .filter(|e| e.file_name().to_string_lossy().starts_with(dedupe::snapshot::SNAPSHOT_PREFIX))
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(dedupe::snapshot::SNAPSHOT_PREFIX)
+            })
             .count(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
         Err(e) => panic!("reading {}: {e}", root.display()),
@@ -250,5 +384,7 @@ fn sst_files(dir: &Path) -> usize {
 
 /// The process's open file descriptors, from `/proc`.
 fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap_or_else(|e| panic!("reading /proc/{pid}/fd: {e}")).count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/fd: {e}"))
+        .count()
 }

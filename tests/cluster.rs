@@ -88,21 +88,49 @@ impl Scenario {
             .without("DEDUPE_WORKER_BATCH_MAX_RECORDS")
             .without("DEDUPE_WORKER_BATCH_LINGER_MS");
         let spec = adapt(spec);
-        let group = spec.env.iter().find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID").expect("the spec names its group").1.clone();
+        let group = spec
+            .env
+            .iter()
+            .find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID")
+            .expect("the spec names its group")
+            .1
+            .clone();
         let worker = Supervised::start(&spec);
         let stalls = StallMeter::start(&output.name, PARTITIONS);
         let started = Instant::now();
         let load = Load::start(&input.name, LoadSpec::default());
         stalls.wait_flowing(started, Duration::from_secs(120));
         let flowing = Instant::now();
-        Self { fault, input, output, dir, group, worker, load, stalls, started, flowing }
+        Self {
+            fault,
+            input,
+            output,
+            dir,
+            group,
+            worker,
+            load,
+            stalls,
+            started,
+            flowing,
+        }
     }
 
     /// Ends the load once every output partition grows again after the fault (`healed`), waits
     /// until the output holds every id, stops the worker, and checks that the output holds every
     /// input id exactly once, in its partition, as its first copy, in order.
     fn finish(self, injected: usize, healed: Instant, measured: Stall) {
-        let Scenario { fault, input, output, dir, worker, load, stalls, started, flowing, .. } = self;
+        let Scenario {
+            fault,
+            input,
+            output,
+            dir,
+            worker,
+            load,
+            stalls,
+            started,
+            flowing,
+            ..
+        } = self;
         stalls.wait_flowing(healed, Duration::from_secs(300));
         let load = load.finish();
         let growth = stalls.finish();
@@ -117,7 +145,14 @@ impl Scenario {
                         (growth.longest_stall(flowing, &others).as_secs_f64() * 10.0).round() / 10.0
                     })
                     .collect();
-                (format!("longest stall {:.1} s (per partition {each:?} s)", overall.as_secs_f64()), overall, 25)
+                (
+                    format!(
+                        "longest stall {:.1} s (per partition {each:?} s)",
+                        overall.as_secs_f64()
+                    ),
+                    overall,
+                    25,
+                )
             }
             Stall::Except(cut) => {
                 let others = growth.longest_stall(flowing, &cut);
@@ -130,12 +165,17 @@ impl Scenario {
                 (line, others.max(back), 25)
             }
             Stall::PerFault(spans) => {
-                let each: Vec<Duration> = spans.iter().map(|(from, to)| growth.longest_stall_during(*from, *to)).collect();
+                let each: Vec<Duration> = spans
+                    .iter()
+                    .map(|(from, to)| growth.longest_stall_during(*from, *to))
+                    .collect();
                 let worst = each.iter().copied().max().unwrap_or_default();
                 let line = format!(
                     "longest stall {:.1} s (per fault {:?} s; longest overall {:.1} s)",
                     worst.as_secs_f64(),
-                    each.iter().map(|s| (s.as_secs_f64() * 10.0).round() / 10.0).collect::<Vec<_>>(),
+                    each.iter()
+                        .map(|s| (s.as_secs_f64() * 10.0).round() / 10.0)
+                        .collect::<Vec<_>>(),
                     overall.as_secs_f64()
                 );
                 (line, worst, 15)
@@ -153,9 +193,17 @@ impl Scenario {
         // What the worker said through the fault, for finding what held a stall: on request, and
         // whenever a stall ran past half its target (such runs are rare and come mostly in full
         // suites, where nothing else keeps the worker's log).
-        if std::env::var_os("DEDUPE_CLUSTER_WORKER_LOG").is_some() || worst > Duration::from_secs(target) / 2 {
+        if std::env::var_os("DEDUPE_CLUSTER_WORKER_LOG").is_some()
+            || worst > Duration::from_secs(target) / 2
+        {
             let log = worker.worker.lock().unwrap().log_text();
-            eprintln!("worker log ({fault}):\n{}", log.lines().filter(|l| !l.contains("DEBUG")).collect::<Vec<_>>().join("\n"));
+            eprintln!(
+                "worker log ({fault}):\n{}",
+                log.lines()
+                    .filter(|l| !l.contains("DEBUG"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
         }
         let distinct = load.distinct as usize;
         worker.wait_for_output(&output.name, distinct, Duration::from_secs(300));
@@ -171,7 +219,10 @@ impl Scenario {
             started.elapsed().as_secs_f64()
         );
         exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, fault);
-        assert!(exits.iter().all(|c| *c != Some(0)), "{fault}: the worker exited 0 by itself: {exits:?}");
+        assert!(
+            exits.iter().all(|c| *c != Some(0)),
+            "{fault}: the worker exited 0 by itself: {exits:?}"
+        );
         drop(dir);
     }
 }
@@ -188,12 +239,18 @@ fn leaders_and_coordinators_killed_at_random_moments() {
     let s = Scenario::start("SIGKILL + restart of a leader or coordinator");
     let c = cluster();
     let mut rng = rand::rng();
-    let kinds = ["input leader", "output leader", "transaction coordinator", "group coordinator"];
+    let kinds = [
+        "input leader",
+        "output leader",
+        "transaction coordinator",
+        "group coordinator",
+    ];
     let mut spans = Vec::new();
     for kill in 0..kills {
         if !long() {
             c.wait_in_sync();
-            s.stalls.wait_flowing(Instant::now(), Duration::from_secs(120));
+            s.stalls
+                .wait_flowing(Instant::now(), Duration::from_secs(120));
         }
         std::thread::sleep(Duration::from_millis(rng.random_range(500..3000)));
         let partition = rng.random_range(0..PARTITIONS);
@@ -205,18 +262,27 @@ fn leaders_and_coordinators_killed_at_random_moments() {
             2 => c.transaction_coordinator(&txn),
             _ => c.group_coordinator(&s.group),
         });
-        let controller = if c.active_controller() == Some(victim) { ", the active controller" } else { "" };
+        let controller = if c.active_controller() == Some(victim) {
+            ", the active controller"
+        } else {
+            ""
+        };
         eprintln!("kill {kill}: node {victim} ({kind} of partition {partition}{controller})");
         let killed = Instant::now();
         c.kill(victim);
         std::thread::sleep(Duration::from_millis(rng.random_range(0..4000)));
         c.start(victim);
         if !long() {
-            s.stalls.wait_flowing(Instant::now(), Duration::from_secs(120));
+            s.stalls
+                .wait_flowing(Instant::now(), Duration::from_secs(120));
             spans.push((killed, Instant::now()));
         }
     }
-    let measured = if long() { Stall::Any } else { Stall::PerFault(spans) };
+    let measured = if long() {
+        Stall::Any
+    } else {
+        Stall::PerFault(spans)
+    };
     s.finish(kills, Instant::now(), measured);
 }
 
@@ -244,16 +310,22 @@ fn a_rolling_restart_of_every_node() {
 /// leaders), otherwise partition 0's coordinator.
 #[test]
 fn a_node_paused_past_the_transaction_and_client_timeouts() {
-    let s = Scenario::start("SIGSTOP of the transaction coordinator past transaction.timeout.ms, then SIGCONT");
+    let s = Scenario::start(
+        "SIGSTOP of the transaction coordinator past transaction.timeout.ms, then SIGCONT",
+    );
     let c = cluster();
     let coordinators: Vec<i32> = (0..PARTITIONS)
         .map(|p| {
             let id = dedupe::output::transactional_id(&s.output.name, p);
-            c.wait_for("transaction coordinator", |c| c.transaction_coordinator(&id))
+            c.wait_for("transaction coordinator", |c| {
+                c.transaction_coordinator(&id)
+            })
         })
         .collect();
     let controller = c.active_controller();
-    let victim = controller.filter(|n| coordinators.contains(n)).unwrap_or(coordinators[0]);
+    let victim = controller
+        .filter(|n| coordinators.contains(n))
+        .unwrap_or(coordinators[0]);
     eprintln!(
         "pausing node {victim}: transaction coordinators of partitions 0-{} {coordinators:?}, active controller {controller:?}",
         PARTITIONS - 1
@@ -274,18 +346,32 @@ fn a_node_paused_past_the_transaction_and_client_timeouts() {
 fn a_node_cut_off_from_the_worker_past_its_timeouts() {
     let c = cluster();
     let netns = c.netns();
-    let s = Scenario::start_with("a node cut off from the worker (blackhole route), then reconnected", |mut spec| {
-        spec.wrapper = vec!["ip".into(), "netns".into(), "exec".into(), netns.name.clone()];
-        spec.brokers = Some(netns.bootstrap.clone());
-        spec.metrics_host = Some(netns.address);
-        spec
-    });
+    let s = Scenario::start_with(
+        "a node cut off from the worker (blackhole route), then reconnected",
+        |mut spec| {
+            spec.wrapper = vec![
+                "ip".into(),
+                "netns".into(),
+                "exec".into(),
+                netns.name.clone(),
+            ];
+            spec.brokers = Some(netns.bootstrap.clone());
+            spec.metrics_host = Some(netns.address);
+            spec
+        },
+    );
     // The leader of an output partition, not the group's coordinator if another one will do
     // (every transaction sends its offsets there: cut off, it stalls every partition).
     let group_coordinator = c.group_coordinator(&s.group);
     let victim = c.wait_for("output leader", |c| {
-        let leaders: Vec<i32> = (0..PARTITIONS).filter_map(|p| c.leader(&s.output.name, p)).collect();
-        leaders.iter().copied().find(|&n| Some(n) != group_coordinator).or(leaders.first().copied())
+        let leaders: Vec<i32> = (0..PARTITIONS)
+            .filter_map(|p| c.leader(&s.output.name, p))
+            .collect();
+        leaders
+            .iter()
+            .copied()
+            .find(|&n| Some(n) != group_coordinator)
+            .or(leaders.first().copied())
     });
     // The partitions the cut leaves without a way to go on: the node leads their input (nobody
     // else serves its records), output or changelog partition, or coordinates their transactions
@@ -294,8 +380,14 @@ fn a_node_cut_off_from_the_worker_past_its_timeouts() {
     let cut: Vec<i32> = (0..PARTITIONS)
         .filter(|&p| {
             let txn = dedupe::output::transactional_id(&s.output.name, p);
-            [c.leader(&s.input.name, p), c.leader(&s.output.name, p), c.leader(&changelog, p), c.transaction_coordinator(&txn), group_coordinator]
-                .contains(&Some(victim))
+            [
+                c.leader(&s.input.name, p),
+                c.leader(&s.output.name, p),
+                c.leader(&changelog, p),
+                c.transaction_coordinator(&txn),
+                group_coordinator,
+            ]
+            .contains(&Some(victim))
         })
         .collect();
     c.cut(victim);
@@ -315,7 +407,10 @@ fn the_whole_cluster_down_past_the_client_timeouts() {
     }
     std::thread::sleep(hold(60, 180));
     // The nodes are started together: a KRaft quorum needs two of them to elect a controller.
-    let starts: Vec<_> = kit::cluster::NODES.into_iter().map(|node| std::thread::spawn(move || cluster().start(node))).collect();
+    let starts: Vec<_> = kit::cluster::NODES
+        .into_iter()
+        .map(|node| std::thread::spawn(move || cluster().start(node)))
+        .collect();
     for s in starts {
         s.join().expect("node start");
     }
@@ -337,10 +432,22 @@ fn allow_worker(principal: &str, input: &str, output: &str, group: &str) {
     let transactional_prefix = format!("dedupe-{output}-");
     allow(principal, &[Read, Describe], Resource::Topic(input));
     allow(principal, &[Write, Read, Describe], Resource::Topic(output));
-    allow(principal, &[Write, Read, Describe, DescribeConfigs, Create], Resource::Topic(&changelog));
-    allow(principal, &[Write, Describe, Create], Resource::Topic(&audit));
+    allow(
+        principal,
+        &[Write, Read, Describe, DescribeConfigs, Create],
+        Resource::Topic(&changelog),
+    );
+    allow(
+        principal,
+        &[Write, Describe, Create],
+        Resource::Topic(&audit),
+    );
     allow(principal, &[Read], Resource::Group(group));
-    allow(principal, &[Write, Describe], Resource::TransactionalIdPrefix(&transactional_prefix));
+    allow(
+        principal,
+        &[Write, Describe],
+        Resource::TransactionalIdPrefix(&transactional_prefix),
+    );
 }
 
 /// What `loadgen`, `ingest` and `verify` need: write and read the input, read the output.
@@ -349,7 +456,11 @@ fn allow_client(principal: &str, input: &str, output: &str) {
     allow(principal, &[Write, Read, Describe], Resource::Topic(input));
     allow(principal, &[Read, Describe], Resource::Topic(output));
     // The front door's dead-letter topic, which it creates at start when it is missing.
-    allow(principal, &[Write, Describe, Create], Resource::Topic(&format!("{input}.dead-letter")));
+    allow(
+        principal,
+        &[Write, Describe, Create],
+        Resource::Topic(&format!("{input}.dead-letter")),
+    );
 }
 
 /// A `dedupe` command with `env`; (exit code, stdout, stderr).
@@ -360,7 +471,11 @@ fn dedupe(args: &[&str], env: &[(String, String)]) -> (Option<i32>, String, Stri
         cmd.env(k, v);
     }
     let out = cmd.output().expect("run dedupe");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 const WRITE_KEY: &str = "wk-secure-0123456789abcdef";
@@ -382,7 +497,13 @@ fn post_batch(ingest: &Ingest, ids: &[String]) -> u16 {
         .iter()
         .map(|id| serde_json::json!({"type": "track", "event": "Secured", "userId": "u-1", "messageId": id}))
         .collect();
-    ingest.post_json("/v1/batch", Some(WRITE_KEY), &serde_json::json!({ "batch": events })).status
+    ingest
+        .post_json(
+            "/v1/batch",
+            Some(WRITE_KEY),
+            &serde_json::json!({ "batch": events }),
+        )
+        .status
 }
 
 /// The worker, `loadgen`, `ingest`, `verify` and the recovery after a crash, all through the
@@ -394,19 +515,50 @@ fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
     let input = TestTopic::create("secure-in", PARTITIONS);
     let output = TestTopic::create("secure-out", PARTITIONS);
     let group = format!("dedupe-secure-{}", uuid::Uuid::new_v4().simple());
-    allow_worker(&format!("User:{}", tls.worker_user), &input.name, &output.name, &group);
-    allow_client(&format!("User:{}", tls.client_user), &input.name, &output.name);
+    allow_worker(
+        &format!("User:{}", tls.worker_user),
+        &input.name,
+        &output.name,
+        &group,
+    );
+    allow_client(
+        &format!("User:{}", tls.client_user),
+        &input.name,
+        &output.name,
+    );
     let client_env = tls.env(&tls.client_user, &tls.password);
 
     let dir = tempfile::tempdir().unwrap();
-    let spec = tls.worker(DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_GROUP_ID", &group));
+    let spec = tls.worker(
+        DEDUPE
+            .worker(&input.name, &output.name, &dir.path().join("ledger"))
+            .env("DEDUPE_WORKER_GROUP_ID", &group),
+    );
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
 
-    let (code, stdout, stderr) = dedupe(&["loadgen", "--topic", &input.name, "--count", "5000", "--dup-ratio", "0.05"], &client_env);
-    assert_eq!(code, Some(0), "loadgen through SASL_SSL:\n{stdout}\n{stderr}");
-    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("loadgen's summary ({e}): {stdout}"));
-    let loadgen_ids = summary["distinct_ids"].as_u64().expect("distinct_ids in loadgen's summary") as usize;
+    let (code, stdout, stderr) = dedupe(
+        &[
+            "loadgen",
+            "--topic",
+            &input.name,
+            "--count",
+            "5000",
+            "--dup-ratio",
+            "0.05",
+        ],
+        &client_env,
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "loadgen through SASL_SSL:\n{stdout}\n{stderr}"
+    );
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("loadgen's summary ({e}): {stdout}"));
+    let loadgen_ids = summary["distinct_ids"]
+        .as_u64()
+        .expect("distinct_ids in loadgen's summary") as usize;
     let ingest = secure_ingest(&input.name, &client_env);
     let ids: Vec<String> = (0..20).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     assert_eq!(post_batch(&ingest, &ids), 200);
@@ -416,17 +568,41 @@ fn sasl_ssl_end_to_end_with_only_the_documented_acls() {
 
     // A crash, then recovery from the output and the id changelog, through SASL_SSL as well.
     // Killed once it has published part of the input.
-    wait_until("the first records in the output", Duration::from_secs(120), Duration::from_millis(200), || (!consume_all(&output.name, true).is_empty()).then_some(()), || tail(&worker.log_text(), 40));
+    wait_until(
+        "the first records in the output",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || (!consume_all(&output.name, true).is_empty()).then_some(()),
+        || tail(&worker.log_text(), 40),
+    );
     worker.kill();
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
     let distinct = loadgen_ids + ids.len();
     wait_for_records(&output.name, distinct, Duration::from_secs(180));
     let code = worker.terminate(Duration::from_secs(60));
-    assert_eq!(code, Some(0), "the worker stopped cleanly:\n{}", tail(&worker.log_text(), 40));
+    assert_eq!(
+        code,
+        Some(0),
+        "the worker stopped cleanly:\n{}",
+        tail(&worker.log_text(), 40)
+    );
 
-    let (code, stdout, stderr) = dedupe(&["verify", "--input-topic", &input.name, "--output-topic", &output.name], &client_env);
-    assert_eq!(code, Some(0), "verify through SASL_SSL:\n{stdout}\n{stderr}");
+    let (code, stdout, stderr) = dedupe(
+        &[
+            "verify",
+            "--input-topic",
+            &input.name,
+            "--output-topic",
+            &output.name,
+        ],
+        &client_env,
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "verify through SASL_SSL:\n{stdout}\n{stderr}"
+    );
     let count = Count::of(&input.name, &output.name);
     count.assert_exactly_once("over SASL_SSL");
     assert_eq!(count.distinct, distinct, "{count:?}");
@@ -453,14 +629,18 @@ fn sasl_ssl_dead_letters_with_the_documented_acl() {
     // 30 keyed records (5 of them sent twice) and 4 without a usable id: a null key, an empty one.
     let keyed_ids = ids(25);
     let mut records = keyed(&keyed_ids.iter().chain(&keyed_ids[..5]).collect::<Vec<_>>());
-    for (i, key) in [None, Some(Vec::new()), None, Some(Vec::new())].into_iter().enumerate() {
+    for (i, key) in [None, Some(Vec::new()), None, Some(Vec::new())]
+        .into_iter()
+        .enumerate()
+    {
         records.push((key, Some(format!("unkeyed {i}").into_bytes()), Vec::new()));
     }
     produce_full(&input.name, &records);
 
     let dir = tempfile::tempdir().unwrap();
     let spec = tls.worker(
-        DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+        DEDUPE
+            .worker(&input.name, &output.name, &dir.path().join("ledger"))
             .env("DEDUPE_WORKER_GROUP_ID", &group)
             .env("DEDUPE_WORKER_UNKEYED_POLICY", "dead-letter")
             .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name),
@@ -469,28 +649,57 @@ fn sasl_ssl_dead_letters_with_the_documented_acl() {
     worker.wait_ready(Duration::from_secs(120));
     let deadline = Instant::now() + Duration::from_secs(90);
     let names_the_cause = |log: String| {
-        log.lines().any(|l| l.contains("was not delivered") && l.contains(&dead_letters.name) && l.contains("Topic authorization failed"))
+        log.lines().any(|l| {
+            l.contains("was not delivered")
+                && l.contains(&dead_letters.name)
+                && l.contains("Topic authorization failed")
+        })
     };
     while !names_the_cause(worker.log_text()) {
-        assert!(Instant::now() < deadline, "no line names the dead-letter topic and the missing ACL:\n{}", tail(&worker.log_text(), 40));
+        assert!(
+            Instant::now() < deadline,
+            "no line names the dead-letter topic and the missing ACL:\n{}",
+            tail(&worker.log_text(), 40)
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert!(consume_all(&dead_letters.name, true).is_empty(), "nothing reaches the dead-letter topic without its ACL");
+    assert!(
+        consume_all(&dead_letters.name, true).is_empty(),
+        "nothing reaches the dead-letter topic without its ACL"
+    );
     worker.kill();
 
-    allow(&principal, &[Operation::Write, Operation::Describe], Resource::Topic(&dead_letters.name));
+    allow(
+        &principal,
+        &[Operation::Write, Operation::Describe],
+        Resource::Topic(&dead_letters.name),
+    );
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
     wait_for_records(&output.name, keyed_ids.len(), Duration::from_secs(120));
     let dead = wait_for_records(&dead_letters.name, 4, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(60)), Some(0), "{}", tail(&worker.log_text(), 40));
+    assert_eq!(
+        worker.terminate(Duration::from_secs(60)),
+        Some(0),
+        "{}",
+        tail(&worker.log_text(), 40)
+    );
 
     let out = consume_all(&output.name, true);
     let out_keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
     assert_eq!(out.len(), keyed_ids.len(), "each keyed record once");
-    assert_eq!(out_keys, keyed_ids.iter().map(|id| id.as_bytes().to_vec()).collect());
+    assert_eq!(
+        out_keys,
+        keyed_ids.iter().map(|id| id.as_bytes().to_vec()).collect()
+    );
     let dead_values: HashSet<Vec<u8>> = dead.iter().filter_map(|r| r.value.clone()).collect();
-    assert_eq!(dead_values, (0..4).map(|i| format!("unkeyed {i}").into_bytes()).collect(), "the records without an id, each once");
+    assert_eq!(
+        dead_values,
+        (0..4)
+            .map(|i| format!("unkeyed {i}").into_bytes())
+            .collect(),
+        "the records without an id, each once"
+    );
     assert_eq!(consume_all(&dead_letters.name, true).len(), 4);
 }
 
@@ -498,13 +707,28 @@ fn sasl_ssl_dead_letters_with_the_documented_acl() {
 fn unknown_ca(dir: &std::path::Path) -> PathBuf {
     let (key, cert) = (dir.join("other-ca.key"), dir.join("other-ca.pem"));
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=some other CA", "-keyout"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=some other CA",
+            "-keyout",
+        ])
         .arg(&key)
         .arg("-out")
         .arg(&cert)
         .output()
         .expect("openssl runs");
-    assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openssl req: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     cert
 }
 
@@ -523,16 +747,30 @@ fn a_wrong_password_an_unknown_ca_and_plaintext_on_the_secure_port_are_named() {
     // (what is wrong, the environment that has it, what the last line must say)
     type Case<'a> = (&'a str, Vec<(String, String)>, &'a str);
     let cases: Vec<Case> = vec![
-        ("wrong password", tls.env(&tls.client_user, &wrong_password), "SASL authentication failed"),
+        (
+            "wrong password",
+            tls.env(&tls.client_user, &wrong_password),
+            "SASL authentication failed",
+        ),
         (
             "unknown CA",
             tls.env(&tls.client_user, &tls.password)
                 .into_iter()
-                .map(|(k, v)| if k == "DEDUPE_KAFKA_SSL_CA_LOCATION" { (k, other_ca.display().to_string()) } else { (k, v) })
+                .map(|(k, v)| {
+                    if k == "DEDUPE_KAFKA_SSL_CA_LOCATION" {
+                        (k, other_ca.display().to_string())
+                    } else {
+                        (k, v)
+                    }
+                })
                 .collect(),
             "TLS handshake failed",
         ),
-        ("plaintext on the SASL_SSL port", plaintext, "check kafka.security_protocol"),
+        (
+            "plaintext on the SASL_SSL port",
+            plaintext,
+            "check kafka.security_protocol",
+        ),
     ];
     let ledger = dir.path().join("ledger");
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -540,22 +778,84 @@ fn a_wrong_password_an_unknown_ca_and_plaintext_on_the_secure_port_are_named() {
     let keys = dir.path().join("keys");
     std::fs::write(&keys, format!("{WRITE_KEY} refused-test\n")).unwrap();
     let commands: Vec<(&str, Vec<&str>)> = vec![
-        ("run", vec!["run", "--input-topic", &input.name, "--output-topic", &output.name, "--data-dir", ledger.to_str().unwrap(), "--metrics-addr", &metrics]),
-        ("verify", vec!["verify", "--input-topic", &input.name, "--output-topic", &output.name, "--timeout-secs", "60"]),
-        ("loadgen", vec!["loadgen", "--topic", &input.name, "--count", "10"]),
-        ("ingest", vec!["ingest", "--topic", &input.name, "--listen", &listen, "--metrics-addr", &metrics, "--write-keys-file", keys.to_str().unwrap()]),
+        (
+            "run",
+            vec![
+                "run",
+                "--input-topic",
+                &input.name,
+                "--output-topic",
+                &output.name,
+                "--data-dir",
+                ledger.to_str().unwrap(),
+                "--metrics-addr",
+                &metrics,
+            ],
+        ),
+        (
+            "verify",
+            vec![
+                "verify",
+                "--input-topic",
+                &input.name,
+                "--output-topic",
+                &output.name,
+                "--timeout-secs",
+                "60",
+            ],
+        ),
+        (
+            "loadgen",
+            vec!["loadgen", "--topic", &input.name, "--count", "10"],
+        ),
+        (
+            "ingest",
+            vec![
+                "ingest",
+                "--topic",
+                &input.name,
+                "--listen",
+                &listen,
+                "--metrics-addr",
+                &metrics,
+                "--write-keys-file",
+                keys.to_str().unwrap(),
+            ],
+        ),
     ];
     for (case, env, cause) in &cases {
         for (name, args) in &commands {
             let started = Instant::now();
             let (code, stdout, stderr) = dedupe(args, env);
-            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
-            eprintln!("{case}, dedupe {name}: exit {code:?} after {:.1} s: {last}", started.elapsed().as_secs_f64());
-            assert!(code.is_some_and(|c| c != 0), "{case}: dedupe {name} exited {code:?}:\n{stdout}\n{stderr}");
-            assert!(last.starts_with("error: ") && last.contains(cause), "{case}: dedupe {name}'s last line does not name the cause ({cause}):\n{stderr}");
-            assert!(!stderr.contains(&tls.password) && !stdout.contains(&tls.password), "{case}: dedupe {name} printed the password");
-            assert!(!stderr.contains(&wrong_password) && !stdout.contains(&wrong_password), "{case}: dedupe {name} printed the password");
+            let last = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default();
+            eprintln!(
+                "{case}, dedupe {name}: exit {code:?} after {:.1} s: {last}",
+                started.elapsed().as_secs_f64()
+            );
+            assert!(
+                code.is_some_and(|c| c != 0),
+                "{case}: dedupe {name} exited {code:?}:\n{stdout}\n{stderr}"
+            );
+            assert!(
+                last.starts_with("error: ") && last.contains(cause),
+                "{case}: dedupe {name}'s last line does not name the cause ({cause}):\n{stderr}"
+            );
+            assert!(
+                !stderr.contains(&tls.password) && !stdout.contains(&tls.password),
+                "{case}: dedupe {name} printed the password"
+            );
+            assert!(
+                !stderr.contains(&wrong_password) && !stdout.contains(&wrong_password),
+                "{case}: dedupe {name} printed the password"
+            );
         }
     }
-    assert!(!ledger.exists(), "the worker created its ledger before the brokers let it in");
+    assert!(
+        !ledger.exists(),
+        "the worker created its ledger before the brokers let it in"
+    );
 }

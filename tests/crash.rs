@@ -20,11 +20,23 @@ const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 /// Starts the worker again (ready within two minutes), lets it publish `distinct` ids within
 /// `publish_within`, stops it (exit 0), and checks that the output, now final, holds every input
 /// id exactly once, in its partition, as its first copy, in input order.
-fn restart_and_check_exactly_once(spec: &WorkerSpec, input: &str, output: &str, distinct: usize, publish_within: Duration, what: &str) {
+fn restart_and_check_exactly_once(
+    spec: &WorkerSpec,
+    input: &str,
+    output: &str,
+    distinct: usize,
+    publish_within: Duration,
+    what: &str,
+) {
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(120));
     wait_for_records(output, distinct, publish_within);
-    assert_eq!(worker.terminate(Duration::from_secs(60)), Some(0), "{what}:\n{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(60)),
+        Some(0),
+        "{what}:\n{}",
+        worker.log_text()
+    );
     exactly_once::assert_exactly_once(DEDUPE, input, output, distinct, what);
     exactly_once::assert_audit_holds_the_drops(input, output, what);
 }
@@ -47,12 +59,27 @@ fn crash_at(failpoints: &str, durability: &str) {
     // The failpoint fires and the process dies there (exit 86), mid-stream.
     let mut crashing = spec.clone().env("FAILPOINTS", failpoints).start();
     let code = crashing.wait(Duration::from_secs(90));
-    assert_eq!(code, Some(86), "the failpoint {failpoints} did not fire:\n{}", crashing.log_text());
+    assert_eq!(
+        code,
+        Some(86),
+        "the failpoint {failpoints} did not fire:\n{}",
+        crashing.log_text()
+    );
     let partial = consume_all(&output.name, true).len();
-    assert!(partial < distinct, "the crash happened before the end ({partial} of {distinct})");
+    assert!(
+        partial < distinct,
+        "the crash happened before the end ({partial} of {distinct})"
+    );
 
     let what = format!("after a crash at {failpoints}");
-    restart_and_check_exactly_once(&spec, &input.name, &output.name, distinct, Duration::from_secs(90), &what);
+    restart_and_check_exactly_once(
+        &spec,
+        &input.name,
+        &output.name,
+        distinct,
+        Duration::from_secs(90),
+        &what,
+    );
 }
 
 #[test]
@@ -86,26 +113,61 @@ fn crash_in_the_middle_of_recovery() {
         .env("DEDUPE_LEDGER_DURABILITY", "no-wal")
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "200");
     // First crash: after several publishes, leaving an output tail the ledger lacks.
-    let mut first = spec.clone().env("FAILPOINTS", "worker-after-publish=6*off->return").start();
-    assert_eq!(first.wait(Duration::from_secs(90)), Some(86), "{}", first.log_text());
+    let mut first = spec
+        .clone()
+        .env("FAILPOINTS", "worker-after-publish=6*off->return")
+        .start();
+    assert_eq!(
+        first.wait(Duration::from_secs(90)),
+        Some(86),
+        "{}",
+        first.log_text()
+    );
     // Second crash: while that tail is being replayed into the ledger.
-    let mut second = spec.clone().env("FAILPOINTS", "recovery-mid-replay=return").start();
-    assert_eq!(second.wait(Duration::from_secs(90)), Some(86), "{}", second.log_text());
+    let mut second = spec
+        .clone()
+        .env("FAILPOINTS", "recovery-mid-replay=return")
+        .start();
+    assert_eq!(
+        second.wait(Duration::from_secs(90)),
+        Some(86),
+        "{}",
+        second.log_text()
+    );
     // Third start: clean.
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(90));
     wait_for_records(&output.name, distinct, Duration::from_secs(90));
     let page = worker.metrics().unwrap();
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap_or(0.0) > 0.0, "recovery replayed the tail");
-    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, "after a crash in the middle of recovery");
-    exactly_once::assert_audit_holds_the_drops(&input.name, &output.name, "after a crash in the middle of recovery");
+    assert!(
+        metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap_or(0.0) > 0.0,
+        "recovery replayed the tail"
+    );
+    exactly_once::assert_exactly_once(
+        DEDUPE,
+        &input.name,
+        &output.name,
+        distinct,
+        "after a crash in the middle of recovery",
+    );
+    exactly_once::assert_audit_holds_the_drops(
+        &input.name,
+        &output.name,
+        "after a crash in the middle of recovery",
+    );
 }
 
 #[test]
 fn chaos_sigkill_at_random_moments() {
-    let kills: usize = std::env::var("DEDUPE_CHAOS_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
-    let messages: u64 = std::env::var("DEDUPE_CHAOS_MESSAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+    let kills: usize = std::env::var("DEDUPE_CHAOS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let messages: u64 = std::env::var("DEDUPE_CHAOS_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
     let input = TestTopic::create("chaos-in", 4);
     let output = TestTopic::create("chaos-out", 4);
     let dir = tempfile::tempdir().unwrap();
@@ -115,9 +177,19 @@ fn chaos_sigkill_at_random_moments() {
     // The load: real clients' retries, 5% of ids re-sent (many of them seconds after their first
     // copy), produced while the worker is killed: paced to last about as long as the kills.
     let pace = (messages as f64 / (kills as f64 * 1.4)).max(1000.0);
-    let mut loadgen = DEDUPE.command()
+    let mut loadgen = DEDUPE
+        .command()
         .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name])
-        .args(["--count", &messages.to_string(), "--dup-ratio", "0.05", "--dup-delay-ms", "3000", "--value-bytes", "200"])
+        .args([
+            "--count",
+            &messages.to_string(),
+            "--dup-ratio",
+            "0.05",
+            "--dup-delay-ms",
+            "3000",
+            "--value-bytes",
+            "200",
+        ])
         .args(["--rate", &format!("{pace:.0}")])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -132,18 +204,32 @@ fn chaos_sigkill_at_random_moments() {
         // Some kills land during recovery, most while batches are in flight.
         std::thread::sleep(Duration::from_millis(rng.random_range(300..2500)));
         if let Ok(Some(status)) = w.child.try_wait() {
-            panic!("kill {kill}: the worker exited by itself with {status}:\n{}", w.log_text());
+            panic!(
+                "kill {kill}: the worker exited by itself with {status}:\n{}",
+                w.log_text()
+            );
         }
         kills_while_producing += usize::from(matches!(loadgen.try_wait(), Ok(None)));
         w.kill();
     }
     let produced = loadgen.wait_with_output().expect("loadgen's summary");
     assert!(produced.status.success(), "loadgen failed");
-    assert!(kills_while_producing >= kills / 2, "only {kills_while_producing} of {kills} kills landed while input was produced");
-    let summary: serde_json::Value = serde_json::from_slice(&produced.stdout).expect("loadgen JSON");
+    assert!(
+        kills_while_producing >= kills / 2,
+        "only {kills_while_producing} of {kills} kills landed while input was produced"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&produced.stdout).expect("loadgen JSON");
     let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
     let what = format!("after {kills} SIGKILLs");
-    restart_and_check_exactly_once(&spec, &input.name, &output.name, distinct, Duration::from_secs(300), &what);
+    restart_and_check_exactly_once(
+        &spec,
+        &input.name,
+        &output.name,
+        distinct,
+        Duration::from_secs(300),
+        &what,
+    );
     eprintln!("chaos: {kills} kills ({kills_while_producing} while producing), {messages} messages, {distinct} distinct ids, {:?}", started.elapsed());
 }
 
@@ -155,25 +241,42 @@ fn chaos_sigkill_at_random_moments() {
 fn a_kill_at_any_moment_of_the_first_start_never_bricks_the_worker() {
     let root = tempfile::tempdir().unwrap();
     let mut opened = 0;
-    for (n, delay_ms) in [0u64, 20, 100, 250, 400, 600, 800, 1100, 1500, 2000, 3000].into_iter().enumerate() {
+    for (n, delay_ms) in [0u64, 20, 100, 250, 400, 600, 800, 1100, 1500, 2000, 3000]
+        .into_iter()
+        .enumerate()
+    {
         let input = TestTopic::create("first-start-in", 2);
         let output = TestTopic::create("first-start-out", 2);
         let distinct = produce_with_repeats(&input.name, 500, 25);
         let data_dir = root.path().join(format!("volume-{n}/ledger"));
         std::fs::create_dir_all(data_dir.parent().unwrap()).unwrap();
-        let spec = DEDUPE.worker(&input.name, &output.name, &data_dir)
+        let spec = DEDUPE
+            .worker(&input.name, &output.name, &data_dir)
             .without("DEDUPE_LEDGER_BUDGET_BYTES")
             .without("DEDUPE_LEDGER_WRITE_BUFFER_BYTES");
         let mut first = spec.start();
         std::thread::sleep(Duration::from_millis(delay_ms));
         if let Ok(Some(status)) = first.child.try_wait() {
-            panic!("killed at {delay_ms} ms: the first start exited by itself with {status}:\n{}", first.log_text());
+            panic!(
+                "killed at {delay_ms} ms: the first start exited by itself with {status}:\n{}",
+                first.log_text()
+            );
         }
         first.kill();
         opened += usize::from(data_dir.join("CURRENT").exists());
 
         let what = format!("killed at {delay_ms} ms of its first start");
-        restart_and_check_exactly_once(&spec, &input.name, &output.name, distinct, Duration::from_secs(60), &what);
+        restart_and_check_exactly_once(
+            &spec,
+            &input.name,
+            &output.name,
+            distinct,
+            Duration::from_secs(60),
+            &what,
+        );
     }
-    assert!(opened > 0, "no kill landed after the ledger existed; the test proves nothing");
+    assert!(
+        opened > 0,
+        "no kill landed after the ledger existed; the test proves nothing"
+    );
 }

@@ -25,7 +25,10 @@ fn read(relative: &str) -> String {
 /// Metric name -> kind ("Counter", "Gauge", "Histogram"), from `dedupe::metrics::ALL`, the list
 /// the service itself registers.
 fn declared_metrics() -> BTreeMap<String, String> {
-    dedupe::metrics::ALL.iter().map(|m| (m.name.to_string(), format!("{:?}", m.kind))).collect()
+    dedupe::metrics::ALL
+        .iter()
+        .map(|m| (m.name.to_string(), format!("{:?}", m.kind)))
+        .collect()
 }
 
 /// Every `dedupe_[a-z0-9_]+` token in `text`.
@@ -35,10 +38,13 @@ fn metric_tokens(text: &str) -> BTreeSet<String> {
     let mut i = 0;
     while let Some(offset) = text[i..].find("dedupe_") {
         let start = i + offset;
-        let preceded_by_word = start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let preceded_by_word =
+            start > 0 && (bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
         let mut end = start + "dedupe_".len();
         while end < bytes.len()
-            && (bytes[end].is_ascii_lowercase() || bytes[end].is_ascii_digit() || bytes[end] == b'_')
+            && (bytes[end].is_ascii_lowercase()
+                || bytes[end].is_ascii_digit()
+                || bytes[end] == b'_')
         {
             end += 1;
         }
@@ -64,7 +70,10 @@ fn resolve<'a>(used: &str, declared: &'a BTreeMap<String, String>) -> Option<&'a
 }
 
 fn assert_all_declared(source: &str, used: &BTreeSet<String>, declared: &BTreeMap<String, String>) {
-    let unknown: Vec<_> = used.iter().filter(|u| resolve(u, declared).is_none()).collect();
+    let unknown: Vec<_> = used
+        .iter()
+        .filter(|u| resolve(u, declared).is_none())
+        .collect();
     assert!(
         unknown.is_empty(),
         "{source} uses metric names that src/metrics.rs does not declare: {unknown:?}\n(declared: {:?})",
@@ -82,7 +91,9 @@ impl Alert {
     /// The value of `key:` in the block (inline, or a folded `>-` block).
     fn field(&self, key: &str) -> Option<String> {
         let lines: Vec<&str> = self.block.lines().collect();
-        let at = lines.iter().position(|l| l.trim_start().starts_with(&format!("{key}:")))?;
+        let at = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with(&format!("{key}:")))?;
         let indent = lines[at].len() - lines[at].trim_start().len();
         let inline = lines[at].trim_start()[key.len() + 1..].trim();
         if inline != ">-" && inline != ">" && inline != "|" {
@@ -101,7 +112,10 @@ fn alerts(rules: &str) -> Vec<Alert> {
     let mut alerts: Vec<Alert> = Vec::new();
     for line in rules.lines() {
         if let Some(name) = line.trim_start().strip_prefix("- alert: ") {
-            alerts.push(Alert { name: name.trim().to_string(), block: String::new() });
+            alerts.push(Alert {
+                name: name.trim().to_string(),
+                block: String::new(),
+            });
         } else if let Some(alert) = alerts.last_mut() {
             // Comments between rules belong to the next rule; they carry no fields.
             if !line.trim_start().starts_with('#') {
@@ -116,7 +130,10 @@ fn alerts(rules: &str) -> Vec<Alert> {
 #[test]
 fn alert_rules_and_dashboard_use_only_declared_metrics() {
     let declared = declared_metrics();
-    for file in ["deploy/prometheus/rules.yml", "deploy/k8s/prometheusrule.yaml"] {
+    for file in [
+        "deploy/prometheus/rules.yml",
+        "deploy/k8s/prometheusrule.yaml",
+    ] {
         assert_all_declared(file, &metric_tokens(&read(file)), &declared);
     }
     for (file, text) in docs() {
@@ -128,13 +145,21 @@ fn alert_rules_and_dashboard_use_only_declared_metrics() {
         serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
     let mut queries = Vec::new();
     collect_strings(&dashboard, &["expr", "definition"], &mut queries);
-    assert!(queries.len() >= 20, "found only {} queries in the dashboard", queries.len());
+    assert!(
+        queries.len() >= 20,
+        "found only {} queries in the dashboard",
+        queries.len()
+    );
     let used: BTreeSet<String> = queries.iter().flat_map(|q| metric_tokens(q)).collect();
     assert_all_declared("deploy/grafana/dedupe.json", &used, &declared);
 
     // The rules' expressions name the series they are about.
     let rules = read("deploy/prometheus/rules.yml");
-    let exprs: String = alerts(&rules).iter().filter_map(|a| a.field("expr")).collect::<Vec<_>>().join("\n");
+    let exprs: String = alerts(&rules)
+        .iter()
+        .filter_map(|a| a.field("expr"))
+        .collect::<Vec<_>>()
+        .join("\n");
     for name in [
         "dedupe_window_seconds",
         "dedupe_window_forecast_seconds",
@@ -146,7 +171,10 @@ fn alert_rules_and_dashboard_use_only_declared_metrics() {
         "dedupe_partitions_owned",
         "dedupe_handover_in_progress_seconds",
     ] {
-        assert!(metric_tokens(&exprs).contains(name), "no alert expression uses {name}");
+        assert!(
+            metric_tokens(&exprs).contains(name),
+            "no alert expression uses {name}"
+        );
     }
 }
 
@@ -155,7 +183,9 @@ fn collect_strings(value: &serde_json::Value, keys: &[&str], out: &mut Vec<Strin
         serde_json::Value::Object(map) => {
             for (k, v) in map {
                 match v {
-                    serde_json::Value::String(s) if keys.contains(&k.as_str()) => out.push(s.clone()),
+                    serde_json::Value::String(s) if keys.contains(&k.as_str()) => {
+                        out.push(s.clone())
+                    }
                     _ => collect_strings(v, keys, out),
                 }
             }
@@ -183,40 +213,75 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         ("DedupeReusedIds", "warn"),
     ];
     for (name, severity) in expected {
-        let alert = by_name.get(name).unwrap_or_else(|| panic!("rules.yml has no alert {name}"));
-        assert_eq!(alert.field("severity").as_deref(), Some(severity), "{name}: severity");
+        let alert = by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("rules.yml has no alert {name}"));
+        assert_eq!(
+            alert.field("severity").as_deref(),
+            Some(severity),
+            "{name}: severity"
+        );
         for key in ["summary", "description"] {
-            assert!(alert.field(key).is_some_and(|v| v.len() > 20), "{name}: needs a {key} annotation");
+            assert!(
+                alert.field(key).is_some_and(|v| v.len() > 20),
+                "{name}: needs a {key} annotation"
+            );
         }
         // Each alert has its own section of the runbook, named after it.
         let expected_runbook = format!("{OPERATIONS}#{}", name.to_lowercase());
-        assert_eq!(alert.field("runbook").as_deref(), Some(expected_runbook.as_str()), "{name}: runbook");
+        assert_eq!(
+            alert.field("runbook").as_deref(),
+            Some(expected_runbook.as_str()),
+            "{name}: runbook"
+        );
     }
-    assert_eq!(alerts.len(), expected.len(), "an alert was added: add it to this test and to rules.test.yml");
+    assert_eq!(
+        alerts.len(),
+        expected.len(),
+        "an alert was added: add it to this test and to rules.test.yml"
+    );
 
     // The page: 24 hours, held for 10 minutes.
     let page = by_name["DedupeWindowUnder24h"];
-    assert!(page.field("expr").unwrap().contains("dedupe_window_seconds) < 86400"), "{}", page.block);
+    assert!(
+        page.field("expr")
+            .unwrap()
+            .contains("dedupe_window_seconds) < 86400"),
+        "{}",
+        page.block
+    );
     assert_eq!(page.field("for").as_deref(), Some("10m"));
     let forecast = by_name["DedupeWindowForecastUnder36h"];
     assert!(forecast.field("expr").unwrap().contains("< 129600"));
     assert_eq!(forecast.field("for").as_deref(), Some("30m"));
     // A handover still loading after 10 minutes, held for 5.
     let handover = by_name["DedupeHandoverStuck"];
-    assert!(handover.field("expr").unwrap().contains("dedupe_handover_in_progress_seconds) > 600"));
+    assert!(handover
+        .field("expr")
+        .unwrap()
+        .contains("dedupe_handover_in_progress_seconds) > 600"));
     assert_eq!(handover.field("for").as_deref(), Some("5m"));
     // Reused ids: one input record in 10,000, held for 15 minutes.
     let reused = by_name["DedupeReusedIds"];
     assert!(reused.field("expr").unwrap().contains("> 0.0001"));
     assert_eq!(reused.field("for").as_deref(), Some("15m"));
     // Three missed hourly snapshots.
-    assert!(by_name["DedupeSnapshotsFailing"].field("expr").unwrap().contains("> 10800"));
-    assert!(by_name["DedupeWorkerDown"].field("expr").unwrap().contains("up{job=\"dedupe\"} == 0"));
+    assert!(by_name["DedupeSnapshotsFailing"]
+        .field("expr")
+        .unwrap()
+        .contains("> 10800"));
+    assert!(by_name["DedupeWorkerDown"]
+        .field("expr")
+        .unwrap()
+        .contains("up{job=\"dedupe\"} == 0"));
 
     // The runbook has a section per alert.
     let sections = anchors(&read(OPERATIONS));
     for (name, _) in expected {
-        assert!(sections.contains(&name.to_lowercase()), "{OPERATIONS} has no section (heading) for {name}");
+        assert!(
+            sections.contains(&name.to_lowercase()),
+            "{OPERATIONS} has no section (heading) for {name}"
+        );
     }
 }
 
@@ -227,10 +292,15 @@ fn runbooks(text: &str) -> Vec<(String, String)> {
     let mut found = Vec::new();
     for line in text.lines().map(str::trim) {
         let line = line.strip_prefix("- ").unwrap_or(line);
-        if let Some(name) = line.strip_prefix("alert: ").or_else(|| line.strip_prefix("alertname: ")) {
+        if let Some(name) = line
+            .strip_prefix("alert: ")
+            .or_else(|| line.strip_prefix("alertname: "))
+        {
             current = Some(name.trim().to_string());
         } else if let Some(value) = line.strip_prefix("runbook: ") {
-            let alert = current.clone().unwrap_or_else(|| panic!("a runbook before any alert: {line}"));
+            let alert = current
+                .clone()
+                .unwrap_or_else(|| panic!("a runbook before any alert: {line}"));
             found.push((alert, value.trim().trim_matches('"').to_string()));
         }
     }
@@ -242,19 +312,40 @@ fn every_runbook_link_names_a_section_that_exists() {
     let rules = read("deploy/prometheus/rules.yml");
     let own: BTreeMap<String, String> = alerts(&rules)
         .iter()
-        .map(|a| (a.name.clone(), a.field("runbook").unwrap_or_else(|| panic!("{}: no runbook annotation", a.name))))
+        .map(|a| {
+            (
+                a.name.clone(),
+                a.field("runbook")
+                    .unwrap_or_else(|| panic!("{}: no runbook annotation", a.name)),
+            )
+        })
         .collect();
-    for file in ["deploy/prometheus/rules.yml", "deploy/prometheus/rules.test.yml", "deploy/k8s/prometheusrule.yaml"] {
+    for file in [
+        "deploy/prometheus/rules.yml",
+        "deploy/prometheus/rules.test.yml",
+        "deploy/k8s/prometheusrule.yaml",
+    ] {
         let found = runbooks(&read(file));
-        assert!(found.len() >= own.len(), "{file}: only {} runbook annotations", found.len());
+        assert!(
+            found.len() >= own.len(),
+            "{file}: only {} runbook annotations",
+            found.len()
+        );
         for (alert, runbook) in found {
             // The expected annotations of the rule tests, and the PrometheusRule, match the rule's.
-            assert_eq!(own.get(&alert), Some(&runbook), "{file}: the runbook of {alert}");
+            assert_eq!(
+                own.get(&alert),
+                Some(&runbook),
+                "{file}: the runbook of {alert}"
+            );
             let (path, anchor) = runbook
                 .split_once('#')
                 .unwrap_or_else(|| panic!("{file}: {alert}'s runbook {runbook} names no section"));
             let target = root().join(path);
-            assert!(target.is_file(), "{file}: {alert}'s runbook names {path}, which does not exist");
+            assert!(
+                target.is_file(),
+                "{file}: {alert}'s runbook names {path}, which does not exist"
+            );
             let text = std::fs::read_to_string(&target).unwrap();
             assert!(
                 anchors(&text).contains(anchor),
@@ -292,7 +383,9 @@ fn every_alert_has_a_firing_and_a_silent_unit_test() {
         );
     }
     // The page is tested a minute before and at the end of its 10 minutes.
-    assert!(tests.contains("eval_time: 30m\n        alertname: DedupeWindowUnder24h\n        exp_alerts: []"));
+    assert!(tests.contains(
+        "eval_time: 30m\n        alertname: DedupeWindowUnder24h\n        exp_alerts: []"
+    ));
     assert!(tests.contains(
         "eval_time: 31m\n        alertname: DedupeWindowUnder24h\n        exp_alerts:\n          - exp_labels:"
     ));
@@ -327,12 +420,28 @@ fn promtool_checks_rules_config_and_runs_the_rule_tests() {
 fn prometheus_rule_for_kubernetes_carries_the_same_rules() {
     // deploy/k8s/gen-prometheusrule.sh: everything from `groups:` on, indented under `spec:`.
     let rules = read("deploy/prometheus/rules.yml");
-    let start = rules.find("\ngroups:").expect("rules.yml has a top-level groups:") + 1;
-    let indented: String =
-        rules[start..].lines().map(|l| if l.is_empty() { "\n".to_string() } else { format!("  {l}\n") }).collect();
+    let start = rules
+        .find("\ngroups:")
+        .expect("rules.yml has a top-level groups:")
+        + 1;
+    let indented: String = rules[start..]
+        .lines()
+        .map(|l| {
+            if l.is_empty() {
+                "\n".to_string()
+            } else {
+                format!("  {l}\n")
+            }
+        })
+        .collect();
     let k8s = read("deploy/k8s/prometheusrule.yaml");
-    let (head, spec) = k8s.split_once("\nspec:\n").expect("prometheusrule.yaml has spec:");
-    assert!(head.contains("apiVersion: monitoring.coreos.com/v1") && head.contains("kind: PrometheusRule"));
+    let (head, spec) = k8s
+        .split_once("\nspec:\n")
+        .expect("prometheusrule.yaml has spec:");
+    assert!(
+        head.contains("apiVersion: monitoring.coreos.com/v1")
+            && head.contains("kind: PrometheusRule")
+    );
     assert!(
         spec == indented,
         "deploy/k8s/prometheusrule.yaml differs from deploy/prometheus/rules.yml: run deploy/k8s/gen-prometheusrule.sh"
@@ -343,11 +452,18 @@ fn prometheus_rule_for_kubernetes_carries_the_same_rules() {
 fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&read("deploy/grafana/dedupe.json")).expect("dedupe.json is JSON");
-    assert!(dashboard["schemaVersion"].as_u64().is_some_and(|v| v >= 36), "schemaVersion >= 36");
-    assert_eq!(dashboard["uid"], "dedupe");
-    let variables = dashboard["templating"]["list"].as_array().expect("templating.list");
     assert!(
-        variables.iter().any(|v| v["type"] == "datasource" && v["name"] == "datasource" && v["query"] == "prometheus"),
+        dashboard["schemaVersion"].as_u64().is_some_and(|v| v >= 36),
+        "schemaVersion >= 36"
+    );
+    assert_eq!(dashboard["uid"], "dedupe");
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .expect("templating.list");
+    assert!(
+        variables.iter().any(|v| v["type"] == "datasource"
+            && v["name"] == "datasource"
+            && v["query"] == "prometheus"),
         "a `datasource` variable of type prometheus"
     );
 
@@ -355,15 +471,30 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     let mut ids = BTreeSet::new();
     for panel in panels {
         let title = panel["title"].as_str().unwrap_or("?");
-        assert!(ids.insert(panel["id"].as_u64().expect("panel id")), "panel id of {title} repeats");
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("panel id")),
+            "panel id of {title} repeats"
+        );
         let grid = &panel["gridPos"];
         let (x, w) = (grid["x"].as_u64().unwrap(), grid["w"].as_u64().unwrap());
-        assert!(x + w <= 24 && grid["h"].as_u64().unwrap() > 0, "{title}: gridPos {grid}");
+        assert!(
+            x + w <= 24 && grid["h"].as_u64().unwrap() > 0,
+            "{title}: gridPos {grid}"
+        );
         if panel["type"] != "row" {
-            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}: uses the datasource variable");
+            assert_eq!(
+                panel["datasource"]["uid"], "${datasource}",
+                "{title}: uses the datasource variable"
+            );
             for target in panel["targets"].as_array().expect("targets") {
-                assert_eq!(target["datasource"]["uid"], "${datasource}", "{title}: target datasource");
-                assert!(target["expr"].as_str().is_some_and(|e| !e.is_empty()), "{title}: empty expr");
+                assert_eq!(
+                    target["datasource"]["uid"], "${datasource}",
+                    "{title}: target datasource"
+                );
+                assert!(
+                    target["expr"].as_str().is_some_and(|e| !e.is_empty()),
+                    "{title}: empty expr"
+                );
             }
         }
     }
@@ -372,21 +503,34 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
         panels
             .iter()
             .find(|p| {
-                p["targets"]
-                    .as_array()
-                    .is_some_and(|ts| ts.iter().any(|t| t["expr"].as_str().unwrap_or("").contains(needle)))
+                p["targets"].as_array().is_some_and(|ts| {
+                    ts.iter()
+                        .any(|t| t["expr"].as_str().unwrap_or("").contains(needle))
+                })
             })
             .unwrap_or_else(|| panic!("no dashboard panel queries {needle}"))
     };
     // The window per partition (the raw series, not an aggregate), with the 24-hour line.
     let window = panels
         .iter()
-        .find(|p| p["targets"][0]["expr"].as_str().is_some_and(|e| e.starts_with("dedupe_window_seconds{")))
+        .find(|p| {
+            p["targets"][0]["expr"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("dedupe_window_seconds{"))
+        })
         .expect("a panel plots dedupe_window_seconds per partition");
     assert_eq!(window["type"], "timeseries");
-    assert_eq!(window["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"], "line");
-    let steps = window["fieldConfig"]["defaults"]["thresholds"]["steps"].as_array().unwrap();
-    assert!(steps.iter().any(|s| s["value"] == 86400), "window panel has a threshold at 86400: {steps:?}");
+    assert_eq!(
+        window["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"],
+        "line"
+    );
+    let steps = window["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        .as_array()
+        .unwrap();
+    assert!(
+        steps.iter().any(|s| s["value"] == 86400),
+        "window panel has a threshold at 86400: {steps:?}"
+    );
     panel_with("dedupe_window_forecast_seconds");
     panel_with("dedupe_consumer_lag_records");
     panel_with("rate(dedupe_duplicates_dropped_total");
@@ -402,10 +546,15 @@ fn dashboard_is_a_grafana_dashboard_showing_the_key_series() {
     panel_with("dedupe_partition_revocations_total");
     panel_with("dedupe_handover_duration_seconds");
     panel_with("dedupe_handover_ids_loaded_total");
-    for histogram in
-        ["dedupe_stage_seconds_bucket", "dedupe_end_to_end_seconds_bucket", "dedupe_ingest_request_seconds_bucket"]
-    {
-        assert!(panel_with(histogram)["targets"][0]["expr"].as_str().unwrap().starts_with("histogram_quantile("));
+    for histogram in [
+        "dedupe_stage_seconds_bucket",
+        "dedupe_end_to_end_seconds_bucket",
+        "dedupe_ingest_request_seconds_bucket",
+    ] {
+        assert!(panel_with(histogram)["targets"][0]["expr"]
+            .as_str()
+            .unwrap()
+            .starts_with("histogram_quantile("));
     }
     // The duplicate-age heatmap reads the buckets as a heatmap.
     let heatmap = panel_with("dedupe_duplicate_age_seconds_bucket");
@@ -433,7 +582,10 @@ fn operations_page_lists_every_metric() {
         let row = rows
             .get(name.as_str())
             .unwrap_or_else(|| panic!("the metrics table of {OPERATIONS} has no row for `{name}`"));
-        assert!(row.to_lowercase().contains(&kind.to_lowercase()), "the row of {name} gives its kind, {kind}: {row}");
+        assert!(
+            row.to_lowercase().contains(&kind.to_lowercase()),
+            "the row of {name} gives its kind, {kind}: {row}"
+        );
     }
     for name in rows.keys().filter(|n| n.starts_with("dedupe_")) {
         assert!(
@@ -486,7 +638,10 @@ fn anchors(text: &str) -> BTreeSet<String> {
     let mut anchors = BTreeSet::new();
     for (_, line) in prose_lines(text) {
         let hashes = line.chars().take_while(|&c| c == '#').count();
-        let Some(heading) = line[hashes..].strip_prefix(' ').filter(|_| (1..=6).contains(&hashes)) else {
+        let Some(heading) = line[hashes..]
+            .strip_prefix(' ')
+            .filter(|_| (1..=6).contains(&hashes))
+        else {
             continue;
         };
         let heading = heading.trim().trim_end_matches('#').trim_end();
@@ -500,7 +655,11 @@ fn anchors(text: &str) -> BTreeSet<String> {
             })
             .collect();
         let count = seen.entry(slug.clone()).or_insert(0);
-        anchors.insert(if *count == 0 { slug.clone() } else { format!("{slug}-{count}") });
+        anchors.insert(if *count == 0 {
+            slug.clone()
+        } else {
+            format!("{slug}-{count}")
+        });
         *count += 1;
     }
     anchors
@@ -515,7 +674,13 @@ fn link_targets(line: &str) -> Vec<String> {
     while let Some(at) = rest.find("](") {
         let after = &rest[at + 2..];
         let end = after.find(')').unwrap_or(after.len());
-        targets.push(after[..end].split_whitespace().next().unwrap_or("").to_string());
+        targets.push(
+            after[..end]
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_string(),
+        );
         rest = &after[end..];
     }
     targets
@@ -529,7 +694,10 @@ fn resolve_link(base: &str, relative: &str) -> String {
         match part {
             "" | "." => {}
             ".." => {
-                assert!(parts.pop().is_some(), "{base}: the link {relative} leaves the repository");
+                assert!(
+                    parts.pop().is_some(),
+                    "{base}: the link {relative} leaves the repository"
+                );
             }
             part => parts.push(part),
         }
@@ -548,25 +716,41 @@ fn every_relative_link_in_the_docs_resolves() {
                 if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
                     continue;
                 }
-                let (path, anchor) = target.split_once('#').map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
-                let resolved = if path.is_empty() { file.clone() } else { resolve_link(file, path) };
+                let (path, anchor) = target
+                    .split_once('#')
+                    .map_or((target.as_str(), None), |(p, a)| (p, Some(a)));
+                let resolved = if path.is_empty() {
+                    file.clone()
+                } else {
+                    resolve_link(file, path)
+                };
                 let on_disk = root().join(&resolved);
                 checked += 1;
                 if !on_disk.exists() {
-                    broken.push(format!("{file}:{number}: {target}: {resolved} does not exist"));
+                    broken.push(format!(
+                        "{file}:{number}: {target}: {resolved} does not exist"
+                    ));
                     continue;
                 }
                 let Some(anchor) = anchor else { continue };
                 if !resolved.ends_with(".md") {
-                    broken.push(format!("{file}:{number}: {target}: an anchor into a file that is not Markdown"));
+                    broken.push(format!(
+                        "{file}:{number}: {target}: an anchor into a file that is not Markdown"
+                    ));
                 } else if !anchors(&std::fs::read_to_string(&on_disk).unwrap()).contains(anchor) {
-                    broken.push(format!("{file}:{number}: {target}: no heading of {resolved} makes #{anchor}"));
+                    broken.push(format!(
+                        "{file}:{number}: {target}: no heading of {resolved} makes #{anchor}"
+                    ));
                 }
             }
         }
     }
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
-    assert!(checked >= 50, "found only {checked} relative links in {} pages", pages.len());
+    assert!(
+        checked >= 50,
+        "found only {checked} relative links in {} pages",
+        pages.len()
+    );
 }
 
 #[test]
@@ -611,9 +795,16 @@ fn compose_references(compose: &str) -> Vec<PathBuf> {
             context = Some(deploy.join(dir));
             paths.push(deploy.join(dir));
         } else if let Some(file) = item.strip_prefix("dockerfile: ") {
-            paths.push(context.clone().expect("context: before dockerfile:").join(file));
+            paths.push(
+                context
+                    .clone()
+                    .expect("context: before dockerfile:")
+                    .join(file),
+            );
         } else if let Some(var) = item.strip_prefix("${").and_then(|s| s.strip_suffix('}')) {
-            let (_, default) = var.split_once(":-").unwrap_or_else(|| panic!("{item}: give a default"));
+            let (_, default) = var
+                .split_once(":-")
+                .unwrap_or_else(|| panic!("{item}: give a default"));
             paths.push(deploy.join(default));
         }
     }
@@ -626,14 +817,31 @@ fn compose_references_files_that_exist() {
     let paths = compose_references(&compose);
     assert!(paths.len() >= 7, "found only {paths:?} in compose.yaml");
     for path in &paths {
-        assert!(path.exists(), "deploy/compose.yaml references {}, which does not exist", path.display());
+        assert!(
+            path.exists(),
+            "deploy/compose.yaml references {}, which does not exist",
+            path.display()
+        );
     }
-    for service in ["kafka:", "topics:", "worker:", "ingest:", "prometheus:", "grafana:"] {
-        assert!(compose.contains(&format!("\n  {service}\n")), "compose.yaml has no service {service}");
+    for service in [
+        "kafka:",
+        "topics:",
+        "worker:",
+        "ingest:",
+        "prometheus:",
+        "grafana:",
+    ] {
+        assert!(
+            compose.contains(&format!("\n  {service}\n")),
+            "compose.yaml has no service {service}"
+        );
     }
     assert!(compose.contains("image: apache/kafka:4.1.1"));
     assert!(compose.contains("command: [\"run\"") && compose.contains("command: [\"ingest\"]"));
-    assert!(compose.contains("DEDUPE_WRITE_KEYS") || read("deploy/ingest.env.example").contains("DEDUPE_WRITE_KEYS="));
+    assert!(
+        compose.contains("DEDUPE_WRITE_KEYS")
+            || read("deploy/ingest.env.example").contains("DEDUPE_WRITE_KEYS=")
+    );
 }
 
 #[test]
@@ -655,20 +863,33 @@ fn image_builds_like_the_readme_and_runs_unprivileged() {
         "DEDUPE_METRICS_ADDR=0.0.0.0:9464",
         "DEDUPE_INGEST_LISTEN=0.0.0.0:8080",
     ] {
-        assert!(dockerfile.contains(needle), "deploy/Dockerfile lacks {needle:?}");
+        assert!(
+            dockerfile.contains(needle),
+            "deploy/Dockerfile lacks {needle:?}"
+        );
     }
     // The runtime stage copies the binary and the configuration, nothing else.
-    let runtime = dockerfile.rsplit_once("FROM debian:bookworm-slim").unwrap().1;
+    let runtime = dockerfile
+        .rsplit_once("FROM debian:bookworm-slim")
+        .unwrap()
+        .1;
     for copy in runtime.lines().filter(|l| l.starts_with("COPY ")) {
         assert!(
-            copy.starts_with("COPY --from=binary /usr/local/bin/dedupe ") || copy.starts_with("COPY config/ "),
+            copy.starts_with("COPY --from=binary /usr/local/bin/dedupe ")
+                || copy.starts_with("COPY config/ "),
             "{copy}"
         );
     }
     // The binary comes from the Rust build stage unless deploy/local/image.sh says `prebuilt`.
-    assert!(dockerfile.contains("ARG BINARY=build") && dockerfile.contains("FROM ${BINARY} AS binary"), "the binary's stage is chosen by BINARY, `build` by default");
+    assert!(
+        dockerfile.contains("ARG BINARY=build") && dockerfile.contains("FROM ${BINARY} AS binary"),
+        "the binary's stage is chosen by BINARY, `build` by default"
+    );
     let ignore = read(".dockerignore");
-    assert!(ignore.lines().any(|l| l == "target/"), ".dockerignore keeps target/ out of the build context");
+    assert!(
+        ignore.lines().any(|l| l == "target/"),
+        ".dockerignore keeps target/ out of the build context"
+    );
 }
 
 /// section -> keys named in config/dedupe.toml (set or commented out).
@@ -676,12 +897,18 @@ fn documented_config_keys() -> BTreeMap<String, BTreeSet<String>> {
     let mut keys: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut section = String::new();
     for line in read("config/dedupe.toml").lines() {
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.split_once(']')).map(|(n, _)| n) {
+        if let Some(name) = line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once(']'))
+            .map(|(n, _)| n)
+        {
             section = name.to_string();
             keys.entry(section.clone()).or_default();
         } else if let Some((key, _)) = line.trim_start_matches('#').trim_start().split_once(" = ") {
             if !section.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-                keys.entry(section.clone()).or_default().insert(key.to_string());
+                keys.entry(section.clone())
+                    .or_default()
+                    .insert(key.to_string());
             }
         }
     }
@@ -713,7 +940,10 @@ fn deployment_environment_variables_are_configuration_keys() {
                 continue;
             }
             let rest = name["DEDUPE_".len()..].to_ascii_lowercase();
-            let Some(section) = documented.keys().find(|s| rest.starts_with(&format!("{s}_"))) else {
+            let Some(section) = documented
+                .keys()
+                .find(|s| rest.starts_with(&format!("{s}_")))
+            else {
                 continue;
             };
             let key = &rest[section.len() + 1..];
@@ -724,21 +954,31 @@ fn deployment_environment_variables_are_configuration_keys() {
             seen += 1;
         }
     }
-    assert!(seen >= 5, "found only {seen} configuration variables in the deployment files");
+    assert!(
+        seen >= 5,
+        "found only {seen} configuration variables in the deployment files"
+    );
     assert!(Path::new(&root().join("config/dedupe.toml")).exists());
 }
 
 #[test]
 fn test_helpers_parse_what_they_claim() {
     // Tokens: words that merely contain dedupe_ are not metric names.
-    let tokens = metric_tokens("rate(dedupe_x_total[5m]) + my_dedupe_y + dedupe_z_bucket{le=\"1\"}");
-    assert_eq!(tokens, BTreeSet::from(["dedupe_x_total".to_string(), "dedupe_z_bucket".to_string()]));
+    let tokens =
+        metric_tokens("rate(dedupe_x_total[5m]) + my_dedupe_y + dedupe_z_bucket{le=\"1\"}");
+    assert_eq!(
+        tokens,
+        BTreeSet::from(["dedupe_x_total".to_string(), "dedupe_z_bucket".to_string()])
+    );
     // Only histograms have _bucket series.
     let declared = BTreeMap::from([
         ("dedupe_a_seconds".to_string(), "Histogram".to_string()),
         ("dedupe_b".to_string(), "Gauge".to_string()),
     ]);
-    assert_eq!(resolve("dedupe_a_seconds_bucket", &declared), Some("dedupe_a_seconds"));
+    assert_eq!(
+        resolve("dedupe_a_seconds_bucket", &declared),
+        Some("dedupe_a_seconds")
+    );
     assert_eq!(resolve("dedupe_b_bucket", &declared), None);
     assert_eq!(resolve("dedupe_c", &declared), None);
     // Folded expressions are read whole.
@@ -748,16 +988,42 @@ fn test_helpers_parse_what_they_claim() {
     // Runbooks belong to the alert above them, in the rules and in their tests.
     let found =
         runbooks("- alert: A\n  runbook: \"x.md#a\"\n- alertname: B\n  exp_annotations:\n    runbook: \"x.md#b\"\n");
-    assert_eq!(found, [("A".to_string(), "x.md#a".to_string()), ("B".to_string(), "x.md#b".to_string())]);
+    assert_eq!(
+        found,
+        [
+            ("A".to_string(), "x.md#a".to_string()),
+            ("B".to_string(), "x.md#b".to_string())
+        ]
+    );
     // Anchors as GitHub makes them: punctuation dropped, spaces to hyphens, repeats numbered; not
     // from a heading inside a code block.
     let made = anchors(
         "# `DedupeWindowUnder24h`\n## Kafka TLS, SASL and ACLs\n### Notes\n### Notes\n```\n# not a heading\n```\n",
     );
-    let expected = ["dedupewindowunder24h", "kafka-tls-sasl-and-acls", "notes", "notes-1"];
-    assert_eq!(made, expected.iter().map(|a| a.to_string()).collect::<BTreeSet<_>>());
+    let expected = [
+        "dedupewindowunder24h",
+        "kafka-tls-sasl-and-acls",
+        "notes",
+        "notes-1",
+    ];
+    assert_eq!(
+        made,
+        expected
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<BTreeSet<_>>()
+    );
     // Links: inline code is not a link; titles are not part of the target.
-    assert_eq!(link_targets("see [a](docs/a.md#x) and `[b](c)` and [d](e.md \"title\")"), ["docs/a.md#x", "e.md"]);
-    assert_eq!(resolve_link("docs/operations.md", "../config/dedupe.toml"), "config/dedupe.toml");
-    assert_eq!(resolve_link("README.md", "docs/testing.md"), "docs/testing.md");
+    assert_eq!(
+        link_targets("see [a](docs/a.md#x) and `[b](c)` and [d](e.md \"title\")"),
+        ["docs/a.md#x", "e.md"]
+    );
+    assert_eq!(
+        resolve_link("docs/operations.md", "../config/dedupe.toml"),
+        "config/dedupe.toml"
+    );
+    assert_eq!(
+        resolve_link("README.md", "docs/testing.md"),
+        "docs/testing.md"
+    );
 }

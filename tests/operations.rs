@@ -20,7 +20,9 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
     let acks = produce_full(&input.name, &keyed(&refs));
     let used: std::collections::BTreeSet<i32> = acks.iter().map(|(p, _)| *p).collect();
     assert_eq!(used.len(), 3, "300 ids reach all 3 partitions");
-    let mut worker = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).start();
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 300, Duration::from_secs(60));
 
@@ -37,7 +39,10 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
     .unwrap();
     let mut prom = Command::new(prometheus)
         .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
         .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -48,23 +53,35 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
     let result = loop {
         if let Some((200, body)) = http_get(prom_port, query) {
             let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            let series = json["data"]["result"].as_array().cloned().unwrap_or_default();
+            let series = json["data"]["result"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             if series.len() == 3 {
                 break series;
             }
         }
         if Instant::now() > deadline {
             let _ = prom.kill();
-            panic!("Prometheus did not return the window of 3 partitions within 60 s:\n{}", worker.metrics().unwrap_or_default());
+            panic!(
+                "Prometheus did not return the window of 3 partitions within 60 s:\n{}",
+                worker.metrics().unwrap_or_default()
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
     };
-    let mut partitions: Vec<String> = result.iter().map(|s| s["metric"]["partition"].as_str().unwrap().to_string()).collect();
+    let mut partitions: Vec<String> = result
+        .iter()
+        .map(|s| s["metric"]["partition"].as_str().unwrap().to_string())
+        .collect();
     partitions.sort();
     assert_eq!(partitions, ["0", "1", "2"]);
     for s in &result {
         let v: f64 = s["value"][1].as_str().unwrap().parse().unwrap();
-        assert!((0.0..3600.0).contains(&v), "a fresh ledger's window is seconds old, got {v}");
+        assert!(
+            (0.0..3600.0).contains(&v),
+            "a fresh ledger's window is seconds old, got {v}"
+        );
     }
     // The page's own expression, read from the rules file, selects this worker: its window is
     // seconds old, under 24 h (in production it fires once that has lasted 10 minutes).
@@ -76,20 +93,41 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
         .expect("the DedupeWindowUnder24h rule and its expr")
         .trim()
         .to_string();
-    let encoded: String = page_expr.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
-    let (status, body) = http_get(prom_port, &format!("/api/v1/query?query={encoded}")).expect("the page's expression");
+    let encoded: String = page_expr
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let (status, body) = http_get(prom_port, &format!("/api/v1/query?query={encoded}"))
+        .expect("the page's expression");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(status, 200, "{body}");
-    assert_eq!(json["data"]["result"].as_array().map(Vec::len), Some(1), "{page_expr} should select the young worker: {body}");
+    assert_eq!(
+        json["data"]["result"].as_array().map(Vec::len),
+        Some(1),
+        "{page_expr} should select the young worker: {body}"
+    );
     let _ = prom.kill();
     let _ = prom.wait();
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }
 
 fn which(name: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .unwrap();
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(!path.is_empty(), "{name} is not installed (apt-get install prometheus); .ci/run installs it");
+    assert!(
+        !path.is_empty(),
+        "{name} is not installed (apt-get install prometheus); .ci/run installs it"
+    );
     path
 }
 
@@ -100,10 +138,17 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let dir = tempfile::tempdir().unwrap();
     let snapshots = dir.path().join("snapshots");
     let hook_log = dir.path().join("hook.log");
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_SNAPSHOTS_KEEP", "2")
-        .env("DEDUPE_SNAPSHOTS_HOOK", &format!("echo \"$DEDUPE_SNAPSHOT_DIR $DEDUPE_SNAPSHOT_PARTITIONS\" >> {}", hook_log.display()));
+        .env(
+            "DEDUPE_SNAPSHOTS_HOOK",
+            &format!(
+                "echo \"$DEDUPE_SNAPSHOT_DIR $DEDUPE_SNAPSHOT_PARTITIONS\" >> {}",
+                hook_log.display()
+            ),
+        );
 
     // Phase A, then a snapshot taken on demand through the running worker.
     let a = ids(400);
@@ -111,35 +156,69 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 400, Duration::from_secs(60));
-    let snap = DEDUPE.command()
-        .args(["ledger", "snapshot", "--metrics-addr", &format!("127.0.0.1:{}", worker.metrics_port)])
+    let snap = DEDUPE
+        .command()
+        .args([
+            "ledger",
+            "snapshot",
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", worker.metrics_port),
+        ])
         .output()
         .unwrap();
-    assert!(snap.status.success(), "{}", String::from_utf8_lossy(&snap.stderr));
+    assert!(
+        snap.status.success(),
+        "{}",
+        String::from_utf8_lossy(&snap.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&snap.stdout).unwrap();
     let snapshot_dir = json["snapshot"].as_str().unwrap().to_string();
     assert!(std::path::Path::new(&snapshot_dir).join("CURRENT").exists());
     let hook = std::fs::read_to_string(&hook_log).unwrap();
-    assert!(hook.starts_with(&snapshot_dir), "the hook ran with the snapshot's path: {hook}");
+    assert!(
+        hook.starts_with(&snapshot_dir),
+        "the hook ran with the snapshot's path: {hook}"
+    );
     let page = worker.metrics().unwrap();
-    assert!(metric_value(&page, "dedupe_snapshot_last_success_timestamp_seconds", &[]).unwrap() > 0.0);
+    assert!(
+        metric_value(&page, "dedupe_snapshot_last_success_timestamp_seconds", &[]).unwrap() > 0.0
+    );
 
     // Phase B after the snapshot: the snapshot does not know these ids.
     let b = ids(300);
     produce_full(&input.name, &keyed(&b.iter().collect::<Vec<_>>()));
     wait_for_records(&output.name, 700, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
 
     // Restore the snapshot over the newer ledger (moved aside, not deleted).
     let data_dir = dir.path().join("ledger");
-    let restore = DEDUPE.command()
-        .args(["ledger", "restore", "--from", &snapshot_dir, "--force", "--data-dir"])
+    let restore = DEDUPE
+        .command()
+        .args([
+            "ledger",
+            "restore",
+            "--from",
+            &snapshot_dir,
+            "--force",
+            "--data-dir",
+        ])
         .arg(&data_dir)
         .output()
         .unwrap();
-    assert!(restore.status.success(), "{}", String::from_utf8_lossy(&restore.stderr));
+    assert!(
+        restore.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restore.stderr)
+    );
     let restored: serde_json::Value = serde_json::from_slice(&restore.stdout).unwrap();
-    let aside = restored["moved_aside"].as_str().expect("the newer ledger was moved aside");
+    let aside = restored["moved_aside"]
+        .as_str()
+        .expect("the newer ledger was moved aside");
     assert!(std::path::Path::new(aside).join("CURRENT").exists());
 
     // Clients retry phase B's ids. The restarted worker replays the output tail written after the
@@ -154,15 +233,24 @@ fn a_restored_snapshot_loses_nothing_the_output_holds() {
         if metric_value(&page, "dedupe_duplicates_dropped_total", &[]).unwrap_or(0.0) >= 300.0 {
             break page;
         }
-        assert!(Instant::now() < deadline, "the retries were not all dropped within 60 s:\n{page}");
+        assert!(
+            Instant::now() < deadline,
+            "the retries were not all dropped within 60 s:\n{page}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
     // ...and, the worker stopped, the output is final: nothing was published again.
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 700, "no retried id was published again");
-    assert!(metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap() >= 300.0, "{page}");
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[]), Some(300.0));
+    assert!(
+        metric_value(&page, "dedupe_recovery_replayed_records_total", &[]).unwrap() >= 300.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric_value(&page, "dedupe_duplicates_dropped_total", &[]),
+        Some(300.0)
+    );
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -180,7 +268,8 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
         "sleep 0.3; if [ -f \"$DEDUPE_SNAPSHOT_DIR/CURRENT\" ]; then echo ok; else echo gone; fi >> {}",
         hook_log.display()
     );
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
         .env("DEDUPE_SNAPSHOTS_KEEP", "2")
         .env("DEDUPE_SNAPSHOTS_HOOK", &hook)
@@ -190,12 +279,21 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
     produce_full(&input.name, &keyed(&ids(100).iter().collect::<Vec<_>>()));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", worker.metrics_port).parse().unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", worker.metrics_port)
+        .parse()
+        .unwrap();
 
     // Without the token, or with a wrong one: refused, nothing taken.
     let none = kit::http::request(addr, "POST", "/admin/snapshot", &[], b"").unwrap();
     assert_eq!(none.status, 401, "{:?}", none.json());
-    let wrong = kit::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer nope")], b"").unwrap();
+    let wrong = kit::http::request(
+        addr,
+        "POST",
+        "/admin/snapshot",
+        &[("Authorization", "Bearer nope")],
+        b"",
+    )
+    .unwrap();
     assert_eq!(wrong.status, 401);
     assert!(!snapshots.exists() || std::fs::read_dir(&snapshots).unwrap().count() == 0);
 
@@ -205,34 +303,69 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
         let handles: Vec<_> = (0..20)
             .map(|_| {
                 s.spawn(move || {
-                    kit::http::request(addr, "POST", "/admin/snapshot", &[("Authorization", "Bearer t0ken-for-tests")], b"")
-                        .unwrap()
+                    kit::http::request(
+                        addr,
+                        "POST",
+                        "/admin/snapshot",
+                        &[("Authorization", "Bearer t0ken-for-tests")],
+                        b"",
+                    )
+                    .unwrap()
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let taken: Vec<String> = answers.iter().filter(|r| r.status == 200).map(|r| r.json()["snapshot"].as_str().unwrap().to_string()).collect();
+    let taken: Vec<String> = answers
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(|r| r.json()["snapshot"].as_str().unwrap().to_string())
+        .collect();
     let busy = answers.iter().filter(|r| r.status == 409).count();
-    let too_soon = answers.iter().filter(|r| r.status == 429 && r.header("Retry-After").is_some()).count();
+    let too_soon = answers
+        .iter()
+        .filter(|r| r.status == 429 && r.header("Retry-After").is_some())
+        .count();
     assert!(!taken.is_empty(), "no snapshot was taken: {answers:?}");
-    assert_eq!(taken.len() + busy + too_soon, 20, "every request is taken (200), refused as busy (409) or told to wait (429): {answers:?}");
+    assert_eq!(
+        taken.len() + busy + too_soon,
+        20,
+        "every request is taken (200), refused as busy (409) or told to wait (429): {answers:?}"
+    );
     let unique: std::collections::HashSet<_> = taken.iter().collect();
-    assert_eq!(unique.len(), taken.len(), "two snapshots got one name: {taken:?}");
+    assert_eq!(
+        unique.len(),
+        taken.len(),
+        "two snapshots got one name: {taken:?}"
+    );
     let hooks = std::fs::read_to_string(&hook_log).unwrap();
     assert_eq!(hooks.lines().count(), taken.len(), "{hooks}");
-    assert!(hooks.lines().all(|l| l == "ok"), "a hook saw its directory pruned away: {hooks}");
+    assert!(
+        hooks.lines().all(|l| l == "ok"),
+        "a hook saw its directory pruned away: {hooks}"
+    );
     let page = worker.metrics().unwrap();
-    assert_eq!(metric_value(&page, "dedupe_snapshot_failures_total", &[]).unwrap_or(0.0), 0.0, "refusals are not failures: {page}");
+    assert_eq!(
+        metric_value(&page, "dedupe_snapshot_failures_total", &[]).unwrap_or(0.0),
+        0.0,
+        "refusals are not failures: {page}"
+    );
     // Only published snapshots are listed; keep = 2 holds.
-    let left: Vec<_> = std::fs::read_dir(&snapshots).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert!(left.len() <= 2 && left.iter().all(|n| n.starts_with("ledger-")), "{left:?}");
+    let left: Vec<_> = std::fs::read_dir(&snapshots)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        left.len() <= 2 && left.iter().all(|n| n.starts_with("ledger-")),
+        "{left:?}"
+    );
 
     // `dedupe ledger snapshot` passes the token from its environment; it is told to wait (429)
     // until a second has passed since the last snapshot started.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let snap = DEDUPE.command()
+        let snap = DEDUPE
+            .command()
             .args(["ledger", "snapshot", "--metrics-addr", &addr.to_string()])
             .env("DEDUPE_ADMIN_TOKEN", "t0ken-for-tests")
             .output()
@@ -241,9 +374,20 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
         if snap.status.success() {
             break;
         }
-        assert!(stderr.contains("(429") && Instant::now() < deadline, "{stderr}");
+        assert!(
+            stderr.contains("(429") && Instant::now() < deadline,
+            "{stderr}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
-    assert!(!worker.log_text().contains("t0ken-for-tests"), "the admin token was logged");
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
+    assert!(
+        !worker.log_text().contains("t0ken-for-tests"),
+        "the admin token was logged"
+    );
 }

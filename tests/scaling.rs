@@ -12,9 +12,22 @@ use kit::*;
 const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 /// A worker spec in group mode with its own member id.
-fn group_worker(input: &str, output: &str, dir: &std::path::Path, group: &str, member: &str) -> WorkerSpec {
-    let mut spec = DEDUPE.worker(input, output, dir).env("DEDUPE_WORKER_GROUP_ID", group);
-    spec.extra_args = vec!["--assignment".into(), "group".into(), "--member-id".into(), member.into()];
+fn group_worker(
+    input: &str,
+    output: &str,
+    dir: &std::path::Path,
+    group: &str,
+    member: &str,
+) -> WorkerSpec {
+    let mut spec = DEDUPE
+        .worker(input, output, dir)
+        .env("DEDUPE_WORKER_GROUP_ID", group);
+    spec.extra_args = vec![
+        "--assignment".into(),
+        "group".into(),
+        "--member-id".into(),
+        member.into(),
+    ];
     spec
 }
 
@@ -22,7 +35,15 @@ fn group_worker(input: &str, output: &str, dir: &std::path::Path, group: &str, m
 /// after their first copy (an id produced at least `old_after` earlier), so that a copy and its
 /// duplicate often land on different owners.
 fn load(topic: &str, old_after: Duration) -> Load {
-    Load::start(topic, LoadSpec { rate_per_sec: 800, resend_share: 0.05, old_share: 0.5, old_after })
+    Load::start(
+        topic,
+        LoadSpec {
+            rate_per_sec: 800,
+            resend_share: 0.05,
+            old_share: 0.5,
+            old_after,
+        },
+    )
 }
 
 /// Waits until the live workers together own and process every partition, none loading, and
@@ -30,14 +51,27 @@ fn load(topic: &str, old_after: Duration) -> Load {
 fn wait_settled(workers: &[&Worker], partitions: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        let each: Vec<f64> = workers.iter().map(|w| w.metric("dedupe_partitions_owned", &[])).collect();
+        let each: Vec<f64> = workers
+            .iter()
+            .map(|w| w.metric("dedupe_partitions_owned", &[]))
+            .collect();
         let owned: f64 = each.iter().sum();
-        let ready: f64 = workers.iter().map(|w| w.metric("dedupe_partitions_ready", &[])).sum();
-        if owned as usize == partitions && ready as usize == partitions && each.iter().all(|&n| n >= 1.0) {
+        let ready: f64 = workers
+            .iter()
+            .map(|w| w.metric("dedupe_partitions_ready", &[]))
+            .sum();
+        if owned as usize == partitions
+            && ready as usize == partitions
+            && each.iter().all(|&n| n >= 1.0)
+        {
             return;
         }
         let logs: Vec<String> = workers.iter().map(|w| w.log_text()).collect();
-        assert!(Instant::now() < deadline, "partitions did not settle (owned {owned}, ready {ready}):\n{}", logs.join("\n-----\n"));
+        assert!(
+            Instant::now() < deadline,
+            "partitions did not settle (owned {owned}, ready {ready}):\n{}",
+            logs.join("\n-----\n")
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -48,7 +82,9 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     let output = TestTopic::create("scale-out", 6);
     let group = format!("scale-{}", uuid::Uuid::new_v4().simple());
     let root = tempfile::tempdir().unwrap();
-    let spec = |n: &str, dir: &str| group_worker(&input.name, &output.name, &root.path().join(dir), &group, n);
+    let spec = |n: &str, dir: &str| {
+        group_worker(&input.name, &output.name, &root.path().join(dir), &group, n)
+    };
 
     let load = load(&input.name, Duration::from_secs(4));
     // One worker.
@@ -62,7 +98,13 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     let mut w2 = spec("w2", "d2").start();
     let mut w3 = spec("w3", "d3").start();
     // Killed once the group has handed it partitions: the others are giving theirs up then.
-    wait_until("w3 owning a partition", Duration::from_secs(90), Duration::from_millis(50), || (w3.metric("dedupe_partitions_owned", &[]) >= 1.0).then_some(()), || w3.log_text());
+    wait_until(
+        "w3 owning a partition",
+        Duration::from_secs(90),
+        Duration::from_millis(50),
+        || (w3.metric("dedupe_partitions_owned", &[]) >= 1.0).then_some(()),
+        || w3.log_text(),
+    );
     w3.kill();
     let mut w3 = spec("w3", "d3-empty").start();
     wait_settled(&[&w1, &w2, &w3], 6, Duration::from_secs(120));
@@ -70,13 +112,23 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     wait_for_records(&output.name, before, Duration::from_secs(90));
 
     // Two: w3 leaves cleanly.
-    assert_eq!(w3.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w3.log_text());
+    assert_eq!(
+        w3.terminate(Duration::from_secs(60)),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        w3.log_text()
+    );
     wait_settled(&[&w1, &w2], 6, Duration::from_secs(120));
     let before = load.distinct();
     wait_for_records(&output.name, before, Duration::from_secs(90));
 
     // One: w2 leaves cleanly.
-    assert_eq!(w2.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w2.log_text());
+    assert_eq!(
+        w2.terminate(Duration::from_secs(60)),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        w2.log_text()
+    );
     wait_settled(&[&w1], 6, Duration::from_secs(120));
     // w1 publishes what was produced while it owned every partition again.
     let before = load.distinct();
@@ -87,13 +139,29 @@ fn workers_come_and_go_under_load_and_every_id_is_published_exactly_once() {
     assert!(resent > 20, "the load re-sent ids ({resent})");
     wait_for_records(&output.name, distinct, Duration::from_secs(120));
     let loaded = w1.metric("dedupe_handover_ids_loaded_total", &[]);
-    assert!(loaded > 0.0, "partitions that came back to w1 loaded ids from the changelog:\n{}", w1.log_text());
-    assert_eq!(w1.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w1.log_text());
-    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, distinct, "workers coming and going");
+    assert!(
+        loaded > 0.0,
+        "partitions that came back to w1 loaded ids from the changelog:\n{}",
+        w1.log_text()
+    );
+    assert_eq!(
+        w1.terminate(Duration::from_secs(60)),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        w1.log_text()
+    );
+    exactly_once::assert_exactly_once(
+        DEDUPE,
+        &input.name,
+        &output.name,
+        distinct,
+        "workers coming and going",
+    );
 }
 
 #[test]
-fn a_partition_taken_away_while_it_loads_and_given_back_at_once_is_not_fenced_by_its_first_take_over() {
+fn a_partition_taken_away_while_it_loads_and_given_back_at_once_is_not_fenced_by_its_first_take_over(
+) {
     // w1 owns both partitions, and its first two take-overs stall 15 s before they fence (as a
     // slow init_transactions would). w2 joins meanwhile and gets one of them, then is killed:
     // after w2's 6 s session the group gives the partition back to w1 while w1's first take-over
@@ -105,20 +173,61 @@ fn a_partition_taken_away_while_it_loads_and_given_back_at_once_is_not_fenced_by
     let root = tempfile::tempdir().unwrap();
     let spec = |n: &str| group_worker(&input.name, &output.name, &root.path().join(n), &group, n);
     let load = load(&input.name, Duration::from_secs(2));
-    let mut w1 = spec("w1").env("FAILPOINTS", "takeover-before-fence=2*sleep(15000)->off").start();
-    wait_until("w1 taking both partitions over", Duration::from_secs(60), Duration::from_millis(50), || (w1.metric("dedupe_partitions_loading", &[]) >= 2.0).then_some(()), || w1.log_text());
+    let mut w1 = spec("w1")
+        .env("FAILPOINTS", "takeover-before-fence=2*sleep(15000)->off")
+        .start();
+    wait_until(
+        "w1 taking both partitions over",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || (w1.metric("dedupe_partitions_loading", &[]) >= 2.0).then_some(()),
+        || w1.log_text(),
+    );
     let mut w2 = spec("w2").start();
-    wait_until("w2 owning a partition", Duration::from_secs(60), Duration::from_millis(50), || (w2.metric("dedupe_partitions_owned", &[]) >= 1.0).then_some(()), || w2.log_text());
+    wait_until(
+        "w2 owning a partition",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || (w2.metric("dedupe_partitions_owned", &[]) >= 1.0).then_some(()),
+        || w2.log_text(),
+    );
     w2.kill();
     wait_settled(&[&w1], 2, Duration::from_secs(120));
     let summary = load.finish();
-    wait_for_records(&output.name, summary.distinct as usize, Duration::from_secs(120));
+    wait_for_records(
+        &output.name,
+        summary.distinct as usize,
+        Duration::from_secs(120),
+    );
     let page = w1.metrics().unwrap();
-    assert!(w1.metric("dedupe_partition_assignments_total", &[]) >= 3.0, "the partition came back to w1:\n{page}");
-    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "fenced")]), None, "w1 was fenced:\n{}", w1.log_text());
-    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[]), None, "{page}");
-    assert_eq!(w1.terminate(Duration::from_secs(60)), Some(0), "SIGTERM exits 0:\n{}", w1.log_text());
-    exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, summary.distinct as usize, "a partition given back while it loaded");
+    assert!(
+        w1.metric("dedupe_partition_assignments_total", &[]) >= 3.0,
+        "the partition came back to w1:\n{page}"
+    );
+    assert_eq!(
+        metric_value(&page, "dedupe_errors_total", &[("kind", "fenced")]),
+        None,
+        "w1 was fenced:\n{}",
+        w1.log_text()
+    );
+    assert_eq!(
+        metric_value(&page, "dedupe_partition_retakes_total", &[]),
+        None,
+        "{page}"
+    );
+    assert_eq!(
+        w1.terminate(Duration::from_secs(60)),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        w1.log_text()
+    );
+    exactly_once::assert_exactly_once(
+        DEDUPE,
+        &input.name,
+        &output.name,
+        summary.distinct as usize,
+        "a partition given back while it loaded",
+    );
 }
 
 #[test]
@@ -152,12 +261,22 @@ fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
     // SAFETY: as above.
     unsafe { libc::kill(old.child.id() as i32, libc::SIGCONT) };
     let code = old.wait(Duration::from_secs(60));
-    assert_eq!(code, Some(3), "the old owner exits with its fenced status:\n{}", old.log_text());
+    assert_eq!(
+        code,
+        Some(3),
+        "the old owner exits with its fenced status:\n{}",
+        old.log_text()
+    );
 
     let third = ids(100);
     produce_full(&input.name, &keyed(&third.iter().collect::<Vec<_>>()));
     wait_for_records(&output.name, 700, Duration::from_secs(60));
-    assert_eq!(new.terminate(Duration::from_secs(60)), Some(0), "{}", new.log_text());
+    assert_eq!(
+        new.terminate(Duration::from_secs(60)),
+        Some(0),
+        "{}",
+        new.log_text()
+    );
     exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, 700, "a frozen old owner");
 }
 
@@ -166,7 +285,13 @@ fn bad_group_settings_are_refused_naming_the_key() {
     let input = TestTopic::create("badgroup-in", 1);
     let output = TestTopic::create("badgroup-out", 1);
     let root = tempfile::tempdir().unwrap();
-    let base = group_worker(&input.name, &output.name, &root.path().join("l"), "badgroup", "m1");
+    let base = group_worker(
+        &input.name,
+        &output.name,
+        &root.path().join("l"),
+        "badgroup",
+        "m1",
+    );
     let run = |spec: WorkerSpec| -> (Option<i32>, String) {
         let mut w = spec.start();
         let code = w.wait(Duration::from_secs(60));
@@ -175,22 +300,46 @@ fn bad_group_settings_are_refused_naming_the_key() {
     let mut cases: Vec<(WorkerSpec, &str)> = Vec::new();
     let mut unknown = base.clone();
     unknown.extra_args = vec!["--member-id".into(), "m1".into()];
-    cases.push((unknown.env("DEDUPE_WORKER_ASSIGNMENT", "elastic"), "worker.assignment"));
-    cases.push((base.clone().env("DEDUPE_WORKER_CHANGELOG_RETENTION_SECS", "3600"), "worker.changelog_retention_secs"));
-    cases.push((base.clone().env("DEDUPE_WORKER_CHANGELOG_TOPIC", "not a topic name!"), "worker.changelog_topic"));
+    cases.push((
+        unknown.env("DEDUPE_WORKER_ASSIGNMENT", "elastic"),
+        "worker.assignment",
+    ));
+    cases.push((
+        base.clone()
+            .env("DEDUPE_WORKER_CHANGELOG_RETENTION_SECS", "3600"),
+        "worker.changelog_retention_secs",
+    ));
+    cases.push((
+        base.clone()
+            .env("DEDUPE_WORKER_CHANGELOG_TOPIC", "not a topic name!"),
+        "worker.changelog_topic",
+    ));
     // An existing changelog that keeps ids only a minute.
     let short = TestTopic::create("badgroup-ids", 1);
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = client_config().create().unwrap();
-    let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&short.name)).set("retention.ms", "60000");
-    futures::executor::block_on(admin.alter_configs([&alter], &rdkafka::admin::AdminOptions::new())).unwrap();
-    cases.push((base.clone().env("DEDUPE_WORKER_CHANGELOG_TOPIC", &short.name), "worker.promised_window_secs"));
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        client_config().create().unwrap();
+    let alter =
+        rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&short.name))
+            .set("retention.ms", "60000");
+    futures::executor::block_on(
+        admin.alter_configs([&alter], &rdkafka::admin::AdminOptions::new()),
+    )
+    .unwrap();
+    cases.push((
+        base.clone()
+            .env("DEDUPE_WORKER_CHANGELOG_TOPIC", &short.name),
+        "worker.promised_window_secs",
+    ));
     let mut partitions = base.clone();
     partitions.partitions = Some("0".into());
     cases.push((partitions, "worker.partitions"));
     for (spec, key) in cases {
         let (code, log) = run(spec);
         assert_ne!(code, Some(0), "refused ({key})");
-        let line = log.lines().find(|l| l.contains(key)).unwrap_or_else(|| panic!("no line names {key}:\n{log}"));
+        let line = log
+            .lines()
+            .find(|l| l.contains(key))
+            .unwrap_or_else(|| panic!("no line names {key}:\n{log}"));
         assert!(line.len() < 600, "one line: {line}");
     }
 }

@@ -39,7 +39,12 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     let phase2: Vec<&String> = all[..50].iter().chain(&all[300..400]).collect();
     produce_full(&input.name, &keyed(&phase2));
     wait_for_records(&output.name, 400, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "SIGTERM exits 0:\n{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "SIGTERM exits 0:\n{}",
+        worker.log_text()
+    );
 
     // Phase 3: while the worker is down, ids 50..100 again and 200 new; then a restart.
     let phase3: Vec<&String> = all[50..100].iter().chain(&all[400..600]).collect();
@@ -111,7 +116,9 @@ fn with_repeats(all: &[String], extra: impl Fn(usize) -> usize) -> Vec<Outgoing>
     for (i, id) in all.iter().enumerate() {
         let mut record = keyed(&[id]).remove(0);
         if i % 2 == 0 {
-            record.2.push(("dedupe-source".to_string(), b"web".to_vec()));
+            record
+                .2
+                .push(("dedupe-source".to_string(), b"web".to_vec()));
         }
         for _ in 0..=extra(i) {
             records.push(record.clone());
@@ -126,11 +133,16 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
     let output = TestTopic::create("audit-out", 2);
     let audit = dedupe::audit::default_topic(&output.name);
     let dir = tempfile::tempdir().unwrap();
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_SOURCES", "web");
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_SOURCES", "web");
     let all = ids(300);
     // Every fifth id sent twice in a row (the copy lands in the same batch), then ids 0..40
     // again in a later batch, and ids 40..60 again after a restart.
-    produce_full(&input.name, &with_repeats(&all, |i| usize::from(i % 5 == 0)));
+    produce_full(
+        &input.name,
+        &with_repeats(&all, |i| usize::from(i % 5 == 0)),
+    );
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 300, Duration::from_secs(60));
@@ -144,48 +156,114 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
     wait_for_records(&audit, 60 + 40 + 20, Duration::from_secs(60));
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 
-    let written = metric_value(&page, "dedupe_audit_records_total", &[("outcome", "written")]);
-    assert_eq!(written, Some(100.0), "the first run's audit records, counted once committed");
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "retry")]), Some(100.0));
+    let written = metric_value(
+        &page,
+        "dedupe_audit_records_total",
+        &[("outcome", "written")],
+    );
+    assert_eq!(
+        written,
+        Some(100.0),
+        "the first run's audit records, counted once committed"
+    );
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_duplicates_dropped_total",
+            &[("verdict", "retry")]
+        ),
+        Some(100.0)
+    );
     // Per source: every other id came through the front door as `web`, the rest without the
     // header; of the first run's 100 drops, 30 + 20 were web's.
-    let by_source = |source, outcome| metric_value(&page, "dedupe_source_records_total", &[("source", source), ("outcome", outcome)]);
+    let by_source = |source, outcome| {
+        metric_value(
+            &page,
+            "dedupe_source_records_total",
+            &[("source", source), ("outcome", outcome)],
+        )
+    };
     assert_eq!(by_source("web", "duplicate"), Some(50.0));
     assert_eq!(by_source("none", "duplicate"), Some(50.0));
     assert_eq!(by_source("web", "published"), Some(150.0));
     assert_eq!(by_source("none", "published"), Some(150.0));
-    assert_eq!(by_source("other", "duplicate"), Some(0.0), "no source outside worker.sources");
+    assert_eq!(
+        by_source("other", "duplicate"),
+        Some(0.0),
+        "no source outside worker.sources"
+    );
     let dropped = dropped_copies(&input.name);
     let audited = audit_records(&audit);
     assert_eq!(dropped.len(), 120);
-    assert_eq!(audited.keys().collect::<Vec<_>>(), dropped.keys().collect::<Vec<_>>(), "exactly the dropped copies, each once");
+    assert_eq!(
+        audited.keys().collect::<Vec<_>>(),
+        dropped.keys().collect::<Vec<_>>(),
+        "exactly the dropped copies, each once"
+    );
     let mut in_batch = 0;
     for (at, (record, v)) in &audited {
         let copy = &dropped[at];
         let id = String::from_utf8(copy.key.clone().unwrap()).unwrap();
         assert_eq!(record.key, copy.key, "keyed like the input");
-        assert_eq!(record.partition, copy.partition, "in the input partition's number");
+        assert_eq!(
+            record.partition, copy.partition,
+            "in the input partition's number"
+        );
         assert_eq!(v["v"], 1);
-        assert_eq!(v["ledger_key"], id.replace('-', ""), "a UUID id's own digits");
+        assert_eq!(
+            v["ledger_key"],
+            id.replace('-', ""),
+            "a UUID id's own digits"
+        );
         assert_eq!(v["input_topic"], input.name.as_str());
         assert_eq!(v["timestamp_ms"], copy.timestamp.unwrap());
         let first_seen = v["first_seen_ms"].as_i64().unwrap();
-        assert!(first_seen <= copy.timestamp.unwrap() && first_seen > copy.timestamp.unwrap() - 600_000, "{v}");
-        assert_eq!(v["age_ms"].as_i64().unwrap(), copy.timestamp.unwrap() - first_seen);
+        assert!(
+            first_seen <= copy.timestamp.unwrap() && first_seen > copy.timestamp.unwrap() - 600_000,
+            "{v}"
+        );
+        assert_eq!(
+            v["age_ms"].as_i64().unwrap(),
+            copy.timestamp.unwrap() - first_seen
+        );
         let index = all.iter().position(|i| *i == id).unwrap();
-        assert_eq!(v["source"], if index % 2 == 0 { serde_json::json!("web") } else { serde_json::Value::Null });
-        assert_eq!(v["verdict"], "retry", "every copy is its first copy's value again");
-        assert!(v.get("payload").is_none(), "no payload unless worker.audit_payloads");
+        assert_eq!(
+            v["source"],
+            if index % 2 == 0 {
+                serde_json::json!("web")
+            } else {
+                serde_json::Value::Null
+            }
+        );
+        assert_eq!(
+            v["verdict"], "retry",
+            "every copy is its first copy's value again"
+        );
+        assert!(
+            v.get("payload").is_none(),
+            "no payload unless worker.audit_payloads"
+        );
         in_batch += usize::from(v["in_batch"] == true);
     }
-    assert!(in_batch > 0 && in_batch <= 60, "the copies sent at once were mostly in their first copy's batch: {in_batch}");
+    assert!(
+        in_batch > 0 && in_batch <= 60,
+        "the copies sent at once were mostly in their first copy's batch: {in_batch}"
+    );
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
 /// Records of `ids` whose values say `content`.
 fn with_content(ids: &[String], content: &str) -> Vec<Outgoing> {
-    ids.iter().map(|id| (Some(id.as_bytes().to_vec()), Some(format!(r#"{{"messageId":"{id}","c":"{content}"}}"#).into_bytes()), Vec::new())).collect()
+    ids.iter()
+        .map(|id| {
+            (
+                Some(id.as_bytes().to_vec()),
+                Some(format!(r#"{{"messageId":"{id}","c":"{content}"}}"#).into_bytes()),
+                Vec::new(),
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -200,10 +278,37 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     // (reused ids); ids 20..30 again with other content but the same front door digest header,
     // which wins over the value (a retry whose sentAt changed).
     let header = |records: Vec<Outgoing>| -> Vec<Outgoing> {
-        records.into_iter().map(|(k, v, _)| (k, v, vec![("dedupe-content-digest".to_string(), b"00000000000000aa".to_vec())])).collect()
+        records
+            .into_iter()
+            .map(|(k, v, _)| {
+                (
+                    k,
+                    v,
+                    vec![(
+                        "dedupe-content-digest".to_string(),
+                        b"00000000000000aa".to_vec(),
+                    )],
+                )
+            })
+            .collect()
     };
-    produce_full(&input.name, &[with_content(&all[..20], "a"), header(with_content(&all[20..], "a"))].concat());
-    produce_full(&input.name, &[with_content(&all[..10], "a"), with_content(&all[10..20], "b"), header(with_content(&all[20..], "b"))].concat());
+    produce_full(
+        &input.name,
+        &[
+            with_content(&all[..20], "a"),
+            header(with_content(&all[20..], "a")),
+        ]
+        .concat(),
+    );
+    produce_full(
+        &input.name,
+        &[
+            with_content(&all[..10], "a"),
+            with_content(&all[10..20], "b"),
+            header(with_content(&all[20..], "b")),
+        ]
+        .concat(),
+    );
     let spec = DEDUPE
         .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_ON_REUSED_ID", "dead-letter")
@@ -214,40 +319,117 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     wait_for_records(&dead.name, 10, Duration::from_secs(60));
     wait_for_records(&audit, 20, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     let count = |name, labels: &[(&str, &str)]| metric_value(&page, name, labels).unwrap_or(0.0);
-    assert_eq!(count("dedupe_duplicates_dropped_total", &[("verdict", "retry")]), 20.0);
-    assert_eq!(count("dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), 0.0, "dead-lettered, not dropped");
-    assert_eq!(count("dedupe_reused_ids_total", &[("action", "dead_lettered")]), 10.0);
-    assert_eq!(count("dedupe_source_reused_ids_total", &[("source", "none")]), 10.0, "counted under the records' source");
+    assert_eq!(
+        count("dedupe_duplicates_dropped_total", &[("verdict", "retry")]),
+        20.0
+    );
+    assert_eq!(
+        count(
+            "dedupe_duplicates_dropped_total",
+            &[("verdict", "reused_id")]
+        ),
+        0.0,
+        "dead-lettered, not dropped"
+    );
+    assert_eq!(
+        count("dedupe_reused_ids_total", &[("action", "dead_lettered")]),
+        10.0
+    );
+    assert_eq!(
+        count("dedupe_source_reused_ids_total", &[("source", "none")]),
+        10.0,
+        "counted under the records' source"
+    );
     // The dead letters are the reused ids' second events, as sent.
-    let dead_values: Vec<String> = consume_all(&dead.name, true).iter().map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap()).collect();
-    assert_eq!(dead_values, with_content(&all[10..20], "b").iter().map(|r| String::from_utf8(r.1.clone().unwrap()).unwrap()).collect::<Vec<_>>());
-    let verdicts: BTreeMap<String, usize> = audit_records(&audit).values().fold(BTreeMap::new(), |mut m, (_, v)| {
-        *m.entry(v["verdict"].as_str().unwrap().to_string()).or_default() += 1;
-        m
-    });
+    let dead_values: Vec<String> = consume_all(&dead.name, true)
+        .iter()
+        .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        dead_values,
+        with_content(&all[10..20], "b")
+            .iter()
+            .map(|r| String::from_utf8(r.1.clone().unwrap()).unwrap())
+            .collect::<Vec<_>>()
+    );
+    let verdicts: BTreeMap<String, usize> =
+        audit_records(&audit)
+            .values()
+            .fold(BTreeMap::new(), |mut m, (_, v)| {
+                *m.entry(v["verdict"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+                m
+            });
     assert_eq!(verdicts, BTreeMap::from([("retry".to_string(), 20)]));
 
     // The digests outlive a restart (the ledger keeps them); the default policy drops a reused
     // id, counted and audited as one.
-    produce_full(&input.name, &[with_content(&all[10..20], "c"), with_content(&all[..5], "a")].concat());
+    produce_full(
+        &input.name,
+        &[
+            with_content(&all[10..20], "c"),
+            with_content(&all[..5], "a"),
+        ]
+        .concat(),
+    );
     let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&audit, 35, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
-    let counted: Vec<&str> = page.lines().filter(|l| l.starts_with("dedupe_duplicates_dropped_total") || l.starts_with("dedupe_reused_ids_total")).collect();
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
+    let counted: Vec<&str> = page
+        .lines()
+        .filter(|l| {
+            l.starts_with("dedupe_duplicates_dropped_total")
+                || l.starts_with("dedupe_reused_ids_total")
+        })
+        .collect();
     let why = format!("{counted:#?}\n{}", worker.log_text());
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[("verdict", "reused_id")]), Some(10.0), "{why}");
-    assert_eq!(metric_value(&page, "dedupe_reused_ids_total", &[("action", "dropped")]), Some(10.0), "{why}");
-    let verdicts: BTreeMap<String, usize> = audit_records(&audit).values().fold(BTreeMap::new(), |mut m, (_, v)| {
-        *m.entry(v["verdict"].as_str().unwrap().to_string()).or_default() += 1;
-        m
-    });
-    assert_eq!(verdicts, BTreeMap::from([("retry".to_string(), 25), ("reused_id".to_string(), 10)]), "{why}");
-    assert_eq!(consume_all(&output.name, true).len(), 30, "nothing more published");
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_duplicates_dropped_total",
+            &[("verdict", "reused_id")]
+        ),
+        Some(10.0),
+        "{why}"
+    );
+    assert_eq!(
+        metric_value(&page, "dedupe_reused_ids_total", &[("action", "dropped")]),
+        Some(10.0),
+        "{why}"
+    );
+    let verdicts: BTreeMap<String, usize> =
+        audit_records(&audit)
+            .values()
+            .fold(BTreeMap::new(), |mut m, (_, v)| {
+                *m.entry(v["verdict"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+                m
+            });
+    assert_eq!(
+        verdicts,
+        BTreeMap::from([("retry".to_string(), 25), ("reused_id".to_string(), 10)]),
+        "{why}"
+    );
+    assert_eq!(
+        consume_all(&output.name, true).len(),
+        30,
+        "nothing more published"
+    );
 }
 
 #[test]
@@ -271,15 +453,23 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     let deadline = Instant::now() + Duration::from_secs(30);
     let page = loop {
         let page = worker.metrics().expect("metrics page");
-        if metric_value(&page, "dedupe_duplicates_dropped_total", &[]) == Some(400.0) || Instant::now() > deadline {
+        if metric_value(&page, "dedupe_duplicates_dropped_total", &[]) == Some(400.0)
+            || Instant::now() > deadline
+        {
             break page;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    let count = |outcome| metric_value(&page, "dedupe_audit_records_total", &[("outcome", outcome)]).unwrap_or(0.0) as usize;
+    let count = |outcome| {
+        metric_value(&page, "dedupe_audit_records_total", &[("outcome", outcome)]).unwrap_or(0.0)
+            as usize
+    };
     // Sampled in: ids whose first 8 key bytes are below half the range.
-    let sampled_in = all.iter().filter(|id| u64::from_str_radix(&id.replace('-', "")[..16], 16).unwrap() < u64::MAX / 2).count();
+    let sampled_in = all
+        .iter()
+        .filter(|id| u64::from_str_radix(&id.replace('-', "")[..16], 16).unwrap() < u64::MAX / 2)
+        .count();
     assert_eq!(count("sampled_out"), 400 - sampled_in, "sampling is by id");
     assert_eq!(count("written") + count("over_cap"), sampled_in);
     assert!(count("over_cap") > 0 && count("written") >= 50, "{page}");
@@ -288,9 +478,18 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     let dropped = dropped_copies(&input.name);
     for (at, (_, v)) in &audited {
         let id = v["ledger_key"].as_str().unwrap();
-        assert!(u64::from_str_radix(&id[..16], 16).unwrap() < u64::MAX / 2, "an id outside the sample was audited: {v}");
-        let payload = base64::engine::general_purpose::STANDARD.decode(v["payload"].as_str().unwrap()).unwrap();
-        assert_eq!(Some(payload), dropped[at].value, "the dropped copy's value, as read");
+        assert!(
+            u64::from_str_radix(&id[..16], 16).unwrap() < u64::MAX / 2,
+            "an id outside the sample was audited: {v}"
+        );
+        let payload = base64::engine::general_purpose::STANDARD
+            .decode(v["payload"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(
+            Some(payload),
+            dropped[at].value,
+            "the dropped copy's value, as read"
+        );
     }
 
     // Off: no audit topic at all.
@@ -298,13 +497,27 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     let output = TestTopic::create("audit-off-out", 1);
     produce_full(&input.name, &with_repeats(&all[..50], |_| 1));
     let dir = tempfile::tempdir().unwrap();
-    let mut worker = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("DEDUPE_WORKER_AUDIT_TOPIC", "").start();
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_AUDIT_TOPIC", "")
+        .start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    let kafka = dedupe::config::KafkaConfig { brokers: brokers(), ..Default::default() };
-    let exists = dedupe::kafka::partition_count(&kafka, &dedupe::audit::default_topic(&output.name), Duration::from_secs(10)).unwrap();
-    assert_eq!(exists, None, "worker.audit_topic = \"\" makes no audit topic");
+    let kafka = dedupe::config::KafkaConfig {
+        brokers: brokers(),
+        ..Default::default()
+    };
+    let exists = dedupe::kafka::partition_count(
+        &kafka,
+        &dedupe::audit::default_topic(&output.name),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(
+        exists, None,
+        "worker.audit_topic = \"\" makes no audit topic"
+    );
 }
 
 /// The bad-input records of one run: (expected keyed ids, records).
@@ -313,7 +526,10 @@ fn bad_input() -> (usize, Vec<Outgoing>) {
     let non_utf8 = vec![0xff, 0xfe, 0x00, 0x80, 0x41];
     let tombstone_key = uuid::Uuid::new_v4().to_string().into_bytes();
     let v = |s: &str| Some(s.as_bytes().to_vec());
-    let mut records: Vec<Outgoing> = good.iter().map(|id| (Some(id.as_bytes().to_vec()), v("good"), vec![])).collect();
+    let mut records: Vec<Outgoing> = good
+        .iter()
+        .map(|id| (Some(id.as_bytes().to_vec()), v("good"), vec![]))
+        .collect();
     records.push((Some(good[0].as_bytes().to_vec()), v("repeat"), vec![])); // a duplicate
     records.push((None, v("null key 1"), vec![]));
     records.push((None, v("null key 2"), vec![]));
@@ -337,34 +553,67 @@ fn run_bad_input(policy: &str) {
     let (keyed_unique, records) = bad_input();
     let unkeyed = 7; // 2 null keys, 2 empty, 2 too long, 1 keyless tombstone
     produce_full(&input.name, &records);
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_UNKEYED_POLICY", policy)
         .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dlq.name);
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
-    let expected_out = if policy == "forward" { keyed_unique + unkeyed } else { keyed_unique };
+    let expected_out = if policy == "forward" {
+        keyed_unique + unkeyed
+    } else {
+        keyed_unique
+    };
     wait_for_records(&output.name, expected_out, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     let out = consume_all(&output.name, true);
 
     assert_eq!(out.len(), expected_out, "policy {policy}");
-    let unkeyed_out = out.iter().filter(|r| r.key.is_none() || r.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 1024)).count();
-    assert_eq!(unkeyed_out, if policy == "forward" { unkeyed } else { 0 }, "policy {policy}");
+    let unkeyed_out = out
+        .iter()
+        .filter(|r| {
+            r.key.is_none()
+                || r.key
+                    .as_ref()
+                    .is_some_and(|k| k.is_empty() || k.len() > 1024)
+        })
+        .count();
+    assert_eq!(
+        unkeyed_out,
+        if policy == "forward" { unkeyed } else { 0 },
+        "policy {policy}"
+    );
     let dead = consume_all(&dlq.name, true);
-    assert_eq!(dead.len(), if policy == "dead-letter" { unkeyed } else { 0 }, "policy {policy}");
+    assert_eq!(
+        dead.len(),
+        if policy == "dead-letter" { unkeyed } else { 0 },
+        "policy {policy}"
+    );
     if policy == "dead-letter" {
         let values: HashSet<_> = dead.iter().map(|r| r.value.clone()).collect();
         assert!(values.contains(&Some(b"2 KiB key 1".to_vec())));
     }
     // Each case is counted with its reason and the policy applied.
-    assert_eq!(metric_value(&page, "dedupe_unkeyed_records_total", &[("policy", policy)]), Some(unkeyed as f64), "{page}");
+    assert_eq!(
+        metric_value(&page, "dedupe_unkeyed_records_total", &[("policy", policy)]),
+        Some(unkeyed as f64),
+        "{page}"
+    );
     let by_reason = |r: &str| metric_value(&page, "dedupe_unkeyed_records_total", &[("reason", r)]);
     assert_eq!(by_reason("missing"), Some(3.0));
     assert_eq!(by_reason("empty"), Some(2.0));
     assert_eq!(by_reason("too_long"), Some(2.0));
     // Keyed records, non-UTF-8 and tombstones included, were deduplicated.
-    assert_eq!(metric_value(&page, "dedupe_duplicates_dropped_total", &[]), Some(3.0));
+    assert_eq!(
+        metric_value(&page, "dedupe_duplicates_dropped_total", &[]),
+        Some(3.0)
+    );
     // The warning names the cause and never the payload.
     let log = worker.log_text();
     assert!(log.contains("no usable message id"), "{log}");
@@ -395,16 +644,30 @@ fn aborted_transactions_are_retried_without_loss() {
     let refs: Vec<&String> = all.iter().chain(&all[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
     // The first two transactions fail before anything is produced, and are aborted.
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("FAILPOINTS", "output-before-produce=2*return->off");
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 200, Duration::from_secs(60));
     let page = worker.metrics().unwrap();
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
-    assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), Some(2.0), "{page}");
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_transactions_total",
+            &[("outcome", "aborted")]
+        ),
+        Some(2.0),
+        "{page}"
+    );
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -417,7 +680,11 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     let output = TestTopic::create("qfull-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("dedupe.toml");
-    std::fs::write(&config, "[kafka.properties]\n\"queue.buffering.max.messages\" = \"16\"\n").unwrap();
+    std::fs::write(
+        &config,
+        "[kafka.properties]\n\"queue.buffering.max.messages\" = \"16\"\n",
+    )
+    .unwrap();
     let all = ids(1500);
     let refs: Vec<&String> = all.iter().chain(&all[..150]).collect();
     produce_full(&input.name, &keyed(&refs));
@@ -427,10 +694,26 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, all.len(), Duration::from_secs(90));
     let page = worker.metrics().unwrap();
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     let waits = metric_value(&page, "dedupe_output_queue_full_waits_total", &[]).unwrap_or(0.0);
-    assert!(waits > 0.0, "no record waited for room, so the queue was never full:\n{page}");
-    assert_eq!(metric_value(&page, "dedupe_transactions_total", &[("outcome", "aborted")]), None, "{page}");
+    assert!(
+        waits > 0.0,
+        "no record waited for room, so the queue was never full:\n{page}"
+    );
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_transactions_total",
+            &[("outcome", "aborted")]
+        ),
+        None,
+        "{page}"
+    );
     assert_eq!(consume_all(&output.name, true).len(), all.len());
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
@@ -445,8 +728,14 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
     let output = TestTopic::create("retake-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let first = ids(50);
-    produce_full_to(&input.name, Some(0), &keyed(&first.iter().collect::<Vec<_>>()));
-    let mut spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger")).env("FAILPOINTS", "output-before-produce=6*return->off");
+    produce_full_to(
+        &input.name,
+        Some(0),
+        &keyed(&first.iter().collect::<Vec<_>>()),
+    );
+    let mut spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("FAILPOINTS", "output-before-produce=6*return->off");
     spec.partitions = Some("0,1".into());
     let mut worker = spec.start();
     wait_for_records(&output.name, first.len(), Duration::from_secs(90));
@@ -454,14 +743,46 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
     let second = ids(100);
     let refs: Vec<&String> = second.iter().chain(&first[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
-    wait_for_records(&output.name, first.len() + second.len(), Duration::from_secs(60));
+    wait_for_records(
+        &output.name,
+        first.len() + second.len(),
+        Duration::from_secs(60),
+    );
     let page = worker.metrics().unwrap();
-    let retakes = |reason| metric_value(&page, "dedupe_partition_retakes_total", &[("partition", "0"), ("reason", reason)]);
-    assert_eq!(retakes("failed"), Some(1.0), "partition 0 taken over again once:\n{page}");
-    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[("partition", "1")]), None, "partition 1 left alone:\n{page}");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    let retakes = |reason| {
+        metric_value(
+            &page,
+            "dedupe_partition_retakes_total",
+            &[("partition", "0"), ("reason", reason)],
+        )
+    };
+    assert_eq!(
+        retakes("failed"),
+        Some(1.0),
+        "partition 0 taken over again once:\n{page}"
+    );
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_partition_retakes_total",
+            &[("partition", "1")]
+        ),
+        None,
+        "partition 1 left alone:\n{page}"
+    );
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     let out = consume_all(&output.name, true);
-    assert_eq!(out.len(), first.len() + second.len(), "{}", worker.log_text());
+    assert_eq!(
+        out.len(),
+        first.len() + second.len(),
+        "{}",
+        worker.log_text()
+    );
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -478,29 +799,75 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let first = ids(30);
     produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
-    let mut worker = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"))
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_TRANSACTION_TIMEOUT_MS", "20000")
         .env("FAILPOINTS", "output-commit-hangs=1*sleep(30000)->off")
         .start();
     wait_for_records(&output.name, first.len(), Duration::from_secs(90));
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !worker.log_text().contains("A partition pipeline that was replaced ended") {
-        assert!(Instant::now() < deadline, "the hung pipeline's late end never came:\n{}", worker.log_text());
+    while !worker
+        .log_text()
+        .contains("A partition pipeline that was replaced ended")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the hung pipeline's late end never came:\n{}",
+            worker.log_text()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let second = ids(40);
     let refs: Vec<&String> = second.iter().chain(&first[..10]).collect();
     produce_full(&input.name, &keyed(&refs));
-    wait_for_records(&output.name, first.len() + second.len(), Duration::from_secs(60));
+    wait_for_records(
+        &output.name,
+        first.len() + second.len(),
+        Duration::from_secs(60),
+    );
     let page = worker.metrics().unwrap();
-    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[("reason", "hung")]), Some(1.0), "{page}");
-    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "stuck")]), Some(1.0), "{page}");
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_partition_retakes_total",
+            &[("reason", "hung")]
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        metric_value(&page, "dedupe_errors_total", &[("kind", "stuck")]),
+        Some(1.0),
+        "{page}"
+    );
     // The late end was the replaced pipeline's: nothing of this worker was fenced, and the new
     // pipeline was left alone.
-    assert_eq!(metric_value(&page, "dedupe_errors_total", &[("kind", "fenced")]), None, "{page}");
-    assert_eq!(metric_value(&page, "dedupe_partition_retakes_total", &[("reason", "fenced")]), None, "{page}");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
-    assert_eq!(consume_all(&output.name, true).len(), first.len() + second.len(), "{}", worker.log_text());
+    assert_eq!(
+        metric_value(&page, "dedupe_errors_total", &[("kind", "fenced")]),
+        None,
+        "{page}"
+    );
+    assert_eq!(
+        metric_value(
+            &page,
+            "dedupe_partition_retakes_total",
+            &[("reason", "fenced")]
+        ),
+        None,
+        "{page}"
+    );
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
+    assert_eq!(
+        consume_all(&output.name, true).len(),
+        first.len() + second.len(),
+        "{}",
+        worker.log_text()
+    );
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -512,8 +879,16 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let spec_a = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger-a"));
     // Same group, same partition, another ledger: a copy of the worker left running elsewhere.
-    let group = spec_a.env.iter().find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID").unwrap().1.clone();
-    let spec_b = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger-b")).env("DEDUPE_WORKER_GROUP_ID", &group);
+    let group = spec_a
+        .env
+        .iter()
+        .find(|(k, _)| k == "DEDUPE_WORKER_GROUP_ID")
+        .unwrap()
+        .1
+        .clone();
+    let spec_b = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger-b"))
+        .env("DEDUPE_WORKER_GROUP_ID", &group);
 
     let mut a = spec_a.start();
     a.wait_ready(Duration::from_secs(60));
@@ -544,13 +919,24 @@ fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
     // producer's transactions commit, so every id is published once.
     let distinct = feeder.join().unwrap();
     wait_for_records(&output.name, distinct, Duration::from_secs(90));
-    let codes = [a.terminate(Duration::from_secs(30)), b.terminate(Duration::from_secs(30))];
+    let codes = [
+        a.terminate(Duration::from_secs(30)),
+        b.terminate(Duration::from_secs(30)),
+    ];
     eprintln!("zombie: exit codes {codes:?}");
     let logs = [a.log_text(), b.log_text()];
-    assert!(logs[0].contains("fenced"), "the first worker was fenced:\n{}", logs[0]);
+    assert!(
+        logs[0].contains("fenced"),
+        "the first worker was fenced:\n{}",
+        logs[0]
+    );
     for (code, log) in codes.iter().zip(&logs) {
         assert!(matches!(code, Some(0) | Some(3)), "exit {code:?}:\n{log}");
-        assert_eq!(*code == Some(3), log.contains("Fenced again soon after a fence"), "{log}");
+        assert_eq!(
+            *code == Some(3),
+            log.contains("Fenced again soon after a fence"),
+            "{log}"
+        );
     }
     let out = consume_all(&output.name, true);
     let keys: HashSet<_> = out.iter().map(|r| r.key.clone()).collect();
@@ -564,10 +950,18 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
     let input = TestTopic::create("refuse-in", 4);
     let output = TestTopic::create("refuse-out", 2);
     let dir = tempfile::tempdir().unwrap();
-    let mut w = DEDUPE.worker(&input.name, &output.name, &dir.path().join("l")).start();
+    let mut w = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("l"))
+        .start();
     assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
-    assert!(w.log_text().contains("needs at least 4"), "{}", w.log_text());
-    let mut w = DEDUPE.worker(&input.name, "no-such-topic-here", &dir.path().join("l")).start();
+    assert!(
+        w.log_text().contains("needs at least 4"),
+        "{}",
+        w.log_text()
+    );
+    let mut w = DEDUPE
+        .worker(&input.name, "no-such-topic-here", &dir.path().join("l"))
+        .start();
     assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
     assert!(w.log_text().contains("does not exist"), "{}", w.log_text());
 }
@@ -576,49 +970,103 @@ fn missing_topics_and_too_few_output_partitions_are_refused() {
 fn two_pipelines_on_one_input_each_publish_all_of_it_and_never_share_offsets() {
     // One input, two pipelines (two output topics), both with the default consumer group.
     let input = TestTopic::create("pipelines-in", 2);
-    let (out_a, out_b) = (TestTopic::create("pipelines-a", 2), TestTopic::create("pipelines-b", 2));
+    let (out_a, out_b) = (
+        TestTopic::create("pipelines-a", 2),
+        TestTopic::create("pipelines-b", 2),
+    );
     let dir = tempfile::tempdir().unwrap();
     let all = ids(300);
     produce_full(&input.name, &keyed(&all[..200].iter().collect::<Vec<_>>()));
-    let a = DEDUPE.worker(&input.name, &out_a.name, &dir.path().join("a")).without("DEDUPE_WORKER_GROUP_ID");
-    let b = DEDUPE.worker(&input.name, &out_b.name, &dir.path().join("b")).without("DEDUPE_WORKER_GROUP_ID");
+    let a = DEDUPE
+        .worker(&input.name, &out_a.name, &dir.path().join("a"))
+        .without("DEDUPE_WORKER_GROUP_ID");
+    let b = DEDUPE
+        .worker(&input.name, &out_b.name, &dir.path().join("b"))
+        .without("DEDUPE_WORKER_GROUP_ID");
     // The first pipeline reads the input and stops; the second, started after it on an empty
     // ledger, still publishes the whole input, not only what arrives after it.
     let mut worker = a.start();
     wait_for_records(&out_a.name, 200, Duration::from_secs(90));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     let mut worker = b.start();
     wait_for_records(&out_b.name, 200, Duration::from_secs(90));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0), "{}", worker.log_text());
+    assert_eq!(
+        worker.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        worker.log_text()
+    );
     // More input; both run side by side and each resumes at its own position.
     produce_full(&input.name, &keyed(&all[200..].iter().collect::<Vec<_>>()));
     let (mut wa, mut wb) = (a.start(), b.start());
     wait_for_records(&out_a.name, 300, Duration::from_secs(90));
     wait_for_records(&out_b.name, 300, Duration::from_secs(90));
-    assert_eq!(wa.terminate(Duration::from_secs(30)), Some(0), "{}", wa.log_text());
-    assert_eq!(wb.terminate(Duration::from_secs(30)), Some(0), "{}", wb.log_text());
+    assert_eq!(
+        wa.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        wa.log_text()
+    );
+    assert_eq!(
+        wb.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        wb.log_text()
+    );
     for out in [&out_a, &out_b] {
         let (code, summary) = DEDUPE.verify(&input.name, &out.name);
         assert_eq!(code, 0, "{}: {summary}", out.name);
-        assert_eq!((summary["input_ids_missing_from_output"].as_u64(), summary["distinct_input_ids"].as_u64()), (Some(0), Some(300)), "{summary}");
+        assert_eq!(
+            (
+                summary["input_ids_missing_from_output"].as_u64(),
+                summary["distinct_input_ids"].as_u64()
+            ),
+            (Some(0), Some(300)),
+            "{summary}"
+        );
     }
 
     // A third pipeline told to use the first one's group is refused, naming the conflict.
     let out_c = TestTopic::create("pipelines-c", 2);
     let group_a = format!("dedupe.{}", out_a.name);
-    let mut c = DEDUPE.worker(&input.name, &out_c.name, &dir.path().join("c")).env("DEDUPE_WORKER_GROUP_ID", &group_a).start();
+    let mut c = DEDUPE
+        .worker(&input.name, &out_c.name, &dir.path().join("c"))
+        .env("DEDUPE_WORKER_GROUP_ID", &group_a)
+        .start();
     assert_eq!(c.wait(Duration::from_secs(60)), Some(2), "{}", c.log_text());
     let log = c.log_text();
-    assert!(log.contains(&format!("consumer group `{group_a}`")) && log.contains(&format!("`{}`", out_a.name)) && log.contains("worker.group_id"), "{log}");
-    assert!(consume_all(&out_c.name, true).is_empty(), "the refused pipeline published");
+    assert!(
+        log.contains(&format!("consumer group `{group_a}`"))
+            && log.contains(&format!("`{}`", out_a.name))
+            && log.contains("worker.group_id"),
+        "{log}"
+    );
+    assert!(
+        consume_all(&out_c.name, true).is_empty(),
+        "the refused pipeline published"
+    );
 }
 
 #[test]
 fn an_unreachable_broker_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port(); // nothing listens there
-    let out = DEDUPE.command()
-        .args(["run", "--brokers", &format!("127.0.0.1:{port}"), "--input-topic", "i", "--output-topic", "o"])
+    let out = DEDUPE
+        .command()
+        .args([
+            "run",
+            "--brokers",
+            &format!("127.0.0.1:{port}"),
+            "--input-topic",
+            "i",
+            "--output-topic",
+            "o",
+        ])
         .arg("--data-dir")
         .arg(dir.path().join("ledger"))
         .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
@@ -626,7 +1074,10 @@ fn an_unreachable_broker_is_a_clear_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "the error names the broker: {stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}")),
+        "the error names the broker: {stderr}"
+    );
     // Nothing was created before the broker answered.
     assert!(!dir.path().join("ledger").exists());
 }
@@ -646,14 +1097,23 @@ fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
     assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
     // ...then its CURRENT file is overwritten with garbage.
     std::fs::write(ledger.join("CURRENT"), b"garbage\n").unwrap();
-    let files_before: Vec<_> = std::fs::read_dir(&ledger).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let files_before: Vec<_> = std::fs::read_dir(&ledger)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     let mut w = spec.start();
     assert_eq!(w.wait(Duration::from_secs(60)), Some(2));
     let log = w.log_text();
-    assert!(log.contains("opening the ledger") && log.contains(ledger.to_str().unwrap()), "{log}");
+    assert!(
+        log.contains("opening the ledger") && log.contains(ledger.to_str().unwrap()),
+        "{log}"
+    );
     // The directory was neither deleted nor recreated.
     assert_eq!(std::fs::read(ledger.join("CURRENT")).unwrap(), b"garbage\n");
-    let files_after: Vec<_> = std::fs::read_dir(&ledger).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let files_after: Vec<_> = std::fs::read_dir(&ledger)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(files_before, files_after);
 }
 
@@ -675,7 +1135,9 @@ impl SmallDisk {
             "the full-disk test mounts a small tmpfs and needs root: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Self { path: path.to_path_buf() }
+        Self {
+            path: path.to_path_buf(),
+        }
     }
 
     fn grow(&self, size: &str) {
@@ -684,13 +1146,20 @@ impl SmallDisk {
             .arg(&self.path)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.path)
+            .status();
     }
 }
 
@@ -700,15 +1169,27 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let output = TestTopic::create("diskfull-out", 2);
     let dir = tempfile::tempdir().unwrap();
     let disk = SmallDisk::mount(&dir.path().join("disk"), "12m");
-    let summary = DEDUPE.command()
-        .args(["loadgen", "--brokers", &brokers(), "--topic", &input.name, "--count", "600000", "--dup-ratio", "0.02"])
+    let summary = DEDUPE
+        .command()
+        .args([
+            "loadgen",
+            "--brokers",
+            &brokers(),
+            "--topic",
+            &input.name,
+            "--count",
+            "600000",
+            "--dup-ratio",
+            "0.02",
+        ])
         .args(["--value-bytes", "100"])
         .output()
         .unwrap();
     assert!(summary.status.success());
     let summary: serde_json::Value = serde_json::from_slice(&summary.stdout).unwrap();
     let distinct = summary["distinct_ids"].as_u64().unwrap() as usize;
-    let spec = DEDUPE.worker(&input.name, &output.name, &disk.path.join("ledger"))
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &disk.path.join("ledger"))
         .env("DEDUPE_LEDGER_WRITE_BUFFER_BYTES", "4MiB")
         .env("DEDUPE_WORKER_BATCH_MAX_RECORDS", "4096");
 
@@ -718,18 +1199,29 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let code = w.wait(Duration::from_secs(240));
     let log = w.log_text();
     assert_ne!(code, Some(0), "{log}");
-    assert!(log.contains("No space left on device"), "the error names the cause:\n{log}");
+    assert!(
+        log.contains("No space left on device"),
+        "the error names the cause:\n{log}"
+    );
     // Everything published so far is there once.
     let (_, partial) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(partial["duplicate_ids_in_output"], 0, "{partial}");
-    assert!(partial["input_ids_missing_from_output"].as_u64().unwrap() > 0, "the disk filled before the end: {partial}");
+    assert!(
+        partial["input_ids_missing_from_output"].as_u64().unwrap() > 0,
+        "the disk filled before the end: {partial}"
+    );
 
     // With room again, a restart finishes the job: nothing lost, nothing twice.
     disk.grow("512m");
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(120));
     wait_for_records(&output.name, distinct, Duration::from_secs(240));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0), "{}", w.log_text());
+    assert_eq!(
+        w.terminate(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        w.log_text()
+    );
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -748,23 +1240,39 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
 
     // `dedupe ledger stats` reads the stopped worker's ledger: 50 ids, and partition 0's progress.
-    let stats = DEDUPE.command()
+    let stats = DEDUPE
+        .command()
         .args(["ledger", "stats", "--data-dir"])
         .arg(&ledger)
         .output()
         .unwrap();
-    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
+    assert!(
+        stats.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stats.stderr)
+    );
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
     assert_eq!(stats["ids_estimate"], 50, "{stats}");
     assert_eq!(stats["partitions"]["0"]["next_input_offset"], 50, "{stats}");
-    assert!(stats["partitions"]["0"]["next_output_offset"].as_i64().unwrap() >= 50, "{stats}");
+    assert!(
+        stats["partitions"]["0"]["next_output_offset"]
+            .as_i64()
+            .unwrap()
+            >= 50,
+        "{stats}"
+    );
 
     // The output topic is deleted and created again, empty: the ledger now vouches for ids the
     // output does not hold. Starting would drop re-read messages that never reached the output.
     output.recreate();
     let mut w = spec.start();
     assert_eq!(w.wait(Duration::from_secs(60)), Some(1), "{}", w.log_text());
-    assert!(w.log_text().contains("the ledger is ahead of the output topic"), "{}", w.log_text());
+    assert!(
+        w.log_text()
+            .contains("the ledger is ahead of the output topic"),
+        "{}",
+        w.log_text()
+    );
 
     // The operator may choose to trust the ledger: then nothing already recorded is published again.
     let mut accepting = spec.clone();

@@ -11,23 +11,47 @@ use dedupe::config::{Config, IdSource, InputPartitioner};
 /// choose for that key with `partitioner` (librdkafka's own implementations; `murmur2_random` is
 /// the Java client's). `None` for ids read from a header or the value, whose partition follows a
 /// key this command does not see.
-pub fn partition_of_id(source: &IdSource, partitioner: InputPartitioner, id: &[u8], partitions: i32) -> Option<i32> {
+pub fn partition_of_id(
+    source: &IdSource,
+    partitioner: InputPartitioner,
+    id: &[u8],
+    partitions: i32,
+) -> Option<i32> {
     if *source != IdSource::Key || id.is_empty() || partitions <= 0 {
         return None;
     }
     let choose = match partitioner {
-        InputPartitioner::Murmur2Random => rdkafka::bindings::rd_kafka_msg_partitioner_murmur2_random,
-        InputPartitioner::ConsistentRandom => rdkafka::bindings::rd_kafka_msg_partitioner_consistent_random,
+        InputPartitioner::Murmur2Random => {
+            rdkafka::bindings::rd_kafka_msg_partitioner_murmur2_random
+        }
+        InputPartitioner::ConsistentRandom => {
+            rdkafka::bindings::rd_kafka_msg_partitioner_consistent_random
+        }
     };
     // SAFETY: with a key that is not null, these partitioners read `keylen` bytes of `key` and
     // nothing else (the topic and opaque pointers are used only for a null key).
-    let p = unsafe { choose(std::ptr::null(), id.as_ptr().cast(), id.len(), partitions, std::ptr::null_mut(), std::ptr::null_mut()) };
+    let p = unsafe {
+        choose(
+            std::ptr::null(),
+            id.as_ptr().cast(),
+            id.len(),
+            partitions,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
     Some(p)
 }
 
 /// Explains `id` (from the front door's `source`, when given): asks the worker at `addr`; reads
 /// `config.worker.data_dir` when nothing listens there.
-pub fn explain(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Option<i64>, addr: std::net::SocketAddr) -> anyhow::Result<dedupe::explain::Answer> {
+pub fn explain(
+    config: &Config,
+    id: &str,
+    source: Option<&str>,
+    sent_at_ms: Option<i64>,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<dedupe::explain::Answer> {
     let mut url = format!("http://{addr}/admin/ids/{}", urlencode(id));
     let mut query = Vec::new();
     if let Some(ms) = sent_at_ms {
@@ -40,7 +64,10 @@ pub fn explain(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Opti
         url.push('?');
         url.push_str(&query.join("&"));
     }
-    let mut request = ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build().get(&url);
+    let mut request = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .get(&url);
     if let Some(token) = &config.metrics.admin_token {
         request = request.set("Authorization", &format!("Bearer {}", token.expose()));
     }
@@ -48,23 +75,43 @@ pub fn explain(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Opti
         Ok(response) => Ok(serde_json::from_reader(response.into_reader())?),
         Err(ureq::Error::Status(status, response)) => {
             let body = response.into_string().unwrap_or_default();
-            anyhow::bail!("the worker at {addr} could not explain the id ({status}): {}", body.trim())
+            anyhow::bail!(
+                "the worker at {addr} could not explain the id ({status}): {}",
+                body.trim()
+            )
         }
-        Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => offline(config, id, source, sent_at_ms),
+        Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => {
+            offline(config, id, source, sent_at_ms)
+        }
         Err(ureq::Error::Transport(t)) => anyhow::bail!("asking the worker at {addr}: {t}"),
     }
 }
 
 /// A stopped worker's ledger, opened as `dedupe ledger stats` opens it. Which partition the id
 /// belongs to and whether this worker owned it are not known here.
-fn offline(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Option<i64>) -> anyhow::Result<dedupe::explain::Answer> {
+fn offline(
+    config: &Config,
+    id: &str,
+    source: Option<&str>,
+    sent_at_ms: Option<i64>,
+) -> anyhow::Result<dedupe::explain::Answer> {
     let path = &config.worker.data_dir;
     if !path.join("CURRENT").exists() {
-        anyhow::bail!("no worker answers on metrics.addr and there is no ledger at {}", path.display());
+        anyhow::bail!(
+            "no worker answers on metrics.addr and there is no ledger at {}",
+            path.display()
+        );
     }
     let ledger = dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
         .with_context(|| format!("no worker answers on metrics.addr; opening the ledger at {} (is a worker running on it?)", path.display()))?;
-    let q = dedupe::explain::Question { id, source, partition: None, owned: None, sent_at_ms, now_ms: dedupe::recovery::now_ms() };
+    let q = dedupe::explain::Question {
+        id,
+        source,
+        partition: None,
+        owned: None,
+        sent_at_ms,
+        now_ms: dedupe::recovery::now_ms(),
+    };
     let answer = dedupe::explain::explain(&ledger, &q)?;
     ledger.close()?;
     Ok(answer)
@@ -73,7 +120,13 @@ fn offline(config: &Config, id: &str, source: Option<&str>, sent_at_ms: Option<i
 /// Percent-encodes an id for a URL path segment (ids are any bytes up to 1 KiB).
 fn urlencode(id: &str) -> String {
     id.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 

@@ -16,14 +16,14 @@
 pub mod actors {
     //! The worker's actors and the events they emit.
     pub mod consumer;
-    pub mod partition_metrics;
     pub mod coordinator;
     pub mod events;
+    pub mod handover;
     pub mod ledger;
+    pub mod membership;
+    pub mod partition_metrics;
     pub mod producer;
     pub mod snapshots;
-    pub mod membership;
-    pub mod handover;
 }
 pub mod bench {
     //! Benches that run the real worker.

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use dedupe::config::Config;
-use dedupe_actors::cli::{
-    BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, HandoffBenchArgs, IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs,
-    OpenBenchArgs, PipelineBenchArgs, RunArgs, VerifyArgs,
-};
 use dedupe_actors::actors::coordinator::RunOptions;
 use dedupe_actors::cli::tools;
+use dedupe_actors::cli::{
+    BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, HandoffBenchArgs,
+    IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs, OpenBenchArgs, PipelineBenchArgs,
+    RunArgs, VerifyArgs,
+};
 use dedupe_actors::http::{ingest, telemetry};
 use dedupe_actors::run;
 
@@ -25,7 +26,9 @@ fn main() -> ExitCode {
     // Crash tests name failpoints in FAILPOINTS; without the `failpoints` feature this does nothing.
     let _failpoints = fail::FailScenario::setup();
     match Cli::parse().command {
-        Command::Config(ConfigCommand::Check(args)) => with_config(&args, |config| Ok(config.to_toml())),
+        Command::Config(ConfigCommand::Check(args)) => {
+            with_config(&args, |config| Ok(config.to_toml()))
+        }
         Command::Run(args) => run_worker(&args),
         Command::Ingest(args) => serve_ingest(&args),
         Command::Verify(args) => verify(&args),
@@ -33,11 +36,21 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain(&args),
         Command::Ledger(command) => ledger(&command),
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
-        Command::Bench(BenchCommand::Handoff(args)) => with_config(&args.config, |config| bench_handoff(&args, &config)),
-        Command::Bench(BenchCommand::Pipeline(args)) => with_config(&args.config, |config| bench_pipeline(&args, &config)),
-        Command::Bench(BenchCommand::Open(args)) => with_config(&args.config, |config| bench_open(&args, &config)),
+        Command::Bench(BenchCommand::Handoff(args)) => {
+            with_config(&args.config, |config| bench_handoff(&args, &config))
+        }
+        Command::Bench(BenchCommand::Pipeline(args)) => {
+            with_config(&args.config, |config| bench_pipeline(&args, &config))
+        }
+        Command::Bench(BenchCommand::Open(args)) => {
+            with_config(&args.config, |config| bench_open(&args, &config))
+        }
         Command::Bench(BenchCommand::Latency(args)) => with_config(&args.config, |config| {
-            let result = dedupe_actors::bench::latency::run(&config, &config.worker.output_topic, Duration::from_secs(args.seconds))?;
+            let result = dedupe_actors::bench::latency::run(
+                &config,
+                &config.worker.output_topic,
+                Duration::from_secs(args.seconds),
+            )?;
             Ok(serde_json::to_string(&result)?)
         }),
     }
@@ -50,7 +63,10 @@ fn run_worker(args: &RunArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     telemetry::init_tracing(&config.log);
-    let options = RunOptions { accept_ledger_ahead: args.accept_ledger_ahead, passthrough: args.passthrough };
+    let options = RunOptions {
+        accept_ledger_ahead: args.accept_ledger_ahead,
+        passthrough: args.passthrough,
+    };
     match run::run(config, options) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => fail(format!("{e:#}")),
@@ -121,8 +137,18 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     with_config(&args.config, |config| {
-        let answer = dedupe_actors::explain::explain(&config, &args.id, args.source.as_deref(), sent_at_ms, config.metrics.addr)?;
-        Ok(format!("{}\n{}", serde_json::to_string(&answer)?, answer.sentence))
+        let answer = dedupe_actors::explain::explain(
+            &config,
+            &args.id,
+            args.source.as_deref(),
+            sent_at_ms,
+            config.metrics.addr,
+        )?;
+        Ok(format!(
+            "{}\n{}",
+            serde_json::to_string(&answer)?,
+            answer.sentence
+        ))
     })
 }
 
@@ -160,7 +186,13 @@ fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
 fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let result = dedupe_actors::bench::handoff::run(config, args.ids, Duration::from_secs(args.span_secs), args.value_bytes, &dir)?;
+    let result = dedupe_actors::bench::handoff::run(
+        config,
+        args.ids,
+        Duration::from_secs(args.span_secs),
+        args.value_bytes,
+        &dir,
+    )?;
     let mut out = String::new();
     if !args.json {
         out.push_str(&format!(
@@ -176,7 +208,8 @@ fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<Str
 fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let reports = dedupe::bench::sizes::run(&dedupe_actors::run::ledger_options(config), &args.ids, &dir)?;
+    let reports =
+        dedupe::bench::sizes::run(&dedupe_actors::run::ledger_options(config), &args.ids, &dir)?;
     let mut out = String::new();
     if !args.json {
         for r in &reports {
@@ -193,7 +226,9 @@ fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
             ));
         }
     }
-    out.push_str(&serde_json::to_string(&serde_json::json!({ "sizes": reports }))?);
+    out.push_str(&serde_json::to_string(
+        &serde_json::json!({ "sizes": reports }),
+    )?);
     Ok(out)
 }
 
@@ -201,7 +236,13 @@ fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
 fn bench_pipeline(args: &PipelineBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let result = dedupe_actors::bench::pipeline::run(config, args.messages, args.dup_ratio, args.value_bytes, &dir)?;
+    let result = dedupe_actors::bench::pipeline::run(
+        config,
+        args.messages,
+        args.dup_ratio,
+        args.value_bytes,
+        &dir,
+    )?;
     let mut out = String::new();
     if !args.json {
         out.push_str(&format!(

@@ -53,11 +53,17 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<(Vec<i32>, usize)> {
             }
             set.0.clone()
         }
-        (None, Some(i), Some(n)) => all.into_iter().filter(|p| u32::try_from(*p).is_ok_and(|p| p % n == i)).collect(),
+        (None, Some(i), Some(n)) => all
+            .into_iter()
+            .filter(|p| u32::try_from(*p).is_ok_and(|p| p % n == i))
+            .collect(),
         _ => all,
     };
     if owned.is_empty() {
-        bail!("this worker owns no partition of {} ({input} partitions)", w.input_topic);
+        bail!(
+            "this worker owns no partition of {} ({input} partitions)",
+            w.input_topic
+        );
     }
     Ok((owned, input))
 }
@@ -66,15 +72,27 @@ pub fn owned_partitions(config: &Config) -> anyhow::Result<(Vec<i32>, usize)> {
 fn check_topics(config: &Config) -> anyhow::Result<Vec<i32>> {
     let w = &config.worker;
     let t = Duration::from_secs(15);
-    let input = dedupe::kafka::partition_count(&config.kafka, &w.input_topic, t)
-        .with_context(|| format!("reading metadata of {} from {}", w.input_topic, config.kafka.brokers))?;
+    let input =
+        dedupe::kafka::partition_count(&config.kafka, &w.input_topic, t).with_context(|| {
+            format!(
+                "reading metadata of {} from {}",
+                w.input_topic, config.kafka.brokers
+            )
+        })?;
     let Some(input) = input else {
-        bail!("the input topic {} does not exist on {}; create it (partitioned by message id)", w.input_topic, config.kafka.brokers)
+        bail!(
+            "the input topic {} does not exist on {}; create it (partitioned by message id)",
+            w.input_topic,
+            config.kafka.brokers
+        )
     };
     let output = dedupe::kafka::partition_count(&config.kafka, &w.output_topic, t)
         .with_context(|| format!("reading metadata of {}", w.output_topic))?;
     let Some(output) = output else {
-        bail!("the output topic {} does not exist; create it with at least {input} partitions", w.output_topic)
+        bail!(
+            "the output topic {} does not exist; create it with at least {input} partitions",
+            w.output_topic
+        )
     };
     if output < input {
         bail!(
@@ -91,8 +109,14 @@ fn check_topics(config: &Config) -> anyhow::Result<Vec<i32>> {
 fn check_group(config: &Config, partitions: &[i32]) -> anyhow::Result<()> {
     let w = &config.worker;
     let group = w.group_id();
-    let committed = dedupe::output::owner::committed_metadata(&config.kafka, &group, &w.input_topic, partitions, Duration::from_secs(30))
-        .with_context(|| format!("reading the committed offsets of consumer group {group}"))?;
+    let committed = dedupe::output::owner::committed_metadata(
+        &config.kafka,
+        &group,
+        &w.input_topic,
+        partitions,
+        Duration::from_secs(30),
+    )
+    .with_context(|| format!("reading the committed offsets of consumer group {group}"))?;
     dedupe::output::owner::check_owner(&group, &w.input_topic, &w.output_topic, &committed)?;
     Ok(())
 }
@@ -109,14 +133,27 @@ struct OwnTopic<'a> {
 /// Makes sure `topic` has at least `partitions` partitions (its records go to the input
 /// partition's number); creates it when it is missing, with its retention and `cleanup.policy =
 /// delete` (`if_not_created` completes the error then). True when it existed before.
-fn ensure_own_topic(config: &Config, topic: &OwnTopic<'_>, partitions: usize, if_not_created: &str) -> anyhow::Result<bool> {
-    let OwnTopic { key, what, name, retention_secs } = *topic;
+fn ensure_own_topic(
+    config: &Config,
+    topic: &OwnTopic<'_>,
+    partitions: usize,
+    if_not_created: &str,
+) -> anyhow::Result<bool> {
+    let OwnTopic {
+        key,
+        what,
+        name,
+        retention_secs,
+    } = *topic;
     let existing = dedupe::kafka::partition_count(&config.kafka, name, Duration::from_secs(15))
         .with_context(|| format!("{key}: reading metadata of {name}"))?;
     match existing {
         None => {
             let retention_ms = (retention_secs * 1000).to_string();
-            let configs = [("cleanup.policy", "delete"), ("retention.ms", retention_ms.as_str())];
+            let configs = [
+                ("cleanup.policy", "delete"),
+                ("retention.ms", retention_ms.as_str()),
+            ];
             futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, name, partitions as i32, -1, &configs))
                 .with_context(|| format!("{key}: {what} {name} does not exist and could not be created; create it with {partitions} partitions{if_not_created}"))?;
             tracing::info!(topic = %name, partitions, retention_secs, "Created {what} topic.");
@@ -135,13 +172,21 @@ fn ensure_own_topic(config: &Config, topic: &OwnTopic<'_>, partitions: usize, if
 fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
     let w = &config.worker;
     let name = w.changelog_topic();
-    let topic = OwnTopic { key: "worker.changelog_topic", what: "the id changelog", name: &name, retention_secs: w.changelog_retention_secs };
+    let topic = OwnTopic {
+        key: "worker.changelog_topic",
+        what: "the id changelog",
+        name: &name,
+        retention_secs: w.changelog_retention_secs,
+    };
     let if_not_created = format!(" and retention.ms >= {} s", w.promised_window_secs);
     if !ensure_own_topic(config, &topic, input_partitions, &if_not_created)? {
         return Ok(());
     }
-    let retention = futures::executor::block_on(dedupe::kafka::topic_retention_ms(&config.kafka, &name))
-        .with_context(|| format!("worker.changelog_topic: reading the configuration of {name}"))?;
+    let retention =
+        futures::executor::block_on(dedupe::kafka::topic_retention_ms(&config.kafka, &name))
+            .with_context(|| {
+                format!("worker.changelog_topic: reading the configuration of {name}")
+            })?;
     if let Some(ms) = retention.filter(|&ms| ms >= 0) {
         if (ms as u64) < w.promised_window_secs * 1000 {
             bail!(
@@ -158,9 +203,21 @@ fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<
 /// creates it (with `worker.audit_retention_secs`) when it is missing.
 fn ensure_audit(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
     let w = &config.worker;
-    let Some(name) = w.audit_topic() else { return Ok(()) };
-    let topic = OwnTopic { key: "worker.audit_topic", what: "the duplicate audit", name: &name, retention_secs: w.audit_retention_secs };
-    ensure_own_topic(config, &topic, input_partitions, ", or set worker.audit_topic = \"\" to turn the audit off")?;
+    let Some(name) = w.audit_topic() else {
+        return Ok(());
+    };
+    let topic = OwnTopic {
+        key: "worker.audit_topic",
+        what: "the duplicate audit",
+        name: &name,
+        retention_secs: w.audit_retention_secs,
+    };
+    ensure_own_topic(
+        config,
+        &topic,
+        input_partitions,
+        ", or set worker.audit_topic = \"\" to turn the audit off",
+    )?;
     Ok(())
 }
 
@@ -185,7 +242,8 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let (partitions, input_partitions) = owned_partitions(&config)?;
     let path = config.worker.data_dir.clone();
     std::fs::create_dir_all(&path).map_err(|e| data_dir_error(&path, e))?;
-    let ledger = Arc::new(Ledger::open(&path, ledger_options(&config)).context("opening the ledger")?);
+    let ledger =
+        Arc::new(Ledger::open(&path, ledger_options(&config)).context("opening the ledger")?);
     tracing::info!(
         ledger = %path.display(),
         partitions = %dedupe::config::PartitionSet(partitions.clone()),
@@ -201,7 +259,15 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let code = system.block_on(async move {
         let health = Arc::new(Health::default());
         let ledger_addr = SyncArbiter::start(2, move || LedgerActor::new(db.clone()));
-        let coordinator = Coordinator::new(config.clone(), partitions, ledger_addr, store, health.clone(), options).start();
+        let coordinator = Coordinator::new(
+            config.clone(),
+            partitions,
+            ledger_addr,
+            store,
+            health.clone(),
+            options,
+        )
+        .start();
         let targets = crate::http::telemetry::AdminTargets {
             coordinator: coordinator.clone(),
             ledger: admin_ledger,
@@ -209,15 +275,22 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
             partitioner: config.worker.input_partitioner,
             input_partitions: input_partitions as i32,
         };
-        let server = crate::http::telemetry::serve(config.metrics.addr, config.metrics.admin_token.clone(), handle, health, targets)?;
+        let server = crate::http::telemetry::serve(
+            config.metrics.addr,
+            config.metrics.admin_token.clone(),
+            handle,
+            health,
+            targets,
+        )?;
         let server_handle = server.handle();
         actix_rt::spawn(server);
         tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");
         actix_rt::spawn(async move {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return,
-            };
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}

@@ -11,8 +11,17 @@ fn ingest_subcommand_has_its_flags() {
     let out = dedupe().args(["ingest", "--help"]).output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--config", "--listen", "--brokers", "--topic", "--write-keys-file"] {
-        assert!(help.contains(flag), "`dedupe ingest --help` lacks {flag}:\n{help}");
+    for flag in [
+        "--config",
+        "--listen",
+        "--brokers",
+        "--topic",
+        "--write-keys-file",
+    ] {
+        assert!(
+            help.contains(flag),
+            "`dedupe ingest --help` lacks {flag}:\n{help}"
+        );
     }
 }
 
@@ -44,23 +53,44 @@ fn config_check_never_prints_secret_kafka_properties() {
         .env("DEDUPE_KAFKA_SASL_PASSWORD", "env-passw0rd")
         .output()
         .unwrap();
-    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "{all}");
     for secret in ["hunter2", "k3y-pass", "adm1n-t0ken", "env-passw0rd"] {
-        assert!(!all.contains(secret), "`config check` printed {secret}:\n{all}");
+        assert!(
+            !all.contains(secret),
+            "`config check` printed {secret}:\n{all}"
+        );
     }
-    assert!(all.contains("/etc/ca.pem") && all.contains("<redacted>"), "{all}");
+    assert!(
+        all.contains("/etc/ca.pem") && all.contains("<redacted>"),
+        "{all}"
+    );
 }
 
 #[test]
 fn a_toml_syntax_error_names_the_line_without_echoing_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dedupe.toml");
-    std::fs::write(&path, "[kafka]\nbrokers = \"b:9092\"\n[kafka.properties]\n\"sasl.password\" = \"hunter2\n").unwrap();
-    let out = dedupe().args(["config", "check", "--config"]).arg(&path).output().unwrap();
+    std::fs::write(
+        &path,
+        "[kafka]\nbrokers = \"b:9092\"\n[kafka.properties]\n\"sasl.password\" = \"hunter2\n",
+    )
+    .unwrap();
+    let out = dedupe()
+        .args(["config", "check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(!err.contains("hunter2"), "the syntax error echoed the secret:\n{err}");
+    assert!(
+        !err.contains("hunter2"),
+        "the syntax error echoed the secret:\n{err}"
+    );
     assert!(err.contains("line 4"), "{err}");
 }
 
@@ -73,21 +103,44 @@ fn restore_from_a_mistyped_directory_creates_nothing_and_replaces_nothing() {
     let typo = dir.path().join("snapshots/ledger-00000000000001");
     for force in [false, true] {
         let mut cmd = dedupe();
-        cmd.args(["ledger", "restore", "--from"]).arg(&typo).arg("--data-dir").arg(&data_dir);
+        cmd.args(["ledger", "restore", "--from"])
+            .arg(&typo)
+            .arg("--data-dir")
+            .arg(&data_dir);
         if force {
             cmd.arg("--force");
         }
         let out = cmd.output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "restore from a missing directory succeeded (force {force})");
+        assert!(
+            !out.status.success(),
+            "restore from a missing directory succeeded (force {force})"
+        );
         assert!(err.contains("does not exist"), "{err}");
         assert!(!typo.exists(), "restore created {}", typo.display());
     }
     // An empty directory is no checkpoint either.
     std::fs::create_dir_all(&typo).unwrap();
-    let out = dedupe().args(["ledger", "restore", "--force", "--from"]).arg(&typo).arg("--data-dir").arg(&data_dir).output().unwrap();
+    let out = dedupe()
+        .args(["ledger", "restore", "--force", "--from"])
+        .arg(&typo)
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("is empty"), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read_dir(&typo).unwrap().count(), 0, "restore wrote into the empty directory");
-    assert!(data_dir.exists(), "the ledger directory was moved aside for nothing");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is empty"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_dir(&typo).unwrap().count(),
+        0,
+        "restore wrote into the empty directory"
+    );
+    assert!(
+        data_dir.exists(),
+        "the ledger directory was moved aside for nothing"
+    );
 }

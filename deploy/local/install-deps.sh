@@ -62,6 +62,10 @@ if [ "$tests" = 1 ]; then
   for tool in cargo-nextest cargo-machete; do
     command -v "$tool" >/dev/null || cargo install --locked "$tool"
   done
+  # rustfmt and clippy come with rustup's default profile; a minimal toolchain lacks them.
+  for component in rustfmt clippy; do
+    cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1 || rustup component add "$component"
+  done
 fi
 
 # Segment's JavaScript libraries and the browser driver the tests use (from the npm registry).

@@ -21,6 +21,10 @@ deploy/local/install-deps.sh --tests
 deploy/local/kafka.sh up
 step "setup"
 
+# Formatting first: rustfmt.toml's style, checked in seconds before the long steps.
+cargo fmt --all --check
+step "format"
+
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests
 # (cargo builds the binary, with them, before the integration tests of dedupe-actors that start
 # it). .config/nextest.toml has the test groups and the timing summary.

@@ -273,7 +273,10 @@ struct DiskUse {
 impl DiskUse {
     /// The larger of each figure: what two samples of one directory peaked at.
     fn peak(self, other: Self) -> Self {
-        Self { all: self.all.max(other.all), index_files: self.index_files.max(other.index_files) }
+        Self {
+            all: self.all.max(other.all),
+            index_files: self.index_files.max(other.index_files),
+        }
     }
 }
 
@@ -303,7 +306,13 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     ledger.close()?;
     let close_secs = close.elapsed().as_secs_f64();
     drop(ledger);
-    let reopens = reopen_all(&ledger_dir, &options, root, run.crash_index.as_deref(), stats.index_ids)?;
+    let reopens = reopen_all(
+        &ledger_dir,
+        &options,
+        root,
+        run.crash_index.as_deref(),
+        stats.index_ids,
+    )?;
 
     let ids_per_sec = config.keys as f64 / run.timed.as_secs_f64();
     let (unaged, aged) = match run.aging_started {
@@ -325,7 +334,11 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         (None, None, None)
     } else {
         let (rate, bytes) = run_segment(config, baseline_keys, &root.join("segment"))?;
-        (Some(rate), Some(bytes), Some(run_hashset(config, baseline_keys)))
+        (
+            Some(rate),
+            Some(bytes),
+            Some(run_hashset(config, baseline_keys)),
+        )
     };
     Ok(LedgerBenchReport {
         keys: config.keys,
@@ -344,7 +357,9 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         max_disk_bytes: max_disk.all,
         max_batch_ms: run.slowest.as_secs_f64() * 1e3,
         max_index_file_bytes: max_disk.index_files,
-        disk_limit_bytes: config.budget_bytes.map(|b| b + options.generation_target_bytes() + 2 * stats.index_bytes),
+        disk_limit_bytes: config
+            .budget_bytes
+            .map(|b| b + options.generation_target_bytes() + 2 * stats.index_bytes),
         peak_rss_bytes: peak_rss,
         window_ids: stats.ids_estimate,
         generations: stats.generations,
@@ -371,9 +386,12 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
 fn bench_options(config: &LedgerBenchConfig) -> LedgerOptions {
     LedgerOptions {
         // Without a budget, one large enough never to forget anything in this run.
-        budget_bytes: config
-            .budget_bytes
-            .unwrap_or(config.keys.saturating_mul(UNAGED_BUDGET_BYTES_PER_KEY).max(1 << 30)),
+        budget_bytes: config.budget_bytes.unwrap_or(
+            config
+                .keys
+                .saturating_mul(UNAGED_BUDGET_BYTES_PER_KEY)
+                .max(1 << 30),
+        ),
         generations: config.generations,
         durability: config.durability,
         ..config.ledger.clone()
@@ -398,10 +416,16 @@ struct InsertRun {
 
 /// Inserts the run's ids in batches, timing each call, sampling the directory, and keeping the
 /// index file a checkpoint at 90% of the ids carries.
-fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_dir: &Path) -> Result<InsertRun, BenchError> {
+fn insert_all(
+    config: &LedgerBenchConfig,
+    ledger: &Ledger,
+    root: &Path,
+    ledger_dir: &Path,
+) -> Result<InsertRun, BenchError> {
     let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
     let mut items = Vec::with_capacity(config.batch);
-    let mut digested: Vec<(LedgerKey, i64, Option<ContentDigest>)> = Vec::with_capacity(config.batch);
+    let mut digested: Vec<(LedgerKey, i64, Option<ContentDigest>)> =
+        Vec::with_capacity(config.batch);
     let bar = progress_bar(config, config.keys, "ledger");
     let wall = Instant::now();
     let mut run = InsertRun {
@@ -429,7 +453,11 @@ fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_d
         let verdicts = if config.digests {
             // A digest per id, the same for its re-sent copies (retries).
             digested.clear();
-            digested.extend(items.iter().map(|&(key, t)| (key, t, Some(ContentDigest::of_value(key.as_bytes())))));
+            digested.extend(
+                items
+                    .iter()
+                    .map(|&(key, t)| (key, t, Some(ContentDigest::of_value(key.as_bytes())))),
+            );
             ledger.check_and_record(0, &digested, &progress)?
         } else {
             ledger.check_and_record(0, &items, &progress)?
@@ -438,9 +466,16 @@ fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_d
         run.timed += took;
         run.slowest = run.slowest.max(took);
         if took > SLOW_BATCH {
-            tracing::info!(ids = run.done, took_ms = took.as_millis() as u64, "A batch was slow.");
+            tracing::info!(
+                ids = run.done,
+                took_ms = took.as_millis() as u64,
+                "A batch was slow."
+            );
         }
-        run.duplicates_found += verdicts.iter().filter(|v| matches!(v, Verdict::Duplicate { .. })).count() as u64;
+        run.duplicates_found += verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Duplicate { .. }))
+            .count() as u64;
         run.done += n as u64;
         batches += 1;
         if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
@@ -463,14 +498,24 @@ fn insert_all(config: &LedgerBenchConfig, ledger: &Ledger, root: &Path, ledger_d
 
 /// A snapshot late in the run: it carries the index file stored after the last seal, as a crash
 /// from here on would find it. Keeps that file (returned) and drops the rest. Not timed.
-fn keep_checkpoint_index(ledger: &Ledger, root: &Path, ledger_dir: &Path) -> Result<PathBuf, BenchError> {
+fn keep_checkpoint_index(
+    ledger: &Ledger,
+    root: &Path,
+    ledger_dir: &Path,
+) -> Result<PathBuf, BenchError> {
     let checkpoint_dir = root.join("checkpoint-at-90pct");
     ledger.checkpoint(&checkpoint_dir)?;
     let kept = root.join("index-at-90pct");
     std::fs::hard_link(ledger_dir.join(INDEX_FILE), &kept)
         .or_else(|_| std::fs::copy(ledger_dir.join(INDEX_FILE), &kept).map(|_| ()))
-        .map_err(|source| BenchError::Dir { path: kept.clone(), source })?;
-    std::fs::remove_dir_all(&checkpoint_dir).map_err(|source| BenchError::Dir { path: checkpoint_dir.clone(), source })?;
+        .map_err(|source| BenchError::Dir {
+            path: kept.clone(),
+            source,
+        })?;
+    std::fs::remove_dir_all(&checkpoint_dir).map_err(|source| BenchError::Dir {
+        path: checkpoint_dir.clone(),
+        source,
+    })?;
     Ok(kept)
 }
 
@@ -485,7 +530,13 @@ struct Reopens {
 
 /// Reopens the closed ledger three ways: after the clean close, with the index file a crash late
 /// in the run would find, and with no index file. Each must hold exactly `index_ids` ids.
-fn reopen_all(ledger_dir: &Path, options: &LedgerOptions, root: &Path, crash_index: Option<&Path>, index_ids: u64) -> Result<Reopens, BenchError> {
+fn reopen_all(
+    ledger_dir: &Path,
+    options: &LedgerOptions,
+    root: &Path,
+    crash_index: Option<&Path>,
+    index_ids: u64,
+) -> Result<Reopens, BenchError> {
     let reopen_timed = |what: &str| -> Result<(f64, String), BenchError> {
         let started = Instant::now();
         let reopened = Ledger::open(ledger_dir, options.clone())?;
@@ -494,25 +545,47 @@ fn reopen_all(ledger_dir: &Path, options: &LedgerOptions, root: &Path, crash_ind
         let ids = reopened.stats()?.index_ids;
         reopened.drop_without_closing();
         if ids != index_ids {
-            return Err(BenchError::Wrong(format!("the index reopened {what} holds {ids} ids, not {index_ids}")));
+            return Err(BenchError::Wrong(format!(
+                "the index reopened {what} holds {ids} ids, not {index_ids}"
+            )));
         }
         Ok((secs, source))
     };
     let (clean_secs, clean_index) = reopen_timed("after a clean close")?;
     let index_at_close = root.join("index-at-close");
-    std::fs::rename(ledger_dir.join(INDEX_FILE), &index_at_close).map_err(|source| BenchError::Dir { path: index_at_close.clone(), source })?;
+    std::fs::rename(ledger_dir.join(INDEX_FILE), &index_at_close).map_err(|source| {
+        BenchError::Dir {
+            path: index_at_close.clone(),
+            source,
+        }
+    })?;
     let crash = match crash_index {
         Some(kept) => {
-            std::fs::rename(kept, ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: kept.to_path_buf(), source })?;
+            std::fs::rename(kept, ledger_dir.join(INDEX_FILE)).map_err(|source| {
+                BenchError::Dir {
+                    path: kept.to_path_buf(),
+                    source,
+                }
+            })?;
             let reopened = reopen_timed("as after a crash")?;
-            std::fs::remove_file(ledger_dir.join(INDEX_FILE)).map_err(|source| BenchError::Dir { path: ledger_dir.to_path_buf(), source })?;
+            std::fs::remove_file(ledger_dir.join(INDEX_FILE)).map_err(|source| {
+                BenchError::Dir {
+                    path: ledger_dir.to_path_buf(),
+                    source,
+                }
+            })?;
             Some(reopened)
         }
         None => None,
     };
     let (rebuild_secs, _) = reopen_timed("without an index file")?;
     let _ = std::fs::remove_file(&index_at_close);
-    Ok(Reopens { clean_secs, clean_index, crash, rebuild_secs })
+    Ok(Reopens {
+        clean_secs,
+        clean_index,
+        crash,
+        rebuild_secs,
+    })
 }
 
 fn run_segment(
@@ -582,10 +655,7 @@ mod tests {
         let report = run(&config).unwrap();
         assert!(report.duplicates_expected > 0);
         assert_eq!(report.duplicates_found, report.duplicates_expected);
-        assert_eq!(
-            report.window_ids,
-            config.keys - report.duplicates_expected
-        );
+        assert_eq!(report.window_ids, config.keys - report.duplicates_expected);
         assert!(report.baseline_segment_design_ids_per_sec.is_some());
         // The bench cleans up after itself.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

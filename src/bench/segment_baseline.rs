@@ -92,7 +92,10 @@ impl SegmentLedger {
         let mut total = 0;
         for name in [CF_IDS, CF_INDEX] {
             if let Some(cf) = self.db.cf_handle(name) {
-                for p in ["rocksdb.live-sst-files-size", "rocksdb.cur-size-all-mem-tables"] {
+                for p in [
+                    "rocksdb.live-sst-files-size",
+                    "rocksdb.cur-size-all-mem-tables",
+                ] {
                     total += self.db.property_int_value_cf(cf, p)?.unwrap_or(0);
                 }
             }

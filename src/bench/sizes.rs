@@ -35,8 +35,16 @@ pub struct SizeReport {
 }
 
 /// Runs one size after another in directories under `root`.
-pub fn run(options: &LedgerOptions, sizes: &[u64], root: &Path) -> Result<Vec<SizeReport>, BenchError> {
-    sizes.iter().enumerate().map(|(n, &ids)| one(options, ids, &root.join(format!("size-{n}")))).collect()
+pub fn run(
+    options: &LedgerOptions,
+    sizes: &[u64],
+    root: &Path,
+) -> Result<Vec<SizeReport>, BenchError> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(n, &ids)| one(options, ids, &root.join(format!("size-{n}"))))
+        .collect()
 }
 
 fn one(options: &LedgerOptions, ids: u64, dir: &Path) -> Result<SizeReport, BenchError> {
@@ -87,7 +95,9 @@ fn files(dir: &Path) -> (u64, u64) {
     let mut all = 0;
     let mut index = 0;
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let len = entry.metadata().map_or(0, |m| if m.is_file() { m.len() } else { 0 });
+        let len = entry
+            .metadata()
+            .map_or(0, |m| if m.is_file() { m.len() } else { 0 });
         all += len;
         if entry.file_name() == INDEX_FILE {
             index = len;

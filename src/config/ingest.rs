@@ -106,17 +106,23 @@ impl IngestConfig {
 
     /// `max_keyless_body_reads`, or its default.
     pub fn keyless_body_reads(&self) -> usize {
-        self.max_keyless_body_reads.unwrap_or(self.max_connections / 8).max(1)
+        self.max_keyless_body_reads
+            .unwrap_or(self.max_connections / 8)
+            .max(1)
     }
 
     /// `max_keyless_body_reads_per_client`, or its default.
     pub fn keyless_body_reads_per_client(&self) -> usize {
-        self.max_keyless_body_reads_per_client.unwrap_or(self.keyless_body_reads() / 4).max(1)
+        self.max_keyless_body_reads_per_client
+            .unwrap_or(self.keyless_body_reads() / 4)
+            .max(1)
     }
 
     /// The dead-letter topic: the configured one, or `<topic>.dead-letter`.
     pub fn dead_letter_topic(&self) -> String {
-        self.dead_letter_topic.clone().unwrap_or_else(|| format!("{}.dead-letter", self.topic))
+        self.dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dead-letter", self.topic))
     }
 }
 

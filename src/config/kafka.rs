@@ -107,17 +107,32 @@ impl SecurityProtocol {
 /// never printed.
 pub fn is_secret_property(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    ["password", "secret", "key.pem", "oauthbearer.config", "jaas", "token", "credential"]
-        .iter()
-        .any(|word| name.contains(word))
+    [
+        "password",
+        "secret",
+        "key.pem",
+        "oauthbearer.config",
+        "jaas",
+        "token",
+        "credential",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
 }
 
 /// Writes `properties` with the values of secret properties replaced by `<redacted>`.
-fn serialize_properties<S: Serializer>(properties: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+fn serialize_properties<S: Serializer>(
+    properties: &BTreeMap<String, String>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
     let mut map = s.serialize_map(Some(properties.len()))?;
     for (name, value) in properties {
-        let shown = if is_secret_property(name) { "<redacted>" } else { value.as_str() };
+        let shown = if is_secret_property(name) {
+            "<redacted>"
+        } else {
+            value.as_str()
+        };
         map.serialize_entry(name, shown)?;
     }
     map.end()

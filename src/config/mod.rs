@@ -38,7 +38,10 @@ pub use secret::{Secret, SecretMatcher};
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};
 pub use units::ByteSize;
-pub use worker::{Assignment, DigestSource, IdSource, InputPartitioner, PartitionSet, ReusedIdPolicy, UnkeyedPolicy, WorkerConfig};
+pub use worker::{
+    Assignment, DigestSource, IdSource, InputPartitioner, PartitionSet, ReusedIdPolicy,
+    UnkeyedPolicy, WorkerConfig,
+};
 
 #[cfg(test)]
 mod tests;
@@ -51,7 +54,15 @@ pub const ENV_SASL_PASSWORD: &str = "DEDUPE_KAFKA_SASL_PASSWORD";
 /// from the environment. Without one, they answer loopback clients only.
 pub const ENV_ADMIN_TOKEN: &str = "DEDUPE_ADMIN_TOKEN";
 /// The top-level sections, in the order they are documented.
-pub const SECTIONS: &[&str] = &["kafka", "worker", "ledger", "snapshots", "ingest", "metrics", "log"];
+pub const SECTIONS: &[&str] = &[
+    "kafka",
+    "worker",
+    "ledger",
+    "snapshots",
+    "ingest",
+    "metrics",
+    "log",
+];
 
 /// A whole configuration, as the service runs with it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -137,7 +148,10 @@ pub enum ConfigError {
 
 impl ConfigError {
     fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::Invalid { key: key.into(), message: message.into() }
+        Self::Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -163,10 +177,18 @@ impl Config {
         };
         let secrets = apply_environment(&mut table, env)?;
         reject_secrets_in_file(&table)?;
-        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-            let key = e.path().to_string();
-            ConfigError::invalid(if key == "." { "config".to_string() } else { key }, one_line(&e.inner().to_string()))
-        })?;
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
+                let key = e.path().to_string();
+                ConfigError::invalid(
+                    if key == "." {
+                        "config".to_string()
+                    } else {
+                        key
+                    },
+                    one_line(&e.inner().to_string()),
+                )
+            })?;
         config.kafka.sasl_password = secrets.sasl_password;
         config.metrics.admin_token = secrets.admin_token;
         config.apply(overrides)?;
@@ -186,7 +208,8 @@ impl Config {
 
     /// The effective configuration as TOML, secrets redacted.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+        toml::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
     }
 }
 
@@ -201,7 +224,8 @@ fn apply_worker(w: &mut WorkerConfig, o: &Overrides) -> Result<(), ConfigError> 
         w.data_dir = v.clone();
     }
     if let Some(v) = &o.partitions {
-        w.partitions = Some(PartitionSet::parse(v).map_err(|m| ConfigError::invalid("--partitions", m))?);
+        w.partitions =
+            Some(PartitionSet::parse(v).map_err(|m| ConfigError::invalid("--partitions", m))?);
     }
     if let Some(v) = o.worker_index {
         w.worker_index = Some(v);
@@ -210,7 +234,9 @@ fn apply_worker(w: &mut WorkerConfig, o: &Overrides) -> Result<(), ConfigError> 
         w.worker_count = Some(v);
     }
     if let Some(v) = &o.assignment {
-        w.assignment = v.parse().map_err(|m| ConfigError::invalid("--assignment", m))?;
+        w.assignment = v
+            .parse()
+            .map_err(|m| ConfigError::invalid("--assignment", m))?;
     }
     if let Some(v) = &o.member_id {
         w.member_id = Some(v.clone());
@@ -218,17 +244,26 @@ fn apply_worker(w: &mut WorkerConfig, o: &Overrides) -> Result<(), ConfigError> 
     Ok(())
 }
 
-fn apply_telemetry(metrics: &mut MetricsConfig, log: &mut LogConfig, o: &Overrides) -> Result<(), ConfigError> {
+fn apply_telemetry(
+    metrics: &mut MetricsConfig,
+    log: &mut LogConfig,
+    o: &Overrides,
+) -> Result<(), ConfigError> {
     if let Some(v) = &o.metrics_addr {
-        metrics.addr = v
-            .parse()
-            .map_err(|e| ConfigError::invalid("--metrics-addr", format!("`{v}` is not an address: {e}")))?;
+        metrics.addr = v.parse().map_err(|e| {
+            ConfigError::invalid("--metrics-addr", format!("`{v}` is not an address: {e}"))
+        })?;
     }
     if let Some(v) = &o.log_format {
         log.format = match v.as_str() {
             "human" => LogFormat::Human,
             "json" => LogFormat::Json,
-            other => return Err(ConfigError::invalid("--log-format", format!("`{other}` is not human or json"))),
+            other => {
+                return Err(ConfigError::invalid(
+                    "--log-format",
+                    format!("`{other}` is not human or json"),
+                ))
+            }
         };
     }
     Ok(())
@@ -236,7 +271,9 @@ fn apply_telemetry(metrics: &mut MetricsConfig, log: &mut LogConfig, o: &Overrid
 
 fn apply_ingest(i: &mut IngestConfig, o: &Overrides) -> Result<(), ConfigError> {
     if let Some(v) = &o.listen {
-        i.listen = v.parse().map_err(|e| ConfigError::invalid("--listen", format!("`{v}` is not an address: {e}")))?;
+        i.listen = v.parse().map_err(|e| {
+            ConfigError::invalid("--listen", format!("`{v}` is not an address: {e}"))
+        })?;
     }
     if let Some(v) = &o.ingest_topic {
         i.topic = v.clone();
@@ -249,10 +286,15 @@ fn apply_ingest(i: &mut IngestConfig, o: &Overrides) -> Result<(), ConfigError> 
 
 /// Reads and parses the file, reporting a syntax error without quoting the line.
 fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     text.parse::<toml::Table>()
-        .map_err(|e| ConfigError::Syntax { path: path.to_path_buf(), message: syntax_message(&text, &e) })
+        .map_err(|e| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            message: syntax_message(&text, &e),
+        })
 }
 
 /// Applies every `DEDUPE_SECTION_KEY` variable to `table`, and takes the secrets out of the
@@ -287,7 +329,10 @@ fn default_table() -> toml::Table {
 
 /// Refuses a secret written in the file (or set through a `DEDUPE_SECTION_KEY` variable).
 fn reject_secrets_in_file(table: &toml::Table) -> Result<(), ConfigError> {
-    for (section, key, env) in [("metrics", "admin_token", ENV_ADMIN_TOKEN), ("kafka", "sasl_password", ENV_SASL_PASSWORD)] {
+    for (section, key, env) in [
+        ("metrics", "admin_token", ENV_ADMIN_TOKEN),
+        ("kafka", "sasl_password", ENV_SASL_PASSWORD),
+    ] {
         if table
             .get(section)
             .and_then(|s| s.as_table())
@@ -312,8 +357,15 @@ fn reject_secrets_in_file(table: &toml::Table) -> Result<(), ConfigError> {
 /// `DEDUPE_INGEST_CORS_ORIGINS=https://a.example,https://b.example`, each item trimmed and taken
 /// as a string, empty items dropped (so an empty value is an empty list). A list of anything but
 /// strings needs the array literal.
-fn apply_env(table: &mut toml::Table, defaults: &toml::Table, name: &str, value: &str) -> Result<(), ConfigError> {
-    let Some(rest) = name.strip_prefix(ENV_PREFIX) else { return Ok(()) };
+fn apply_env(
+    table: &mut toml::Table,
+    defaults: &toml::Table,
+    name: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
+        return Ok(());
+    };
     let rest = rest.to_ascii_lowercase();
     let Some(section) = SECTIONS.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
         return Ok(());

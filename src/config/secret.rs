@@ -57,13 +57,20 @@ impl SecretMatcher {
 
     fn with_seed(secret: Secret, seed: u64) -> Self {
         let digest = keyed_digest(secret.expose().as_bytes(), seed);
-        Self { secret, seed, digest }
+        Self {
+            secret,
+            seed,
+            digest,
+        }
     }
 
     /// Whether `given` is the secret.
     pub fn matches(&self, given: &[u8]) -> bool {
         let digest = keyed_digest(given, self.seed);
-        let differ = digest.iter().zip(&self.digest).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        let differ = digest
+            .iter()
+            .zip(&self.digest)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
         // black_box keeps the optimizer from turning the fold into an early exit.
         std::hint::black_box(differ) == 0 && given == self.secret.expose().as_bytes()
     }
@@ -89,7 +96,11 @@ mod tests {
         assert!(matcher.matches(b"s3cret-token"));
         // A prefix, an extension, one byte changed, the empty value: all refused.
         for wrong in [&b"s3cret-toke"[..], b"s3cret-token!", b"s3cret-tokeN", b""] {
-            assert!(!matcher.matches(wrong), "{}", String::from_utf8_lossy(wrong));
+            assert!(
+                !matcher.matches(wrong),
+                "{}",
+                String::from_utf8_lossy(wrong)
+            );
         }
     }
 

@@ -54,6 +54,9 @@ pub struct LogConfig {
 impl Default for LogConfig {
     fn default() -> Self {
         // Lines for a terminal; the image sets json.
-        Self { format: LogFormat::Human, level: "info".into() }
+        Self {
+            format: LogFormat::Human,
+            level: "info".into(),
+        }
     }
 }

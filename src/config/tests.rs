@@ -29,16 +29,22 @@ fn documented_defaults_match_code_defaults() {
 
 #[test]
 fn unknown_key_is_named() {
-    let err = load_str("[ledger]\nbudget_bytez = 5\n", &[]).unwrap_err().to_string();
+    let err = load_str("[ledger]\nbudget_bytez = 5\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("budget_bytez"), "{err}");
     assert!(!err.contains('\n'));
 }
 
 #[test]
 fn bad_value_is_named() {
-    let err = load_str("[ledger]\nbudget_bytes = \"12 parsecs\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[ledger]\nbudget_bytes = \"12 parsecs\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("ledger.budget_bytes:"), "{err}");
-    let err = load_str("[ledger]\nbudget_bytes = \"1MiB\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[ledger]\nbudget_bytes = \"1MiB\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert_eq!(err, "ledger.budget_bytes: must be at least 64MiB");
 }
 
@@ -46,26 +52,45 @@ fn bad_value_is_named() {
 fn env_overrides_file_and_flags_override_env() {
     let c = load_str(
         "[worker]\ninput_topic = \"a\"\n",
-        &[("DEDUPE_WORKER_INPUT_TOPIC", "b"), ("DEDUPE_LEDGER_GENERATIONS", "4")],
+        &[
+            ("DEDUPE_WORKER_INPUT_TOPIC", "b"),
+            ("DEDUPE_LEDGER_GENERATIONS", "4"),
+        ],
     )
     .unwrap();
     assert_eq!(c.worker.input_topic, "b");
     assert_eq!(c.ledger.generations, 4);
-    let o = Overrides { input_topic: Some("c".into()), ..Default::default() };
-    let c = Config::load(None, [("DEDUPE_WORKER_INPUT_TOPIC".to_string(), "b".to_string())], &o).unwrap();
+    let o = Overrides {
+        input_topic: Some("c".into()),
+        ..Default::default()
+    };
+    let c = Config::load(
+        None,
+        [("DEDUPE_WORKER_INPUT_TOPIC".to_string(), "b".to_string())],
+        &o,
+    )
+    .unwrap();
     assert_eq!(c.worker.input_topic, "c");
 }
 
 #[test]
 fn unknown_env_key_in_a_section_is_an_error_but_other_vars_are_ignored() {
-    let err = load_str("", &[("DEDUPE_WORKER_INPUT_TOPICS", "x")]).unwrap_err().to_string();
+    let err = load_str("", &[("DEDUPE_WORKER_INPUT_TOPICS", "x")])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("input_topics"), "{err}");
-    load_str("", &[("DEDUPE_WRITE_KEYS", "k=s"), ("DEDUPE_CACHE", "/tmp")]).unwrap();
+    load_str(
+        "",
+        &[("DEDUPE_WRITE_KEYS", "k=s"), ("DEDUPE_CACHE", "/tmp")],
+    )
+    .unwrap();
 }
 
 #[test]
 fn password_only_from_env_and_redacted() {
-    let err = load_str("[kafka]\nsasl_password = \"hunter2\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[kafka]\nsasl_password = \"hunter2\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("kafka.sasl_password"), "{err}");
     assert!(!err.contains("hunter2"));
     let c = load_str("", &[(ENV_SASL_PASSWORD, "hunter2")]).unwrap();
@@ -95,7 +120,9 @@ fn a_syntax_error_names_the_place_but_never_quotes_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, "[kafka.properties]\n\"sasl.password\" = \"hunter2\n").unwrap();
-    let err = Config::load(Some(&path), Vec::new(), &Overrides::default()).unwrap_err().to_string();
+    let err = Config::load(Some(&path), Vec::new(), &Overrides::default())
+        .unwrap_err()
+        .to_string();
     assert!(!err.contains("hunter2"), "{err}");
     assert!(err.contains("line 2"), "{err}");
     assert!(err.contains("bad.toml"), "{err}");
@@ -113,32 +140,64 @@ fn partitions_parse_and_print() {
 
 #[test]
 fn worker_index_rules() {
-    let err = load_str("[worker]\nworker_index = 3\nworker_count = 3\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\nworker_index = 3\nworker_count = 3\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.worker_index:"), "{err}");
-    let err = load_str("[worker]\nworker_index = 0\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\nworker_index = 0\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.worker_count:"), "{err}");
 }
 
 #[test]
 fn dead_letter_needs_a_topic() {
-    let err = load_str("[worker]\nunkeyed_policy = \"dead-letter\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\nunkeyed_policy = \"dead-letter\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.dead_letter_topic:"), "{err}");
-    let c = load_str("[worker]\nunkeyed_policy = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n", &[]).unwrap();
+    let c = load_str(
+        "[worker]\nunkeyed_policy = \"dead-letter\"\ndead_letter_topic = \"dlq\"\n",
+        &[],
+    )
+    .unwrap();
     assert_eq!(c.worker.unkeyed_policy, UnkeyedPolicy::DeadLetter);
     // Reused ids sent aside need it too; the message names the setting that asks for it.
-    let err = load_str("[worker]\non_reused_id = \"dead-letter\"\n", &[]).unwrap_err().to_string();
-    assert!(err.starts_with("worker.dead_letter_topic:") && err.contains("on_reused_id"), "{err}");
-    let c = load_str("[worker]\non_reused_id = \"publish\"\ncontent_digest = \"header\"\n", &[]).unwrap();
-    assert_eq!((c.worker.on_reused_id, c.worker.content_digest), (crate::config::ReusedIdPolicy::Publish, crate::config::DigestSource::Header));
-    let err = load_str("[worker]\ncontent_digest = \"body\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\non_reused_id = \"dead-letter\"\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("worker.dead_letter_topic:") && err.contains("on_reused_id"),
+        "{err}"
+    );
+    let c = load_str(
+        "[worker]\non_reused_id = \"publish\"\ncontent_digest = \"header\"\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        (c.worker.on_reused_id, c.worker.content_digest),
+        (
+            crate::config::ReusedIdPolicy::Publish,
+            crate::config::DigestSource::Header
+        )
+    );
+    let err = load_str("[worker]\ncontent_digest = \"body\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("content_digest"), "{err}");
 }
 
 #[test]
 fn id_source_forms() {
     let c = load_str("[worker]\nid_source = \"json:/messageId\"\n", &[]).unwrap();
-    assert_eq!(c.worker.id_source, IdSource::JsonPointer("/messageId".into()));
-    let err = load_str("[worker]\nid_source = \"body\"\n", &[]).unwrap_err().to_string();
+    assert_eq!(
+        c.worker.id_source,
+        IdSource::JsonPointer("/messageId".into())
+    );
+    let err = load_str("[worker]\nid_source = \"body\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.id_source:"), "{err}");
 }
 
@@ -152,54 +211,113 @@ fn byte_sizes() {
 
 #[test]
 fn group_assignment_settings_are_checked_naming_the_key() {
-    let err = load_str("[worker]\nassignment = \"elastic\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\nassignment = \"elastic\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.assignment:"), "{err}");
-    let err = load_str("", &[("DEDUPE_WORKER_ASSIGNMENT", "elastic")]).unwrap_err().to_string();
+    let err = load_str("", &[("DEDUPE_WORKER_ASSIGNMENT", "elastic")])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("worker.assignment"), "{err}");
-    let o = Overrides { assignment: Some("elastic".into()), ..Default::default() };
-    let err = Config::load(None, std::iter::empty(), &o).unwrap_err().to_string();
+    let o = Overrides {
+        assignment: Some("elastic".into()),
+        ..Default::default()
+    };
+    let err = Config::load(None, std::iter::empty(), &o)
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("--assignment:"), "{err}");
 
-    let err = load_str("[worker]\nassignment = \"group\"\npartitions = \"0-3\"\n", &[]).unwrap_err().to_string();
+    let err = load_str(
+        "[worker]\nassignment = \"group\"\npartitions = \"0-3\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.starts_with("worker.partitions:"), "{err}");
-    let err = load_str("[worker]\nassignment = \"group\"\nworker_index = 0\nworker_count = 2\n", &[]).unwrap_err().to_string();
+    let err = load_str(
+        "[worker]\nassignment = \"group\"\nworker_index = 0\nworker_count = 2\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.starts_with("worker.worker_index:"), "{err}");
-    let err = load_str("[worker]\nchangelog_retention_secs = 3600\n", &[]).unwrap_err().to_string();
-    assert!(err.starts_with("worker.changelog_retention_secs:") && err.contains("promised_window_secs"), "{err}");
-    let err = load_str("[worker]\nchangelog_topic = \"events.out\"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\nchangelog_retention_secs = 3600\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("worker.changelog_retention_secs:") && err.contains("promised_window_secs"),
+        "{err}"
+    );
+    let err = load_str("[worker]\nchangelog_topic = \"events.out\"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.changelog_topic:"), "{err}");
-    let err = load_str("[worker]\nmember_id = \" \"\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\nmember_id = \" \"\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.member_id:"), "{err}");
 
-    let c = load_str("[worker]\nassignment = \"group\"\nmember_id = \"w-1\"\n", &[]).unwrap();
+    let c = load_str(
+        "[worker]\nassignment = \"group\"\nmember_id = \"w-1\"\n",
+        &[],
+    )
+    .unwrap();
     assert_eq!(c.worker.assignment, Assignment::Group);
     assert_eq!(c.worker.member_id().as_deref(), Some("w-1"));
-    assert_eq!(c.worker.changelog_topic(), "events.out.ids", "the default follows the output topic");
+    assert_eq!(
+        c.worker.changelog_topic(),
+        "events.out.ids",
+        "the default follows the output topic"
+    );
 }
 
 #[test]
 fn one_partition_may_be_given_as_a_number() {
     let c = load_str("", &[("DEDUPE_WORKER_PARTITIONS", "3")]).unwrap();
-    assert_eq!(c.worker.partitions, Some(PartitionSet(vec![3])), "the environment's 3 reads as a number");
+    assert_eq!(
+        c.worker.partitions,
+        Some(PartitionSet(vec![3])),
+        "the environment's 3 reads as a number"
+    );
     let c = load_str("[worker]\npartitions = 0\n", &[]).unwrap();
     assert_eq!(c.worker.partitions, Some(PartitionSet(vec![0])));
-    let err = load_str("[worker]\npartitions = -1\n", &[]).unwrap_err().to_string();
+    let err = load_str("[worker]\npartitions = -1\n", &[])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("worker.partitions:"), "{err}");
 }
 
 #[test]
 fn the_duplicate_audit_is_on_by_default_and_its_settings_are_checked() {
     let c = load_str("", &[]).unwrap();
-    assert_eq!(c.worker.audit_topic().as_deref(), Some("events.out.duplicates"), "the default follows the output topic");
+    assert_eq!(
+        c.worker.audit_topic().as_deref(),
+        Some("events.out.duplicates"),
+        "the default follows the output topic"
+    );
     let off = load_str("", &[("DEDUPE_WORKER_AUDIT_TOPIC", "")]).unwrap();
-    assert_eq!(off.worker.audit_topic(), None, "an empty topic turns the audit off");
+    assert_eq!(
+        off.worker.audit_topic(),
+        None,
+        "an empty topic turns the audit off"
+    );
     for (text, key) in [
-        ("[worker]\naudit_topic = \"events.out\"\n", "worker.audit_topic:"),
-        ("[worker]\naudit_topic = \"events.out.ids\"\n", "worker.audit_topic:"),
+        (
+            "[worker]\naudit_topic = \"events.out\"\n",
+            "worker.audit_topic:",
+        ),
+        (
+            "[worker]\naudit_topic = \"events.out.ids\"\n",
+            "worker.audit_topic:",
+        ),
         ("[worker]\naudit_topic = \" \"\n", "worker.audit_topic:"),
         ("[worker]\naudit_sample = 1.5\n", "worker.audit_sample:"),
         ("[worker]\naudit_sample = -0.1\n", "worker.audit_sample:"),
-        ("[worker]\naudit_retention_secs = 0\n", "worker.audit_retention_secs:"),
+        (
+            "[worker]\naudit_retention_secs = 0\n",
+            "worker.audit_retention_secs:",
+        ),
     ] {
         let err = load_str(text, &[]).unwrap_err().to_string();
         assert!(err.starts_with(key), "{text}: {err}");
@@ -211,21 +329,46 @@ fn sasl_needs_its_mechanism_user_and_password_and_a_ca_file_must_be_readable() {
     let sasl = "[kafka]\nsecurity_protocol = \"sasl_ssl\"\n";
     let err = load_str(sasl, &[]).unwrap_err().to_string();
     assert!(err.starts_with("kafka.sasl_mechanism"), "{err}");
-    let with_user = format!("{sasl}sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"dedupe\"\n");
+    let with_user =
+        format!("{sasl}sasl_mechanism = \"SCRAM-SHA-512\"\nsasl_username = \"dedupe\"\n");
     let err = load_str(&with_user, &[]).unwrap_err().to_string();
-    assert!(err.starts_with("kafka.sasl_password") && err.contains(ENV_SASL_PASSWORD), "{err}");
+    assert!(
+        err.starts_with("kafka.sasl_password") && err.contains(ENV_SASL_PASSWORD),
+        "{err}"
+    );
     let c = load_str(&with_user, &[(ENV_SASL_PASSWORD, "hunter2")]).unwrap();
     assert!(c.kafka.ssl_ca_location.is_none());
 
-    let err = load_str(&with_user, &[(ENV_SASL_PASSWORD, "hunter2"), ("DEDUPE_KAFKA_SSL_CA_LOCATION", "/no/such/ca.pem")])
+    let err = load_str(
+        &with_user,
+        &[
+            (ENV_SASL_PASSWORD, "hunter2"),
+            ("DEDUPE_KAFKA_SSL_CA_LOCATION", "/no/such/ca.pem"),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("kafka.ssl_ca_location") && err.contains("/no/such/ca.pem"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+    let err = load_str("[kafka]\nssl_ca_location = \"/etc/hostname\"\n", &[])
         .unwrap_err()
         .to_string();
-    assert!(err.starts_with("kafka.ssl_ca_location") && err.contains("/no/such/ca.pem"), "{err}");
-    assert!(!err.contains("hunter2"), "{err}");
-    let err = load_str("[kafka]\nssl_ca_location = \"/etc/hostname\"\n", &[]).unwrap_err().to_string();
-    assert!(err.starts_with("kafka.ssl_ca_location") && err.contains("no TLS"), "{err}");
+    assert!(
+        err.starts_with("kafka.ssl_ca_location") && err.contains("no TLS"),
+        "{err}"
+    );
     let ca = tempfile::NamedTempFile::new().unwrap();
-    let c = load_str(&with_user, &[(ENV_SASL_PASSWORD, "hunter2"), ("DEDUPE_KAFKA_SSL_CA_LOCATION", ca.path().to_str().unwrap())]).unwrap();
+    let c = load_str(
+        &with_user,
+        &[
+            (ENV_SASL_PASSWORD, "hunter2"),
+            ("DEDUPE_KAFKA_SSL_CA_LOCATION", ca.path().to_str().unwrap()),
+        ],
+    )
+    .unwrap();
     assert_eq!(c.kafka.ssl_ca_location.as_deref(), Some(ca.path()));
     let client = crate::kafka::client_config(&c.kafka);
     assert_eq!(client.get("ssl.ca.location"), ca.path().to_str());
@@ -233,13 +376,21 @@ fn sasl_needs_its_mechanism_user_and_password_and_a_ca_file_must_be_readable() {
 
 #[test]
 fn an_id_less_events_id_is_derived_unless_told_otherwise() {
-    assert_eq!(load_str("", &[]).unwrap().ingest.missing_message_id, MissingMessageId::Derive);
+    assert_eq!(
+        load_str("", &[]).unwrap().ingest.missing_message_id,
+        MissingMessageId::Derive
+    );
     let c = load_str("[ingest]\nmissing_message_id = \"random\"\n", &[]).unwrap();
     assert_eq!(c.ingest.missing_message_id, MissingMessageId::Random);
     let c = load_str("", &[("DEDUPE_INGEST_MISSING_MESSAGE_ID", "random")]).unwrap();
     assert_eq!(c.ingest.missing_message_id, MissingMessageId::Random);
-    let e = load_str("[ingest]\nmissing_message_id = \"hash\"\n", &[]).unwrap_err().to_string();
-    assert!(e.contains("ingest.missing_message_id") && e.contains("derive"), "{e}");
+    let e = load_str("[ingest]\nmissing_message_id = \"hash\"\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ingest.missing_message_id") && e.contains("derive"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -253,20 +404,47 @@ fn browser_settings_are_checked_naming_the_key() {
     )
     .unwrap();
     assert_eq!(c.ingest.cors_origins.len(), 4);
-    let c = load_str("", &[("DEDUPE_INGEST_CORS_ORIGINS", r#"["http://localhost:5000"]"#)]).unwrap();
+    let c = load_str(
+        "",
+        &[("DEDUPE_INGEST_CORS_ORIGINS", r#"["http://localhost:5000"]"#)],
+    )
+    .unwrap();
     assert_eq!(c.ingest.cors_origins, ["http://localhost:5000"]);
 
     let cases = [
-        ("cors_origins = [\"https://shop.example.com/\"]", "ingest.cors_origins: `https://shop.example.com/` is not an origin"),
-        ("cors_origins = [\"shop.example.com\"]", "ingest.cors_origins: `shop.example.com` is not an origin"),
-        ("cors_origins = [\"http://a.com:80x\"]", "ingest.cors_origins: `http://a.com:80x` is not an origin"),
-        ("max_in_flight_requests = 0", "ingest.max_in_flight_requests: must be at least 1"),
-        ("rate_limit_burst_events = 10", "ingest.rate_limit_burst_events: needs ingest.rate_limit_events_per_sec"),
-        ("public_url = \"track.example.com\"", "ingest.public_url: `track.example.com` must be an http:// or https:// URL"),
-        ("public_url = \"https://\"", "ingest.public_url: `https://` must be"),
+        (
+            "cors_origins = [\"https://shop.example.com/\"]",
+            "ingest.cors_origins: `https://shop.example.com/` is not an origin",
+        ),
+        (
+            "cors_origins = [\"shop.example.com\"]",
+            "ingest.cors_origins: `shop.example.com` is not an origin",
+        ),
+        (
+            "cors_origins = [\"http://a.com:80x\"]",
+            "ingest.cors_origins: `http://a.com:80x` is not an origin",
+        ),
+        (
+            "max_in_flight_requests = 0",
+            "ingest.max_in_flight_requests: must be at least 1",
+        ),
+        (
+            "rate_limit_burst_events = 10",
+            "ingest.rate_limit_burst_events: needs ingest.rate_limit_events_per_sec",
+        ),
+        (
+            "public_url = \"track.example.com\"",
+            "ingest.public_url: `track.example.com` must be an http:// or https:// URL",
+        ),
+        (
+            "public_url = \"https://\"",
+            "ingest.public_url: `https://` must be",
+        ),
     ];
     for (line, starts) in cases {
-        let err = load_str(&format!("[ingest]\n{line}\n"), &[]).unwrap_err().to_string();
+        let err = load_str(&format!("[ingest]\n{line}\n"), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with(starts), "{line}: {err}");
     }
 }
@@ -274,8 +452,18 @@ fn browser_settings_are_checked_naming_the_key() {
 #[test]
 fn list_keys_take_a_comma_separated_list_from_the_environment() {
     // The origins as one comma-separated variable: each item trimmed, empty items dropped.
-    let c = load_str("", &[("DEDUPE_INGEST_CORS_ORIGINS", "https://a.example, https://b.example,,")]).unwrap();
-    assert_eq!(c.ingest.cors_origins, ["https://a.example", "https://b.example"]);
+    let c = load_str(
+        "",
+        &[(
+            "DEDUPE_INGEST_CORS_ORIGINS",
+            "https://a.example, https://b.example,,",
+        )],
+    )
+    .unwrap();
+    assert_eq!(
+        c.ingest.cors_origins,
+        ["https://a.example", "https://b.example"]
+    );
     // A single item is a list of one, and it overrides the file's list.
     let c = load_str(
         "[ingest]\ncors_origins = [\"https://shop.example.com\"]\n",
@@ -284,14 +472,30 @@ fn list_keys_take_a_comma_separated_list_from_the_environment() {
     .unwrap();
     assert_eq!(c.ingest.cors_origins, ["https://a.example"]);
     // Another section's list, the hook's extra variable names.
-    let c = load_str("", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "AWS_PROFILE,AWS_REGION")]).unwrap();
+    let c = load_str(
+        "",
+        &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "AWS_PROFILE,AWS_REGION")],
+    )
+    .unwrap();
     assert_eq!(c.snapshots.hook_env, ["AWS_PROFILE", "AWS_REGION"]);
     // TOML's array literal still works, commas inside its strings included.
-    let c = load_str("", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", r#"["AWS_PROFILE", "A,B"]"#)]).unwrap();
+    let c = load_str(
+        "",
+        &[("DEDUPE_SNAPSHOTS_HOOK_ENV", r#"["AWS_PROFILE", "A,B"]"#)],
+    )
+    .unwrap();
     assert_eq!(c.snapshots.hook_env, ["AWS_PROFILE", "A,B"]);
     // An empty value is an empty list.
-    let c = load_str("[snapshots]\nhook_env = [\"AWS_PROFILE\"]\n", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "")]).unwrap();
-    assert!(c.snapshots.hook_env.is_empty(), "{:?}", c.snapshots.hook_env);
+    let c = load_str(
+        "[snapshots]\nhook_env = [\"AWS_PROFILE\"]\n",
+        &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "")],
+    )
+    .unwrap();
+    assert!(
+        c.snapshots.hook_env.is_empty(),
+        "{:?}",
+        c.snapshots.hook_env
+    );
     // An item that reads as a number is still a string, as the list's items are.
     let c = load_str("", &[("DEDUPE_SNAPSHOTS_HOOK_ENV", "7")]).unwrap();
     assert_eq!(c.snapshots.hook_env, ["7"]);
@@ -309,23 +513,41 @@ fn keys_that_are_not_lists_keep_their_commas() {
     // A number is still a number; a comma-separated value for it is refused, naming the key.
     let c = load_str("", &[("DEDUPE_LEDGER_GENERATIONS", "4")]).unwrap();
     assert_eq!(c.ledger.generations, 4);
-    let err = load_str("", &[("DEDUPE_LEDGER_GENERATIONS", "4,5")]).unwrap_err().to_string();
+    let err = load_str("", &[("DEDUPE_LEDGER_GENERATIONS", "4,5")])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("ledger.generations"), "{err}");
 }
 
 #[test]
 fn the_snapshot_pace_is_checked_naming_the_key() {
     // A schedule as long as the least interval, and a schedule turned off, are both fine.
-    let c = load_str("[snapshots]\nmin_interval_secs = 600\ninterval_secs = 600\n", &[]).unwrap();
+    let c = load_str(
+        "[snapshots]\nmin_interval_secs = 600\ninterval_secs = 600\n",
+        &[],
+    )
+    .unwrap();
     assert_eq!(c.snapshots.min_interval_secs, 600);
-    load_str("[snapshots]\nmin_interval_secs = 600\ninterval_secs = 0\n", &[]).unwrap();
+    load_str(
+        "[snapshots]\nmin_interval_secs = 600\ninterval_secs = 0\n",
+        &[],
+    )
+    .unwrap();
     let cases = [
-        ("min_interval_secs = 0", "snapshots.min_interval_secs: must be at least 1"),
+        (
+            "min_interval_secs = 0",
+            "snapshots.min_interval_secs: must be at least 1",
+        ),
         // The schedule would be skipped every other time.
-        ("interval_secs = 30", "snapshots.interval_secs: must be at least snapshots.min_interval_secs (60), or 0"),
+        (
+            "interval_secs = 30",
+            "snapshots.interval_secs: must be at least snapshots.min_interval_secs (60), or 0",
+        ),
     ];
     for (line, starts) in cases {
-        let err = load_str(&format!("[snapshots]\n{line}\n"), &[]).unwrap_err().to_string();
+        let err = load_str(&format!("[snapshots]\n{line}\n"), &[])
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with(starts), "{line}: {err}");
     }
 }

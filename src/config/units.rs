@@ -24,7 +24,9 @@ impl ByteSize {
     /// GiB, TiB, or K/KB, M/MB, G/GB, T/TB, which mean the same binary units.
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
-        let split = text.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(text.len());
+        let split = text
+            .find(|c: char| !c.is_ascii_digit() && c != '_')
+            .unwrap_or(text.len());
         let (digits, unit) = text.split_at(split);
         let n: u64 = digits
             .replace('_', "")
@@ -36,16 +38,27 @@ impl ByteSize {
             "MiB" | "M" | "MB" => Self::MIB,
             "GiB" | "G" | "GB" => Self::GIB,
             "TiB" | "T" | "TB" => Self::GIB * 1024,
-            other => return Err(format!("unknown unit `{other}` (use B, KiB, MiB, GiB, TiB)")),
+            other => {
+                return Err(format!(
+                    "unknown unit `{other}` (use B, KiB, MiB, GiB, TiB)"
+                ))
+            }
         };
-        n.checked_mul(mult).map(Self).ok_or_else(|| format!("`{text}` is too large"))
+        n.checked_mul(mult)
+            .map(Self)
+            .ok_or_else(|| format!("`{text}` is too large"))
     }
 }
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0;
-        for (unit, size) in [("TiB", Self::GIB * 1024), ("GiB", Self::GIB), ("MiB", Self::MIB), ("KiB", Self::KIB)] {
+        for (unit, size) in [
+            ("TiB", Self::GIB * 1024),
+            ("GiB", Self::GIB),
+            ("MiB", Self::MIB),
+            ("KiB", Self::KIB),
+        ] {
             if n >= size && n.is_multiple_of(size) {
                 return write!(f, "{}{unit}", n / size);
             }

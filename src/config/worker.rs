@@ -171,17 +171,24 @@ impl WorkerConfig {
     /// How much of a new partition's window is loaded before it resumes (see
     /// `handover_min_window_secs`).
     pub fn handover_window(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(self.handover_min_window_secs.unwrap_or(self.promised_window_secs))
+        std::time::Duration::from_secs(
+            self.handover_min_window_secs
+                .unwrap_or(self.promised_window_secs),
+        )
     }
 
     /// The consumer group: `group_id`, or `dedupe.<output_topic>`.
     pub fn group_id(&self) -> String {
-        self.group_id.clone().unwrap_or_else(|| format!("dedupe.{}", self.output_topic))
+        self.group_id
+            .clone()
+            .unwrap_or_else(|| format!("dedupe.{}", self.output_topic))
     }
 
     /// The id changelog topic: `changelog_topic`, or `<output_topic>.ids`.
     pub fn changelog_topic(&self) -> String {
-        self.changelog_topic.clone().unwrap_or_else(|| crate::changelog::default_topic(&self.output_topic))
+        self.changelog_topic
+            .clone()
+            .unwrap_or_else(|| crate::changelog::default_topic(&self.output_topic))
     }
 
     /// The duplicate audit topic: `audit_topic`, or `<output_topic>.duplicates`; `None` when the
@@ -259,11 +266,15 @@ impl IdSource {
             Ok(Self::Header(name.to_string()))
         } else if let Some(pointer) = text.strip_prefix("json:") {
             if !pointer.starts_with('/') {
-                return Err("json: needs a JSON pointer starting with '/', e.g. json:/messageId".into());
+                return Err(
+                    "json: needs a JSON pointer starting with '/', e.g. json:/messageId".into(),
+                );
             }
             Ok(Self::JsonPointer(pointer.to_string()))
         } else {
-            Err(format!("`{text}` is not one of key, header:NAME, json:/POINTER"))
+            Err(format!(
+                "`{text}` is not one of key, header:NAME, json:/POINTER"
+            ))
         }
     }
 }
@@ -332,10 +343,16 @@ impl PartitionSet {
                 Some((lo, hi)) => (lo.trim(), hi.trim()),
                 None => (part, part),
             };
-            let lo: i32 = lo.parse().map_err(|_| format!("`{part}` is not a partition or range like 0-3"))?;
-            let hi: i32 = hi.parse().map_err(|_| format!("`{part}` is not a partition or range like 0-3"))?;
+            let lo: i32 = lo
+                .parse()
+                .map_err(|_| format!("`{part}` is not a partition or range like 0-3"))?;
+            let hi: i32 = hi
+                .parse()
+                .map_err(|_| format!("`{part}` is not a partition or range like 0-3"))?;
             if lo < 0 || hi < lo {
-                return Err(format!("`{part}` is not a valid range (need 0 <= low <= high)"));
+                return Err(format!(
+                    "`{part}` is not a valid range (need 0 <= low <= high)"
+                ));
             }
             out.extend(lo..=hi);
         }
@@ -391,7 +408,11 @@ impl<'de> Deserialize<'de> for PartitionSet {
             Text(String),
             One(i64),
         }
-        let text = match Given::deserialize(d).map_err(|_| serde::de::Error::custom("must be a list of partitions like \"0-3,7\", or one partition"))? {
+        let text = match Given::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "must be a list of partitions like \"0-3,7\", or one partition",
+            )
+        })? {
             Given::Text(text) => text,
             Given::One(n) => n.to_string(),
         };

@@ -34,7 +34,10 @@ impl ContentDigest {
 
     /// The digest of a record's value, hashed whole.
     pub fn of_value(value: &[u8]) -> ContentDigest {
-        Self::of_hash(xxhash_rust::xxh3::xxh3_64_with_seed(value, VALUE_DIGEST_SEED))
+        Self::of_hash(xxhash_rust::xxh3::xxh3_64_with_seed(
+            value,
+            VALUE_DIGEST_SEED,
+        ))
     }
 
     /// The digest a [`HEADER_CONTENT_DIGEST`] header's value stands for; `None` if it is not 16
@@ -104,16 +107,28 @@ mod tests {
         // Part of the ledger's format: these values must not change.
         assert_eq!(ContentDigest::of_hash(0xabcd_0000_0000_0001).hex(), "abcd");
         assert_eq!(ContentDigest::of_hash(0x0000_ffff_ffff_ffff).hex(), "0001");
-        assert_eq!(ContentDigest::of_header(b"abcd000000000001"), Some(ContentDigest::of_hash(0xabcd_0000_0000_0001)));
+        assert_eq!(
+            ContentDigest::of_header(b"abcd000000000001"),
+            Some(ContentDigest::of_hash(0xabcd_0000_0000_0001))
+        );
         let d = ContentDigest::of_value(b"{\"event\":\"e\"}");
         assert_eq!(ContentDigest::from_bytes(d.to_bytes()), Some(d));
         assert_eq!(ContentDigest::from_bytes([0, 0]), None);
-        assert_eq!(std::mem::size_of::<Option<ContentDigest>>(), CONTENT_DIGEST_BYTES);
+        assert_eq!(
+            std::mem::size_of::<Option<ContentDigest>>(),
+            CONTENT_DIGEST_BYTES
+        );
     }
 
     #[test]
     fn a_header_that_is_not_sixteen_hex_digits_gives_no_digest() {
-        for bad in [&b""[..], b"abcd", b"abcd00000000000g", b"abcd0000000000011", b"\xff\xfe"] {
+        for bad in [
+            &b""[..],
+            b"abcd",
+            b"abcd00000000000g",
+            b"abcd0000000000011",
+            b"\xff\xfe",
+        ] {
             assert_eq!(ContentDigest::of_header(bad), None, "{bad:?}");
         }
     }
@@ -124,7 +139,10 @@ mod tests {
         let v = Some(&b"value"[..]);
         let from_header = ContentDigest::of_header(b"1234000000000000");
         assert_eq!(DigestSource::HeaderOrValue.digest(h, v), from_header);
-        assert_eq!(DigestSource::HeaderOrValue.digest(None, v), Some(ContentDigest::of_value(b"value")));
+        assert_eq!(
+            DigestSource::HeaderOrValue.digest(None, v),
+            Some(ContentDigest::of_value(b"value"))
+        );
         assert_eq!(DigestSource::Header.digest(h, v), from_header);
         assert_eq!(DigestSource::Header.digest(None, v), None);
         assert_eq!(DigestSource::None.digest(h, v), None);

@@ -1,7 +1,7 @@
 //! Reading a record's message id and turning it into a ledger key, or saying why it has none.
 
-use crate::config::IdSource;
 use super::{ledger_key, IdError, LedgerKey};
+use crate::config::IdSource;
 
 /// Why a record has no usable id. The label values are part of the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,7 +53,8 @@ pub fn message_key<'a, H: Fn(&str) -> Option<&'a [u8]>>(
         IdSource::Header(name) => Ok(ledger_key((record.header)(name).ok_or(Unkeyed::Missing)?)?),
         IdSource::JsonPointer(pointer) => {
             let value = record.value.ok_or(Unkeyed::Missing)?;
-            let json: serde_json::Value = serde_json::from_slice(value).map_err(|_| Unkeyed::Unreadable)?;
+            let json: serde_json::Value =
+                serde_json::from_slice(value).map_err(|_| Unkeyed::Unreadable)?;
             match json.pointer(pointer) {
                 None | Some(serde_json::Value::Null) => Err(Unkeyed::Missing),
                 Some(serde_json::Value::String(s)) => Ok(ledger_key(s.as_bytes())?),
@@ -68,17 +69,36 @@ pub fn message_key<'a, H: Fn(&str) -> Option<&'a [u8]>>(
 mod tests {
     use super::*;
 
-    fn view<'a>(key: Option<&'a [u8]>, value: Option<&'a [u8]>) -> RecordView<'a, impl Fn(&str) -> Option<&'a [u8]>> {
-        RecordView { key, header: move |name: &str| (name == "id").then_some(b"hdr-id".as_slice()), value }
+    fn view<'a>(
+        key: Option<&'a [u8]>,
+        value: Option<&'a [u8]>,
+    ) -> RecordView<'a, impl Fn(&str) -> Option<&'a [u8]>> {
+        RecordView {
+            key,
+            header: move |name: &str| (name == "id").then_some(b"hdr-id".as_slice()),
+            value,
+        }
     }
 
     #[test]
     fn key_source() {
-        assert_eq!(message_key(&view(Some(b"abc"), None), &IdSource::Key), Ok(ledger_key(b"abc").unwrap()));
-        assert_eq!(message_key(&view(None, None), &IdSource::Key), Err(Unkeyed::Missing));
-        assert_eq!(message_key(&view(Some(b""), None), &IdSource::Key), Err(Unkeyed::Empty));
+        assert_eq!(
+            message_key(&view(Some(b"abc"), None), &IdSource::Key),
+            Ok(ledger_key(b"abc").unwrap())
+        );
+        assert_eq!(
+            message_key(&view(None, None), &IdSource::Key),
+            Err(Unkeyed::Missing)
+        );
+        assert_eq!(
+            message_key(&view(Some(b""), None), &IdSource::Key),
+            Err(Unkeyed::Empty)
+        );
         let long = vec![b'x'; 2048];
-        assert_eq!(message_key(&view(Some(&long), None), &IdSource::Key), Err(Unkeyed::TooLong));
+        assert_eq!(
+            message_key(&view(Some(&long), None), &IdSource::Key),
+            Err(Unkeyed::TooLong)
+        );
         // Non-UTF-8 bytes are a perfectly good id: they hash.
         assert!(message_key(&view(Some(&[0xff, 0xfe, 0x00]), None), &IdSource::Key).is_ok());
     }
@@ -86,22 +106,43 @@ mod tests {
     #[test]
     fn header_source() {
         let h = IdSource::Header("id".into());
-        assert_eq!(message_key(&view(None, None), &h), Ok(ledger_key(b"hdr-id").unwrap()));
+        assert_eq!(
+            message_key(&view(None, None), &h),
+            Ok(ledger_key(b"hdr-id").unwrap())
+        );
         let other = IdSource::Header("nope".into());
-        assert_eq!(message_key(&view(Some(b"k"), None), &other), Err(Unkeyed::Missing));
+        assert_eq!(
+            message_key(&view(Some(b"k"), None), &other),
+            Err(Unkeyed::Missing)
+        );
     }
 
     #[test]
     fn json_pointer_source() {
         let p = IdSource::JsonPointer("/messageId".into());
         let v = br#"{"messageId":"m-1","n":{"x":7}}"#;
-        assert_eq!(message_key(&view(None, Some(v)), &p), Ok(ledger_key(b"m-1").unwrap()));
+        assert_eq!(
+            message_key(&view(None, Some(v)), &p),
+            Ok(ledger_key(b"m-1").unwrap())
+        );
         let num = IdSource::JsonPointer("/n/x".into());
-        assert_eq!(message_key(&view(None, Some(v)), &num), Ok(ledger_key(b"7").unwrap()));
+        assert_eq!(
+            message_key(&view(None, Some(v)), &num),
+            Ok(ledger_key(b"7").unwrap())
+        );
         let obj = IdSource::JsonPointer("/n".into());
-        assert_eq!(message_key(&view(None, Some(v)), &obj), Err(Unkeyed::Unreadable));
-        assert_eq!(message_key(&view(None, Some(b"not json")), &p), Err(Unkeyed::Unreadable));
+        assert_eq!(
+            message_key(&view(None, Some(v)), &obj),
+            Err(Unkeyed::Unreadable)
+        );
+        assert_eq!(
+            message_key(&view(None, Some(b"not json")), &p),
+            Err(Unkeyed::Unreadable)
+        );
         assert_eq!(message_key(&view(None, None), &p), Err(Unkeyed::Missing));
-        assert_eq!(message_key(&view(None, Some(br#"{"a":1}"#)), &p), Err(Unkeyed::Missing));
+        assert_eq!(
+            message_key(&view(None, Some(br#"{"a":1}"#)), &p),
+            Err(Unkeyed::Missing)
+        );
     }
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::error::{io_error, Result};
-use crate::identity::{ContentDigest, CONTENT_DIGEST_BYTES, LedgerKey, LEDGER_KEY_BYTES};
+use crate::identity::{ContentDigest, LedgerKey, CONTENT_DIGEST_BYTES, LEDGER_KEY_BYTES};
 use crate::Partition;
 
 /// A checked batch as the buffer and the batch log hold it: its new ids with their event times
@@ -82,15 +82,20 @@ impl BatchLog {
         for (key, time_ms, digest) in &batch.new_ids {
             buf.extend_from_slice(&key.0);
             buf.extend_from_slice(&time_ms.to_le_bytes());
-            buf.extend_from_slice(&digest.map_or([0; CONTENT_DIGEST_BYTES], ContentDigest::to_bytes));
+            buf.extend_from_slice(
+                &digest.map_or([0; CONTENT_DIGEST_BYTES], ContentDigest::to_bytes),
+            );
         }
         let payload_len = (buf.len() - LOG_RECORD_HEADER) as u32;
         let checksum = xxhash_rust::xxh3::xxh3_64(&buf[LOG_RECORD_HEADER..]);
         buf[..4].copy_from_slice(&payload_len.to_le_bytes());
         buf[4..LOG_RECORD_HEADER].copy_from_slice(&checksum.to_le_bytes());
-        std::io::Write::write_all(&mut self.file, buf).map_err(io_error("append to", &self.path))?;
+        std::io::Write::write_all(&mut self.file, buf)
+            .map_err(io_error("append to", &self.path))?;
         if sync {
-            self.file.sync_data().map_err(io_error("sync", &self.path))?;
+            self.file
+                .sync_data()
+                .map_err(io_error("sync", &self.path))?;
         }
         Ok(())
     }
@@ -103,7 +108,8 @@ impl BatchLog {
         while let Some(header) = bytes.get(at..at + LOG_RECORD_HEADER) {
             let len = u32::from_le_bytes(header[..4].try_into().unwrap_or_default()) as usize;
             let checksum = u64::from_le_bytes(header[4..].try_into().unwrap_or_default());
-            let Some(payload) = bytes.get(at + LOG_RECORD_HEADER..at + LOG_RECORD_HEADER + len) else {
+            let Some(payload) = bytes.get(at + LOG_RECORD_HEADER..at + LOG_RECORD_HEADER + len)
+            else {
                 break;
             };
             if xxhash_rust::xxh3::xxh3_64(payload) != checksum {
@@ -168,7 +174,11 @@ mod tests {
             new_ids: (0..ids)
                 .map(|i| {
                     let digest = (i % 2 == 0).then(|| ContentDigest::of_hash(i << 48));
-                    (ledger_key(format!("log-{n}-{i}").as_bytes()).unwrap(), (n * 1000 + i) as i64, digest)
+                    (
+                        ledger_key(format!("log-{n}-{i}").as_bytes()).unwrap(),
+                        (n * 1000 + i) as i64,
+                        digest,
+                    )
                 })
                 .collect(),
             progress: n.to_le_bytes().to_vec(),
@@ -178,8 +188,15 @@ mod tests {
     fn assert_same(read: &[LoggedBatch], written: &[LoggedBatch]) {
         assert_eq!(read.len(), written.len());
         for (r, w) in read.iter().zip(written) {
-            assert_eq!((r.partition, r.base_ms, &r.progress), (w.partition, w.base_ms, &w.progress));
-            assert!(r.new_ids == w.new_ids, "the ids of batch {} differ", w.partition);
+            assert_eq!(
+                (r.partition, r.base_ms, &r.progress),
+                (w.partition, w.base_ms, &w.progress)
+            );
+            assert!(
+                r.new_ids == w.new_ids,
+                "the ids of batch {} differ",
+                w.partition
+            );
         }
     }
 
@@ -276,8 +293,16 @@ mod tests {
         std::fs::write(&path, &record).unwrap();
         let (read, valid) = BatchLog::read(&path).unwrap();
         assert_eq!(valid, record.len() as u64);
-        let ids: Vec<_> = read[0].new_ids.iter().map(|(k, t, d)| (*k, *t, *d)).collect();
-        let expected: Vec<_> = written.new_ids.iter().map(|(k, t, _)| (*k, *t, None)).collect();
+        let ids: Vec<_> = read[0]
+            .new_ids
+            .iter()
+            .map(|(k, t, d)| (*k, *t, *d))
+            .collect();
+        let expected: Vec<_> = written
+            .new_ids
+            .iter()
+            .map(|(k, t, _)| (*k, *t, None))
+            .collect();
         assert_eq!(ids, expected);
         // A record whose length fits neither layout is corrupt.
         let mut bad = payload.clone();

@@ -109,7 +109,13 @@ impl Ledger {
                     index.prefetch_ahead(&places, i);
                     span.first_seen_ms = span.first_seen_ms.min(time_ms);
                     span.last_seen_ms = span.last_seen_ms.max(time_ms);
-                    pending.insert(key, Held { first_seen_ms: stored_first_seen_ms(base_ms, time_ms), digest });
+                    pending.insert(
+                        key,
+                        Held {
+                            first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
+                            digest,
+                        },
+                    );
                     index.insert(&places[i], tag);
                 }
                 span.ids += new_ids.len() as u64;

@@ -17,8 +17,8 @@ impl Ledger {
         dir: &Path,
     ) -> Result<BTreeMap<Partition, Vec<u8>>> {
         self.flush_locked(state)?;
-        let checkpoint =
-            rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(rocks(Doing::Checkpoint(dir)))?;
+        let checkpoint = rocksdb::checkpoint::Checkpoint::new(&self.db)
+            .map_err(rocks(Doing::Checkpoint(dir)))?;
         checkpoint
             .create_checkpoint(dir)
             .map_err(rocks(Doing::Checkpoint(dir)))?;

@@ -72,7 +72,8 @@ impl CommitWriter {
     }
 
     fn write(self) -> Result<PathBuf> {
-        let mut ids: Vec<(LedgerKey, Held)> = self.ids.iter().map(|(k, held)| (*k, *held)).collect();
+        let mut ids: Vec<(LedgerKey, Held)> =
+            self.ids.iter().map(|(k, held)| (*k, *held)).collect();
         ids.sort_unstable_by_key(|(k, _)| *k);
         let written = (|| {
             let mut writer = SstFileWriter::create(&self.options);
@@ -127,7 +128,9 @@ impl Ledger {
                     let _ = std::fs::remove_file(file);
                 }
                 // A load pins its generation, so this is a bug, not a state on disk.
-                return Err(LedgerError::CorruptMetadata { what: "the generation a load went into was sealed while it ran".into() });
+                return Err(LedgerError::CorruptMetadata {
+                    what: "the generation a load went into was sealed while it ran".into(),
+                });
             }
             self.take_commit(&mut state, true, Some(runs))?;
             state.commit_seq + 1
@@ -156,7 +159,12 @@ impl Ledger {
     /// Moves the buffer into a commit in flight, with a bulk load's runs if `load` brings them;
     /// with `background`, its file is written by a new thread. False when there was nothing to
     /// commit.
-    fn take_commit(&self, state: &mut State, background: bool, load: Option<LoadedRuns>) -> Result<bool> {
+    fn take_commit(
+        &self,
+        state: &mut State,
+        background: bool,
+        load: Option<LoadedRuns>,
+    ) -> Result<bool> {
         debug_assert!(state.in_flight.is_none());
         if state.pending.is_empty() && state.pending_progress.is_empty() && load.is_none() {
             return Ok(false);
@@ -189,7 +197,10 @@ impl Ledger {
         };
         let fresh = match state.spare.take() {
             Some(map) => map,
-            None => HashMap::with_capacity_and_hasher(state.pending.capacity(), state.pending.hasher().clone()),
+            None => HashMap::with_capacity_and_hasher(
+                state.pending.capacity(),
+                state.pending.hasher().clone(),
+            ),
         };
         let ids = Arc::new(std::mem::replace(&mut state.pending, fresh));
         let job = if background {
@@ -257,7 +268,11 @@ impl Ledger {
         let meta_cf = self.cf(CF_META)?;
         let progress_cf = self.cf(CF_PROGRESS)?;
         let mut batch = WriteBatch::default();
-        batch.put_cf(&meta_cf, generation_meta_key(record.meta.id), to_json(&record.meta));
+        batch.put_cf(
+            &meta_cf,
+            generation_meta_key(record.meta.id),
+            to_json(&record.meta),
+        );
         batch.put_cf(&meta_cf, META_COMMIT_SEQ, record.seq.to_le_bytes());
         for (partition, value) in &in_flight.progress {
             batch.put_cf(&progress_cf, progress_key(*partition), value);
@@ -307,7 +322,10 @@ impl Ledger {
 
     /// Flushes the named column families together.
     pub(super) fn flush_cfs(&self, names: &[&str], wait: bool) -> Result<()> {
-        let handles = names.iter().map(|n| self.cf(n)).collect::<Result<Vec<_>>>()?;
+        let handles = names
+            .iter()
+            .map(|n| self.cf(n))
+            .collect::<Result<Vec<_>>>()?;
         let refs: Vec<_> = handles.iter().collect();
         let mut flush = FlushOptions::default();
         flush.set_wait(wait);
@@ -315,5 +333,4 @@ impl Ledger {
             .flush_cfs_opt(&refs, &flush)
             .map_err(rocks(Doing::Write))
     }
-
 }

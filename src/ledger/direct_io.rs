@@ -88,27 +88,45 @@ impl DirectWriter {
         let (empty_tx, empty_rx) = bounded::<Aligned>(2);
         empty_tx.send(Aligned::new()).expect("the channel has room");
         let writing = file.clone();
-        let thread = std::thread::Builder::new().name("index-writer".into()).spawn(move || {
-            for (offset, chunk) in full_rx {
-                // The last chunk is padded to whole blocks; the file is cut to length at the end.
-                writing.write_all_at(chunk.buf(), offset)?;
-                let _ = empty_tx.send(chunk);
-            }
-            Ok(())
-        })?;
-        Ok(DirectWriter { file, current: Aligned::new(), filled: 0, offset: 0, full: Some(full_tx), empty: empty_rx, thread: Some(thread) })
+        let thread = std::thread::Builder::new()
+            .name("index-writer".into())
+            .spawn(move || {
+                for (offset, chunk) in full_rx {
+                    // The last chunk is padded to whole blocks; the file is cut to length at the end.
+                    writing.write_all_at(chunk.buf(), offset)?;
+                    let _ = empty_tx.send(chunk);
+                }
+                Ok(())
+            })?;
+        Ok(DirectWriter {
+            file,
+            current: Aligned::new(),
+            filled: 0,
+            offset: 0,
+            full: Some(full_tx),
+            empty: empty_rx,
+            thread: Some(thread),
+        })
     }
 
     fn hand_over(&mut self) -> io::Result<()> {
         let next = match self.empty.recv() {
             Ok(next) => next,
             // The writer thread stopped: its error is reported by `finish`.
-            Err(_) => return Err(self.join().err().unwrap_or_else(|| io::Error::other("the index writer thread stopped"))),
+            Err(_) => {
+                return Err(self
+                    .join()
+                    .err()
+                    .unwrap_or_else(|| io::Error::other("the index writer thread stopped")))
+            }
         };
         let chunk = std::mem::replace(&mut self.current, next);
         let sent = self.full.as_ref().map(|tx| tx.send((self.offset, chunk)));
         if !matches!(sent, Some(Ok(()))) {
-            return Err(self.join().err().unwrap_or_else(|| io::Error::other("the index writer thread stopped")));
+            return Err(self
+                .join()
+                .err()
+                .unwrap_or_else(|| io::Error::other("the index writer thread stopped")));
         }
         self.offset += self.filled as u64;
         self.filled = 0;
@@ -130,7 +148,13 @@ impl DirectWriter {
         if self.filled > 0 {
             let padded = self.filled.div_ceil(ALIGN) * ALIGN;
             self.current.buf_mut()[self.filled..padded].fill(0);
-            let last = std::mem::replace(&mut self.current, Aligned { bytes: Vec::new(), start: 0 });
+            let last = std::mem::replace(
+                &mut self.current,
+                Aligned {
+                    bytes: Vec::new(),
+                    start: 0,
+                },
+            );
             self.join()?;
             self.file.write_all_at(&last.buf()[..padded], self.offset)?;
         } else {
@@ -190,17 +214,23 @@ pub(super) fn read_pieces(path: &Path, offset: u64, table: &mut [u8]) -> io::Res
                     let mut done = Vec::with_capacity(lane.len());
                     for (i, piece) in lane {
                         let at = offset + (i * CHUNK) as u64;
-                        let direct = piece.as_ptr().align_offset(ALIGN) == 0 && piece.len() % ALIGN == 0;
+                        let direct =
+                            piece.as_ptr().align_offset(ALIGN) == 0 && piece.len() % ALIGN == 0;
                         let n = if direct {
                             read_chunk(file, at, piece)?
                         } else {
                             let buf = bounce.get_or_insert_with(Aligned::new);
-                            let n = read_chunk(file, at, &mut buf.buf_mut()[..align_up(piece.len())])?.min(piece.len());
+                            let n =
+                                read_chunk(file, at, &mut buf.buf_mut()[..align_up(piece.len())])?
+                                    .min(piece.len());
                             piece[..n].copy_from_slice(&buf.buf()[..n]);
                             n
                         };
                         if n < piece.len() {
-                            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file ends inside the table"));
+                            return Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "the file ends inside the table",
+                            ));
                         }
                         done.push((i, xxhash_rust::xxh3::xxh3_64(piece)));
                     }
@@ -210,7 +240,10 @@ pub(super) fn read_pieces(path: &Path, offset: u64, table: &mut [u8]) -> io::Res
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(io::Error::other("an index reader thread panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("an index reader thread panicked")))
+            })
             .collect()
     });
     for lane in results {
@@ -243,4 +276,3 @@ fn read_chunk(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     }
     Ok(done)
 }
-

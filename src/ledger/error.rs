@@ -127,7 +127,10 @@ pub(super) fn rocks(doing: Doing<'_>) -> impl FnOnce(rocksdb::Error) -> LedgerEr
     }
 }
 
-pub(super) fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LedgerError + 'a {
+pub(super) fn io_error<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> LedgerError + 'a {
     move |source| LedgerError::Io {
         what,
         path: path.to_path_buf(),

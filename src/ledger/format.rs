@@ -16,7 +16,8 @@ pub(super) const META_FORGOTTEN: &[u8] = b"forgotten";
 pub(super) const META_COMMIT_SEQ: &[u8] = b"commit_seq";
 /// Key of the commit record in a generation column family: longer than any id, and after every
 /// id in key order, so it is the last key of an ingested file and never answers a lookup.
-pub(super) const COMMIT_KEY: &[u8] = b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xffcommit";
+pub(super) const COMMIT_KEY: &[u8] =
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xffcommit";
 
 // Ids are 16 bytes: the commit key is longer than any id, and the batch log's records hold them.
 const _: () = assert!(LEDGER_KEY_BYTES == 16);
@@ -37,7 +38,9 @@ pub(super) fn progress_key(partition: Partition) -> [u8; 4] {
 
 /// Stored offset of an event time relative to a generation base (zigzag varint, seconds).
 pub(super) fn encode_first_seen(base_ms: i64, first_seen_ms: i64, out: &mut Vec<u8>) {
-    let delta = first_seen_ms.saturating_sub(base_ms).div_euclid(FIRST_SEEN_RESOLUTION_MS);
+    let delta = first_seen_ms
+        .saturating_sub(base_ms)
+        .div_euclid(FIRST_SEEN_RESOLUTION_MS);
     let mut zz = ((delta << 1) ^ (delta >> 63)) as u64;
     loop {
         let byte = (zz & 0x7f) as u8;
@@ -52,7 +55,12 @@ pub(super) fn encode_first_seen(base_ms: i64, first_seen_ms: i64, out: &mut Vec<
 
 /// A stored value: the first-seen offset, then the content digest's bytes when the id has one
 /// (values written before format version 3 never do).
-pub(super) fn encode_value(base_ms: i64, first_seen_ms: i64, digest: Option<ContentDigest>, out: &mut Vec<u8>) {
+pub(super) fn encode_value(
+    base_ms: i64,
+    first_seen_ms: i64,
+    digest: Option<ContentDigest>,
+    out: &mut Vec<u8>,
+) {
     encode_first_seen(base_ms, first_seen_ms, out);
     if let Some(digest) = digest {
         out.extend_from_slice(&digest.to_bytes());
@@ -61,15 +69,18 @@ pub(super) fn encode_value(base_ms: i64, first_seen_ms: i64, digest: Option<Cont
 
 /// What a stored value says: the first-seen time, and the digest if one follows it.
 pub(super) fn decode_value(base_ms: i64, bytes: &[u8]) -> Result<Held> {
-    let corrupt = || LedgerError::CorruptMetadata {
+    let corrupt = || {
+        LedgerError::CorruptMetadata {
         what: format!("a stored value is neither a first-seen varint nor one with a content digest: {bytes:?}"),
+    }
     };
     let mut zz: u64 = 0;
     for (i, byte) in bytes.iter().enumerate().take(10) {
         zz |= u64::from(byte & 0x7f) << (7 * i);
         if byte & 0x80 == 0 {
             let delta = ((zz >> 1) as i64) ^ -((zz & 1) as i64);
-            let first_seen_ms = base_ms.saturating_add(delta.saturating_mul(FIRST_SEEN_RESOLUTION_MS));
+            let first_seen_ms =
+                base_ms.saturating_add(delta.saturating_mul(FIRST_SEEN_RESOLUTION_MS));
             let digest = match &bytes[i + 1..] {
                 [] => None,
                 rest => Some(
@@ -79,7 +90,10 @@ pub(super) fn decode_value(base_ms: i64, bytes: &[u8]) -> Result<Held> {
                         .ok_or_else(corrupt)?,
                 ),
             };
-            return Ok(Held { first_seen_ms, digest });
+            return Ok(Held {
+                first_seen_ms,
+                digest,
+            });
         }
     }
     Err(corrupt())

@@ -32,7 +32,10 @@ impl Ledger {
         let id = state.generations.last().map_or(1, |g| g.meta.id + 1);
         let name = generation_cf_name(id);
         self.db
-            .create_cf(&name, &generation_cf_options(&self.options, &self.block_cache))
+            .create_cf(
+                &name,
+                &generation_cf_options(&self.options, &self.block_cache),
+            )
             .map_err(rocks(Doing::Generation("create", &name)))?;
         let meta = GenerationMeta {
             id,
@@ -97,9 +100,10 @@ impl Ledger {
     /// seals once it is applied, with the few ids buffered since. The generation takes those
     /// batches' ids meanwhile: its size is a target, not a limit.
     fn ready_to_seal(&self, state: &mut State) -> Result<bool> {
-        let committing = state.in_flight.as_ref().is_some_and(|f| {
-            f.ids.len() > SEAL_BUFFER_IDS && !f.written()
-        });
+        let committing = state
+            .in_flight
+            .as_ref()
+            .is_some_and(|f| f.ids.len() > SEAL_BUFFER_IDS && !f.written());
         if committing {
             return Ok(false);
         }
@@ -133,7 +137,9 @@ impl Ledger {
     pub(super) fn make_room(&self, state: &mut State, more: u64) -> Result<()> {
         let (geometry, level) = state.index.geometry();
         let held = state.index.live_slots() + more;
-        let target = (level..=geometry.max_level).find(|&l| geometry.capacity(l) >= held).unwrap_or(geometry.max_level);
+        let target = (level..=geometry.max_level)
+            .find(|&l| geometry.capacity(l) >= held)
+            .unwrap_or(geometry.max_level);
         if target == level || state.index.growing() {
             return Ok(());
         }
@@ -200,7 +206,11 @@ impl Ledger {
         let mut sealed = active.meta.clone();
         sealed.sealed = true;
         let mut batch = WriteBatch::default();
-        batch.put_cf(&self.cf(CF_META)?, generation_meta_key(sealed.id), to_json(&sealed));
+        batch.put_cf(
+            &self.cf(CF_META)?,
+            generation_meta_key(sealed.id),
+            to_json(&sealed),
+        );
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;

@@ -127,14 +127,20 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
         if target.exists() {
             std::fs::remove_file(&target).map_err(io_error("remove", &target))?;
             if durable {
-                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))?;
+                std::fs::File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io_error("sync", dir))?;
             }
         }
         return Ok(());
     }
     let stamp = Stamp {
         commit_seq: state.commit_seq,
-        generations: state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect(),
+        generations: state
+            .generations
+            .iter()
+            .map(|g| (g.meta.id, g.meta.sealed))
+            .collect(),
     };
     let header = encode_header(&state.index.header(), &stamp);
     let temporary = dir.join(TEMPORARY);
@@ -154,7 +160,9 @@ pub(super) fn write(dir: &Path, state: &State, durable: bool) -> Result<()> {
     let target = dir.join(INDEX_FILE);
     std::fs::rename(&temporary, &target).map_err(io_error("rename into place", &target))?;
     if durable {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_error("sync", dir))?;
     }
     Ok(())
 }
@@ -183,7 +191,11 @@ pub(super) fn store_in_background(state: &Mutex<State>, dir: &Path, epoch: u64) 
 
 /// The background store itself: `Ok(false)` when it gave up.
 fn store(state: &Mutex<State>, dir: &Path, temporary: &Path, epoch: u64) -> std::io::Result<bool> {
-    let lock = || state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lock = || {
+        state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    };
     let (stamp, header, table_len) = {
         let state = lock();
         if state.index_epoch != epoch || !state.index.knows() {
@@ -192,7 +204,12 @@ fn store(state: &Mutex<State>, dir: &Path, temporary: &Path, epoch: u64) -> std:
         // Only the sealed generations: the active one takes ids while the table is copied.
         let stamp = Stamp {
             commit_seq: state.commit_seq,
-            generations: state.generations.iter().filter(|g| g.meta.sealed).map(|g| (g.meta.id, true)).collect(),
+            generations: state
+                .generations
+                .iter()
+                .filter(|g| g.meta.sealed)
+                .map(|g| (g.meta.id, true))
+                .collect(),
         };
         let header = encode_header(&state.index.header(), &stamp);
         (stamp, header, state.index.table().len())
@@ -230,7 +247,10 @@ fn store(state: &Mutex<State>, dir: &Path, temporary: &Path, epoch: u64) -> std:
         // Same stamp, same number of tags: the length cannot change. Give up rather than shift the table.
         return Ok(false);
     }
-    std::fs::OpenOptions::new().write(true).open(temporary)?.write_all_at(&head(&last), 0)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(temporary)?
+        .write_all_at(&head(&last), 0)?;
     std::fs::rename(temporary, dir.join(INDEX_FILE))?;
     Ok(true)
 }
@@ -252,7 +272,12 @@ pub(super) fn remove_leftovers(dir: &Path) -> Result<()> {
 
 /// Reads the index file in `dir` for a ledger at `commit_seq` with `generations` (id → sealed)
 /// and a table of `geometry`'s sizes. `None` (with the cause logged) when there is no usable file.
-pub(super) fn read(dir: &Path, geometry: Geometry, commit_seq: u64, generations: &BTreeMap<u64, bool>) -> Option<Loaded> {
+pub(super) fn read(
+    dir: &Path,
+    geometry: Geometry,
+    commit_seq: u64,
+    generations: &BTreeMap<u64, bool>,
+) -> Option<Loaded> {
     let path = dir.join(INDEX_FILE);
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
@@ -292,7 +317,9 @@ pub(super) fn read(dir: &Path, geometry: Geometry, commit_seq: u64, generations:
 /// Makes the index file in `dir` durable (one written unsynced after a seal).
 pub(super) fn sync(dir: &Path) -> Result<()> {
     let path = dir.join(INDEX_FILE);
-    std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io_error("sync", &path))
+    std::fs::File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_error("sync", &path))
 }
 
 /// Makes `to`'s index file the one in `from` (a hard link, or a copy across file systems),
@@ -309,7 +336,9 @@ pub(super) fn link_into(from: &Path, to: &Path) -> Result<()> {
     }
     let target = to.join(INDEX_FILE);
     std::fs::rename(&temporary, &target).map_err(io_error("rename into place", &target))?;
-    std::fs::File::open(to).and_then(|d| d.sync_all()).map_err(io_error("sync", to))
+    std::fs::File::open(to)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error("sync", to))
 }
 
 fn invalid(what: impl Into<String>) -> std::io::Error {
@@ -318,7 +347,11 @@ fn invalid(what: impl Into<String>) -> std::io::Error {
 
 /// The index and stamp in `file` (at `path`); `Ok(None)` for a well-formed file of other table
 /// sizes.
-fn read_file(path: &Path, file: std::fs::File, geometry: Geometry) -> std::io::Result<Option<(IdIndex, Stamp)>> {
+fn read_file(
+    path: &Path,
+    file: std::fs::File,
+    geometry: Geometry,
+) -> std::io::Result<Option<(IdIndex, Stamp)>> {
     let file_len = file.metadata()?.len();
     let mut head = std::io::BufReader::new(&file);
     let mut magic = [0u8; 8];
@@ -348,7 +381,9 @@ fn read_file(path: &Path, file: std::fs::File, geometry: Geometry) -> std::io::R
     let loaded = IdIndex::from_parts(&index_header, geometry, |table| {
         let expected = table_start + table.len() as u64 + 8;
         if file_len != expected {
-            return Err(invalid(format!("{file_len} bytes where the table and its checksum make {expected}")));
+            return Err(invalid(format!(
+                "{file_len} bytes where the table and its checksum make {expected}"
+            )));
         }
         digests = read_pieces(path, table_start, table)?;
         Ok(())
@@ -386,7 +421,12 @@ fn header_end_and_table_start(header_len: usize) -> (usize, usize) {
 fn encode_header(h: &Header, stamp: &Stamp) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + 9 * h.slots_by_tag.len() + 9 * stamp.generations.len());
     out.extend_from_slice(&VERSION.to_le_bytes());
-    for v in [h.seed, h.geometry.base as u64, h.overflowed, stamp.commit_seq] {
+    for v in [
+        h.seed,
+        h.geometry.base as u64,
+        h.overflowed,
+        stamp.commit_seq,
+    ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&[h.geometry.max_level, h.level]);
@@ -407,9 +447,16 @@ fn decode_header(bytes: &[u8]) -> std::io::Result<(Header, Stamp)> {
     let mut r = bytes;
     let version = read_u32(&mut r)?;
     if version != VERSION {
-        return Err(invalid(format!("file version {version}, this code reads {VERSION}")));
+        return Err(invalid(format!(
+            "file version {version}, this code reads {VERSION}"
+        )));
     }
-    let (seed, base, overflowed, commit_seq) = (read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?, read_u64(&mut r)?);
+    let (seed, base, overflowed, commit_seq) = (
+        read_u64(&mut r)?,
+        read_u64(&mut r)?,
+        read_u64(&mut r)?,
+        read_u64(&mut r)?,
+    );
     let [max_level, level] = read_bytes::<2>(&mut r)?;
     let tags = read_u32(&mut r)? as usize;
     if tags > 1 << 16 {
@@ -430,8 +477,24 @@ fn decode_header(bytes: &[u8]) -> std::io::Result<(Header, Stamp)> {
     if !r.is_empty() {
         return Err(invalid("bytes after the header"));
     }
-    let geometry = Geometry { base: usize::try_from(base).map_err(|_| invalid("a table too large for this machine"))?, max_level };
-    Ok((Header { seed, geometry, level, overflowed, slots_by_tag, level_of }, Stamp { commit_seq, generations }))
+    let geometry = Geometry {
+        base: usize::try_from(base).map_err(|_| invalid("a table too large for this machine"))?,
+        max_level,
+    };
+    Ok((
+        Header {
+            seed,
+            geometry,
+            level,
+            overflowed,
+            slots_by_tag,
+            level_of,
+        },
+        Stamp {
+            commit_seq,
+            generations,
+        },
+    ))
 }
 
 fn read_bytes<const N: usize>(r: &mut impl Read) -> std::io::Result<[u8; N]> {

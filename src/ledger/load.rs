@@ -31,8 +31,8 @@
 //!   sorted run.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use rocksdb::{Options, SstFileWriter};
@@ -164,7 +164,10 @@ impl Load<'_> {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let first = self.run.first().map_or_else(crate::recovery::now_ms, |(_, t)| *t);
+        let first = self
+            .run
+            .first()
+            .map_or_else(crate::recovery::now_ms, |(_, t)| *t);
         let (generation, base_ms) = {
             let mut state = self.ledger.lock();
             if state.loads == 0 {
@@ -172,7 +175,9 @@ impl Load<'_> {
                 self.ledger.make_room(&mut state, room)?;
             }
             let Some(active) = state.generations.last() else {
-                return Err(LedgerError::CorruptMetadata { what: "the ledger has no active generation".into() });
+                return Err(LedgerError::CorruptMetadata {
+                    what: "the ledger has no active generation".into(),
+                });
             };
             let generation = active.meta.id;
             state.loads += 1;
@@ -184,7 +189,12 @@ impl Load<'_> {
         for (_, t) in &mut self.run {
             *t = stored_first_seen_ms(base_ms, *t);
         }
-        self.pinned = Some(Pinned { generation, base_ms, expected_ids, indexer });
+        self.pinned = Some(Pinned {
+            generation,
+            base_ms,
+            expected_ids,
+            indexer,
+        });
         self.times.reserve_secs = started.elapsed().as_secs_f64();
         Ok(())
     }
@@ -193,16 +203,25 @@ impl Load<'_> {
     /// holds it again when it was published again after it left an earlier owner's window); the
     /// copy with the latest first-seen time is the one kept.
     pub fn add(&mut self, ids: &[(LedgerKey, i64)]) -> Result<()> {
-        let Some(&(_, first)) = ids.first() else { return Ok(()) };
+        let Some(&(_, first)) = ids.first() else {
+            return Ok(());
+        };
         match &mut self.pinned {
             Some(pinned) => {
                 pinned.indexer.add(ids.iter().map(|(k, _)| *k).collect());
                 let base_ms = pinned.base_ms;
-                self.run.extend(ids.iter().map(|&(key, time_ms)| (key, stored_first_seen_ms(base_ms, time_ms))));
+                self.run.extend(
+                    ids.iter()
+                        .map(|&(key, time_ms)| (key, stored_first_seen_ms(base_ms, time_ms))),
+                );
             }
             None => self.run.extend_from_slice(ids),
         }
-        let span = self.span.get_or_insert(PartitionSpan { first_seen_ms: first, last_seen_ms: first, ids: 0 });
+        let span = self.span.get_or_insert(PartitionSpan {
+            first_seen_ms: first,
+            last_seen_ms: first,
+            ids: 0,
+        });
         for &(_, time_ms) in ids {
             span.first_seen_ms = span.first_seen_ms.min(time_ms);
             span.last_seen_ms = span.last_seen_ms.max(time_ms);
@@ -240,7 +259,9 @@ impl Load<'_> {
             self.wait_for_run()?;
         }
         let Some(pinned) = self.pinned.as_mut() else {
-            return Err(LedgerError::CorruptMetadata { what: "a load finished without its generation".into() });
+            return Err(LedgerError::CorruptMetadata {
+                what: "a load finished without its generation".into(),
+            });
         };
         // Every fingerprint is in before any id is (see the module docs).
         self.times.index_secs = pinned.indexer.finish();
@@ -280,10 +301,18 @@ impl Load<'_> {
             base_ms: self.pinned.as_ref().map_or(0, |p| p.base_ms),
             ids,
         };
-        let spawned = std::thread::Builder::new().name("ledger-load".into()).spawn(move || writer.write());
+        let spawned = std::thread::Builder::new()
+            .name("ledger-load".into())
+            .spawn(move || writer.write());
         match spawned {
             Ok(handle) => self.writing.push_back(handle),
-            Err(e) => return Err(LedgerError::Io { what: "start a thread to write", path: self.ledger.path.clone(), source: e }),
+            Err(e) => {
+                return Err(LedgerError::Io {
+                    what: "start a thread to write",
+                    path: self.ledger.path.clone(),
+                    source: e,
+                })
+            }
         }
         Ok(())
     }
@@ -292,9 +321,11 @@ impl Load<'_> {
     fn wait_for_run(&mut self) -> Result<()> {
         if let Some(handle) = self.writing.pop_front() {
             let started = std::time::Instant::now();
-            let file = handle
-                .join()
-                .unwrap_or_else(|_| Err(LedgerError::CorruptMetadata { what: "the load's run writer panicked".into() }))?;
+            let file = handle.join().unwrap_or_else(|_| {
+                Err(LedgerError::CorruptMetadata {
+                    what: "the load's run writer panicked".into(),
+                })
+            })?;
             self.files.push(file);
             self.times.run_wait_secs += started.elapsed().as_secs_f64();
             self.times.runs += 1;
@@ -315,7 +346,9 @@ impl Drop for Load<'_> {
         for file in self.files.drain(..) {
             let _ = std::fs::remove_file(file);
         }
-        let Some(pinned) = self.pinned.take() else { return };
+        let Some(pinned) = self.pinned.take() else {
+            return;
+        };
         let mut state = self.ledger.lock();
         state.loads = state.loads.saturating_sub(1);
         state.reserved = state.reserved.saturating_sub(pinned.expected_ids);
@@ -330,7 +363,10 @@ impl LoadedRuns {
     /// Applies the load to the ledger's state as the commit taking it records it: the ids count
     /// in the active generation's metadata, the progress record joins the buffered ones. Returns
     /// the partition window floors the commit must store, if the load changes one.
-    pub(super) fn apply(&self, state: &mut State) -> Option<std::collections::BTreeMap<Partition, i64>> {
+    pub(super) fn apply(
+        &self,
+        state: &mut State,
+    ) -> Option<std::collections::BTreeMap<Partition, i64>> {
         if let (Some(span), Some(active)) = (self.span, state.generations.last_mut()) {
             let meta = &mut active.meta;
             meta.base_ms.get_or_insert(span.first_seen_ms);
@@ -345,7 +381,9 @@ impl LoadedRuns {
                 .or_insert(span);
         }
         if !self.progress.is_empty() {
-            state.pending_progress.insert(self.partition, self.progress.clone());
+            state
+                .pending_progress
+                .insert(self.partition, self.progress.clone());
         }
         let mut forgotten = state.forgotten.clone();
         let current = forgotten.get(&self.partition).copied();
@@ -371,7 +409,11 @@ impl LoadedRuns {
 
 /// The pinned generation's base: its own, or `first` if it has none yet (no id recorded).
 fn pinned_base(state: &mut State, generation: u64, first: i64) -> i64 {
-    match state.generations.iter_mut().find(|g| g.meta.id == generation) {
+    match state
+        .generations
+        .iter_mut()
+        .find(|g| g.meta.id == generation)
+    {
         Some(g) => *g.meta.base_ms.get_or_insert(first),
         None => first,
     }
@@ -393,18 +435,28 @@ impl Indexer {
     fn start(state: Arc<Mutex<State>>, tag: u8) -> Indexer {
         let (chunks, queue) = crossbeam_channel::bounded::<Vec<LedgerKey>>(Self::QUEUED);
         let shared = Arc::clone(&state);
-        let thread = std::thread::Builder::new().name("ledger-load-index".into()).spawn(move || {
-            let mut busy = 0.0;
-            for keys in queue {
-                busy += index_locked(&shared, &keys, tag);
-            }
-            busy
-        });
+        let thread = std::thread::Builder::new()
+            .name("ledger-load-index".into())
+            .spawn(move || {
+                let mut busy = 0.0;
+                for keys in queue {
+                    busy += index_locked(&shared, &keys, tag);
+                }
+                busy
+            });
         match thread {
-            Ok(thread) => Indexer { chunks: Some(chunks), thread: Some(thread), inline: None },
+            Ok(thread) => Indexer {
+                chunks: Some(chunks),
+                thread: Some(thread),
+                inline: None,
+            },
             Err(e) => {
                 tracing::debug!(error = %e, "Could not start a thread for a load's index; it fills on the loading thread.");
-                Indexer { chunks: None, thread: None, inline: Some((state, tag, 0.0)) }
+                Indexer {
+                    chunks: None,
+                    thread: None,
+                    inline: Some((state, tag, 0.0)),
+                }
             }
         }
     }
@@ -421,7 +473,11 @@ impl Indexer {
     /// Waits until every chunk sent is in the index; the seconds spent putting them there.
     fn finish(&mut self) -> f64 {
         self.chunks.take();
-        let threaded = self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0.0);
+        let threaded = self
+            .thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or(0.0);
         threaded + self.inline.as_ref().map_or(0.0, |(_, _, busy)| *busy)
     }
 }
@@ -429,7 +485,13 @@ impl Indexer {
 /// [`index_all`] under the ledger's lock; the seconds it took, the wait for the lock included.
 fn index_locked(state: &Mutex<State>, keys: &[LedgerKey], tag: u8) -> f64 {
     let started = std::time::Instant::now();
-    index_all(&mut state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()), keys, tag);
+    index_all(
+        &mut state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        keys,
+        tag,
+    );
     started.elapsed().as_secs_f64()
 }
 
@@ -451,12 +513,20 @@ fn index_all(state: &mut State, keys: &[LedgerKey], tag: u8) {
 /// sorting by their first 8 bytes alone orders all but the rare keys that share them, which are
 /// ordered among themselves after: two thirds of the time of sorting by the whole key and time.
 fn sort_run(ids: &mut [(LedgerKey, i64)]) {
-    let prefix = |k: &LedgerKey| u64::from_be_bytes([k.0[0], k.0[1], k.0[2], k.0[3], k.0[4], k.0[5], k.0[6], k.0[7]]);
+    let prefix = |k: &LedgerKey| {
+        u64::from_be_bytes([
+            k.0[0], k.0[1], k.0[2], k.0[3], k.0[4], k.0[5], k.0[6], k.0[7],
+        ])
+    };
     ids.sort_unstable_by_key(|(k, _)| prefix(k));
     let mut start = 0;
     while start < ids.len() {
         let p = prefix(&ids[start].0);
-        let end = start + ids[start..].iter().take_while(|(k, _)| prefix(k) == p).count();
+        let end = start
+            + ids[start..]
+                .iter()
+                .take_while(|(k, _)| prefix(k) == p)
+                .count();
         if end - start > 1 {
             ids[start..end].sort_unstable_by_key(|&(k, t)| (u128::from_be_bytes(k.0), t));
         }
@@ -511,13 +581,22 @@ fn read_back(file: &std::path::Path) {
     use std::os::fd::AsRawFd;
     /// Linux reads at most a device's readahead size per hint, so the file is hinted in steps.
     const STEP: i64 = 4 << 20;
-    let Ok(opened) = std::fs::File::open(file) else { return };
-    let Ok(len) = opened.metadata().map(|m| m.len() as i64) else { return };
+    let Ok(opened) = std::fs::File::open(file) else {
+        return;
+    };
+    let Ok(len) = opened.metadata().map(|m| m.len() as i64) else {
+        return;
+    };
     for offset in (0..len).step_by(STEP as usize) {
         // SAFETY: the descriptor is open for the call's duration; fadvise reads no memory of ours.
-        let advised = unsafe { libc::posix_fadvise(opened.as_raw_fd(), offset, STEP, libc::POSIX_FADV_WILLNEED) };
+        let advised = unsafe {
+            libc::posix_fadvise(opened.as_raw_fd(), offset, STEP, libc::POSIX_FADV_WILLNEED)
+        };
         if advised != 0 {
-            tracing::debug!(code = advised, "Could not ask for a load's run to be read back into the page cache.");
+            tracing::debug!(
+                code = advised,
+                "Could not ask for a load's run to be read back into the page cache."
+            );
             return;
         }
     }
@@ -534,7 +613,12 @@ mod tests {
     }
 
     fn options() -> LedgerOptions {
-        LedgerOptions { budget_bytes: 256 << 20, write_buffer_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..LedgerOptions::default() }
+        LedgerOptions {
+            budget_bytes: 256 << 20,
+            write_buffer_bytes: 1 << 20,
+            block_cache_bytes: 1 << 20,
+            ..LedgerOptions::default()
+        }
     }
 
     /// Loads ids `0..n` of partition 7 (first seen at 1,000 s + n) in chunks of 1,000, in runs of
@@ -542,7 +626,9 @@ mod tests {
     fn load(ledger: &Ledger, n: u64, progress: &[u8]) -> (u64, LoadTimes) {
         let mut load = ledger.begin_load(7);
         load.run_ids = 3_000;
-        let ids: Vec<(LedgerKey, i64)> = (0..n).map(|i| (key(i), 1_000_000 + i as i64 * 1000)).collect();
+        let ids: Vec<(LedgerKey, i64)> = (0..n)
+            .map(|i| (key(i), 1_000_000 + i as i64 * 1000))
+            .collect();
         for chunk in ids.chunks(1_000) {
             load.add(chunk).unwrap();
         }
@@ -550,7 +636,16 @@ mod tests {
     }
 
     fn ingest_files(dir: &std::path::Path) -> usize {
-        std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == super::super::commit::INGEST_FILE_EXTENSION)).count()
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == super::super::commit::INGEST_FILE_EXTENSION)
+            })
+            .count()
     }
 
     /// The share of `file`'s pages in the page cache.
@@ -563,7 +658,14 @@ mod tests {
         // SAFETY: a read-only shared mapping of the whole file, unmapped before returning; mincore
         // writes one byte per page into `vec`, which has one per page.
         unsafe {
-            let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, opened.as_raw_fd(), 0);
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                opened.as_raw_fd(),
+                0,
+            );
             assert_ne!(map, libc::MAP_FAILED);
             assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
             libc::munmap(map, len);
@@ -577,7 +679,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = rocksdb::Cache::new_lru_cache(1 << 20);
         let ids: Vec<(LedgerKey, i64)> = (0..350_000).map(|i| (key(i), i as i64)).collect();
-        let writer = RunWriter { file: dir.path().join("run.sst"), options: load_run_options(&options(), &cache), base_ms: 0, ids };
+        let writer = RunWriter {
+            file: dir.path().join("run.sst"),
+            options: load_run_options(&options(), &cache),
+            base_ms: 0,
+            ids,
+        };
         let file = writer.write().unwrap();
         assert!(std::fs::metadata(&file).unwrap().len() > 8 << 20);
         // The reads were asked for; they finish in the background.
@@ -587,40 +694,115 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(50));
             share = resident_share(&file);
         }
-        assert!(share >= 0.99, "{:.0}% of the run is in the page cache", share * 100.0);
+        assert!(
+            share >= 0.99,
+            "{:.0}% of the run is in the page cache",
+            share * 100.0
+        );
     }
 
     #[test]
     fn a_load_is_held_whole_with_its_progress_beside_the_pipelines_ids() {
         for durability in Durability::ALL {
             let dir = tempfile::tempdir().unwrap();
-            let ledger = Ledger::open(dir.path(), LedgerOptions { durability, ..options() }).unwrap();
+            let ledger = Ledger::open(
+                dir.path(),
+                LedgerOptions {
+                    durability,
+                    ..options()
+                },
+            )
+            .unwrap();
             // Another partition's batch, buffered when the load starts.
-            ledger.check_and_record(1, &[(key(1_000_000), 5_000_000)], b"p1").unwrap();
+            ledger
+                .check_and_record(1, &[(key(1_000_000), 5_000_000)], b"p1")
+                .unwrap();
             let (n, times) = load(&ledger, 10_000, b"loaded");
-            assert_eq!((n, times.runs), (10_000, 4), "{durability}: four runs of at most 3,000");
-            assert_eq!(ingest_files(dir.path()), 0, "{durability}: the runs moved into the ledger");
+            assert_eq!(
+                (n, times.runs),
+                (10_000, 4),
+                "{durability}: four runs of at most 3,000"
+            );
+            assert_eq!(
+                ingest_files(dir.path()),
+                0,
+                "{durability}: the runs moved into the ledger"
+            );
             let check = |ledger: &Ledger, what: &str| {
-                let keys: Vec<LedgerKey> = (0..10_000).map(key).chain([key(1_000_000), key(20_000)]).collect();
+                let keys: Vec<LedgerKey> = (0..10_000)
+                    .map(key)
+                    .chain([key(1_000_000), key(20_000)])
+                    .collect();
                 let held = ledger.check(&keys).unwrap();
                 for (i, found) in held[..10_000].iter().enumerate() {
-                    assert_eq!(*found, Some(1_000_000 + i as i64 * 1000), "{durability} {what}: loaded id {i}");
+                    assert_eq!(
+                        *found,
+                        Some(1_000_000 + i as i64 * 1000),
+                        "{durability} {what}: loaded id {i}"
+                    );
                 }
-                assert_eq!(held[10_000], Some(5_000_000), "{durability} {what}: the pipeline's id");
+                assert_eq!(
+                    held[10_000],
+                    Some(5_000_000),
+                    "{durability} {what}: the pipeline's id"
+                );
                 assert_eq!(held[10_001], None, "{durability} {what}: an id never seen");
-                assert_eq!(ledger.progress(7).unwrap().as_deref(), Some(&b"loaded"[..]), "{durability} {what}");
-                assert_eq!(ledger.progress(1).unwrap().as_deref(), Some(&b"p1"[..]), "{durability} {what}");
+                assert_eq!(
+                    ledger.progress(7).unwrap().as_deref(),
+                    Some(&b"loaded"[..]),
+                    "{durability} {what}"
+                );
+                assert_eq!(
+                    ledger.progress(1).unwrap().as_deref(),
+                    Some(&b"p1"[..]),
+                    "{durability} {what}"
+                );
                 let window = ledger.window(7, 20_000_000).unwrap();
-                assert_eq!(window, std::time::Duration::from_secs(19_000), "{durability} {what}: from the oldest loaded id");
-                assert_eq!(ledger.stats().unwrap().ids_estimate, 10_001, "{durability} {what}");
+                assert_eq!(
+                    window,
+                    std::time::Duration::from_secs(19_000),
+                    "{durability} {what}: from the oldest loaded id"
+                );
+                assert_eq!(
+                    ledger.stats().unwrap().ids_estimate,
+                    10_001,
+                    "{durability} {what}"
+                );
             };
             check(&ledger, "after the load");
             // A loaded id sent again is a duplicate; a new one is new.
-            let v = ledger.check_and_record(7, &[(key(5), 30_000_000), (key(30_000), 30_000_000)], b"next").unwrap();
-            assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 1_005_000, digest: None }, Verdict::New], "{durability}");
+            let v = ledger
+                .check_and_record(
+                    7,
+                    &[(key(5), 30_000_000), (key(30_000), 30_000_000)],
+                    b"next",
+                )
+                .unwrap();
+            assert_eq!(
+                v,
+                vec![
+                    Verdict::Duplicate {
+                        first_seen_ms: 1_005_000,
+                        digest: None
+                    },
+                    Verdict::New
+                ],
+                "{durability}"
+            );
             ledger.drop_without_closing();
-            let ledger = Ledger::open(dir.path(), LedgerOptions { durability, ..options() }).unwrap();
-            assert_eq!(ledger.check(&[key(9_999)]).unwrap(), vec![Some(1_000_000 + 9_999_000)], "{durability}: after a crash");
+            let ledger = Ledger::open(
+                dir.path(),
+                LedgerOptions {
+                    durability,
+                    ..options()
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                ledger.check(&[key(9_999)]).unwrap(),
+                vec![Some(1_000_000 + 9_999_000)],
+                "{durability}: after a crash"
+            );
             drop(ledger);
         }
     }
@@ -635,7 +817,10 @@ mod tests {
         load.add(&ids).unwrap();
         drop(load);
         assert_eq!(ingest_files(dir.path()), 0, "the written runs are removed");
-        assert_eq!(ledger.check(&[key(1), key(6_999)]).unwrap(), vec![None, None]);
+        assert_eq!(
+            ledger.check(&[key(1), key(6_999)]).unwrap(),
+            vec![None, None]
+        );
         assert_eq!(ledger.progress(7).unwrap(), None);
         assert_eq!(ledger.window(7, 5_000_000), None);
         // The generation it pinned is sealed as usual afterwards, and a later load works.
@@ -644,7 +829,10 @@ mod tests {
 
     fn load_and_check_again(ledger: &Ledger) {
         load(ledger, 100, b"again");
-        assert_eq!(ledger.check(&[key(99)]).unwrap(), vec![Some(1_000_000 + 99_000)]);
+        assert_eq!(
+            ledger.check(&[key(99)]).unwrap(),
+            vec![Some(1_000_000 + 99_000)]
+        );
     }
 
     #[test]
@@ -654,11 +842,17 @@ mod tests {
         let mut load = ledger.begin_load(7);
         load.run_ids = 2;
         // The changelog holds id 1 twice: published again after it left an earlier window.
-        load.add(&[(key(1), 1_000_000), (key(2), 2_000_000)]).unwrap();
-        load.add(&[(key(3), 3_000_000), (key(1), 4_000_000)]).unwrap();
-        load.add(&[(key(1), 5_000_000), (key(1), 6_000_000)]).unwrap();
+        load.add(&[(key(1), 1_000_000), (key(2), 2_000_000)])
+            .unwrap();
+        load.add(&[(key(3), 3_000_000), (key(1), 4_000_000)])
+            .unwrap();
+        load.add(&[(key(1), 5_000_000), (key(1), 6_000_000)])
+            .unwrap();
         load.finish(b"x", WindowFloor::Keep).unwrap();
-        assert_eq!(ledger.check(&[key(1), key(2), key(3)]).unwrap(), vec![Some(6_000_000), Some(2_000_000), Some(3_000_000)]);
+        assert_eq!(
+            ledger.check(&[key(1), key(2), key(3)]).unwrap(),
+            vec![Some(6_000_000), Some(2_000_000), Some(3_000_000)]
+        );
     }
 
     #[test]
@@ -668,9 +862,26 @@ mod tests {
             b[15] = last;
             LedgerKey(b)
         };
-        let mut ids = vec![(k(9, 1), 5), (k(1, 7), 3), (k(9, 0), 8), (k(1, 7), 1), (k(1, 2), 9), (k(9, 1), 2)];
+        let mut ids = vec![
+            (k(9, 1), 5),
+            (k(1, 7), 3),
+            (k(9, 0), 8),
+            (k(1, 7), 1),
+            (k(1, 2), 9),
+            (k(9, 1), 2),
+        ];
         sort_run(&mut ids);
-        assert_eq!(ids, vec![(k(1, 2), 9), (k(1, 7), 1), (k(1, 7), 3), (k(9, 0), 8), (k(9, 1), 2), (k(9, 1), 5)]);
+        assert_eq!(
+            ids,
+            vec![
+                (k(1, 2), 9),
+                (k(1, 7), 1),
+                (k(1, 7), 3),
+                (k(9, 0), 8),
+                (k(9, 1), 2),
+                (k(9, 1), 5)
+            ]
+        );
     }
 
     #[test]
@@ -680,24 +891,51 @@ mod tests {
         let now = 200_000_000;
         // The window: ids first seen from 100,000 s on; older ones are still to come.
         let mut load = ledger.begin_load(7);
-        load.add(&[(key(1), 150_000_000), (key(2), 190_000_000)]).unwrap();
+        load.add(&[(key(1), 150_000_000), (key(2), 190_000_000)])
+            .unwrap();
         load.finish(b"p", WindowFloor::Raise(140_000_000)).unwrap();
-        assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(50_000)), "the oldest loaded id");
+        assert_eq!(
+            ledger.window(7, now),
+            Some(std::time::Duration::from_secs(50_000)),
+            "the oldest loaded id"
+        );
         let mut load = ledger.begin_load(7);
         load.add(&[(key(3), 120_000_000)]).unwrap();
         // The floor holds across a reopen: it is in the commit.
         load.finish(&[], WindowFloor::Keep).unwrap();
-        assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(60_000)), "not past the floor");
+        assert_eq!(
+            ledger.window(7, now),
+            Some(std::time::Duration::from_secs(60_000)),
+            "not past the floor"
+        );
         drop(ledger);
         let ledger = Ledger::open(dir.path(), options()).unwrap();
-        assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(60_000)));
+        assert_eq!(
+            ledger.window(7, now),
+            Some(std::time::Duration::from_secs(60_000))
+        );
         let mut load = ledger.begin_load(7);
         load.add(&[(key(4), 100_000_000)]).unwrap();
-        load.finish(&[], WindowFloor::Lower { expected: 140_000_000, with: None }).unwrap();
-        assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(100_000)), "the older ids are in");
+        load.finish(
+            &[],
+            WindowFloor::Lower {
+                expected: 140_000_000,
+                with: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            ledger.window(7, now),
+            Some(std::time::Duration::from_secs(100_000)),
+            "the older ids are in"
+        );
         ledger.drop_without_closing();
         let ledger = Ledger::open(dir.path(), options()).unwrap();
-        assert_eq!(ledger.window(7, now), Some(std::time::Duration::from_secs(100_000)), "after a crash too");
+        assert_eq!(
+            ledger.window(7, now),
+            Some(std::time::Duration::from_secs(100_000)),
+            "after a crash too"
+        );
     }
 
     const CRASH_DIR_ENV: &str = "DEDUPE_LOAD_CRASH_DIR";
@@ -708,24 +946,40 @@ mod tests {
     #[test]
     #[ignore = "the load crash tests' child process; they run it"]
     fn crash_child_loader() {
-        let dir = std::env::var(CRASH_DIR_ENV).expect("run by the crash tests, which set the directory");
+        let dir =
+            std::env::var(CRASH_DIR_ENV).expect("run by the crash tests, which set the directory");
         let _failpoints = fail::FailScenario::setup();
         let ledger = Ledger::open(&dir, options()).unwrap();
         if ledger.progress(7).unwrap().is_none() {
             load(&ledger, CRASH_LOAD_IDS, b"loaded");
         }
         for batch in 0u64.. {
-            let items: Vec<_> = (0..64).map(|i| (ledger_key(format!("b{batch}-{i}").as_bytes()).unwrap(), 1)).collect();
-            ledger.check_and_record(0, &items, &batch.to_le_bytes()).unwrap();
+            let items: Vec<_> = (0..64)
+                .map(|i| (ledger_key(format!("b{batch}-{i}").as_bytes()).unwrap(), 1))
+                .collect();
+            ledger
+                .check_and_record(0, &items, &batch.to_le_bytes())
+                .unwrap();
         }
     }
 
-    fn run_child(dir: &std::path::Path, failpoints: Option<&str>, kill_after: Option<std::time::Duration>) {
+    fn run_child(
+        dir: &std::path::Path,
+        failpoints: Option<&str>,
+        kill_after: Option<std::time::Duration>,
+    ) {
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "ledger::load::tests::crash_child_loader", "--ignored", "--nocapture", "--test-threads", "1"])
-            .env(CRASH_DIR_ENV, dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+        cmd.args([
+            "--exact",
+            "ledger::load::tests::crash_child_loader",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CRASH_DIR_ENV, dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
         if let Some(f) = failpoints {
             cmd.env("FAILPOINTS", f);
         }
@@ -741,13 +995,26 @@ mod tests {
     /// After a crash: the load's ids are all held with its progress record, or none of them
     /// without it. Returns whether the load was held.
     fn load_whole_or_absent(dir: &std::path::Path, what: &str) -> bool {
-        let ledger = Ledger::open(dir, options()).unwrap_or_else(|e| panic!("{what}: the ledger does not open again: {e}"));
+        let ledger = Ledger::open(dir, options())
+            .unwrap_or_else(|e| panic!("{what}: the ledger does not open again: {e}"));
         let keys: Vec<LedgerKey> = (0..CRASH_LOAD_IDS).map(key).collect();
-        let held = ledger.check(&keys).unwrap().iter().filter(|f| f.is_some()).count() as u64;
+        let held = ledger
+            .check(&keys)
+            .unwrap()
+            .iter()
+            .filter(|f| f.is_some())
+            .count() as u64;
         let progress = ledger.progress(7).unwrap();
-        assert_eq!(ingest_files(dir), 0, "{what}: leftover run files are removed at open");
+        assert_eq!(
+            ingest_files(dir),
+            0,
+            "{what}: leftover run files are removed at open"
+        );
         match progress.as_deref() {
-            Some(b"loaded") => assert_eq!(held, CRASH_LOAD_IDS, "{what}: a load with its progress record lacks ids"),
+            Some(b"loaded") => assert_eq!(
+                held, CRASH_LOAD_IDS,
+                "{what}: a load with its progress record lacks ids"
+            ),
             None => assert_eq!(held, 0, "{what}: ids of a load without its progress record"),
             Some(other) => panic!("{what}: unexpected progress {other:?}"),
         }
@@ -758,7 +1025,10 @@ mod tests {
     fn a_crash_between_a_loads_ingestion_and_its_bookkeeping_keeps_the_load() {
         let dir = tempfile::tempdir().unwrap();
         run_child(dir.path(), Some("ledger-after-ingest=return"), None);
-        assert!(load_whole_or_absent(dir.path(), "after the ingestion"), "the ingested load was lost");
+        assert!(
+            load_whole_or_absent(dir.path(), "after the ingestion"),
+            "the ingested load was lost"
+        );
     }
 
     #[test]
@@ -766,7 +1036,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // Ten chunks of 1,000 ids in: three runs written, one filling.
         run_child(dir.path(), Some("ledger-during-load=10*off->return"), None);
-        assert!(!load_whole_or_absent(dir.path(), "part way through the load"), "a load that never finished is held");
+        assert!(
+            !load_whole_or_absent(dir.path(), "part way through the load"),
+            "a load that never finished is held"
+        );
     }
 
     #[test]

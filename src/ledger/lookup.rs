@@ -7,7 +7,10 @@ use super::batch_log::LoggedBatch;
 use super::error::{rocks, Doing};
 use super::format::{decode_value, progress_key};
 use super::index::{IdIndex, Probe};
-use super::{stored_first_seen_ms, Held, Ledger, LedgerError, Result, Sent, Sighting, State, Verdict, CF_PROGRESS};
+use super::{
+    stored_first_seen_ms, Held, Ledger, LedgerError, Result, Sent, Sighting, State, Verdict,
+    CF_PROGRESS,
+};
 use crate::identity::LedgerKey;
 use crate::Partition;
 
@@ -17,7 +20,11 @@ impl Ledger {
     /// The id index answers most keys ("not held") from memory. The others are looked up in the
     /// buffer and in RocksDB, only in the generations the index names (in every generation, newest
     /// first, when the index cannot tell).
-    pub(super) fn lookup_sorted(&self, state: &State, keys: &[LedgerKey]) -> Result<Vec<Option<Held>>> {
+    pub(super) fn lookup_sorted(
+        &self,
+        state: &State,
+        keys: &[LedgerKey],
+    ) -> Result<Vec<Option<Held>>> {
         let mut found = vec![None; keys.len()];
         let gens = &state.generations;
         let active_tag = gens.last().map(|g| IdIndex::tag(g.meta.id));
@@ -37,9 +44,10 @@ impl Ledger {
                 Probe::Unknown => ([0; 4], 0, true),
             };
             if every || tags[..len].iter().any(|t| Some(*t) == active_tag) {
-                let buffered = state.pending.get(&keys[i]).or_else(|| {
-                    state.in_flight.as_ref().and_then(|f| f.ids.get(&keys[i]))
-                });
+                let buffered = state
+                    .pending
+                    .get(&keys[i])
+                    .or_else(|| state.in_flight.as_ref().and_then(|f| f.ids.get(&keys[i])));
                 if let Some(&held) = buffered {
                     found[i] = Some(held);
                     continue;
@@ -62,7 +70,11 @@ impl Ledger {
             };
             // Found in a newer generation already: an id lives in one generation only, but an
             // index false positive can name an older one too.
-            let list: Vec<usize> = list.iter().copied().filter(|&i| found[i].is_none()).collect();
+            let list: Vec<usize> = list
+                .iter()
+                .copied()
+                .filter(|&i| found[i].is_none())
+                .collect();
             if list.is_empty() {
                 continue;
             }
@@ -86,27 +98,45 @@ impl Ledger {
     /// one id, not for the pipeline.
     pub(super) fn sightings_in(&self, state: &State, key: &LedgerKey) -> Result<Vec<Sighting>> {
         let mut found = Vec::new();
-        let buffered = state.pending.get(key).or_else(|| state.in_flight.as_ref().and_then(|f| f.ids.get(key)));
+        let buffered = state
+            .pending
+            .get(key)
+            .or_else(|| state.in_flight.as_ref().and_then(|f| f.ids.get(key)));
         for (newest, generation) in state.generations.iter().rev().enumerate() {
             if newest == 0 {
                 if let Some(held) = buffered {
-                    found.push(Sighting { generation: generation.meta.id, first_seen_ms: held.first_seen_ms });
+                    found.push(Sighting {
+                        generation: generation.meta.id,
+                        first_seen_ms: held.first_seen_ms,
+                    });
                     continue;
                 }
             }
-            let Some(base_ms) = generation.meta.base_ms else { continue };
+            let Some(base_ms) = generation.meta.base_ms else {
+                continue;
+            };
             let cf = self.cf(&generation.name)?;
             if let Some(value) = self.db.get_cf(&cf, key.0).map_err(rocks(Doing::Read))? {
-                found.push(Sighting { generation: generation.meta.id, first_seen_ms: decode_value(base_ms, &value)?.first_seen_ms });
+                found.push(Sighting {
+                    generation: generation.meta.id,
+                    first_seen_ms: decode_value(base_ms, &value)?.first_seen_ms,
+                });
             }
         }
         Ok(found)
     }
 
     /// The progress record last written for `partition`: buffered, in flight, or on disk.
-    pub(super) fn read_progress(&self, state: &State, partition: Partition) -> Result<Option<Vec<u8>>> {
+    pub(super) fn read_progress(
+        &self,
+        state: &State,
+        partition: Partition,
+    ) -> Result<Option<Vec<u8>>> {
         let buffered = state.pending_progress.get(&partition).or_else(|| {
-            state.in_flight.as_ref().and_then(|f| f.progress.get(&partition))
+            state
+                .in_flight
+                .as_ref()
+                .and_then(|f| f.progress.get(&partition))
         });
         if let Some(value) = buffered {
             return Ok(Some(value.clone()));
@@ -157,18 +187,28 @@ pub(super) fn judge_batch<S: Sent>(
 ) -> (Vec<Verdict>, LoggedBatch) {
     let active_index = state.generations.len() - 1;
     let active = &state.generations[active_index];
-    let base_ms = active.meta.base_ms.or_else(|| items.first().map(Sent::time_ms)).unwrap_or(0);
+    let base_ms = active
+        .meta
+        .base_ms
+        .or_else(|| items.first().map(Sent::time_ms))
+        .unwrap_or(0);
     // What each distinct key is recorded as in this batch, if it is new.
     let mut recorded: Vec<Option<Held>> = vec![None; found.len()];
     let mut verdicts = Vec::with_capacity(items.len());
     let mut new_ids = Vec::with_capacity(items.len());
     for (item, &s) in items.iter().zip(slot) {
         if let Some(held) = found[s].or(recorded[s]) {
-            verdicts.push(Verdict::Duplicate { first_seen_ms: held.first_seen_ms, digest: held.digest });
+            verdicts.push(Verdict::Duplicate {
+                first_seen_ms: held.first_seen_ms,
+                digest: held.digest,
+            });
             continue;
         }
         let (time_ms, digest) = (item.time_ms(), item.digest());
-        recorded[s] = Some(Held { first_seen_ms: stored_first_seen_ms(base_ms, time_ms), digest });
+        recorded[s] = Some(Held {
+            first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
+            digest,
+        });
         verdicts.push(Verdict::New);
         new_ids.push((item.key(), time_ms, digest));
     }

@@ -156,12 +156,12 @@ pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
 pub use options::{Durability, LedgerOptions};
 pub use stats::{GenerationInfo, LedgerStats};
 
+use crate::Partition;
 use batch_log::BatchLog;
 use buffer::IdBuffer;
 use commit::InFlight;
 use index::IdIndex;
 use lookup::{judge_batch, sort_distinct};
-use crate::Partition;
 
 /// Column family holding format version and generation metadata.
 pub const CF_META: &str = "meta";
@@ -354,13 +354,22 @@ impl Ledger {
 
     /// Looks keys up without recording anything: the first-seen time of each key held.
     pub fn check(&self, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
-        Ok(self.held(keys)?.into_iter().map(|h| h.map(|h| h.first_seen_ms)).collect())
+        Ok(self
+            .held(keys)?
+            .into_iter()
+            .map(|h| h.map(|h| h.first_seen_ms))
+            .collect())
     }
 
     /// Checks a batch of one partition's ids (key, event time ms, and optionally content digest)
     /// and records the new ones, together with the partition's progress record, in one atomic
     /// write. An empty `progress` leaves the partition's progress record as it is.
-    pub fn check_and_record<S: Sent>(&self, partition: Partition, items: &[S], progress: &[u8]) -> Result<Vec<Verdict>> {
+    pub fn check_and_record<S: Sent>(
+        &self,
+        partition: Partition,
+        items: &[S],
+        progress: &[u8],
+    ) -> Result<Vec<Verdict>> {
         let (sorted, slot) = sort_distinct(items.iter().map(Sent::key));
         let mut state = self.lock();
         // Commits happen before this batch is recorded, so that an error (worth a retry) always
@@ -447,7 +456,10 @@ impl Ledger {
 
     /// How opening this ledger went.
     pub fn open_report(&self) -> OpenReport {
-        self.opened.get().copied().unwrap_or(OpenReport { seconds: 0.0, index: IndexSource::Empty })
+        self.opened.get().copied().unwrap_or(OpenReport {
+            seconds: 0.0,
+            index: IndexSource::Empty,
+        })
     }
 
     /// Commits everything buffered and stores the id index in its file, so that the next open
@@ -473,7 +485,11 @@ impl Ledger {
     /// a failure only costs the next open time.
     fn store_index_after_seal(&self, state: &mut State) {
         // While the table doubles it is not read whole: the next seal or the close stores it.
-        if !state.index.knows() || !state.pending.is_empty() || state.in_flight.is_some() || state.index.growing() {
+        if !state.index.knows()
+            || !state.pending.is_empty()
+            || state.in_flight.is_some()
+            || state.index.growing()
+        {
             return;
         }
         if self.options.durability == Durability::NoWal {
@@ -493,11 +509,16 @@ impl Ledger {
             .spawn(move || index_file::store_in_background(&shared, &dir, epoch));
         match spawned {
             Ok(handle) => {
-                let mut stores = self.index_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut stores = self
+                    .index_stores
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
                 stores.retain(|h| !h.is_finished());
                 stores.push(handle);
             }
-            Err(e) => tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it."),
+            Err(e) => {
+                tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it.")
+            }
         }
     }
 
@@ -510,16 +531,25 @@ impl Ledger {
             return;
         }
         let shared = Arc::clone(&self.state);
-        let spawned = std::thread::Builder::new().name("index-grow".into()).spawn(move || loop {
-            let done = shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).index.split_some(STEP);
-            if done {
-                return;
-            }
-            std::thread::yield_now();
-        });
+        let spawned = std::thread::Builder::new()
+            .name("index-grow".into())
+            .spawn(move || loop {
+                let done = shared
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .index
+                    .split_some(STEP);
+                if done {
+                    return;
+                }
+                std::thread::yield_now();
+            });
         match spawned {
             Ok(handle) => {
-                let mut stores = self.index_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut stores = self
+                    .index_stores
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
                 stores.retain(|h| !h.is_finished());
                 stores.push(handle);
             }
@@ -538,7 +568,12 @@ impl Ledger {
 
     /// Waits for the background stores of the id index to finish (or give up).
     fn join_index_stores(&self) {
-        let stores = std::mem::take(&mut *self.index_stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let stores = std::mem::take(
+            &mut *self
+                .index_stores
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
         for handle in stores {
             let _ = handle.join();
         }
@@ -570,7 +605,9 @@ impl Ledger {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves no half-applied state: the in-memory state is
         // only changed after the RocksDB write succeeded.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn cf(&self, name: &str) -> Result<std::sync::Arc<rocksdb::BoundColumnFamily<'_>>> {
@@ -592,8 +629,12 @@ impl Drop for Ledger {
                 // open would replay it) and stores the id index for the next open.
                 let started = std::time::Instant::now();
                 match self.close() {
-                    Ok(()) => tracing::info!(path = %self.path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "Stored the ledger's id index for the next open."),
-                    Err(e) => tracing::warn!(path = %self.path.display(), error = %e, "Could not store the ledger's id index; the next open rebuilds it from the generations."),
+                    Ok(()) => {
+                        tracing::info!(path = %self.path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "Stored the ledger's id index for the next open.")
+                    }
+                    Err(e) => {
+                        tracing::warn!(path = %self.path.display(), error = %e, "Could not store the ledger's id index; the next open rebuilds it from the generations.")
+                    }
                 }
             } else if self.options.durability == Durability::NoWal {
                 // Without a WAL, buffered and unflushed batches would be lost on a clean close.

@@ -12,18 +12,18 @@ use rocksdb::{Cache, ColumnFamilyDescriptor, Options, WriteBatch};
 use super::buffer::new_buffer;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
-    generation_cf_name, generation_meta_key, parse_json, to_json, META_FORGOTTEN, META_FORMAT_VERSION,
-    META_GENERATION_PREFIX,
+    generation_cf_name, generation_meta_key, parse_json, to_json, META_FORGOTTEN,
+    META_FORMAT_VERSION, META_GENERATION_PREFIX,
 };
 use super::index::IdIndex;
 use super::index_file::IndexSource;
 use super::tuning::{db_options, generation_cf_options, small_cf_options};
-use crate::Partition;
 use super::{
     Db, Durability, Generation, GenerationMeta, Ledger, LedgerError, LedgerOptions, Result, State,
     CF_META, CF_PROGRESS, CREATING_MARKER, FORMAT_VERSION, GENERATION_CF_PREFIX,
     OLDEST_READABLE_FORMAT_VERSION,
 };
+use crate::Partition;
 
 impl Ledger {
     /// Opens (with `create`, creating) the ledger at `path`: see [`Ledger::open`] and
@@ -56,7 +56,10 @@ impl Ledger {
             remove_durably(&ledger.path, CREATING_MARKER)?;
         }
         let seconds = started.elapsed().as_secs_f64();
-        let _ = ledger.opened.set(super::OpenReport { seconds, index: source });
+        let _ = ledger.opened.set(super::OpenReport {
+            seconds,
+            index: source,
+        });
         metrics::gauge!(crate::metrics::LEDGER_OPEN_SECONDS, crate::metrics::LABEL_INDEX => source.label()).set(seconds);
         tracing::info!(path = %ledger.path.display(), seconds, db_seconds, index = source.label(), "Opened the ledger.");
         Ok(ledger)
@@ -100,7 +103,10 @@ impl Ledger {
     /// holds nothing.
     fn check_format(&self, fresh: bool, cf_names: &[String]) -> Result<()> {
         let meta = self.cf(CF_META)?;
-        let marker = self.db.get_cf(&meta, META_FORMAT_VERSION).map_err(rocks(Doing::Read))?;
+        let marker = self
+            .db
+            .get_cf(&meta, META_FORMAT_VERSION)
+            .map_err(rocks(Doing::Read))?;
         drop(meta);
         match marker {
             Some(bytes) => {
@@ -143,7 +149,11 @@ impl Ledger {
     /// flushes it, so that it is durable without a WAL too.
     fn write_format_marker(&self, flush: bool) -> Result<()> {
         let mut batch = WriteBatch::default();
-        batch.put_cf(&self.cf(CF_META)?, META_FORMAT_VERSION, FORMAT_VERSION.to_le_bytes());
+        batch.put_cf(
+            &self.cf(CF_META)?,
+            META_FORMAT_VERSION,
+            FORMAT_VERSION.to_le_bytes(),
+        );
         self.db
             .write_opt(batch, &self.sync_write_options())
             .map_err(rocks(Doing::Write))?;
@@ -155,10 +165,17 @@ impl Ledger {
 
     /// True if the ledger has no progress record and no generation holds a key.
     fn holds_nothing(&self, cf_names: &[String]) -> Result<bool> {
-        let holders = cf_names.iter().filter(|n| n.starts_with(GENERATION_CF_PREFIX)).map(String::as_str);
+        let holders = cf_names
+            .iter()
+            .filter(|n| n.starts_with(GENERATION_CF_PREFIX))
+            .map(String::as_str);
         for name in std::iter::once(CF_PROGRESS).chain(holders) {
             let cf = self.cf(name)?;
-            if let Some(item) = self.db.iterator_cf(&cf, rocksdb::IteratorMode::Start).next() {
+            if let Some(item) = self
+                .db
+                .iterator_cf(&cf, rocksdb::IteratorMode::Start)
+                .next()
+            {
                 item.map_err(rocks(Doing::Read))?;
                 return Ok(false);
             }
@@ -166,11 +183,14 @@ impl Ledger {
         Ok(true)
     }
 
-
     /// Per partition, the latest first-seen time of any id already forgotten.
     fn read_forgotten(&self) -> Result<BTreeMap<Partition, i64>> {
         let meta = self.cf(CF_META)?;
-        match self.db.get_cf(&meta, META_FORGOTTEN).map_err(rocks(Doing::Read))? {
+        match self
+            .db
+            .get_cf(&meta, META_FORGOTTEN)
+            .map_err(rocks(Doing::Read))?
+        {
             Some(bytes) => parse_json("forgotten", &bytes),
             None => Ok(BTreeMap::new()),
         }
@@ -218,7 +238,10 @@ impl Ledger {
             .write_opt(batch, &self.sync_write_options())
             .map_err(rocks(Doing::Write))?;
         drop(meta);
-        for name in cf_names.iter().filter(|n| n.starts_with(GENERATION_CF_PREFIX)) {
+        for name in cf_names
+            .iter()
+            .filter(|n| n.starts_with(GENERATION_CF_PREFIX))
+        {
             let id: Option<u64> = name[GENERATION_CF_PREFIX.len()..].parse().ok();
             match id.and_then(|id| metas.remove(&id)) {
                 Some(gm) => generations.push(Generation {
@@ -243,14 +266,19 @@ impl Ledger {
 /// interrupted (then cleared). A fresh directory gets the creation marker before RocksDB writes
 /// anything.
 fn prepare_dir(path: &Path, create: bool) -> Result<bool> {
-    let refuse = |reason: &str| LedgerError::NotALedger { path: path.to_path_buf(), reason: reason.into() };
+    let refuse = |reason: &str| LedgerError::NotALedger {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    };
     let mut fresh = match std::fs::read_dir(path) {
         Ok(mut entries) => entries.next().is_none(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
             std::fs::create_dir_all(path).map_err(io_error("create", path))?;
             true
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(refuse("the directory does not exist")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(refuse("the directory does not exist"))
+        }
         Err(e) => return Err(io_error("read", path)(e)),
     };
     if fresh && !create {
@@ -258,7 +286,9 @@ fn prepare_dir(path: &Path, create: bool) -> Result<bool> {
     }
     if !fresh && path.join(CREATING_MARKER).exists() {
         if !create {
-            return Err(refuse("its creation never finished (a crash during the first start)"));
+            return Err(refuse(
+                "its creation never finished (a crash during the first start)",
+            ));
         }
         tracing::warn!(
             path = %path.display(),
@@ -291,7 +321,8 @@ fn column_families(db_opts: &Options, path: &Path, fresh: bool) -> Result<Vec<St
         // Either damage (e.g. a truncated MANIFEST lists fewer column families) or a
         // foreign database. A read-only open, which writes nothing, tells them apart and
         // gives RocksDB's reason.
-        Db::open_cf_for_read_only(db_opts, path, &names, false).map_err(rocks(Doing::Open(path)))?;
+        Db::open_cf_for_read_only(db_opts, path, &names, false)
+            .map_err(rocks(Doing::Open(path)))?;
         return Err(LedgerError::NotALedger {
             path: path.to_path_buf(),
             reason: format!("its MANIFEST lists no {CF_META} and {CF_PROGRESS} column families (a damaged MANIFEST, or another database)"),
@@ -309,14 +340,17 @@ fn open_db(
     options: &LedgerOptions,
     block_cache: &Cache,
 ) -> Result<Db> {
-    let descriptors = names.iter().filter(|n| n.as_str() != "default").map(|name| {
-        let cf_opts = if name.starts_with(GENERATION_CF_PREFIX) {
-            generation_cf_options(options, block_cache)
-        } else {
-            small_cf_options()
-        };
-        ColumnFamilyDescriptor::new(name, cf_opts)
-    });
+    let descriptors = names
+        .iter()
+        .filter(|n| n.as_str() != "default")
+        .map(|name| {
+            let cf_opts = if name.starts_with(GENERATION_CF_PREFIX) {
+                generation_cf_options(options, block_cache)
+            } else {
+                small_cf_options()
+            };
+            ColumnFamilyDescriptor::new(name, cf_opts)
+        });
     Db::open_cf_descriptors(db_opts, path, descriptors).map_err(rocks(Doing::Open(path)))
 }
 
@@ -351,7 +385,9 @@ fn write_durably(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
     use std::io::Write;
     let path = dir.join(name);
     let mut file = std::fs::File::create(&path).map_err(io_error("create", &path))?;
-    file.write_all(contents).and_then(|()| file.sync_all()).map_err(io_error("write", &path))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(io_error("write", &path))?;
     sync_dir(dir)
 }
 
@@ -363,7 +399,9 @@ fn remove_durably(dir: &Path, name: &str) -> Result<()> {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_error("sync", dir))
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error("sync", dir))
 }
 
 /// Removes everything inside `dir` (which is kept).

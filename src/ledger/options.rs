@@ -41,7 +41,10 @@ impl std::str::FromStr for Durability {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| format!("`{s}` is not one of sync-wal, wal, no-wal"))
+        Self::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s)
+            .ok_or_else(|| format!("`{s}` is not one of sync-wal, wal, no-wal"))
     }
 }
 

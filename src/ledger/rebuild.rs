@@ -27,7 +27,9 @@ impl Ledger {
             return Ok(IndexSource::Empty);
         }
         let (to_read, source) = self.start_index(state);
-        let State { generations, index, .. } = state;
+        let State {
+            generations, index, ..
+        } = state;
         let generations: Vec<&Generation> = to_read.iter().map(|&i| &generations[i]).collect();
         if generations.is_empty() {
             tracing::info!(
@@ -54,15 +56,21 @@ impl Ledger {
     /// to read. Returns the generations (by position) whose keys must still be read from disk, and
     /// where the index comes from.
     fn start_index(&self, state: &mut State) -> (Vec<usize>, IndexSource) {
-        let sealed = state.generations.iter().map(|g| (g.meta.id, g.meta.sealed)).collect();
+        let sealed = state
+            .generations
+            .iter()
+            .map(|g| (g.meta.id, g.meta.sealed))
+            .collect();
         let geometry = self.options.index_geometry();
         match index_file::read(&self.path, geometry, state.commit_seq, &sealed) {
             Some(loaded) => {
                 state.index = loaded.index;
-                let (trusted, mut to_read): (Vec<usize>, Vec<usize>) =
-                    (0..state.generations.len()).partition(|&i| loaded.trusted.contains(&state.generations[i].meta.id));
+                let (trusted, mut to_read): (Vec<usize>, Vec<usize>) = (0..state.generations.len())
+                    .partition(|&i| loaded.trusted.contains(&state.generations[i].meta.id));
                 for &i in &trusted {
-                    state.index.revive(IdIndex::tag(state.generations[i].meta.id));
+                    state
+                        .index
+                        .revive(IdIndex::tag(state.generations[i].meta.id));
                 }
                 // Room for what is read from disk: a generation the file does not vouch for is
                 // never the active one being filled, since the file vouches for that one only if
@@ -70,7 +78,9 @@ impl Ledger {
                 let more: u64 = to_read.iter().map(|&i| state.generations[i].meta.ids).sum();
                 let index = &mut state.index;
                 let level = index.geometry().1;
-                while index.live_slots() + more > index.geometry().0.capacity(index.geometry().1) && index.geometry().1 < geometry.max_level {
+                while index.live_slots() + more > index.geometry().0.capacity(index.geometry().1)
+                    && index.geometry().1 < geometry.max_level
+                {
                     index.grow();
                     index.finish_growth();
                 }
@@ -81,16 +91,25 @@ impl Ledger {
                 // read from disk again, at the new level. (A file stored fuller than its level's
                 // capacity, as an open that replayed a crash's batch log leaves it, grows here.)
                 if index.geometry().1 > level {
-                    for &i in trusted.iter().filter(|&&i| !state.generations[i].meta.sealed) {
+                    for &i in trusted
+                        .iter()
+                        .filter(|&&i| !state.generations[i].meta.sealed)
+                    {
                         index.forget(IdIndex::tag(state.generations[i].meta.id));
                         to_read.push(i);
                     }
                     to_read.sort_unstable();
                 }
                 for &i in &to_read {
-                    state.index.start(IdIndex::tag(state.generations[i].meta.id));
+                    state
+                        .index
+                        .start(IdIndex::tag(state.generations[i].meta.id));
                 }
-                let source = if to_read.is_empty() { IndexSource::Loaded } else { IndexSource::Partial };
+                let source = if to_read.is_empty() {
+                    IndexSource::Loaded
+                } else {
+                    IndexSource::Partial
+                };
                 (to_read, source)
             }
             None => {

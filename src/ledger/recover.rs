@@ -9,8 +9,8 @@ use super::batch_log::{log_path, log_seq, BatchLog};
 use super::commit::INGEST_FILE_EXTENSION;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
-    generation_meta_key, parse_json, progress_key, to_json, CommitRecord, COMMIT_KEY, META_COMMIT_SEQ,
-    META_FORGOTTEN,
+    generation_meta_key, parse_json, progress_key, to_json, CommitRecord, COMMIT_KEY,
+    META_COMMIT_SEQ, META_FORGOTTEN,
 };
 use super::{Durability, Generation, Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
 use crate::Partition;
@@ -20,9 +20,17 @@ impl Ledger {
     /// records that go with it are written (and flushed) just after. If a crash fell between the
     /// two, the file's commit record says what they must be: apply it. Returns the sequence
     /// number of the last commit applied.
-    pub(super) fn recover_commit(&self, generations: &mut [Generation], forgotten: &mut BTreeMap<Partition, i64>) -> Result<u64> {
+    pub(super) fn recover_commit(
+        &self,
+        generations: &mut [Generation],
+        forgotten: &mut BTreeMap<Partition, i64>,
+    ) -> Result<u64> {
         let meta_cf = self.cf(CF_META)?;
-        let applied = match self.db.get_cf(&meta_cf, META_COMMIT_SEQ).map_err(rocks(Doing::Read))? {
+        let applied = match self
+            .db
+            .get_cf(&meta_cf, META_COMMIT_SEQ)
+            .map_err(rocks(Doing::Read))?
+        {
             Some(bytes) => <[u8; 8]>::try_from(bytes.as_slice())
                 .map(u64::from_le_bytes)
                 .map_err(|_| LedgerError::CorruptMetadata {
@@ -33,7 +41,11 @@ impl Ledger {
         let mut newest: Option<(usize, CommitRecord)> = None;
         for (i, g) in generations.iter().enumerate() {
             let cf = self.cf(&g.name)?;
-            if let Some(bytes) = self.db.get_cf(&cf, COMMIT_KEY).map_err(rocks(Doing::Read))? {
+            if let Some(bytes) = self
+                .db
+                .get_cf(&cf, COMMIT_KEY)
+                .map_err(rocks(Doing::Read))?
+            {
                 let record: CommitRecord = parse_json("commit record", &bytes)?;
                 if newest.as_ref().is_none_or(|(_, n)| record.seq > n.seq) {
                     newest = Some((i, record));
@@ -79,7 +91,10 @@ impl Ledger {
                 break;
             }
             let (batches, valid) = BatchLog::read(&next)?;
-            let torn = std::fs::metadata(&next).map_err(io_error("read", &next))?.len() > valid;
+            let torn = std::fs::metadata(&next)
+                .map_err(io_error("read", &next))?
+                .len()
+                > valid;
             for batch in batches {
                 self.record_buffered(state, batch);
             }

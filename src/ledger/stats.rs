@@ -130,7 +130,11 @@ impl Ledger {
     /// Estimated bytes of one generation once on disk.
     pub(super) fn generation_bytes(&self, state: &State, generation: &Generation) -> Result<u64> {
         let sst = self.int_property(&generation.name, "rocksdb.live-sst-files-size")?;
-        let buffered = if state.generations.last().is_some_and(|g| g.meta.id == generation.meta.id) {
+        let buffered = if state
+            .generations
+            .last()
+            .is_some_and(|g| g.meta.id == generation.meta.id)
+        {
             state.pending.len() as u64
         } else {
             0
@@ -139,7 +143,8 @@ impl Ledger {
             .as_ref()
             .filter(|f| f.record.meta.id == generation.meta.id)
             .map_or(0, |f| f.ids.len() as u64);
-        let mem_ids = self.int_property(&generation.name, "rocksdb.num-entries-active-mem-table")?
+        let mem_ids = self
+            .int_property(&generation.name, "rocksdb.num-entries-active-mem-table")?
             + self.int_property(&generation.name, "rocksdb.num-entries-imm-mem-tables")?
             + buffered;
         let sst_ids = generation.meta.ids.saturating_sub(mem_ids);

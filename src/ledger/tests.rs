@@ -1,13 +1,13 @@
 //! The ledger's tests: behaviour through the public API, a model-based property test, and crash
 //! tests that kill a child process (this test binary, run with `--exact ledger::tests::...`).
 
-use super::*;
 use super::batch_log::LOG_FILE_PREFIX;
 use super::format::{decode_value, encode_first_seen, encode_value, META_FORMAT_VERSION};
-use crate::identity::ContentDigest;
 use super::generations::{MAX_LIVE_GENERATIONS, SEAL_BUFFER_IDS};
 use super::stats::DEFAULT_BYTES_PER_ID_ESTIMATE;
+use super::*;
 use crate::identity::ledger_key;
+use crate::identity::ContentDigest;
 use proptest::prelude::*;
 use std::collections::{HashMap, HashSet};
 
@@ -37,7 +37,13 @@ fn ledger_is_send_and_sync() {
 
 #[test]
 fn first_seen_round_trips_at_second_resolution() {
-    for (base, t) in [(0, 0), (1_000, 999), (1_000, 1_001), (5_000, 1_234_567), (i64::MAX / 4, 1)] {
+    for (base, t) in [
+        (0, 0),
+        (1_000, 999),
+        (1_000, 1_001),
+        (5_000, 1_234_567),
+        (i64::MAX / 4, 1),
+    ] {
         let mut v = Vec::new();
         encode_first_seen(base, t, &mut v);
         let back = decode_value(base, &v).unwrap().first_seen_ms;
@@ -55,14 +61,36 @@ fn a_value_carries_its_digest_or_none_and_anything_else_is_corrupt() {
     let digest = ContentDigest::of_hash(0x1234 << 48);
     let mut v = Vec::new();
     encode_value(5_000, 9_000, Some(digest), &mut v);
-    assert_eq!(decode_value(5_000, &v).unwrap(), Held { first_seen_ms: 9_000, digest: Some(digest) });
+    assert_eq!(
+        decode_value(5_000, &v).unwrap(),
+        Held {
+            first_seen_ms: 9_000,
+            digest: Some(digest)
+        }
+    );
     // A value written before digests: the varint alone.
     let mut old = Vec::new();
     encode_first_seen(5_000, 9_000, &mut old);
-    assert_eq!(decode_value(5_000, &old).unwrap(), Held { first_seen_ms: 9_000, digest: None });
+    assert_eq!(
+        decode_value(5_000, &old).unwrap(),
+        Held {
+            first_seen_ms: 9_000,
+            digest: None
+        }
+    );
     // One byte too many or too few after the varint, or a zero digest: corrupt, never guessed.
-    for bad in [[old.clone(), vec![1]].concat(), [v.clone(), vec![1]].concat(), [old.clone(), vec![0, 0]].concat()] {
-        assert!(matches!(decode_value(5_000, &bad), Err(LedgerError::CorruptMetadata { .. })), "{bad:?}");
+    for bad in [
+        [old.clone(), vec![1]].concat(),
+        [v.clone(), vec![1]].concat(),
+        [old.clone(), vec![0, 0]].concat(),
+    ] {
+        assert!(
+            matches!(
+                decode_value(5_000, &bad),
+                Err(LedgerError::CorruptMetadata { .. })
+            ),
+            "{bad:?}"
+        );
     }
 }
 
@@ -71,24 +99,58 @@ fn digests_are_kept_with_ids_through_buffer_commit_and_reopen() {
     let d = |n: u64| Some(ContentDigest::of_hash(n << 48));
     for durability in [Durability::Wal, Durability::NoWal] {
         let dir = tempfile::tempdir().unwrap();
-        let items = [(key(1), 10_000, d(1)), (key(2), 11_000, None), (key(1), 12_000, d(9))];
+        let items = [
+            (key(1), 10_000, d(1)),
+            (key(2), 11_000, None),
+            (key(1), 12_000, d(9)),
+        ];
         {
             let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
             let v = ledger.check_and_record(0, &items, b"p").unwrap();
             // A repeat within the batch answers with the first copy's digest, not its own.
-            assert_eq!(v[2], Verdict::Duplicate { first_seen_ms: 10_000, digest: d(1) });
+            assert_eq!(
+                v[2],
+                Verdict::Duplicate {
+                    first_seen_ms: 10_000,
+                    digest: d(1)
+                }
+            );
             // From the buffer, then from a committed file.
             for _ in 0..2 {
                 let held = ledger.held(&[key(1), key(2), key(3)]).unwrap();
-                assert_eq!(held, vec![Some(Held { first_seen_ms: 10_000, digest: d(1) }), Some(Held { first_seen_ms: 11_000, digest: None }), None]);
+                assert_eq!(
+                    held,
+                    vec![
+                        Some(Held {
+                            first_seen_ms: 10_000,
+                            digest: d(1)
+                        }),
+                        Some(Held {
+                            first_seen_ms: 11_000,
+                            digest: None
+                        }),
+                        None
+                    ]
+                );
                 ledger.flush().unwrap();
             }
         }
         let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
-        let v = ledger.check_and_record(0, &[(key(2), 20_000, d(2)), (key(1), 20_000, d(1))], b"q").unwrap();
+        let v = ledger
+            .check_and_record(0, &[(key(2), 20_000, d(2)), (key(1), 20_000, d(1))], b"q")
+            .unwrap();
         assert_eq!(
             v,
-            vec![Verdict::Duplicate { first_seen_ms: 11_000, digest: None }, Verdict::Duplicate { first_seen_ms: 10_000, digest: d(1) }],
+            vec![
+                Verdict::Duplicate {
+                    first_seen_ms: 11_000,
+                    digest: None
+                },
+                Verdict::Duplicate {
+                    first_seen_ms: 10_000,
+                    digest: d(1)
+                }
+            ],
             "{durability:?}"
         );
     }
@@ -100,16 +162,41 @@ fn batch_verdicts_in_order_with_repeats() {
     let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
     // The third item repeats the first id, so it is a duplicate of this same batch.
     let v = ledger
-        .check_and_record(3, &[(key(1), 10_000), (key(2), 10_500), (key(1), 11_000)], b"p1")
+        .check_and_record(
+            3,
+            &[(key(1), 10_000), (key(2), 10_500), (key(1), 11_000)],
+            b"p1",
+        )
         .unwrap();
     assert_eq!(
         v,
-        vec![Verdict::New, Verdict::New, Verdict::Duplicate { first_seen_ms: 10_000, digest: None }]
+        vec![
+            Verdict::New,
+            Verdict::New,
+            Verdict::Duplicate {
+                first_seen_ms: 10_000,
+                digest: None
+            }
+        ]
     );
     // The next batch re-sends id 2 (first seen at 10.5 s, stored at second resolution).
-    let v = ledger.check_and_record(3, &[(key(2), 20_000), (key(3), 20_000)], b"p2").unwrap();
-    assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 10_000, digest: None }, Verdict::New]);
-    assert_eq!(ledger.check(&[key(1), key(4), key(3)]).unwrap(), vec![Some(10_000), None, Some(20_000)]);
+    let v = ledger
+        .check_and_record(3, &[(key(2), 20_000), (key(3), 20_000)], b"p2")
+        .unwrap();
+    assert_eq!(
+        v,
+        vec![
+            Verdict::Duplicate {
+                first_seen_ms: 10_000,
+                digest: None
+            },
+            Verdict::New
+        ]
+    );
+    assert_eq!(
+        ledger.check(&[key(1), key(4), key(3)]).unwrap(),
+        vec![Some(10_000), None, Some(20_000)]
+    );
     assert_eq!(ledger.progress(3).unwrap().as_deref(), Some(&b"p2"[..]));
     assert_eq!(ledger.progress(4).unwrap(), None);
     let stats = ledger.stats().unwrap();
@@ -124,13 +211,24 @@ fn everything_survives_a_clean_reopen_in_every_mode() {
         let dir = tempfile::tempdir().unwrap();
         {
             let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
-            ledger.check_and_record(0, &[(key(1), 1_000)], b"a").unwrap();
-            ledger.check_and_record(7, &[(key(2), 2_000)], b"b").unwrap();
+            ledger
+                .check_and_record(0, &[(key(1), 1_000)], b"a")
+                .unwrap();
+            ledger
+                .check_and_record(7, &[(key(2), 2_000)], b"b")
+                .unwrap();
         }
         let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
-        assert_eq!(ledger.check(&[key(1), key(2), key(3)]).unwrap(), vec![Some(1_000), Some(2_000), None], "{mode:?}");
+        assert_eq!(
+            ledger.check(&[key(1), key(2), key(3)]).unwrap(),
+            vec![Some(1_000), Some(2_000), None],
+            "{mode:?}"
+        );
         let all = ledger.all_progress().unwrap();
-        assert_eq!(all, BTreeMap::from([(0, b"a".to_vec()), (7, b"b".to_vec())]));
+        assert_eq!(
+            all,
+            BTreeMap::from([(0, b"a".to_vec()), (7, b"b".to_vec())])
+        );
     }
 }
 
@@ -141,32 +239,58 @@ fn empty_ledger_reports_no_window() {
     assert_eq!(ledger.window(0, 1_000_000), None);
     assert_eq!(ledger.window_overall(1_000_000), None);
     // A batch of only progress (no ids) holds no window either.
-    ledger.check_and_record::<(LedgerKey, i64)>(0, &[], b"x").unwrap();
+    ledger
+        .check_and_record::<(LedgerKey, i64)>(0, &[], b"x")
+        .unwrap();
     assert_eq!(ledger.window(0, 1_000_000), None);
-    ledger.check_and_record(0, &[(key(1), 400_000)], b"y").unwrap();
-    assert_eq!(ledger.window(0, 1_000_000), Some(Duration::from_millis(600_000)));
+    ledger
+        .check_and_record(0, &[(key(1), 400_000)], b"y")
+        .unwrap();
+    assert_eq!(
+        ledger.window(0, 1_000_000),
+        Some(Duration::from_millis(600_000))
+    );
     assert_eq!(ledger.window(1, 1_000_000), None);
-    assert_eq!(ledger.window_overall(1_000_000), Some(Duration::from_millis(600_000)));
+    assert_eq!(
+        ledger.window_overall(1_000_000),
+        Some(Duration::from_millis(600_000))
+    );
 }
 
 #[test]
-fn a_seal_waits_for_a_large_buffer_to_be_committed_in_the_background_instead_of_writing_it_under_the_lock() {
+fn a_seal_waits_for_a_large_buffer_to_be_committed_in_the_background_instead_of_writing_it_under_the_lock(
+) {
     let dir = tempfile::tempdir().unwrap();
     // A buffer that holds every id of the generation: the seal finds them all buffered.
-    let options = LedgerOptions { seal_after_ids: Some(100_000), write_buffer_bytes: 256 << 20, ..small_options(Durability::Wal) };
+    let options = LedgerOptions {
+        seal_after_ids: Some(100_000),
+        write_buffer_bytes: 256 << 20,
+        ..small_options(Durability::Wal)
+    };
     let ledger = Ledger::open(dir.path(), options).unwrap();
-    let batch = |b: u64| -> Vec<(LedgerKey, i64)> { (0..4096).map(|i| (key(b * 4096 + i), b as i64)).collect() };
+    let batch = |b: u64| -> Vec<(LedgerKey, i64)> {
+        (0..4096).map(|i| (key(b * 4096 + i), b as i64)).collect()
+    };
     let mut b = 0;
     while ledger.generations().unwrap()[0].meta.ids < 100_000 {
-        ledger.check_and_record(0, &batch(b), &b.to_le_bytes()).unwrap();
+        ledger
+            .check_and_record(0, &batch(b), &b.to_le_bytes())
+            .unwrap();
         b += 1;
     }
     // The batch that filled the generation started committing its buffer and left it active.
     {
         let state = ledger.lock();
         assert_eq!(state.generations.len(), 1, "sealed at once");
-        let in_flight = state.in_flight.as_ref().expect("the buffer is being committed");
-        assert!(in_flight.ids.len() >= 100_000 - 4096, "{} ids in flight", in_flight.ids.len());
+        let in_flight = state
+            .in_flight
+            .as_ref()
+            .expect("the buffer is being committed");
+        assert!(
+            in_flight.ids.len() >= 100_000 - 4096,
+            "{} ids in flight",
+            in_flight.ids.len()
+        );
         assert!(state.pending.is_empty());
     }
     // A later batch seals it, once that commit is in, writing only its own ids under the lock.
@@ -174,16 +298,24 @@ fn a_seal_waits_for_a_large_buffer_to_be_committed_in_the_background_instead_of_
     while ledger.generations().unwrap().len() == 1 {
         assert!(std::time::Instant::now() < deadline, "never sealed");
         std::thread::sleep(Duration::from_millis(20));
-        ledger.check_and_record(0, &batch(b), &b.to_le_bytes()).unwrap();
+        ledger
+            .check_and_record(0, &batch(b), &b.to_le_bytes())
+            .unwrap();
         b += 1;
     }
     let generations = ledger.generations().unwrap();
     assert!(generations[0].meta.sealed);
-    assert_eq!(generations[0].meta.ids, b * 4096, "every batch up to the seal went into the sealed generation");
+    assert_eq!(
+        generations[0].meta.ids,
+        b * 4096,
+        "every batch up to the seal went into the sealed generation"
+    );
     let keys: Vec<LedgerKey> = (0..b * 4096).map(key).collect();
     assert!(ledger.check(&keys).unwrap().iter().all(Option::is_some));
     // The next one goes into the new generation.
-    ledger.check_and_record(0, &batch(b), &b.to_le_bytes()).unwrap();
+    ledger
+        .check_and_record(0, &batch(b), &b.to_le_bytes())
+        .unwrap();
     assert_eq!(ledger.generations().unwrap()[1].meta.ids, 4096);
 }
 
@@ -200,8 +332,12 @@ fn aging_drops_oldest_generations_whole_and_shrinks_the_window() {
     let ledger = Ledger::open(dir.path(), options).unwrap();
     // Ten batches of 100 ids, one second apart: each batch fills and seals a generation.
     for b in 0..10u64 {
-        let items: Vec<_> = (0..100).map(|i| (key(b * 100 + i), (b as i64) * 1_000)).collect();
-        ledger.check_and_record(0, &items, &b.to_le_bytes()).unwrap();
+        let items: Vec<_> = (0..100)
+            .map(|i| (key(b * 100 + i), (b as i64) * 1_000))
+            .collect();
+        ledger
+            .check_and_record(0, &items, &b.to_le_bytes())
+            .unwrap();
     }
     let generations = ledger.generations().unwrap();
     assert!(generations.len() <= 4, "{} generations", generations.len());
@@ -212,16 +348,37 @@ fn aging_drops_oldest_generations_whole_and_shrinks_the_window() {
     assert_eq!(ledger.check(&[key(0)]).unwrap(), vec![None]);
     assert_eq!(ledger.check(&[key(999)]).unwrap(), vec![Some(9_000)]);
     // The window covers exactly what is held.
-    assert_eq!(ledger.window(0, 20_000), Some(Duration::from_millis((20_000 - held_from) as u64)));
+    assert_eq!(
+        ledger.window(0, 20_000),
+        Some(Duration::from_millis((20_000 - held_from) as u64))
+    );
     // Generation ids are consecutive and the oldest went first.
     let ids: Vec<u64> = generations.iter().map(|g| g.meta.id).collect();
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
     assert_eq!(*ids.last().unwrap(), 11);
     // Same after reopening.
     drop(ledger);
-    let ledger = Ledger::open(dir.path(), LedgerOptions { seal_after_ids: Some(100), ..small_options(Durability::Wal) }).unwrap();
-    assert_eq!(ledger.generations().unwrap().iter().map(|g| g.meta.id).collect::<Vec<_>>(), ids);
-    assert_eq!(ledger.window(0, 20_000), Some(Duration::from_millis((20_000 - held_from) as u64)));
+    let ledger = Ledger::open(
+        dir.path(),
+        LedgerOptions {
+            seal_after_ids: Some(100),
+            ..small_options(Durability::Wal)
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        ledger
+            .generations()
+            .unwrap()
+            .iter()
+            .map(|g| g.meta.id)
+            .collect::<Vec<_>>(),
+        ids
+    );
+    assert_eq!(
+        ledger.window(0, 20_000),
+        Some(Duration::from_millis((20_000 - held_from) as u64))
+    );
 }
 
 #[test]
@@ -238,7 +395,10 @@ fn garbage_in_current_is_an_open_error_and_is_left_alone() {
         Ok(_) => panic!("a ledger with a garbage CURRENT file opened"),
     }
     // The garbage is still there: nothing was deleted or recreated.
-    assert_eq!(std::fs::read(dir.path().join("CURRENT")).unwrap(), b"garbage\n");
+    assert_eq!(
+        std::fs::read(dir.path().join("CURRENT")).unwrap(),
+        b"garbage\n"
+    );
 }
 
 #[test]
@@ -257,7 +417,9 @@ fn truncated_manifest_is_an_open_error_and_is_left_alone() {
     let bytes = std::fs::read(&manifest).unwrap();
     std::fs::write(&manifest, &bytes[..bytes.len() / 3]).unwrap();
     let before = std::fs::read_dir(dir.path()).unwrap().count();
-    let err = Ledger::open(dir.path(), small_options(Durability::Wal)).err().expect("opened a truncated MANIFEST");
+    let err = Ledger::open(dir.path(), small_options(Durability::Wal))
+        .err()
+        .expect("opened a truncated MANIFEST");
     // RocksDB refuses the MANIFEST, or reads a prefix of it that lacks the ledger's column
     // families: either way the ledger is refused and named.
     assert!(
@@ -273,9 +435,14 @@ fn truncated_manifest_is_an_open_error_and_is_left_alone() {
 fn a_directory_that_is_not_a_ledger_is_refused_and_untouched() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
-    let err = Ledger::open(dir.path(), small_options(Durability::Wal)).err().unwrap();
+    let err = Ledger::open(dir.path(), small_options(Durability::Wal))
+        .err()
+        .unwrap();
     assert!(matches!(err, LedgerError::NotALedger { .. }), "{err}");
-    assert_eq!(std::fs::read(dir.path().join("notes.txt")).unwrap(), b"mine");
+    assert_eq!(
+        std::fs::read(dir.path().join("notes.txt")).unwrap(),
+        b"mine"
+    );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
@@ -287,13 +454,20 @@ fn a_version_1_ledger_is_read_and_upgraded() {
         ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
         ledger.flush().unwrap();
         let meta = ledger.cf(CF_META).unwrap();
-        ledger.db.put_cf(&meta, META_FORMAT_VERSION, 1u32.to_le_bytes()).unwrap();
+        ledger
+            .db
+            .put_cf(&meta, META_FORMAT_VERSION, 1u32.to_le_bytes())
+            .unwrap();
     }
     let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
     assert_eq!(ledger.check(&[key(1)]).unwrap(), vec![Some(1000)]);
     assert_eq!(ledger.progress(0).unwrap(), Some(b"p".to_vec()));
     let meta = ledger.cf(CF_META).unwrap();
-    let marker = ledger.db.get_cf(&meta, META_FORMAT_VERSION).unwrap().unwrap();
+    let marker = ledger
+        .db
+        .get_cf(&meta, META_FORMAT_VERSION)
+        .unwrap()
+        .unwrap();
     assert_eq!(marker, FORMAT_VERSION.to_le_bytes());
 }
 
@@ -307,13 +481,22 @@ fn a_version_2_ledger_without_digests_opens_and_works() {
         ledger.check_and_record(0, &[(key(1), 1000)], b"p").unwrap();
         ledger.flush().unwrap();
         let meta = ledger.cf(CF_META).unwrap();
-        ledger.db.put_cf(&meta, META_FORMAT_VERSION, 2u32.to_le_bytes()).unwrap();
+        ledger
+            .db
+            .put_cf(&meta, META_FORMAT_VERSION, 2u32.to_le_bytes())
+            .unwrap();
     }
     {
         let logs: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("batches-"))
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with("batches-")
+            })
             .collect();
         assert_eq!(logs.len(), 1, "{logs:?}");
         let mut payload = Vec::new();
@@ -330,15 +513,47 @@ fn a_version_2_ledger_without_digests_opens_and_works() {
         std::fs::write(&logs[0], &record).unwrap();
     }
     let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
-    let none = |t| Some(Held { first_seen_ms: t, digest: None });
-    assert_eq!(ledger.held(&[key(1), key(2)]).unwrap(), vec![none(1000), none(2000)]);
+    let none = |t| {
+        Some(Held {
+            first_seen_ms: t,
+            digest: None,
+        })
+    };
+    assert_eq!(
+        ledger.held(&[key(1), key(2)]).unwrap(),
+        vec![none(1000), none(2000)]
+    );
     assert_eq!(ledger.progress(0).unwrap(), Some(b"q".to_vec()));
     let digest = Some(ContentDigest::of_hash(0x77 << 48));
-    let v = ledger.check_and_record(0, &[(key(1), 3000, digest), (key(3), 3000, digest)], b"r").unwrap();
-    assert_eq!(v, vec![Verdict::Duplicate { first_seen_ms: 1000, digest: None }, Verdict::New]);
-    assert_eq!(ledger.held(&[key(3)]).unwrap(), vec![Some(Held { first_seen_ms: 3000, digest })]);
+    let v = ledger
+        .check_and_record(0, &[(key(1), 3000, digest), (key(3), 3000, digest)], b"r")
+        .unwrap();
+    assert_eq!(
+        v,
+        vec![
+            Verdict::Duplicate {
+                first_seen_ms: 1000,
+                digest: None
+            },
+            Verdict::New
+        ]
+    );
+    assert_eq!(
+        ledger.held(&[key(3)]).unwrap(),
+        vec![Some(Held {
+            first_seen_ms: 3000,
+            digest
+        })]
+    );
     let meta = ledger.cf(CF_META).unwrap();
-    assert_eq!(ledger.db.get_cf(&meta, META_FORMAT_VERSION).unwrap().unwrap(), FORMAT_VERSION.to_le_bytes());
+    assert_eq!(
+        ledger
+            .db
+            .get_cf(&meta, META_FORMAT_VERSION)
+            .unwrap()
+            .unwrap(),
+        FORMAT_VERSION.to_le_bytes()
+    );
 }
 
 #[test]
@@ -347,22 +562,34 @@ fn unknown_format_version_is_refused() {
     {
         let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
         let meta = ledger.cf(CF_META).unwrap();
-        ledger.db.put_cf(&meta, META_FORMAT_VERSION, 99u32.to_le_bytes()).unwrap();
+        ledger
+            .db
+            .put_cf(&meta, META_FORMAT_VERSION, 99u32.to_le_bytes())
+            .unwrap();
     }
-    let err = Ledger::open(dir.path(), small_options(Durability::Wal)).err().unwrap();
-    assert!(matches!(err, LedgerError::UnknownFormat { found: 99 }), "{err}");
+    let err = Ledger::open(dir.path(), small_options(Durability::Wal))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, LedgerError::UnknownFormat { found: 99 }),
+        "{err}"
+    );
 }
 
 #[test]
 fn checkpoint_opens_and_restores() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(dir.path().join("live"), small_options(Durability::NoWal)).unwrap();
-    ledger.check_and_record(1, &[(key(1), 5_000)], b"one").unwrap();
+    ledger
+        .check_and_record(1, &[(key(1), 5_000)], b"one")
+        .unwrap();
     let cp = dir.path().join("cp");
     let progress = ledger.checkpoint(&cp).unwrap();
     assert_eq!(progress, BTreeMap::from([(1, b"one".to_vec())]));
     // Writes after the checkpoint are not in it.
-    ledger.check_and_record(1, &[(key(2), 6_000)], b"two").unwrap();
+    ledger
+        .check_and_record(1, &[(key(2), 6_000)], b"two")
+        .unwrap();
     // Restoring refuses a non-empty target unless told.
     let target = dir.path().join("restored");
     std::fs::create_dir_all(&target).unwrap();
@@ -373,7 +600,10 @@ fn checkpoint_opens_and_restores() {
     Ledger::restore_from(&cp, &target, true).unwrap();
     for path in [&cp, &target] {
         let copy = Ledger::open(path, small_options(Durability::NoWal)).unwrap();
-        assert_eq!(copy.check(&[key(1), key(2)]).unwrap(), vec![Some(5_000), None]);
+        assert_eq!(
+            copy.check(&[key(1), key(2)]).unwrap(),
+            vec![Some(5_000), None]
+        );
         assert_eq!(copy.progress(1).unwrap().as_deref(), Some(&b"one"[..]));
     }
 }
@@ -393,19 +623,39 @@ fn generation_tags_wrap_around_without_losing_count_of_the_index() {
     for g in 0..300u64 {
         let items: Vec<_> = (0..4).map(|i| (key(g * 4 + i), g as i64 * 1000)).collect();
         let verdicts = ledger.check_and_record(0, &items, b"p").unwrap();
-        assert!(verdicts.iter().all(|v| *v == Verdict::New), "generation {g}: {verdicts:?}");
+        assert!(
+            verdicts.iter().all(|v| *v == Verdict::New),
+            "generation {g}: {verdicts:?}"
+        );
     }
     let stats = ledger.stats().unwrap();
-    assert!(ledger.generations().unwrap()[0].meta.id > 256, "tags did not wrap");
+    assert!(
+        ledger.generations().unwrap()[0].meta.id > 256,
+        "tags did not wrap"
+    );
     assert_eq!(stats.index_overflowed_buckets, 0);
-    assert_eq!(stats.index_ids, stats.ids_estimate, "index slots of dropped generations leaked");
+    assert_eq!(
+        stats.index_ids, stats.ids_estimate,
+        "index slots of dropped generations leaked"
+    );
     // Batch g went into generation g + 1. The live generations' ids are known; the first
     // generations' ids, whose tags were reused, are not.
-    let live: Vec<u64> = ledger.generations().unwrap().iter().filter(|g| g.meta.ids > 0).map(|g| g.meta.id).collect();
+    let live: Vec<u64> = ledger
+        .generations()
+        .unwrap()
+        .iter()
+        .filter(|g| g.meta.ids > 0)
+        .map(|g| g.meta.id)
+        .collect();
     assert!(!live.is_empty());
     for id in live {
-        let held = ledger.check(&[key((id - 1) * 4), key((id - 1) * 4 + 3)]).unwrap();
-        assert!(held.iter().all(Option::is_some), "generation {id}: {held:?}");
+        let held = ledger
+            .check(&[key((id - 1) * 4), key((id - 1) * 4 + 3)])
+            .unwrap();
+        assert!(
+            held.iter().all(Option::is_some),
+            "generation {id}: {held:?}"
+        );
     }
     let oldest = ledger.check(&[key(0), key(1)]).unwrap();
     assert_eq!(oldest, vec![None, None]);
@@ -423,13 +673,24 @@ fn a_ledger_opened_without_its_index_still_answers_exactly() {
     ledger.check_and_record(0, &items[..1_500], b"a").unwrap();
     ledger.check_and_record(0, &items[1_500..], b"b").unwrap();
     drop(ledger);
-    let ledger = Ledger::open(dir.path(), LedgerOptions { build_index: false, ..options }).unwrap();
+    let ledger = Ledger::open(
+        dir.path(),
+        LedgerOptions {
+            build_index: false,
+            ..options
+        },
+    )
+    .unwrap();
     let stats = ledger.stats().unwrap();
     assert_eq!((stats.index_ids, stats.ids_estimate), (0, 3_000));
-    let held = ledger.check(&[key(0), key(1_499), key(2_999), key(5_000)]).unwrap();
+    let held = ledger
+        .check(&[key(0), key(1_499), key(2_999), key(5_000)])
+        .unwrap();
     assert!(held[..3].iter().all(Option::is_some), "{held:?}");
     assert_eq!(held[3], None);
-    let verdicts = ledger.check_and_record(0, &[(key(10), 0), (key(6_000), 0)], b"c").unwrap();
+    let verdicts = ledger
+        .check_and_record(0, &[(key(10), 0), (key(6_000), 0)], b"c")
+        .unwrap();
     assert_eq!(verdicts[1], Verdict::New);
     assert!(matches!(verdicts[0], Verdict::Duplicate { .. }));
 }
@@ -448,7 +709,11 @@ fn live_generations_stay_fewer_than_the_index_tags() {
         ledger.check_and_record(0, &[(key(n), 0)], b"").unwrap();
     }
     let live = ledger.generations().unwrap();
-    assert!(live.len() <= MAX_LIVE_GENERATIONS, "{} live generations", live.len());
+    assert!(
+        live.len() <= MAX_LIVE_GENERATIONS,
+        "{} live generations",
+        live.len()
+    );
     assert_eq!(ledger.check(&[key(259)]).unwrap(), vec![Some(0)]);
     assert_eq!(ledger.check(&[key(0)]).unwrap(), vec![None]);
 }
@@ -472,7 +737,10 @@ fn new_ids_are_answered_by_the_index_without_disk_lookups() {
     let mut items: Vec<_> = (1_000_000..1_001_000).map(|i| (key(i), 0)).collect();
     items.extend((0..100).map(|i| (key(i * 797), 0)));
     let verdicts = ledger.check_and_record(0, &items, b"").unwrap();
-    assert_eq!(verdicts.iter().filter(|v| **v == Verdict::New).count(), 1_000);
+    assert_eq!(
+        verdicts.iter().filter(|v| **v == Verdict::New).count(),
+        1_000
+    );
     let looked_up = ledger.stats().unwrap().disk_lookups - before;
     // The 100 held ids, each in the one generation holding it, plus a few collisions.
     assert!((100..110).contains(&looked_up), "{looked_up} disk lookups");
@@ -496,11 +764,20 @@ fn filters_are_used() {
 #[test]
 fn the_stored_index_is_loaded_after_a_clean_close_and_carried_by_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
-    let options = LedgerOptions { seal_after_ids: Some(1_000), ..small_options(Durability::Wal) };
+    let options = LedgerOptions {
+        seal_after_ids: Some(1_000),
+        ..small_options(Durability::Wal)
+    };
     let ledger = Ledger::open(dir.path().join("l"), options.clone()).unwrap();
     assert_eq!(ledger.open_report().index, IndexSource::Empty);
     // Not sealed yet: no file, so the checkpoint writes one (and links it into the live directory).
-    ledger.check_and_record(0, &(0..500).map(|i| (key(i), 1_000)).collect::<Vec<_>>(), b"p").unwrap();
+    ledger
+        .check_and_record(
+            0,
+            &(0..500).map(|i| (key(i), 1_000)).collect::<Vec<_>>(),
+            b"p",
+        )
+        .unwrap();
     let early = dir.path().join("checkpoint-0");
     ledger.checkpoint(&early).unwrap();
     // Seals: the index is stored after the seal, in the background.
@@ -509,19 +786,40 @@ fn the_stored_index_is_loaded_after_a_clean_close_and_carried_by_checkpoints() {
     ledger.wait_for_index_store();
     let checkpoint = dir.path().join("checkpoint");
     ledger.checkpoint(&checkpoint).unwrap();
-    assert!(checkpoint.join(INDEX_FILE).exists(), "the checkpoint carries the index");
+    assert!(
+        checkpoint.join(INDEX_FILE).exists(),
+        "the checkpoint carries the index"
+    );
     let second = dir.path().join("checkpoint-2");
     ledger.checkpoint(&second).unwrap();
-    let inode = |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p.join(INDEX_FILE)).unwrap());
-    assert_eq!(inode(&checkpoint), inode(&dir.path().join("l")), "the checkpoint links the live index file, not a copy written under the lock");
-    assert_eq!(inode(&second), inode(&dir.path().join("l")), "the second checkpoint links the live index file");
+    let inode = |p: &std::path::Path| {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p.join(INDEX_FILE)).unwrap())
+    };
+    assert_eq!(
+        inode(&checkpoint),
+        inode(&dir.path().join("l")),
+        "the checkpoint links the live index file, not a copy written under the lock"
+    );
+    assert_eq!(
+        inode(&second),
+        inode(&dir.path().join("l")),
+        "the second checkpoint links the live index file"
+    );
     drop(ledger);
     // The file the first checkpoint wrote itself vouches for every generation.
     let ledger = Ledger::open_existing(&early, options.clone()).unwrap();
     assert_eq!(ledger.open_report().index, IndexSource::Loaded);
     assert_eq!(ledger.stats().unwrap().index_ids, 500);
-    assert!(ledger.check(&(0..500).map(key).collect::<Vec<_>>()).unwrap().iter().all(Option::is_some));
-    assert!(ledger.check(&(500..5_500).map(key).collect::<Vec<_>>()).unwrap().iter().all(Option::is_none));
+    assert!(ledger
+        .check(&(0..500).map(key).collect::<Vec<_>>())
+        .unwrap()
+        .iter()
+        .all(Option::is_some));
+    assert!(ledger
+        .check(&(500..5_500).map(key).collect::<Vec<_>>())
+        .unwrap()
+        .iter()
+        .all(Option::is_none));
     drop(ledger);
     let expected = |path: &std::path::Path| {
         if path.ends_with("l") {
@@ -535,7 +833,12 @@ fn the_stored_index_is_loaded_after_a_clean_close_and_carried_by_checkpoints() {
     };
     for path in [dir.path().join("l"), checkpoint, second] {
         let ledger = Ledger::open_existing(&path, options.clone()).unwrap();
-        assert_eq!(ledger.open_report().index, expected(&path), "{}", path.display());
+        assert_eq!(
+            ledger.open_report().index,
+            expected(&path),
+            "{}",
+            path.display()
+        );
         let stats = ledger.stats().unwrap();
         assert_eq!((stats.index_ids, stats.disk_lookups), (5_500, 0));
         let held: Vec<_> = (0..5_500).map(key).collect();
@@ -548,8 +851,13 @@ fn the_stored_index_is_loaded_after_a_clean_close_and_carried_by_checkpoints() {
 #[test]
 fn a_stale_index_vouches_only_for_generations_sealed_when_it_was_written() {
     let dir = tempfile::tempdir().unwrap();
-    let options = LedgerOptions { seal_after_ids: Some(1_000), ..small_options(Durability::Wal) };
-    let batch = |from: u64, to: u64| -> Vec<(LedgerKey, i64)> { (from..to).map(|i| (key(i), 1_000)).collect() };
+    let options = LedgerOptions {
+        seal_after_ids: Some(1_000),
+        ..small_options(Durability::Wal)
+    };
+    let batch = |from: u64, to: u64| -> Vec<(LedgerKey, i64)> {
+        (from..to).map(|i| (key(i), 1_000)).collect()
+    };
     let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
     ledger.check_and_record(0, &batch(0, 2_500), b"1").unwrap();
     drop(ledger);
@@ -558,16 +866,23 @@ fn a_stale_index_vouches_only_for_generations_sealed_when_it_was_written() {
     let old = std::fs::read(dir.path().join(INDEX_FILE)).unwrap();
     let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
     // More ids go into the generation that was active, which seals, and a newer one starts.
-    ledger.check_and_record(0, &batch(2_500, 4_200), b"2").unwrap();
+    ledger
+        .check_and_record(0, &batch(2_500, 4_200), b"2")
+        .unwrap();
     drop(ledger);
     // As after a crash long after the first close: the stored file is the old one.
     std::fs::write(dir.path().join(INDEX_FILE), &old).unwrap();
     let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
     assert_eq!(ledger.open_report().index, IndexSource::Partial);
     let held: Vec<_> = (0..4_200).map(key).collect();
-    assert!(ledger.check(&held).unwrap().iter().all(Option::is_some), "every id is still held");
+    assert!(
+        ledger.check(&held).unwrap().iter().all(Option::is_some),
+        "every id is still held"
+    );
     assert_eq!(ledger.stats().unwrap().index_ids, 4_200);
-    let verdicts = ledger.check_and_record(0, &batch(4_100, 4_300), b"3").unwrap();
+    let verdicts = ledger
+        .check_and_record(0, &batch(4_100, 4_300), b"3")
+        .unwrap();
     assert_eq!(verdicts.iter().filter(|v| **v == Verdict::New).count(), 100);
 }
 
@@ -580,9 +895,16 @@ fn the_index_stored_in_the_background_after_a_seal_never_vouches_for_ids_it_lack
         index_capacity_ids: Some(50_000_000),
         ..small_options(Durability::Wal)
     };
-    let batch = |from: u64, to: u64| -> Vec<(LedgerKey, i64)> { (from..to).map(|i| (key(i), 1_000)).collect() };
+    let batch = |from: u64, to: u64| -> Vec<(LedgerKey, i64)> {
+        (from..to).map(|i| (key(i), 1_000)).collect()
+    };
     let storing = |dir: &std::path::Path| {
-        std::fs::read_dir(dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with("id-index.storing."))
+        std::fs::read_dir(dir).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("id-index.storing.")
+        })
     };
     for mode in ["crash while storing", "crash after the store"] {
         let dir = tempfile::tempdir().unwrap();
@@ -591,7 +913,9 @@ fn the_index_stored_in_the_background_after_a_seal_never_vouches_for_ids_it_lack
         let mut seen_storing = 0;
         for _ in 0..3 {
             // Fills and seals the active generation: a store starts.
-            ledger.check_and_record(0, &batch(next, next + 2_000), b"p").unwrap();
+            ledger
+                .check_and_record(0, &batch(next, next + 2_000), b"p")
+                .unwrap();
             next += 2_000;
             // Its temporary file appears once it has read the header; the table takes longer.
             let started = std::time::Instant::now();
@@ -601,7 +925,9 @@ fn the_index_stored_in_the_background_after_a_seal_never_vouches_for_ids_it_lack
             seen_storing += usize::from(storing(dir.path()));
             // Recorded while the store copies the table (new ids in the generation now active).
             for _ in 0..4 {
-                ledger.check_and_record(0, &batch(next, next + 100), b"p").unwrap();
+                ledger
+                    .check_and_record(0, &batch(next, next + 100), b"p")
+                    .unwrap();
                 next += 100;
             }
             if mode == "crash after the store" {
@@ -609,8 +935,13 @@ fn the_index_stored_in_the_background_after_a_seal_never_vouches_for_ids_it_lack
                 assert!(dir.path().join(INDEX_FILE).exists(), "{mode}");
             }
         }
-        assert!(seen_storing > 0, "{mode}: no store was seen running while ids were recorded");
-        ledger.check_and_record(0, &batch(next, next + 300), b"p").unwrap();
+        assert!(
+            seen_storing > 0,
+            "{mode}: no store was seen running while ids were recorded"
+        );
+        ledger
+            .check_and_record(0, &batch(next, next + 300), b"p")
+            .unwrap();
         next += 300;
         ledger.drop_without_closing();
         let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
@@ -618,13 +949,29 @@ fn the_index_stored_in_the_background_after_a_seal_never_vouches_for_ids_it_lack
             // The active generation (ids recorded since the last seal) is read from disk.
             assert_eq!(ledger.open_report().index, IndexSource::Partial, "{mode}");
         }
-        assert_eq!(ledger.stats().unwrap().index_ids, next, "{mode}: every id once in the index");
+        assert_eq!(
+            ledger.stats().unwrap().index_ids,
+            next,
+            "{mode}: every id once in the index"
+        );
         let held: Vec<_> = (0..next).map(key).collect();
-        assert!(ledger.check(&held).unwrap().iter().all(Option::is_some), "{mode}: every id is still held");
+        assert!(
+            ledger.check(&held).unwrap().iter().all(Option::is_some),
+            "{mode}: every id is still held"
+        );
         let new: Vec<_> = (100_000..110_000).map(key).collect();
-        assert!(ledger.check(&new).unwrap().iter().all(Option::is_none), "{mode}");
-        let verdicts = ledger.check_and_record(0, &batch(next - 50, next + 50), b"p").unwrap();
-        assert_eq!(verdicts.iter().filter(|v| **v == Verdict::New).count(), 50, "{mode}");
+        assert!(
+            ledger.check(&new).unwrap().iter().all(Option::is_none),
+            "{mode}"
+        );
+        let verdicts = ledger
+            .check_and_record(0, &batch(next - 50, next + 50), b"p")
+            .unwrap();
+        assert_eq!(
+            verdicts.iter().filter(|v| **v == Verdict::New).count(),
+            50,
+            "{mode}"
+        );
     }
 }
 
@@ -633,7 +980,9 @@ fn index_files_half_written_by_a_crash_are_removed_when_the_ledger_opens() {
     let dir = tempfile::tempdir().unwrap();
     let options = small_options(Durability::Wal);
     let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
-    ledger.check_and_record(0, &[(key(1), 1_000)], b"p").unwrap();
+    ledger
+        .check_and_record(0, &[(key(1), 1_000)], b"p")
+        .unwrap();
     drop(ledger);
     for name in ["id-index.partial", "id-index.storing.7"] {
         std::fs::write(dir.path().join(name), vec![7u8; 10_000]).unwrap();
@@ -649,7 +998,15 @@ fn index_files_half_written_by_a_crash_are_removed_when_the_ledger_opens() {
 #[test]
 fn a_corrupt_truncated_or_missing_index_file_is_rebuilt() {
     let options = small_options(Durability::Wal);
-    for damage in [Damage::Delete, Damage::Truncate(0), Damage::Truncate(500), Damage::Truncate(999), Damage::Flip(3), Damage::Flip(40), Damage::Flip(100_000)] {
+    for damage in [
+        Damage::Delete,
+        Damage::Truncate(0),
+        Damage::Truncate(500),
+        Damage::Truncate(999),
+        Damage::Flip(3),
+        Damage::Flip(40),
+        Damage::Flip(100_000),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
         let items: Vec<_> = (0..3_000).map(|i| (key(i), 1_000)).collect();
@@ -657,12 +1014,22 @@ fn a_corrupt_truncated_or_missing_index_file_is_rebuilt() {
         drop(ledger);
         damage_index(dir.path(), damage, None);
         let ledger = Ledger::open(dir.path(), options.clone()).unwrap();
-        assert_eq!(ledger.open_report().index, IndexSource::Rebuilt, "{damage:?}");
+        assert_eq!(
+            ledger.open_report().index,
+            IndexSource::Rebuilt,
+            "{damage:?}"
+        );
         assert_eq!(ledger.stats().unwrap().index_ids, 3_000, "{damage:?}");
         let held: Vec<_> = (0..3_000).map(key).collect();
-        assert!(ledger.check(&held).unwrap().iter().all(Option::is_some), "{damage:?}");
+        assert!(
+            ledger.check(&held).unwrap().iter().all(Option::is_some),
+            "{damage:?}"
+        );
         let new: Vec<_> = (5_000..8_000).map(key).collect();
-        assert!(ledger.check(&new).unwrap().iter().all(Option::is_none), "{damage:?}");
+        assert!(
+            ledger.check(&new).unwrap().iter().all(Option::is_none),
+            "{damage:?}"
+        );
     }
 }
 
@@ -670,9 +1037,17 @@ fn a_corrupt_truncated_or_missing_index_file_is_rebuilt() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Batch { partition: Partition, ids: Vec<u8>, time_step: i64 },
+    Batch {
+        partition: Partition,
+        ids: Vec<u8>,
+        time_step: i64,
+    },
     /// A bulk load of a partition's ids (a partition moved here), with its progress record.
-    Load { partition: Partition, ids: Vec<u8>, time_step: i64 },
+    Load {
+        partition: Partition,
+        ids: Vec<u8>,
+        time_step: i64,
+    },
     Reopen,
     /// Close, do this to the stored id index, reopen.
     ReopenWith(Damage),
@@ -710,13 +1085,17 @@ fn op() -> impl Strategy<Value = Op> {
 /// Applies `damage` to the index file in `dir`; `first` is the file of the first close.
 fn damage_index(dir: &Path, damage: Damage, first: Option<&Vec<u8>>) {
     let path = dir.join(INDEX_FILE);
-    let Ok(mut bytes) = std::fs::read(&path) else { return };
+    let Ok(mut bytes) = std::fs::read(&path) else {
+        return;
+    };
     match damage {
         Damage::Delete => {
             std::fs::remove_file(&path).unwrap();
             return;
         }
-        Damage::Truncate(thousandths) => bytes.truncate(bytes.len() * usize::from(thousandths) / 1000),
+        Damage::Truncate(thousandths) => {
+            bytes.truncate(bytes.len() * usize::from(thousandths) / 1000)
+        }
         Damage::Flip(at) => {
             let i = at as usize % bytes.len();
             bytes[i] = !bytes[i];
@@ -730,7 +1109,11 @@ fn damage_index(dir: &Path, damage: Damage, first: Option<&Vec<u8>>) {
 }
 
 fn mode() -> impl Strategy<Value = Durability> {
-    prop_oneof![Just(Durability::SyncWal), Just(Durability::Wal), Just(Durability::NoWal)]
+    prop_oneof![
+        Just(Durability::SyncWal),
+        Just(Durability::Wal),
+        Just(Durability::NoWal)
+    ]
 }
 
 /// The reference model: a set of held ids with the generation each was recorded into, and
@@ -781,27 +1164,52 @@ fn run_model(
         match op {
             Op::Reopen => {
                 drop(ledger);
-                first_index = first_index.or_else(|| std::fs::read(dir.path().join(INDEX_FILE)).ok());
+                first_index =
+                    first_index.or_else(|| std::fs::read(dir.path().join(INDEX_FILE)).ok());
                 ledger = Ledger::open(dir.path(), options.clone()).unwrap();
                 // Closed cleanly: the stored index vouches for every generation.
-                prop_assert!(matches!(ledger.open_report().index, IndexSource::Loaded | IndexSource::Empty), "{:?}", ledger.open_report());
+                prop_assert!(
+                    matches!(
+                        ledger.open_report().index,
+                        IndexSource::Loaded | IndexSource::Empty
+                    ),
+                    "{:?}",
+                    ledger.open_report()
+                );
             }
             Op::ReopenWith(damage) => {
                 drop(ledger);
-                first_index = first_index.or_else(|| std::fs::read(dir.path().join(INDEX_FILE)).ok());
+                first_index =
+                    first_index.or_else(|| std::fs::read(dir.path().join(INDEX_FILE)).ok());
                 damage_index(dir.path(), damage, first_index.as_ref());
                 ledger = Ledger::open(dir.path(), options.clone()).unwrap();
                 if !matches!(damage, Damage::Stale) {
-                    prop_assert!(matches!(ledger.open_report().index, IndexSource::Rebuilt | IndexSource::Empty), "{:?} after {:?}", ledger.open_report(), damage);
+                    prop_assert!(
+                        matches!(
+                            ledger.open_report().index,
+                            IndexSource::Rebuilt | IndexSource::Empty
+                        ),
+                        "{:?} after {:?}",
+                        ledger.open_report(),
+                        damage
+                    );
                 }
             }
-            Op::Batch { partition, ids, time_step } => {
+            Op::Batch {
+                partition,
+                ids,
+                time_step,
+            } => {
                 now += time_step;
                 let record = format!("step {step}").into_bytes();
                 model.batch(&ledger, &options, partition, &ids, now, &record)?;
                 progress.insert(partition, record);
             }
-            Op::Load { partition, ids, time_step } => {
+            Op::Load {
+                partition,
+                ids,
+                time_step,
+            } => {
                 now += time_step;
                 let record = format!("step {step}").into_bytes();
                 model.load(&ledger, &options, partition, &ids, now, &record)?;
@@ -816,11 +1224,22 @@ fn run_model(
 impl Model {
     /// Records a batch of `ids` at `now` with the progress record `record`: each verdict is what
     /// the model says, the model learns the new ids, and forgets what the ledger aged out.
-    fn batch(&mut self, ledger: &Ledger, options: &LedgerOptions, partition: Partition, ids: &[u8], now: i64, record: &[u8]) -> Result<(), TestCaseError> {
+    fn batch(
+        &mut self,
+        ledger: &Ledger,
+        options: &LedgerOptions,
+        partition: Partition,
+        ids: &[u8],
+        now: i64,
+        record: &[u8],
+    ) -> Result<(), TestCaseError> {
         let before = ledger.generations().unwrap();
         let active = before.last().unwrap();
         let base = active.meta.base_ms.unwrap_or(now);
-        let bases: HashMap<u64, i64> = before.iter().filter_map(|g| g.meta.base_ms.map(|b| (g.meta.id, b))).collect();
+        let bases: HashMap<u64, i64> = before
+            .iter()
+            .filter_map(|g| g.meta.base_ms.map(|b| (g.meta.id, b)))
+            .collect();
         let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
         let verdicts = ledger.check_and_record(partition, &items, record).unwrap();
         for ((k, t), verdict) in items.iter().zip(&verdicts) {
@@ -828,10 +1247,18 @@ impl Model {
             let expected: Vec<Verdict> = match self.held.get(k) {
                 Some(&(gen, _, first)) => {
                     let seen = |gen: u64, first: i64| Verdict::Duplicate {
-                        first_seen_ms: stored_first_seen_ms(bases.get(&gen).copied().unwrap_or(base), first),
+                        first_seen_ms: stored_first_seen_ms(
+                            bases.get(&gen).copied().unwrap_or(base),
+                            first,
+                        ),
                         digest: None,
                     };
-                    let earlier = self.earlier.get(k).into_iter().flatten().map(|&(g, _, f)| seen(g, f));
+                    let earlier = self
+                        .earlier
+                        .get(k)
+                        .into_iter()
+                        .flatten()
+                        .map(|&(g, _, f)| seen(g, f));
                     std::iter::once(seen(gen, first)).chain(earlier).collect()
                 }
                 None => {
@@ -839,7 +1266,13 @@ impl Model {
                     vec![Verdict::New]
                 }
             };
-            prop_assert!(expected.contains(verdict), "{:?} for {:?}, expected one of {:?}", verdict, k, expected);
+            prop_assert!(
+                expected.contains(verdict),
+                "{:?} for {:?}, expected one of {:?}",
+                verdict,
+                k,
+                expected
+            );
         }
         self.age(ledger, options)
     }
@@ -847,7 +1280,15 @@ impl Model {
     /// Loads `ids` in bulk at `now` with the progress record `record`: they are held in the
     /// generation the load went into, those held before included (the newer copy is the one a
     /// lookup finds).
-    fn load(&mut self, ledger: &Ledger, options: &LedgerOptions, partition: Partition, ids: &[u8], now: i64, record: &[u8]) -> Result<(), TestCaseError> {
+    fn load(
+        &mut self,
+        ledger: &Ledger,
+        options: &LedgerOptions,
+        partition: Partition,
+        ids: &[u8],
+        now: i64,
+        record: &[u8],
+    ) -> Result<(), TestCaseError> {
         let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
         let mut load = ledger.begin_load(partition);
         load.add(&items).unwrap();
@@ -865,12 +1306,25 @@ impl Model {
 
     /// Applies the aging the ledger did: only whole generations, oldest first.
     fn age(&mut self, ledger: &Ledger, options: &LedgerOptions) -> Result<(), TestCaseError> {
-        let after: Vec<u64> = ledger.generations().unwrap().iter().map(|g| g.meta.id).collect();
-        prop_assert!(after.windows(2).all(|w| w[1] == w[0] + 1), "gaps in {:?}", after);
+        let after: Vec<u64> = ledger
+            .generations()
+            .unwrap()
+            .iter()
+            .map(|g| g.meta.id)
+            .collect();
+        prop_assert!(
+            after.windows(2).all(|w| w[1] == w[0] + 1),
+            "gaps in {:?}",
+            after
+        );
         if let (Some(first_before), Some(first_after)) = (self.live.first(), after.first()) {
             prop_assert!(first_after >= first_before);
         }
-        prop_assert!(after.len() <= options.generations as usize + 2, "{:?}", after);
+        prop_assert!(
+            after.len() <= options.generations as usize + 2,
+            "{:?}",
+            after
+        );
         self.live = after;
         let live: HashSet<u64> = self.live.iter().copied().collect();
         self.loaded_again.retain(|g, _| live.contains(g));
@@ -882,7 +1336,12 @@ impl Model {
             copies.retain(|(g, _, _)| live.contains(g));
         }
         self.earlier.retain(|_, copies| !copies.is_empty());
-        let forgotten: Vec<_> = self.held.iter().filter(|(_, (g, _, _))| !live.contains(g)).map(|(k, v)| (*k, *v)).collect();
+        let forgotten: Vec<_> = self
+            .held
+            .iter()
+            .filter(|(_, (g, _, _))| !live.contains(g))
+            .map(|(k, v)| (*k, *v))
+            .collect();
         for (k, (_, p, t)) in forgotten {
             self.held.remove(&k);
             let f = self.forgotten_through.entry(p).or_insert(t);
@@ -892,7 +1351,12 @@ impl Model {
     }
 
     /// Checks the ledger against the model after a step: windows, progress records, id counts.
-    fn check(&self, ledger: &Ledger, progress: &HashMap<Partition, Vec<u8>>, now: i64) -> Result<(), TestCaseError> {
+    fn check(
+        &self,
+        ledger: &Ledger,
+        progress: &HashMap<Partition, Vec<u8>>,
+        now: i64,
+    ) -> Result<(), TestCaseError> {
         // The window never claims an id it forgot, and exists exactly when ids are held.
         for p in 0..3 {
             let window = ledger.window(p, now);
@@ -908,9 +1372,21 @@ impl Model {
         // Every held id is counted and has its slot; only an id a load met again may count twice.
         let again: u64 = self.loaded_again.values().sum();
         let held = self.held.len() as u64;
-        prop_assert!(held <= stats.ids_estimate && stats.ids_estimate <= held + again, "{} counted for {} held, {} loaded again", stats.ids_estimate, held, again);
+        prop_assert!(
+            held <= stats.ids_estimate && stats.ids_estimate <= held + again,
+            "{} counted for {} held, {} loaded again",
+            stats.ids_estimate,
+            held,
+            again
+        );
         if stats.index_overflowed_buckets == 0 {
-            prop_assert!(held <= stats.index_ids && stats.index_ids <= held + again, "index {} for {} held, {} loaded again", stats.index_ids, held, again);
+            prop_assert!(
+                held <= stats.index_ids && stats.index_ids <= held + again,
+                "index {} for {} held, {} loaded again",
+                stats.index_ids,
+                held,
+                again
+            );
         }
         Ok(())
     }
@@ -969,7 +1445,8 @@ fn parse_mode(s: &str) -> Durability {
 #[test]
 #[ignore = "the crash tests' child process; they run it"]
 fn crash_child_writer() {
-    let dir = std::env::var(CRASH_DIR_ENV).expect("run by the crash tests, which set the directory");
+    let dir =
+        std::env::var(CRASH_DIR_ENV).expect("run by the crash tests, which set the directory");
     let mode = std::env::var(CRASH_MODE_ENV).expect("run by the crash tests, which set the mode");
     let _failpoints = fail::FailScenario::setup();
     let ledger = Ledger::open(&dir, crash_options(parse_mode(&mode))).unwrap();
@@ -979,11 +1456,15 @@ fn crash_child_writer() {
         .map_or(0, |p| u64::from_le_bytes(p.try_into().unwrap()));
     loop {
         batch += 1;
-        let mut items: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| (crash_key(batch, i), batch as i64 * 1000)).collect();
+        let mut items: Vec<_> = (0..CRASH_BATCH_IDS)
+            .map(|i| (crash_key(batch, i), batch as i64 * 1000))
+            .collect();
         if batch > 1 {
             items.push((crash_key(batch - 1, 0), batch as i64 * 1000));
         }
-        ledger.check_and_record(0, &items, &batch.to_le_bytes()).unwrap();
+        ledger
+            .check_and_record(0, &items, &batch.to_le_bytes())
+            .unwrap();
     }
 }
 
@@ -992,11 +1473,16 @@ fn crash_child_writer() {
 #[test]
 #[ignore = "the crash tests' child process; they run it"]
 fn crash_child_creator() {
-    let dir = std::env::var(CRASH_DIR_ENV).expect("run by the crash tests, which set the directory");
+    let dir =
+        std::env::var(CRASH_DIR_ENV).expect("run by the crash tests, which set the directory");
     let ledger = Ledger::open(&dir, LedgerOptions::default()).unwrap();
     for batch in 1.. {
-        let items: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| (crash_key(batch, i), batch as i64 * 1000)).collect();
-        ledger.check_and_record(0, &items, &batch.to_le_bytes()).unwrap();
+        let items: Vec<_> = (0..CRASH_BATCH_IDS)
+            .map(|i| (crash_key(batch, i), batch as i64 * 1000))
+            .collect();
+        ledger
+            .check_and_record(0, &items, &batch.to_le_bytes())
+            .unwrap();
     }
 }
 
@@ -1007,7 +1493,8 @@ fn check_crashed_ledger(dir: &Path, mode: Durability, what: &str) -> u64 {
 }
 
 fn check_crashed_ledger_with(dir: &Path, options: LedgerOptions, what: &str) -> u64 {
-    let ledger = Ledger::open(dir, options).unwrap_or_else(|e| panic!("{what}: the ledger does not open again: {e}"));
+    let ledger = Ledger::open(dir, options)
+        .unwrap_or_else(|e| panic!("{what}: the ledger does not open again: {e}"));
     let n = ledger
         .progress(0)
         .unwrap()
@@ -1015,11 +1502,22 @@ fn check_crashed_ledger_with(dir: &Path, options: LedgerOptions, what: &str) -> 
     for b in 1..=n {
         let keys: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(b, i)).collect();
         let found = ledger.check(&keys).unwrap();
-        assert!(found.iter().all(|f| *f == Some(b as i64 * 1000)), "{what}: batch {b} of {n} is incomplete");
+        assert!(
+            found.iter().all(|f| *f == Some(b as i64 * 1000)),
+            "{what}: batch {b} of {n} is incomplete"
+        );
     }
     let next: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(n + 1, i)).collect();
-    assert!(ledger.check(&next).unwrap().iter().all(Option::is_none), "{what}: batch {} is there without its progress record {n}", n + 1);
-    assert_eq!(ledger.stats().unwrap().ids_estimate, n * CRASH_BATCH_IDS, "{what}");
+    assert!(
+        ledger.check(&next).unwrap().iter().all(Option::is_none),
+        "{what}: batch {} is there without its progress record {n}",
+        n + 1
+    );
+    assert_eq!(
+        ledger.stats().unwrap().ids_estimate,
+        n * CRASH_BATCH_IDS,
+        "{what}"
+    );
     n
 }
 
@@ -1028,18 +1526,34 @@ fn check_crashed_ledger_with(dir: &Path, options: LedgerOptions, what: &str) -> 
 #[test]
 fn batch_log_replays_a_prefix_and_drops_a_torn_tail() {
     let dir = tempfile::tempdir().unwrap();
-    let items = |b: u64| -> Vec<(LedgerKey, i64)> { (0..10).map(|i| (key(b * 100 + i), b as i64 * 1000)).collect() };
+    let items = |b: u64| -> Vec<(LedgerKey, i64)> {
+        (0..10)
+            .map(|i| (key(b * 100 + i), b as i64 * 1000))
+            .collect()
+    };
     for mode in [Durability::Wal, Durability::SyncWal] {
         let dir = dir.path().join(format!("{mode:?}"));
         {
             let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
             for b in 1..=3 {
-                ledger.check_and_record(0, &items(b), &b.to_le_bytes()).unwrap();
+                ledger
+                    .check_and_record(0, &items(b), &b.to_le_bytes())
+                    .unwrap();
             }
             // As a crash leaves it: the batches only in the log (a clean close commits them).
             ledger.drop_without_closing();
         }
-        let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(LOG_FILE_PREFIX)).collect();
+        let logs: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with(LOG_FILE_PREFIX)
+            })
+            .collect();
         assert_eq!(logs.len(), 1, "{logs:?}");
         let mut bytes = std::fs::read(&logs[0]).unwrap();
         let whole = bytes.len();
@@ -1048,17 +1562,38 @@ fn batch_log_replays_a_prefix_and_drops_a_torn_tail() {
         assert!(whole > 0);
         {
             let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
-            assert_eq!(ledger.progress(0).unwrap(), Some(3u64.to_le_bytes().to_vec()));
+            assert_eq!(
+                ledger.progress(0).unwrap(),
+                Some(3u64.to_le_bytes().to_vec())
+            );
             assert_eq!(ledger.stats().unwrap().ids_estimate, 30);
-            let verdicts = ledger.check_and_record(0, &items(3), &4u64.to_le_bytes()).unwrap();
-            assert!(verdicts.iter().all(|v| *v == Verdict::Duplicate { first_seen_ms: 3000, digest: None }), "{verdicts:?}");
-            ledger.check_and_record(0, &items(5), &5u64.to_le_bytes()).unwrap();
+            let verdicts = ledger
+                .check_and_record(0, &items(3), &4u64.to_le_bytes())
+                .unwrap();
+            assert!(
+                verdicts.iter().all(|v| *v
+                    == Verdict::Duplicate {
+                        first_seen_ms: 3000,
+                        digest: None
+                    }),
+                "{verdicts:?}"
+            );
+            ledger
+                .check_and_record(0, &items(5), &5u64.to_le_bytes())
+                .unwrap();
         }
         let ledger = Ledger::open(&dir, small_options(mode)).unwrap();
-        assert_eq!(ledger.progress(0).unwrap(), Some(5u64.to_le_bytes().to_vec()));
+        assert_eq!(
+            ledger.progress(0).unwrap(),
+            Some(5u64.to_le_bytes().to_vec())
+        );
         assert_eq!(ledger.stats().unwrap().ids_estimate, 40);
         for b in [1, 2, 3, 5] {
-            assert!(ledger.check(&items(b).iter().map(|(k, _)| *k).collect::<Vec<_>>()).unwrap().iter().all(|f| *f == Some(b as i64 * 1000)));
+            assert!(ledger
+                .check(&items(b).iter().map(|(k, _)| *k).collect::<Vec<_>>())
+                .unwrap()
+                .iter()
+                .all(|f| *f == Some(b as i64 * 1000)));
         }
     }
 }
@@ -1074,7 +1609,14 @@ fn a_crash_between_ingestion_and_bookkeeping_keeps_the_commit() {
     let mut last = 0u64;
     for crash in 0..3 {
         let status = std::process::Command::new(&exe)
-            .args(["--exact", "ledger::tests::crash_child_writer", "--ignored", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "ledger::tests::crash_child_writer",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(CRASH_DIR_ENV, dir.path())
             .env(CRASH_MODE_ENV, "NoWal")
             .env("FAILPOINTS", "ledger-after-ingest=return")
@@ -1082,9 +1624,15 @@ fn a_crash_between_ingestion_and_bookkeeping_keeps_the_commit() {
             .stderr(std::process::Stdio::null())
             .status()
             .unwrap();
-        assert!(!status.success(), "crash {crash}: the child was meant to abort");
+        assert!(
+            !status.success(),
+            "crash {crash}: the child was meant to abort"
+        );
         let n = check_crashed_ledger(dir.path(), Durability::NoWal, &format!("crash {crash}"));
-        assert!(n > last, "crash {crash}: the ingested batches were lost (progress {n}, before {last})");
+        assert!(
+            n > last,
+            "crash {crash}: the ingested batches were lost (progress {n}, before {last})"
+        );
         last = n;
     }
 }
@@ -1095,16 +1643,29 @@ fn a_crash_between_ingestion_and_bookkeeping_keeps_the_commit() {
 fn a_kill_at_any_moment_of_creation_never_bricks_the_ledger() {
     let exe = std::env::current_exe().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let check = LedgerOptions { build_index: false, ..LedgerOptions::default() };
+    let check = LedgerOptions {
+        build_index: false,
+        ..LedgerOptions::default()
+    };
     let mut survived = 0;
     // Kills at fixed moments of the creation (which takes seconds: the index is made
     // resident), then at moments after it finished, while batches are written.
-    let during = [0u64, 1, 3, 8, 15, 30, 60, 100, 160, 250, 400, 600, 900, 1300, 1800, 2500].map(|ms| (ms, false));
+    let during = [
+        0u64, 1, 3, 8, 15, 30, 60, 100, 160, 250, 400, 600, 900, 1300, 1800, 2500,
+    ]
+    .map(|ms| (ms, false));
     let after = [0u64, 50, 300].map(|ms| (ms, true));
     for (n, (delay_ms, after_creation)) in during.into_iter().chain(after).enumerate() {
         let dir = root.path().join(format!("kill-{n}"));
         let mut child = std::process::Command::new(&exe)
-            .args(["--exact", "ledger::tests::crash_child_creator", "--ignored", "--nocapture", "--test-threads", "1"])
+            .args([
+                "--exact",
+                "ledger::tests::crash_child_creator",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(CRASH_DIR_ENV, &dir)
             .env(CRASH_MODE_ENV, "default")
             .stdout(std::process::Stdio::null())
@@ -1114,7 +1675,10 @@ fn a_kill_at_any_moment_of_creation_never_bricks_the_ledger() {
         if after_creation {
             let deadline = std::time::Instant::now() + Duration::from_secs(120);
             while !dir.join("CURRENT").exists() || dir.join(CREATING_MARKER).exists() {
-                assert!(std::time::Instant::now() < deadline, "the child never finished creating its ledger");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the child never finished creating its ledger"
+                );
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
@@ -1124,12 +1688,22 @@ fn a_kill_at_any_moment_of_creation_never_bricks_the_ledger() {
         if !dir.exists() {
             continue; // Killed before it made anything.
         }
-        let batches = check_crashed_ledger_with(&dir, check.clone(), &format!("killed {delay_ms} ms into its first start"));
+        let batches = check_crashed_ledger_with(
+            &dir,
+            check.clone(),
+            &format!("killed {delay_ms} ms into its first start"),
+        );
         survived += usize::from(batches > 0);
         // Opened once, it opens again: the creation is over.
-        assert!(!dir.join(CREATING_MARKER).exists(), "killed at {delay_ms} ms: the creation marker is still there");
+        assert!(
+            !dir.join(CREATING_MARKER).exists(),
+            "killed at {delay_ms} ms: the creation marker is still there"
+        );
     }
-    assert!(survived > 0, "no kill landed after the ledger was created and written; the test proves nothing");
+    assert!(
+        survived > 0,
+        "no kill landed after the ledger was created and written; the test proves nothing"
+    );
 }
 
 #[test]
@@ -1140,8 +1714,13 @@ fn an_interrupted_creation_is_started_again_and_maintenance_refuses_it() {
     std::fs::write(dir.path().join("CURRENT"), b"MANIFEST-000005\n").unwrap();
     std::fs::write(dir.path().join("000004.log"), b"torn").unwrap();
     match Ledger::open_existing(dir.path(), small_options(Durability::Wal)) {
-        Err(LedgerError::NotALedger { reason, .. }) => assert!(reason.contains("never finished"), "{reason}"),
-        other => panic!("maintenance opened a half-created ledger: {:?}", other.map(|_| ())),
+        Err(LedgerError::NotALedger { reason, .. }) => {
+            assert!(reason.contains("never finished"), "{reason}")
+        }
+        other => panic!(
+            "maintenance opened a half-created ledger: {:?}",
+            other.map(|_| ())
+        ),
     }
     let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
     assert!(!dir.path().join(CREATING_MARKER).exists());
@@ -1175,8 +1754,13 @@ fn a_ledger_without_its_format_marker_is_initialized_only_if_it_holds_nothing() 
         drop(meta);
         drop(ledger);
         match Ledger::open(dir.path(), small_options(mode)) {
-            Err(LedgerError::CorruptMetadata { what }) => assert!(what.contains("format version marker is missing"), "{what}"),
-            other => panic!("{mode:?}: a ledger holding ids without its marker opened: {:?}", other.map(|_| ())),
+            Err(LedgerError::CorruptMetadata { what }) => {
+                assert!(what.contains("format version marker is missing"), "{what}")
+            }
+            other => panic!(
+                "{mode:?}: a ledger holding ids without its marker opened: {:?}",
+                other.map(|_| ())
+            ),
         }
     }
 }
@@ -1190,14 +1774,24 @@ fn batches_are_all_or_nothing_and_a_prefix_after_sigkill() {
         let mut last = 0u64;
         for kill in 0..CRASH_KILLS_PER_MODE {
             let mut child = std::process::Command::new(&exe)
-                .args(["--exact", "ledger::tests::crash_child_writer", "--ignored", "--nocapture", "--test-threads", "1"])
+                .args([
+                    "--exact",
+                    "ledger::tests::crash_child_writer",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
                 .env(CRASH_DIR_ENV, dir.path())
                 .env(CRASH_MODE_ENV, format!("{mode:?}"))
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .unwrap();
-            std::thread::sleep(Duration::from_millis(rand::Rng::random_range(&mut rng, 40..400)));
+            std::thread::sleep(Duration::from_millis(rand::Rng::random_range(
+                &mut rng,
+                40..400,
+            )));
             // Child::kill sends SIGKILL.
             child.kill().unwrap();
             child.wait().unwrap();
@@ -1207,10 +1801,16 @@ fn batches_are_all_or_nothing_and_a_prefix_after_sigkill() {
             let n = check_crashed_ledger(dir.path(), mode, &format!("{mode:?} kill {kill}"));
             // Batches never go back: a batch seen after one reopen survives (closing the
             // ledger flushes, so this holds without a WAL too).
-            assert!(n >= last, "{mode:?} kill {kill}: progress went back from {last} to {n}");
+            assert!(
+                n >= last,
+                "{mode:?} kill {kill}: progress went back from {last} to {n}"
+            );
             last = n;
         }
-        assert!(last > 0, "{mode:?}: no batch ever survived a kill; the test proves nothing");
+        assert!(
+            last > 0,
+            "{mode:?}: no batch ever survived a kill; the test proves nothing"
+        );
     }
 }
 
@@ -1220,15 +1820,26 @@ fn an_empty_progress_record_leaves_the_partitions_as_it_is_across_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
             let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
-            ledger.check_and_record(3, &[(key(1), 1_000)], b"pipeline").unwrap();
+            ledger
+                .check_and_record(3, &[(key(1), 1_000)], b"pipeline")
+                .unwrap();
             // Older ids loaded in the background: no progress of their own.
-            ledger.check_and_record(3, &[(key(2), 500), (key(3), 400)], b"").unwrap();
-            assert_eq!(ledger.progress(3).unwrap().as_deref(), Some(&b"pipeline"[..]));
+            ledger
+                .check_and_record(3, &[(key(2), 500), (key(3), 400)], b"")
+                .unwrap();
+            assert_eq!(
+                ledger.progress(3).unwrap().as_deref(),
+                Some(&b"pipeline"[..])
+            );
             ledger.flush().unwrap();
             ledger.check_and_record(3, &[(key(4), 300)], b"").unwrap();
         }
         let ledger = Ledger::open(dir.path(), small_options(durability)).unwrap();
-        assert_eq!(ledger.progress(3).unwrap().as_deref(), Some(&b"pipeline"[..]), "{durability}");
+        assert_eq!(
+            ledger.progress(3).unwrap().as_deref(),
+            Some(&b"pipeline"[..]),
+            "{durability}"
+        );
         let held = ledger.check(&[key(1), key(2), key(3)]).unwrap();
         assert!(held.iter().all(Option::is_some), "{durability}: {held:?}");
     }
@@ -1242,7 +1853,14 @@ fn the_index_grows_in_time_when_ids_come_faster_than_a_background_commit() {
     // the first size to overflowing, and the overflowed buckets then sent every later lookup
     // that hit them to every generation on disk (6M ids took 60 s instead of 4).
     let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(dir.path(), LedgerOptions { budget_bytes: 1 << 30, ..LedgerOptions::default() }).unwrap();
+    let ledger = Ledger::open(
+        dir.path(),
+        LedgerOptions {
+            budget_bytes: 1 << 30,
+            ..LedgerOptions::default()
+        },
+    )
+    .unwrap();
     let n: u64 = 3_000_000;
     let mut batch = Vec::with_capacity(4096);
     let mut i = 0u64;
@@ -1253,7 +1871,11 @@ fn the_index_grows_in_time_when_ids_come_faster_than_a_background_commit() {
         ledger.check_and_record(0, &batch, b"p").unwrap();
     }
     let stats = ledger.stats().unwrap();
-    assert_eq!((stats.index_overflowed_buckets, stats.index_ids), (0, i), "the index overflowed");
+    assert_eq!(
+        (stats.index_overflowed_buckets, stats.index_ids),
+        (0, i),
+        "the index overflowed"
+    );
 }
 
 #[test]
@@ -1265,13 +1887,18 @@ fn near_a_growth_of_the_id_index_the_buffer_is_committed_ahead_so_the_growths_se
     // batches in the ledger bench). Each batch here waits for background commits, so the test
     // sees what each batch leaves buffered, not how fast a commit runs.
     let dir = tempfile::tempdir().unwrap();
-    let options = LedgerOptions { write_buffer_bytes: 16 << 20, ..small_options(Durability::Wal) };
+    let options = LedgerOptions {
+        write_buffer_bytes: 16 << 20,
+        ..small_options(Durability::Wal)
+    };
     let ledger = Ledger::open(dir.path(), options).unwrap();
     let first_level = ledger.lock().index.geometry().1;
     let (mut i, mut near) = (0u64, 0u64);
     while ledger.lock().index.geometry().1 == first_level {
         assert!(i < 2_000_000, "the id index did not grow");
-        let batch: Vec<_> = (i..i + 4096).map(|j| (key(j), 1_000_000 + j as i64)).collect();
+        let batch: Vec<_> = (i..i + 4096)
+            .map(|j| (key(j), 1_000_000 + j as i64))
+            .collect();
         i += 4096;
         ledger.check_and_record(0, &batch, b"p").unwrap();
         loop {
@@ -1285,7 +1912,11 @@ fn near_a_growth_of_the_id_index_the_buffer_is_committed_ahead_so_the_growths_se
         let state = ledger.lock();
         if state.index.growth_near(2 * ledger.buffer_capacity_ids()) {
             near += 1;
-            assert!(state.pending.len() <= SEAL_BUFFER_IDS, "{} ids buffered near the growth, at {i} ids", state.pending.len());
+            assert!(
+                state.pending.len() <= SEAL_BUFFER_IDS,
+                "{} ids buffered near the growth, at {i} ids",
+                state.pending.len()
+            );
         }
     }
     assert!(near > 10, "only {near} batches came near the growth");
@@ -1305,7 +1936,9 @@ fn an_open_that_grows_the_index_keeps_answering_for_the_active_generation() {
     for stop in (4_080..4_120).step_by(3) {
         let dir = tempfile::tempdir().unwrap();
         let items = |b: u64| -> Vec<(LedgerKey, i64)> {
-            let mut items: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| (crash_key(b, i), b as i64 * 1000)).collect();
+            let mut items: Vec<_> = (0..CRASH_BATCH_IDS)
+                .map(|i| (crash_key(b, i), b as i64 * 1000))
+                .collect();
             if b > 1 {
                 items.push((crash_key(b - 1, 0), b as i64 * 1000));
             }
@@ -1314,7 +1947,9 @@ fn an_open_that_grows_the_index_keeps_answering_for_the_active_generation() {
         {
             let ledger = Ledger::open(dir.path(), crash_options(Durability::Wal)).unwrap();
             for b in 1..=stop {
-                ledger.check_and_record(0, &items(b), &b.to_le_bytes()).unwrap();
+                ledger
+                    .check_and_record(0, &items(b), &b.to_le_bytes())
+                    .unwrap();
             }
             ledger.drop_without_closing();
         }
@@ -1328,13 +1963,29 @@ fn an_open_that_grows_the_index_keeps_answering_for_the_active_generation() {
             grew_at_open += 1;
         }
         for b in stop + 1..=stop + 40 {
-            let verdicts = ledger.check_and_record(0, &items(b), &b.to_le_bytes()).unwrap();
-            assert!(matches!(verdicts.last(), Some(Verdict::Duplicate { .. })), "crash at batch {stop}: batch {b} found the repeated id of batch {} new", b - 1);
+            let verdicts = ledger
+                .check_and_record(0, &items(b), &b.to_le_bytes())
+                .unwrap();
+            assert!(
+                matches!(verdicts.last(), Some(Verdict::Duplicate { .. })),
+                "crash at batch {stop}: batch {b} found the repeated id of batch {} new",
+                b - 1
+            );
         }
         for b in 1..=stop + 40 {
             let keys: Vec<_> = (0..CRASH_BATCH_IDS).map(|i| crash_key(b, i)).collect();
-            assert!(ledger.check(&keys).unwrap().iter().all(|f| *f == Some(b as i64 * 1000)), "crash at batch {stop}: batch {b} is incomplete");
+            assert!(
+                ledger
+                    .check(&keys)
+                    .unwrap()
+                    .iter()
+                    .all(|f| *f == Some(b as i64 * 1000)),
+                "crash at batch {stop}: batch {b} is incomplete"
+            );
         }
     }
-    assert!(grew_at_open > 0, "no open grew the index: the test no longer reaches the case it is about");
+    assert!(
+        grew_at_open > 0,
+        "no open grew the index: the test no longer reaches the case it is about"
+    );
 }

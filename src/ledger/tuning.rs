@@ -27,7 +27,8 @@ pub(super) fn db_options(options: &LedgerOptions, create: bool) -> Options {
 /// A memtable never holds more than half a generation, so a small budget is not exceeded by
 /// memtables and the WAL that backs them.
 pub(super) fn effective_write_buffer_bytes(options: &LedgerOptions) -> usize {
-    let half_generation = usize::try_from(options.generation_target_bytes() / 2).unwrap_or(usize::MAX);
+    let half_generation =
+        usize::try_from(options.generation_target_bytes() / 2).unwrap_or(usize::MAX);
     options.write_buffer_bytes.min(half_generation.max(1 << 20))
 }
 

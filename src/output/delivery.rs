@@ -40,7 +40,10 @@ impl DeliveryTracker {
 
     /// Whether a node closed or refused this producer's connection within `within`.
     pub(super) fn node_lost_within(&self, within: Duration) -> bool {
-        let last = *self.last_node_lost.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let last = *self
+            .last_node_lost
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         last.is_some_and(|at| at.elapsed() <= within)
     }
 
@@ -52,7 +55,10 @@ impl DeliveryTracker {
     }
 
     pub(super) fn take_first_failure(&self) -> Option<(String, RDKafkaErrorCode)> {
-        self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+        self.first_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
     }
 }
 
@@ -66,8 +72,13 @@ fn node_gone(message: &str) -> bool {
 
 impl ClientContext for DeliveryTracker {
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure) && node_gone(reason) {
-            *self.last_node_lost.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::BrokerTransportFailure)
+            && node_gone(reason)
+        {
+            *self
+                .last_node_lost
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
         }
         // As rdkafka's default: every global error is logged.
         tracing::error!("librdkafka: {error}: {reason}");
@@ -92,7 +103,10 @@ impl ProducerContext for DeliveryTracker {
                 if self.failures.fetch_add(1, Ordering::Relaxed) == 0 {
                     let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
                     let topic = rdkafka::Message::topic(m).to_string();
-                    *self.first_failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((topic, code));
+                    *self
+                        .first_failure
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((topic, code));
                 }
             }
         }
@@ -107,18 +121,39 @@ mod tests {
     fn only_a_refused_or_dropped_connection_marks_a_node_as_gone() {
         let tracker = DeliveryTracker::new("out", "out.ids");
         let within = Duration::from_secs(15);
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown), "all brokers down");
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut), "a silent node");
-        assert!(!tracker.node_lost_within(within), "a timeout is not a node gone");
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "127.0.0.1:9092/1: 1 request(s) timed out: disconnect");
+        tracker.error(
+            KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "all brokers down",
+        );
+        tracker.error(
+            KafkaError::Global(RDKafkaErrorCode::RequestTimedOut),
+            "a silent node",
+        );
+        assert!(
+            !tracker.node_lost_within(within),
+            "a timeout is not a node gone"
+        );
+        tracker.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "127.0.0.1:9092/1: 1 request(s) timed out: disconnect",
+        );
         tracker.error(
             KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
             "10.213.0.11:29095/1: Failed to connect to broker at 10.213.0.11:29095: Invalid argument (after 0ms in state CONNECT)",
         );
-        assert!(!tracker.node_lost_within(within), "a silent or cut-off node is not a node gone");
-        tracker.error(KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure), "Connect to ipv4#127.0.0.1:9092 failed: Connection refused");
+        assert!(
+            !tracker.node_lost_within(within),
+            "a silent or cut-off node is not a node gone"
+        );
+        tracker.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "Connect to ipv4#127.0.0.1:9092 failed: Connection refused",
+        );
         assert!(tracker.node_lost_within(within));
         *tracker.last_node_lost.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
-        assert!(!tracker.node_lost_within(within), "a failure older than the window is not this transaction's");
+        assert!(
+            !tracker.node_lost_within(within),
+            "a failure older than the window is not this transaction's"
+        );
     }
 }

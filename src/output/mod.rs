@@ -71,7 +71,10 @@ pub enum PublishError {
     /// The producer was fenced: another worker took over the partition, or the broker aborted a
     /// transaction that outlived `transaction.timeout.ms` and bumped the epoch. Stop; never retry.
     #[error("the producer with transactional.id {transactional_id} is fenced (another worker took over, or the broker aborted a transaction that outlived transaction.timeout.ms): {source}")]
-    Fenced { transactional_id: String, source: KafkaError },
+    Fenced {
+        transactional_id: String,
+        source: KafkaError,
+    },
     /// The transaction was aborted; nothing of it is visible. Retrying the same batch is safe.
     #[error("the transaction was aborted and can be retried: {source}")]
     Aborted { source: KafkaError },
@@ -103,7 +106,12 @@ pub fn transactional_id(output_topic: &str, partition: i32) -> String {
 
 /// The partition a [`transactional_id`] of `output_topic` names.
 pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
-    transactional_id.strip_prefix("dedupe-")?.strip_prefix(output_topic)?.strip_prefix('-')?.parse().ok()
+    transactional_id
+        .strip_prefix("dedupe-")?
+        .strip_prefix(output_topic)?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
 }
 
 /// How long one blocking transactional call (a flush, sending the offsets, a commit, an abort)
@@ -113,7 +121,8 @@ pub fn partition_of(output_topic: &str, transactional_id: &str) -> Option<i32> {
 /// fault aborts and tries its batch again, or (a commit) calls again, within seconds, well inside
 /// the transaction's timeout. The watchdog takes a call 2 s past this for hung.
 pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
-    Duration::from_millis(transaction_timeout_ms / 6).clamp(Duration::from_secs(10), Duration::from_secs(15))
+    Duration::from_millis(transaction_timeout_ms / 6)
+        .clamp(Duration::from_secs(10), Duration::from_secs(15))
 }
 
 /// How long `init_transactions` is asked again while its refusal is a passing one: the
@@ -126,7 +135,11 @@ const INIT_PATIENCE: Duration = Duration::from_secs(45);
 /// librdkafka documents a timed-out or retriable `init_transactions` as resumable by calling it
 /// again on the same producer; asking again at once saves a new producer, a new coordinator
 /// lookup and the take-over's backoff.
-fn init_transactions(producer: &BaseProducer<DeliveryTracker>, transactional_id: &str, timeout: Duration) -> Result<(), PublishError> {
+fn init_transactions(
+    producer: &BaseProducer<DeliveryTracker>,
+    transactional_id: &str,
+    timeout: Duration,
+) -> Result<(), PublishError> {
     let deadline = std::time::Instant::now() + INIT_PATIENCE;
     loop {
         let watched = crate::watchdog::arm("init_transactions", transactional_id, timeout);
@@ -175,7 +188,12 @@ pub struct OutputWriter {
 impl OutputWriter {
     /// Creates the producer and calls `init_transactions`, which fences any older producer of
     /// the same partition and aborts its open transaction.
-    pub fn open(kafka: &KafkaConfig, topics: &OutputTopics<'_>, partition: i32, transaction_timeout_ms: u64) -> Result<Self, PublishError> {
+    pub fn open(
+        kafka: &KafkaConfig,
+        topics: &OutputTopics<'_>,
+        partition: i32,
+        transaction_timeout_ms: u64,
+    ) -> Result<Self, PublishError> {
         let topic = topics.output;
         let transactional_id = transactional_id(topic, partition);
         let producer: BaseProducer<DeliveryTracker> = client_config(kafka)
@@ -211,9 +229,15 @@ impl OutputWriter {
     /// topic and its new ids to the changelog partition, and commits them with the next input
     /// offset for the input partition, in one transaction. On any error the transaction is
     /// aborted (or the producer is declared unusable).
-    pub fn publish(&mut self, batch: &Batch<'_>, group: &ConsumerGroupMetadata) -> Result<Committed, PublishError> {
+    pub fn publish(
+        &mut self,
+        batch: &Batch<'_>,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<Committed, PublishError> {
         self.producer.context().reset();
-        self.producer.begin_transaction().map_err(|e| classify(e, &self.transactional_id))?;
+        self.producer
+            .begin_transaction()
+            .map_err(|e| classify(e, &self.transactional_id))?;
         let result = self.fill_and_commit(batch, group);
         match result {
             Ok(c) => Ok(c),
@@ -222,10 +246,13 @@ impl OutputWriter {
             // coordinator again only on an error, and a silent node gives none), so every retry
             // would wait as long. A new producer looks everything up afresh, and fences this one
             // and aborts its transaction as it starts.
-            Err(PublishError::Aborted { source }) if timed_out(&source) => Err(PublishError::Fatal { source }),
+            Err(PublishError::Aborted { source }) if timed_out(&source) => {
+                Err(PublishError::Fatal { source })
+            }
             Err(PublishError::Aborted { source }) => {
                 // Abort so the next batch starts clean; if even that fails the producer is unusable.
-                let watched = crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
+                let watched =
+                    crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
                 let aborted = self.producer.abort_transaction(self.timeout);
                 drop(watched);
                 match aborted {
@@ -238,7 +265,11 @@ impl OutputWriter {
         }
     }
 
-    fn fill_and_commit(&mut self, batch: &Batch<'_>, group: &ConsumerGroupMetadata) -> Result<Committed, PublishError> {
+    fn fill_and_commit(
+        &mut self,
+        batch: &Batch<'_>,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<Committed, PublishError> {
         fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
             source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
         }));
@@ -256,7 +287,10 @@ impl OutputWriter {
             }
         }
         if let Some(value) = crate::changelog::encode(batch.new_ids) {
-            let r = OutRecord { value: Some(value), ..OutRecord::default() };
+            let r = OutRecord {
+                value: Some(value),
+                ..OutRecord::default()
+            };
             self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
         }
         // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
@@ -264,23 +298,37 @@ impl OutputWriter {
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
         // after 10 s more). Past the budget a new producer is quicker than asking on.
         let mut budget = TransactionBudget::new(self.timeout);
-        self.flush(&mut budget).map_err(|e| classify(e, &self.transactional_id))?;
+        self.flush(&mut budget)
+            .map_err(|e| classify(e, &self.transactional_id))?;
         if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
             // The abort names why: the first failed record's topic and its error.
-            let (topic, code) = self.producer.context().take_first_failure().unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
+            let (topic, code) = self
+                .producer
+                .context()
+                .take_first_failure()
+                .unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
             tracing::warn!(topic = %topic, error = %code, "A record of the output transaction was not delivered; aborting the transaction.");
-            return Err(PublishError::Aborted { source: KafkaError::MessageProduction(code) });
+            return Err(PublishError::Aborted {
+                source: KafkaError::MessageProduction(code),
+            });
         }
         let mut offsets = TopicPartitionList::new();
         offsets
-            .add_partition_offset(batch.input_topic, batch.input_partition, Offset::Offset(batch.next_input_offset))
+            .add_partition_offset(
+                batch.input_topic,
+                batch.input_partition,
+                Offset::Offset(batch.next_input_offset),
+            )
             .map_err(|source| PublishError::Fatal { source })?;
         // The offset names the pipeline it belongs to (see [`owner`]).
-        if let Some(mut committed) = offsets.find_partition(batch.input_topic, batch.input_partition) {
+        if let Some(mut committed) =
+            offsets.find_partition(batch.input_topic, batch.input_partition)
+        {
             committed.set_metadata(owner::offset_metadata(&self.topic));
         }
         let wait = budget.left();
-        let watched = crate::watchdog::arm("send_offsets_to_transaction", &self.transactional_id, wait);
+        let watched =
+            crate::watchdog::arm("send_offsets_to_transaction", &self.transactional_id, wait);
         self.producer
             .send_offsets_to_transaction(&offsets, group, wait)
             .map_err(|e| classify(e, &self.transactional_id))?;
@@ -293,7 +341,10 @@ impl OutputWriter {
         let tracker = self.producer.context();
         let last = tracker.last_output.load(Ordering::Relaxed);
         let changelog = tracker.last_changelog.load(Ordering::Relaxed);
-        Ok(Committed { last_output_offset: (last >= 0).then_some(last), changelog_offset: (changelog >= 0).then_some(changelog) })
+        Ok(Committed {
+            last_output_offset: (last >= 0).then_some(last),
+            changelog_offset: (changelog >= 0).then_some(changelog),
+        })
     }
 
     /// Waits until every record of the transaction is acknowledged, within `budget`. If the wait
@@ -308,7 +359,14 @@ impl OutputWriter {
             let flushed = self.producer.flush(wait);
             drop(watched);
             match flushed {
-                Err(e) if !extended && timed_out(&e) && self.producer.context().node_lost_within(LEADER_MOVE_GRACE + self.timeout) => {
+                Err(e)
+                    if !extended
+                        && timed_out(&e)
+                        && self
+                            .producer
+                            .context()
+                            .node_lost_within(LEADER_MOVE_GRACE + self.timeout) =>
+                {
                     tracing::info!(transactional_id = %self.transactional_id, grace_secs = LEADER_MOVE_GRACE.as_secs(), "The flush timed out after a node closed or refused the producer's connection; waiting for its leaderships to move.");
                     budget.extend(LEADER_MOVE_GRACE);
                     extended = true;
@@ -336,7 +394,10 @@ impl OutputWriter {
             if !r.headers.is_empty() {
                 let mut h = OwnedHeaders::new_with_capacity(r.headers.len());
                 for (key, value) in &r.headers {
-                    h = h.insert(Header { key, value: value.as_deref() });
+                    h = h.insert(Header {
+                        key,
+                        value: value.as_deref(),
+                    });
                 }
                 rec = rec.headers(h);
             }
@@ -402,7 +463,9 @@ impl TransactionBudget {
     const FLOOR: Duration = Duration::from_secs(1);
 
     fn new(total: Duration) -> Self {
-        Self { deadline: std::time::Instant::now() + total }
+        Self {
+            deadline: std::time::Instant::now() + total,
+        }
     }
 
     fn extend(&mut self, by: Duration) {
@@ -410,7 +473,9 @@ impl TransactionBudget {
     }
 
     fn left(&self) -> Duration {
-        self.deadline.saturating_duration_since(std::time::Instant::now()).max(Self::FLOOR)
+        self.deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .max(Self::FLOOR)
     }
 }
 
@@ -429,15 +494,30 @@ const COMMIT_RETRIES: Backoff = Backoff::new(Duration::ZERO, Duration::ZERO, 5);
 
 /// Whether a call gave up waiting for an answer (librdkafka's local timeout).
 fn timed_out(e: &KafkaError) -> bool {
-    matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::OperationTimedOut | RDKafkaErrorCode::MessageTimedOut | RDKafkaErrorCode::RequestTimedOut))
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::MessageTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+        )
+    )
 }
 
 /// Sorts a transactional error into fenced / abortable / fatal.
 fn classify(e: KafkaError, transactional_id: &str) -> PublishError {
     if let KafkaError::Transaction(ref t) = e {
         let code = t.code();
-        if matches!(code, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch) {
-            return PublishError::Fenced { transactional_id: transactional_id.to_string(), source: e };
+        if matches!(
+            code,
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+        ) {
+            return PublishError::Fenced {
+                transactional_id: transactional_id.to_string(),
+                source: e,
+            };
         }
         if t.txn_requires_abort() {
             return PublishError::Aborted { source: e };
@@ -448,8 +528,14 @@ fn classify(e: KafkaError, transactional_id: &str) -> PublishError {
         // Retriable errors that ran out of retries: abort and try the batch again.
         return PublishError::Aborted { source: e };
     }
-    if matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced)) {
-        return PublishError::Fenced { transactional_id: transactional_id.to_string(), source: e };
+    if matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced)
+    ) {
+        return PublishError::Fenced {
+            transactional_id: transactional_id.to_string(),
+            source: e,
+        };
     }
     PublishError::Aborted { source: e }
 }
@@ -462,7 +548,11 @@ mod tests {
     fn a_transactional_id_names_its_partition_and_no_other_topics() {
         let id = transactional_id("events.out", 7);
         assert_eq!(partition_of("events.out", &id), Some(7));
-        assert_eq!(partition_of("events", &id), None, "a topic whose name is a prefix of the output's");
+        assert_eq!(
+            partition_of("events", &id),
+            None,
+            "a topic whose name is a prefix of the output's"
+        );
         assert_eq!(partition_of("events.out", "dedupe-events.out-x"), None);
         assert_eq!(partition_of("events.out", "other-events.out-1"), None);
     }

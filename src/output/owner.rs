@@ -44,8 +44,16 @@ pub struct GroupConflict {
 
 /// Refuses a group whose committed offsets (partition and metadata, as read) name an output
 /// other than `output`.
-pub fn check_owner(group: &str, input_topic: &str, output: &str, committed: &[(i32, String)]) -> Result<(), GroupConflict> {
-    match committed.iter().find_map(|(p, m)| output_named(m).filter(|o| *o != output).map(|o| (*p, o))) {
+pub fn check_owner(
+    group: &str,
+    input_topic: &str,
+    output: &str,
+    committed: &[(i32, String)],
+) -> Result<(), GroupConflict> {
+    match committed
+        .iter()
+        .find_map(|(p, m)| output_named(m).filter(|o| *o != output).map(|o| (*p, o)))
+    {
         None => Ok(()),
         Some((partition, other)) => Err(GroupConflict {
             group: group.to_string(),
@@ -65,7 +73,13 @@ pub fn check_owner(group: &str, input_topic: &str, output: &str, committed: &[(i
 /// worker's open transaction keeps its partition's offset unstable until a new producer fences it
 /// (which happens after this check) or the transaction times out. The committed offset before it
 /// carries the same metadata.
-pub fn committed_metadata(kafka: &KafkaConfig, group: &str, topic: &str, partitions: &[i32], timeout: Duration) -> Result<Vec<(i32, String)>, KafkaError> {
+pub fn committed_metadata(
+    kafka: &KafkaConfig,
+    group: &str,
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> Result<Vec<(i32, String)>, KafkaError> {
     let consumer: BaseConsumer = client_config(kafka)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
@@ -79,7 +93,9 @@ pub fn committed_metadata(kafka: &KafkaConfig, group: &str, topic: &str, partiti
     let got = loop {
         match consumer.committed_offsets(tpl.clone(), Duration::from_secs(10)) {
             Ok(got) => break got,
-            Err(e) if Instant::now() < deadline && passing(&e) => std::thread::sleep(Duration::from_millis(250)),
+            Err(e) if Instant::now() < deadline && passing(&e) => {
+                std::thread::sleep(Duration::from_millis(250))
+            }
             Err(e) => return Err(e),
         }
     };
@@ -98,7 +114,12 @@ fn passing(e: &KafkaError) -> bool {
     crate::kafka::is_transient(e)
         || matches!(
             e.rdkafka_error_code(),
-            Some(C::NotCoordinator | C::CoordinatorNotAvailable | C::CoordinatorLoadInProgress | C::UnstableOffsetCommit)
+            Some(
+                C::NotCoordinator
+                    | C::CoordinatorNotAvailable
+                    | C::CoordinatorLoadInProgress
+                    | C::UnstableOffsetCommit
+            )
         )
 }
 
@@ -113,24 +134,52 @@ mod tests {
     #[test]
     fn a_group_committing_for_another_output_is_refused_naming_both() {
         // Partition 1's offset was committed by the pipeline writing `a.out`; this one writes `b.out`.
-        let rows = committed(&[(0, &offset_metadata("b.out")), (1, &offset_metadata("a.out"))]);
+        let rows = committed(&[
+            (0, &offset_metadata("b.out")),
+            (1, &offset_metadata("a.out")),
+        ]);
         let e = check_owner("dedupe", "in", "b.out", &rows).unwrap_err();
         assert_eq!((e.partition, e.other_output.as_str()), (1, "a.out"));
         let line = e.to_string();
-        assert!(line.contains("`dedupe`") && line.contains("`a.out`") && line.contains("`b.out`") && line.contains("worker.group_id"), "{line}");
+        assert!(
+            line.contains("`dedupe`")
+                && line.contains("`a.out`")
+                && line.contains("`b.out`")
+                && line.contains("worker.group_id"),
+            "{line}"
+        );
     }
 
     #[test]
     fn a_group_of_this_pipeline_or_with_offsets_naming_none_is_taken() {
         // Its own offsets, none yet, and offsets committed before the metadata existed.
-        assert_eq!(check_owner("g", "in", "b.out", &committed(&[(0, &offset_metadata("b.out"))])), Ok(()));
+        assert_eq!(
+            check_owner(
+                "g",
+                "in",
+                "b.out",
+                &committed(&[(0, &offset_metadata("b.out"))])
+            ),
+            Ok(())
+        );
         assert_eq!(check_owner("g", "in", "b.out", &[]), Ok(()));
-        assert_eq!(check_owner("g", "in", "b.out", &committed(&[(0, ""), (1, "written by a tool")])), Ok(()));
+        assert_eq!(
+            check_owner(
+                "g",
+                "in",
+                "b.out",
+                &committed(&[(0, ""), (1, "written by a tool")])
+            ),
+            Ok(())
+        );
     }
 
     #[test]
     fn an_output_topic_with_the_prefix_in_its_name_reads_back_whole() {
-        assert_eq!(output_named(&offset_metadata("dedupe output=x")), Some("dedupe output=x"));
+        assert_eq!(
+            output_named(&offset_metadata("dedupe output=x")),
+            Some("dedupe output=x")
+        );
         assert_eq!(output_named("other"), None);
     }
 }

@@ -48,20 +48,41 @@ use crate::progress::Progress;
 #[derive(Debug, thiserror::Error)]
 pub enum RecoveryError {
     #[error("reading {topic} partition {partition}: {source}")]
-    Kafka { topic: String, partition: i32, source: KafkaError },
+    Kafka {
+        topic: String,
+        partition: i32,
+        source: KafkaError,
+    },
     #[error("changelog {topic} partition {partition} offset {offset}: {source}")]
-    Changelog { topic: String, partition: i32, offset: i64, source: crate::changelog::ChangelogFormatError },
+    Changelog {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        source: crate::changelog::ChangelogFormatError,
+    },
     #[error(
         "the ledger is ahead of the {log} on partition {partition}: it has seen it up to offset \
          {ledger_next_output}, but it ends at {output_end}. The topic was recreated or restored \
          from an older state; the ledger holds ids the output lacks. Restore a matching ledger snapshot, move \
          the ledger aside to rebuild it from the output, or start with --accept-ledger-ahead to trust the ledger"
     )]
-    LedgerAhead { log: Source, partition: i32, ledger_next_output: i64, output_end: i64 },
+    LedgerAhead {
+        log: Source,
+        partition: i32,
+        ledger_next_output: i64,
+        output_end: i64,
+    },
     #[error("recording replayed ids of partition {partition}: {source}")]
     Record { partition: i32, source: LedgerError },
-    #[error("replaying partition {partition} did not reach offset {target} within {seconds}s (at {at})")]
-    Timeout { partition: i32, target: i64, at: i64, seconds: u64 },
+    #[error(
+        "replaying partition {partition} did not reach offset {target} within {seconds}s (at {at})"
+    )]
+    Timeout {
+        partition: i32,
+        target: i64,
+        at: i64,
+        seconds: u64,
+    },
     #[error("loading partition {partition} stopped: the partition was taken away or the worker is stopping")]
     Stopped { partition: i32 },
 }
@@ -219,7 +240,11 @@ pub struct RecoveryPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanRefusal {
     /// The ledger has seen offsets of `log` that it no longer has (see [`RecoveryError::LedgerAhead`]).
-    LedgerAhead { log: Source, ledger_next_output: i64, output_end: i64 },
+    LedgerAhead {
+        log: Source,
+        ledger_next_output: i64,
+        output_end: i64,
+    },
 }
 
 /// The recovery decision, apart from any I/O: one row of docs/architecture.md's recovery table per case,
@@ -229,19 +254,33 @@ pub fn plan_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, PlanRefusal>
     let mut ledger_ahead_accepted = None;
     // The output is the source of truth: a ledger that saw output it no longer has is ahead,
     // whichever log is replayed.
-    let ledger_output = facts.ledger_progress.map(|pr| pr.next_output_offset).filter(|&o| o >= 0);
+    let ledger_output = facts
+        .ledger_progress
+        .map(|pr| pr.next_output_offset)
+        .filter(|&o| o >= 0);
     if let Some(seen) = ledger_output.filter(|&o| o > facts.output_high) {
         if !facts.accept_ledger_ahead {
-            return Err(PlanRefusal::LedgerAhead { log: Source::Output, ledger_next_output: seen, output_end: facts.output_high });
+            return Err(PlanRefusal::LedgerAhead {
+                log: Source::Output,
+                ledger_next_output: seen,
+                output_end: facts.output_high,
+            });
         }
         ledger_ahead_accepted = Some(seen);
     }
-    let ledger_next_output = facts.ledger_progress.map(|pr| facts.source.position(&pr)).filter(|&o| o >= 0);
+    let ledger_next_output = facts
+        .ledger_progress
+        .map(|pr| facts.source.position(&pr))
+        .filter(|&o| o >= 0);
     let rebuild = ledger_next_output.is_none();
     let mut from = ledger_next_output.unwrap_or(low);
     if from > high {
         if !facts.accept_ledger_ahead {
-            return Err(PlanRefusal::LedgerAhead { log: facts.source, ledger_next_output: from, output_end: high });
+            return Err(PlanRefusal::LedgerAhead {
+                log: facts.source,
+                ledger_next_output: from,
+                output_end: high,
+            });
         }
         ledger_ahead_accepted = Some(from);
         from = high;
@@ -251,19 +290,31 @@ pub fn plan_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, PlanRefusal>
         retention_gap = Some((from, low));
         from = low;
     }
-    let resume_input_at = facts
-        .committed_input
-        .filter(|&o| o >= 0)
-        .or(facts.ledger_progress.map(|pr| pr.next_input_offset).filter(|&o| o >= 0));
+    let resume_input_at = facts.committed_input.filter(|&o| o >= 0).or(facts
+        .ledger_progress
+        .map(|pr| pr.next_input_offset)
+        .filter(|&o| o >= 0));
     // A rebuild loads the handover window before the partition resumes, and the older rest after.
     let mut backfill = None;
-    if let Some(start) = facts.window_start.filter(|_| rebuild).map(|s| s.clamp(from, high)) {
+    if let Some(start) = facts
+        .window_start
+        .filter(|_| rebuild)
+        .map(|s| s.clamp(from, high))
+    {
         if start > from {
             backfill = Some((from, start));
             from = start;
         }
     }
-    Ok(RecoveryPlan { replay_from: from, replay_to: high.max(from), rebuild, retention_gap, ledger_ahead_accepted, resume_input_at, backfill })
+    Ok(RecoveryPlan {
+        replay_from: from,
+        replay_to: high.max(from),
+        rebuild,
+        retention_gap,
+        ledger_ahead_accepted,
+        resume_input_at,
+        backfill,
+    })
 }
 
 impl RecoveryPlan {
@@ -315,7 +366,11 @@ mod tests {
     use proptest::prelude::*;
 
     /// Facts about replaying the output (a progress record without a changelog offset).
-    fn facts(ledger: Option<(i64, i64)>, committed_input: Option<i64>, output: (i64, i64)) -> RecoveryFacts {
+    fn facts(
+        ledger: Option<(i64, i64)>,
+        committed_input: Option<i64>,
+        output: (i64, i64),
+    ) -> RecoveryFacts {
         let ledger_progress = ledger.map(|(next_input_offset, next_output_offset)| Progress {
             next_input_offset,
             next_output_offset,
@@ -334,7 +389,11 @@ mod tests {
     }
 
     /// Facts about replaying the changelog: progress (input, changelog offset).
-    fn changelog_facts(ledger: Option<(i64, i64)>, committed_input: Option<i64>, changelog: (i64, i64)) -> RecoveryFacts {
+    fn changelog_facts(
+        ledger: Option<(i64, i64)>,
+        committed_input: Option<i64>,
+        changelog: (i64, i64),
+    ) -> RecoveryFacts {
         let ledger_progress = ledger.map(|(next_input_offset, next_changelog_offset)| Progress {
             next_input_offset,
             next_output_offset: 1_000_000,
@@ -370,7 +429,11 @@ mod tests {
         interrupted.ledger_progress = Some(Progress::NONE);
         interrupted.source = Source::for_progress(interrupted.ledger_progress);
         for f in [changelog_facts(None, Some(77), (10, 65)), interrupted] {
-            assert_eq!(f.source, Source::Changelog, "no progress, or a load that a crash interrupted");
+            assert_eq!(
+                f.source,
+                Source::Changelog,
+                "no progress, or a load that a crash interrupted"
+            );
             let plan = plan_recovery(&f).unwrap();
             assert!(plan.rebuild);
             assert_eq!((plan.replay_from, plan.replay_to), (10, 65));
@@ -384,38 +447,67 @@ mod tests {
         let mut f = changelog_facts(None, Some(77), (10, 65));
         f.window_start = Some(40);
         let plan = plan_recovery(&f).unwrap();
-        assert_eq!((plan.replay_from, plan.replay_to), (40, 65), "the window, before the partition resumes");
+        assert_eq!(
+            (plan.replay_from, plan.replay_to),
+            (40, 65),
+            "the window, before the partition resumes"
+        );
         assert_eq!(plan.backfill, Some((10, 40)), "the older rest, after");
         // The whole log within the window, or a window start before what is retained: no back-fill.
         for start in [Some(10), Some(3), None] {
             f.window_start = start;
             let plan = plan_recovery(&f).unwrap();
-            assert_eq!((plan.replay_from, plan.replay_to, plan.backfill), (10, 65, None), "window start {start:?}");
+            assert_eq!(
+                (plan.replay_from, plan.replay_to, plan.backfill),
+                (10, 65, None),
+                "window start {start:?}"
+            );
         }
         // Nothing published within the window: everything back-fills, nothing holds the partition.
         f.window_start = Some(65);
         let plan = plan_recovery(&f).unwrap();
-        assert_eq!((plan.replay_from, plan.replay_to, plan.backfill), (65, 65, Some((10, 65))));
+        assert_eq!(
+            (plan.replay_from, plan.replay_to, plan.backfill),
+            (65, 65, Some((10, 65)))
+        );
         // A partition the ledger holds (a tail to catch up on) never back-fills.
         let mut behind = changelog_facts(Some((900, 40)), Some(1500), (0, 65));
         behind.window_start = Some(50);
         let plan = plan_recovery(&behind).unwrap();
-        assert_eq!((plan.replay_from, plan.replay_to, plan.backfill), (40, 65, None));
+        assert_eq!(
+            (plan.replay_from, plan.replay_to, plan.backfill),
+            (40, 65, None)
+        );
     }
 
     #[test]
     fn a_progress_record_from_before_the_changelog_replays_the_output_once() {
-        let legacy = Progress { next_input_offset: 5, next_output_offset: 3, next_changelog_offset: -1 };
+        let legacy = Progress {
+            next_input_offset: 5,
+            next_output_offset: 3,
+            next_changelog_offset: -1,
+        };
         assert_eq!(Source::for_progress(Some(legacy)), Source::Output);
-        let current = Progress { next_changelog_offset: 0, ..legacy };
+        let current = Progress {
+            next_changelog_offset: 0,
+            ..legacy
+        };
         assert_eq!(Source::for_progress(Some(current)), Source::Changelog);
         assert_eq!(Source::for_progress(None), Source::Changelog);
     }
 
     #[test]
     fn ledger_ahead_of_the_changelog_refuses_to_start() {
-        let refused = plan_recovery(&changelog_facts(Some((500, 70)), Some(500), (0, 65))).unwrap_err();
-        assert_eq!(refused, PlanRefusal::LedgerAhead { log: Source::Changelog, ledger_next_output: 70, output_end: 65 });
+        let refused =
+            plan_recovery(&changelog_facts(Some((500, 70)), Some(500), (0, 65))).unwrap_err();
+        assert_eq!(
+            refused,
+            PlanRefusal::LedgerAhead {
+                log: Source::Changelog,
+                ledger_next_output: 70,
+                output_end: 65
+            }
+        );
     }
 
     #[test]
@@ -424,9 +516,19 @@ mod tests {
         let mut f = changelog_facts(Some((500, 40)), Some(500), (0, 65));
         f.output_high = 10;
         let refused = plan_recovery(&f).unwrap_err();
-        assert_eq!(refused, PlanRefusal::LedgerAhead { log: Source::Output, ledger_next_output: 1_000_000, output_end: 10 });
+        assert_eq!(
+            refused,
+            PlanRefusal::LedgerAhead {
+                log: Source::Output,
+                ledger_next_output: 1_000_000,
+                output_end: 10
+            }
+        );
         f.accept_ledger_ahead = true;
-        assert_eq!(plan_recovery(&f).unwrap().ledger_ahead_accepted, Some(1_000_000));
+        assert_eq!(
+            plan_recovery(&f).unwrap().ledger_ahead_accepted,
+            Some(1_000_000)
+        );
     }
 
     #[test]
@@ -444,14 +546,24 @@ mod tests {
         let plan = plan_recovery(&facts(None, Some(700), (40, 100))).unwrap();
         assert!(plan.rebuild);
         assert_eq!((plan.replay_from, plan.replay_to), (40, 100));
-        assert_eq!(plan.retention_gap, None, "a missing ledger has no gap: the window is the retention");
+        assert_eq!(
+            plan.retention_gap, None,
+            "a missing ledger has no gap: the window is the retention"
+        );
         assert_eq!(plan.resume_input_at, Some(700));
     }
 
     #[test]
     fn ledger_ahead_of_the_output_refuses_to_start() {
         let refused = plan_recovery(&facts(Some((500, 120)), Some(500), (0, 100))).unwrap_err();
-        assert_eq!(refused, PlanRefusal::LedgerAhead { log: Source::Output, ledger_next_output: 120, output_end: 100 });
+        assert_eq!(
+            refused,
+            PlanRefusal::LedgerAhead {
+                log: Source::Output,
+                ledger_next_output: 120,
+                output_end: 100
+            }
+        );
     }
 
     #[test]
@@ -459,7 +571,11 @@ mod tests {
         let mut f = facts(Some((500, 120)), Some(500), (0, 100));
         f.accept_ledger_ahead = true;
         let plan = plan_recovery(&f).unwrap();
-        assert_eq!((plan.replay_from, plan.replay_to), (100, 100), "nothing to replay");
+        assert_eq!(
+            (plan.replay_from, plan.replay_to),
+            (100, 100),
+            "nothing to replay"
+        );
         assert_eq!(plan.ledger_ahead_accepted, Some(120));
         assert_eq!(plan.resume_input_at, Some(500));
     }

@@ -15,7 +15,8 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    now_ms, plan_recovery, PlanRefusal, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryReport, ReplayTimes, Source,
+    now_ms, plan_recovery, PlanRefusal, RecoveryError, RecoveryFacts, RecoveryInput,
+    RecoveryReport, ReplayTimes, Source,
 };
 use crate::changelog;
 use crate::config::IdSource;
@@ -45,7 +46,9 @@ const LOOKUP_PAUSE: Duration = Duration::from_millis(250);
 /// Runs `ask` (given the time it may wait) until it answers or fails with more than a passing
 /// cluster state (see [`crate::kafka::is_transient`]), for at most [`LOOKUP_PATIENCE`]. A failed
 /// take-over would instead start again from the fence, after a backoff.
-fn ask_patiently<T>(mut ask: impl FnMut(Duration) -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+fn ask_patiently<T>(
+    mut ask: impl FnMut(Duration) -> Result<T, KafkaError>,
+) -> Result<T, KafkaError> {
     let deadline = Instant::now() + LOOKUP_PATIENCE;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -90,30 +93,74 @@ pub fn recover_partition(
 ) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
     let ends = LogEnds::read(input)?;
-    let plan = plan_recovery(&ends.facts).map_err(|PlanRefusal::LedgerAhead { log, ledger_next_output, output_end }| {
-        RecoveryError::LedgerAhead { log, partition: p, ledger_next_output, output_end }
-    })?;
+    let plan = plan_recovery(&ends.facts).map_err(
+        |PlanRefusal::LedgerAhead {
+             log,
+             ledger_next_output,
+             output_end,
+         }| {
+            RecoveryError::LedgerAhead {
+                log,
+                partition: p,
+                ledger_next_output,
+                output_end,
+            }
+        },
+    )?;
     plan.warn(p, &ends.facts);
     let source = ends.facts.source;
     // Done: the ledger holds every id of the partition's log from the replayed range's start
     // on. From here on every transaction writes the changelog, so its position is its end.
     let progress = Progress {
         next_input_offset: plan.resume_input_at.unwrap_or(-1),
-        next_output_offset: ends.facts.output_high.max(if source == Source::Output { plan.replay_to } else { -1 }),
+        next_output_offset: ends.facts.output_high.max(if source == Source::Output {
+            plan.replay_to
+        } else {
+            -1
+        }),
         next_changelog_offset: ends.changelog_high,
     };
     let backfill = match plan.backfill {
-        Some(range) => Backfill { range: Some(range), floor_ms: ends.window_start_ms - CLOCK_SKEW_MS },
+        Some(range) => Backfill {
+            range: Some(range),
+            floor_ms: ends.window_start_ms - CLOCK_SKEW_MS,
+        },
         None => Backfill::default(),
     };
-    let floor = if backfill.is_empty() { WindowFloor::Keep } else { WindowFloor::Raise(backfill.floor_ms) };
+    let floor = if backfill.is_empty() {
+        WindowFloor::Keep
+    } else {
+        WindowFloor::Raise(backfill.floor_ms)
+    };
     let total = plan.replay_to - plan.replay_from;
     let mut read = RangeRead::new(input, ends.topic(input), source);
-    let mut sink = if plan.rebuild { Sink::Bulk(Box::new(ledger.begin_load(p))) } else { Sink::Tail { ledger, partition: p, ids: Vec::new() } };
-    read.read(plan.replay_from, plan.replay_to, &mut sink, &mut |ids, at| meter(ids, at, total))?;
-    let (_, load) = sink.finish(&progress.encode(), floor).map_err(|source| RecoveryError::Record { partition: p, source })?;
+    let mut sink = if plan.rebuild {
+        Sink::Bulk(Box::new(ledger.begin_load(p)))
+    } else {
+        Sink::Tail {
+            ledger,
+            partition: p,
+            ids: Vec::new(),
+        }
+    };
+    read.read(
+        plan.replay_from,
+        plan.replay_to,
+        &mut sink,
+        &mut |ids, at| meter(ids, at, total),
+    )?;
+    let (_, load) =
+        sink.finish(&progress.encode(), floor)
+            .map_err(|source| RecoveryError::Record {
+                partition: p,
+                source,
+            })?;
     meter(read.ids, total, total);
-    let times = ReplayTimes { fetch_secs: read.fetch_secs, decode_secs: read.decode_secs, load };
+    let times = ReplayTimes {
+        fetch_secs: read.fetch_secs,
+        decode_secs: read.decode_secs,
+        load,
+    };
     let report = RecoveryReport {
         partition: p,
         source,
@@ -134,14 +181,31 @@ pub fn recover_partition(
 /// load, leaving the partition's progress record to its running pipeline, and lowers the window
 /// floor the first load raised. Returns the ids loaded. A stop or a crash part way leaves the
 /// floor raised: the window then says what is held.
-pub fn backfill(input: &RecoveryInput<'_>, ledger: &Ledger, backfill: Backfill, meter: &mut LoadMeter<'_>) -> Result<u64, RecoveryError> {
-    let Some((from, to)) = backfill.range else { return Ok(0) };
+pub fn backfill(
+    input: &RecoveryInput<'_>,
+    ledger: &Ledger,
+    backfill: Backfill,
+    meter: &mut LoadMeter<'_>,
+) -> Result<u64, RecoveryError> {
+    let Some((from, to)) = backfill.range else {
+        return Ok(0);
+    };
     let p = input.partition;
     let mut read = RangeRead::new(input, input.changelog_topic, Source::Changelog);
     let mut sink = Sink::Bulk(Box::new(ledger.begin_load(p)));
-    read.read(from, to, &mut sink, &mut |ids, at| meter(ids, at, to - from))?;
-    let floor = WindowFloor::Lower { expected: backfill.floor_ms, with: None };
-    let (ids, _) = sink.finish(&[], floor).map_err(|source| RecoveryError::Record { partition: p, source })?;
+    read.read(from, to, &mut sink, &mut |ids, at| {
+        meter(ids, at, to - from)
+    })?;
+    let floor = WindowFloor::Lower {
+        expected: backfill.floor_ms,
+        with: None,
+    };
+    let (ids, _) = sink
+        .finish(&[], floor)
+        .map_err(|source| RecoveryError::Record {
+            partition: p,
+            source,
+        })?;
     Ok(ids)
 }
 
@@ -161,10 +225,16 @@ impl LogEnds {
         let p = input.partition;
         let kerr = |topic: &str| {
             let topic = topic.to_string();
-            move |source| RecoveryError::Kafka { topic, partition: p, source }
+            move |source| RecoveryError::Kafka {
+                topic,
+                partition: p,
+                source,
+            }
         };
         let consumer = replay_consumer(input).map_err(kerr(input.changelog_topic))?;
-        let watermarks = |topic: &str| ask_patiently(|wait| consumer.fetch_watermarks(topic, p, wait)).map_err(kerr(topic));
+        let watermarks = |topic: &str| {
+            ask_patiently(|wait| consumer.fetch_watermarks(topic, p, wait)).map_err(kerr(topic))
+        };
         let source = Source::for_progress(input.ledger_progress);
         let (output_low, output_high) = watermarks(input.output_topic)?;
         let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;
@@ -173,9 +243,12 @@ impl LogEnds {
             Source::Output => (output_low, output_high),
         };
         let window_start_ms = now_ms().saturating_sub(input.ready_window.as_millis() as i64);
-        let holds_nothing = input.ledger_progress.is_none_or(|pr| pr.next_changelog_offset < 0);
+        let holds_nothing = input
+            .ledger_progress
+            .is_none_or(|pr| pr.next_changelog_offset < 0);
         let window_start = if source == Source::Changelog && holds_nothing && log_high > log_low {
-            first_offset_since(&consumer, input.changelog_topic, p, window_start_ms).map_err(kerr(input.changelog_topic))?
+            first_offset_since(&consumer, input.changelog_topic, p, window_start_ms)
+                .map_err(kerr(input.changelog_topic))?
         } else {
             None
         };
@@ -189,7 +262,11 @@ impl LogEnds {
             accept_ledger_ahead: input.accept_ledger_ahead,
             window_start,
         };
-        Ok(LogEnds { facts, changelog_high, window_start_ms })
+        Ok(LogEnds {
+            facts,
+            changelog_high,
+            window_start_ms,
+        })
     }
 
     /// The topic of the log replayed.
@@ -203,21 +280,31 @@ impl LogEnds {
 
 /// The first offset of `topic`'s partition whose record was written at `since_ms` or later
 /// (`None`: Kafka does not say, so everything is loaded first).
-fn first_offset_since(consumer: &Reader, topic: &str, partition: i32, since_ms: i64) -> Result<Option<i64>, KafkaError> {
+fn first_offset_since(
+    consumer: &Reader,
+    topic: &str,
+    partition: i32,
+    since_ms: i64,
+) -> Result<Option<i64>, KafkaError> {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(since_ms))?;
     let found = ask_patiently(|wait| consumer.offsets_for_times(tpl.clone(), wait))?;
-    Ok(found.find_partition(topic, partition).and_then(|e| match e.offset() {
-        Offset::Offset(o) => Some(o),
-        // No record that recent: everything is older than the window.
-        Offset::End => Some(i64::MAX),
-        _ => None,
-    }))
+    Ok(found
+        .find_partition(topic, partition)
+        .and_then(|e| match e.offset() {
+            Offset::Offset(o) => Some(o),
+            // No record that recent: everything is older than the window.
+            Offset::End => Some(i64::MAX),
+            _ => None,
+        }))
 }
 
 fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
     client_config(input.kafka)
-        .set("group.id", format!("dedupe-recovery-{}", input.output_topic))
+        .set(
+            "group.id",
+            format!("dedupe-recovery-{}", input.output_topic),
+        )
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
@@ -232,7 +319,11 @@ fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
 
 /// Where the ids read go: the ledger, batch by batch for a short tail, else in bulk.
 enum Sink<'l> {
-    Tail { ledger: &'l Ledger, partition: i32, ids: Vec<(LedgerKey, i64)> },
+    Tail {
+        ledger: &'l Ledger,
+        partition: i32,
+        ids: Vec<(LedgerKey, i64)>,
+    },
     Bulk(Box<Load<'l>>),
 }
 
@@ -242,13 +333,22 @@ const RECORDS_BEFORE_RESERVING: u64 = 64;
 
 impl Sink<'_> {
     /// Adds the ids of the `records`-th record read, `done` of the range read so far (0..=1).
-    fn add(&mut self, ids: &[(LedgerKey, i64)], records: u64, done: f64) -> Result<(), LedgerError> {
+    fn add(
+        &mut self,
+        ids: &[(LedgerKey, i64)],
+        records: u64,
+        done: f64,
+    ) -> Result<(), LedgerError> {
         fail::fail_point!("recovery-mid-replay", !ids.is_empty(), |_| {
             eprintln!("failpoint recovery-mid-replay: exiting");
             std::process::exit(86)
         });
         match self {
-            Sink::Tail { ledger, partition, ids: held } if held.len() + ids.len() > SHORT_TAIL_IDS => {
+            Sink::Tail {
+                ledger,
+                partition,
+                ids: held,
+            } if held.len() + ids.len() > SHORT_TAIL_IDS => {
                 let mut load = ledger.begin_load(*partition);
                 load.add(held)?;
                 load.add(ids)?;
@@ -270,13 +370,23 @@ impl Sink<'_> {
     /// the ids recorded and where the ledger's time went.
     fn finish(self, progress: &[u8], floor: WindowFloor) -> Result<(u64, LoadTimes), LedgerError> {
         match self {
-            Sink::Tail { ledger, partition, ids } => {
+            Sink::Tail {
+                ledger,
+                partition,
+                ids,
+            } => {
                 let started = Instant::now();
                 for batch in ids.chunks(TAIL_BATCH) {
                     ledger.check_and_record(partition, batch, &[])?;
                 }
                 ledger.check_and_record::<(LedgerKey, i64)>(partition, &[], progress)?;
-                Ok((ids.len() as u64, LoadTimes { commit_secs: started.elapsed().as_secs_f64(), ..LoadTimes::default() }))
+                Ok((
+                    ids.len() as u64,
+                    LoadTimes {
+                        commit_secs: started.elapsed().as_secs_f64(),
+                        ..LoadTimes::default()
+                    },
+                ))
             }
             Sink::Bulk(load) => (*load).finish(progress, floor),
         }
@@ -307,19 +417,40 @@ struct RangeRead<'i, 'a> {
 
 impl<'i, 'a> RangeRead<'i, 'a> {
     fn new(input: &'i RecoveryInput<'a>, topic: &'i str, source: Source) -> Self {
-        RangeRead { input, topic, source, started: Instant::now(), ids: 0, records: 0, batch: Vec::new(), fetch_secs: 0.0, decode_secs: 0.0 }
+        RangeRead {
+            input,
+            topic,
+            source,
+            started: Instant::now(),
+            ids: 0,
+            records: 0,
+            batch: Vec::new(),
+            fetch_secs: 0.0,
+            decode_secs: 0.0,
+        }
     }
 
     /// Reads `[from, to)` of the log into `sink`; `meter(ids, records read)` as it goes.
-    fn read(&mut self, from: i64, to: i64, sink: &mut Sink<'_>, meter: &mut dyn FnMut(u64, i64)) -> Result<(), RecoveryError> {
+    fn read(
+        &mut self,
+        from: i64,
+        to: i64,
+        sink: &mut Sink<'_>,
+        meter: &mut dyn FnMut(u64, i64),
+    ) -> Result<(), RecoveryError> {
         if from >= to {
             return Ok(());
         }
         let p = self.input.partition;
-        let kerr = |source| RecoveryError::Kafka { topic: self.topic.to_string(), partition: p, source };
+        let kerr = |source| RecoveryError::Kafka {
+            topic: self.topic.to_string(),
+            partition: p,
+            source,
+        };
         let consumer = replay_consumer(self.input).map_err(kerr)?;
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(self.topic, p, Offset::Offset(from)).map_err(kerr)?;
+        tpl.add_partition_offset(self.topic, p, Offset::Offset(from))
+            .map_err(kerr)?;
         consumer.assign(&tpl).map_err(kerr)?;
         let mut next = from;
         let mut metered = Instant::now();
@@ -329,7 +460,12 @@ impl<'i, 'a> RangeRead<'i, 'a> {
             }
             if self.started.elapsed() > self.input.timeout {
                 let seconds = self.input.timeout.as_secs();
-                return Err(RecoveryError::Timeout { partition: p, target: to, at: next, seconds });
+                return Err(RecoveryError::Timeout {
+                    partition: p,
+                    target: to,
+                    at: next,
+                    seconds,
+                });
             }
             let polled = Instant::now();
             let message = consumer.poll(Duration::from_millis(500));
@@ -367,7 +503,11 @@ impl<'i, 'a> RangeRead<'i, 'a> {
                     self.take_ids(&m)?;
                     self.decode_secs += decoding.elapsed().as_secs_f64();
                     let done = (next - from) as f64 / (to - from) as f64;
-                    sink.add(&self.batch, self.records, done).map_err(|source| RecoveryError::Record { partition: p, source })?;
+                    sink.add(&self.batch, self.records, done)
+                        .map_err(|source| RecoveryError::Record {
+                            partition: p,
+                            source,
+                        })?;
                     if metered.elapsed() >= Duration::from_millis(250) {
                         meter(self.ids, next - from);
                         metered = Instant::now();
@@ -383,14 +523,20 @@ impl<'i, 'a> RangeRead<'i, 'a> {
         self.batch.clear();
         match self.source {
             Source::Changelog => {
-                changelog::decode_into(m.payload().unwrap_or_default(), &mut self.batch).map_err(|source| {
-                    RecoveryError::Changelog { topic: self.topic.to_string(), partition: self.input.partition, offset: m.offset(), source }
-                })?;
+                changelog::decode_into(m.payload().unwrap_or_default(), &mut self.batch).map_err(
+                    |source| RecoveryError::Changelog {
+                        topic: self.topic.to_string(),
+                        partition: self.input.partition,
+                        offset: m.offset(),
+                        source,
+                    },
+                )?;
             }
             Source::Output => {
                 // Records forwarded without a usable id have nothing to record.
                 if let Ok(key) = output_record_key(m, self.input.id_source) {
-                    self.batch.push((key, m.timestamp().to_millis().unwrap_or_else(now_ms)));
+                    self.batch
+                        .push((key, m.timestamp().to_millis().unwrap_or_else(now_ms)));
                 }
             }
         }
@@ -413,11 +559,16 @@ fn reached(at: Option<i64>, to: i64) -> bool {
     at.is_some_and(|at| at >= to)
 }
 
-fn output_record_key(m: &BorrowedMessage<'_>, id_source: &IdSource) -> Result<LedgerKey, crate::identity::Unkeyed> {
+fn output_record_key(
+    m: &BorrowedMessage<'_>,
+    id_source: &IdSource,
+) -> Result<LedgerKey, crate::identity::Unkeyed> {
     let headers = m.headers();
     let view = RecordView {
         key: m.key(),
-        header: |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value)),
+        header: |name: &str| {
+            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+        },
         value: m.payload(),
     };
     message_key(&view, id_source)
@@ -440,15 +591,29 @@ mod tests {
         let topic = format!("dedupe-replay-early-end-{}", uuid::Uuid::new_v4().simple());
         futures::executor::block_on(crate::kafka::create_topic(&kafka, &topic, 1, 1, &[])).unwrap();
         let producer: BaseProducer = client_config(&kafka).create().unwrap();
-        let ids: Vec<(LedgerKey, i64)> = (0..6).map(|n| (crate::identity::ledger_key(format!("id-{n}").as_bytes()).unwrap(), 1_000 * n)).collect();
+        let ids: Vec<(LedgerKey, i64)> = (0..6)
+            .map(|n| {
+                (
+                    crate::identity::ledger_key(format!("id-{n}").as_bytes()).unwrap(),
+                    1_000 * n,
+                )
+            })
+            .collect();
         for pair in ids.chunks(2) {
             let value = changelog::encode(pair).unwrap();
-            producer.send(BaseRecord::<(), _>::to(&topic).partition(0).payload(&value)).unwrap();
+            producer
+                .send(BaseRecord::<(), _>::to(&topic).partition(0).payload(&value))
+                .unwrap();
         }
         producer.flush(Duration::from_secs(30)).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
-        let options = LedgerOptions { budget_bytes: 64 << 20, write_buffer_bytes: 1 << 20, block_cache_bytes: 1 << 20, ..LedgerOptions::default() };
+        let options = LedgerOptions {
+            budget_bytes: 64 << 20,
+            write_buffer_bytes: 1 << 20,
+            block_cache_bytes: 1 << 20,
+            ..LedgerOptions::default()
+        };
         let ledger = Ledger::open(dir.path(), options).unwrap();
         let stop = AtomicBool::new(false);
         let input = RecoveryInput {
@@ -467,13 +632,31 @@ mod tests {
 
         // The log holds offsets 0..3; a leader not caught up answers with that end for a range
         // to 5. Ending there would leave the ids of offsets 3 and 4 out of the ledger.
-        let mut sink = Sink::Tail { ledger: &ledger, partition: 0, ids: Vec::new() };
+        let mut sink = Sink::Tail {
+            ledger: &ledger,
+            partition: 0,
+            ids: Vec::new(),
+        };
         let mut read = RangeRead::new(&input, &topic, Source::Changelog);
         let early = read.read(0, 5, &mut sink, &mut |_, _| {});
-        assert!(matches!(early, Err(RecoveryError::Timeout { target: 5, at: 3, .. })), "{early:?}");
+        assert!(
+            matches!(
+                early,
+                Err(RecoveryError::Timeout {
+                    target: 5,
+                    at: 3,
+                    ..
+                })
+            ),
+            "{early:?}"
+        );
 
         // The range the log holds is read whole.
-        let mut sink = Sink::Tail { ledger: &ledger, partition: 0, ids: Vec::new() };
+        let mut sink = Sink::Tail {
+            ledger: &ledger,
+            partition: 0,
+            ids: Vec::new(),
+        };
         let mut read = RangeRead::new(&input, &topic, Source::Changelog);
         read.read(0, 3, &mut sink, &mut |_, _| {}).unwrap();
         assert_eq!(read.ids, 6);

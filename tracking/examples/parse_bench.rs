@@ -47,16 +47,41 @@ fn bench_batch(seed: u64) -> String {
 
 /// One event of about 24 KB: properties nested four deep, with numbers, escapes and arrays.
 fn large_event() -> String {
-    let leaf = |i: usize| format!(r#"{{"id":{i},"price":{i}.25,"name":"item \u00e9 {i}","tags":["a","b\n","c"],"ok":true,"none":null}}"#);
-    let level = |i: usize| format!(r#"{{"items":[{}],"total":{}e2,"label":"level {i}"}}"#, (0..8).map(|j| leaf(i * 8 + j)).collect::<Vec<_>>().join(","), i);
-    let groups = (0..12).map(|g| format!(r#""group{g}":{{"a":{},"b":{}}}"#, level(g), level(g + 100))).collect::<Vec<_>>().join(",");
-    format!(r#"{{"type":"track","event":"Order","userId":"u-1","messageId":"large-1","timestamp":"2024-01-01T00:00:00.000Z","properties":{{{groups}}}}}"#)
+    let leaf = |i: usize| {
+        format!(
+            r#"{{"id":{i},"price":{i}.25,"name":"item \u00e9 {i}","tags":["a","b\n","c"],"ok":true,"none":null}}"#
+        )
+    };
+    let level = |i: usize| {
+        format!(
+            r#"{{"items":[{}],"total":{}e2,"label":"level {i}"}}"#,
+            (0..8)
+                .map(|j| leaf(i * 8 + j))
+                .collect::<Vec<_>>()
+                .join(","),
+            i
+        )
+    };
+    let groups = (0..12)
+        .map(|g| format!(r#""group{g}":{{"a":{},"b":{}}}"#, level(g), level(g + 100)))
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        r#"{{"type":"track","event":"Order","userId":"u-1","messageId":"large-1","timestamp":"2024-01-01T00:00:00.000Z","properties":{{{groups}}}}}"#
+    )
 }
 
 /// The events of a batch body, as the reader finds them.
 fn events_of(body: &str) -> Vec<&str> {
     let mut items = Vec::new();
-    Fields::read_with_items(&mut Reader::default(), body, Mode::Skim, "batch", &mut items).expect("the bench's body reads");
+    Fields::read_with_items(
+        &mut Reader::default(),
+        body,
+        Mode::Skim,
+        "batch",
+        &mut items,
+    )
+    .expect("the bench's body reads");
     items
 }
 
@@ -70,11 +95,17 @@ struct Case<'a> {
 }
 
 fn main() {
-    let seconds: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let seconds: f64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
     let batch = bench_batch(7);
     let events = events_of(&batch);
     let large = large_event();
-    let ids = MessageIds { source: "bench", missing: MissingId::Derive };
+    let ids = MessageIds {
+        source: "bench",
+        missing: MissingId::Derive,
+    };
     let received = SystemTime::now();
 
     let mut cases: Vec<Case> = vec![
@@ -176,7 +207,8 @@ fn main() {
                 }
                 calls += 16;
             }
-            case.ns_per_event.push(started.elapsed().as_nanos() as f64 / (calls as f64 * case.events as f64));
+            case.ns_per_event
+                .push(started.elapsed().as_nanos() as f64 / (calls as f64 * case.events as f64));
         }
     }
     for case in &mut cases {

@@ -42,7 +42,11 @@ pub enum WriteKeysError {
     #[error("cannot read the write keys file {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
     #[error("{origin}, entry {entry}: {message}")]
-    Invalid { origin: String, entry: usize, message: String },
+    Invalid {
+        origin: String,
+        entry: usize,
+        message: String,
+    },
     #[error("no write keys: set ingest.write_keys_file (--write-keys-file) or {ENV_WRITE_KEYS}")]
     Empty,
 }
@@ -57,7 +61,10 @@ impl fmt::Debug for WriteKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut sources: Vec<&str> = self.sources.values().map(String::as_str).collect();
         sources.sort_unstable();
-        f.debug_struct("WriteKeys").field("keys", &self.sources.len()).field("sources", &sources).finish()
+        f.debug_struct("WriteKeys")
+            .field("keys", &self.sources.len())
+            .field("sources", &sources)
+            .finish()
     }
 }
 
@@ -67,8 +74,10 @@ impl WriteKeys {
     pub fn load(file: Option<&Path>, env: Option<&str>) -> Result<Self, WriteKeysError> {
         let mut keys = Self::default();
         if let Some(path) = file {
-            let text =
-                std::fs::read_to_string(path).map_err(|source| WriteKeysError::Read { path: path.to_path_buf(), source })?;
+            let text = std::fs::read_to_string(path).map_err(|source| WriteKeysError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
             keys.add_file(&path.display().to_string(), &text)?;
         }
         if let Some(text) = env {
@@ -98,7 +107,12 @@ impl WriteKeys {
 
     /// Adds `KEY=SOURCE,KEY2=SOURCE2` as `DEDUPE_WRITE_KEYS` holds them.
     pub fn add_env(&mut self, text: &str) -> Result<(), WriteKeysError> {
-        for (i, entry) in text.split(',').map(str::trim).enumerate().filter(|(_, e)| !e.is_empty()) {
+        for (i, entry) in text
+            .split(',')
+            .map(str::trim)
+            .enumerate()
+            .filter(|(_, e)| !e.is_empty())
+        {
             let Some((key, source)) = entry.split_once('=') else {
                 return Err(invalid(ENV_WRITE_KEYS, i + 1, "must be `KEY=SOURCE`"));
             };
@@ -107,17 +121,35 @@ impl WriteKeys {
         Ok(())
     }
 
-    fn add(&mut self, origin: &str, entry: usize, key: &str, source: &str) -> Result<(), WriteKeysError> {
+    fn add(
+        &mut self,
+        origin: &str,
+        entry: usize,
+        key: &str,
+        source: &str,
+    ) -> Result<(), WriteKeysError> {
         if key.is_empty() {
             return Err(invalid(origin, entry, "the key is empty"));
         }
         if source.is_empty() || source.len() > MAX_SOURCE_BYTES {
-            return Err(invalid(origin, entry, format!("the source must be 1 to {MAX_SOURCE_BYTES} bytes")));
+            return Err(invalid(
+                origin,
+                entry,
+                format!("the source must be 1 to {MAX_SOURCE_BYTES} bytes"),
+            ));
         }
         if source.contains(KEY_SEPARATOR) || source.chars().any(char::is_control) {
-            return Err(invalid(origin, entry, format!("the source must not contain `{KEY_SEPARATOR}` or control characters")));
+            return Err(invalid(
+                origin,
+                entry,
+                format!("the source must not contain `{KEY_SEPARATOR}` or control characters"),
+            ));
         }
-        if self.sources.insert(key.to_string(), source.to_string()).is_some() {
+        if self
+            .sources
+            .insert(key.to_string(), source.to_string())
+            .is_some()
+        {
             return Err(invalid(origin, entry, "repeats a write key given earlier"));
         }
         Ok(())
@@ -143,7 +175,11 @@ impl WriteKeys {
 
     /// The source a request is from: the key in the `Authorization` header (HTTP Basic, key as
     /// user name; the password is ignored) if there is one, else `writeKey` from the body.
-    pub fn authenticate(&self, authorization: Option<&str>, body_key: Option<&str>) -> Result<&str, AuthError> {
+    pub fn authenticate(
+        &self,
+        authorization: Option<&str>,
+        body_key: Option<&str>,
+    ) -> Result<&str, AuthError> {
         let key = match authorization {
             Some(header) => Cow::Owned(basic_auth_user(header)?),
             None => Cow::Borrowed(body_key.ok_or(AuthError::Missing)?),
@@ -156,7 +192,11 @@ impl WriteKeys {
 }
 
 fn invalid(origin: &str, entry: usize, message: impl Into<String>) -> WriteKeysError {
-    WriteKeysError::Invalid { origin: origin.to_string(), entry, message: message.into() }
+    WriteKeysError::Invalid {
+        origin: origin.to_string(),
+        entry,
+        message: message.into(),
+    }
 }
 
 /// The user name of an HTTP Basic `Authorization` header value.
@@ -173,4 +213,3 @@ pub fn basic_auth_user(header: &str) -> Result<String, AuthError> {
     let (user, _password) = text.split_once(':').ok_or(AuthError::Malformed)?;
     Ok(user.to_string())
 }
-

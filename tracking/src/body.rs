@@ -11,9 +11,15 @@ use super::{Rejection, MAX_REQUEST_BYTES};
 /// preflight), or with no type at all; parameters such as `charset` are ignored. A refusal does
 /// not repeat the header's value: it is the client's text, and answers must not echo it.
 pub fn check_content_type(content_type: Option<&str>) -> Result<(), Rejection> {
-    let Some(value) = content_type else { return Ok(()) };
+    let Some(value) = content_type else {
+        return Ok(());
+    };
     let essence = value.split(';').next().unwrap_or("").trim();
-    if essence.is_empty() || ["application/json", "text/plain"].iter().any(|t| essence.eq_ignore_ascii_case(t)) {
+    if essence.is_empty()
+        || ["application/json", "text/plain"]
+            .iter()
+            .any(|t| essence.eq_ignore_ascii_case(t))
+    {
         return Ok(());
     }
     Err(Rejection::UnsupportedContentType)
@@ -22,12 +28,19 @@ pub fn check_content_type(content_type: Option<&str>) -> Result<(), Rejection> {
 /// The request body as JSON bytes: decompressed when `Content-Encoding` is gzip, and never more
 /// than [`MAX_REQUEST_BYTES`] either way. Decompression stops one byte past the limit, so a small
 /// gzip bomb cannot make a large buffer.
-pub fn decode_body<'a>(raw: &'a [u8], content_encoding: Option<&str>) -> Result<Cow<'a, [u8]>, Rejection> {
-    let too_large = Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES };
+pub fn decode_body<'a>(
+    raw: &'a [u8],
+    content_encoding: Option<&str>,
+) -> Result<Cow<'a, [u8]>, Rejection> {
+    let too_large = Rejection::RequestTooLarge {
+        limit: MAX_REQUEST_BYTES,
+    };
     if raw.len() > MAX_REQUEST_BYTES {
         return Err(too_large);
     }
-    let encoding = content_encoding.map(|e| e.trim().to_ascii_lowercase()).unwrap_or_default();
+    let encoding = content_encoding
+        .map(|e| e.trim().to_ascii_lowercase())
+        .unwrap_or_default();
     match encoding.as_str() {
         "" | "identity" => Ok(Cow::Borrowed(raw)),
         "gzip" | "x-gzip" => {
@@ -44,4 +57,3 @@ pub fn decode_body<'a>(raw: &'a [u8], content_encoding: Option<&str>) -> Result<
         _ => Err(Rejection::UnsupportedEncoding),
     }
 }
-

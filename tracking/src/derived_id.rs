@@ -27,7 +27,11 @@ const DOMAIN: &[u8] = b"dedupe derived messageId v2\0";
 /// The derived id of `event` from `source`, or `None` when it has no usable `timestamp` (a string
 /// that is not blank) in `fields`.
 pub fn derived_message_id(source: &str, fields: &Fields<'_>, event: &SameEvent) -> Option<String> {
-    if fields.named(Name::Timestamp).and_then(string_value).is_none_or(|t| t.trim().is_empty()) {
+    if fields
+        .named(Name::Timestamp)
+        .and_then(string_value)
+        .is_none_or(|t| t.trim().is_empty())
+    {
         return None;
     }
     let mut hash = Sha256::new();
@@ -45,5 +49,7 @@ pub fn derived_message_id(source: &str, fields: &Fields<'_>, event: &SameEvent) 
 
 /// Whether `id` has the form of a derived id (a version-8 UUID, hyphenated, lower case).
 pub fn is_derived(id: &str) -> bool {
-    id.len() == 36 && uuid::Uuid::parse_str(id).is_ok_and(|u| u.get_version_num() == 8) && id == id.to_ascii_lowercase()
+    id.len() == 36
+        && uuid::Uuid::parse_str(id).is_ok_and(|u| u.get_version_num() == 8)
+        && id == id.to_ascii_lowercase()
 }

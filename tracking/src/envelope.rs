@@ -4,7 +4,10 @@ use std::time::SystemTime;
 
 use super::event::{Making, Message, MessageIds, Refused, Shared};
 use super::json::{self, check_strict, reader::ErrorKind, string_value, Fields, Mode, Reader};
-use super::{rfc3339_millis, Endpoint, Location, Rejection, MAX_BATCH_EVENTS, MAX_MERGED_BYTES, MAX_REQUEST_BYTES};
+use super::{
+    rfc3339_millis, Endpoint, Location, Rejection, MAX_BATCH_EVENTS, MAX_MERGED_BYTES,
+    MAX_REQUEST_BYTES,
+};
 
 /// A request body that is a readable JSON object, before authentication and validation. Every
 /// value is kept as the text sent.
@@ -42,7 +45,11 @@ fn write_key_of(top: &Fields<'_>) -> Result<Option<String>, Rejection> {
     let mut keys = top.iter().filter(|f| f.key == "writeKey").map(|f| f.value);
     match (keys.next(), keys.next()) {
         (None, _) | (Some("null"), None) => Ok(None),
-        (Some(key), None) if check_strict(key).is_ok() => Ok(Some(string_value(key).ok_or(Rejection::BadWriteKey)?.into_owned())),
+        (Some(key), None) if check_strict(key).is_ok() => Ok(Some(
+            string_value(key)
+                .ok_or(Rejection::BadWriteKey)?
+                .into_owned(),
+        )),
         _ => Err(Rejection::BadWriteKey),
     }
 }
@@ -57,17 +64,25 @@ impl<'a> Envelope<'a> {
     /// any), so a client learns nothing more about its payload before it is authenticated.
     pub fn parse(endpoint: Endpoint, body: &'a [u8]) -> Result<Self, Rejection> {
         if body.len() > MAX_REQUEST_BYTES {
-            return Err(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+            return Err(Rejection::RequestTooLarge {
+                limit: MAX_REQUEST_BYTES,
+            });
         }
-        let text = std::str::from_utf8(body)
-            .map_err(|e| Rejection::MalformedJson(format!("the body is not UTF-8 (at byte {})", e.valid_up_to())))?;
+        let text = std::str::from_utf8(body).map_err(|e| {
+            Rejection::MalformedJson(format!(
+                "the body is not UTF-8 (at byte {})",
+                e.valid_up_to()
+            ))
+        })?;
         let text = trim_json(text);
         // One pass over the body checks its grammar, finds its fields and, on the batch route,
         // where each event starts and ends; each event is read strictly on its own later.
         let mut items = Vec::new();
         let mut reader = Reader::default();
         let top = match endpoint {
-            Endpoint::Batch => Fields::read_with_items(&mut reader, text, Mode::Skim, "batch", &mut items),
+            Endpoint::Batch => {
+                Fields::read_with_items(&mut reader, text, Mode::Skim, "batch", &mut items)
+            }
             Endpoint::Single(_) => Fields::read(&mut reader, text, Mode::Skim),
         }
         .map_err(|e| match e.kind {
@@ -75,7 +90,13 @@ impl<'a> Envelope<'a> {
             _ => Rejection::MalformedJson(e.describe(text)),
         })?;
         let write_key = write_key_of(&top)?;
-        Ok(Self { endpoint, text, top, items, write_key })
+        Ok(Self {
+            endpoint,
+            text,
+            top,
+            items,
+            write_key,
+        })
     }
 
     /// The `writeKey` the body carried, if any.
@@ -87,7 +108,11 @@ impl<'a> Envelope<'a> {
     /// returned with its problem, never costing the others. Only what concerns the whole request
     /// refuses it: a batch that is not an array, empty or over the limits, or shared fields that
     /// are not valid JSON.
-    pub fn into_events(self, received_at: SystemTime, ids: MessageIds<'_>) -> Result<Events, Rejection> {
+    pub fn into_events(
+        self,
+        received_at: SystemTime,
+        ids: MessageIds<'_>,
+    ) -> Result<Events, Rejection> {
         let received_at = format!("\"{}\"", rfc3339_millis(received_at));
         let mut events = Events::default();
         match self.endpoint {
@@ -105,7 +130,11 @@ impl<'a> Envelope<'a> {
                 if let Err(e) = self.top.check_unique() {
                     return Err(Rejection::MalformedJson(e.describe(self.text)));
                 }
-                if !self.top.get("batch").is_some_and(|raw| raw.starts_with('[')) {
+                if !self
+                    .top
+                    .get("batch")
+                    .is_some_and(|raw| raw.starts_with('['))
+                {
                     return Err(Rejection::BatchNotArray);
                 }
                 let items = &self.items;
@@ -119,7 +148,10 @@ impl<'a> Envelope<'a> {
                 // What merging would make, bounded before anything is copied: the work and memory
                 // a request can cause stay proportional to its size.
                 let shared_bytes = shared.bytes();
-                let merged: usize = items.iter().map(|item| item.len().saturating_add(shared_bytes)).sum();
+                let merged: usize = items
+                    .iter()
+                    .map(|item| item.len().saturating_add(shared_bytes))
+                    .sum();
                 if merged > MAX_MERGED_BYTES {
                     return Err(Rejection::MergedBatchTooLarge { bytes: merged });
                 }
@@ -139,17 +171,26 @@ impl<'a> Envelope<'a> {
     /// The batch's fields that apply to each of its events. They are checked as strictly as an
     /// event: they become part of every record.
     fn shared(&self) -> Result<Shared<'a>, Rejection> {
-        let refuse = |name: &str, raw: &str, e: json::JsonError| Rejection::MalformedJson(format!("the batch's `{name}`: {}", e.describe(raw)));
+        let refuse = |name: &str, raw: &str, e: json::JsonError| {
+            Rejection::MalformedJson(format!("the batch's `{name}`: {}", e.describe(raw)))
+        };
         let object = |name: &str| -> Result<Option<(&'a str, Fields<'a>)>, Rejection> {
             match self.top.get(name).filter(|raw| json::is_object(raw)) {
                 None => Ok(None),
-                Some(raw) => Ok(Some((raw, Fields::strict(raw).map_err(|e| refuse(name, raw, e))?))),
+                Some(raw) => Ok(Some((
+                    raw,
+                    Fields::strict(raw).map_err(|e| refuse(name, raw, e))?,
+                ))),
             }
         };
         let sent_at = self.top.get("sentAt").filter(|raw| *raw != "null");
         if let Some(raw) = sent_at {
             check_strict(raw).map_err(|e| refuse("sentAt", raw, e))?;
         }
-        Ok(Shared { context: object("context")?, integrations: object("integrations")?, sent_at })
+        Ok(Shared {
+            context: object("context")?,
+            integrations: object("integrations")?,
+            sent_at,
+        })
     }
 }

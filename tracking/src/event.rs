@@ -13,9 +13,14 @@ use std::fmt;
 
 use super::derived_id::derived_message_id;
 use super::digest::content_hash;
-use super::json::{self, is_duplicate_key, is_number, string_value, Field, Fields, JsonError, Mode, Name, Reader};
+use super::json::{
+    self, is_duplicate_key, is_number, string_value, Field, Fields, JsonError, Mode, Name, Reader,
+};
 use super::same_event::{Canonical, SameEvent};
-use super::{EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES, MAX_REFUSAL_SENTENCE_BYTES, SERVICE_FIELDS_BYTES};
+use super::{
+    EventType, Location, MAX_MESSAGE_BYTES, MAX_MESSAGE_ID_BYTES, MAX_RECORD_BYTES,
+    MAX_REFUSAL_SENTENCE_BYTES, SERVICE_FIELDS_BYTES,
+};
 
 /// Why one event is refused. The message names the problem, never the payload.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,8 +131,11 @@ pub struct Shared<'a> {
 impl Shared<'_> {
     /// At most what merging adds to one event: the shared values' text and their names.
     pub fn bytes(&self) -> usize {
-        let object = |o: &Option<(&str, Fields<'_>)>| o.as_ref().map_or(0, |(raw, _)| raw.len() + 16);
-        object(&self.context) + object(&self.integrations) + self.sent_at.map_or(0, |v| v.len() + 12)
+        let object =
+            |o: &Option<(&str, Fields<'_>)>| o.as_ref().map_or(0, |(raw, _)| raw.len() + 16);
+        object(&self.context)
+            + object(&self.integrations)
+            + self.sent_at.map_or(0, |v| v.len() + 12)
     }
 }
 
@@ -194,7 +202,12 @@ struct Read {
 }
 
 impl<'a> Making<'a> {
-    pub fn new(received_at: &'a str, path_type: Option<EventType>, shared: &'a Shared<'a>, ids: MessageIds<'a>) -> Self {
+    pub fn new(
+        received_at: &'a str,
+        path_type: Option<EventType>,
+        shared: &'a Shared<'a>,
+        ids: MessageIds<'a>,
+    ) -> Self {
         Self {
             received_at,
             path_type,
@@ -210,15 +223,25 @@ impl<'a> Making<'a> {
     /// Validates the event whose text is `raw` and makes its record, or says why not. One pass
     /// over the text checks it strictly and finds its fields.
     pub fn make(&mut self, at: Location, raw: &'a str) -> Result<Message, Refused> {
-        let refuse = |problem: Problem| Refused { at, problem, value: without_write_key(raw), message_id: usable_id(raw) };
+        let refuse = |problem: Problem| Refused {
+            at,
+            problem,
+            value: without_write_key(raw),
+            message_id: usable_id(raw),
+        };
         if !raw.starts_with('{') {
             return Err(refuse(Problem::NotAnObject));
         }
         if raw.len() > MAX_MESSAGE_BYTES {
             return Err(refuse(Problem::TooLarge { bytes: raw.len() }));
         }
-        let fields = Fields::read_into(&mut self.reader, raw, Mode::Strict, std::mem::take(&mut self.fields))
-            .map_err(|e| refuse(problem_of(&e, raw)))?;
+        let fields = Fields::read_into(
+            &mut self.reader,
+            raw,
+            Mode::Strict,
+            std::mem::take(&mut self.fields),
+        )
+        .map_err(|e| refuse(problem_of(&e, raw)))?;
         let made = self.made(&fields, raw).map_err(refuse);
         self.fields = fields.into_list();
         made
@@ -243,12 +266,20 @@ impl<'a> Making<'a> {
             },
         };
         let assigned = (id_origin != IdOrigin::Client).then_some(message_id.as_str());
-        let value = self.record(fields, raw.len(), read.event_type, assigned).map_err(|e| problem_of(&e, raw))?;
+        let value = self
+            .record(fields, raw.len(), read.event_type, assigned)
+            .map_err(|e| problem_of(&e, raw))?;
         if value.len() > MAX_RECORD_BYTES {
             return Err(Problem::MergedTooLarge { bytes: value.len() });
         }
         let content_hash = content_hash(&self.same);
-        Ok(Message { message_id, id_origin, event_type: read.event_type, value, content_hash })
+        Ok(Message {
+            message_id,
+            id_origin,
+            event_type: read.event_type,
+            value,
+            content_hash,
+        })
     }
 
     fn read(&self, fields: &Fields<'_>) -> Result<Read, Problem> {
@@ -256,19 +287,35 @@ impl<'a> Making<'a> {
             Some(t) => t,
             None => match fields.named(Name::Type) {
                 None | Some("null") => return Err(Problem::MissingType),
-                Some(t) => string_value(t).and_then(|t| EventType::parse(&t)).ok_or(Problem::UnknownType)?,
+                Some(t) => string_value(t)
+                    .and_then(|t| EventType::parse(&t))
+                    .ok_or(Problem::UnknownType)?,
             },
         };
         // A non-empty string (`""` is the only text of an empty one) or a number.
-        let has_id = |name: Name| fields.named(name).is_some_and(|v| (v.starts_with('"') && v.len() > 2) || is_number(v));
+        let has_id = |name: Name| {
+            fields
+                .named(name)
+                .is_some_and(|v| (v.starts_with('"') && v.len() > 2) || is_number(v))
+        };
         match event_type {
-            EventType::Alias if !has_id(Name::PreviousId) || !has_id(Name::UserId) => return Err(Problem::MissingAliasIds),
+            EventType::Alias if !has_id(Name::PreviousId) || !has_id(Name::UserId) => {
+                return Err(Problem::MissingAliasIds)
+            }
             EventType::Alias => {}
-            _ if !has_id(Name::UserId) && !has_id(Name::AnonymousId) => return Err(Problem::MissingIdentity),
+            _ if !has_id(Name::UserId) && !has_id(Name::AnonymousId) => {
+                return Err(Problem::MissingIdentity)
+            }
             _ => {}
         }
         match event_type {
-            EventType::Track if fields.named(Name::Event).is_none_or(|v| !v.starts_with('"') || v.len() <= 2) => return Err(Problem::MissingEvent),
+            EventType::Track
+                if fields
+                    .named(Name::Event)
+                    .is_none_or(|v| !v.starts_with('"') || v.len() <= 2) =>
+            {
+                return Err(Problem::MissingEvent)
+            }
             EventType::Group if !has_id(Name::GroupId) => return Err(Problem::MissingGroupId),
             _ => {}
         }
@@ -279,11 +326,20 @@ impl<'a> Making<'a> {
                 _ => return Err(Problem::BadMessageId),
             },
         };
-        Ok(Read { event_type, message_id })
+        Ok(Read {
+            event_type,
+            message_id,
+        })
     }
 
     /// The record's text: the event's fields as sent, with this service's changes.
-    fn record(&self, fields: &Fields<'_>, sent: usize, event_type: EventType, assigned_id: Option<&str>) -> Result<Vec<u8>, JsonError> {
+    fn record(
+        &self,
+        fields: &Fields<'_>,
+        sent: usize,
+        event_type: EventType,
+        assigned_id: Option<&str>,
+    ) -> Result<Vec<u8>, JsonError> {
         let shared = self.shared;
         let mut out = Vec::with_capacity(sent + shared.bytes() + SERVICE_FIELDS_BYTES);
         out.push(b'{');
@@ -322,9 +378,15 @@ impl<'a> Making<'a> {
                 }
                 key @ ("context" | "integrations") => {
                     put(&mut out, f.key_text);
-                    let defaults = if key == "context" { &shared.context } else { &shared.integrations };
+                    let defaults = if key == "context" {
+                        &shared.context
+                    } else {
+                        &shared.integrations
+                    };
                     match defaults {
-                        Some((_, defaults)) if json::is_object(f.value) => json::merge_into(&mut out, &Fields::skim(f.value)?, defaults)?,
+                        Some((_, defaults)) if json::is_object(f.value) => {
+                            json::merge_into(&mut out, &Fields::skim(f.value)?, defaults)?
+                        }
                         _ => out.extend_from_slice(f.value.as_bytes()),
                     }
                 }
@@ -348,8 +410,16 @@ impl<'a> Making<'a> {
             out.extend_from_slice(self.received_at.as_bytes());
         }
         for (name, key_text, value) in [
-            (Name::Context, "\"context\"", shared.context.as_ref().map(|(raw, _)| *raw)),
-            (Name::Integrations, "\"integrations\"", shared.integrations.as_ref().map(|(raw, _)| *raw)),
+            (
+                Name::Context,
+                "\"context\"",
+                shared.context.as_ref().map(|(raw, _)| *raw),
+            ),
+            (
+                Name::Integrations,
+                "\"integrations\"",
+                shared.integrations.as_ref().map(|(raw, _)| *raw),
+            ),
             (Name::SentAt, "\"sentAt\"", shared.sent_at),
         ] {
             if let (Some(value), true) = (value, lacks(name)) {
@@ -399,9 +469,9 @@ fn usable_id(raw: &str) -> Option<String> {
     let fields = Fields::skim(raw).ok()?;
     let mut ids = fields.iter().filter(|f| f.key == "messageId");
     match (ids.next(), ids.next()) {
-        (Some(one), None) if json::check_strict(one.value).is_ok() => {
-            string_value(one.value).filter(|id| valid_message_id(id)).map(|id| id.into_owned())
-        }
+        (Some(one), None) if json::check_strict(one.value).is_ok() => string_value(one.value)
+            .filter(|id| valid_message_id(id))
+            .map(|id| id.into_owned()),
         _ => None,
     }
 }
@@ -412,11 +482,13 @@ fn usable_id(raw: &str) -> Option<String> {
 /// bidirectional controls (which make text display other than it is).
 pub fn valid_message_id(id: &str) -> bool {
     const BIDI_AND_SEPARATORS: [char; 14] = [
-        '\u{2028}', '\u{2029}', '\u{200E}', '\u{200F}', '\u{061C}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}',
-        '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+        '\u{2028}', '\u{2029}', '\u{200E}', '\u{200F}', '\u{061C}', '\u{202A}', '\u{202B}',
+        '\u{202C}', '\u{202D}', '\u{202E}', '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
     ];
     !id.is_empty()
         && id.len() <= MAX_MESSAGE_ID_BYTES
         && !id.trim().is_empty()
-        && !id.chars().any(|c| c.is_control() || BIDI_AND_SEPARATORS.contains(&c))
+        && !id
+            .chars()
+            .any(|c| c.is_control() || BIDI_AND_SEPARATORS.contains(&c))
 }

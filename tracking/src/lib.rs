@@ -36,9 +36,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use auth::{basic_auth_user, AuthError, WriteKeys, WriteKeysError, ENV_WRITE_KEYS};
 pub use body::{check_content_type, decode_body};
-pub use envelope::{Envelope, Events};
 pub use derived_id::{derived_message_id, is_derived};
 pub use digest::{content_hash, HEADER_CONTENT_DIGEST};
+pub use envelope::{Envelope, Events};
 pub use event::{valid_message_id, IdOrigin, Message, MessageIds, MissingId, Problem, Refused};
 pub use same_event::SameEvent;
 pub use settings::settings_document;
@@ -68,7 +68,8 @@ pub const MAX_REFUSAL_SENTENCE_BYTES: usize = 256;
 pub const MAX_ANSWER_REFUSALS: usize = 100;
 /// Most bytes of an answer's body: its fixed fields, and each listed refusal's index, code and
 /// sentence (JSON escaping at most doubles the sentence).
-pub const MAX_ANSWER_BYTES: usize = 128 + MAX_ANSWER_REFUSALS * (64 + 2 * MAX_REFUSAL_SENTENCE_BYTES);
+pub const MAX_ANSWER_BYTES: usize =
+    128 + MAX_ANSWER_REFUSALS * (64 + 2 * MAX_REFUSAL_SENTENCE_BYTES);
 /// Most bytes one event's records take beyond the event's own text and its client's `messageId`:
 /// for a refused event, the dead-letter record's key (`<source>:` before the id) and its six
 /// headers (names 83 B; values the source, a reason of at most 24 B, the sentence, the receive
@@ -86,7 +87,10 @@ pub const fn max_event_overhead_bytes(source_bytes: usize) -> usize {
 /// of the records is not counted. About 3.7 MB for an 8-byte source name; gzip lets the body be
 /// small on the wire, and the rate limit bounds how many such requests a source gets in.
 pub const fn max_written_bytes(source_bytes: usize) -> usize {
-    MAX_MERGED_BYTES + MAX_REQUEST_BYTES + MAX_BATCH_EVENTS * max_event_overhead_bytes(source_bytes) + MAX_ANSWER_BYTES
+    MAX_MERGED_BYTES
+        + MAX_REQUEST_BYTES
+        + MAX_BATCH_EVENTS * max_event_overhead_bytes(source_bytes)
+        + MAX_ANSWER_BYTES
 }
 
 /// Most bytes of a record value produced to Kafka: a message within [`MAX_MESSAGE_BYTES`] after
@@ -127,7 +131,14 @@ pub enum EventType {
 }
 
 impl EventType {
-    pub const ALL: [EventType; 6] = [Self::Track, Self::Identify, Self::Page, Self::Screen, Self::Group, Self::Alias];
+    pub const ALL: [EventType; 6] = [
+        Self::Track,
+        Self::Identify,
+        Self::Page,
+        Self::Screen,
+        Self::Group,
+        Self::Alias,
+    ];
 
     /// The name used in the `type` field and in the endpoint's path.
     pub fn as_str(self) -> &'static str {
@@ -262,7 +273,9 @@ pub fn push_record_key(key: &mut String, source: &str, message_id: &str) {
 
 /// Milliseconds since the Unix epoch (0 for times before it).
 pub fn unix_millis(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// `t` as RFC 3339 in UTC with milliseconds, e.g. `2024-02-29T13:05:09.042Z`.

@@ -58,7 +58,11 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// A full bucket at `now`.
     pub fn new(rate: Rate, now: Instant) -> Self {
-        Self { rate, tokens: f64::from(rate.burst.get()), updated: now }
+        Self {
+            rate,
+            tokens: f64::from(rate.burst.get()),
+            updated: now,
+        }
     }
 
     /// Takes `events` tokens if the bucket holds them at `now`; else takes nothing and says why
@@ -84,7 +88,9 @@ impl TokenBucket {
             self.tokens -= cost;
             Ok(())
         } else {
-            Err(RateLimited::Wait(Duration::from_secs_f64((cost - self.tokens) / rate)))
+            Err(RateLimited::Wait(Duration::from_secs_f64(
+                (cost - self.tokens) / rate,
+            )))
         }
     }
 }
@@ -98,7 +104,10 @@ pub struct RateLimiter {
 
 impl RateLimiter {
     pub fn new<'a>(rate: Rate, sources: impl IntoIterator<Item = &'a str>, now: Instant) -> Self {
-        let buckets = sources.into_iter().map(|s| (s.to_string(), Mutex::new(TokenBucket::new(rate, now)))).collect();
+        let buckets = sources
+            .into_iter()
+            .map(|s| (s.to_string(), Mutex::new(TokenBucket::new(rate, now))))
+            .collect();
         Self { buckets }
     }
 
@@ -108,7 +117,10 @@ impl RateLimiter {
         match self.buckets.get(source) {
             // A poisoned lock only means another request panicked mid-update; the bucket's two
             // numbers are still usable.
-            Some(bucket) => bucket.lock().unwrap_or_else(|e| e.into_inner()).take(events, now),
+            Some(bucket) => bucket
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(events, now),
             None => Ok(()),
         }
     }
@@ -126,7 +138,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn rate(events_per_sec: u32, burst: u32) -> Rate {
-        Rate { events_per_sec: NonZeroU32::new(events_per_sec).unwrap(), burst: NonZeroU32::new(burst).unwrap() }
+        Rate {
+            events_per_sec: NonZeroU32::new(events_per_sec).unwrap(),
+            burst: NonZeroU32::new(burst).unwrap(),
+        }
     }
 
     #[test]
@@ -135,7 +150,9 @@ mod tests {
         let mut b = TokenBucket::new(rate(100, 200), t0);
         // The burst passes at once; one more event does not, and must wait 1/100 s.
         assert_eq!(b.take(200, t0), Ok(()));
-        let Err(RateLimited::Wait(wait)) = b.take(1, t0) else { panic!("one event past the burst must wait") };
+        let Err(RateLimited::Wait(wait)) = b.take(1, t0) else {
+            panic!("one event past the burst must wait")
+        };
         assert!((wait.as_secs_f64() - 0.01).abs() < 1e-9, "{wait:?}");
         // Half a second later, 50 events' worth is back.
         let t1 = t0 + Duration::from_millis(500);
@@ -165,15 +182,26 @@ mod tests {
         // 500 events against a burst of 20 can never fit: refused as over the burst, with the
         // 0.1 s until the one token taken is back and the bucket is full.
         let refused = b.take(500, t0).unwrap_err();
-        let RateLimited::OverBurst { burst: 20, full_in } = refused else { panic!("{refused:?}") };
+        let RateLimited::OverBurst { burst: 20, full_in } = refused else {
+            panic!("{refused:?}")
+        };
         assert!((full_in.as_secs_f64() - 0.1).abs() < 1e-9, "{full_in:?}");
         assert_eq!(refused.retry_after(), full_in);
         // Waiting does not help it: it is refused the same way against a full bucket.
         let t1 = t0 + Duration::from_secs(60);
-        assert_eq!(b.take(500, t1), Err(RateLimited::OverBurst { burst: 20, full_in: Duration::ZERO }));
+        assert_eq!(
+            b.take(500, t1),
+            Err(RateLimited::OverBurst {
+                burst: 20,
+                full_in: Duration::ZERO
+            })
+        );
         // One event over the burst is over it too; the burst itself is not, and the refusals took
         // nothing, so the whole burst is there.
-        assert!(matches!(b.take(21, t1), Err(RateLimited::OverBurst { burst: 20, .. })));
+        assert!(matches!(
+            b.take(21, t1),
+            Err(RateLimited::OverBurst { burst: 20, .. })
+        ));
         assert_eq!(b.take(20, t1), Ok(()));
     }
 
@@ -187,7 +215,13 @@ mod tests {
         for i in 0..100 {
             let now = t0 + Duration::from_millis(100 * i);
             // Every large batch is refused as over the burst, never let in for the burst's price.
-            assert!(matches!(b.take(5_000, now), Err(RateLimited::OverBurst { burst: 20, .. })), "at {i}");
+            assert!(
+                matches!(
+                    b.take(5_000, now),
+                    Err(RateLimited::OverBurst { burst: 20, .. })
+                ),
+                "at {i}"
+            );
             if b.take(10, now).is_ok() {
                 accepted += 10;
             }
@@ -209,7 +243,10 @@ mod tests {
         // The other source is untouched.
         assert_eq!(limiter.take("ios", 5, t0), Ok(()));
         // Over the burst is refused through the limiter as well; an unknown source is not limited.
-        assert!(matches!(limiter.take("ios", 6, t0), Err(RateLimited::OverBurst { burst: 5, .. })));
+        assert!(matches!(
+            limiter.take("ios", 6, t0),
+            Err(RateLimited::OverBurst { burst: 5, .. })
+        ));
         assert_eq!(limiter.take("android", 1_000, t0), Ok(()));
     }
 
@@ -235,7 +272,10 @@ mod tests {
             RateLimited::Wait(Duration::from_millis(1500)).to_string(),
             "this source is over its rate limit; retry in 2 s"
         );
-        let over = RateLimited::OverBurst { burst: 500, full_in: Duration::from_secs(3) };
+        let over = RateLimited::OverBurst {
+            burst: 500,
+            full_in: Duration::from_secs(3),
+        };
         assert_eq!(over.to_string(), "a request may carry at most 500 events under this source's rate limit; send smaller batches");
         assert_eq!(over.retry_after(), Duration::from_secs(3));
     }

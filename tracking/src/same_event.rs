@@ -51,7 +51,12 @@ impl SameEvent {
     }
 
     /// Makes this the event of `event_type` with `fields`, reusing its buffer and `canonical`'s.
-    pub fn fill(&mut self, event_type: EventType, fields: &Fields<'_>, canonical: &mut Canonical) -> Option<()> {
+    pub fn fill(
+        &mut self,
+        event_type: EventType,
+        fields: &Fields<'_>,
+        canonical: &mut Canonical,
+    ) -> Option<()> {
         let text = &mut self.text;
         text.clear();
         put(text, event_type.as_str().as_bytes());
@@ -104,7 +109,11 @@ impl Canonical {
     /// `text`'s canonical text appended to `out`.
     pub fn write(&mut self, text: &str, out: &mut Vec<u8>) -> Option<()> {
         self.members.clear();
-        let mut reader = Writer { text: text.as_bytes(), at: 0, buffers: self };
+        let mut reader = Writer {
+            text: text.as_bytes(),
+            at: 0,
+            buffers: self,
+        };
         reader.value(out, 0)?;
         reader.skip_space();
         (reader.at == reader.text.len()).then_some(())
@@ -145,7 +154,9 @@ impl<'a> Writer<'a, '_> {
             _ => {
                 // A number, `true`, `false` or `null`: its text up to the next delimiter.
                 let start = self.at;
-                while self.text.get(self.at).is_some_and(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b',' | b']' | b'}' | b':')) {
+                while self.text.get(self.at).is_some_and(|b| {
+                    !matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b',' | b']' | b'}' | b':')
+                }) {
                     self.at += 1;
                 }
                 (self.at > start).then(|| out.extend_from_slice(&self.text[start..self.at]))
@@ -226,7 +237,10 @@ impl<'a> Writer<'a, '_> {
             }
         }
         let members = &mut self.buffers.members[from..];
-        if !members.windows(2).all(|w| out[w[0].0..w[0].1] <= out[w[1].0..w[1].1]) {
+        if !members
+            .windows(2)
+            .all(|w| out[w[0].0..w[0].1] <= out[w[1].0..w[1].1])
+        {
             let copy = &mut self.buffers.copy;
             copy.clear();
             copy.extend_from_slice(&out[body..]);
@@ -259,10 +273,15 @@ mod tests {
     #[test]
     fn white_space_and_member_order_go_and_every_scalar_stays_as_sent() {
         // Members sorted by their keys' text, nested too; arrays keep their order.
-        assert_eq!(canon(r#" { "b" : [ 2 , 1 ] , "a" : { "y" : null , "x" : true } } "#), r#"{"a":{"x":true,"y":null},"b":[2,1]}"#);
+        assert_eq!(
+            canon(r#" { "b" : [ 2 , 1 ] , "a" : { "y" : null , "x" : true } } "#),
+            r#"{"a":{"x":true,"y":null},"b":[2,1]}"#
+        );
         // Numbers and strings keep their text: no double, no decoding of escapes.
         assert_eq!(
-            canon(r#"{"n":12345678901234567890123,"d":0.10000000000000000001,"e":1E+2,"z":-0.0,"s":"\u00e9\/ \" x"}"#),
+            canon(
+                r#"{"n":12345678901234567890123,"d":0.10000000000000000001,"e":1E+2,"z":-0.0,"s":"\u00e9\/ \" x"}"#
+            ),
             r#"{"d":0.10000000000000000001,"e":1E+2,"n":12345678901234567890123,"s":"\u00e9\/ \" x","z":-0.0}"#
         );
         assert_eq!(canon("[]"), "[]");
@@ -288,7 +307,15 @@ mod tests {
     #[test]
     fn text_that_is_not_one_value_has_no_canonical_form() {
         let mut out = Vec::new();
-        for bad in [r#"{"a" 1}"#, "[1 2]", r#"{"a":1"#, "", "1 2", r#""open"#, r#"{"a":}"#] {
+        for bad in [
+            r#"{"a" 1}"#,
+            "[1 2]",
+            r#"{"a":1"#,
+            "",
+            "1 2",
+            r#""open"#,
+            r#"{"a":}"#,
+        ] {
             assert!(canonical(bad, &mut out).is_none(), "{bad}");
         }
     }

@@ -32,4 +32,3 @@ pub fn settings_document(write_key: &str, api_host: &str, protocol: &str) -> Val
         "remotePlugins": [],
     })
 }
-

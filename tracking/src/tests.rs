@@ -12,7 +12,11 @@ use super::*;
 
 fn keys() -> WriteKeys {
     let mut k = WriteKeys::default();
-    k.add_file("test", "# comment\n\nkey-a web   # the website\nkey-b ios\n").unwrap();
+    k.add_file(
+        "test",
+        "# comment\n\nkey-a web   # the website\nkey-b ios\n",
+    )
+    .unwrap();
     k
 }
 
@@ -25,7 +29,13 @@ fn events(endpoint: &str, body: &str) -> Result<Events, Rejection> {
 }
 
 fn events_with(endpoint: &str, body: &str, missing: MissingId) -> Result<Events, Rejection> {
-    Envelope::parse(Endpoint::from_name(endpoint).unwrap(), body.as_bytes())?.into_events(at(0), MessageIds { source: "web", missing })
+    Envelope::parse(Endpoint::from_name(endpoint).unwrap(), body.as_bytes())?.into_events(
+        at(0),
+        MessageIds {
+            source: "web",
+            missing,
+        },
+    )
 }
 
 /// The request's messages if every event is valid; else the first problem's reason.
@@ -46,7 +56,10 @@ fn text(m: &Message) -> &str {
 }
 
 fn basic(user_and_password: &str) -> String {
-    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(user_and_password))
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(user_and_password)
+    )
 }
 
 #[test]
@@ -57,20 +70,38 @@ fn write_keys_file_and_env() {
     assert_eq!(k.source("web"), None);
     let mut k = WriteKeys::default();
     k.add_env(" k1=s1, k2 = s2 ,").unwrap();
-    assert_eq!((k.source("k1"), k.source("k2"), k.len()), (Some("s1"), Some("s2"), 2));
+    assert_eq!(
+        (k.source("k1"), k.source("k2"), k.len()),
+        (Some("s1"), Some("s2"), 2)
+    );
 }
 
 #[test]
 fn write_key_errors_never_quote_the_key() {
     let mut k = WriteKeys::default();
-    let err = k.add_file("f", "secret-1 web\nsecret-1 ios\n").unwrap_err().to_string();
+    let err = k
+        .add_file("f", "secret-1 web\nsecret-1 ios\n")
+        .unwrap_err()
+        .to_string();
     assert_eq!(err, "f, entry 2: repeats a write key given earlier");
-    let err = WriteKeys::default().add_file("f", "secret-2\n").unwrap_err().to_string();
+    let err = WriteKeys::default()
+        .add_file("f", "secret-2\n")
+        .unwrap_err()
+        .to_string();
     assert!(!err.contains("secret-2"), "{err}");
     // A colon in a source would let two sources' keys collide.
-    let err = WriteKeys::default().add_env("secret-3=a:b").unwrap_err().to_string();
-    assert!(err.contains("must not contain `:`") && !err.contains("secret-3"), "{err}");
-    assert!(matches!(WriteKeys::load(None, Some(" , ")), Err(WriteKeysError::Empty)));
+    let err = WriteKeys::default()
+        .add_env("secret-3=a:b")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("must not contain `:`") && !err.contains("secret-3"),
+        "{err}"
+    );
+    assert!(matches!(
+        WriteKeys::load(None, Some(" , ")),
+        Err(WriteKeysError::Empty)
+    ));
     assert!(!format!("{:?}", keys()).contains("key-a"));
 }
 
@@ -79,8 +110,14 @@ fn write_keys_load_merges_file_and_env() {
     let mut f = tempfile::NamedTempFile::new().unwrap();
     writeln!(f, "key-a web").unwrap();
     let k = WriteKeys::load(Some(f.path()), Some("key-c=server")).unwrap();
-    assert_eq!((k.source("key-a"), k.source("key-c")), (Some("web"), Some("server")));
-    assert!(matches!(WriteKeys::load(Some(Path::new("/nonexistent/keys")), None), Err(WriteKeysError::Read { .. })));
+    assert_eq!(
+        (k.source("key-a"), k.source("key-c")),
+        (Some("web"), Some("server"))
+    );
+    assert!(matches!(
+        WriteKeys::load(Some(Path::new("/nonexistent/keys")), None),
+        Err(WriteKeysError::Read { .. })
+    ));
 }
 
 #[test]
@@ -89,26 +126,55 @@ fn authentication() {
     // Basic auth: the key is the user name, the password is empty.
     assert_eq!(k.authenticate(Some(&basic("key-a:")), None), Ok("web"));
     // The header wins over the body.
-    assert_eq!(k.authenticate(Some(&basic("key-a:")), Some("key-b")), Ok("web"));
-    assert_eq!(k.authenticate(Some(&basic("nope:")), Some("key-b")), Err(AuthError::Unknown));
+    assert_eq!(
+        k.authenticate(Some(&basic("key-a:")), Some("key-b")),
+        Ok("web")
+    );
+    assert_eq!(
+        k.authenticate(Some(&basic("nope:")), Some("key-b")),
+        Err(AuthError::Unknown)
+    );
     // Without a header, the body's writeKey.
     assert_eq!(k.authenticate(None, Some("key-b")), Ok("ios"));
     assert_eq!(k.authenticate(None, Some("key-x")), Err(AuthError::Unknown));
     assert_eq!(k.authenticate(None, None), Err(AuthError::Missing));
-    assert_eq!(k.authenticate(Some(&basic(":")), None), Err(AuthError::Missing));
-    assert_eq!(k.authenticate(Some("Bearer key-a"), None), Err(AuthError::Malformed));
-    assert_eq!(k.authenticate(Some("Basic !!!"), None), Err(AuthError::Malformed));
-    assert_eq!(k.authenticate(Some(&basic("key-a")), None), Err(AuthError::Malformed));
+    assert_eq!(
+        k.authenticate(Some(&basic(":")), None),
+        Err(AuthError::Missing)
+    );
+    assert_eq!(
+        k.authenticate(Some("Bearer key-a"), None),
+        Err(AuthError::Malformed)
+    );
+    assert_eq!(
+        k.authenticate(Some("Basic !!!"), None),
+        Err(AuthError::Malformed)
+    );
+    assert_eq!(
+        k.authenticate(Some(&basic("key-a")), None),
+        Err(AuthError::Malformed)
+    );
 }
 
 #[test]
 fn the_body_write_key_must_be_one_string() {
-    let parse = |body: &str| Envelope::parse(Endpoint::Batch, body.as_bytes()).map(|e| e.write_key().map(str::to_string));
-    assert_eq!(parse(r#"{"writeKey":"k","batch":[]}"#), Ok(Some("k".into())));
+    let parse = |body: &str| {
+        Envelope::parse(Endpoint::Batch, body.as_bytes()).map(|e| e.write_key().map(str::to_string))
+    };
+    assert_eq!(
+        parse(r#"{"writeKey":"k","batch":[]}"#),
+        Ok(Some("k".into()))
+    );
     assert_eq!(parse(r#"{"writeKey":null}"#), Ok(None));
-    assert_eq!(parse(r#"{"writeKey":5}"#).err(), Some(Rejection::BadWriteKey));
+    assert_eq!(
+        parse(r#"{"writeKey":5}"#).err(),
+        Some(Rejection::BadWriteKey)
+    );
     // Two keys: which one authenticates would depend on the parser.
-    assert_eq!(parse(r#"{"writeKey":"a","writeKey":"b"}"#).err(), Some(Rejection::BadWriteKey));
+    assert_eq!(
+        parse(r#"{"writeKey":"a","writeKey":"b"}"#).err(),
+        Some(Rejection::BadWriteKey)
+    );
 }
 
 #[test]
@@ -121,7 +187,9 @@ fn single_message_takes_type_from_path_and_gets_id_and_received_at() {
     let id = &m[0].message_id;
     assert_eq!(
         text(&m[0]),
-        format!(r#"{{"userId":"u1","event":"Bought","type":"track","timestamp":"2020-01-01T00:00:00Z","messageId":"{id}","receivedAt":"1970-01-01T00:00:00.000Z"}}"#)
+        format!(
+            r#"{{"userId":"u1","event":"Bought","type":"track","timestamp":"2020-01-01T00:00:00Z","messageId":"{id}","receivedAt":"1970-01-01T00:00:00.000Z"}}"#
+        )
     );
     // No messageId was sent but the client's timestamp was: the id is derived from the event.
     assert_eq!(m[0].id_origin, IdOrigin::Derived);
@@ -132,13 +200,21 @@ fn single_message_takes_type_from_path_and_gets_id_and_received_at() {
 fn ids_of(endpoint: &str, body: &str, missing: MissingId) -> Vec<(String, IdOrigin)> {
     let events = events_with(endpoint, body, missing).unwrap();
     assert!(events.refused.is_empty(), "{:?}", events.refused);
-    events.messages.into_iter().map(|m| (m.message_id, m.id_origin)).collect()
+    events
+        .messages
+        .into_iter()
+        .map(|m| (m.message_id, m.id_origin))
+        .collect()
 }
 
 #[test]
 fn an_id_less_event_with_the_clients_timestamp_gets_the_same_id_each_time_it_is_sent() {
     let event = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00.123Z","properties":{"sku":"a-1","price":9.5}}"#;
-    let first = ids_of("batch", &format!(r#"{{"batch":[{event}],"sentAt":"2026-12-03T10:00:01Z"}}"#), MissingId::Derive);
+    let first = ids_of(
+        "batch",
+        &format!(r#"{{"batch":[{event}],"sentAt":"2026-12-03T10:00:01Z"}}"#),
+        MissingId::Derive,
+    );
     // The retry: sent later, with another sentAt, context and key order inside properties, on
     // the single-event route.
     let retry = r#"{"event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00.123Z","properties":{"price":9.5,"sku":"a-1"},"sentAt":"2026-12-03T10:05:00Z","context":{"library":{"name":"x"}}}"#;
@@ -147,10 +223,19 @@ fn an_id_less_event_with_the_clients_timestamp_gets_the_same_id_each_time_it_is_
     assert_eq!(first, again);
     assert!(is_derived(&first[0].0));
     // The id depends on the source: another source's same event is another event.
-    let other = Envelope::parse(Endpoint::Batch, format!(r#"{{"batch":[{event}]}}"#).as_bytes())
-        .unwrap()
-        .into_events(at(0), MessageIds { source: "ios", missing: MissingId::Derive })
-        .unwrap();
+    let other = Envelope::parse(
+        Endpoint::Batch,
+        format!(r#"{{"batch":[{event}]}}"#).as_bytes(),
+    )
+    .unwrap()
+    .into_events(
+        at(0),
+        MessageIds {
+            source: "ios",
+            missing: MissingId::Derive,
+        },
+    )
+    .unwrap();
     assert_ne!(other.messages[0].message_id, first[0].0);
 }
 
@@ -172,7 +257,15 @@ fn events_that_differ_in_what_ids_are_derived_from_get_different_ids() {
     let distinct: std::collections::HashSet<_> = ids.iter().map(|(id, _)| id.clone()).collect();
     assert_eq!(distinct.len(), variants.len(), "{ids:?}");
     // A field the id is not made of changes nothing.
-    let same = ids_of("batch", &format!(r#"{{"batch":[{},{}]}}"#, base, base.replace(r#""type""#, r#""channel":"server","type""#)), MissingId::Derive);
+    let same = ids_of(
+        "batch",
+        &format!(
+            r#"{{"batch":[{},{}]}}"#,
+            base,
+            base.replace(r#""type""#, r#""channel":"server","type""#)
+        ),
+        MissingId::Derive,
+    );
     assert_eq!(same[0], same[1]);
 }
 
@@ -180,24 +273,39 @@ fn events_that_differ_in_what_ids_are_derived_from_get_different_ids() {
 fn without_the_clients_timestamp_or_with_random_ids_an_id_less_event_gets_a_random_uuid() {
     let no_timestamp = r#"{"type":"track","event":"Bought","userId":"u1"}"#;
     let blank = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":""}"#;
-    let stamped = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00Z"}"#;
-    for (event, missing) in [(no_timestamp, MissingId::Derive), (blank, MissingId::Derive), (stamped, MissingId::Random)] {
+    let stamped =
+        r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00Z"}"#;
+    for (event, missing) in [
+        (no_timestamp, MissingId::Derive),
+        (blank, MissingId::Derive),
+        (stamped, MissingId::Random),
+    ] {
         let body = format!(r#"{{"batch":[{event},{event}]}}"#);
         let ids = ids_of("batch", &body, missing);
-        assert!(ids.iter().all(|(id, origin)| *origin == IdOrigin::Random
-            && uuid::Uuid::parse_str(id).unwrap().get_version_num() == 4), "{ids:?}");
+        assert!(
+            ids.iter().all(|(id, origin)| *origin == IdOrigin::Random
+                && uuid::Uuid::parse_str(id).unwrap().get_version_num() == 4),
+            "{ids:?}"
+        );
         assert_ne!(ids[0].0, ids[1].0);
     }
     // The client's own id is kept as sent, whatever the policy.
     let own = r#"{"type":"track","event":"Bought","userId":"u1","timestamp":"2026-12-03T10:00:00Z","messageId":"m-1"}"#;
-    assert_eq!(ids_of("track", own, MissingId::Derive), vec![("m-1".to_string(), IdOrigin::Client)]);
+    assert_eq!(
+        ids_of("track", own, MissingId::Derive),
+        vec![("m-1".to_string(), IdOrigin::Client)]
+    );
 }
 
 #[test]
 fn a_derived_id_is_pinned() {
     // Part of what clients may rely on: the same event gets this id in every release.
     let event = r#"{"type":"identify","userId":"u1","timestamp":"2026-12-03T10:00:00Z","traits":{"b":[1,{"y":2,"x":null}],"a":"é"}}"#;
-    let ids = ids_of("batch", &format!(r#"{{"batch":[{event}]}}"#), MissingId::Derive);
+    let ids = ids_of(
+        "batch",
+        &format!(r#"{{"batch":[{event}]}}"#),
+        MissingId::Derive,
+    );
     assert_eq!(ids[0].0, PINNED_DERIVED_ID);
 }
 
@@ -209,7 +317,10 @@ fn numbers_strings_and_order_are_kept_as_sent_on_every_route() {
     // Integers past 2^64 and 2^53, an exponent, trailing zeros, escapes: text a round trip
     // through a double or a string would change.
     let event = r#"{"type":"track","event":"e","userId":98765432109876543210,"messageId":"m","properties":{"big":12345678901234567890123,"e":1e2,"z":1.50,"s":"\u00e9\/"},"a":-0.0}"#;
-    let expected = event.replace(r#","a":-0.0}"#, r#","a":-0.0,"receivedAt":"1970-01-01T00:00:00.000Z"}"#);
+    let expected = event.replace(
+        r#","a":-0.0}"#,
+        r#","a":-0.0,"receivedAt":"1970-01-01T00:00:00.000Z"}"#,
+    );
     for (endpoint, body) in [
         ("track", event.to_string()),
         ("t", event.to_string()),
@@ -236,8 +347,14 @@ fn batch_splits_keeps_ids_and_merges_shared_fields() {
         "writeKey": "key-a"
     }"#;
     let m = messages("batch", body).unwrap();
-    assert_eq!(m.iter().map(|m| m.event_type).collect::<Vec<_>>(), [EventType::Track, EventType::Identify, EventType::Page]);
-    assert_eq!((m[0].message_id.as_str(), m[1].message_id.as_str()), ("m1", "m2"));
+    assert_eq!(
+        m.iter().map(|m| m.event_type).collect::<Vec<_>>(),
+        [EventType::Track, EventType::Identify, EventType::Page]
+    );
+    assert_eq!(
+        (m[0].message_id.as_str(), m[1].message_id.as_str()),
+        ("m1", "m2")
+    );
     // Deep merge: the message's own library name wins, the shared version and locale fill in,
     // each written as sent.
     assert_eq!(
@@ -263,20 +380,48 @@ fn validation_names_the_problem() {
         ("batch", r#"{"batch":{}}"#, "batch_not_array"),
         ("batch", r#"{"writeKey":5,"batch":[]}"#, "bad_write_key"),
         ("batch", r#"{"batch":[7]}"#, "message_not_object"),
-        ("batch", r#"{"batch":[{"userId":"u","event":"e"}]}"#, "missing_type"),
-        ("batch", r#"{"batch":[{"type":"purchase","userId":"u"}]}"#, "unknown_type"),
+        (
+            "batch",
+            r#"{"batch":[{"userId":"u","event":"e"}]}"#,
+            "missing_type",
+        ),
+        (
+            "batch",
+            r#"{"batch":[{"type":"purchase","userId":"u"}]}"#,
+            "unknown_type",
+        ),
         ("track", r#"{"userId":"u"}"#, "missing_event"),
         ("track", r#"{"userId":"u","event":""}"#, "missing_event"),
         ("identify", r#"{"traits":{}}"#, "missing_identity"),
         ("page", r#"{"userId":""}"#, "missing_identity"),
         ("alias", r#"{"userId":"u"}"#, "missing_alias_ids"),
         ("group", r#"{"userId":"u"}"#, "missing_group_id"),
-        ("screen", r#"{"userId":"u","messageId":5}"#, "bad_message_id"),
-        ("screen", r#"{"userId":"u","messageId":""}"#, "bad_message_id"),
-        ("track", r#"{"userId":"u","event":"e","event":"f"}"#, "duplicate_key"),
-        ("batch", r#"{"batch":[{"type":"track","event":"e","userId":"u","p":{"a":1,"a":2}}]}"#, "duplicate_key"),
+        (
+            "screen",
+            r#"{"userId":"u","messageId":5}"#,
+            "bad_message_id",
+        ),
+        (
+            "screen",
+            r#"{"userId":"u","messageId":""}"#,
+            "bad_message_id",
+        ),
+        (
+            "track",
+            r#"{"userId":"u","event":"e","event":"f"}"#,
+            "duplicate_key",
+        ),
+        (
+            "batch",
+            r#"{"batch":[{"type":"track","event":"e","userId":"u","p":{"a":1,"a":2}}]}"#,
+            "duplicate_key",
+        ),
         // A batch body's own fields are read by the service: repeated, it cannot be read.
-        ("batch", r#"{"batch":[],"batch":[{"type":"track","event":"e","userId":"u"}]}"#, "malformed_json"),
+        (
+            "batch",
+            r#"{"batch":[],"batch":[{"type":"track","event":"e","userId":"u"}]}"#,
+            "malformed_json",
+        ),
     ];
     for (endpoint, body, reason) in cases {
         let err = messages(endpoint, body).unwrap_err();
@@ -298,17 +443,44 @@ fn one_bad_event_costs_only_itself_and_is_kept_as_sent() {
         r#"{{"batch":[{{"type":"track","event":"e","userId":"u","messageId":"m-1"}},{bad},{{"type":"page","userId":"u","messageId":"m-3"}}]}}"#
     );
     let e = events("batch", &body).unwrap();
-    assert_eq!(e.messages.iter().map(|m| m.message_id.as_str()).collect::<Vec<_>>(), ["m-1", "m-3"]);
+    assert_eq!(
+        e.messages
+            .iter()
+            .map(|m| m.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ["m-1", "m-3"]
+    );
     assert_eq!(e.refused.len(), 1);
     let r = &e.refused[0];
-    assert_eq!((r.at, r.problem.reason()), (Location(Some(1)), "missing_event"));
-    assert_eq!(r.to_string(), "batch[1]: a track message needs an `event` name");
-    assert_eq!(std::str::from_utf8(&r.value).unwrap(), r#"{"type":"track","userId":"u","messageId":"m-2","n":1e2}"#);
+    assert_eq!(
+        (r.at, r.problem.reason()),
+        (Location(Some(1)), "missing_event")
+    );
+    assert_eq!(
+        r.to_string(),
+        "batch[1]: a track message needs an `event` name"
+    );
+    assert_eq!(
+        std::str::from_utf8(&r.value).unwrap(),
+        r#"{"type":"track","userId":"u","messageId":"m-2","n":1e2}"#
+    );
     assert_eq!(r.message_id.as_deref(), Some("m-2"));
     // A refused event that is not an object, or has no usable id, is kept as it is, unkeyed.
-    let e = events("batch", r#"{"batch":[7,{"type":"track","messageId":"a\u2028b"}]}"#).unwrap();
-    assert_eq!(e.refused.iter().map(|r| (r.value.as_slice(), r.message_id.clone())).collect::<Vec<_>>(),
-        [(&b"7"[..], None), (&br#"{"type":"track","messageId":"a\u2028b"}"#[..], None)]);
+    let e = events(
+        "batch",
+        r#"{"batch":[7,{"type":"track","messageId":"a\u2028b"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        e.refused
+            .iter()
+            .map(|r| (r.value.as_slice(), r.message_id.clone()))
+            .collect::<Vec<_>>(),
+        [
+            (&b"7"[..], None),
+            (&br#"{"type":"track","messageId":"a\u2028b"}"#[..], None)
+        ]
+    );
     assert!(e.messages.is_empty());
 }
 
@@ -333,25 +505,46 @@ fn a_batch_refuses_what_a_single_message_route_refuses() {
         deep(60),
         deep(100),
     ];
-    let single = |properties: &str| format!(r#"{{"event":"e","userId":"u","messageId":"m","properties":{properties}}}"#);
-    let batch = |properties: &str| format!(r#"{{"batch":[{{"type":"track","event":"e","userId":"u","messageId":"m","properties":{properties}}}]}}"#);
+    let single = |properties: &str| {
+        format!(r#"{{"event":"e","userId":"u","messageId":"m","properties":{properties}}}"#)
+    };
+    let batch = |properties: &str| {
+        format!(
+            r#"{{"batch":[{{"type":"track","event":"e","userId":"u","messageId":"m","properties":{properties}}}]}}"#
+        )
+    };
     for properties in &refused {
         let alone = messages("track", &single(properties)).unwrap_err();
         let in_batch = messages("batch", &batch(properties)).unwrap_err();
-        assert_eq!((alone.as_str(), in_batch.as_str()), ("malformed_json", "malformed_json"), "{properties:.80}");
+        assert_eq!(
+            (alone.as_str(), in_batch.as_str()),
+            ("malformed_json", "malformed_json"),
+            "{properties:.80}"
+        );
     }
     for properties in &taken {
         let alone = messages("track", &single(properties)).unwrap();
         let in_batch = messages("batch", &batch(properties)).unwrap();
-        assert!(text(&alone[0]).contains(properties.as_str()), "{properties:.80}");
-        assert!(text(&in_batch[0]).contains(properties.as_str()), "{properties:.80}");
+        assert!(
+            text(&alone[0]).contains(properties.as_str()),
+            "{properties:.80}"
+        );
+        assert!(
+            text(&in_batch[0]).contains(properties.as_str()),
+            "{properties:.80}"
+        );
     }
 }
 
 #[test]
 fn message_and_request_limits() {
     // A message just under 32 KB passes; one just over is refused, wherever it is, alone.
-    let pad = |n: usize| format!(r#"{{"type":"track","event":"e","userId":"u","p":"{}"}}"#, "x".repeat(n));
+    let pad = |n: usize| {
+        format!(
+            r#"{{"type":"track","event":"e","userId":"u","p":"{}"}}"#,
+            "x".repeat(n)
+        )
+    };
     let overhead = pad(0).len();
     let fits = pad(MAX_MESSAGE_BYTES - overhead);
     assert_eq!(fits.len(), MAX_MESSAGE_BYTES);
@@ -359,17 +552,32 @@ fn message_and_request_limits() {
     let over = pad(MAX_MESSAGE_BYTES - overhead + 1);
     let e = events("batch", &format!(r#"{{"batch":[{fits},{over}]}}"#)).unwrap();
     assert_eq!(e.messages.len(), 1);
-    assert_eq!(e.refused[0].problem, Problem::TooLarge { bytes: MAX_MESSAGE_BYTES + 1 });
+    assert_eq!(
+        e.refused[0].problem,
+        Problem::TooLarge {
+            bytes: MAX_MESSAGE_BYTES + 1
+        }
+    );
     assert_eq!(e.refused[0].at, Location(Some(1)));
     assert_eq!(messages("track", &over).unwrap_err(), "message_too_large");
     // The size is the message's as sent, spaces included, as the libraries measure it.
     let spaced = fits.replacen(r#""type":"track","#, r#""type": "track", "#, 1);
     let e = events("batch", &format!(r#"{{"batch":[{spaced}]}}"#)).unwrap();
-    assert_eq!(e.refused[0].problem, Problem::TooLarge { bytes: MAX_MESSAGE_BYTES + 2 });
+    assert_eq!(
+        e.refused[0].problem,
+        Problem::TooLarge {
+            bytes: MAX_MESSAGE_BYTES + 2
+        }
+    );
     // Sixteen messages of 32 KB are over 500 KB.
     let items = vec![fits; 16].join(",");
     let err = events("batch", &format!(r#"{{"batch":[{items}]}}"#)).unwrap_err();
-    assert_eq!(err, Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+    assert_eq!(
+        err,
+        Rejection::RequestTooLarge {
+            limit: MAX_REQUEST_BYTES
+        }
+    );
     assert!(decode_body(&vec![b' '; MAX_REQUEST_BYTES + 1], None).is_err());
 }
 
@@ -379,54 +587,120 @@ fn a_shared_context_cannot_amplify_a_batch() {
     // the sizes alone, before a single copy is made.
     let context = format!(r#"{{"blob":"{}"}}"#, "c".repeat(250 << 10));
     let event = r#"{"type":"track","event":"e","userId":"u"}"#;
-    let body = format!(r#"{{"context":{context},"batch":[{}]}}"#, vec![event; 1000].join(","));
+    let body = format!(
+        r#"{{"context":{context},"batch":[{}]}}"#,
+        vec![event; 1000].join(",")
+    );
     assert!(body.len() < MAX_REQUEST_BYTES);
     let err = events("batch", &body).unwrap_err();
-    assert!(matches!(err, Rejection::MergedBatchTooLarge { bytes } if bytes > 200 << 20), "{err:?}");
+    assert!(
+        matches!(err, Rejection::MergedBatchTooLarge { bytes } if bytes > 200 << 20),
+        "{err:?}"
+    );
     assert_eq!(err.reason(), "merged_batch_too_large");
     // The same context over one message makes a message over 32 KB: that event is refused.
     let one = format!(r#"{{"context":{context},"batch":[{event}]}}"#);
     let e = events("batch", &one).unwrap();
-    assert!(matches!(e.refused[0].problem, Problem::MergedTooLarge { .. }), "{:?}", e.refused[0].problem);
+    assert!(
+        matches!(e.refused[0].problem, Problem::MergedTooLarge { .. }),
+        "{:?}",
+        e.refused[0].problem
+    );
 }
 
 #[test]
 fn limits_hold_on_the_merged_messages_that_are_produced() {
     // Each message is 20 KB and the shared context 20 KB: each passes alone, none merged.
     let context = format!(r#"{{"page":{{"title":"{}"}}}}"#, "t".repeat(20 << 10));
-    let event = format!(r#"{{"type":"track","event":"e","userId":"u","properties":{{"p":"{}"}}}}"#, "p".repeat(20 << 10));
-    let e = events("batch", &format!(r#"{{"context":{context},"batch":[{event}]}}"#)).unwrap();
-    assert!(matches!(e.refused[0].problem, Problem::MergedTooLarge { bytes } if bytes > MAX_RECORD_BYTES));
+    let event = format!(
+        r#"{{"type":"track","event":"e","userId":"u","properties":{{"p":"{}"}}}}"#,
+        "p".repeat(20 << 10)
+    );
+    let e = events(
+        "batch",
+        &format!(r#"{{"context":{context},"batch":[{event}]}}"#),
+    )
+    .unwrap();
+    assert!(
+        matches!(e.refused[0].problem, Problem::MergedTooLarge { bytes } if bytes > MAX_RECORD_BYTES)
+    );
     // A small context over a full batch is fine, and every record stays within the limit; what
     // the request writes stays within the documented bound.
     let small = r#"{"library":{"name":"analytics-python","version":"2.3.3"}}"#;
     let event = r#"{"type":"track","event":"e","userId":"u"}"#;
-    let body = format!(r#"{{"context":{small},"batch":[{}]}}"#, vec![event; 2000].join(","));
+    let body = format!(
+        r#"{{"context":{small},"batch":[{}]}}"#,
+        vec![event; 2000].join(",")
+    );
     let ok = messages("batch", &body).unwrap();
     assert_eq!(ok.len(), 2000);
-    assert!(ok.iter().all(|m| m.value.len() <= MAX_RECORD_BYTES && json(m)["context"]["library"]["name"] == "analytics-python"));
+    assert!(ok.iter().all(|m| m.value.len() <= MAX_RECORD_BYTES
+        && json(m)["context"]["library"]["name"] == "analytics-python"));
     let written: usize = ok.iter().map(|m| m.value.len()).sum();
-    assert!(written <= MAX_MERGED_BYTES + ok.len() * SERVICE_FIELDS_BYTES, "{written}");
+    assert!(
+        written <= MAX_MERGED_BYTES + ok.len() * SERVICE_FIELDS_BYTES,
+        "{written}"
+    );
 }
 
 #[test]
 fn a_batch_has_at_most_the_event_limit() {
     let event = r#"{"type":"track","event":"e","userId":"u"}"#;
-    messages("batch", &format!(r#"{{"batch":[{}]}}"#, vec![event; MAX_BATCH_EVENTS].join(","))).unwrap();
-    let err = events("batch", &format!(r#"{{"batch":[{}]}}"#, vec![event; MAX_BATCH_EVENTS + 1].join(","))).unwrap_err();
-    assert_eq!(err, Rejection::TooManyEvents { count: MAX_BATCH_EVENTS + 1 });
+    messages(
+        "batch",
+        &format!(
+            r#"{{"batch":[{}]}}"#,
+            vec![event; MAX_BATCH_EVENTS].join(",")
+        ),
+    )
+    .unwrap();
+    let err = events(
+        "batch",
+        &format!(
+            r#"{{"batch":[{}]}}"#,
+            vec![event; MAX_BATCH_EVENTS + 1].join(",")
+        ),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        Rejection::TooManyEvents {
+            count: MAX_BATCH_EVENTS + 1
+        }
+    );
     assert_eq!(err.reason(), "too_many_events");
 }
 
 #[test]
 fn message_ids_that_would_mislead_a_reader_are_refused() {
     // Control characters, blank ids, line and paragraph separators, bidirectional controls.
-    for id in [r"a\r\nb", r"a\u0000b", r"tab\there", r"\u007f", r"\u0085", "   ", r"\u00a0", r"a\u2028b", r"a\u2029b", r"\u202eevil", r"x\u2066y", r"\u200f"] {
+    for id in [
+        r"a\r\nb",
+        r"a\u0000b",
+        r"tab\there",
+        r"\u007f",
+        r"\u0085",
+        "   ",
+        r"\u00a0",
+        r"a\u2028b",
+        r"a\u2029b",
+        r"\u202eevil",
+        r"x\u2066y",
+        r"\u200f",
+    ] {
         let body = format!(r#"{{"type":"track","event":"e","userId":"u","messageId":"{id}"}}"#);
-        assert_eq!(messages("track", &body).unwrap_err(), "bad_message_id", "{id}");
+        assert_eq!(
+            messages("track", &body).unwrap_err(),
+            "bad_message_id",
+            "{id}"
+        );
     }
     // Unicode that is none of these is fine, and so is an inner space.
-    let ok = messages("track", r#"{"type":"track","event":"e","userId":"u","messageId":"é-✓ 1"}"#).unwrap();
+    let ok = messages(
+        "track",
+        r#"{"type":"track","event":"e","userId":"u","messageId":"é-✓ 1"}"#,
+    )
+    .unwrap();
     assert_eq!(ok[0].message_id, "é-✓ 1");
 }
 
@@ -439,13 +713,24 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 #[test]
 fn gzip_bodies_and_bombs() {
     let body = br#"{"batch":[{"type":"track","event":"e","userId":"u"}]}"#;
-    assert_eq!(decode_body(&gzip(body), Some("gzip")).unwrap().as_ref(), body);
+    assert_eq!(
+        decode_body(&gzip(body), Some("gzip")).unwrap().as_ref(),
+        body
+    );
     assert_eq!(decode_body(body, None).unwrap().as_ref(), body);
     // 10 MB of spaces compress to about 10 KB; the limit holds on the decompressed size.
     let bomb = gzip(&vec![b' '; 10 << 20]);
     assert!(bomb.len() < MAX_REQUEST_BYTES);
-    assert_eq!(decode_body(&bomb, Some("gzip")).unwrap_err(), Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
-    assert_eq!(decode_body(b"not gzip", Some("gzip")).unwrap_err().reason(), "bad_gzip");
+    assert_eq!(
+        decode_body(&bomb, Some("gzip")).unwrap_err(),
+        Rejection::RequestTooLarge {
+            limit: MAX_REQUEST_BYTES
+        }
+    );
+    assert_eq!(
+        decode_body(b"not gzip", Some("gzip")).unwrap_err().reason(),
+        "bad_gzip"
+    );
     // An encoding that is not taken is named by kind, its value not echoed.
     let err = decode_body(body, Some("br<script>")).unwrap_err();
     assert_eq!(err.reason(), "unsupported_encoding");
@@ -454,13 +739,30 @@ fn gzip_bodies_and_bombs() {
 
 #[test]
 fn one_letter_endpoints_are_the_same_endpoints() {
-    let aliases = [("t", "track"), ("i", "identify"), ("p", "page"), ("s", "screen"), ("g", "group"), ("a", "alias"), ("b", "batch"), ("import", "batch")];
+    let aliases = [
+        ("t", "track"),
+        ("i", "identify"),
+        ("p", "page"),
+        ("s", "screen"),
+        ("g", "group"),
+        ("a", "alias"),
+        ("b", "batch"),
+        ("import", "batch"),
+    ];
     for (short, long) in aliases {
-        assert_eq!(Endpoint::from_name(short), Endpoint::from_name(long), "{short}");
+        assert_eq!(
+            Endpoint::from_name(short),
+            Endpoint::from_name(long),
+            "{short}"
+        );
         assert!(Endpoint::from_name(short).is_some(), "{short}");
     }
     // A one-letter path takes its type from the letter, as the long one does.
-    let m = messages("p", r#"{"type": "track", "anonymousId": "a", "name": "Home"}"#).unwrap();
+    let m = messages(
+        "p",
+        r#"{"type": "track", "anonymousId": "a", "name": "Home"}"#,
+    )
+    .unwrap();
     assert_eq!(json(&m[0])["type"], "page");
     assert_eq!(Endpoint::from_name("x"), None);
     assert_eq!(Endpoint::from_name("tr"), None);
@@ -468,7 +770,14 @@ fn one_letter_endpoints_are_the_same_endpoints() {
 
 #[test]
 fn json_is_taken_as_application_json_text_plain_or_untyped() {
-    for ok in [None, Some("application/json"), Some("text/plain"), Some("text/plain;charset=UTF-8"), Some("Application/JSON; charset=utf-8"), Some("")] {
+    for ok in [
+        None,
+        Some("application/json"),
+        Some("text/plain"),
+        Some("text/plain;charset=UTF-8"),
+        Some("Application/JSON; charset=utf-8"),
+        Some(""),
+    ] {
         assert_eq!(check_content_type(ok), Ok(()), "{ok:?}");
     }
     let err = check_content_type(Some("application/x-www-form-urlencoded<b>")).unwrap_err();
@@ -480,7 +789,14 @@ fn json_is_taken_as_application_json_text_plain_or_untyped() {
 fn the_settings_document_points_the_library_back_here() {
     let doc = settings_document("key-a", "127.0.0.1:8080/v1", "http");
     let segment = &doc["integrations"]["Segment.io"];
-    assert_eq!((segment["apiKey"].as_str(), segment["apiHost"].as_str(), segment["protocol"].as_str()), (Some("key-a"), Some("127.0.0.1:8080/v1"), Some("http")));
+    assert_eq!(
+        (
+            segment["apiKey"].as_str(),
+            segment["apiHost"].as_str(),
+            segment["protocol"].as_str()
+        ),
+        (Some("key-a"), Some("127.0.0.1:8080/v1"), Some("http"))
+    );
     // Segment.io is the only destination, and the library reports nothing to Segment.
     assert_eq!(doc["integrations"].as_object().unwrap().len(), 1);
     assert_eq!(doc["metrics"]["sampleRate"], 0);
@@ -490,15 +806,29 @@ fn the_settings_document_points_the_library_back_here() {
 fn record_keys_and_times() {
     assert_eq!(record_key("web", "m-1"), "web:m-1");
     assert_eq!(rfc3339_millis(at(0)), "1970-01-01T00:00:00.000Z");
-    assert_eq!(rfc3339_millis(at(951_782_400_000)), "2000-02-29T00:00:00.000Z");
-    assert_eq!(rfc3339_millis(at(1_709_211_909_042)), "2024-02-29T13:05:09.042Z");
-    assert_eq!(rfc3339_millis(at(4_102_444_799_999)), "2099-12-31T23:59:59.999Z");
+    assert_eq!(
+        rfc3339_millis(at(951_782_400_000)),
+        "2000-02-29T00:00:00.000Z"
+    );
+    assert_eq!(
+        rfc3339_millis(at(1_709_211_909_042)),
+        "2024-02-29T13:05:09.042Z"
+    );
+    assert_eq!(
+        rfc3339_millis(at(4_102_444_799_999)),
+        "2099-12-31T23:59:59.999Z"
+    );
 }
 
 /// JSON text of any value, numbers written as a client might: long integers, fractions with
 /// trailing zeros, exponents in either case, strings with escapes. Keys are made unique.
 fn any_json() -> impl Strategy<Value = String> {
-    let number = (any::<bool>(), "[1-9][0-9]{0,30}", proptest::option::of("[0-9]{1,20}"), proptest::option::of(("[eE]", "[+-]?", "[0-9]{1,2}")))
+    let number = (
+        any::<bool>(),
+        "[1-9][0-9]{0,30}",
+        proptest::option::of("[0-9]{1,20}"),
+        proptest::option::of(("[eE]", "[+-]?", "[0-9]{1,2}")),
+    )
         .prop_map(|(negative, int, frac, exp)| {
             let mut n = String::new();
             if negative {
@@ -517,16 +847,38 @@ fn any_json() -> impl Strategy<Value = String> {
             n
         });
     let string = proptest::collection::vec(
-        prop_oneof![Just("a".to_string()), Just("é".to_string()), Just(r"\u00e9".to_string()), Just(r#"\""#.to_string()), Just(r"\\".to_string()), Just(r"\/".to_string()), Just(r"\ud83d\ude00".to_string()), Just(" ".to_string())],
+        prop_oneof![
+            Just("a".to_string()),
+            Just("é".to_string()),
+            Just(r"\u00e9".to_string()),
+            Just(r#"\""#.to_string()),
+            Just(r"\\".to_string()),
+            Just(r"\/".to_string()),
+            Just(r"\ud83d\ude00".to_string()),
+            Just(" ".to_string())
+        ],
         0..6,
     )
     .prop_map(|parts| format!("\"{}\"", parts.concat()));
-    let leaf = prop_oneof![number, string, Just("true".to_string()), Just("null".to_string()), Just("0".to_string())];
+    let leaf = prop_oneof![
+        number,
+        string,
+        Just("true".to_string()),
+        Just("null".to_string()),
+        Just("0".to_string())
+    ];
     leaf.prop_recursive(4, 32, 6, |inner| {
         prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..5).prop_map(|v| format!("[{}]", v.join(","))),
-            proptest::collection::vec(inner, 0..5)
-                .prop_map(|v| format!("{{{}}}", v.iter().enumerate().map(|(i, v)| format!("\"k{i}\" : {v}")).collect::<Vec<_>>().join(","))),
+            proptest::collection::vec(inner.clone(), 0..5)
+                .prop_map(|v| format!("[{}]", v.join(","))),
+            proptest::collection::vec(inner, 0..5).prop_map(|v| format!(
+                "{{{}}}",
+                v.iter()
+                    .enumerate()
+                    .map(|(i, v)| format!("\"k{i}\" : {v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
         ]
     })
 }
@@ -561,22 +913,47 @@ fn a_retry_hashes_alike_and_another_event_under_the_same_id_does_not() {
     let hash = |body: &str| messages("batch", body).unwrap()[0].content_hash;
     // A library's retry: the same event, another `sentAt` (on the batch or on the event), another
     // context, through the batch route or the single-event one.
-    let first = hash(&format!(r#"{{"batch":[{event}}}],"context":{{"app":"a"}},"sentAt":"2026-12-03T10:00:00Z"}}"#));
-    let retry = hash(&format!(r#"{{"batch":[{event}}}],"context":{{"app":"a"}},"sentAt":"2026-12-03T10:05:00Z"}}"#));
-    let own_sent_at = hash(&format!(r#"{{"batch":[{event},"sentAt":"x","receivedAt":"y"}}],"context":{{"app":"a"}}}}"#));
-    let other_context = hash(&format!(r#"{{"batch":[{event},"context":{{"page":{{"url":"/b"}}}}}}],"context":{{"app":"b"}}}}"#));
+    let first = hash(&format!(
+        r#"{{"batch":[{event}}}],"context":{{"app":"a"}},"sentAt":"2026-12-03T10:00:00Z"}}"#
+    ));
+    let retry = hash(&format!(
+        r#"{{"batch":[{event}}}],"context":{{"app":"a"}},"sentAt":"2026-12-03T10:05:00Z"}}"#
+    ));
+    let own_sent_at = hash(&format!(
+        r#"{{"batch":[{event},"sentAt":"x","receivedAt":"y"}}],"context":{{"app":"a"}}}}"#
+    ));
+    let other_context = hash(&format!(
+        r#"{{"batch":[{event},"context":{{"page":{{"url":"/b"}}}}}}],"context":{{"app":"b"}}}}"#
+    ));
     let no_context = hash(&format!(r#"{{"batch":[{event}}}]}}"#));
-    let single = messages("track", &format!(r#"{event},"context":{{"app":"a"}}}}"#)).unwrap()[0].content_hash;
+    let single = messages("track", &format!(r#"{event},"context":{{"app":"a"}}}}"#)).unwrap()[0]
+        .content_hash;
     for h in [retry, own_sent_at, other_context, no_context, single] {
         assert_eq!(first, h);
     }
     // Another property, another property's number text, another event name: another event.
-    let other = hash(&format!(r#"{{"batch":[{}}}]}}"#, event.replace("a-1", "a-2")));
-    let other_number = hash(&format!(r#"{{"batch":[{}}}]}}"#, event.replace(r#""a-1""#, "1.0")));
-    let one = hash(&format!(r#"{{"batch":[{}}}]}}"#, event.replace(r#""a-1""#, "1")));
-    let renamed = hash(&format!(r#"{{"batch":[{}}}]}}"#, event.replace("Bought", "Sold")));
+    let other = hash(&format!(
+        r#"{{"batch":[{}}}]}}"#,
+        event.replace("a-1", "a-2")
+    ));
+    let other_number = hash(&format!(
+        r#"{{"batch":[{}}}]}}"#,
+        event.replace(r#""a-1""#, "1.0")
+    ));
+    let one = hash(&format!(
+        r#"{{"batch":[{}}}]}}"#,
+        event.replace(r#""a-1""#, "1")
+    ));
+    let renamed = hash(&format!(
+        r#"{{"batch":[{}}}]}}"#,
+        event.replace("Bought", "Sold")
+    ));
     let all = [first, other, other_number, one, renamed];
-    assert_eq!(all.iter().collect::<std::collections::HashSet<_>>().len(), all.len(), "{all:x?}");
+    assert_eq!(
+        all.iter().collect::<std::collections::HashSet<_>>().len(),
+        all.len(),
+        "{all:x?}"
+    );
     // Pinned: the worker compares hashes the front door sent before and after an upgrade.
     assert_eq!(tracking_digest_hex(no_context), PINNED_DIGEST);
 }
@@ -589,24 +966,41 @@ fn an_id_less_retry_with_another_context_gets_its_first_copys_id_and_digest() {
     // The issue's case: the same event without a messageId, sent twice, its context's page URL
     // changed between the tries. One event: one id, one digest, so the worker says `retry`.
     let event = |url: &str| {
-        format!(r#"{{"type":"page","name":"Home","anonymousId":"a1","timestamp":"2026-12-05T07:00:00.000Z","context":{{"page":{{"url":"{url}"}}}}}}"#)
+        format!(
+            r#"{{"type":"page","name":"Home","anonymousId":"a1","timestamp":"2026-12-05T07:00:00.000Z","context":{{"page":{{"url":"{url}"}}}}}}"#
+        )
     };
-    let a = messages("batch", &format!(r#"{{"batch":[{}]}}"#, event("/a"))).unwrap().remove(0);
+    let a = messages("batch", &format!(r#"{{"batch":[{}]}}"#, event("/a")))
+        .unwrap()
+        .remove(0);
     let b = messages("p", &event("/b")).unwrap().remove(0);
     assert_eq!(a.id_origin, IdOrigin::Derived);
-    assert_eq!((&a.message_id, a.content_hash), (&b.message_id, b.content_hash));
+    assert_eq!(
+        (&a.message_id, a.content_hash),
+        (&b.message_id, b.content_hash)
+    );
 }
 
 #[test]
 fn numbers_that_are_one_double_but_differ_as_sent_are_two_events() {
     // The issue's cases: integers past 2^64 a unit apart, a decimal a double rounds to 0.1.
     let order = |n: &str| {
-        format!(r#"{{"event":"Order","userId":"u9","timestamp":"2026-12-05T07:00:00.000Z","properties":{{"tag":"T","orderId":{n}}}}}"#)
+        format!(
+            r#"{{"event":"Order","userId":"u9","timestamp":"2026-12-05T07:00:00.000Z","properties":{{"tag":"T","orderId":{n}}}}}"#
+        )
     };
-    for (x, y) in [("12345678901234567890123", "12345678901234567890124"), ("0.10000000000000000001", "0.1"), ("1e2", "100"), ("1.0", "1")] {
+    for (x, y) in [
+        ("12345678901234567890123", "12345678901234567890124"),
+        ("0.10000000000000000001", "0.1"),
+        ("1e2", "100"),
+        ("1.0", "1"),
+    ] {
         let a = messages("track", &order(x)).unwrap().remove(0);
         let b = messages("track", &order(y)).unwrap().remove(0);
-        assert_eq!((a.id_origin, b.id_origin), (IdOrigin::Derived, IdOrigin::Derived));
+        assert_eq!(
+            (a.id_origin, b.id_origin),
+            (IdOrigin::Derived, IdOrigin::Derived)
+        );
         assert_ne!(a.message_id, b.message_id, "{x} and {y}");
         assert_ne!(a.content_hash, b.content_hash, "{x} and {y}");
     }

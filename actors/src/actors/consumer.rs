@@ -18,7 +18,9 @@ use actix::prelude::*;
 use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
 use dedupe::batch::{self, Candidate, Fate, Rules, Seen, Verdict};
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
-use dedupe::identity::{message_key, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST};
+use dedupe::identity::{
+    message_key, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST,
+};
 use dedupe::ledger::{Held, LedgerError};
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
@@ -28,7 +30,9 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::actors::events::{InputReadFailed, TransactionFailed, TransactionRetried, UnkeyedRecord};
+use crate::actors::events::{
+    InputReadFailed, TransactionFailed, TransactionRetried, UnkeyedRecord,
+};
 use crate::actors::ledger::{CheckAndRecord, LedgerActor, Lookup};
 use crate::actors::membership::Queue;
 use crate::actors::partition_metrics::{source_header, PartitionMetrics};
@@ -37,8 +41,11 @@ use crate::actors::producer::{Outgoing, Publish, Publisher};
 /// How often, and after how long, a batch whose output transaction was aborted is sent again
 /// (nothing of an aborted transaction is visible): 0.2, 0.4, 0.8, 1.6 and 3.2 s.
 const ABORTED_BATCH_RETRIES_ALLOWED: u32 = 5;
-const ABORTED_BATCH_RETRIES: Backoff =
-    Backoff::new(Duration::from_millis(200), Duration::from_millis(3200), ABORTED_BATCH_RETRIES_ALLOWED);
+const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
+    Duration::from_millis(200),
+    Duration::from_millis(3200),
+    ABORTED_BATCH_RETRIES_ALLOWED,
+);
 
 /// How long a partition's reader waits for a wakeup before it looks at its queue itself.
 const LOST_WAKEUP_CHECK: Duration = Duration::from_secs(1);
@@ -77,11 +84,17 @@ pub struct AuditSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error("partition {partition}: {source}")]
-    Publish { partition: i32, source: PublishError },
+    Publish {
+        partition: i32,
+        source: PublishError,
+    },
     #[error("partition {partition}: the ledger failed: {source}")]
     Ledger { partition: i32, source: LedgerError },
     #[error("partition {partition}: an actor is gone: {source}")]
-    Mailbox { partition: i32, source: MailboxError },
+    Mailbox {
+        partition: i32,
+        source: MailboxError,
+    },
 }
 
 impl PipelineError {
@@ -143,12 +156,20 @@ impl Actor for PartitionConsumer {
             next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
             live_since: Some(Instant::now()),
-            sampler: self.settings.audit.as_ref().map(|a| Sampler::new(a.sample, a.max_per_sec)),
+            sampler: self
+                .settings
+                .audit
+                .as_ref()
+                .map(|a| Sampler::new(a.sample, a.max_per_sec)),
         };
         let stop = self.stop.clone();
         let fut = async move { pipeline.run(queue, stop).await };
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
-            act.report_to.do_send(PartitionStopped { partition: act.partition, epoch: act.epoch, result });
+            act.report_to.do_send(PartitionStopped {
+                partition: act.partition,
+                epoch: act.epoch,
+                result,
+            });
             ctx.stop();
         }));
     }
@@ -189,7 +210,11 @@ struct Decided {
 }
 
 impl Pipeline {
-    async fn run(mut self, queue: Queue, mut stop: watch::Receiver<bool>) -> Result<(), PipelineError> {
+    async fn run(
+        mut self,
+        queue: Queue,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), PipelineError> {
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -203,7 +228,12 @@ impl Pipeline {
             }
             let first = batch[0].offset;
             let last = batch[batch.len() - 1].offset;
-            let span = tracing::info_span!("batch", partition = self.partition, first_offset = first, last_offset = last);
+            let span = tracing::info_span!(
+                "batch",
+                partition = self.partition,
+                first_offset = first,
+                last_offset = last
+            );
             if self.settings.passthrough {
                 self.copy_through(batch).instrument(span).await?;
             } else {
@@ -233,7 +263,11 @@ impl Pipeline {
                     }
                 }
                 Ok(Err(e)) => {
-                    InputReadFailed { partition: self.partition, error: &e }.emit();
+                    InputReadFailed {
+                        partition: self.partition,
+                        error: &e,
+                    }
+                    .emit();
                     if batch.is_empty() {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -250,7 +284,10 @@ impl Pipeline {
     /// 840 for split queues): events the library consumes itself can leave records queued with
     /// no wakeup to come. Seen here after broker restarts: one partition stopped for good, with
     /// no error, while the others went on.
-    async fn next_record<'q>(&self, queue: &'q Queue) -> rdkafka::error::KafkaResult<BorrowedMessage<'q>> {
+    async fn next_record<'q>(
+        &self,
+        queue: &'q Queue,
+    ) -> rdkafka::error::KafkaResult<BorrowedMessage<'q>> {
         loop {
             if let Ok(next) = tokio::time::timeout(LOST_WAKEUP_CHECK, queue.recv()).await {
                 return next;
@@ -268,20 +305,34 @@ impl Pipeline {
         let headers = msg.headers();
         let view = RecordView {
             key: msg.key(),
-            header: |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value)),
+            header: |name: &str| {
+                headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+            },
             value: msg.payload(),
         };
         let id = message_key(&view, &self.settings.id_source);
-        let digest = self.settings.content_digest.digest((view.header)(HEADER_CONTENT_DIGEST), msg.payload());
+        let digest = self
+            .settings
+            .content_digest
+            .digest((view.header)(HEADER_CONTENT_DIGEST), msg.payload());
         let out = OutRecord {
             key: msg.key().map(<[u8]>::to_vec),
             value: msg.payload().map(<[u8]>::to_vec),
             headers: headers
-                .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
                 .unwrap_or_default(),
             timestamp_ms: msg.timestamp().to_millis(),
         };
-        InRecord { offset: msg.offset(), id, digest, out }
+        InRecord {
+            offset: msg.offset(),
+            id,
+            digest,
+            out,
+        }
     }
 
     /// The bench's baseline (`--passthrough`): every record copied in the same transactions,
@@ -291,7 +342,12 @@ impl Pipeline {
         self.metrics.records_in.increment(batch.len() as u64);
         let records: Vec<OutRecord> = batch.into_iter().map(|r| r.out).collect();
         let out_count = records.len() as u64;
-        let outgoing = Arc::new(Outgoing { records, dead_letters: Vec::new(), audit: Vec::new(), new_ids: Vec::new() });
+        let outgoing = Arc::new(Outgoing {
+            records,
+            dead_letters: Vec::new(),
+            audit: Vec::new(),
+            new_ids: Vec::new(),
+        });
         self.publish(&outgoing, next_input_offset).await?;
         self.metrics.records_out.increment(out_count);
         Ok(())
@@ -346,19 +402,37 @@ impl Pipeline {
             self.ledger
                 .send(Lookup { keys })
                 .await
-                .map_err(|source| PipelineError::Mailbox { partition: p, source })?
-                .map_err(|source| PipelineError::Ledger { partition: p, source })?
+                .map_err(|source| PipelineError::Mailbox {
+                    partition: p,
+                    source,
+                })?
+                .map_err(|source| PipelineError::Ledger {
+                    partition: p,
+                    source,
+                })?
         };
-        self.metrics.lookup_seconds.record(t.elapsed().as_secs_f64());
+        self.metrics
+            .lookup_seconds
+            .record(t.elapsed().as_secs_f64());
         Ok(found)
     }
 
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy.
     fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
-        let candidates: Vec<Candidate> =
-            batch.iter().map(|r| Candidate { id: r.id, timestamp_ms: r.out.timestamp_ms, digest: r.digest }).collect();
-        let rules = Rules { unkeyed: self.settings.unkeyed_policy, reused_id: self.settings.reused_id, now_ms: now_ms() };
+        let candidates: Vec<Candidate> = batch
+            .iter()
+            .map(|r| Candidate {
+                id: r.id,
+                timestamp_ms: r.out.timestamp_ms,
+                digest: r.digest,
+            })
+            .collect();
+        let rules = Rules {
+            unkeyed: self.settings.unkeyed_policy,
+            reused_id: self.settings.reused_id,
+            now_ms: now_ms(),
+        };
         let decision = batch::decide(&candidates, found, rules);
         let mut records = Vec::with_capacity(batch.len());
         let mut dead_letters = Vec::new();
@@ -367,13 +441,18 @@ impl Pipeline {
         for (r, fate) in batch.into_iter().zip(&decision.fates) {
             match *fate {
                 Fate::Publish => {
-                    self.metrics.of_source(source_header(&r.out)).published.increment(1);
+                    self.metrics
+                        .of_source(source_header(&r.out))
+                        .published
+                        .increment(1);
                     records.push(r.out);
                 }
                 Fate::Duplicate(seen) => {
                     let source = source_header(&r.out);
                     self.metrics.of_source(source).duplicate.increment(1);
-                    self.metrics.duplicate_age.record(seen.age_ms as f64 / 1000.0);
+                    self.metrics
+                        .duplicate_age
+                        .record(seen.age_ms as f64 / 1000.0);
                     self.metrics.dropped(seen.verdict).increment(1);
                     if seen.verdict == Verdict::ReusedId {
                         self.metrics.reused[0].increment(1);
@@ -382,7 +461,8 @@ impl Pipeline {
                     if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
                         match sampler.admit(&key, now) {
                             Admission::Audited => {
-                                let source = source.flatten().and_then(|v| std::str::from_utf8(v).ok());
+                                let source =
+                                    source.flatten().and_then(|v| std::str::from_utf8(v).ok());
                                 audit.push(self.audit_record(&r, key, source, seen));
                             }
                             Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
@@ -392,7 +472,10 @@ impl Pipeline {
                 }
                 Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
                     self.metrics.reused[2].increment(1);
-                    self.metrics.of_source(source_header(&r.out)).reused.increment(1);
+                    self.metrics
+                        .of_source(source_header(&r.out))
+                        .reused
+                        .increment(1);
                     dead_letters.push(r.out);
                 }
                 Fate::Reused(..) => {
@@ -413,11 +496,25 @@ impl Pipeline {
                 Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
             }
         }
-        Decided { outgoing: Outgoing { records, dead_letters, audit, new_ids: decision.new_ids }, oldest_new_ms: decision.oldest_new_ms }
+        Decided {
+            outgoing: Outgoing {
+                records,
+                dead_letters,
+                audit,
+                new_ids: decision.new_ids,
+            },
+            oldest_new_ms: decision.oldest_new_ms,
+        }
     }
 
     /// The audit record of a dropped copy from `source`.
-    fn audit_record(&self, r: &InRecord, key: LedgerKey, source: Option<&str>, seen: Seen) -> OutRecord {
+    fn audit_record(
+        &self,
+        r: &InRecord,
+        key: LedgerKey,
+        source: Option<&str>,
+        seen: Seen,
+    ) -> OutRecord {
         let drop = DroppedCopy {
             key,
             record: &r.out,
@@ -430,18 +527,27 @@ impl Pipeline {
             in_batch: seen.in_batch,
             verdict: seen.verdict,
         };
-        audit::encode(&drop, self.settings.audit.as_ref().is_some_and(|a| a.payloads))
+        audit::encode(
+            &drop,
+            self.settings.audit.as_ref().is_some_and(|a| a.payloads),
+        )
     }
 
     /// Step 3: publishes the new records and the input offset in one transaction; returns the new
     /// ids, to record.
-    async fn publish_decided(&mut self, decided: Decided, next_input_offset: i64) -> Result<Vec<NewId>, PipelineError> {
+    async fn publish_decided(
+        &mut self,
+        decided: Decided,
+        next_input_offset: i64,
+    ) -> Result<Vec<NewId>, PipelineError> {
         let t = Instant::now();
         let out_count = decided.outgoing.records.len() as u64;
         let audited = decided.outgoing.audit.len() as u64;
         let outgoing = Arc::new(decided.outgoing);
         let committed = self.publish(&outgoing, next_input_offset).await?;
-        self.metrics.publish_seconds.record(t.elapsed().as_secs_f64());
+        self.metrics
+            .publish_seconds
+            .record(t.elapsed().as_secs_f64());
         self.metrics.committed.increment(1);
         self.metrics.records_out.increment(out_count);
         if audited > 0 {
@@ -455,14 +561,20 @@ impl Pipeline {
             self.metrics.changelog_records.increment(1);
         }
         if let Some(oldest) = decided.oldest_new_ms {
-            self.metrics.end_to_end.record(((now_ms() - oldest).max(0) as f64) / 1000.0);
+            self.metrics
+                .end_to_end
+                .record(((now_ms() - oldest).max(0) as f64) / 1000.0);
         }
         // The publisher let go of the batch when it answered; a copy only if it still holds it.
         Ok(Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids))
     }
 
     /// Step 4: records the new ids with the progress that follows this batch.
-    async fn record(&self, new_ids: Vec<NewId>, next_input_offset: i64) -> Result<(), PipelineError> {
+    async fn record(
+        &self,
+        new_ids: Vec<NewId>,
+        next_input_offset: i64,
+    ) -> Result<(), PipelineError> {
         let p = self.partition;
         let t = Instant::now();
         let progress = Progress {
@@ -471,35 +583,70 @@ impl Pipeline {
             next_changelog_offset: self.next_changelog_offset,
         };
         self.ledger
-            .send(CheckAndRecord { partition: p, items: new_ids, progress: Some(progress) })
+            .send(CheckAndRecord {
+                partition: p,
+                items: new_ids,
+                progress: Some(progress),
+            })
             .await
-            .map_err(|source| PipelineError::Mailbox { partition: p, source })?
-            .map_err(|source| PipelineError::Ledger { partition: p, source })?;
-        self.metrics.record_seconds.record(t.elapsed().as_secs_f64());
+            .map_err(|source| PipelineError::Mailbox {
+                partition: p,
+                source,
+            })?
+            .map_err(|source| PipelineError::Ledger {
+                partition: p,
+                source,
+            })?;
+        self.metrics
+            .record_seconds
+            .record(t.elapsed().as_secs_f64());
         Ok(())
     }
 
     /// Publishes, retrying aborted transactions a few times (nothing of an aborted one is
     /// visible). Every attempt sends the same shared batch: nothing is copied.
-    async fn publish(&self, outgoing: &Arc<Outgoing>, next_input_offset: i64) -> Result<dedupe::output::Committed, PipelineError> {
+    async fn publish(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        next_input_offset: i64,
+    ) -> Result<dedupe::output::Committed, PipelineError> {
         let p = self.partition;
         let mut backoff = ABORTED_BATCH_RETRIES;
         loop {
             let result = self
                 .publisher
-                .send(Publish { outgoing: Arc::clone(outgoing), next_input_offset })
+                .send(Publish {
+                    outgoing: Arc::clone(outgoing),
+                    next_input_offset,
+                })
                 .await
-                .map_err(|source| PipelineError::Mailbox { partition: p, source })?;
+                .map_err(|source| PipelineError::Mailbox {
+                    partition: p,
+                    source,
+                })?;
             match result {
                 Ok(c) => return Ok(c),
-                Err(PublishError::Aborted { source }) if backoff.retries() < ABORTED_BATCH_RETRIES_ALLOWED => {
+                Err(PublishError::Aborted { source })
+                    if backoff.retries() < ABORTED_BATCH_RETRIES_ALLOWED =>
+                {
                     let delay = backoff.next_delay().unwrap_or_default();
-                    TransactionRetried { partition: p, attempt: backoff.retries(), error: &source }.emit();
+                    TransactionRetried {
+                        partition: p,
+                        attempt: backoff.retries(),
+                        error: &source,
+                    }
+                    .emit();
                     tokio::time::sleep(delay).await;
                 }
                 Err(source) => {
-                    TransactionFailed { fenced: source.is_fenced() }.emit();
-                    return Err(PipelineError::Publish { partition: p, source });
+                    TransactionFailed {
+                        fenced: source.is_fenced(),
+                    }
+                    .emit();
+                    return Err(PipelineError::Publish {
+                        partition: p,
+                        source,
+                    });
                 }
             }
         }
@@ -507,10 +654,18 @@ impl Pipeline {
 
     /// Counts a record without a usable id, and warns at most once a minute per partition.
     fn unkeyed(&mut self, reason: Unkeyed, policy: UnkeyedPolicy) {
-        let warn = self.unkeyed_warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60));
+        let warn = self
+            .unkeyed_warned_at
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(60));
         if warn {
             self.unkeyed_warned_at = Some(Instant::now());
         }
-        UnkeyedRecord { partition: self.partition, label: &self.metrics.label, reason, policy }.emit(warn);
+        UnkeyedRecord {
+            partition: self.partition,
+            label: &self.metrics.label,
+            reason,
+            policy,
+        }
+        .emit(warn);
     }
 }

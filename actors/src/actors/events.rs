@@ -25,7 +25,10 @@ impl PipelineStartFailed<'_> {
     pub fn emit(&self) {
         if self.again {
             metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
-            tracing::warn!("Starting the pipeline failed; starting it again after a backoff: {}", self.error);
+            tracing::warn!(
+                "Starting the pipeline failed; starting it again after a backoff: {}",
+                self.error
+            );
         } else {
             metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
             tracing::error!("Starting the pipeline failed; exiting: {}", self.error);
@@ -95,7 +98,11 @@ pub struct TransactionFailed {
 
 impl TransactionFailed {
     pub fn emit(&self) {
-        let outcome = if self.fenced { m::OUTCOME_FENCED } else { m::OUTCOME_ABORTED };
+        let outcome = if self.fenced {
+            m::OUTCOME_FENCED
+        } else {
+            m::OUTCOME_ABORTED
+        };
         metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => outcome).increment(1);
     }
 }
@@ -139,7 +146,10 @@ pub struct SnapshotFailed<'a> {
 impl SnapshotFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::SNAPSHOT_FAILURES, m::LABEL_STAGE => self.error.stage()).increment(1);
-        tracing::error!("A ledger snapshot failed; the pipeline goes on: {}", self.error);
+        tracing::error!(
+            "A ledger snapshot failed; the pipeline goes on: {}",
+            self.error
+        );
     }
 }
 
@@ -223,7 +233,9 @@ impl AdminRefused<'_> {
     /// logged, so a page or a script posting in a loop cannot fill the disk.
     pub fn emit(&self, logs: &dedupe::log_limit::LogLimiter) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_ADMIN_UNAUTHORIZED).increment(1);
-        if let dedupe::log_limit::LogVerdict::Log { suppressed } = logs.check(m::KIND_ADMIN_UNAUTHORIZED, std::time::Instant::now()) {
+        if let dedupe::log_limit::LogVerdict::Log { suppressed } =
+            logs.check(m::KIND_ADMIN_UNAUTHORIZED, std::time::Instant::now())
+        {
             tracing::warn!(peer = ?self.peer, suppressed, "Refused an admin request: {}.", self.why);
         }
     }

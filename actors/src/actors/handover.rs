@@ -27,7 +27,9 @@ use dedupe::ledger::{Ledger, LedgerError};
 use dedupe::metrics as m;
 use dedupe::output::{OutputTopics, OutputWriter, PublishError};
 use dedupe::progress::{Progress, ProgressFormatError};
-use dedupe::recovery::{backfill, recover_partition, Backfill, RecoveryError, RecoveryInput, RecoveryReport};
+use dedupe::recovery::{
+    backfill, recover_partition, Backfill, RecoveryError, RecoveryInput, RecoveryReport,
+};
 use metrics::Counter;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
@@ -50,9 +52,15 @@ pub enum TakeOverError {
     #[error("the ledger actor stopped before it answered")]
     LedgerGone,
     #[error("partition {partition}'s progress record: {source}")]
-    Progress { partition: i32, source: ProgressFormatError },
+    Progress {
+        partition: i32,
+        source: ProgressFormatError,
+    },
     #[error("opening the output producer of partition {partition}: {source}")]
-    OpenProducer { partition: i32, source: PublishError },
+    OpenProducer {
+        partition: i32,
+        source: PublishError,
+    },
     #[error("reading the committed offset of input partition {partition}: {source}")]
     CommittedOffset { partition: i32, source: KafkaError },
     #[error(transparent)]
@@ -106,9 +114,17 @@ impl TakeOver<'_> {
         // 1. Fence first: init_transactions aborts an older producer's open transaction, whose
         // pending offsets would otherwise keep the group's committed offset unstable.
         let audit = w.audit_topic();
-        let topics = OutputTopics { output: &w.output_topic, changelog: &changelog, dead_letter: w.dead_letter_topic.as_deref(), audit: audit.as_deref() };
+        let topics = OutputTopics {
+            output: &w.output_topic,
+            changelog: &changelog,
+            dead_letter: w.dead_letter_topic.as_deref(),
+            audit: audit.as_deref(),
+        };
         let writer = OutputWriter::open(&self.config.kafka, &topics, p, w.transaction_timeout_ms)
-            .map_err(|source| TakeOverError::OpenProducer { partition: p, source })?;
+            .map_err(|source| TakeOverError::OpenProducer {
+            partition: p,
+            source,
+        })?;
         let fenced_secs = started.elapsed().as_secs_f64();
         // 2. The committed input offset, stable now that nothing is pending.
         let committed_input = committed_offset(self.consumer, &w.input_topic, p)?;
@@ -128,9 +144,15 @@ impl TakeOver<'_> {
             stop: self.stop,
         };
         let mut load = LoadProgress::new(p);
-        let (report, rest) = recover_partition(&input, self.ledger, &mut |ids, done, total| load.update(ids, done, total))?;
+        let (report, rest) = recover_partition(&input, self.ledger, &mut |ids, done, total| {
+            load.update(ids, done, total)
+        })?;
         load.finish();
-        let timings = Timings { fenced_secs, committed_secs, seconds: started.elapsed().as_secs_f64() };
+        let timings = Timings {
+            fenced_secs,
+            committed_secs,
+            seconds: started.elapsed().as_secs_f64(),
+        };
         report_taken_over(&report, &timings, !rest.is_empty());
         ready(TakenOver { writer, report });
         if !rest.is_empty() {
@@ -152,8 +174,14 @@ struct LoadProgress {
 impl LoadProgress {
     fn new(p: i32) -> Self {
         let label = p.to_string();
-        let ids_loaded = metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone());
-        Self { label, ids_loaded, loaded: 0, bar: indicatif::ProgressBar::hidden() }
+        let ids_loaded =
+            metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone());
+        Self {
+            label,
+            ids_loaded,
+            loaded: 0,
+            bar: indicatif::ProgressBar::hidden(),
+        }
     }
 
     /// `ids` loaded so far; `done` of `total` records read.
@@ -164,8 +192,10 @@ impl LoadProgress {
         if bar.is_hidden() && total > 1000 {
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
             bar.set_style(
-                indicatif::ProgressStyle::with_template("loading partition {msg} {bar:40} {pos}/{len} records")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "loading partition {msg} {bar:40} {pos}/{len} records",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             bar.set_message(self.label.clone());
         }
@@ -189,7 +219,8 @@ struct Timings {
 fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool) {
     let label = report.partition.to_string();
     // One id per output record: what recovery replayed, in output records, whichever log it read.
-    metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone()).increment(report.ids_loaded);
+    metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone())
+        .increment(report.ids_loaded);
     metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label.clone()).set(timings.seconds);
     let t = &report.times;
     let phases = [
@@ -242,18 +273,31 @@ fn run_backfill(input: &RecoveryInput<'_>, ledger: &Ledger, rest: Backfill) {
     match backfill(input, ledger, rest, &mut on_backfill) {
         Ok(ids) => {
             ids_loaded.increment(ids.saturating_sub(loaded_before));
-            tracing::info!(partition = p, ids, seconds = backfill_started.elapsed().as_secs_f64(), "Back-filled the partition's older ids.");
+            tracing::info!(
+                partition = p,
+                ids,
+                seconds = backfill_started.elapsed().as_secs_f64(),
+                "Back-filled the partition's older ids."
+            );
         }
         Err(RecoveryError::Stopped { .. }) => {
             tracing::info!(partition = p, "The back-fill of older ids stopped with the partition (the window is what was loaded).");
         }
-        Err(error) => BackfillStopped { partition: p, error: &error }.emit(),
+        Err(error) => BackfillStopped {
+            partition: p,
+            error: &error,
+        }
+        .emit(),
     }
 }
 
 /// The consumer group's committed offset for one input partition (committed with the output
 /// transactions), retrying while the group coordinator is not yet known or offsets are unstable.
-fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> Result<Option<i64>, TakeOverError> {
+fn committed_offset(
+    consumer: &Input,
+    topic: &str,
+    partition: i32,
+) -> Result<Option<i64>, TakeOverError> {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -267,10 +311,12 @@ fn committed_offset(consumer: &Input, topic: &str, partition: i32) -> Result<Opt
             Err(source) => return Err(TakeOverError::CommittedOffset { partition, source }),
         }
     };
-    Ok(got.find_partition(topic, partition).and_then(|e| match e.offset() {
-        Offset::Offset(o) => Some(o),
-        _ => None,
-    }))
+    Ok(got
+        .find_partition(topic, partition)
+        .and_then(|e| match e.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        }))
 }
 
 /// Errors that go away by themselves: the coordinator moved or is loading, a timeout.
@@ -294,6 +340,13 @@ fn is_retriable(e: &rdkafka::error::KafkaError) -> bool {
 }
 
 /// The ledger's progress record of `partition`, decoded.
-pub fn decode_progress(bytes: Option<&[u8]>, partition: i32) -> Result<Option<Progress>, TakeOverError> {
-    bytes.map(|bytes| Progress::decode(bytes).map_err(|source| TakeOverError::Progress { partition, source })).transpose()
+pub fn decode_progress(
+    bytes: Option<&[u8]>,
+    partition: i32,
+) -> Result<Option<Progress>, TakeOverError> {
+    bytes
+        .map(|bytes| {
+            Progress::decode(bytes).map_err(|source| TakeOverError::Progress { partition, source })
+        })
+        .transpose()
 }

@@ -57,8 +57,12 @@ impl Handler<CheckAndRecord> for LedgerActor {
             eprintln!("failpoint ledger-before-record: exiting");
             std::process::exit(86)
         });
-        let progress = msg.progress.map(|p| p.encode().to_vec()).unwrap_or_default();
-        self.ledger.check_and_record(msg.partition, &msg.items, &progress)
+        let progress = msg
+            .progress
+            .map(|p| p.encode().to_vec())
+            .unwrap_or_default();
+        self.ledger
+            .check_and_record(msg.partition, &msg.items, &progress)
     }
 }
 
@@ -79,7 +83,11 @@ impl Handler<Stats> for LedgerActor {
     type Result = Result<StatsReport, LedgerError>;
     fn handle(&mut self, msg: Stats, _: &mut Self::Context) -> Self::Result {
         let stats = self.ledger.stats()?;
-        let windows = msg.partitions.iter().map(|&p| (p, self.ledger.window(p, msg.now_ms))).collect();
+        let windows = msg
+            .partitions
+            .iter()
+            .map(|&p| (p, self.ledger.window(p, msg.now_ms)))
+            .collect();
         Ok(StatsReport { stats, windows })
     }
 }

@@ -68,13 +68,21 @@ pub enum MembershipError {
     #[error("creating the input consumer: {source}")]
     Create { source: KafkaError },
     #[error("joining consumer group {group} on {topic}: {source}")]
-    Join { group: String, topic: String, source: Box<KafkaError> },
+    Join {
+        group: String,
+        topic: String,
+        source: Box<KafkaError>,
+    },
     #[error("starting the input poller thread: {source}")]
     Poller { source: std::io::Error },
     #[error("resuming input partition {partition}: {source}")]
     Resume { partition: i32, source: KafkaError },
     #[error("rewinding input partition {partition} to offset {offset:?}: {source}")]
-    Seek { partition: i32, offset: Option<i64>, source: KafkaError },
+    Seek {
+        partition: i32,
+        offset: Option<i64>,
+        source: KafkaError,
+    },
 }
 
 /// The consumer's context: the rebalance callback.
@@ -96,14 +104,19 @@ impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
-                let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) else { return };
+                let Some(consumer) = self.consumer.get().and_then(Weak::upgrade) else {
+                    return;
+                };
                 let mut split = self.split.lock().unwrap_or_else(|e| e.into_inner());
                 for p in partitions_of(tpl, &self.topic) {
                     match consumer.split_partition_queue(&self.topic, p) {
                         Some(q) => {
                             split.insert(p, q);
                         }
-                        None => tracing::error!(partition = p, "Could not split the queue of an assigned input partition."),
+                        None => tracing::error!(
+                            partition = p,
+                            "Could not split the queue of an assigned input partition."
+                        ),
                     }
                 }
             }
@@ -114,7 +127,15 @@ impl ConsumerContext for GroupContext {
                 }
                 let lost = base.assignment_lost();
                 let (done, wait) = std::sync::mpsc::channel();
-                if self.revoking.try_send(Revoking { partitions: partitions.clone(), lost, done }).is_err() {
+                if self
+                    .revoking
+                    .try_send(Revoking {
+                        partitions: partitions.clone(),
+                        lost,
+                        done,
+                    })
+                    .is_err()
+                {
                     return;
                 }
                 // Wait for the partitions to stop; give up when the worker closes the consumer
@@ -134,12 +155,16 @@ impl ConsumerContext for GroupContext {
                     }
                 }
             }
-            Rebalance::Error(e) => tracing::warn!(error = %e, "The consumer group reported a rebalance error."),
+            Rebalance::Error(e) => {
+                tracing::warn!(error = %e, "The consumer group reported a rebalance error.")
+            }
         }
     }
 
     fn post_rebalance(&self, base: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Assign(tpl) = rebalance else { return };
+        let Rebalance::Assign(tpl) = rebalance else {
+            return;
+        };
         let partitions = partitions_of(tpl, &self.topic);
         if partitions.is_empty() {
             return;
@@ -149,16 +174,27 @@ impl ConsumerContext for GroupContext {
             tracing::error!(error = %e, "Pausing newly assigned partitions failed.");
         }
         let mut split = self.split.lock().unwrap_or_else(|e| e.into_inner());
-        let queues: Vec<(i32, Queue)> = partitions.iter().filter_map(|p| split.remove(p).map(|q| (*p, q))).collect();
+        let queues: Vec<(i32, Queue)> = partitions
+            .iter()
+            .filter_map(|p| split.remove(p).map(|q| (*p, q)))
+            .collect();
         drop(split);
-        if self.assigned.try_send(Assigned { partitions: queues }).is_err() {
+        if self
+            .assigned
+            .try_send(Assigned { partitions: queues })
+            .is_err()
+        {
             tracing::error!("The coordinator is gone; newly assigned partitions stay paused.");
         }
     }
 }
 
 fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
-    tpl.elements().iter().filter(|e| e.topic() == topic).map(|e| e.partition()).collect()
+    tpl.elements()
+        .iter()
+        .filter(|e| e.topic() == topic)
+        .map(|e| e.partition())
+        .collect()
 }
 
 /// The input consumer and the thread that polls its main queue.
@@ -202,15 +238,19 @@ impl Membership {
             revoke_timeout: Duration::from_millis(w.shutdown_timeout_ms),
             split: Mutex::new(HashMap::new()),
         };
-        let consumer: Input = client.create_with_context(context).map_err(|source| MembershipError::Create { source })?;
+        let consumer: Input = client
+            .create_with_context(context)
+            .map_err(|source| MembershipError::Create { source })?;
         let consumer = Arc::new(consumer);
         let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
         if w.assignment == Assignment::Group {
-            consumer.subscribe(&[&w.input_topic]).map_err(|source| MembershipError::Join {
-                group: w.group_id(),
-                topic: w.input_topic.clone(),
-                source: Box::new(source),
-            })?;
+            consumer
+                .subscribe(&[&w.input_topic])
+                .map_err(|source| MembershipError::Join {
+                    group: w.group_id(),
+                    topic: w.input_topic.clone(),
+                    source: Box::new(source),
+                })?;
         }
         let (stop, stop_rx) = watch::channel(false);
         let poller = {
@@ -220,30 +260,47 @@ impl Membership {
                 .spawn(move || poll_main_queue(consumer, stop_rx, failed))
                 .map_err(|source| MembershipError::Poller { source })?
         };
-        Ok(Membership { consumer, stop, poller: Some(poller) })
+        Ok(Membership {
+            consumer,
+            stop,
+            poller: Some(poller),
+        })
     }
 
     /// Lets a loaded partition's records flow (group mode; static mode assigns instead).
     pub fn resume(&self, topic: &str, partition: i32) -> Result<(), MembershipError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
-        self.consumer.resume(&tpl).map_err(|source| MembershipError::Resume { partition, source })
+        self.consumer
+            .resume(&tpl)
+            .map_err(|source| MembershipError::Resume { partition, source })
     }
 
     /// Stops fetching a partition whose pipeline failed, until it is taken over again.
     pub fn pause(&self, topic: &str, partition: i32) -> Result<(), MembershipError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
-        self.consumer.pause(&tpl).map_err(|source| MembershipError::Resume { partition, source })
+        self.consumer
+            .pause(&tpl)
+            .map_err(|source| MembershipError::Resume { partition, source })
     }
 
     /// Rewinds a partition taken over again to `offset` (its beginning when `None`): what its
     /// failed pipeline had fetched past the last committed batch is dropped and fetched again.
-    pub fn rewind(&self, topic: &str, partition: i32, offset: Option<i64>) -> Result<(), MembershipError> {
+    pub fn rewind(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: Option<i64>,
+    ) -> Result<(), MembershipError> {
         let to = offset.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
         self.consumer
             .seek(topic, partition, to, Duration::from_secs(10))
-            .map_err(|source| MembershipError::Seek { partition, offset, source })
+            .map_err(|source| MembershipError::Seek {
+                partition,
+                offset,
+                source,
+            })
     }
 
     /// Stops polling and closes the consumer (leaving the group: a static member keeps its
@@ -253,7 +310,10 @@ impl Membership {
     /// while the brokers are down: it runs on a thread of its own, and the caller (the
     /// coordinator, restarting a failed pipeline) waits for it at most [`CLOSE_WAIT`].
     pub fn close(mut self) {
-        self.consumer.context().closing.store(true, Ordering::Relaxed);
+        self.consumer
+            .context()
+            .closing
+            .store(true, Ordering::Relaxed);
         let _ = self.stop.send(true);
         if let Some(poller) = self.poller.take() {
             let _ = poller.join();
@@ -271,14 +331,19 @@ const CLOSE_WAIT: Duration = Duration::from_secs(10);
 /// its own, waiting for it up to `wait`.
 fn close_consumer(consumer: Arc<Input>, wait: Duration) {
     let (done, closed) = std::sync::mpsc::channel::<()>();
-    let spawned = std::thread::Builder::new().name("input-close".into()).spawn(move || {
-        let started = std::time::Instant::now();
-        drop(consumer);
-        let _ = done.send(());
-        if started.elapsed() > wait {
-            tracing::info!(seconds = started.elapsed().as_secs(), "The input consumer closed.");
-        }
-    });
+    let spawned = std::thread::Builder::new()
+        .name("input-close".into())
+        .spawn(move || {
+            let started = std::time::Instant::now();
+            drop(consumer);
+            let _ = done.send(());
+            if started.elapsed() > wait {
+                tracing::info!(
+                    seconds = started.elapsed().as_secs(),
+                    "The input consumer closed."
+                );
+            }
+        });
     match spawned {
         Ok(_) => {
             if closed.recv_timeout(wait).is_err() {
@@ -288,21 +353,33 @@ fn close_consumer(consumer: Arc<Input>, wait: Duration) {
                 );
             }
         }
-        Err(e) => tracing::warn!(error = %e, "Cannot start a thread to close the input consumer; it closes when its last user lets go."),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot start a thread to close the input consumer; it closes when its last user lets go.")
+        }
     }
 }
 
 impl Drop for Membership {
     fn drop(&mut self) {
-        self.consumer.context().closing.store(true, Ordering::Relaxed);
+        self.consumer
+            .context()
+            .closing
+            .store(true, Ordering::Relaxed);
         let _ = self.stop.send(true);
     }
 }
 
 /// Polls the main queue: it serves the rebalance callback, errors and events. Every owned
 /// partition's records go to its own split queue.
-fn poll_main_queue(consumer: Arc<Input>, mut stop: watch::Receiver<bool>, failed: Recipient<ConsumerFailed>) {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+fn poll_main_queue(
+    consumer: Arc<Input>,
+    mut stop: watch::Receiver<bool>,
+    failed: Recipient<ConsumerFailed>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "Cannot start the input poller's runtime.");

@@ -56,9 +56,12 @@ impl PartitionMetrics {
                 reused: metrics::counter!(m::SOURCE_REUSED_IDS, m::LABEL_SOURCE => name.to_string()),
             }
         };
-        let counter = |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
-        let histogram = |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
-        let stage = |stage: &'static str| metrics::histogram!(m::STAGE_SECONDS, m::LABEL_STAGE => stage);
+        let counter =
+            |name: &'static str| metrics::counter!(name, m::LABEL_PARTITION => label.clone());
+        let histogram =
+            |name: &'static str| metrics::histogram!(name, m::LABEL_PARTITION => label.clone());
+        let stage =
+            |stage: &'static str| metrics::histogram!(m::STAGE_SECONDS, m::LABEL_STAGE => stage);
         Self {
             records_in: counter(m::RECORDS_IN),
             records_out: counter(m::RECORDS_OUT),
@@ -90,13 +93,20 @@ impl PartitionMetrics {
 /// A record's `dedupe-source` header (the front door's source): `None` without one, else its
 /// value (`None` for a header without a value).
 pub(crate) fn source_header(record: &OutRecord) -> Option<Option<&[u8]>> {
-    record.headers.iter().find(|(k, _)| k == HEADER_SOURCE).map(|(_, v)| v.as_deref())
+    record
+        .headers
+        .iter()
+        .find(|(k, _)| k == HEADER_SOURCE)
+        .map(|(_, v)| v.as_deref())
 }
 
 impl PartitionMetrics {
     /// The drop counter of `verdict`.
     pub(crate) fn dropped(&self, verdict: Verdict) -> &Counter {
-        let at = Verdict::ALL.iter().position(|v| *v == verdict).unwrap_or(Verdict::ALL.len() - 1);
+        let at = Verdict::ALL
+            .iter()
+            .position(|v| *v == verdict)
+            .unwrap_or(Verdict::ALL.len() - 1);
         &self.duplicates[at]
     }
 
@@ -106,7 +116,10 @@ impl PartitionMetrics {
             None => &self.no_source,
             Some(value) => {
                 let value = value.unwrap_or_default();
-                self.by_source.iter().find(|(s, _)| s == value).map_or(&self.other_source, |(_, counters)| counters)
+                self.by_source
+                    .iter()
+                    .find(|(s, _)| s == value)
+                    .map_or(&self.other_source, |(_, counters)| counters)
             }
         }
     }

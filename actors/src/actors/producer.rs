@@ -25,8 +25,18 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn new(writer: OutputWriter, input_topic: String, partition: i32, consumer: Arc<Input>) -> Self {
-        Self { writer, input_topic, partition, consumer }
+    pub fn new(
+        writer: OutputWriter,
+        input_topic: String,
+        partition: i32,
+        consumer: Arc<Input>,
+    ) -> Self {
+        Self {
+            writer,
+            input_topic,
+            partition,
+            consumer,
+        }
     }
 }
 
@@ -58,7 +68,9 @@ impl Handler<Publish> for Publisher {
     type Result = Result<Committed, PublishError>;
     fn handle(&mut self, msg: Publish, _: &mut Self::Context) -> Self::Result {
         let Some(group) = self.consumer.group_metadata() else {
-            return Err(PublishError::Aborted { source: KafkaError::MessageProduction(RDKafkaErrorCode::State) });
+            return Err(PublishError::Aborted {
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::State),
+            });
         };
         let outgoing = &msg.outgoing;
         let batch = Batch {

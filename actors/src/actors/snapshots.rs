@@ -30,7 +30,10 @@ impl Handler<TakeSnapshot> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) {
-        fn answer(reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>, result: Result<PathBuf, SnapshotError>) {
+        fn answer(
+            reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>,
+            result: Result<PathBuf, SnapshotError>,
+        ) {
             if let Some(reply) = reply {
                 let _ = reply.send(result);
             }
@@ -56,12 +59,19 @@ impl Handler<TakeSnapshot> for Coordinator {
         let ledger = self.ledger.clone();
         let fut = async move {
             let slot = SnapshotSlot::reserve(&root)?;
-            let checkpoint = ledger.send(crate::actors::ledger::Checkpoint { dir: slot.partial.clone() }).await;
+            let checkpoint = ledger
+                .send(crate::actors::ledger::Checkpoint {
+                    dir: slot.partial.clone(),
+                })
+                .await;
             let progress = match checkpoint {
                 Ok(Ok(progress)) => progress,
                 Ok(Err(source)) => {
                     slot.discard();
-                    return Err(SnapshotError::Checkpoint { dir: slot.dir, source });
+                    return Err(SnapshotError::Checkpoint {
+                        dir: slot.dir,
+                        source,
+                    });
                 }
                 Err(_mailbox) => {
                     slot.discard();
@@ -90,11 +100,12 @@ impl Handler<TakeSnapshot> for Coordinator {
                     metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(now_ms() as f64 / 1000.0);
                     tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
                 }
-                Err(SnapshotError::Stopping) => tracing::info!("A ledger snapshot was abandoned: the worker is stopping."),
+                Err(SnapshotError::Stopping) => {
+                    tracing::info!("A ledger snapshot was abandoned: the worker is stopping.")
+                }
                 Err(error) => SnapshotFailed { error }.emit(),
             }
             answer(msg.reply, result);
         }));
     }
 }
-

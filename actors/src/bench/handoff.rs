@@ -79,28 +79,59 @@ impl Drop for Worker {
 }
 
 impl Worker {
-    fn start(config: &Config, input: &str, output: &str, group: &str, member: &str, dir: &Path, env: &[(&str, &str)]) -> anyhow::Result<Worker> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    fn start(
+        config: &Config,
+        input: &str,
+        output: &str,
+        group: &str,
+        member: &str,
+        dir: &Path,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Worker> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args(["run", "--brokers", &config.kafka.brokers, "--input-topic", input, "--output-topic", output])
-            .args(["--assignment", "group", "--member-id", member])
-            .arg("--data-dir")
-            .arg(dir)
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .env("DEDUPE_WORKER_GROUP_ID", group)
-            .env("DEDUPE_LOG_LEVEL", std::env::var("DEDUPE_BENCH_WORKER_LOG").unwrap_or_else(|_| "warn".into()))
-            .envs(env.iter().copied())
-            .stdout(Stdio::null());
-        Ok(Worker { child: cmd.spawn().context("starting a worker")?, port })
+        cmd.args([
+            "run",
+            "--brokers",
+            &config.kafka.brokers,
+            "--input-topic",
+            input,
+            "--output-topic",
+            output,
+        ])
+        .args(["--assignment", "group", "--member-id", member])
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("DEDUPE_WORKER_GROUP_ID", group)
+        .env(
+            "DEDUPE_LOG_LEVEL",
+            std::env::var("DEDUPE_BENCH_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .envs(env.iter().copied())
+        .stdout(Stdio::null());
+        Ok(Worker {
+            child: cmd.spawn().context("starting a worker")?,
+            port,
+        })
     }
 
     /// The sum of a metric's series whose labels contain `labels`; 0 when absent or unreachable.
     fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        http_get(self.port, "/metrics").map(|(_, page)| sum_metric(&page, name, labels)).unwrap_or(0.0)
+        http_get(self.port, "/metrics")
+            .map(|(_, page)| sum_metric(&page, name, labels))
+            .unwrap_or(0.0)
     }
 
     /// Polls until `done` holds, failing after `timeout` or if the worker exits.
-    fn wait_until(&mut self, what: &str, timeout: Duration, mut done: impl FnMut(&Worker) -> bool) -> anyhow::Result<Instant> {
+    fn wait_until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&Worker) -> bool,
+    ) -> anyhow::Result<Instant> {
         let started = Instant::now();
         loop {
             if done(self) {
@@ -130,21 +161,49 @@ impl Worker {
     }
 }
 
-pub fn run(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_dir: &Path) -> anyhow::Result<HandoffBench> {
+pub fn run(
+    config: &Config,
+    ids: u64,
+    span: Duration,
+    value_bytes: usize,
+    work_dir: &Path,
+) -> anyhow::Result<HandoffBench> {
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let (input, output, group) = (format!("handoff-in-{id}"), format!("handoff-out-{id}"), format!("handoff-{id}"));
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (input, output, group) = (
+        format!("handoff-in-{id}"),
+        format!("handoff-out-{id}"),
+        format!("handoff-{id}"),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     for topic in [&input, &output] {
-        rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[])).with_context(|| format!("creating {topic}"))?;
+        rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[]))
+            .with_context(|| format!("creating {topic}"))?;
     }
     let dir = work_dir.join(format!("handoff-{id}"));
-    let result = measure(config, ids, span, value_bytes, &dir, &input, &output, &group);
+    let result = measure(
+        config,
+        ids,
+        span,
+        value_bytes,
+        &dir,
+        &input,
+        &output,
+        &group,
+    );
     let _ = std::fs::remove_dir_all(&dir);
     let changelog = dedupe::changelog::default_topic(&output);
     let audit = dedupe::audit::default_topic(&output);
     let cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
-        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> = dedupe::kafka::client_config(&config.kafka).create()?;
-        admin.delete_topics(&[&input, &output, &changelog, &audit], &rdkafka::admin::AdminOptions::new()).await?;
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            dedupe::kafka::client_config(&config.kafka).create()?;
+        admin
+            .delete_topics(
+                &[&input, &output, &changelog, &audit],
+                &rdkafka::admin::AdminOptions::new(),
+            )
+            .await?;
         Ok(())
     });
     if let Err(e) = cleanup {
@@ -154,11 +213,40 @@ pub fn run(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_d
 }
 
 #[allow(clippy::too_many_arguments)]
-fn measure(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<HandoffBench> {
-    let built = build_on_a(config, ids, span, value_bytes, work_dir, input, output, group)?;
+fn measure(
+    config: &Config,
+    ids: u64,
+    span: Duration,
+    value_bytes: usize,
+    work_dir: &Path,
+    input: &str,
+    output: &str,
+    group: &str,
+) -> anyhow::Result<HandoffBench> {
+    let built = build_on_a(
+        config,
+        ids,
+        span,
+        value_bytes,
+        work_dir,
+        input,
+        output,
+        group,
+    )?;
     let a = built.worker;
-    let mut b = Worker::start(config, input, output, group, "handoff-b", &work_dir.join("b"), &[])?;
-    b.wait_until("worker B joining", Duration::from_secs(600), |w| w.metric(m::PARTITIONS_OWNED, &[]) == 0.0 && w.metric("dedupe_ledger_budget_bytes", &[]) > 0.0)?;
+    let mut b = Worker::start(
+        config,
+        input,
+        output,
+        group,
+        "handoff-b",
+        &work_dir.join("b"),
+        &[],
+    )?;
+    b.wait_until("worker B joining", Duration::from_secs(600), |w| {
+        w.metric(m::PARTITIONS_OWNED, &[]) == 0.0
+            && w.metric("dedupe_ledger_budget_bytes", &[]) > 0.0
+    })?;
     let trickler = trickle(config, input);
     let a_exit = a.terminate(Duration::from_secs(120))?;
     if a_exit != Some(0) {
@@ -166,26 +254,43 @@ fn measure(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_d
     }
     // What B writes starts where A's output ends; the old ids' copies go in after A stopped.
     let b_output_from = output_end(config, output)?;
-    let old_copies = send_again(config, input, built.samples.iter().map(|(id, _)| id.clone()).collect());
-    let assigned = b.wait_until("the partition's assignment to worker B", Duration::from_secs(300), |w| {
-        w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0
-    })?;
-    let mut samples = WindowSamples { assigned, window_before: built.window_before, noted_at: built.noted_at, taken: Vec::new() };
+    let old_copies = send_again(
+        config,
+        input,
+        built.samples.iter().map(|(id, _)| id.clone()).collect(),
+    );
+    let assigned = b.wait_until(
+        "the partition's assignment to worker B",
+        Duration::from_secs(300),
+        |w| w.metric(m::PARTITION_ASSIGNMENTS, &[]) >= 1.0,
+    )?;
+    let mut samples = WindowSamples {
+        assigned,
+        window_before: built.window_before,
+        noted_at: built.noted_at,
+        taken: Vec::new(),
+    };
     let published = b.wait_until("worker B's first publish", Duration::from_secs(600), |w| {
         samples.take(w);
         w.metric(m::RECORDS_OUT, &[]) >= 1.0
     })?;
     let mut window_after = 0.0;
-    let restored = b.wait_until("worker B's window coming back", Duration::from_secs(600), |w| {
-        let target;
-        (window_after, target) = samples.take(w);
-        window_after >= 0.95 * target
-    })?;
+    let restored = b.wait_until(
+        "worker B's window coming back",
+        Duration::from_secs(600),
+        |w| {
+            let target;
+            (window_after, target) = samples.take(w);
+            window_after >= 0.95 * target
+        },
+    )?;
     let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
     let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
     let load_breakdown_secs = load_breakdown(&b);
     let _ = trickler.join();
-    let old_duplicates_sent = old_copies.join().map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
+    let old_duplicates_sent = old_copies
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
     let old: HashSet<String> = built.samples.into_iter().map(|(id, _)| id).collect();
     let old_duplicates_published = published_again(config, input, output, b_output_from, &old)?;
     let b_exit = b.terminate(Duration::from_secs(120))?;
@@ -213,23 +318,47 @@ fn measure(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_d
 
 /// B's take-over of partition 0, phase by phase.
 fn load_breakdown(b: &Worker) -> BTreeMap<String, f64> {
-    [m::PHASE_FENCE, m::PHASE_PREPARE, m::PHASE_FETCH, m::PHASE_DECODE, m::PHASE_INDEX, m::PHASE_RUN_WAIT, m::PHASE_COMMIT]
-        .into_iter()
-        .map(|phase| (phase.to_string(), b.metric(m::HANDOVER_LOAD_SECONDS, &[("partition", "0"), ("phase", phase)])))
-        .collect()
+    [
+        m::PHASE_FENCE,
+        m::PHASE_PREPARE,
+        m::PHASE_FETCH,
+        m::PHASE_DECODE,
+        m::PHASE_INDEX,
+        m::PHASE_RUN_WAIT,
+        m::PHASE_COMMIT,
+    ]
+    .into_iter()
+    .map(|phase| {
+        (
+            phase.to_string(),
+            b.metric(
+                m::HANDOVER_LOAD_SECONDS,
+                &[("partition", "0"), ("phase", phase)],
+            ),
+        )
+    })
+    .collect()
 }
 
 /// The end (high watermark) of the output's only partition.
 fn output_end(config: &Config, output: &str) -> anyhow::Result<i64> {
     let reader: dedupe::kafka::Reader = dedupe::kafka::client_config(&config.kafka)
-        .set("group.id", format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()))
+        .set(
+            "group.id",
+            format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()),
+        )
         .create_with_context(dedupe::kafka::ReaderContext)?;
-    let (_, high) = rdkafka::consumer::Consumer::fetch_watermarks(&reader, output, 0, Duration::from_secs(30))?;
+    let (_, high) =
+        rdkafka::consumer::Consumer::fetch_watermarks(&reader, output, 0, Duration::from_secs(30))?;
     Ok(high)
 }
 
 /// Sends each of `ids` again, 200 a second, on a thread; returns how many were sent.
-fn send_again(config: &Config, input: &str, ids: Vec<String>) -> std::thread::JoinHandle<anyhow::Result<u64>> {
+fn send_again(
+    config: &Config,
+    input: &str,
+    ids: Vec<String>,
+) -> std::thread::JoinHandle<anyhow::Result<u64>> {
     let (config, input) = (config.clone(), input.to_string());
     std::thread::spawn(move || {
         let started = Instant::now();
@@ -245,19 +374,38 @@ fn send_again(config: &Config, input: &str, ids: Vec<String>) -> std::thread::Jo
 }
 
 fn bench_producer(config: &Config) -> anyhow::Result<rdkafka::producer::BaseProducer> {
-    Ok(dedupe::kafka::client_config(&config.kafka).set("enable.idempotence", "true").set("acks", "all").create()?)
+    Ok(dedupe::kafka::client_config(&config.kafka)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()?)
 }
 
-fn produce_one(producer: &rdkafka::producer::BaseProducer, topic: &str, id: &str) -> anyhow::Result<()> {
+fn produce_one(
+    producer: &rdkafka::producer::BaseProducer,
+    topic: &str,
+    id: &str,
+) -> anyhow::Result<()> {
     let value = format!(r#"{{"messageId":"{id}","type":"track"}}"#);
-    producer.send(rdkafka::producer::BaseRecord::to(topic).key(id).payload(&value)).map_err(|(e, _)| e)?;
+    producer
+        .send(
+            rdkafka::producer::BaseRecord::to(topic)
+                .key(id)
+                .payload(&value),
+        )
+        .map_err(|(e, _)| e)?;
     producer.poll(Duration::ZERO);
     Ok(())
 }
 
 /// How many records B wrote (the output from `from` on) carry one of the `old` ids, once B has
 /// processed the whole input: a last new id is sent, and B's output is read until it holds it.
-fn published_again(config: &Config, input: &str, output: &str, from: i64, old: &HashSet<String>) -> anyhow::Result<u64> {
+fn published_again(
+    config: &Config,
+    input: &str,
+    output: &str,
+    from: i64,
+    old: &HashSet<String>,
+) -> anyhow::Result<u64> {
     let last = uuid::Uuid::new_v4().to_string();
     let producer = bench_producer(config)?;
     produce_one(&producer, input, &last)?;
@@ -266,11 +414,20 @@ fn published_again(config: &Config, input: &str, output: &str, from: i64, old: &
     loop {
         let (mut found, mut again) = (false, 0u64);
         let start = std::collections::HashMap::from([(0, from)]);
-        dedupe::kafka::read_from(&config.kafka, output, true, &start, Duration::from_secs(120), &mut |m| {
-            let key = rdkafka::Message::key(m).map(String::from_utf8_lossy).unwrap_or_default();
-            found |= key == last;
-            again += u64::from(old.contains(key.as_ref()));
-        })?;
+        dedupe::kafka::read_from(
+            &config.kafka,
+            output,
+            true,
+            &start,
+            Duration::from_secs(120),
+            &mut |m| {
+                let key = rdkafka::Message::key(m)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
+                found |= key == last;
+                again += u64::from(old.contains(key.as_ref()));
+            },
+        )?;
         if found {
             return Ok(again);
         }
@@ -293,8 +450,20 @@ struct Built {
 
 /// Produces `ids` ids stamped over `span` and lets worker A publish them all.
 #[allow(clippy::too_many_arguments)]
-fn build_on_a(config: &Config, ids: u64, span: Duration, value_bytes: usize, work_dir: &Path, input: &str, output: &str, group: &str) -> anyhow::Result<Built> {
-    eprintln!("bench: producing {ids} ids to {input}, stamped over the last {} s", span.as_secs());
+fn build_on_a(
+    config: &Config,
+    ids: u64,
+    span: Duration,
+    value_bytes: usize,
+    work_dir: &Path,
+    input: &str,
+    output: &str,
+    group: &str,
+) -> anyhow::Result<Built> {
+    eprintln!(
+        "bench: producing {ids} ids to {input}, stamped over the last {} s",
+        span.as_secs()
+    );
     let load = crate::cli::tools::Load {
         topic: input,
         count: ids,
@@ -311,17 +480,39 @@ fn build_on_a(config: &Config, ids: u64, span: Duration, value_bytes: usize, wor
     let load = crate::cli::tools::loadgen(config, load)?;
     // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
     // partition here); B, whose take-over is measured, runs the configuration as given.
-    let mut a = Worker::start(config, input, output, group, "handoff-a", &work_dir.join("a"), &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")])?;
+    let mut a = Worker::start(
+        config,
+        input,
+        output,
+        group,
+        "handoff-a",
+        &work_dir.join("a"),
+        &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")],
+    )?;
     let started = Instant::now();
-    a.wait_until("worker A publishing every id", Duration::from_secs(7200), |w| w.metric(m::RECORDS_OUT, &[]) >= load.distinct_ids as f64)?;
+    a.wait_until(
+        "worker A publishing every id",
+        Duration::from_secs(7200),
+        |w| w.metric(m::RECORDS_OUT, &[]) >= load.distinct_ids as f64,
+    )?;
     let ids_per_sec = ids as f64 / started.elapsed().as_secs_f64();
     eprintln!("bench: worker A published {ids} ids at {ids_per_sec:.0} ids/s");
     let mut window_before = 0.0;
-    a.wait_until("worker A reporting its window", Duration::from_secs(60), |w| {
-        window_before = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
-        window_before > 0.0
-    })?;
-    Ok(Built { worker: a, ids_per_sec, window_before, noted_at: Instant::now(), samples: load.samples })
+    a.wait_until(
+        "worker A reporting its window",
+        Duration::from_secs(60),
+        |w| {
+            window_before = w.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
+            window_before > 0.0
+        },
+    )?;
+    Ok(Built {
+        worker: a,
+        ids_per_sec,
+        window_before,
+        noted_at: Instant::now(),
+        samples: load.samples,
+    })
 }
 
 /// A trickle of new ids during the take-over, 200 a second, so B has something to publish.
@@ -369,7 +560,11 @@ impl WindowSamples {
             at_secs - last.at_secs >= Self::EVERY.as_secs_f64() || last.window_secs != window
         });
         if keep {
-            self.taken.push(WindowSample { at_secs, window_secs: window, target_secs: target });
+            self.taken.push(WindowSample {
+                at_secs,
+                window_secs: window,
+                target_secs: target,
+            });
         }
         (window, target)
     }

@@ -29,7 +29,10 @@ pub struct LatencyBench {
 /// Reads `topic` from its end for `duration`; the records' waits, in milliseconds.
 pub fn run(config: &Config, topic: &str, duration: Duration) -> anyhow::Result<LatencyBench> {
     let consumer: BaseConsumer = dedupe::kafka::client_config(&config.kafka)
-        .set("group.id", format!("dedupe-bench-latency-{}", uuid::Uuid::new_v4()))
+        .set(
+            "group.id",
+            format!("dedupe-bench-latency-{}", uuid::Uuid::new_v4()),
+        )
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         // Answer a fetch as soon as there is a record: the wait measured is the pipeline's.
@@ -37,9 +40,18 @@ pub fn run(config: &Config, topic: &str, duration: Duration) -> anyhow::Result<L
         .set("fetch.min.bytes", "1")
         .create()
         .context("creating the reader")?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).context("reading the topic's metadata")?;
-    let partitions = metadata.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
-    anyhow::ensure!(partitions > 0, "topic {topic} has no partitions (does it exist?)");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .context("reading the topic's metadata")?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
+    anyhow::ensure!(
+        partitions > 0,
+        "topic {topic} has no partitions (does it exist?)"
+    );
     let mut assignment = TopicPartitionList::new();
     for p in 0..partitions as i32 {
         assignment.add_partition_offset(topic, p, Offset::End)?;
@@ -48,7 +60,9 @@ pub fn run(config: &Config, topic: &str, duration: Duration) -> anyhow::Result<L
     let mut waits_ms: Vec<f64> = Vec::with_capacity(1 << 20);
     let started = Instant::now();
     while started.elapsed() < duration {
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else { continue };
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
         let message = message.context("reading the output topic")?;
         let now_ms = dedupe_tracking::unix_millis(SystemTime::now());
         if let Some(sent_ms) = message.timestamp().to_millis() {
@@ -57,7 +71,12 @@ pub fn run(config: &Config, topic: &str, duration: Duration) -> anyhow::Result<L
     }
     let seconds = started.elapsed().as_secs_f64();
     waits_ms.sort_by(f64::total_cmp);
-    let at = |q: f64| waits_ms.get(((waits_ms.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(f64::NAN);
+    let at = |q: f64| {
+        waits_ms
+            .get(((waits_ms.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
     Ok(LatencyBench {
         topic: topic.to_string(),
         seconds,

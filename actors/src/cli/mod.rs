@@ -80,12 +80,19 @@ pub struct ExplainArgs {
 impl ExplainArgs {
     /// `--sent-at` in ms since the epoch.
     pub fn sent_at_ms(&self) -> Result<Option<i64>, String> {
-        let Some(text) = self.sent_at.as_deref() else { return Ok(None) };
+        let Some(text) = self.sent_at.as_deref() else {
+            return Ok(None);
+        };
         if let Ok(ms) = text.parse::<i64>() {
             return Ok(Some(ms));
         }
-        let t = humantime::parse_rfc3339_weak(text).map_err(|e| format!("--sent-at: `{text}` is neither ms since the epoch nor an RFC 3339 time: {e}"))?;
-        let ms = t.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("--sent-at: `{text}` is before 1970"))?.as_millis();
+        let t = humantime::parse_rfc3339_weak(text).map_err(|e| {
+            format!("--sent-at: `{text}` is neither ms since the epoch nor an RFC 3339 time: {e}")
+        })?;
+        let ms = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|_| format!("--sent-at: `{text}` is before 1970"))?
+            .as_millis();
         Ok(Some(ms as i64))
     }
 }

@@ -32,7 +32,9 @@ fn key_of(m: &rdkafka::message::BorrowedMessage<'_>, source: &IdSource) -> Optio
     let headers = m.headers();
     let view = RecordView {
         key: m.key(),
-        header: |name: &str| headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value)),
+        header: |name: &str| {
+            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+        },
         value: m.payload(),
     };
     message_key(&view, source).ok()
@@ -43,27 +45,35 @@ pub fn verify(config: &Config, timeout: Duration) -> anyhow::Result<VerifySummar
     let w = &config.worker;
     let mut input_ids = HashSet::new();
     let mut input_unkeyed = 0u64;
-    let input_records = dedupe::kafka::read_to_end(&config.kafka, &w.input_topic, true, timeout, &mut |m| {
-        match key_of(m, &w.id_source) {
-            Some(k) => {
-                input_ids.insert(k);
+    let input_records =
+        dedupe::kafka::read_to_end(&config.kafka, &w.input_topic, true, timeout, &mut |m| {
+            match key_of(m, &w.id_source) {
+                Some(k) => {
+                    input_ids.insert(k);
+                }
+                None => input_unkeyed += 1,
             }
-            None => input_unkeyed += 1,
-        }
-    })
-    .with_context(|| format!("reading the input topic {}", w.input_topic))?;
+        })
+        .with_context(|| format!("reading the input topic {}", w.input_topic))?;
     let mut output_counts: HashMap<LedgerKey, u32> = HashMap::new();
     let mut output_unkeyed = 0u64;
-    let output_records = dedupe::kafka::read_to_end(&config.kafka, &w.output_topic, true, timeout, &mut |m| {
-        match key_of(m, &w.id_source) {
-            Some(k) => *output_counts.entry(k).or_default() += 1,
-            None => output_unkeyed += 1,
-        }
-    })
-    .with_context(|| format!("reading the output topic {}", w.output_topic))?;
+    let output_records =
+        dedupe::kafka::read_to_end(&config.kafka, &w.output_topic, true, timeout, &mut |m| {
+            match key_of(m, &w.id_source) {
+                Some(k) => *output_counts.entry(k).or_default() += 1,
+                None => output_unkeyed += 1,
+            }
+        })
+        .with_context(|| format!("reading the output topic {}", w.output_topic))?;
     let duplicates = output_counts.values().filter(|&&c| c > 1).count() as u64;
-    let missing = input_ids.iter().filter(|k| !output_counts.contains_key(k)).count() as u64;
-    let extra = output_counts.keys().filter(|k| !input_ids.contains(k)).count() as u64;
+    let missing = input_ids
+        .iter()
+        .filter(|k| !output_counts.contains_key(k))
+        .count() as u64;
+    let extra = output_counts
+        .keys()
+        .filter(|k| !input_ids.contains(k))
+        .count() as u64;
     Ok(VerifySummary {
         input_records,
         input_unkeyed,
@@ -91,8 +101,12 @@ impl ProducerContext for DeliveryTally {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = result {
-            self.failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.to_string());
+            self.failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
         }
     }
 }
@@ -143,8 +157,20 @@ pub struct Load<'a> {
 /// `dup_delay` earlier (or a recent one, when nothing is that old yet) with the same key and
 /// value, as a retrying client does; a share `reused_ratio` reuse a recent id for a new value.
 pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary> {
-    let Load { topic, count, dup_ratio, reused_ratio, dup_delay, value_bytes, rate_per_sec, show_progress, spread_timestamps, sample_every } = load;
-    let spread_from = spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
+    let Load {
+        topic,
+        count,
+        dup_ratio,
+        reused_ratio,
+        dup_delay,
+        value_bytes,
+        rate_per_sec,
+        show_progress,
+        spread_timestamps,
+        sample_every,
+    } = load;
+    let spread_from =
+        spread_timestamps.map(|span| dedupe::recovery::now_ms() - span.as_millis() as i64);
     dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15))
         .with_context(|| format!("connecting to {}", config.kafka.brokers))?;
     // A broker that restarts or a leader that moves is ridden out by the producer's retries
@@ -159,10 +185,15 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         .set("queue.buffering.max.kbytes", "262144")
         .create_with_context(DeliveryTally::default())
         .context("creating the loadgen producer")?;
-    let bar = if show_progress { indicatif::ProgressBar::new(count) } else { indicatif::ProgressBar::hidden() };
+    let bar = if show_progress {
+        indicatif::ProgressBar::new(count)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let mut rng = rand::rng();
     // Recent records as sent (when, id, value), for retries and reused ids to draw from.
-    let mut recent: std::collections::VecDeque<(Instant, String, String)> = std::collections::VecDeque::new();
+    let mut recent: std::collections::VecDeque<(Instant, String, String)> =
+        std::collections::VecDeque::new();
     let mut distinct = 0u64;
     let mut resent = 0u64;
     let mut reused = 0u64;
@@ -183,20 +214,24 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
                 resent += 1;
                 // The oldest record at least dup_delay old, else a random recent one.
                 let now = Instant::now();
-                let due = recent.iter().position(|(t, _, _)| now.duration_since(*t) >= dup_delay);
+                let due = recent
+                    .iter()
+                    .position(|(t, _, _)| now.duration_since(*t) >= dup_delay);
                 let idx = due.unwrap_or_else(|| rng.random_range(0..recent.len()));
                 (recent[idx].1.clone(), recent[idx].2.clone())
             }
             Sent::Reused => {
                 reused += 1;
                 let id = recent[rng.random_range(0..recent.len())].1.clone();
-                let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
+                let value =
+                    format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
                 (id, value)
             }
             Sent::New => {
                 distinct += 1;
                 let id = uuid::Uuid::new_v4().to_string();
-                let value = format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
+                let value =
+                    format!(r#"{{"messageId":"{id}","seq":{i},"type":"track","pad":"{filler}"}}"#);
                 recent.push_back((Instant::now(), id.clone(), value.clone()));
                 if recent.len() > 10_000 {
                     recent.pop_front();
@@ -207,7 +242,9 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         let resend = kind != Sent::New;
         let mut record = BaseRecord::to(topic).key(&id).payload(&value);
         let stamp = match (spread_from, spread_timestamps) {
-            (Some(from), Some(span)) => Some(from + (span.as_millis() as u64 * i / count.max(1)) as i64),
+            (Some(from), Some(span)) => {
+                Some(from + (span.as_millis() as u64 * i / count.max(1)) as i64)
+            }
             _ => None,
         };
         if let Some(ms) = stamp {
@@ -219,7 +256,12 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
         loop {
             match producer.send(record) {
                 Ok(()) => break,
-                Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    r,
+                )) => {
                     record = r;
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -238,16 +280,31 @@ pub fn loadgen(config: &Config, load: Load<'_>) -> anyhow::Result<LoadgenSummary
             }
         }
     }
-    producer.flush(Duration::from_secs(360)).context("flushing loadgen records")?;
+    producer
+        .flush(Duration::from_secs(360))
+        .context("flushing loadgen records")?;
     bar.finish_and_clear();
     let tally = producer.context();
     let failed = tally.failed.load(std::sync::atomic::Ordering::Relaxed);
     if failed > 0 {
-        let first = tally.first_error.lock().unwrap_or_else(|p| p.into_inner()).clone().unwrap_or_default();
+        let first = tally
+            .first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_default();
         anyhow::bail!("{failed} of {count} loadgen records were not delivered to {topic} (first error: {first})");
     }
     let seconds = started.elapsed().as_secs_f64();
-    Ok(LoadgenSummary { records_sent: count, distinct_ids: distinct, resent, reused, seconds, records_per_sec: count as f64 / seconds, samples })
+    Ok(LoadgenSummary {
+        records_sent: count,
+        distinct_ids: distinct,
+        resent,
+        reused,
+        seconds,
+        records_per_sec: count as f64 / seconds,
+        samples,
+    })
 }
 
 /// What one loadgen record is.
@@ -268,8 +325,14 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
     if !path.join("CURRENT").exists() {
         anyhow::bail!("no ledger at {}", path.display());
     }
-    let ledger = dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
-        .with_context(|| format!("opening the ledger at {} (is a worker running on it?)", path.display()))?;
+    let ledger =
+        dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
+            .with_context(|| {
+                format!(
+                    "opening the ledger at {} (is a worker running on it?)",
+                    path.display()
+                )
+            })?;
     let s = ledger.stats()?;
     let now = dedupe::recovery::now_ms();
     let mut partitions = serde_json::Map::new();
@@ -309,7 +372,9 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
     let mut request = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(2))
         // A snapshot with its hook may take as long as the hook's timeout.
-        .timeout_read(Duration::from_secs(config.snapshots.hook_timeout_secs + 300))
+        .timeout_read(Duration::from_secs(
+            config.snapshots.hook_timeout_secs + 300,
+        ))
         .build()
         .post(&format!("http://{addr}/admin/snapshot"));
     if let Some(token) = &config.metrics.admin_token {
@@ -322,7 +387,9 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
         Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => {
             return ledger_snapshot_offline(config)
         }
-        Err(ureq::Error::Transport(t)) => anyhow::bail!("asking the worker at {addr} for a snapshot: {t}"),
+        Err(ureq::Error::Transport(t)) => {
+            anyhow::bail!("asking the worker at {addr} for a snapshot: {t}")
+        }
     };
     match answered {
         Ok(response) => Ok(serde_json::from_reader(response.into_reader())?),
@@ -341,14 +408,18 @@ fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value>
         .dir
         .clone()
         .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
-    let ledger = dedupe::ledger::Ledger::open_existing(&config.worker.data_dir, crate::run::maintenance_ledger_options(config))
-        .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
+    let ledger = dedupe::ledger::Ledger::open_existing(
+        &config.worker.data_dir,
+        crate::run::maintenance_ledger_options(config),
+    )
+    .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
     let slot = dedupe::snapshot::SnapshotSlot::reserve(&root)?;
     let progress = match ledger.checkpoint(&slot.partial) {
         Ok(progress) => progress,
         Err(e) => {
             slot.discard();
-            return Err(e).with_context(|| format!("checkpointing the ledger into {}", slot.dir.display()));
+            return Err(e)
+                .with_context(|| format!("checkpointing the ledger into {}", slot.dir.display()));
         }
     };
     slot.publish()?;
@@ -364,21 +435,36 @@ fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value>
 /// `dedupe ledger restore --from DIR`: copies a checkpoint into the (stopped) worker's ledger
 /// directory. An existing ledger is moved aside (`<dir>.replaced-<unix ms>`) only with `force`,
 /// never deleted.
-pub fn ledger_restore(config: &Config, from: &std::path::Path, force: bool) -> anyhow::Result<serde_json::Value> {
+pub fn ledger_restore(
+    config: &Config,
+    from: &std::path::Path,
+    force: bool,
+) -> anyhow::Result<serde_json::Value> {
     let target = &config.worker.data_dir;
     // The checkpoint must open as a ledger before anything is touched.
-    let checkpoint = dedupe::ledger::Ledger::open_existing(from, crate::run::maintenance_ledger_options(config))
-        .with_context(|| format!("{} is not a ledger checkpoint that opens", from.display()))?;
+    let checkpoint =
+        dedupe::ledger::Ledger::open_existing(from, crate::run::maintenance_ledger_options(config))
+            .with_context(|| format!("{} is not a ledger checkpoint that opens", from.display()))?;
     let progress = checkpoint.all_progress()?;
     drop(checkpoint);
     let mut moved_aside = None;
-    let used = std::fs::read_dir(target).map(|mut d| d.next().is_some()).unwrap_or(false);
+    let used = std::fs::read_dir(target)
+        .map(|mut d| d.next().is_some())
+        .unwrap_or(false);
     if used {
         if !force {
-            anyhow::bail!("{} already holds a ledger; stop the worker and pass --force to move it aside", target.display());
+            anyhow::bail!(
+                "{} already holds a ledger; stop the worker and pass --force to move it aside",
+                target.display()
+            );
         }
-        let aside = std::path::PathBuf::from(format!("{}.replaced-{}", target.display(), dedupe::recovery::now_ms()));
-        std::fs::rename(target, &aside).with_context(|| format!("moving {} aside", target.display()))?;
+        let aside = std::path::PathBuf::from(format!(
+            "{}.replaced-{}",
+            target.display(),
+            dedupe::recovery::now_ms()
+        ));
+        std::fs::rename(target, &aside)
+            .with_context(|| format!("moving {} aside", target.display()))?;
         moved_aside = Some(aside);
     }
     dedupe::ledger::Ledger::restore_from(from, target, false)
@@ -390,5 +476,7 @@ pub fn ledger_restore(config: &Config, from: &std::path::Path, force: bool) -> a
             Err(e) => serde_json::json!({ "partition": p, "error": e.to_string() }),
         })
         .collect();
-    Ok(serde_json::json!({ "restored": target, "from": from, "moved_aside": moved_aside, "progress": partitions }))
+    Ok(
+        serde_json::json!({ "restored": target, "from": from, "moved_aside": moved_aside, "progress": partitions }),
+    )
 }

@@ -50,7 +50,10 @@ pub enum Allowed {
 impl CorsPolicy {
     /// From `ingest.cors_origins` (already validated: origins or `*`).
     pub fn new(origins: &[String]) -> Self {
-        Self { any: origins.iter().any(|o| o == "*"), origins: origins.iter().filter(|o| *o != "*").cloned().collect() }
+        Self {
+            any: origins.iter().any(|o| o == "*"),
+            origins: origins.iter().filter(|o| *o != "*").cloned().collect(),
+        }
     }
 
     pub fn is_off(&self) -> bool {
@@ -63,7 +66,9 @@ impl CorsPolicy {
 
     /// The answer's CORS for a request with this `Origin` header.
     pub fn check(&self, origin: Option<&str>) -> Allowed {
-        let Some(origin) = origin else { return Allowed::Off };
+        let Some(origin) = origin else {
+            return Allowed::Off;
+        };
         if self.is_off() {
             Allowed::Off
         } else if self.any {
@@ -85,9 +90,16 @@ pub async fn cors(
     if policy.is_off() {
         return Ok(next.call(req).await?.map_into_boxed_body());
     }
-    let origin = req.headers().get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(str::to_string);
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(str::to_string);
     let allowed = policy.check(origin.as_deref());
-    let preflight = req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
     if preflight {
         let response = preflight_response(&allowed, policy.allows_any());
         return Ok(req.into_response(response));
@@ -103,14 +115,26 @@ fn preflight_response(allowed: &Allowed, any: bool) -> HttpResponse {
             let mut response = HttpResponse::NoContent().finish();
             add_headers(response.headers_mut(), allowed, any);
             let headers = response.headers_mut();
-            headers.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(ALLOW_METHODS));
-            headers.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(ALLOW_HEADERS));
-            headers.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static(MAX_AGE_SECS));
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static(ALLOW_METHODS),
+            );
+            headers.insert(
+                header::ACCESS_CONTROL_ALLOW_HEADERS,
+                HeaderValue::from_static(ALLOW_HEADERS),
+            );
+            headers.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static(MAX_AGE_SECS),
+            );
             response
         }
         Allowed::Off | Allowed::Refused => {
             metrics::counter!(INGEST_REJECTED, LABEL_REASON => REASON_ORIGIN).increment(1);
-            info!(reason = REASON_ORIGIN, "Refused a CORS preflight from an origin that is not allowed.");
+            info!(
+                reason = REASON_ORIGIN,
+                "Refused a CORS preflight from an origin that is not allowed."
+            );
             let mut response = HttpResponse::Forbidden().json(json!({
                 "success": false,
                 "code": REASON_ORIGIN,
@@ -130,7 +154,10 @@ fn add_headers(headers: &mut HeaderMap, allowed: &Allowed, any: bool) {
         // The origin was compared with a configured one, so it is a valid header value.
         if let Ok(value) = HeaderValue::from_str(origin) {
             headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, value);
-            headers.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static(EXPOSE_HEADERS));
+            headers.insert(
+                header::ACCESS_CONTROL_EXPOSE_HEADERS,
+                HeaderValue::from_static(EXPOSE_HEADERS),
+            );
         }
     }
 }
@@ -153,10 +180,22 @@ mod tests {
     #[test]
     fn only_configured_origins_are_allowed() {
         let p = policy(&["https://shop.example.com", "http://127.0.0.1:8000"]);
-        assert_eq!(p.check(Some("https://shop.example.com")), Allowed::Origin("https://shop.example.com".into()));
-        assert_eq!(p.check(Some("http://127.0.0.1:8000")), Allowed::Origin("http://127.0.0.1:8000".into()));
+        assert_eq!(
+            p.check(Some("https://shop.example.com")),
+            Allowed::Origin("https://shop.example.com".into())
+        );
+        assert_eq!(
+            p.check(Some("http://127.0.0.1:8000")),
+            Allowed::Origin("http://127.0.0.1:8000".into())
+        );
         // Another port, another scheme, a suffix or a prefix is another origin.
-        for other in ["http://127.0.0.1:8001", "http://shop.example.com", "https://shop.example.com.evil.io", "https://evil.io", "null"] {
+        for other in [
+            "http://127.0.0.1:8001",
+            "http://shop.example.com",
+            "https://shop.example.com.evil.io",
+            "https://evil.io",
+            "null",
+        ] {
             assert_eq!(p.check(Some(other)), Allowed::Refused, "{other}");
         }
         // No Origin header: not a cross-origin browser request.
@@ -167,17 +206,34 @@ mod tests {
     fn the_wildcard_allows_every_origin_with_a_star() {
         let p = policy(&["*"]);
         assert!(p.allows_any());
-        assert_eq!(p.check(Some("https://anything.example")), Allowed::Origin("*".into()));
+        assert_eq!(
+            p.check(Some("https://anything.example")),
+            Allowed::Origin("*".into())
+        );
     }
 
     #[test]
     fn a_refused_preflight_carries_no_cors_header() {
         let response = preflight_response(&Allowed::Refused, false);
         assert_eq!(response.status().as_u16(), 403);
-        assert!(!response.headers().contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN));
+        assert!(!response
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN));
         let response = preflight_response(&Allowed::Origin("http://a.example".into()), false);
         assert_eq!(response.status().as_u16(), 204);
-        assert_eq!(response.headers().get(header::ACCESS_CONTROL_ALLOW_ORIGIN).unwrap(), "http://a.example");
-        assert!(response.headers().get(header::ACCESS_CONTROL_ALLOW_HEADERS).unwrap().to_str().unwrap().contains("authorization"));
+        assert_eq!(
+            response
+                .headers()
+                .get(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+                .unwrap(),
+            "http://a.example"
+        );
+        assert!(response
+            .headers()
+            .get(header::ACCESS_CONTROL_ALLOW_HEADERS)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .contains("authorization"));
     }
 }

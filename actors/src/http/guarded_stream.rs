@@ -33,17 +33,28 @@ pub struct GuardedStream<T> {
 
 impl<T> GuardedStream<T> {
     pub fn new(inner: T, limit: Duration) -> Self {
-        Self { inner, limit, deadline: None, idle: true }
+        Self {
+            inner,
+            limit,
+            deadline: None,
+            idle: true,
+        }
     }
 
     /// Errs once the request under way is past its deadline. Polling the timer also registers
     /// the task's waker, so the connection is woken, and closed, even if the client sends nothing.
     fn check_deadline(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
-        let expired = self.deadline.as_mut().is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+        let expired = self
+            .deadline
+            .as_mut()
+            .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
         if expired {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("the request was not received and answered within {:?}", self.limit),
+                format!(
+                    "the request was not received and answered within {:?}",
+                    self.limit
+                ),
             ));
         }
         Ok(())
@@ -51,7 +62,11 @@ impl<T> GuardedStream<T> {
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for GuardedStream<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         this.check_deadline(cx)?;
         let before = buf.filled().len();
@@ -66,7 +81,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for GuardedStream<T> {
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedStream<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {

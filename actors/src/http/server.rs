@@ -45,7 +45,11 @@ pub struct Limits {
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
     #[error("max_connections = {connections} needs about {needed} file descriptors, but this process may open only {limit}")]
-    FileLimit { connections: usize, needed: u64, limit: u64 },
+    FileLimit {
+        connections: usize,
+        needed: u64,
+        limit: u64,
+    },
 }
 
 impl Limits {
@@ -74,21 +78,31 @@ impl Limits {
 /// hard limit is too low.
 fn ensure_file_limit(connections: usize) -> Result<(), LimitsError> {
     let needed = connections as u64 + RESERVED_FILES;
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit and setrlimit only read and write the struct passed to them.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
             return Ok(());
         }
         if limit.rlim_cur < needed && limit.rlim_max > limit.rlim_cur {
-            let raised = libc::rlimit { rlim_cur: limit.rlim_max.min(needed.max(limit.rlim_cur)), rlim_max: limit.rlim_max };
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max.min(needed.max(limit.rlim_cur)),
+                rlim_max: limit.rlim_max,
+            };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
                 limit = raised;
             }
         }
     }
     if limit.rlim_cur < needed {
-        return Err(LimitsError::FileLimit { connections, needed, limit: limit.rlim_cur });
+        return Err(LimitsError::FileLimit {
+            connections,
+            needed,
+            limit: limit.rlim_cur,
+        });
     }
     Ok(())
 }
@@ -120,7 +134,13 @@ where
             fn_service(move |io: TcpStream| {
                 let peer = io.peer_addr().ok();
                 let _ = io.set_nodelay(true);
-                async move { Ok((GuardedStream::new(io, limits.answer_timeout), Protocol::Http1, peer)) }
+                async move {
+                    Ok((
+                        GuardedStream::new(io, limits.answer_timeout),
+                        Protocol::Http1,
+                        peer,
+                    ))
+                }
             })
             .and_then(http)
         })?

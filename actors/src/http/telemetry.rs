@@ -9,11 +9,11 @@ use std::time::Duration;
 use actix_web::http::header::{AUTHORIZATION, HOST, ORIGIN, RETRY_AFTER};
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use dedupe::config::{LogConfig, LogFormat, Secret, SecretMatcher, ENV_ADMIN_TOKEN};
-use dedupe_tracking::rate_limit::retry_after_secs;
-use dedupe::snapshot::{SnapshotError, Trigger};
-use serde_json::json;
 use dedupe::metrics as m;
+use dedupe::snapshot::{SnapshotError, Trigger};
+use dedupe_tracking::rate_limit::retry_after_secs;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
 use tracing_subscriber::EnvFilter;
 
 use crate::actors::coordinator::{Coordinator, Health, OwnedPartitions, TakeSnapshot};
@@ -23,10 +23,17 @@ use crate::actors::events::AdminRefused;
 pub fn init_tracing(log: &LogConfig) {
     let filter = EnvFilter::try_new(&log.level).unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match log.format {
         LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .try_init(),
     };
 }
 
@@ -34,7 +41,10 @@ pub fn init_tracing(log: &LogConfig) {
 pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     let mut builder = PrometheusBuilder::new();
     for metric in m::ALL.iter().filter(|x| x.kind == m::Kind::Histogram) {
-        builder = builder.set_buckets_for_metric(Matcher::Full(metric.name.to_string()), m::buckets(metric.name))?;
+        builder = builder.set_buckets_for_metric(
+            Matcher::Full(metric.name.to_string()),
+            m::buckets(metric.name),
+        )?;
     }
     let handle = builder.install_recorder()?;
     m::describe();
@@ -63,7 +73,11 @@ pub fn serve(
     health: Arc<Health>,
     targets: AdminTargets,
 ) -> anyhow::Result<actix_web::dev::Server> {
-    let admin = web::Data::new(Admin { token: admin_token.map(SecretMatcher::new), targets, logs: Default::default() });
+    let admin = web::Data::new(Admin {
+        token: admin_token.map(SecretMatcher::new),
+        targets,
+        logs: Default::default(),
+    });
     let server = HttpServer::new(move || {
         let handle = handle.clone();
         let health = health.clone();
@@ -72,7 +86,10 @@ pub fn serve(
             .route("/admin/snapshot", web::post().to(admin_snapshot))
             .route("/admin/ids/{id}", web::get().to(admin_explain))
             .route("/metrics", metrics_route(handle))
-            .route("/healthz", web::get().to(|| async { HttpResponse::Ok().body("ok\n") }))
+            .route(
+                "/healthz",
+                web::get().to(|| async { HttpResponse::Ok().body("ok\n") }),
+            )
             .route(
                 "/readyz",
                 web::get().to(move || {
@@ -182,7 +199,11 @@ impl AdminRefusal {
 fn authorize(token: Option<&SecretMatcher>, req: &AdminRequest<'_>) -> Result<(), AdminRefusal> {
     if let Some(token) = token {
         let given = req.authorization.and_then(bearer_token).unwrap_or("");
-        return if token.matches(given.as_bytes()) { Ok(()) } else { Err(AdminRefusal::BadToken) };
+        return if token.matches(given.as_bytes()) {
+            Ok(())
+        } else {
+            Err(AdminRefusal::BadToken)
+        };
     }
     if !req.peer.is_some_and(|ip| ip.is_loopback()) {
         return Err(AdminRefusal::NotLoopback);
@@ -190,11 +211,15 @@ fn authorize(token: Option<&SecretMatcher>, req: &AdminRequest<'_>) -> Result<()
     if req.origin.is_some() {
         return Err(AdminRefusal::WebPage);
     }
-    let own_site = |site: &str| site.eq_ignore_ascii_case("none") || site.eq_ignore_ascii_case("same-origin");
+    let own_site =
+        |site: &str| site.eq_ignore_ascii_case("none") || site.eq_ignore_ascii_case("same-origin");
     if req.sec_fetch_site.is_some_and(|site| !own_site(site)) {
         return Err(AdminRefusal::CrossSite);
     }
-    if !req.host.is_some_and(|host| names_listener(host, req.listener)) {
+    if !req
+        .host
+        .is_some_and(|host| names_listener(host, req.listener))
+    {
         return Err(AdminRefusal::ForeignHost);
     }
     Ok(())
@@ -225,7 +250,9 @@ fn names_listener(host: &str, listener: SocketAddr) -> bool {
             None => (host, None),
         },
     };
-    let port_ok = port.is_none_or(|p| p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>() == Ok(listener.port()));
+    let port_ok = port.is_none_or(|p| {
+        p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>() == Ok(listener.port())
+    });
     let ip = if host.starts_with('[') {
         name.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
     } else {
@@ -255,10 +282,16 @@ fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
         listener,
         peer,
     };
-    authorize(admin.token.as_ref(), &request).err().map(|refusal| {
-        AdminRefused { peer, why: refusal.why() }.emit(&admin.logs);
-        refusal.response(listener)
-    })
+    authorize(admin.token.as_ref(), &request)
+        .err()
+        .map(|refusal| {
+            AdminRefused {
+                peer,
+                why: refusal.why(),
+            }
+            .emit(&admin.logs);
+            refusal.response(listener)
+        })
 }
 
 /// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch, and the
@@ -270,7 +303,12 @@ struct ExplainQuery {
 }
 
 /// `GET /admin/ids/{id}`: whether the ledger holds the id, and why not (see `dedupe::explain`).
-async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<String>, query: web::Query<ExplainQuery>) -> HttpResponse {
+async fn admin_explain(
+    req: HttpRequest,
+    admin: web::Data<Admin>,
+    id: web::Path<String>,
+    query: web::Query<ExplainQuery>,
+) -> HttpResponse {
     if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
@@ -281,11 +319,19 @@ async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<
         None => id.clone(),
     };
     let t = &admin.targets;
-    let partition = crate::explain::partition_of_id(&t.id_source, t.partitioner, key.as_bytes(), t.input_partitions);
+    let partition = crate::explain::partition_of_id(
+        &t.id_source,
+        t.partitioner,
+        key.as_bytes(),
+        t.input_partitions,
+    );
     let owned = match partition {
         Some(p) => match t.coordinator.send(OwnedPartitions).await {
             Ok(owned) => Some(owned.contains(&p)),
-            Err(_) => return HttpResponse::ServiceUnavailable().json(json!({ "error": "the worker is stopping" })),
+            Err(_) => {
+                return HttpResponse::ServiceUnavailable()
+                    .json(json!({ "error": "the worker is stopping" }))
+            }
         },
         None => None,
     };
@@ -304,9 +350,13 @@ async fn admin_explain(req: HttpRequest, admin: web::Data<Admin>, id: web::Path<
     .await;
     match answer {
         Ok(Ok(answer)) => HttpResponse::Ok().json(answer),
-        Ok(Err(e @ dedupe::explain::ExplainError::Id(_))) => HttpResponse::BadRequest().json(json!({ "error": e.to_string() })),
+        Ok(Err(e @ dedupe::explain::ExplainError::Id(_))) => {
+            HttpResponse::BadRequest().json(json!({ "error": e.to_string() }))
+        }
         Ok(Err(e)) => HttpResponse::InternalServerError().json(json!({ "error": e.to_string() })),
-        Err(_) => HttpResponse::ServiceUnavailable().json(json!({ "error": "the worker is stopping" })),
+        Err(_) => {
+            HttpResponse::ServiceUnavailable().json(json!({ "error": "the worker is stopping" }))
+        }
     }
 }
 
@@ -316,17 +366,24 @@ async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpRespon
         return refused;
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
-    admin.targets.coordinator.do_send(TakeSnapshot { trigger: Trigger::Requested, reply: Some(tx) });
+    admin.targets.coordinator.do_send(TakeSnapshot {
+        trigger: Trigger::Requested,
+        reply: Some(tx),
+    });
     match rx.await {
         Ok(Ok(dir)) => HttpResponse::Ok().json(json!({ "snapshot": dir })),
-        Ok(Err(e @ SnapshotError::Busy)) => HttpResponse::Conflict().json(json!({ "error": e.to_string() })),
+        Ok(Err(e @ SnapshotError::Busy)) => {
+            HttpResponse::Conflict().json(json!({ "error": e.to_string() }))
+        }
         Ok(Err(e @ SnapshotError::TooSoon { retry_after })) => {
             let secs = retry_after_secs(retry_after);
             HttpResponse::TooManyRequests()
                 .insert_header((RETRY_AFTER, secs.to_string()))
                 .json(json!({ "error": e.to_string(), "retry_after_secs": secs }))
         }
-        Ok(Err(e @ SnapshotError::NotConfigured)) => HttpResponse::BadRequest().json(json!({ "error": e.to_string() })),
+        Ok(Err(e @ SnapshotError::NotConfigured)) => {
+            HttpResponse::BadRequest().json(json!({ "error": e.to_string() }))
+        }
         Ok(Err(SnapshotError::Stopping)) | Err(_) => {
             HttpResponse::ServiceUnavailable().json(json!({ "error": "the worker is stopping" }))
         }
@@ -336,13 +393,17 @@ async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpRespon
 
 /// Serves `/metrics` alone on `addr`: for `dedupe ingest`, whose own listener has `/healthz` and
 /// `/readyz`.
-pub fn serve_metrics(addr: SocketAddr, handle: PrometheusHandle) -> anyhow::Result<actix_web::dev::Server> {
-    let server = HttpServer::new(move || App::new().route("/metrics", metrics_route(handle.clone())))
-        .workers(1)
-        .disable_signals()
-        .bind(addr)
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?
-        .run();
+pub fn serve_metrics(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+) -> anyhow::Result<actix_web::dev::Server> {
+    let server =
+        HttpServer::new(move || App::new().route("/metrics", metrics_route(handle.clone())))
+            .workers(1)
+            .disable_signals()
+            .bind(addr)
+            .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?
+            .run();
     Ok(server)
 }
 
@@ -350,7 +411,11 @@ pub fn serve_metrics(addr: SocketAddr, handle: PrometheusHandle) -> anyhow::Resu
 fn metrics_route(handle: PrometheusHandle) -> actix_web::Route {
     web::get().to(move || {
         let body = handle.render();
-        async move { HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(body) }
+        async move {
+            HttpResponse::Ok()
+                .content_type("text/plain; version=0.0.4")
+                .body(body)
+        }
     })
 }
 
@@ -381,36 +446,239 @@ mod tests {
         use AdminRefusal::*;
         let cases: &[(&str, AdminRequest<'static>, Result<(), AdminRefusal>)] = &[
             ("plain loopback", plain(), Ok(())),
-            ("IPv6 loopback", AdminRequest { peer: peer("::1"), ..plain() }, Ok(())),
-            ("localhost with the port", AdminRequest { host: Some("localhost:9090"), ..plain() }, Ok(())),
-            ("localhost in capitals", AdminRequest { host: Some("LOCALHOST:9090"), ..plain() }, Ok(())),
-            ("localhost without a port", AdminRequest { host: Some("localhost"), ..plain() }, Ok(())),
-            ("the listener's IP without a port", AdminRequest { host: Some("127.0.0.1"), ..plain() }, Ok(())),
-            ("a tool's Sec-Fetch-Site: none", AdminRequest { sec_fetch_site: Some("none"), ..plain() }, Ok(())),
-            ("same-origin", AdminRequest { sec_fetch_site: Some("same-origin"), ..plain() }, Ok(())),
+            (
+                "IPv6 loopback",
+                AdminRequest {
+                    peer: peer("::1"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "localhost with the port",
+                AdminRequest {
+                    host: Some("localhost:9090"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "localhost in capitals",
+                AdminRequest {
+                    host: Some("LOCALHOST:9090"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "localhost without a port",
+                AdminRequest {
+                    host: Some("localhost"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "the listener's IP without a port",
+                AdminRequest {
+                    host: Some("127.0.0.1"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "a tool's Sec-Fetch-Site: none",
+                AdminRequest {
+                    sec_fetch_site: Some("none"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "same-origin",
+                AdminRequest {
+                    sec_fetch_site: Some("same-origin"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
             // The header is ignored without a token; it neither helps nor hurts.
-            ("a bearer header", AdminRequest { authorization: Some("Bearer x"), ..plain() }, Ok(())),
-            ("outside loopback", AdminRequest { peer: peer("10.1.2.3"), ..plain() }, Err(NotLoopback)),
-            ("no peer address", AdminRequest { peer: None, ..plain() }, Err(NotLoopback)),
-            ("a cross-site form post", AdminRequest { origin: Some("https://evil.example"), ..plain() }, Err(WebPage)),
-            ("an opaque origin", AdminRequest { origin: Some("null"), ..plain() }, Err(WebPage)),
-            ("an unreadable origin", AdminRequest { origin: Some(""), ..plain() }, Err(WebPage)),
-            ("even our own origin", AdminRequest { origin: Some("http://127.0.0.1:9090"), ..plain() }, Err(WebPage)),
-            ("cross-site", AdminRequest { sec_fetch_site: Some("cross-site"), ..plain() }, Err(CrossSite)),
-            ("same-site", AdminRequest { sec_fetch_site: Some("same-site"), ..plain() }, Err(CrossSite)),
-            ("an unreadable Sec-Fetch-Site", AdminRequest { sec_fetch_site: Some(""), ..plain() }, Err(CrossSite)),
-            ("a rebound DNS name", AdminRequest { host: Some("evil.example:9090"), ..plain() }, Err(ForeignHost)),
-            ("a rebound name on its own", AdminRequest { host: Some("evil.example"), ..plain() }, Err(ForeignHost)),
-            ("no Host", AdminRequest { host: None, ..plain() }, Err(ForeignHost)),
-            ("an empty Host", AdminRequest { host: Some(""), ..plain() }, Err(ForeignHost)),
-            ("another port", AdminRequest { host: Some("127.0.0.1:9091"), ..plain() }, Err(ForeignHost)),
-            ("localhost on another port", AdminRequest { host: Some("localhost:80"), ..plain() }, Err(ForeignHost)),
-            ("an empty port", AdminRequest { host: Some("localhost:"), ..plain() }, Err(ForeignHost)),
-            ("a signed port", AdminRequest { host: Some("localhost:+9090"), ..plain() }, Err(ForeignHost)),
-            ("another loopback IP", AdminRequest { host: Some("127.0.0.2:9090"), ..plain() }, Err(ForeignHost)),
-            ("a name that starts with localhost", AdminRequest { host: Some("localhost.evil.example:9090"), ..plain() }, Err(ForeignHost)),
-            ("IPv6 for an IPv4 listener", AdminRequest { host: Some("[::1]:9090"), ..plain() }, Err(ForeignHost)),
-            ("a host with a path", AdminRequest { host: Some("127.0.0.1:9090/x"), ..plain() }, Err(ForeignHost)),
+            (
+                "a bearer header",
+                AdminRequest {
+                    authorization: Some("Bearer x"),
+                    ..plain()
+                },
+                Ok(()),
+            ),
+            (
+                "outside loopback",
+                AdminRequest {
+                    peer: peer("10.1.2.3"),
+                    ..plain()
+                },
+                Err(NotLoopback),
+            ),
+            (
+                "no peer address",
+                AdminRequest {
+                    peer: None,
+                    ..plain()
+                },
+                Err(NotLoopback),
+            ),
+            (
+                "a cross-site form post",
+                AdminRequest {
+                    origin: Some("https://evil.example"),
+                    ..plain()
+                },
+                Err(WebPage),
+            ),
+            (
+                "an opaque origin",
+                AdminRequest {
+                    origin: Some("null"),
+                    ..plain()
+                },
+                Err(WebPage),
+            ),
+            (
+                "an unreadable origin",
+                AdminRequest {
+                    origin: Some(""),
+                    ..plain()
+                },
+                Err(WebPage),
+            ),
+            (
+                "even our own origin",
+                AdminRequest {
+                    origin: Some("http://127.0.0.1:9090"),
+                    ..plain()
+                },
+                Err(WebPage),
+            ),
+            (
+                "cross-site",
+                AdminRequest {
+                    sec_fetch_site: Some("cross-site"),
+                    ..plain()
+                },
+                Err(CrossSite),
+            ),
+            (
+                "same-site",
+                AdminRequest {
+                    sec_fetch_site: Some("same-site"),
+                    ..plain()
+                },
+                Err(CrossSite),
+            ),
+            (
+                "an unreadable Sec-Fetch-Site",
+                AdminRequest {
+                    sec_fetch_site: Some(""),
+                    ..plain()
+                },
+                Err(CrossSite),
+            ),
+            (
+                "a rebound DNS name",
+                AdminRequest {
+                    host: Some("evil.example:9090"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "a rebound name on its own",
+                AdminRequest {
+                    host: Some("evil.example"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "no Host",
+                AdminRequest {
+                    host: None,
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "an empty Host",
+                AdminRequest {
+                    host: Some(""),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "another port",
+                AdminRequest {
+                    host: Some("127.0.0.1:9091"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "localhost on another port",
+                AdminRequest {
+                    host: Some("localhost:80"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "an empty port",
+                AdminRequest {
+                    host: Some("localhost:"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "a signed port",
+                AdminRequest {
+                    host: Some("localhost:+9090"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "another loopback IP",
+                AdminRequest {
+                    host: Some("127.0.0.2:9090"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "a name that starts with localhost",
+                AdminRequest {
+                    host: Some("localhost.evil.example:9090"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "IPv6 for an IPv4 listener",
+                AdminRequest {
+                    host: Some("[::1]:9090"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
+            (
+                "a host with a path",
+                AdminRequest {
+                    host: Some("127.0.0.1:9090/x"),
+                    ..plain()
+                },
+                Err(ForeignHost),
+            ),
         ];
         for (what, request, expected) in cases {
             assert_eq!(&authorize(None, request), expected, "{what}");
@@ -421,7 +689,10 @@ mod tests {
     fn the_host_names_an_ipv6_or_wildcard_listener() {
         let v6: SocketAddr = "[::1]:9090".parse().unwrap();
         assert!(names_listener("[::1]:9090", v6));
-        assert!(names_listener("[0:0:0:0:0:0:0:1]:9090", v6), "another spelling of the same address");
+        assert!(
+            names_listener("[0:0:0:0:0:0:0:1]:9090", v6),
+            "another spelling of the same address"
+        );
         assert!(names_listener("[::1]", v6));
         assert!(names_listener("localhost:9090", v6));
         assert!(!names_listener("[::1]9090", v6));
@@ -431,7 +702,12 @@ mod tests {
         // Listening on every address, a client on this machine may use any loopback address, or
         // the wildcard itself (what `dedupe ledger snapshot` sends for metrics.addr = 0.0.0.0:9464).
         let any: SocketAddr = "0.0.0.0:9464".parse().unwrap();
-        for host in ["127.0.0.1:9464", "127.0.0.2:9464", "0.0.0.0:9464", "localhost:9464"] {
+        for host in [
+            "127.0.0.1:9464",
+            "127.0.0.2:9464",
+            "0.0.0.0:9464",
+            "localhost:9464",
+        ] {
             assert!(names_listener(host, any), "{host}");
         }
         assert!(!names_listener("10.0.0.5:9464", any));
@@ -442,22 +718,82 @@ mod tests {
     fn with_a_token_the_bearer_token_decides_in_any_scheme_case() {
         use AdminRefusal::*;
         let token = SecretMatcher::new(Secret::new("s3cret"));
-        let with = |authorization: Option<&'static str>, peer_ip: &str| AdminRequest { authorization, peer: peer(peer_ip), ..plain() };
+        let with = |authorization: Option<&'static str>, peer_ip: &str| AdminRequest {
+            authorization,
+            peer: peer(peer_ip),
+            ..plain()
+        };
         let cases = [
-            ("from anywhere", with(Some("Bearer s3cret"), "10.1.2.3"), Ok(())),
-            ("lower case scheme", with(Some("bearer s3cret"), "127.0.0.1"), Ok(())),
-            ("upper case scheme", with(Some("BEARER s3cret"), "127.0.0.1"), Ok(())),
-            ("spaces around", with(Some("  Bearer   s3cret "), "127.0.0.1"), Ok(())),
+            (
+                "from anywhere",
+                with(Some("Bearer s3cret"), "10.1.2.3"),
+                Ok(()),
+            ),
+            (
+                "lower case scheme",
+                with(Some("bearer s3cret"), "127.0.0.1"),
+                Ok(()),
+            ),
+            (
+                "upper case scheme",
+                with(Some("BEARER s3cret"), "127.0.0.1"),
+                Ok(()),
+            ),
+            (
+                "spaces around",
+                with(Some("  Bearer   s3cret "), "127.0.0.1"),
+                Ok(()),
+            ),
             // A web page, a foreign Host: the token alone decides (a page cannot send it).
-            ("from a page, with the token", AdminRequest { origin: Some("https://evil.example"), host: Some("evil.example"), ..with(Some("Bearer s3cret"), "127.0.0.1") }, Ok(())),
-            ("no header, even on loopback", with(None, "127.0.0.1"), Err(BadToken)),
-            ("a prefix of the token", with(Some("Bearer s3cre"), "127.0.0.1"), Err(BadToken)),
-            ("the token and more", with(Some("Bearer s3crets"), "127.0.0.1"), Err(BadToken)),
-            ("another scheme", with(Some("Basic s3cret"), "127.0.0.1"), Err(BadToken)),
-            ("the scheme alone", with(Some("Bearer"), "127.0.0.1"), Err(BadToken)),
-            ("an empty token", with(Some("Bearer "), "127.0.0.1"), Err(BadToken)),
-            ("the token alone", with(Some("s3cret"), "127.0.0.1"), Err(BadToken)),
-            ("an unreadable header", with(Some(""), "127.0.0.1"), Err(BadToken)),
+            (
+                "from a page, with the token",
+                AdminRequest {
+                    origin: Some("https://evil.example"),
+                    host: Some("evil.example"),
+                    ..with(Some("Bearer s3cret"), "127.0.0.1")
+                },
+                Ok(()),
+            ),
+            (
+                "no header, even on loopback",
+                with(None, "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "a prefix of the token",
+                with(Some("Bearer s3cre"), "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "the token and more",
+                with(Some("Bearer s3crets"), "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "another scheme",
+                with(Some("Basic s3cret"), "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "the scheme alone",
+                with(Some("Bearer"), "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "an empty token",
+                with(Some("Bearer "), "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "the token alone",
+                with(Some("s3cret"), "127.0.0.1"),
+                Err(BadToken),
+            ),
+            (
+                "an unreadable header",
+                with(Some(""), "127.0.0.1"),
+                Err(BadToken),
+            ),
         ];
         for (what, request, expected) in cases {
             assert_eq!(authorize(Some(&token), &request), expected, "{what}");
@@ -472,7 +808,11 @@ mod tests {
             (AdminRefusal::NotLoopback, 403, "loopback clients only"),
             (AdminRefusal::WebPage, 403, "Origin header"),
             (AdminRefusal::CrossSite, 403, "Sec-Fetch-Site"),
-            (AdminRefusal::ForeignHost, 403, "Host header (127.0.0.1:9090 or localhost:9090)"),
+            (
+                AdminRefusal::ForeignHost,
+                403,
+                "Host header (127.0.0.1:9090 or localhost:9090)",
+            ),
         ];
         for (refusal, status, says) in refusals {
             let response = refusal.response(listener);

@@ -32,15 +32,23 @@ impl IdIndex {
     /// generation being filled, since a tag's entries are all stored at one level; a doubling still
     /// under way is finished first.
     pub(crate) fn grow(&mut self) {
-        assert!(self.level < self.geometry.max_level, "the id index is at its full size");
+        assert!(
+            self.level < self.geometry.max_level,
+            "the id index is at its full size"
+        );
         self.finish_growth();
         let old = self.buckets();
         let empty = self.live_slots() == 0 && self.overflowed == 0;
         if !empty {
             // The new half's memory, resident before it is written (usually made so in the
             // background already: see `needs_growth`).
-            self.region.populate(old * BUCKET_BYTES, 2 * old * BUCKET_BYTES);
-            self.splitting = Some(Splitting { done: vec![0; old.div_ceil(64)], next: 0, left: old });
+            self.region
+                .populate(old * BUCKET_BYTES, 2 * old * BUCKET_BYTES);
+            self.splitting = Some(Splitting {
+                done: vec![0; old.div_ceil(64)],
+                next: 0,
+                left: old,
+            });
         }
         // Otherwise there is nothing to move (dead slots read as free where they are), and the
         // new half's memory faults in as ids arrive.
@@ -59,7 +67,9 @@ impl IdIndex {
 
     /// Splits up to `buckets` buckets of a doubling under way; true when none is left.
     pub(crate) fn split_some(&mut self, buckets: usize) -> bool {
-        let Some(splitting) = self.splitting.as_mut() else { return true };
+        let Some(splitting) = self.splitting.as_mut() else {
+            return true;
+        };
         let old = splitting.done.len() * 64;
         let mut todo = Vec::with_capacity(buckets.min(splitting.left));
         let mut b = splitting.next;
@@ -109,7 +119,9 @@ impl IdIndex {
 
     /// Splits bucket `b` of the old size into `b` and `b + old size`.
     fn split(&mut self, b: usize) {
-        let Some(splitting) = self.splitting.as_mut() else { return };
+        let Some(splitting) = self.splitting.as_mut() else {
+            return;
+        };
         splitting.done[b / 64] |= 1 << (b % 64);
         splitting.left -= 1;
         let finished = splitting.left == 0;

@@ -156,7 +156,17 @@ impl IdIndex {
     /// A minimal index that answers every probe "unknown": for a ledger opened without building
     /// its index.
     pub(crate) fn unknowing() -> IdIndex {
-        IdIndex { knows: false, ..IdIndex::allocate(Geometry { base: 2, max_level: 0 }, 0, 0) }
+        IdIndex {
+            knows: false,
+            ..IdIndex::allocate(
+                Geometry {
+                    base: 2,
+                    max_level: 0,
+                },
+                0,
+                0,
+            )
+        }
     }
 
     /// The tag of generation `id`.
@@ -190,7 +200,10 @@ impl IdIndex {
 
     /// Live slots (ids stored, in live generations).
     pub(crate) fn live_slots(&self) -> u64 {
-        (0..TAGS).filter(|&t| self.live[t]).map(|t| self.slots_by_tag[t]).sum()
+        (0..TAGS)
+            .filter(|&t| self.live[t])
+            .map(|t| self.slots_by_tag[t])
+            .sum()
     }
 
     /// Where `key` lives at the current level.
@@ -208,7 +221,10 @@ impl IdIndex {
     /// and inserts overlap their cache misses this way.
     pub(crate) fn prefetch_ahead(&self, places: &[Place], i: usize) {
         if i == 0 {
-            places.iter().take(PREFETCH_AHEAD).for_each(|p| self.prefetch(p));
+            places
+                .iter()
+                .take(PREFETCH_AHEAD)
+                .for_each(|p| self.prefetch(p));
         }
         if let Some(ahead) = places.get(i + PREFETCH_AHEAD) {
             self.prefetch(ahead);
@@ -284,7 +300,10 @@ impl IdIndex {
         if len == 0 {
             Probe::Absent
         } else {
-            Probe::Maybe { tags, len: len as u8 }
+            Probe::Maybe {
+                tags,
+                len: len as u8,
+            }
         }
     }
 
@@ -292,7 +311,10 @@ impl IdIndex {
     /// tag), else its live slots and its first free one.
     fn scan(&self, b: usize, held: Option<(u8, u16)>) -> Option<BucketScan> {
         let bucket = self.bucket(b);
-        let mut scan = BucketScan { live: 0, free: None };
+        let mut scan = BucketScan {
+            live: 0,
+            free: None,
+        };
         for i in 0..SLOTS {
             let (t, f) = Self::slot(bucket, i);
             if held == Some((t, f)) {
@@ -322,7 +344,11 @@ impl IdIndex {
     /// the fingerprint with `tag` takes no second slot, since the index only ever says "perhaps in
     /// this generation".
     pub(crate) fn insert_bulk(&mut self, place: &Place, tag: u8) -> bool {
-        debug_assert_eq!(self.level_of[usize::from(tag)], self.level, "insert into a tag of another level");
+        debug_assert_eq!(
+            self.level_of[usize::from(tag)],
+            self.level,
+            "insert into a tag of another level"
+        );
         let first = self.bucket_for_insert(place.choices[0]);
         let f = fingerprint(place.choices[0], self.level);
         match self.scan(first, Some((tag, f))) {
@@ -349,7 +375,11 @@ impl IdIndex {
 
     fn store(&mut self, place: &Place, tag: u8, once: bool) -> bool {
         debug_assert!(self.live[usize::from(tag)], "insert into a dead tag");
-        debug_assert_eq!(self.level_of[usize::from(tag)], self.level, "insert into a tag of another level");
+        debug_assert_eq!(
+            self.level_of[usize::from(tag)],
+            self.level,
+            "insert into a tag of another level"
+        );
         let [c0, c1] = place.choices;
         let buckets = [self.bucket_for_insert(c0), self.bucket_for_insert(c1)];
         let fingerprints = [fingerprint(c0, self.level), fingerprint(c1, self.level)];

@@ -43,7 +43,10 @@ impl Geometry {
         while max_level < MAX_LEVELS && full >> (max_level + 1) >= MIN_BUCKETS {
             max_level += 1;
         }
-        Geometry { base: full.div_ceil(1 << max_level).max(2), max_level }
+        Geometry {
+            base: full.div_ceil(1 << max_level).max(2),
+            max_level,
+        }
     }
 
     /// Buckets at `level`.
@@ -63,7 +66,9 @@ impl Geometry {
 
     /// The lowest level that holds `ids` at its target load (the full size if none does).
     pub(crate) fn level_for(self, ids: u64) -> u8 {
-        (0..=self.max_level).find(|&l| self.capacity(l) >= ids).unwrap_or(self.max_level)
+        (0..=self.max_level)
+            .find(|&l| self.capacity(l) >= ids)
+            .unwrap_or(self.max_level)
     }
 }
 
@@ -110,8 +115,15 @@ impl Placer {
     pub(crate) fn new(seed: u64, geometry: Geometry, level: u8) -> Placer {
         // Enough bits for the remainder to be uniform (a quotient of at least 24 bits beyond
         // the bucket, so the bias is below 2^-24) and for every level's fingerprint.
-        let bits = (usize::BITS - geometry.base.leading_zeros() + 24 + u32::from(geometry.max_level)).min(64);
-        Placer { seed, base: StrengthReducedU64::new(geometry.base as u64), shift: 64 - bits, level }
+        let bits =
+            (usize::BITS - geometry.base.leading_zeros() + 24 + u32::from(geometry.max_level))
+                .min(64);
+        Placer {
+            seed,
+            base: StrengthReducedU64::new(geometry.base as u64),
+            shift: 64 - bits,
+            level,
+        }
     }
 
     /// Where `key` lives.
@@ -119,7 +131,11 @@ impl Placer {
         let h = xxh3_128_with_seed(&key.0, self.seed);
         let choices = [self.choice(h as u64), self.choice((h >> 64) as u64)];
         let base = self.base.get() as usize;
-        Place { first: choices[0].bucket(base, self.level), second: choices[1].bucket(base, self.level), choices }
+        Place {
+            first: choices[0].bucket(base, self.level),
+            second: choices[1].bucket(base, self.level),
+            choices,
+        }
     }
 
     fn choice(&self, word: u64) -> Choice {
@@ -149,8 +165,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_doubling_keeps_each_id_in_its_bucket_or_sends_it_to_the_new_half_as_its_fingerprint_says() {
-        let g = Geometry { base: 1_000, max_level: 6 };
+    fn a_doubling_keeps_each_id_in_its_bucket_or_sends_it_to_the_new_half_as_its_fingerprint_says()
+    {
+        let g = Geometry {
+            base: 1_000,
+            max_level: 6,
+        };
         for n in 0..20_000u64 {
             let mut k = [0u8; 16];
             k[..8].copy_from_slice(&n.to_le_bytes());
@@ -160,9 +180,17 @@ mod tests {
             for level in 1..=6u8 {
                 let (now, before) = (at(level), at(level - 1));
                 for c in 0..2 {
-                    let (b_now, b_before) = if c == 0 { (now.first, before.first) } else { (now.second, before.second) };
+                    let (b_now, b_before) = if c == 0 {
+                        (now.first, before.first)
+                    } else {
+                        (now.second, before.second)
+                    };
                     let moved = moves(fingerprint(stored.choices[c], 0), level - 1);
-                    assert_eq!(b_now, b_before + if moved { g.buckets(level - 1) } else { 0 }, "id {n} level {level}");
+                    assert_eq!(
+                        b_now,
+                        b_before + if moved { g.buckets(level - 1) } else { 0 },
+                        "id {n} level {level}"
+                    );
                     assert!(b_now < g.buckets(level));
                 }
             }
@@ -171,7 +199,10 @@ mod tests {
 
     #[test]
     fn buckets_are_filled_evenly() {
-        let g = Geometry { base: 97, max_level: 2 };
+        let g = Geometry {
+            base: 97,
+            max_level: 2,
+        };
         let placer = Placer::new(5, g, 2);
         let mut counts = vec![0u32; g.buckets(2)];
         for n in 0..388_000u64 {
@@ -180,7 +211,11 @@ mod tests {
             counts[placer.place(&LedgerKey(k)).first] += 1;
         }
         // 1,000 ids a bucket on average: within 15% everywhere.
-        assert!(counts.iter().all(|&c| (850..1150).contains(&c)), "{:?}", counts.iter().min().zip(counts.iter().max()));
+        assert!(
+            counts.iter().all(|&c| (850..1150).contains(&c)),
+            "{:?}",
+            counts.iter().min().zip(counts.iter().max())
+        );
     }
 
     #[test]

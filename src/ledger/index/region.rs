@@ -38,13 +38,21 @@ impl Region {
                 0,
             )
         };
-        assert!(ptr != libc::MAP_FAILED, "mapping {len} bytes for the id index failed: {}", std::io::Error::last_os_error());
+        assert!(
+            ptr != libc::MAP_FAILED,
+            "mapping {len} bytes for the id index failed: {}",
+            std::io::Error::last_os_error()
+        );
         // SAFETY: the range is the mapping just made; MADV_HUGEPAGE changes how the kernel backs
         // it, never its contents. An error (transparent huge pages disabled) is harmless.
         unsafe {
             libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
         }
-        Region { ptr: ptr.cast(), len, populating: None }
+        Region {
+            ptr: ptr.cast(),
+            len,
+            populating: None,
+        }
     }
 
     /// The first `len` bytes.
@@ -74,11 +82,15 @@ impl Region {
             return;
         }
         let (base, to) = (self.ptr as usize, to.min(self.len));
-        let spawned = std::thread::Builder::new().name("index-populate".into()).spawn(move || populate(base, from, to));
+        let spawned = std::thread::Builder::new()
+            .name("index-populate".into())
+            .spawn(move || populate(base, from, to));
         match spawned {
             Ok(handle) => self.populating = Some(handle),
             // Done when the table grows instead.
-            Err(e) => tracing::debug!(error = %e, "Could not start a thread to prepare the id index's next size."),
+            Err(e) => {
+                tracing::debug!(error = %e, "Could not start a thread to prepare the id index's next size.")
+            }
         }
     }
 
@@ -116,7 +128,13 @@ fn populate(base: usize, from: usize, to: usize) {
         let end = (at + POPULATE_STEP).min(to);
         // SAFETY: the range lies in the mapping at `base`, which outlives this call (its owner
         // joins the thread running it before unmapping); populating never changes the contents.
-        let result = unsafe { libc::madvise((base + at) as *mut libc::c_void, end - at, libc::MADV_POPULATE_WRITE) };
+        let result = unsafe {
+            libc::madvise(
+                (base + at) as *mut libc::c_void,
+                end - at,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
         if result != 0 {
             tracing::debug!(error = %std::io::Error::last_os_error(), "Could not make the id index's pages resident ahead of use.");
             return;

@@ -36,7 +36,9 @@ fn insert(index: &mut IdIndex, ids: std::ops::Range<u64>, tag: u8) {
 }
 
 fn false_positives(index: &IdIndex) -> usize {
-    (1_000_000_000..1_000_100_000).filter(|&n| probe(index, n) != Probe::Absent).count()
+    (1_000_000_000..1_000_100_000)
+        .filter(|&n| probe(index, n) != Probe::Absent)
+        .count()
 }
 
 #[test]
@@ -59,7 +61,14 @@ fn every_inserted_id_is_found_under_its_tag_and_few_others_are() {
 
 #[test]
 fn forgetting_a_tag_frees_its_slots_for_reuse() {
-    let mut index = IdIndex::new(Geometry { base: 530, max_level: 0 }, 0, 7);
+    let mut index = IdIndex::new(
+        Geometry {
+            base: 530,
+            max_level: 0,
+        },
+        0,
+        7,
+    );
     index.start(0);
     insert(&mut index, 0..9_000, 0);
     index.forget(0);
@@ -73,21 +82,37 @@ fn forgetting_a_tag_frees_its_slots_for_reuse() {
 
 #[test]
 fn a_reused_tag_does_not_resurrect_old_ids() {
-    let mut index = IdIndex::new(Geometry { base: 53, max_level: 0 }, 0, 7);
+    let mut index = IdIndex::new(
+        Geometry {
+            base: 53,
+            max_level: 0,
+        },
+        0,
+        7,
+    );
     index.start(5);
     for n in 0..500 {
         index.insert(&index.place(&key(n)), 5);
     }
     index.forget(5);
     index.start(5);
-    let resurrected: HashSet<u64> = (0..500).filter(|&n| probe(&index, n) != Probe::Absent).collect();
+    let resurrected: HashSet<u64> = (0..500)
+        .filter(|&n| probe(&index, n) != Probe::Absent)
+        .collect();
     assert!(resurrected.is_empty(), "{resurrected:?}");
     assert_eq!(index.live_slots(), 0);
 }
 
 #[test]
 fn a_full_table_overflows_into_unknown_answers_never_absent_ones() {
-    let mut index = IdIndex::new(Geometry { base: 6, max_level: 0 }, 0, 7);
+    let mut index = IdIndex::new(
+        Geometry {
+            base: 6,
+            max_level: 0,
+        },
+        0,
+        7,
+    );
     index.start(0);
     let mut refused = Vec::new();
     for n in 0..1_000 {
@@ -157,14 +182,25 @@ fn the_table_doubles_in_place_and_every_id_stays_found_under_its_tag() {
         for n in ids.clone() {
             let found = maybe_in(probe(&index, n), *tag);
             if *tag == 1 {
-                assert!(!found || probe(&index, n) == Probe::Unknown, "id {n} of a forgotten generation found under its tag");
+                assert!(
+                    !found || probe(&index, n) == Probe::Unknown,
+                    "id {n} of a forgotten generation found under its tag"
+                );
             } else {
                 assert!(found, "id {n} lost (tag {tag})");
             }
         }
     }
-    let live: u64 = stored.iter().filter(|(t, _)| *t != 1).map(|(_, r)| r.end - r.start).sum();
-    assert_eq!(index.live_slots(), live, "the split counts every live entry once and drops the dead");
+    let live: u64 = stored
+        .iter()
+        .filter(|(t, _)| *t != 1)
+        .map(|(_, r)| r.end - r.start)
+        .sum();
+    assert_eq!(
+        index.live_slots(),
+        live,
+        "the split counts every live entry once and drops the dead"
+    );
     // Entries stored six doublings ago compare 10 fingerprint bits; the table is sparse, so new
     // ids still rarely hit: well under 1%.
     let fp = false_positives(&index);
@@ -187,7 +223,11 @@ fn an_overflowed_bucket_stays_unknown_after_a_doubling() {
     let overflowed = index.overflowed_buckets();
     index.grow();
     for n in &refused {
-        assert_eq!(probe(&index, *n), Probe::Unknown, "id {n}, before its bucket is split");
+        assert_eq!(
+            probe(&index, *n),
+            Probe::Unknown,
+            "id {n}, before its bucket is split"
+        );
     }
     index.finish_growth();
     assert_eq!(index.overflowed_buckets(), 2 * overflowed);
@@ -219,8 +259,13 @@ fn a_table_stored_and_read_back_answers_alike() {
         assert_eq!(probe(&back, n), probe(&index, n), "id {n}");
     }
     // A header of another size is refused.
-    let other = Geometry { base: header.geometry.base + 1, ..header.geometry };
-    assert!(IdIndex::from_parts(&header, other, |_| Ok(())).unwrap().is_none());
+    let other = Geometry {
+        base: header.geometry.base + 1,
+        ..header.geometry
+    };
+    assert!(IdIndex::from_parts(&header, other, |_| Ok(()))
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -238,15 +283,24 @@ fn ids_stay_found_while_the_table_splits_a_few_buckets_at_a_time() {
             insert(&mut index, next..next + 50, tag);
             next += 50;
             for n in (0..30_000).step_by(13) {
-                assert!(maybe_in(probe(&index, n), 1), "id {n} lost in round {round}");
+                assert!(
+                    maybe_in(probe(&index, n), 1),
+                    "id {n} lost in round {round}"
+                );
             }
             for n in (base..next).step_by(7) {
-                assert!(maybe_in(probe(&index, n), tag), "new id {n} lost in round {round}");
+                assert!(
+                    maybe_in(probe(&index, n), tag),
+                    "new id {n} lost in round {round}"
+                );
             }
         }
         assert!(!index.growing());
         for n in base..next {
-            assert!(maybe_in(probe(&index, n), tag), "new id {n} lost after round {round}");
+            assert!(
+                maybe_in(probe(&index, n), tag),
+                "new id {n} lost after round {round}"
+            );
         }
     }
     assert_eq!(index.overflowed_buckets(), 0);
@@ -254,11 +308,22 @@ fn ids_stay_found_while_the_table_splits_a_few_buckets_at_a_time() {
 
 #[test]
 fn ids_loaded_in_bulk_in_bucket_order_are_all_found_and_a_full_table_answers_unknown() {
-    let mut index = IdIndex::new(Geometry { base: 1_000, max_level: 0 }, 0, 7);
+    let mut index = IdIndex::new(
+        Geometry {
+            base: 1_000,
+            max_level: 0,
+        },
+        0,
+        7,
+    );
     index.start(1);
     let mut places: Vec<(u64, Place)> = (0..21_000u64).map(|n| (n, index.place(&key(n)))).collect();
     places.sort_unstable_by_key(|(_, p)| p.first);
-    let refused: Vec<u64> = places.iter().filter(|(_, p)| !index.insert_bulk(p, 1)).map(|(n, _)| *n).collect();
+    let refused: Vec<u64> = places
+        .iter()
+        .filter(|(_, p)| !index.insert_bulk(p, 1))
+        .map(|(n, _)| *n)
+        .collect();
     // 21 ids a bucket on average into 21 slots: some buckets and their second choices fill up.
     assert!(!refused.is_empty(), "the table was meant to be over full");
     for (n, _) in &places {

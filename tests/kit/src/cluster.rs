@@ -70,7 +70,9 @@ fn port(node: i32, offset: u16) -> u16 {
 /// maps `i32::MIN` to 0. (Not `hash & 0x7fffffff`, Kafka's rule for record keys: the two differ
 /// for every negative hash.)
 pub fn coordinator_partition(id: &str, partitions: i32) -> i32 {
-    let hash = id.encode_utf16().fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(c as i32));
+    let hash = id
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(c as i32));
     let abs = if hash == i32::MIN { 0 } else { hash.abs() };
     abs % partitions
 }
@@ -120,7 +122,11 @@ impl Cluster {
         let (t, at) = (Instant::now(), std::time::SystemTime::now());
         self.run(&[verb, &node.to_string()]);
         // The wall clock too, to read beside the worker's and the nodes' logs.
-        eprintln!("cluster.sh {verb} {node}: {:.1} s, from {}", t.elapsed().as_secs_f64(), humantime::format_rfc3339_millis(at));
+        eprintln!(
+            "cluster.sh {verb} {node}: {:.1} s, from {}",
+            t.elapsed().as_secs_f64(),
+            humantime::format_rfc3339_millis(at)
+        );
     }
 
     /// SIGKILL (a crash); returns once the process is gone.
@@ -158,7 +164,11 @@ impl Cluster {
 
     /// The PLAINTEXT bootstrap list on loopback.
     pub fn bootstrap(&self) -> String {
-        NODES.iter().map(|&n| format!("127.0.0.1:{}", port(n, 0))).collect::<Vec<_>>().join(",")
+        NODES
+            .iter()
+            .map(|&n| format!("127.0.0.1:{}", port(n, 0)))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     fn metadata(&self, topic: Option<&str>) -> Option<Metadata> {
@@ -177,20 +187,33 @@ impl Cluster {
     /// The transaction coordinator of `transactional_id`: the leader of its `__transaction_state`
     /// partition ([`coordinator_partition`]). rust-rdkafka has no FindCoordinator request.
     pub fn transaction_coordinator(&self, transactional_id: &str) -> Option<i32> {
-        self.leader("__transaction_state", coordinator_partition(transactional_id, COORDINATOR_PARTITIONS))
+        self.leader(
+            "__transaction_state",
+            coordinator_partition(transactional_id, COORDINATOR_PARTITIONS),
+        )
     }
 
     /// The group coordinator of `group`: the leader of its `__consumer_offsets` partition.
     pub fn group_coordinator(&self, group: &str) -> Option<i32> {
-        self.leader("__consumer_offsets", coordinator_partition(group, COORDINATOR_PARTITIONS))
+        self.leader(
+            "__consumer_offsets",
+            coordinator_partition(group, COORDINATOR_PARTITIONS),
+        )
     }
 
     /// The client ids of `group`'s members, as its coordinator describes them.
     pub fn group_members(&self, group: &str) -> Option<Vec<String>> {
         let consumer: BaseConsumer = client_config().create().expect("group list client");
-        let list = consumer.fetch_group_list(Some(group), Duration::from_secs(10)).ok()?;
+        let list = consumer
+            .fetch_group_list(Some(group), Duration::from_secs(10))
+            .ok()?;
         let g = list.groups().iter().find(|g| g.name() == group)?;
-        Some(g.members().iter().map(|m| m.client_id().to_string()).collect())
+        Some(
+            g.members()
+                .iter()
+                .map(|m| m.client_id().to_string())
+                .collect(),
+        )
     }
 
     /// The KRaft controller the nodes last agreed on: the leader of the highest epoch among the
@@ -200,8 +223,11 @@ impl Cluster {
         NODES
             .iter()
             .filter_map(|n| {
-                let file = self.run_dir.join(format!("node{n}/data/__cluster_metadata-0/quorum-state"));
-                let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
+                let file = self
+                    .run_dir
+                    .join(format!("node{n}/data/__cluster_metadata-0/quorum-state"));
+                let state: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
                 Some((state["leaderEpoch"].as_i64()?, state["leaderId"].as_i64()?))
             })
             .max()
@@ -211,7 +237,13 @@ impl Cluster {
     /// Polls `find` until it names a node (a partition without a leader gets one within the
     /// brokers' session timeout, 9 s here).
     pub fn wait_for(&self, what: &str, find: impl Fn(&Self) -> Option<i32>) -> i32 {
-        crate::wait_until(what, Duration::from_secs(90), Duration::from_millis(500), || find(self), || self.describe())
+        crate::wait_until(
+            what,
+            Duration::from_secs(90),
+            Duration::from_millis(500),
+            || find(self),
+            || self.describe(),
+        )
     }
 
     /// Waits until every partition of every topic has all its replicas in sync: a node killed and
@@ -239,21 +271,34 @@ impl Cluster {
             &format!("a leader for every partition of {topic}"),
             Duration::from_secs(120),
             Duration::from_millis(500),
-            || (0..partitions).all(|p| self.leader(topic, p).is_some()).then_some(()),
+            || {
+                (0..partitions)
+                    .all(|p| self.leader(topic, p).is_some())
+                    .then_some(())
+            },
             || self.describe(),
         )
     }
 
     /// The brokers and partition leaders the metadata shows, for a failure message.
     pub fn describe(&self) -> String {
-        let Some(md) = self.metadata(None) else { return "no node answered a metadata request within 10 s".into() };
+        let Some(md) = self.metadata(None) else {
+            return "no node answered a metadata request within 10 s".into();
+        };
         let mut brokers: Vec<i32> = md.brokers().iter().map(|b| b.id()).collect();
         brokers.sort();
         let mut lines = vec![format!("brokers in metadata: {brokers:?}")];
         for t in md.topics() {
-            let mut leaders: Vec<(i32, i32)> = t.partitions().iter().map(|p| (p.id(), p.leader())).collect();
+            let mut leaders: Vec<(i32, i32)> = t
+                .partitions()
+                .iter()
+                .map(|p| (p.id(), p.leader()))
+                .collect();
             leaders.sort();
-            lines.push(format!("{}: leaders (partition, node) {leaders:?}", t.name()));
+            lines.push(format!(
+                "{}: leaders (partition, node) {leaders:?}",
+                t.name()
+            ));
         }
         lines.join("\n")
     }
@@ -262,10 +307,18 @@ impl Cluster {
     pub fn secure(&self) -> SecureListener {
         let tls = self.run_dir.join("tls");
         let password_file = tls.join("scram.password");
-        let password = std::fs::read_to_string(&password_file)
-            .unwrap_or_else(|e| panic!("the SCRAM password cluster.sh made, {}: {e}", password_file.display()));
+        let password = std::fs::read_to_string(&password_file).unwrap_or_else(|e| {
+            panic!(
+                "the SCRAM password cluster.sh made, {}: {e}",
+                password_file.display()
+            )
+        });
         SecureListener {
-            bootstrap: NODES.iter().map(|&n| format!("127.0.0.1:{}", port(n, 2))).collect::<Vec<_>>().join(","),
+            bootstrap: NODES
+                .iter()
+                .map(|&n| format!("127.0.0.1:{}", port(n, 2)))
+                .collect::<Vec<_>>()
+                .join(","),
             ca: tls.join("ca.pem"),
             worker_user: "dedupe".into(),
             client_user: "dedupe-client".into(),
@@ -277,30 +330,59 @@ impl Cluster {
     pub fn netns(&self) -> Netns {
         Netns {
             name: NETNS.into(),
-            address: format!("{NETNS_SUBNET}.2").parse().expect("an IPv4 address"),
-            bootstrap: NODES.iter().map(|&n| format!("{NETNS_SUBNET}.1{n}:{}", port(n, 3))).collect::<Vec<_>>().join(","),
+            address: format!("{NETNS_SUBNET}.2")
+                .parse()
+                .expect("an IPv4 address"),
+            bootstrap: NODES
+                .iter()
+                .map(|&n| format!("{NETNS_SUBNET}.1{n}:{}", port(n, 3)))
+                .collect::<Vec<_>>()
+                .join(","),
         }
     }
 
     /// Allows `principal` (`User:NAME`) `operations` on `resource`, through Kafka's CreateAcls
     /// (as `User:ANONYMOUS`, a super user, on the PLAINTEXT listener).
     pub fn allow(&self, principal: &str, operations: &[Operation], resource: Resource<'_>) {
-        create_acls(principal, operations, resource).unwrap_or_else(|e| panic!("CreateAcls for {principal} on {resource:?}: {e}"));
+        create_acls(principal, operations, resource)
+            .unwrap_or_else(|e| panic!("CreateAcls for {principal} on {resource:?}: {e}"));
     }
 }
 
 /// CreateAcls through librdkafka's C API: rust-rdkafka 0.39 has no ACL calls.
-fn create_acls(principal: &str, operations: &[Operation], resource: Resource<'_>) -> Result<(), String> {
+fn create_acls(
+    principal: &str,
+    operations: &[Operation],
+    resource: Resource<'_>,
+) -> Result<(), String> {
     use rd::rd_kafka_AclOperation_t as Op;
     use rd::rd_kafka_ResourcePatternType_t as Pattern;
     use rd::rd_kafka_ResourceType_t as Type;
     let (kind, name, pattern) = match resource {
-        Resource::Topic(t) => (Type::RD_KAFKA_RESOURCE_TOPIC, t, Pattern::RD_KAFKA_RESOURCE_PATTERN_LITERAL),
-        Resource::Group(g) => (Type::RD_KAFKA_RESOURCE_GROUP, g, Pattern::RD_KAFKA_RESOURCE_PATTERN_LITERAL),
-        Resource::TransactionalIdPrefix(p) => (Type::RD_KAFKA_RESOURCE_TRANSACTIONAL_ID, p, Pattern::RD_KAFKA_RESOURCE_PATTERN_PREFIXED),
+        Resource::Topic(t) => (
+            Type::RD_KAFKA_RESOURCE_TOPIC,
+            t,
+            Pattern::RD_KAFKA_RESOURCE_PATTERN_LITERAL,
+        ),
+        Resource::Group(g) => (
+            Type::RD_KAFKA_RESOURCE_GROUP,
+            g,
+            Pattern::RD_KAFKA_RESOURCE_PATTERN_LITERAL,
+        ),
+        Resource::TransactionalIdPrefix(p) => (
+            Type::RD_KAFKA_RESOURCE_TRANSACTIONAL_ID,
+            p,
+            Pattern::RD_KAFKA_RESOURCE_PATTERN_PREFIXED,
+        ),
     };
-    let (name, principal, host) = (CString::new(name).unwrap(), CString::new(principal).unwrap(), CString::new("*").unwrap());
-    let client: BaseConsumer = client_config().create().map_err(|e| format!("admin client: {e}"))?;
+    let (name, principal, host) = (
+        CString::new(name).unwrap(),
+        CString::new(principal).unwrap(),
+        CString::new("*").unwrap(),
+    );
+    let client: BaseConsumer = client_config()
+        .create()
+        .map_err(|e| format!("admin client: {e}"))?;
     let rk = client.client().native_ptr();
     let mut bindings = Vec::new();
     for op in operations {
@@ -328,7 +410,9 @@ fn create_acls(principal: &str, operations: &[Operation], resource: Resource<'_>
         };
         if binding.is_null() {
             // SAFETY: librdkafka wrote a NUL-terminated message into the buffer.
-            return Err(unsafe { CStr::from_ptr(errstr.as_ptr()) }.to_string_lossy().into_owned());
+            return Err(unsafe { CStr::from_ptr(errstr.as_ptr()) }
+                .to_string_lossy()
+                .into_owned());
         }
         bindings.push(binding);
     }
@@ -337,12 +421,22 @@ fn create_acls(principal: &str, operations: &[Operation], resource: Resource<'_>
     // the per-ACL errors belong to the event.
     unsafe {
         let queue = rd::rd_kafka_queue_new(rk);
-        rd::rd_kafka_CreateAcls(rk, bindings.as_mut_ptr(), bindings.len(), std::ptr::null(), queue);
+        rd::rd_kafka_CreateAcls(
+            rk,
+            bindings.as_mut_ptr(),
+            bindings.len(),
+            std::ptr::null(),
+            queue,
+        );
         let event = rd::rd_kafka_queue_poll(queue, 30_000);
         let outcome = if event.is_null() {
             Err("no answer within 30 s".to_string())
-        } else if rd::rd_kafka_event_error(event) != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-            Err(CStr::from_ptr(rd::rd_kafka_event_error_string(event)).to_string_lossy().into_owned())
+        } else if rd::rd_kafka_event_error(event)
+            != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        {
+            Err(CStr::from_ptr(rd::rd_kafka_event_error_string(event))
+                .to_string_lossy()
+                .into_owned())
         } else {
             let result = rd::rd_kafka_event_CreateAcls_result(event);
             let mut n = 0;
@@ -350,10 +444,18 @@ fn create_acls(principal: &str, operations: &[Operation], resource: Resource<'_>
             let errors: Vec<String> = (0..n)
                 .filter_map(|i| {
                     let error = rd::rd_kafka_acl_result_error(*acls.add(i));
-                    (!error.is_null()).then(|| CStr::from_ptr(rd::rd_kafka_error_string(error)).to_string_lossy().into_owned())
+                    (!error.is_null()).then(|| {
+                        CStr::from_ptr(rd::rd_kafka_error_string(error))
+                            .to_string_lossy()
+                            .into_owned()
+                    })
                 })
                 .collect();
-            if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(errors.join("; "))
+            }
         };
         if !event.is_null() {
             rd::rd_kafka_event_destroy(event);
@@ -385,7 +487,10 @@ impl SecureListener {
             ("DEDUPE_KAFKA_SASL_MECHANISM".into(), "SCRAM-SHA-512".into()),
             ("DEDUPE_KAFKA_SASL_USERNAME".into(), user.into()),
             ("DEDUPE_KAFKA_SASL_PASSWORD".into(), password.into()),
-            ("DEDUPE_KAFKA_SSL_CA_LOCATION".into(), self.ca.display().to_string()),
+            (
+                "DEDUPE_KAFKA_SSL_CA_LOCATION".into(),
+                self.ca.display().to_string(),
+            ),
         ]
     }
 
@@ -420,6 +525,9 @@ mod tests {
         assert_eq!(coordinator_partition("dedupe", 8), 1_335_681_465 % 8);
         assert_eq!(coordinator_partition("polygenelubricants", 8), 0);
         // A character outside the BMP counts as its two UTF-16 code units.
-        assert_eq!(coordinator_partition("\u{1F600}", 50), (0xD83D * 31 + 0xDE00) % 50);
+        assert_eq!(
+            coordinator_partition("\u{1F600}", 50),
+            (0xD83D * 31 + 0xDE00) % 50
+        );
     }
 }

@@ -13,7 +13,10 @@ use crate::{metric_value, Dedupe};
 
 /// `Authorization: Basic` for a write key (the key as the user, an empty password).
 pub fn basic(key: &str) -> String {
-    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{key}:")))
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{key}:"))
+    )
 }
 
 /// How to start `dedupe ingest`.
@@ -33,7 +36,14 @@ pub struct IngestSpec {
 
 impl IngestSpec {
     pub fn new(bin: Dedupe, topic: &str) -> Self {
-        Self { bin, topic: topic.into(), brokers: None, write_keys: Vec::new(), env: Vec::new(), every_address: false }
+        Self {
+            bin,
+            topic: topic.into(),
+            brokers: None,
+            write_keys: Vec::new(),
+            env: Vec::new(),
+            every_address: false,
+        }
     }
 
     /// Listens on every address (the test still sends to loopback only).
@@ -81,10 +91,16 @@ impl IngestSpec {
         }
         let log = tempfile::NamedTempFile::new().expect("a log file");
         let listen = crate::free_port();
-        let metrics_port = std::iter::repeat_with(crate::free_port).find(|p| *p != listen).expect("a second free port");
+        let metrics_port = std::iter::repeat_with(crate::free_port)
+            .find(|p| *p != listen)
+            .expect("a second free port");
         let addr = SocketAddr::from(([127, 0, 0, 1], listen));
         let metrics = SocketAddr::from(([127, 0, 0, 1], metrics_port));
-        let bind = if self.every_address { SocketAddr::from(([0, 0, 0, 0], listen)) } else { addr };
+        let bind = if self.every_address {
+            SocketAddr::from(([0, 0, 0, 0], listen))
+        } else {
+            addr
+        };
         let mut cmd = self.bin.command();
         cmd.arg("ingest")
             .args(["--listen", &bind.to_string(), "--topic", &self.topic])
@@ -104,7 +120,14 @@ impl IngestSpec {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start dedupe ingest");
-        let mut ingest = Ingest { child, addr, metrics, log, write_keys: self.write_keys.iter().map(|(k, _)| k.clone()).collect(), _keys: keys };
+        let mut ingest = Ingest {
+            child,
+            addr,
+            metrics,
+            log,
+            write_keys: self.write_keys.iter().map(|(k, _)| k.clone()).collect(),
+            _keys: keys,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = http::get(addr, "/healthz") {
@@ -114,7 +137,11 @@ impl IngestSpec {
             if let Ok(Some(status)) = ingest.child.try_wait() {
                 return Err(format!("exit {status}\n{}", ingest.log_text()));
             }
-            assert!(Instant::now() < deadline, "dedupe ingest did not answer /healthz within 30 s:\n{}", ingest.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "dedupe ingest did not answer /healthz within 30 s:\n{}",
+                ingest.log_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -143,8 +170,15 @@ impl Ingest {
     }
 
     /// Any request, with exactly these headers.
-    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-        http::request(self.addr, method, path, headers, body).unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log_text()))
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        http::request(self.addr, method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log_text()))
     }
 
     /// The sum of a metric's series with these labels on its /metrics (0 if none).
@@ -156,7 +190,8 @@ impl Ingest {
     /// A JSON POST, authenticated with `key` when there is one.
     pub fn post_json(&self, path: &str, key: Option<&str>, body: &serde_json::Value) -> Response {
         let auth = key.map(basic);
-        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
         self.post(path, &headers, body.to_string().as_bytes())
     }
 
@@ -178,7 +213,10 @@ impl Drop for Ingest {
         let _ = self.child.wait();
         let log = self.log_text();
         if !std::thread::panicking() {
-            assert!(!self.write_keys.iter().any(|k| log.contains(k.as_str())), "a write key was logged:\n{log}");
+            assert!(
+                !self.write_keys.iter().any(|k| log.contains(k.as_str())),
+                "a write key was logged:\n{log}"
+            );
         }
     }
 }

@@ -50,13 +50,21 @@ pub fn brokers() -> String {
                 String::from_utf8_lossy(&out.stderr)
             );
             let stdout = String::from_utf8_lossy(&out.stdout);
-            stdout.lines().last().expect("kafka.sh up prints the bootstrap address").trim().to_string()
+            stdout
+                .lines()
+                .last()
+                .expect("kafka.sh up prints the bootstrap address")
+                .trim()
+                .to_string()
         })
         .clone()
 }
 
 pub fn kafka_config() -> KafkaConfig {
-    KafkaConfig { brokers: brokers(), ..KafkaConfig::default() }
+    KafkaConfig {
+        brokers: brokers(),
+        ..KafkaConfig::default()
+    }
 }
 
 pub fn client_config() -> ClientConfig {
@@ -77,8 +85,14 @@ impl TestTopic {
     /// brokers' default replication factor (1 on the single broker, 3 on the cluster).
     pub fn create(prefix: &str, partitions: i32) -> Self {
         let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
-        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &name, partitions, -1, &[]))
-            .unwrap_or_else(|e| panic!("cannot create topic {name} on {}: {e}", brokers()));
+        futures::executor::block_on(dedupe::kafka::create_topic(
+            &kafka_config(),
+            &name,
+            partitions,
+            -1,
+            &[],
+        ))
+        .unwrap_or_else(|e| panic!("cannot create topic {name} on {}: {e}", brokers()));
         wait_for_topic(&name, partitions as usize);
         Self { name, partitions }
     }
@@ -87,7 +101,8 @@ impl TestTopic {
 impl TestTopic {
     /// Deletes the topic and creates it again, empty, under the same name.
     pub fn recreate(&self) {
-        let admin: AdminClient<DefaultClientContext> = client_config().create().expect("admin client");
+        let admin: AdminClient<DefaultClientContext> =
+            client_config().create().expect("admin client");
         futures::executor::block_on(admin.delete_topics(&[&self.name], &AdminOptions::new()))
             .expect("delete topics request");
         // Deletion completes asynchronously: wait until the metadata no longer lists the topic.
@@ -95,15 +110,31 @@ impl TestTopic {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let md = consumer.fetch_metadata(Some(&self.name), Duration::from_secs(5));
-            let gone = md.map(|md| md.topics().iter().all(|t| t.name() != self.name || t.error().is_some())).unwrap_or(false);
+            let gone = md
+                .map(|md| {
+                    md.topics()
+                        .iter()
+                        .all(|t| t.name() != self.name || t.error().is_some())
+                })
+                .unwrap_or(false);
             if gone {
                 break;
             }
-            assert!(Instant::now() < deadline, "topic {} was not deleted within 30 s", self.name);
+            assert!(
+                Instant::now() < deadline,
+                "topic {} was not deleted within 30 s",
+                self.name
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
-        futures::executor::block_on(dedupe::kafka::create_topic(&kafka_config(), &self.name, self.partitions, -1, &[]))
-            .unwrap_or_else(|e| panic!("cannot create topic {} again: {e}", self.name));
+        futures::executor::block_on(dedupe::kafka::create_topic(
+            &kafka_config(),
+            &self.name,
+            self.partitions,
+            -1,
+            &[],
+        ))
+        .unwrap_or_else(|e| panic!("cannot create topic {} again: {e}", self.name));
         wait_for_topic(&self.name, self.partitions as usize);
     }
 }
@@ -118,7 +149,10 @@ impl Drop for TestTopic {
             let changelog = dedupe::changelog::default_topic(&self.name);
             let audit = dedupe::audit::default_topic(&self.name);
             let dead_letters = format!("{}.dead-letter", self.name);
-            let _ = futures::executor::block_on(admin.delete_topics(&[&self.name, &changelog, &audit, &dead_letters], &AdminOptions::new()));
+            let _ = futures::executor::block_on(admin.delete_topics(
+                &[&self.name, &changelog, &audit, &dead_letters],
+                &AdminOptions::new(),
+            ));
         }
     }
 }
@@ -132,13 +166,18 @@ pub fn wait_for_topic(topic: &str, partitions: usize) {
             if let Some(t) = md.topics().iter().find(|t| t.name() == topic) {
                 if t.error().is_none()
                     && t.partitions().len() == partitions
-                    && t.partitions().iter().all(|p| p.leader() >= 0 && p.error().is_none())
+                    && t.partitions()
+                        .iter()
+                        .all(|p| p.leader() >= 0 && p.error().is_none())
                 {
                     return;
                 }
             }
         }
-        assert!(Instant::now() < deadline, "topic {topic} did not appear with {partitions} partitions");
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} did not appear with {partitions} partitions"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -160,7 +199,10 @@ pub type Outgoing = (Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>);
 /// Produces `(key, value)` records (idempotent, acks=all) and waits for every acknowledgement.
 /// Returns (partition, offset) of each.
 pub fn produce(topic: &str, records: &[KeyAndValue]) -> Vec<(i32, i64)> {
-    let full: Vec<Outgoing> = records.iter().map(|(k, v)| (k.clone(), v.clone(), Vec::new())).collect();
+    let full: Vec<Outgoing> = records
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone(), Vec::new()))
+        .collect();
     produce_full(topic, &full)
 }
 
@@ -170,14 +212,21 @@ pub fn produce_full(topic: &str, records: &[Outgoing]) -> Vec<(i32, i64)> {
 }
 
 /// [`produce_full`] into one partition, or where the key puts each record if None.
-pub fn produce_full_to(topic: &str, partition: Option<i32>, records: &[Outgoing]) -> Vec<(i32, i64)> {
+pub fn produce_full_to(
+    topic: &str,
+    partition: Option<i32>,
+    records: &[Outgoing],
+) -> Vec<(i32, i64)> {
     let producer: FutureProducer = client_config()
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
         .create()
         .expect("producer");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut pending = Vec::with_capacity(records.len());
         for (k, v, hs) in records {
@@ -194,15 +243,27 @@ pub fn produce_full_to(topic: &str, partition: Option<i32>, records: &[Outgoing]
             if !hs.is_empty() {
                 let mut h = rdkafka::message::OwnedHeaders::new();
                 for (name, value) in hs {
-                    h = h.insert(rdkafka::message::Header { key: name, value: Some(value.as_slice()) });
+                    h = h.insert(rdkafka::message::Header {
+                        key: name,
+                        value: Some(value.as_slice()),
+                    });
                 }
                 r = r.headers(h);
             }
-            pending.push(producer.send_result(r).map_err(|(e, _)| e).expect("enqueue"));
+            pending.push(
+                producer
+                    .send_result(r)
+                    .map_err(|(e, _)| e)
+                    .expect("enqueue"),
+            );
         }
         let mut out = Vec::with_capacity(pending.len());
         for p in pending {
-            let delivery = p.await.expect("delivery future").map_err(|(e, _)| e).expect("delivered");
+            let delivery = p
+                .await
+                .expect("delivery future")
+                .map_err(|(e, _)| e)
+                .expect("delivered");
             out.push((delivery.partition, delivery.offset));
         }
         out
@@ -212,15 +273,24 @@ pub fn produce_full_to(topic: &str, partition: Option<i32>, records: &[Outgoing]
 /// Reads every partition of `topic` from the beginning to its end (to the last stable offset
 /// when `read_committed`), in offset order per partition.
 pub fn consume_all(topic: &str, read_committed: bool) -> Vec<Record> {
-    try_consume_all(topic, read_committed, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}"))
+    try_consume_all(topic, read_committed, Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
-pub fn try_consume_all(topic: &str, read_committed: bool, timeout: Duration) -> Result<Vec<Record>, dedupe::kafka::ReadError> {
+pub fn try_consume_all(
+    topic: &str,
+    read_committed: bool,
+    timeout: Duration,
+) -> Result<Vec<Record>, dedupe::kafka::ReadError> {
     let mut out = Vec::new();
     dedupe::kafka::read_to_end(&kafka_config(), topic, read_committed, timeout, &mut |m| {
         let headers = m
             .headers()
-            .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec()))).collect())
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_string(), h.value.map(|v| v.to_vec())))
+                    .collect()
+            })
             .unwrap_or_default();
         out.push(Record {
             partition: m.partition(),
@@ -245,7 +315,11 @@ pub fn wait_for_records(topic: &str, expected: usize, timeout: Duration) -> Vec<
         if got.len() >= expected {
             return got;
         }
-        assert!(Instant::now() < deadline, "{topic} holds {} records, expected {expected}, after {timeout:?}", got.len());
+        assert!(
+            Instant::now() < deadline,
+            "{topic} holds {} records, expected {expected}, after {timeout:?}",
+            got.len()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 }
@@ -326,14 +400,19 @@ impl StallMeter {
                 // hears nothing back, not "not the leader", and would keep asking it, so the
                 // meter would see the output stall as long as the node does, however soon the
                 // worker writes to the partition's new leader.
-                let consumer: BaseConsumer =
-                    client_config().set("topic.metadata.refresh.interval.ms", "1000").create().expect("watermark client");
+                let consumer: BaseConsumer = client_config()
+                    .set("topic.metadata.refresh.interval.ms", "1000")
+                    .create()
+                    .expect("watermark client");
                 let mut last: HashMap<i32, i64> = HashMap::new();
                 let started = Instant::now();
-                let mut grew: HashMap<i32, Vec<Instant>> = (0..partitions).map(|p| (p, Vec::new())).collect();
+                let mut grew: HashMap<i32, Vec<Instant>> =
+                    (0..partitions).map(|p| (p, Vec::new())).collect();
                 while !stop.load(Ordering::Relaxed) {
                     for p in 0..partitions {
-                        if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p, Duration::from_secs(1)) {
+                        if let Ok((_, high)) =
+                            consumer.fetch_watermarks(&topic, p, Duration::from_secs(1))
+                        {
                             if last.insert(p, high).is_some_and(|before| high > before) {
                                 let now = Instant::now();
                                 moved.lock().unwrap().insert(p, now);
@@ -343,10 +422,19 @@ impl StallMeter {
                     }
                     std::thread::sleep(Duration::from_millis(250));
                 }
-                Growth { started, stopped: Instant::now(), grew }
+                Growth {
+                    started,
+                    stopped: Instant::now(),
+                    grew,
+                }
             })
         };
-        Self { stop, moved, partitions, thread }
+        Self {
+            stop,
+            moved,
+            partitions,
+            thread,
+        }
     }
 
     /// Waits until every partition has grown after `since` (the worker publishes on each again).
@@ -357,9 +445,21 @@ impl StallMeter {
             Duration::from_millis(250),
             || {
                 let moved = self.moved.lock().unwrap();
-                (0..self.partitions).all(|p| moved.get(&p).is_some_and(|t| *t > since)).then_some(())
+                (0..self.partitions)
+                    .all(|p| moved.get(&p).is_some_and(|t| *t > since))
+                    .then_some(())
             },
-            || format!("last growth per partition: {:?}", self.moved.lock().unwrap().iter().map(|(p, t)| (*p, t.elapsed())).collect::<Vec<_>>()),
+            || {
+                format!(
+                    "last growth per partition: {:?}",
+                    self.moved
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .map(|(p, t)| (*p, t.elapsed()))
+                        .collect::<Vec<_>>()
+                )
+            },
         )
     }
 

@@ -68,12 +68,23 @@ impl Dedupe {
     pub fn verify(&self, input: &str, output: &str) -> (i32, serde_json::Value) {
         let out = self
             .command()
-            .args(["verify", "--brokers", &brokers(), "--input-topic", input, "--output-topic", output])
+            .args([
+                "verify",
+                "--brokers",
+                &brokers(),
+                "--input-topic",
+                input,
+                "--output-topic",
+                output,
+            ])
             .output()
             .expect("dedupe verify");
         let stdout = String::from_utf8_lossy(&out.stdout);
         let json = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
-            panic!("verify printed no JSON: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
+            panic!(
+                "verify printed no JSON: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
         });
         (out.status.code().unwrap_or(-1), json)
     }
@@ -81,18 +92,36 @@ impl Dedupe {
     /// Runs `dedupe explain ID [ARGS]` on the test brokers, asking the worker at `metrics` (or,
     /// when none answers there, reading the ledger at `ledger`); the JSON line and the sentence
     /// it printed. Panics when it fails.
-    pub fn explain(&self, ledger: &Path, metrics: std::net::SocketAddr, id: &str, args: &[&str]) -> (serde_json::Value, String) {
+    pub fn explain(
+        &self,
+        ledger: &Path,
+        metrics: std::net::SocketAddr,
+        id: &str,
+        args: &[&str],
+    ) -> (serde_json::Value, String) {
         let out = self
             .command()
-            .args(["explain", id, "--brokers", &brokers(), "--data-dir", ledger.to_str().expect("a UTF-8 path")])
+            .args([
+                "explain",
+                id,
+                "--brokers",
+                &brokers(),
+                "--data-dir",
+                ledger.to_str().expect("a UTF-8 path"),
+            ])
             .args(["--metrics-addr", &metrics.to_string()])
             .args(args)
             .output()
             .expect("dedupe explain");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(out.status.success(), "dedupe explain {id} failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "dedupe explain {id} failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut lines = stdout.lines();
-        let json = serde_json::from_str(lines.next().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        let json = serde_json::from_str(lines.next().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}: {stdout}"));
         (json, lines.next().unwrap_or_default().to_string())
     }
 }
@@ -103,7 +132,10 @@ pub fn repo_root() -> PathBuf {
     // binary left in a shared target directory by a build of another checkout must still use
     // this one. The fallback is this crate's own place, `tests/kit/`.
     match std::env::var_os("CARGO_MANIFEST_DIR") {
-        Some(dir) => PathBuf::from(dir).parent().expect("actors/ has a parent").to_path_buf(),
+        Some(dir) => PathBuf::from(dir)
+            .parent()
+            .expect("actors/ has a parent")
+            .to_path_buf(),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
     }
 }

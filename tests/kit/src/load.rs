@@ -29,7 +29,11 @@ pub fn keyed(ids: &[&String]) -> Vec<Outgoing> {
     ids.iter()
         .map(|id| {
             let value = format!(r#"{{"messageId":"{id}","n":1}}"#).into_bytes();
-            (Some(id.as_bytes().to_vec()), Some(value), vec![("trace".to_string(), id.as_bytes()[..8].to_vec())])
+            (
+                Some(id.as_bytes().to_vec()),
+                Some(value),
+                vec![("trace".to_string(), id.as_bytes()[..8].to_vec())],
+            )
         })
         .collect()
 }
@@ -65,7 +69,12 @@ pub struct LoadSpec {
 impl Default for LoadSpec {
     /// 1,000 records/s, 5% re-sent, every re-send of an id 5 s old or more when there is one.
     fn default() -> Self {
-        Self { rate_per_sec: 1_000, resend_share: 0.05, old_share: 1.0, old_after: Duration::from_secs(5) }
+        Self {
+            rate_per_sec: 1_000,
+            resend_share: 0.05,
+            old_share: 1.0,
+            old_after: Duration::from_secs(5),
+        }
     }
 }
 
@@ -92,7 +101,11 @@ impl Load {
             let (stop, distinct, topic) = (stop.clone(), distinct.clone(), topic.to_string());
             std::thread::spawn(move || produce_until(&topic, spec, &stop, &distinct))
         };
-        Self { stop, distinct, thread: Some(thread) }
+        Self {
+            stop,
+            distinct,
+            thread: Some(thread),
+        }
     }
 
     /// Distinct ids handed to the producer so far (delivered or on their way).
@@ -103,7 +116,11 @@ impl Load {
     /// Stops producing and waits for every record's delivery.
     pub fn finish(mut self) -> LoadSummary {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().expect("the load thread").join().expect("the load thread")
+        self.thread
+            .take()
+            .expect("the load thread")
+            .join()
+            .expect("the load thread")
     }
 }
 
@@ -127,7 +144,12 @@ impl ProducerContext for Failures {
     }
 }
 
-fn produce_until(topic: &str, spec: LoadSpec, stop: &AtomicBool, distinct: &AtomicU64) -> LoadSummary {
+fn produce_until(
+    topic: &str,
+    spec: LoadSpec,
+    stop: &AtomicBool,
+    distinct: &AtomicU64,
+) -> LoadSummary {
     let producer: ThreadedProducer<Failures> = client_config()
         .set("enable.idempotence", "false")
         .set("acks", "all")
@@ -143,8 +165,12 @@ fn produce_until(topic: &str, spec: LoadSpec, stop: &AtomicBool, distinct: &Atom
         let id = if resend {
             resent += 1;
             if rng.random_bool(spec.old_share) {
-                let old = recent.iter().position(|(t, _)| t.elapsed() >= spec.old_after);
-                recent[old.unwrap_or_else(|| rng.random_range(0..recent.len()))].1.clone()
+                let old = recent
+                    .iter()
+                    .position(|(t, _)| t.elapsed() >= spec.old_after);
+                recent[old.unwrap_or_else(|| rng.random_range(0..recent.len()))]
+                    .1
+                    .clone()
             } else {
                 recent.back().expect("not empty").1.clone()
             }
@@ -160,7 +186,13 @@ fn produce_until(topic: &str, spec: LoadSpec, stop: &AtomicBool, distinct: &Atom
         let value = format!(r#"{{"messageId":"{id}","seq":{sent}}}"#);
         let mut record = BaseRecord::to(topic).key(&id).payload(&value);
         while let Err((e, r)) = producer.send(record) {
-            assert!(matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::QueueFull)), "producing: {e}");
+            assert!(
+                matches!(
+                    e.rdkafka_error_code(),
+                    Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                ),
+                "producing: {e}"
+            );
             record = r;
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -171,8 +203,19 @@ fn produce_until(topic: &str, spec: LoadSpec, stop: &AtomicBool, distinct: &Atom
             std::thread::sleep(wait);
         }
     }
-    producer.flush(Duration::from_secs(360)).expect("every load record delivered within 6 min");
+    producer
+        .flush(Duration::from_secs(360))
+        .expect("every load record delivered within 6 min");
     let failures = producer.context().0.lock().unwrap();
-    assert!(failures.is_empty(), "{} load records were not delivered: {:?}", failures.len(), failures.first());
-    LoadSummary { sent, distinct: distinct.load(Ordering::Relaxed), resent }
+    assert!(
+        failures.is_empty(),
+        "{} load records were not delivered: {:?}",
+        failures.len(),
+        failures.first()
+    );
+    LoadSummary {
+        sent,
+        distinct: distinct.load(Ordering::Relaxed),
+        resent,
+    }
 }

@@ -30,7 +30,11 @@ pub fn free_port() -> u16 {
             }
         }
     }
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// A `dedupe run` child process with its own ledger directory and metrics port.
@@ -74,7 +78,10 @@ impl WorkerSpec {
                 ("DEDUPE_WORKER_BATCH_LINGER_MS".into(), "5".into()),
                 ("DEDUPE_LEDGER_BUDGET_BYTES".into(), "256MiB".into()),
                 ("DEDUPE_LEDGER_WRITE_BUFFER_BYTES".into(), "8MiB".into()),
-                ("DEDUPE_WORKER_GROUP_ID".into(), format!("dedupe-test-{}", uuid::Uuid::new_v4().simple())),
+                (
+                    "DEDUPE_WORKER_GROUP_ID".into(),
+                    format!("dedupe-test-{}", uuid::Uuid::new_v4().simple()),
+                ),
             ],
             extra_args: Vec::new(),
             brokers: None,
@@ -98,9 +105,13 @@ impl WorkerSpec {
     /// Starts `dedupe run`; its stderr goes to a log file in the data directory's parent.
     pub fn start(&self) -> Worker {
         let metrics_port = free_port();
-        let log = self.data_dir.with_extension(format!("log-{}", uuid::Uuid::new_v4().simple()));
+        let log = self
+            .data_dir
+            .with_extension(format!("log-{}", uuid::Uuid::new_v4().simple()));
         let log_file = std::fs::File::create(&log).expect("log file");
-        let metrics_host = self.metrics_host.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+        let metrics_host = self
+            .metrics_host
+            .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
         let mut cmd = match self.wrapper.split_first() {
             None => self.bin.command(),
             Some((program, args)) => {
@@ -130,7 +141,13 @@ impl WorkerSpec {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn dedupe run");
-        Worker { child, metrics_port, metrics_host, data_dir: self.data_dir.clone(), log }
+        Worker {
+            child,
+            metrics_port,
+            metrics_host,
+            data_dir: self.data_dir.clone(),
+            log,
+        }
     }
 }
 
@@ -147,13 +164,18 @@ impl Worker {
     /// GET on its metrics listener; (status, body), or None if nothing answers.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         let response = http::get(self.metrics_addr(), path).ok()?;
-        Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
+        Some((
+            response.status,
+            String::from_utf8_lossy(&response.body).into_owned(),
+        ))
     }
 
     /// The sum of a metric's series whose labels include `labels`; 0 when the page lacks it or
     /// nothing answers yet.
     pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.metrics().and_then(|page| metric_value(&page, name, labels)).unwrap_or(0.0)
+        self.metrics()
+            .and_then(|page| metric_value(&page, name, labels))
+            .unwrap_or(0.0)
     }
 
     /// Where its metrics (and admin) listener is.
@@ -176,9 +198,16 @@ impl Worker {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("the worker exited with {status} before it was ready:\n{}", self.log_text());
+                panic!(
+                    "the worker exited with {status} before it was ready:\n{}",
+                    self.log_text()
+                );
             }
-            assert!(Instant::now() < deadline, "the worker was not ready within {timeout:?}:\n{}", self.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "the worker was not ready within {timeout:?}:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -198,7 +227,11 @@ impl Worker {
 
     /// The exit code if the process has exited (`Some(None)`: killed by a signal), else `None`.
     pub fn exited(&mut self) -> Option<Option<i32>> {
-        self.child.try_wait().ok().flatten().map(|status| status.code())
+        self.child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map(|status| status.code())
     }
 
     pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
@@ -209,7 +242,10 @@ impl Worker {
             }
             if Instant::now() > deadline {
                 self.kill();
-                panic!("the worker did not exit within {timeout:?}:\n{}", self.log_text());
+                panic!(
+                    "the worker did not exit within {timeout:?}:\n{}",
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -228,14 +264,18 @@ impl Drop for Worker {
 /// GET http://127.0.0.1:port/path; (status, body), or None if nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let response = http::get(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).ok()?;
-    Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
+    Some((
+        response.status,
+        String::from_utf8_lossy(&response.body).into_owned(),
+    ))
 }
 
 /// The sum of a counter's or gauge's series named `name` whose labels include `labels`, on a
 /// metrics page; None when no series matches. Panics if the page is not the Prometheus text format.
 pub fn metric_value(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     use prometheus_parse::{Scrape, Value};
-    let scrape = Scrape::parse(page.lines().map(|l| Ok(l.to_owned()))).expect("a Prometheus text page");
+    let scrape =
+        Scrape::parse(page.lines().map(|l| Ok(l.to_owned()))).expect("a Prometheus text page");
     scrape
         .samples
         .iter()
@@ -263,12 +303,16 @@ impl Supervised {
         let exits = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (worker, exits, stop, spec) = (worker.clone(), exits.clone(), stop.clone(), spec.clone());
+            let (worker, exits, stop, spec) =
+                (worker.clone(), exits.clone(), stop.clone(), spec.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let mut w = worker.lock().unwrap();
                     if let Ok(Some(status)) = w.child.try_wait() {
-                        eprintln!("the worker exited with {status}; restarting it:\n{}", tail(&w.log_text(), 15));
+                        eprintln!(
+                            "the worker exited with {status}; restarting it:\n{}",
+                            tail(&w.log_text(), 15)
+                        );
                         exits.lock().unwrap().push(status.code());
                         *w = spec.start();
                     }
@@ -277,7 +321,12 @@ impl Supervised {
                 }
             })
         };
-        Self { worker, exits, stop, thread: Some(thread) }
+        Self {
+            worker,
+            exits,
+            stop,
+            thread: Some(thread),
+        }
     }
 
     /// Waits until `topic` holds `expected` records; panics with the worker's log if it does not.
@@ -291,7 +340,16 @@ impl Supervised {
             if Instant::now() > deadline {
                 let w = self.worker.lock().unwrap();
                 let page = w.metrics().unwrap_or_default();
-                let interesting: Vec<&str> = page.lines().filter(|l| !l.starts_with('#') && (l.contains("lag") || l.contains("ready") || l.contains("errors") || l.contains("transactions"))).collect();
+                let interesting: Vec<&str> = page
+                    .lines()
+                    .filter(|l| {
+                        !l.starts_with('#')
+                            && (l.contains("lag")
+                                || l.contains("ready")
+                                || l.contains("errors")
+                                || l.contains("transactions"))
+                    })
+                    .collect();
                 panic!("{topic} holds {got} records, expected {expected}, after {timeout:?}\nworker metrics:\n{}\nworker log:\n{}", interesting.join("\n"), tail(&w.log_text(), 60));
             }
             std::thread::sleep(Duration::from_secs(1));
@@ -301,10 +359,19 @@ impl Supervised {
     /// Stops restarting, then stops the worker with SIGTERM; the exit codes of every restart.
     pub fn finish(mut self) -> Vec<Option<i32>> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().expect("the supervising thread");
+        self.thread
+            .take()
+            .unwrap()
+            .join()
+            .expect("the supervising thread");
         let mut w = self.worker.lock().unwrap();
         let code = w.terminate(Duration::from_secs(60));
-        assert_eq!(code, Some(0), "the worker did not stop cleanly:\n{}", tail(&w.log_text(), 40));
+        assert_eq!(
+            code,
+            Some(0),
+            "the worker did not stop cleanly:\n{}",
+            tail(&w.log_text(), 40)
+        );
         self.exits.lock().unwrap().clone()
     }
 }

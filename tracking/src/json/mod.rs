@@ -111,7 +111,12 @@ impl<'a> Fields<'a> {
 
     /// Like [`Fields::read`], into `list` (emptied first): a list given back by
     /// [`Fields::into_list`] is reused without allocating.
-    pub fn read_into(reader: &mut Reader<'a>, object: &'a str, mode: Mode, mut list: Vec<Field<'a>>) -> Result<Self, JsonError> {
+    pub fn read_into(
+        reader: &mut Reader<'a>,
+        object: &'a str,
+        mode: Mode,
+        mut list: Vec<Field<'a>>,
+    ) -> Result<Self, JsonError> {
         list.clear();
         reader.object(object, mode, &mut list)?;
         Ok(Self::of(object, list))
@@ -119,7 +124,13 @@ impl<'a> Fields<'a> {
 
     /// Like [`Fields::read`], and the elements of the array in the field `name` (a batch's
     /// events) appended to `items` in the same pass.
-    pub fn read_with_items(reader: &mut Reader<'a>, object: &'a str, mode: Mode, name: &str, items: &mut Vec<&'a str>) -> Result<Self, JsonError> {
+    pub fn read_with_items(
+        reader: &mut Reader<'a>,
+        object: &'a str,
+        mode: Mode,
+        name: &str,
+        items: &mut Vec<&'a str>,
+    ) -> Result<Self, JsonError> {
         let mut list = Vec::with_capacity(8);
         reader.object_with_items(object, mode, &mut list, Some((name, items)))?;
         Ok(Self::of(object, list))
@@ -157,14 +168,20 @@ impl<'a> Fields<'a> {
     pub fn check_unique(&self) -> Result<(), JsonError> {
         let keys = &self.list;
         let repeated = if keys.len() <= 16 {
-            keys.iter().enumerate().find(|(i, f)| keys[..*i].iter().any(|g| g.key == f.key)).map(|(_, f)| f)
+            keys.iter()
+                .enumerate()
+                .find(|(i, f)| keys[..*i].iter().any(|g| g.key == f.key))
+                .map(|(_, f)| f)
         } else {
             let mut seen = std::collections::HashSet::with_capacity(keys.len());
             keys.iter().find(|f| !seen.insert(f.key.as_ref()))
         };
         match repeated {
             None => Ok(()),
-            Some(f) => Err(JsonError { kind: ErrorKind::DuplicateKey, at: f.key_text.as_ptr() as usize - self.text.as_ptr() as usize }),
+            Some(f) => Err(JsonError {
+                kind: ErrorKind::DuplicateKey,
+                at: f.key_text.as_ptr() as usize - self.text.as_ptr() as usize,
+            }),
         }
     }
 
@@ -208,7 +225,11 @@ pub fn is_object(value: &str) -> bool {
 /// a field that both have as objects merged the same way, and then `defaults`' fields that `own`
 /// lacks, in theirs. Wherever both have a value that is not an object on both sides, `own`'s
 /// wins (an explicit `null` included). Every value is written as its text.
-pub fn merge_into(out: &mut Vec<u8>, own: &Fields<'_>, defaults: &Fields<'_>) -> Result<(), JsonError> {
+pub fn merge_into(
+    out: &mut Vec<u8>,
+    own: &Fields<'_>,
+    defaults: &Fields<'_>,
+) -> Result<(), JsonError> {
     out.push(b'{');
     let mut first = true;
     let mut field = |out: &mut Vec<u8>, key_text: &str| {
@@ -221,7 +242,10 @@ pub fn merge_into(out: &mut Vec<u8>, own: &Fields<'_>, defaults: &Fields<'_>) ->
     };
     for f in own.iter() {
         field(out, f.key_text);
-        match defaults.get(&f.key).filter(|d| is_object(d) && is_object(f.value)) {
+        match defaults
+            .get(&f.key)
+            .filter(|d| is_object(d) && is_object(f.value))
+        {
             Some(d) => merge_into(out, &Fields::skim(f.value)?, &Fields::skim(d)?)?,
             None => out.extend_from_slice(f.value.as_bytes()),
         }

@@ -65,7 +65,9 @@ impl ErrorKind {
             Self::ExpectedColon => "expected `:` after a key",
             Self::ExpectedCommaOrEnd => "expected `,` or the end of the object or array",
             Self::KeyNotString => "a key must be a string",
-            Self::ControlCharacter => "a control character (U+0000 to U+001F) is not escaped in a string",
+            Self::ControlCharacter => {
+                "a control character (U+0000 to U+001F) is not escaped in a string"
+            }
             Self::InvalidEscape => "invalid escape in a string",
             Self::LoneSurrogate => "a \\u escape is half of a surrogate pair",
             Self::InvalidNumber => "invalid number",
@@ -87,7 +89,12 @@ impl JsonError {
     pub fn line_column(&self, text: &str) -> (usize, usize) {
         let before = &text.as_bytes()[..self.at.min(text.len())];
         let line = 1 + before.iter().filter(|&&b| b == b'\n').count();
-        let column = before.len() - before.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) + 1;
+        let column = before.len()
+            - before
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i + 1)
+            + 1;
         (line, column)
     }
 
@@ -154,7 +161,12 @@ impl Capture<'_, '_> {
 impl<'a> Reader<'a> {
     /// Reads `text`, which must be one JSON object (white space around it allowed), and appends
     /// its fields in the order sent to `fields`. In [`Mode::Skim`] a repeated key is kept as it is.
-    pub fn object(&mut self, text: &'a str, mode: Mode, fields: &mut Vec<Field<'a>>) -> Result<(), JsonError> {
+    pub fn object(
+        &mut self,
+        text: &'a str,
+        mode: Mode,
+        fields: &mut Vec<Field<'a>>,
+    ) -> Result<(), JsonError> {
         self.object_with_items(text, mode, fields, None)
     }
 
@@ -178,16 +190,36 @@ impl<'a> Reader<'a> {
             Some((name, items)) => (Some(name), Some(items)),
             None => (None, None),
         };
-        self.read(text, mode, Capture { fields: Some(fields), items, items_of })
+        self.read(
+            text,
+            mode,
+            Capture {
+                fields: Some(fields),
+                items,
+                items_of,
+            },
+        )
     }
 
     /// Reads `text`, which must be one JSON array, and appends its elements' text to `items`.
-    pub fn array(&mut self, text: &'a str, mode: Mode, items: &mut Vec<&'a str>) -> Result<(), JsonError> {
+    pub fn array(
+        &mut self,
+        text: &'a str,
+        mode: Mode,
+        items: &mut Vec<&'a str>,
+    ) -> Result<(), JsonError> {
         let start = skip_space(text.as_bytes(), 0);
         if text.as_bytes().get(start) != Some(&b'[') {
             return Err(JsonError::new(ErrorKind::ExpectedValue, start));
         }
-        self.read(text, mode, Capture { items: Some(items), ..Capture::default() })
+        self.read(
+            text,
+            mode,
+            Capture {
+                items: Some(items),
+                ..Capture::default()
+            },
+        )
     }
 
     /// Checks that `text` is one JSON value.
@@ -195,7 +227,12 @@ impl<'a> Reader<'a> {
         self.read(text, mode, Capture::default())
     }
 
-    fn read(&mut self, text: &'a str, mode: Mode, mut capture: Capture<'a, '_>) -> Result<(), JsonError> {
+    fn read(
+        &mut self,
+        text: &'a str,
+        mode: Mode,
+        mut capture: Capture<'a, '_>,
+    ) -> Result<(), JsonError> {
         self.frames.clear();
         self.keys.clear();
         self.fields_wanted = capture.fields.is_some();
@@ -224,7 +261,8 @@ impl<'a> Reader<'a> {
                         self.frames.push(Frame::Array);
                         let depth = self.frames.len();
                         if depth == items_depth {
-                            items_open = depth == 1 || part_key.as_ref().map(|(k, _)| k.as_ref()) == capture.items_of;
+                            items_open = depth == 1
+                                || part_key.as_ref().map(|(k, _)| k.as_ref()) == capture.items_of;
                         }
                         if b.get(at) != Some(&b']') {
                             if depth == 1 {
@@ -239,7 +277,10 @@ impl<'a> Reader<'a> {
                         let keys_from = self.keys.len();
                         self.frames.push(Frame::Object { keys_from });
                         if b.get(at) != Some(&b'}') {
-                            at = skip_space(b, self.key(text, at, strict, keys_from, &mut part_key)?);
+                            at = skip_space(
+                                b,
+                                self.key(text, at, strict, keys_from, &mut part_key)?,
+                            );
                             if self.frames.len() == 1 {
                                 part_start = at;
                             }
@@ -266,11 +307,21 @@ impl<'a> Reader<'a> {
                 let depth = self.frames.len();
                 if depth == 0 {
                     at = skip_space(b, at);
-                    return if at == b.len() { Ok(()) } else { Err(JsonError::new(ErrorKind::Trailing, at)) };
+                    return if at == b.len() {
+                        Ok(())
+                    } else {
+                        Err(JsonError::new(ErrorKind::Trailing, at))
+                    };
                 }
                 if depth == 1 {
-                    if let (Some(fields), Some((key, key_text))) = (&mut capture.fields, part_key.take()) {
-                        fields.push(Field { key, key_text, value: &text[part_start..at] });
+                    if let (Some(fields), Some((key, key_text))) =
+                        (&mut capture.fields, part_key.take())
+                    {
+                        fields.push(Field {
+                            key,
+                            key_text,
+                            value: &text[part_start..at],
+                        });
                     }
                 }
                 if depth == items_depth && items_open {
@@ -292,7 +343,16 @@ impl<'a> Reader<'a> {
                         continue 'value;
                     }
                     (Some(b','), Frame::Object { keys_from }) => {
-                        at = skip_space(b, self.key(text, skip_space(b, at + 1), strict, keys_from, &mut part_key)?);
+                        at = skip_space(
+                            b,
+                            self.key(
+                                text,
+                                skip_space(b, at + 1),
+                                strict,
+                                keys_from,
+                                &mut part_key,
+                            )?,
+                        );
                         if depth == 1 {
                             part_start = at;
                         }
@@ -330,7 +390,14 @@ impl<'a> Reader<'a> {
     ) -> Result<usize, JsonError> {
         let b = text.as_bytes();
         if b.get(at) != Some(&b'"') {
-            return Err(JsonError::new(if at >= b.len() { ErrorKind::Eof } else { ErrorKind::KeyNotString }, at));
+            return Err(JsonError::new(
+                if at >= b.len() {
+                    ErrorKind::Eof
+                } else {
+                    ErrorKind::KeyNotString
+                },
+                at,
+            ));
         }
         // The top-level object's keys are decoded when its fields are wanted, so they are checked
         // as strictly as strict text's.
@@ -339,9 +406,15 @@ impl<'a> Reader<'a> {
         let key_text = &text[at..end];
         if strict || top {
             let inner = &key_text[1..key_text.len() - 1];
-            let key = if escaped { Cow::Owned(unescape(inner)) } else { Cow::Borrowed(inner) };
+            let key = if escaped {
+                Cow::Owned(unescape(inner))
+            } else {
+                Cow::Borrowed(inner)
+            };
             if strict {
-                if self.keys.len() - keys_from < LINEAR_KEYS && self.keys[keys_from..].iter().any(|(k, _)| *k == key) {
+                if self.keys.len() - keys_from < LINEAR_KEYS
+                    && self.keys[keys_from..].iter().any(|(k, _)| *k == key)
+                {
                     return Err(JsonError::new(ErrorKind::DuplicateKey, at));
                 }
                 self.keys.push((key.clone(), at));
@@ -366,7 +439,12 @@ impl<'a> Reader<'a> {
             return Ok(());
         }
         keys.sort_unstable();
-        match keys.windows(2).filter(|w| w[0].0 == w[1].0).map(|w| w[1].1.max(w[0].1)).min() {
+        match keys
+            .windows(2)
+            .filter(|w| w[0].0 == w[1].0)
+            .map(|w| w[1].1.max(w[0].1))
+            .min()
+        {
             Some(at) => Err(JsonError::new(ErrorKind::DuplicateKey, at)),
             None => Ok(()),
         }
@@ -385,7 +463,11 @@ fn literal(b: &[u8], at: usize, word: &[u8]) -> Result<usize, JsonError> {
     match b.get(at..end) {
         Some(got) if got == word => Ok(end),
         _ => {
-            let kind = if b.len() < end && b[at..].iter().zip(word).all(|(x, y)| x == y) { ErrorKind::Eof } else { ErrorKind::ExpectedValue };
+            let kind = if b.len() < end && b[at..].iter().zip(word).all(|(x, y)| x == y) {
+                ErrorKind::Eof
+            } else {
+                ErrorKind::ExpectedValue
+            };
             Err(JsonError::new(kind, at))
         }
     }
@@ -421,7 +503,10 @@ pub(crate) fn plain_run(b: &[u8], mut at: usize) -> usize {
         // mark bytes after the first such byte, never one before it.
         let quote = w ^ (ONES * u64::from(b'"'));
         let backslash = w ^ (ONES * u64::from(b'\\'));
-        let special = (quote.wrapping_sub(ONES) & !quote | backslash.wrapping_sub(ONES) & !backslash | w.wrapping_sub(ONES * 0x20) & !w) & HIGH;
+        let special = (quote.wrapping_sub(ONES) & !quote
+            | backslash.wrapping_sub(ONES) & !backslash
+            | w.wrapping_sub(ONES * 0x20) & !w)
+            & HIGH;
         if special != 0 {
             return at + (special.trailing_zeros() / 8) as usize;
         }
@@ -473,7 +558,9 @@ fn hex4(b: &[u8], at: usize) -> Result<u16, JsonError> {
     for i in at..at + 4 {
         let digit = match b.get(i) {
             None => return Err(JsonError::new(ErrorKind::Eof, i)),
-            Some(&c) => (c as char).to_digit(16).ok_or(JsonError::new(ErrorKind::InvalidEscape, i))?,
+            Some(&c) => (c as char)
+                .to_digit(16)
+                .ok_or(JsonError::new(ErrorKind::InvalidEscape, i))?,
         };
         unit = unit * 16 + digit as u16;
     }
@@ -498,11 +585,22 @@ fn number(text: &str, at: usize, strict: bool) -> Result<usize, JsonError> {
         Some(_) => return Err(JsonError::new(ErrorKind::InvalidNumber, i)),
     }
     // Digits before the point, leading zero aside: how large the number may be.
-    let int_digits = if b[int_start] == b'0' { 0 } else { (i - int_start) as i64 };
+    let int_digits = if b[int_start] == b'0' {
+        0
+    } else {
+        (i - int_start) as i64
+    };
     if b.get(i) == Some(&b'.') {
         let end = digits(i + 1);
         if end == i + 1 {
-            return Err(JsonError::new(if end >= b.len() { ErrorKind::Eof } else { ErrorKind::InvalidNumber }, end));
+            return Err(JsonError::new(
+                if end >= b.len() {
+                    ErrorKind::Eof
+                } else {
+                    ErrorKind::InvalidNumber
+                },
+                end,
+            ));
         }
         i = end;
     }
@@ -515,10 +613,21 @@ fn number(text: &str, at: usize, strict: bool) -> Result<usize, JsonError> {
         }
         let end = digits(i);
         if end == i {
-            return Err(JsonError::new(if end >= b.len() { ErrorKind::Eof } else { ErrorKind::InvalidNumber }, end));
+            return Err(JsonError::new(
+                if end >= b.len() {
+                    ErrorKind::Eof
+                } else {
+                    ErrorKind::InvalidNumber
+                },
+                end,
+            ));
         }
         // Five digits or more: serde_json decides.
-        exponent = text[i..end].parse::<i64>().ok().filter(|e| *e < 10_000).map(|e| if negative { -e } else { e });
+        exponent = text[i..end]
+            .parse::<i64>()
+            .ok()
+            .filter(|e| *e < 10_000)
+            .map(|e| if negative { -e } else { e });
         i = end;
     }
     let sure = exponent.is_some_and(|e| int_digits + e < SURE_FINITE_DIGITS);
@@ -543,14 +652,21 @@ pub fn unescape(s: &str) -> String {
             Some(b'r') => ('\r', 2),
             Some(b't') => ('\t', 2),
             Some(b'u') => {
-                let unit = |at: usize| rest.get(at..at + 4).and_then(|h| u32::from_str_radix(h, 16).ok());
+                let unit = |at: usize| {
+                    rest.get(at..at + 4)
+                        .and_then(|h| u32::from_str_radix(h, 16).ok())
+                };
                 match unit(i + 2) {
-                    Some(high @ 0xD800..=0xDBFF) if rest.get(i + 6..i + 8) == Some("\\u") => match unit(i + 8) {
-                        Some(low @ 0xDC00..=0xDFFF) => {
-                            (char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)).unwrap_or('\u{FFFD}'), 12)
+                    Some(high @ 0xD800..=0xDBFF) if rest.get(i + 6..i + 8) == Some("\\u") => {
+                        match unit(i + 8) {
+                            Some(low @ 0xDC00..=0xDFFF) => (
+                                char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+                                    .unwrap_or('\u{FFFD}'),
+                                12,
+                            ),
+                            _ => ('\u{FFFD}', 6),
                         }
-                        _ => ('\u{FFFD}', 6),
-                    },
+                    }
                     Some(u) => (char::from_u32(u).unwrap_or('\u{FFFD}'), 6),
                     None => ('\u{FFFD}', 2),
                 }
@@ -569,11 +685,14 @@ pub fn unescape(s: &str) -> String {
 /// `value` (a value's text as read) is not a string.
 pub fn string_value(value: &str) -> Option<Cow<'_, str>> {
     let inner = value.strip_prefix('"')?.strip_suffix('"')?;
-    Some(if inner.contains('\\') { Cow::Owned(unescape(inner)) } else { Cow::Borrowed(inner) })
+    Some(if inner.contains('\\') {
+        Cow::Owned(unescape(inner))
+    } else {
+        Cow::Borrowed(inner)
+    })
 }
 
 /// Whether `value` (a value's text as read) is a number.
 pub fn is_number(value: &str) -> bool {
     matches!(value.as_bytes().first(), Some(b'-' | b'0'..=b'9'))
 }
-

@@ -94,7 +94,6 @@ impl<'de> Visitor<'de> for Strict {
     }
 }
 
-
 /// An object's top-level fields as serde_json skims them: each key decoded and each value's text.
 pub fn fields(object: &str) -> Result<Vec<(Cow<'_, str>, &RawValue)>, serde_json::Error> {
     let mut reader = serde_json::Deserializer::from_str(object);

@@ -8,7 +8,12 @@ use super::*;
 
 fn merged(own: &str, defaults: &str) -> String {
     let mut out = Vec::new();
-    merge_into(&mut out, &Fields::strict(own).unwrap(), &Fields::strict(defaults).unwrap()).unwrap();
+    merge_into(
+        &mut out,
+        &Fields::strict(own).unwrap(),
+        &Fields::strict(defaults).unwrap(),
+    )
+    .unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -17,13 +22,26 @@ fn fields_keep_their_text_and_order() {
     // Keys in the order sent, their text as sent (escapes included), values untouched.
     let text = r#" { "b" : 98765432109876543210 ,"a\u0041":1e2,  "c":{"x" : [1.50, "\u00e9"]} } "#;
     let f = Fields::strict(text).unwrap();
-    let got: Vec<(&str, &str, &str)> = f.iter().map(|f| (f.key.as_ref(), f.key_text, f.value)).collect();
-    assert_eq!(got, [("b", r#""b""#, "98765432109876543210"), ("aA", r#""a\u0041""#, "1e2"), ("c", r#""c""#, r#"{"x" : [1.50, "\u00e9"]}"#)]);
+    let got: Vec<(&str, &str, &str)> = f
+        .iter()
+        .map(|f| (f.key.as_ref(), f.key_text, f.value))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("b", r#""b""#, "98765432109876543210"),
+            ("aA", r#""a\u0041""#, "1e2"),
+            ("c", r#""c""#, r#"{"x" : [1.50, "\u00e9"]}"#)
+        ]
+    );
     assert_eq!(f.get("aA"), Some("1e2"));
     assert!(f.get("a").is_none());
     // A key with a quote and a colon in it is found whole.
     let f = Fields::strict(r#"{"k\":\"":"v","z":0}"#).unwrap();
-    assert_eq!(f.iter().map(|f| f.key_text).collect::<Vec<_>>(), [r#""k\":\"""#, r#""z""#]);
+    assert_eq!(
+        f.iter().map(|f| f.key_text).collect::<Vec<_>>(),
+        [r#""k\":\"""#, r#""z""#]
+    );
     assert_eq!(f.iter().next().unwrap().key, r#"k":""#);
 }
 
@@ -39,12 +57,24 @@ fn a_repeated_key_is_refused_at_any_depth() {
         assert_eq!(f.check_unique().unwrap_err().line_column(text), (1, 8));
     }
     // Past the keys compared one by one, sorted: a repeat among 40 keys, and 5,000 distinct ones.
-    let nested = format!(r#"{{"p":{{{}}}}}"#, (0..40).map(|i| format!(r#""k{}":0"#, i % 39)).collect::<Vec<_>>().join(","));
+    let nested = format!(
+        r#"{{"p":{{{}}}}}"#,
+        (0..40)
+            .map(|i| format!(r#""k{}":0"#, i % 39))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     for text in [r#"{"p":{"x":[{"y":1,"y":1}]}}"#, nested.as_str()] {
         let e = check_strict(text).unwrap_err();
         assert!(is_duplicate_key(&e), "{e}");
     }
-    let many = format!("{{{}}}", (0..5000).map(|i| format!(r#""k{i}":0"#)).collect::<Vec<_>>().join(","));
+    let many = format!(
+        "{{{}}}",
+        (0..5000)
+            .map(|i| format!(r#""k{i}":0"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     assert_eq!(Fields::strict(&many).unwrap().len(), 5000);
     check_strict(r#"{"a":{"a":{"a":1}},"b":[{"a":1},{"a":2}]}"#).unwrap();
 }
@@ -52,11 +82,24 @@ fn a_repeated_key_is_refused_at_any_depth() {
 #[test]
 fn strict_refuses_what_a_full_parse_refuses() {
     let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-    for bad in [r#"{"x":1e999}"#, r#"[-1E+400]"#, r#""\ud800""#, r#""\ud800\u0041""#, r#""a\udc00""#, &deep(MAX_DEPTH + 1), &"9".repeat(400)] {
+    for bad in [
+        r#"{"x":1e999}"#,
+        r#"[-1E+400]"#,
+        r#""\ud800""#,
+        r#""\ud800\u0041""#,
+        r#""a\udc00""#,
+        &deep(MAX_DEPTH + 1),
+        &"9".repeat(400),
+    ] {
         assert!(check_strict(bad).is_err(), "{bad:.60}");
         assert!(reference::check_strict(bad).is_err(), "{bad:.60}");
     }
-    for good in [r#"{"x":1e300,"y":-2.5E-400,"z":12345678901234567890123}"#, r#""\ud83d\ude00""#, &deep(MAX_DEPTH), "1e-99999999999999"] {
+    for good in [
+        r#"{"x":1e300,"y":-2.5E-400,"z":12345678901234567890123}"#,
+        r#""\ud83d\ude00""#,
+        &deep(MAX_DEPTH),
+        "1e-99999999999999",
+    ] {
         check_strict(good).unwrap();
         reference::check_strict(good).unwrap();
     }
@@ -69,30 +112,65 @@ fn errors_say_what_and_where() {
     let text = "{\"a\":1,\n \"b\" 2}";
     let e = Fields::strict(text).unwrap_err();
     assert_eq!(e.kind, ErrorKind::ExpectedColon);
-    assert_eq!(e.describe(text), "expected `:` after a key at line 2 column 6");
-    assert_eq!(Fields::strict("[1]").unwrap_err().kind, ErrorKind::NotAnObject);
-    assert_eq!(Fields::strict("{\"a\":tru").unwrap_err().kind, ErrorKind::Eof);
+    assert_eq!(
+        e.describe(text),
+        "expected `:` after a key at line 2 column 6"
+    );
+    assert_eq!(
+        Fields::strict("[1]").unwrap_err().kind,
+        ErrorKind::NotAnObject
+    );
+    assert_eq!(
+        Fields::strict("{\"a\":tru").unwrap_err().kind,
+        ErrorKind::Eof
+    );
 }
 
 #[test]
 fn a_batch_s_events_are_found_in_the_body_s_pass() {
     let text = r#"{"writeKey":"k","batch":[ {"a":[1,2]} , [] ,{},"s" ],"context":{"batch":[9]},"x":[[3]]}"#;
     let mut items = Vec::new();
-    let f = Fields::read_with_items(&mut Reader::default(), text, Mode::Skim, "batch", &mut items).unwrap();
+    let f = Fields::read_with_items(
+        &mut Reader::default(),
+        text,
+        Mode::Skim,
+        "batch",
+        &mut items,
+    )
+    .unwrap();
     assert_eq!(items, [r#"{"a":[1,2]}"#, "[]", "{}", r#""s""#]);
-    assert_eq!(f.iter().map(|f| f.key.as_ref()).collect::<Vec<_>>(), ["writeKey", "batch", "context", "x"]);
+    assert_eq!(
+        f.iter().map(|f| f.key.as_ref()).collect::<Vec<_>>(),
+        ["writeKey", "batch", "context", "x"]
+    );
     // An empty batch, then other arrays: none of their elements is an event.
     let mut items = Vec::new();
-    Fields::read_with_items(&mut Reader::default(), r#"{"batch":[],"y":{"z":[1]},"w":[2]}"#, Mode::Skim, "batch", &mut items).unwrap();
+    Fields::read_with_items(
+        &mut Reader::default(),
+        r#"{"batch":[],"y":{"z":[1]},"w":[2]}"#,
+        Mode::Skim,
+        "batch",
+        &mut items,
+    )
+    .unwrap();
     assert!(items.is_empty(), "{items:?}");
 }
 
 #[test]
 fn a_deep_merge_writes_both_sides_as_sent() {
     // The message's own fields first, in its order; the defaults' missing ones after.
-    assert_eq!(merged(r#"{"b":1.0,"a":{"x":1e2}}"#, r#"{"a":{"y":2,"x":3},"c":"\u00e9"}"#), r#"{"b":1.0,"a":{"x":1e2,"y":2},"c":"\u00e9"}"#);
+    assert_eq!(
+        merged(
+            r#"{"b":1.0,"a":{"x":1e2}}"#,
+            r#"{"a":{"y":2,"x":3},"c":"\u00e9"}"#
+        ),
+        r#"{"b":1.0,"a":{"x":1e2,"y":2},"c":"\u00e9"}"#
+    );
     // The message's own non-object value wins, null included.
-    assert_eq!(merged(r#"{"a":null,"b":"s"}"#, r#"{"a":{"y":2},"b":{"z":1}}"#), r#"{"a":null,"b":"s"}"#);
+    assert_eq!(
+        merged(r#"{"a":null,"b":"s"}"#, r#"{"a":{"y":2},"b":{"z":1}}"#),
+        r#"{"a":null,"b":"s"}"#
+    );
     assert_eq!(merged("{}", r#"{"a" : 1}"#), r#"{"a":1}"#);
     assert_eq!(merged(r#"{"a":1}"#, "{}"), r#"{"a":1}"#);
 }
@@ -115,21 +193,44 @@ fn near_json() -> impl Strategy<Value = String> {
         "\\\\u[dD][89abAB][0-9a-f]{2}(\\\\u[dD][c-fC-F][0-9a-f]{2})?",
         "\\\\u[dD][c-fC-F][0-9a-f]{2}",
     ];
-    let string = proptest::collection::vec(prop_oneof!["[a-zé\u{2028} ]{0,3}", escape], 0..4).prop_map(|parts| format!("\"{}\"", parts.concat()));
-    let key = prop_oneof![Just("\"a\"".to_string()), Just("\"\\u0061\"".to_string()), Just("\"b\"".to_string()), string.clone()];
-    let leaf = prop_oneof![number, string, Just("true".to_string()), Just("null".to_string()), Just("false".to_string())];
+    let string = proptest::collection::vec(prop_oneof!["[a-zé\u{2028} ]{0,3}", escape], 0..4)
+        .prop_map(|parts| format!("\"{}\"", parts.concat()));
+    let key = prop_oneof![
+        Just("\"a\"".to_string()),
+        Just("\"\\u0061\"".to_string()),
+        Just("\"b\"".to_string()),
+        string.clone()
+    ];
+    let leaf = prop_oneof![
+        number,
+        string,
+        Just("true".to_string()),
+        Just("null".to_string()),
+        Just("false".to_string())
+    ];
     let value = leaf.prop_recursive(5, 48, 6, move |inner| {
         prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..5).prop_map(|v| format!("[{}]", v.join(","))),
-            proptest::collection::vec((key.clone(), inner, " {0,1}"), 0..5)
-                .prop_map(|v| format!("{{{}}}", v.iter().map(|(k, v, s)| format!("{k}{s}:{s}{v}")).collect::<Vec<_>>().join(","))),
+            proptest::collection::vec(inner.clone(), 0..5)
+                .prop_map(|v| format!("[{}]", v.join(","))),
+            proptest::collection::vec((key.clone(), inner, " {0,1}"), 0..5).prop_map(|v| format!(
+                "{{{}}}",
+                v.iter()
+                    .map(|(k, v, s)| format!("{k}{s}:{s}{v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
         ]
     });
     let edit = prop_oneof![
         Just(None),
-        (any::<prop::sample::Index>(), prop::sample::select(vec![
-            "", "\"", "\\", ",", ":", "{", "}", "[", "]", "0", "-", ".", "e", " ", "\u{1}", "x", "\\u", "\\ud800",
-        ]), any::<bool>())
+        (
+            any::<prop::sample::Index>(),
+            prop::sample::select(vec![
+                "", "\"", "\\", ",", ":", "{", "}", "[", "]", "0", "-", ".", "e", " ", "\u{1}",
+                "x", "\\u", "\\ud800",
+            ]),
+            any::<bool>()
+        )
             .prop_map(Some),
     ];
     (value, edit).prop_map(|(text, edit)| match edit {

@@ -4,8 +4,8 @@
 
 use actix::prelude::*;
 
-use super::shutdown::Finish;
 use super::retake::Retake;
+use super::shutdown::Finish;
 use super::{exit, Coordinator, Stage};
 use crate::actors::consumer::PartitionStopped;
 use crate::actors::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
@@ -29,7 +29,11 @@ impl Handler<PartitionStopped> for Coordinator {
         let p = msg.partition;
         // A pipeline left behind in a hung call has let go of its thread.
         self.abandoned.remove(&msg.epoch);
-        let owner = self.running.as_ref().and_then(|r| r.owned.get(&p)).filter(|o| o.epoch == msg.epoch);
+        let owner = self
+            .running
+            .as_ref()
+            .and_then(|r| r.owned.get(&p))
+            .filter(|o| o.epoch == msg.epoch);
         let stopping = owner.is_some_and(|o| matches!(o.stage, Stage::Stopping { .. }));
         let current = owner.is_some();
         match msg.result {
@@ -40,12 +44,19 @@ impl Handler<PartitionStopped> for Coordinator {
             Err(e) if !current => {
                 tracing::info!(partition = p, error = %e, "A partition pipeline that was replaced ended with an error.");
             }
-            Ok(()) if !current => tracing::info!(partition = p, "A partition pipeline that was replaced ended."),
+            Ok(()) if !current => tracing::info!(
+                partition = p,
+                "A partition pipeline that was replaced ended."
+            ),
             Err(e) if stopping || self.shutting_down => {
                 tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it.");
             }
             Err(e) if e.is_fenced() => {
-                Fenced { partition: p, error: &e }.emit();
+                Fenced {
+                    partition: p,
+                    error: &e,
+                }
+                .emit();
                 if !self.retake(p, Retake::Fenced, ctx) {
                     return;
                 }
@@ -53,13 +64,21 @@ impl Handler<PartitionStopped> for Coordinator {
             Err(e) if !e.is_retryable() => {
                 // A state a restart in process would only repeat (a corrupt or unreadable
                 // ledger): exit for the orchestrator, which restarts the process or pages.
-                PipelineFatal { partition: p, error: &e }.emit();
+                PipelineFatal {
+                    partition: p,
+                    error: &e,
+                }
+                .emit();
                 self.teardown();
                 System::current().stop_with_code(exit::FAILED);
                 return;
             }
             Err(e) => {
-                PipelineFailed { partition: p, error: &e }.emit();
+                PipelineFailed {
+                    partition: p,
+                    error: &e,
+                }
+                .emit();
                 if !self.retake(p, Retake::Failed, ctx) {
                     return;
                 }

@@ -59,7 +59,8 @@ impl Health {
     pub fn is_ready(&self) -> bool {
         let owned = self.owned.load(Ordering::Relaxed);
         let some = owned > 0 || self.idle_ok.load(Ordering::Relaxed);
-        some && self.ready.load(Ordering::Relaxed) == owned && !self.stopping.load(Ordering::Relaxed)
+        some && self.ready.load(Ordering::Relaxed) == owned
+            && !self.stopping.load(Ordering::Relaxed)
     }
 }
 
@@ -69,7 +70,10 @@ pub enum StartError {
     #[error(transparent)]
     Membership(#[from] MembershipError),
     #[error("taking over partition {partition}: {source}")]
-    TakeOver { partition: i32, source: Box<TakeOverError> },
+    TakeOver {
+        partition: i32,
+        source: Box<TakeOverError>,
+    },
     #[error("splitting the queue of input partition {partition} failed (the consumer no longer knows the partition)")]
     SplitQueue { partition: i32 },
     #[error("assigning the input partitions: {source}")]
@@ -114,7 +118,10 @@ enum Stage {
     /// Taken over; waiting for the others before the static assignment.
     Loaded { taken: Box<TakenOver> },
     /// Processing.
-    Live { stop: watch::Sender<bool>, arbiter: Arbiter },
+    Live {
+        stop: watch::Sender<bool>,
+        arbiter: Arbiter,
+    },
     /// Told to stop (revoked, or shutting down); its batch in flight finishes first.
     Stopping { arbiter: Arbiter },
 }
@@ -218,10 +225,15 @@ impl Coordinator {
             batch_linger: Duration::from_millis(w.batch_linger_ms),
             passthrough: options.passthrough,
             input_topic: w.input_topic.clone(),
-            audit: w.audit_topic().map(|_| AuditSettings { payloads: w.audit_payloads, sample: w.audit_sample, max_per_sec: w.audit_max_per_sec }),
+            audit: w.audit_topic().map(|_| AuditSettings {
+                payloads: w.audit_payloads,
+                sample: w.audit_sample,
+                max_per_sec: w.audit_max_per_sec,
+            }),
             sources: counted_sources(&config),
         });
-        let snapshot_pace = SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));
+        let snapshot_pace =
+            SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));
         Self {
             config,
             static_partitions,
@@ -259,17 +271,28 @@ impl Coordinator {
             self.teardown();
         }
         let me = ctx.address();
-        let membership = match Membership::start(&self.config, me.clone().recipient(), me.clone().recipient(), me.recipient()) {
+        let membership = match Membership::start(
+            &self.config,
+            me.clone().recipient(),
+            me.clone().recipient(),
+            me.recipient(),
+        ) {
             Ok(m) => m,
             Err(e) => return self.fail_start(&e.into(), ctx),
         };
         let assigned = self.group_mode();
-        self.running = Some(Running { membership, owned: BTreeMap::new(), assigned, revocations: Vec::new() });
+        self.running = Some(Running {
+            membership,
+            owned: BTreeMap::new(),
+            assigned,
+            revocations: Vec::new(),
+        });
         if self.group_mode() {
             self.health.idle_ok.store(true, Ordering::Relaxed);
             tracing::info!(group = %self.config.worker.group_id(), member = ?self.config.worker.member_id(), "Joined the consumer group; waiting for partitions.");
         } else {
-            let partitions: Vec<(i32, Option<Queue>)> = self.static_partitions.iter().map(|&p| (p, None)).collect();
+            let partitions: Vec<(i32, Option<Queue>)> =
+                self.static_partitions.iter().map(|&p| (p, None)).collect();
             self.take_over(partitions, false, ctx);
         }
         self.publish_health();
@@ -279,7 +302,11 @@ impl Coordinator {
     /// restarts the pipeline after a backoff (as many times as [`Coordinator::restart`] allows);
     /// any other ends the worker.
     fn fail_start(&mut self, e: &StartError, ctx: &mut Context<Self>) {
-        PipelineStartFailed { error: e, again: e.is_retryable() }.emit();
+        PipelineStartFailed {
+            error: e,
+            again: e.is_retryable(),
+        }
+        .emit();
         if e.is_retryable() && !self.shutting_down {
             self.restart(ctx);
             return;
@@ -292,9 +319,20 @@ impl Coordinator {
         let (owned, live, loading, oldest) = match &self.running {
             None => (0, 0, 0, 0.0),
             Some(r) => {
-                let live = r.owned.values().filter(|o| matches!(o.stage, Stage::Live { .. })).count();
-                let loading: Vec<&Owned> = r.owned.values().filter(|o| matches!(o.stage, Stage::Loading { .. } | Stage::Loaded { .. })).collect();
-                let oldest = loading.iter().map(|o| o.assigned_at.elapsed().as_secs_f64()).fold(0.0, f64::max);
+                let live = r
+                    .owned
+                    .values()
+                    .filter(|o| matches!(o.stage, Stage::Live { .. }))
+                    .count();
+                let loading: Vec<&Owned> = r
+                    .owned
+                    .values()
+                    .filter(|o| matches!(o.stage, Stage::Loading { .. } | Stage::Loaded { .. }))
+                    .collect();
+                let oldest = loading
+                    .iter()
+                    .map(|o| o.assigned_at.elapsed().as_secs_f64())
+                    .fold(0.0, f64::max);
                 (r.owned.len(), live, loading.len(), oldest)
             }
         };
@@ -336,7 +374,8 @@ impl Coordinator {
             return;
         }
         let now = Instant::now();
-        self.restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
+        self.restarts
+            .retain(|t| now.duration_since(*t) < Duration::from_secs(600));
         self.restarts.push(now);
         if self.restarts.len() > 5 {
             tracing::error!("The pipeline failed more than 5 times in 10 minutes; exiting so the orchestrator restarts the worker.");
@@ -364,7 +403,10 @@ impl Actor for Coordinator {
         let snapshots = &self.config.snapshots;
         if snapshots.dir.is_some() && snapshots.interval_secs > 0 {
             ctx.run_interval(Duration::from_secs(snapshots.interval_secs), |_, ctx| {
-                ctx.notify(TakeSnapshot { trigger: Trigger::Scheduled, reply: None });
+                ctx.notify(TakeSnapshot {
+                    trigger: Trigger::Scheduled,
+                    reply: None,
+                });
             });
         }
     }
@@ -377,7 +419,10 @@ fn counted_sources(config: &Config) -> Vec<String> {
         return config.worker.sources.clone();
     }
     let env = std::env::var(dedupe_tracking::auth::ENV_WRITE_KEYS).ok();
-    match dedupe_tracking::auth::WriteKeys::load(config.ingest.write_keys_file.as_deref(), env.as_deref()) {
+    match dedupe_tracking::auth::WriteKeys::load(
+        config.ingest.write_keys_file.as_deref(),
+        env.as_deref(),
+    ) {
         Ok(keys) => {
             let mut sources: Vec<String> = keys.sources().map(str::to_string).collect();
             sources.sort_unstable();

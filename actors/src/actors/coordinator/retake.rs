@@ -26,7 +26,8 @@ use super::{exit, Coordinator, Stage};
 /// Waits before a partition is taken over again: 0.1, 0.2, 0.4 ... up to 4 s for the retakes since
 /// it was last live (while the brokers are down, each attempt also waits out its own client
 /// timeouts, so the first retakes need little wait of their own).
-const RETAKE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(4), 10);
+const RETAKE_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(4), 10);
 /// Retakes of one partition within ten minutes before the worker gives up.
 const MAX_RETAKES: usize = 10;
 /// A fence after a retake that followed a fence, within this long, is another writer's.
@@ -54,13 +55,21 @@ impl Coordinator {
     /// Returns false when the worker exits instead (see the module docs).
     pub(super) fn retake(&mut self, p: i32, why: Retake, ctx: &mut Context<Self>) -> bool {
         if why == Retake::Fenced && self.fenced_at.is_some_and(|t| t.elapsed() < FENCE_MEMORY) {
-            tracing::error!(partition = p, "Fenced again soon after a fence: another worker writes this partition; exiting.");
+            tracing::error!(
+                partition = p,
+                "Fenced again soon after a fence: another worker writes this partition; exiting."
+            );
             self.teardown();
             System::current().stop_with_code(exit::FENCED);
             return false;
         }
         if why == Retake::Hung {
-            if let Some(epoch) = self.running.as_ref().and_then(|r| r.owned.get(&p)).map(|o| o.epoch) {
+            if let Some(epoch) = self
+                .running
+                .as_ref()
+                .and_then(|r| r.owned.get(&p))
+                .map(|o| o.epoch)
+            {
                 self.abandoned.insert(epoch);
             }
             if self.abandoned.len() > MAX_ABANDONED {
@@ -94,7 +103,12 @@ impl Coordinator {
         }
         self.stop_partition(p);
         metrics::counter!(m::PARTITION_RETAKES, m::LABEL_PARTITION => p.to_string(), m::LABEL_REASON => why.label()).increment(1);
-        tracing::warn!(partition = p, reason = why.label(), delay_ms = delay.as_millis() as u64, "Taking the partition over again, in process.");
+        tracing::warn!(
+            partition = p,
+            reason = why.label(),
+            delay_ms = delay.as_millis() as u64,
+            "Taking the partition over again, in process."
+        );
         self.publish_health();
         ctx.run_later(delay, move |act, ctx| {
             if act.shutting_down || !act.still_assigned(p) {
@@ -110,7 +124,9 @@ impl Coordinator {
     /// Stops partition `p`'s pipeline, if one runs, and its input: it is no longer owned until
     /// it is taken over again.
     fn stop_partition(&mut self, p: i32) {
-        let Some(running) = self.running.as_mut() else { return };
+        let Some(running) = self.running.as_mut() else {
+            return;
+        };
         if let Some(owned) = running.owned.remove(&p) {
             match owned.stage {
                 Stage::Live { stop, arbiter } => {
@@ -133,7 +149,9 @@ impl Coordinator {
     /// Whether `p` is still this worker's to take over: in group mode, the group may have taken
     /// it away meanwhile.
     fn still_assigned(&self, p: i32) -> bool {
-        let Some(running) = self.running.as_ref() else { return false };
+        let Some(running) = self.running.as_ref() else {
+            return false;
+        };
         if running.owned.contains_key(&p) {
             return false;
         }
@@ -169,7 +187,11 @@ impl Handler<CallHung> for Coordinator {
 
     fn handle(&mut self, msg: CallHung, ctx: &mut Self::Context) {
         let p = msg.partition;
-        let live = self.running.as_ref().and_then(|r| r.owned.get(&p)).is_some_and(|o| matches!(o.stage, Stage::Live { .. } | Stage::Stopping { .. }));
+        let live = self
+            .running
+            .as_ref()
+            .and_then(|r| r.owned.get(&p))
+            .is_some_and(|o| matches!(o.stage, Stage::Live { .. } | Stage::Stopping { .. }));
         if live && !self.shutting_down {
             self.retake(p, Retake::Hung, ctx);
         }

@@ -12,8 +12,14 @@ use crate::actors::membership::Revoking;
 impl Coordinator {
     /// Removes a stopped partition and answers the revocations that waited for it.
     pub(super) fn forget(&mut self, p: i32) {
-        let Some(running) = self.running.as_mut() else { return };
-        if let Some(Owned { stage: Stage::Stopping { arbiter } | Stage::Live { arbiter, .. }, .. }) = running.owned.remove(&p) {
+        let Some(running) = self.running.as_mut() else {
+            return;
+        };
+        if let Some(Owned {
+            stage: Stage::Stopping { arbiter } | Stage::Live { arbiter, .. },
+            ..
+        }) = running.owned.remove(&p)
+        {
             arbiter.stop();
         }
         self.settle_revocations();
@@ -21,7 +27,9 @@ impl Coordinator {
 
     /// Answers the revocations whose partitions have all stopped; exits if one of them asked to.
     pub(super) fn settle_revocations(&mut self) {
-        let Some(running) = self.running.as_mut() else { return };
+        let Some(running) = self.running.as_mut() else {
+            return;
+        };
         let owned = &running.owned;
         running.revocations.retain(|(partitions, done)| {
             let waiting = partitions.iter().any(|p| owned.contains_key(p));
@@ -43,19 +51,31 @@ impl Handler<Revoking> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: Revoking, _ctx: &mut Self::Context) {
-        let reason = if msg.lost { m::REASON_LOST } else { m::REASON_REVOKED };
+        let reason = if msg.lost {
+            m::REASON_LOST
+        } else {
+            m::REASON_REVOKED
+        };
         tracing::info!(partitions = %PartitionSet(msg.partitions.clone()), reason, "The group takes partitions away; stopping them.");
-        let Some(running) = self.running.as_mut() else { return };
+        let Some(running) = self.running.as_mut() else {
+            return;
+        };
         for &p in &msg.partitions {
             let label = p.to_string();
             metrics::counter!(m::PARTITION_REVOCATIONS, m::LABEL_PARTITION => label.clone(), m::LABEL_REASON => reason).increment(1);
             // This worker stops vouching for the partition: its per-partition gauges become
             // NaN ("no value"), which the alerts' min() and max() skip, instead of freezing at
             // their last value.
-            for gauge in [m::WINDOW_SECONDS, m::WINDOW_FORECAST_SECONDS, m::CONSUMER_LAG] {
+            for gauge in [
+                m::WINDOW_SECONDS,
+                m::WINDOW_FORECAST_SECONDS,
+                m::CONSUMER_LAG,
+            ] {
                 metrics::gauge!(gauge, m::LABEL_PARTITION => label.clone()).set(f64::NAN);
             }
-            let Some(owned) = running.owned.get_mut(&p) else { continue };
+            let Some(owned) = running.owned.get_mut(&p) else {
+                continue;
+            };
             match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
                 Stage::Live { stop, arbiter } => {
                     let _ = stop.send(true);

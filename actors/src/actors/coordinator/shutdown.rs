@@ -29,17 +29,19 @@ impl Handler<Shutdown> for Coordinator {
         tracing::info!("Shutting down: finishing the batches in flight.");
         let mut waiting = false;
         if let Some(running) = self.running.as_mut() {
-            running.owned.retain(|_, owned| match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                Stage::Live { stop, arbiter } => {
-                    let _ = stop.send(true);
-                    owned.stage = Stage::Stopping { arbiter };
-                    true
+            running.owned.retain(|_, owned| {
+                match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
+                    Stage::Live { stop, arbiter } => {
+                        let _ = stop.send(true);
+                        owned.stage = Stage::Stopping { arbiter };
+                        true
+                    }
+                    Stage::Stopping { arbiter } => {
+                        owned.stage = Stage::Stopping { arbiter };
+                        true
+                    }
+                    Stage::Loading { .. } | Stage::Loaded { .. } => false,
                 }
-                Stage::Stopping { arbiter } => {
-                    owned.stage = Stage::Stopping { arbiter };
-                    true
-                }
-                Stage::Loading { .. } | Stage::Loaded { .. } => false,
             });
             waiting = !running.owned.is_empty();
         }
@@ -60,19 +62,24 @@ impl Handler<Finish> for Coordinator {
 
     fn handle(&mut self, _: Finish, ctx: &mut Self::Context) {
         self.teardown();
-        ctx.spawn(self.ledger.send(Flush).into_actor(self).map(|res, _, _| match res {
-            Ok(Ok(())) => {
-                tracing::info!("The ledger is flushed; exiting.");
-                System::current().stop_with_code(exit::OK)
-            }
-            Ok(Err(e)) => {
-                tracing::error!("Flushing the ledger failed: {e}");
-                System::current().stop_with_code(exit::FAILED)
-            }
-            Err(e) => {
-                tracing::error!("The ledger actor is gone: {e}");
-                System::current().stop_with_code(exit::FAILED)
-            }
-        }));
+        ctx.spawn(
+            self.ledger
+                .send(Flush)
+                .into_actor(self)
+                .map(|res, _, _| match res {
+                    Ok(Ok(())) => {
+                        tracing::info!("The ledger is flushed; exiting.");
+                        System::current().stop_with_code(exit::OK)
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!("Flushing the ledger failed: {e}");
+                        System::current().stop_with_code(exit::FAILED)
+                    }
+                    Err(e) => {
+                        tracing::error!("The ledger actor is gone: {e}");
+                        System::current().stop_with_code(exit::FAILED)
+                    }
+                }),
+        );
     }
 }

@@ -13,7 +13,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use super::retake::Retake;
-use super::{Coordinator, Owned, StartError, Stage, StopOnDrop};
+use super::{Coordinator, Owned, Stage, StartError, StopOnDrop};
 use crate::actors::consumer::{PartitionConsumer, PartitionStopped};
 use crate::actors::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
 use crate::actors::membership::{Assigned, Queue};
@@ -31,18 +31,40 @@ struct Loaded {
 impl Coordinator {
     /// Starts taking each partition over, each on a blocking thread of its own; `retake` when
     /// they are taken over again after their pipeline failed (see `retake.rs`).
-    pub(super) fn take_over(&mut self, partitions: Vec<(i32, Option<Queue>)>, retake: bool, ctx: &mut Context<Self>) {
-        let Some(running) = self.running.as_mut() else { return };
+    pub(super) fn take_over(
+        &mut self,
+        partitions: Vec<(i32, Option<Queue>)>,
+        retake: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(running) = self.running.as_mut() else {
+            return;
+        };
         let me = ctx.address();
         for (p, queue) in partitions {
-            metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string()).increment(1);
+            metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string())
+                .increment(1);
             self.next_epoch += 1;
             let epoch = self.next_epoch;
             let stop = StopOnDrop::default();
             let flag = stop.flag();
-            running.owned.insert(p, Owned { stage: Stage::Loading { queue }, assigned_at: Instant::now(), epoch, retake, stop });
+            running.owned.insert(
+                p,
+                Owned {
+                    stage: Stage::Loading { queue },
+                    assigned_at: Instant::now(),
+                    epoch,
+                    retake,
+                    stop,
+                },
+            );
             let turn = self.takeover_turns.entry(p).or_default().clone();
-            let (config, ledger, consumer, me) = (self.config.clone(), self.store.clone(), running.membership.consumer.clone(), me.clone());
+            let (config, ledger, consumer, me) = (
+                self.config.clone(),
+                self.store.clone(),
+                running.membership.consumer.clone(),
+                me.clone(),
+            );
             let accept = self.options.accept_ledger_ahead;
             actix_rt::task::spawn_blocking(move || {
                 // One take-over of a partition at a time: an earlier one, taken away while it
@@ -52,30 +74,63 @@ impl Coordinator {
                 if flag.load(Ordering::Relaxed) {
                     return;
                 }
-                let ready = |taken| me.do_send(Loaded { partition: p, epoch, result: Ok(taken) });
+                let ready = |taken| {
+                    me.do_send(Loaded {
+                        partition: p,
+                        epoch,
+                        result: Ok(taken),
+                    })
+                };
                 let result = ledger
                     .progress(p)
                     .map_err(|source| TakeOverError::ReadProgress { source })
                     .and_then(|bytes| decode_progress(bytes.as_deref(), p))
                     .and_then(|ledger_progress| {
-                        let take = TakeOver { config: &config, consumer: &consumer, ledger: &ledger, partition: p, ledger_progress, accept_ledger_ahead: accept, stop: &flag };
+                        let take = TakeOver {
+                            config: &config,
+                            consumer: &consumer,
+                            ledger: &ledger,
+                            partition: p,
+                            ledger_progress,
+                            accept_ledger_ahead: accept,
+                            stop: &flag,
+                        };
                         take.run(ready)
                     });
                 if let Err(error) = result {
-                    me.do_send(Loaded { partition: p, epoch, result: Err(error) });
+                    me.do_send(Loaded {
+                        partition: p,
+                        epoch,
+                        result: Err(error),
+                    });
                 }
             });
         }
     }
 
     /// Starts the partition's publisher and consumer actor.
-    fn go_live(&mut self, p: i32, taken: TakenOver, queue: Queue, report_to: Recipient<PartitionStopped>) {
-        let Some(running) = self.running.as_mut() else { return };
-        let Some(owned) = running.owned.get_mut(&p) else { return };
+    fn go_live(
+        &mut self,
+        p: i32,
+        taken: TakenOver,
+        queue: Queue,
+        report_to: Recipient<PartitionStopped>,
+    ) {
+        let Some(running) = self.running.as_mut() else {
+            return;
+        };
+        let Some(owned) = running.owned.get_mut(&p) else {
+            return;
+        };
         let epoch = owned.epoch;
         let arbiter = Arbiter::new();
         let w = &self.config.worker;
-        let publisher = Publisher::new(taken.writer, w.input_topic.clone(), p, running.membership.consumer.clone());
+        let publisher = Publisher::new(
+            taken.writer,
+            w.input_topic.clone(),
+            p,
+            running.membership.consumer.clone(),
+        );
         let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
         let (stop, stop_rx) = watch::channel(false);
         PartitionConsumer {
@@ -94,14 +149,27 @@ impl Coordinator {
         metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => p.to_string()).set(seconds);
         owned.stage = Stage::Live { stop, arbiter };
         self.retake_streak.remove(&p);
-        tracing::info!(partition = p, seconds, "The partition is live: processing input.");
+        tracing::info!(
+            partition = p,
+            seconds,
+            "The partition is live: processing input."
+        );
     }
 
     /// Static mode: once every partition is taken over, split their queues, assign them at their
     /// resume offsets, and start them.
-    fn assign_static_when_loaded(&mut self, report_to: Recipient<PartitionStopped>) -> Result<(), StartError> {
-        let Some(running) = self.running.as_mut() else { return Ok(()) };
-        if !running.owned.values().all(|o| matches!(o.stage, Stage::Loaded { .. })) {
+    fn assign_static_when_loaded(
+        &mut self,
+        report_to: Recipient<PartitionStopped>,
+    ) -> Result<(), StartError> {
+        let Some(running) = self.running.as_mut() else {
+            return Ok(());
+        };
+        if !running
+            .owned
+            .values()
+            .all(|o| matches!(o.stage, Stage::Loaded { .. }))
+        {
             return Ok(());
         }
         let topic = self.config.worker.input_topic.clone();
@@ -110,15 +178,36 @@ impl Coordinator {
         let mut ready = Vec::new();
         let partitions: Vec<i32> = running.owned.keys().copied().collect();
         for p in partitions {
-            let Some(Owned { stage: Stage::Loaded { .. }, .. }) = running.owned.get(&p) else { continue };
-            let queue = consumer.split_partition_queue(&topic, p).ok_or(StartError::SplitQueue { partition: p })?;
-            let Some(owned) = running.owned.get_mut(&p) else { continue };
-            let Stage::Loaded { taken } = std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) else { continue };
-            let offset = taken.report.resume_input_at.map(Offset::Offset).unwrap_or(Offset::Beginning);
-            tpl.add_partition_offset(&topic, p, offset).map_err(|source| StartError::Assign { source })?;
+            let Some(Owned {
+                stage: Stage::Loaded { .. },
+                ..
+            }) = running.owned.get(&p)
+            else {
+                continue;
+            };
+            let queue = consumer
+                .split_partition_queue(&topic, p)
+                .ok_or(StartError::SplitQueue { partition: p })?;
+            let Some(owned) = running.owned.get_mut(&p) else {
+                continue;
+            };
+            let Stage::Loaded { taken } =
+                std::mem::replace(&mut owned.stage, Stage::Loading { queue: None })
+            else {
+                continue;
+            };
+            let offset = taken
+                .report
+                .resume_input_at
+                .map(Offset::Offset)
+                .unwrap_or(Offset::Beginning);
+            tpl.add_partition_offset(&topic, p, offset)
+                .map_err(|source| StartError::Assign { source })?;
             ready.push((p, taken, queue));
         }
-        consumer.assign(&tpl).map_err(|source| StartError::Assign { source })?;
+        consumer
+            .assign(&tpl)
+            .map_err(|source| StartError::Assign { source })?;
         running.assigned = true;
         for (p, taken, queue) in ready {
             self.go_live(p, *taken, queue, report_to.clone());
@@ -137,7 +226,14 @@ impl Handler<Assigned> for Coordinator {
         }
         let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
         tracing::info!(partitions = %PartitionSet(partitions), "The group assigned partitions; taking them over.");
-        self.take_over(msg.partitions.into_iter().map(|(p, q)| (p, Some(q))).collect(), false, ctx);
+        self.take_over(
+            msg.partitions
+                .into_iter()
+                .map(|(p, q)| (p, Some(q)))
+                .collect(),
+            false,
+            ctx,
+        );
         self.publish_health();
     }
 }
@@ -147,7 +243,11 @@ impl Handler<Loaded> for Coordinator {
 
     fn handle(&mut self, msg: Loaded, ctx: &mut Self::Context) {
         let p = msg.partition;
-        let owned = self.running.as_ref().and_then(|r| r.owned.get(&p)).filter(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
+        let owned = self
+            .running
+            .as_ref()
+            .and_then(|r| r.owned.get(&p))
+            .filter(|o| o.epoch == msg.epoch && matches!(o.stage, Stage::Loading { .. }));
         let Some(retake) = owned.map(|o| o.retake) else {
             // Revoked (or torn down) while loading: the producer is dropped with the result.
             return;
@@ -160,7 +260,15 @@ impl Handler<Loaded> for Coordinator {
                 self.retake(p, Retake::Failed, ctx);
                 return;
             }
-            Err(source) => return self.fail_start(&StartError::TakeOver { partition: p, source: Box::new(source) }, ctx),
+            Err(source) => {
+                return self.fail_start(
+                    &StartError::TakeOver {
+                        partition: p,
+                        source: Box::new(source),
+                    },
+                    ctx,
+                )
+            }
         };
         if retake || self.group_mode() {
             if let Err(e) = self.resume_taken(p, retake, taken, ctx) {
@@ -168,7 +276,9 @@ impl Handler<Loaded> for Coordinator {
             }
         } else {
             if let Some(owned) = self.running.as_mut().and_then(|r| r.owned.get_mut(&p)) {
-                owned.stage = Stage::Loaded { taken: Box::new(taken) };
+                owned.stage = Stage::Loaded {
+                    taken: Box::new(taken),
+                };
             }
             if let Err(e) = self.assign_static_when_loaded(ctx.address().recipient()) {
                 return self.fail_start(&e, ctx);
@@ -183,17 +293,35 @@ impl Coordinator {
     /// Lets a taken-over partition's input flow into its new pipeline: a partition the group
     /// assigned resumes where the group's committed offset is; one taken over again is first
     /// rewound there, past what its failed pipeline had fetched.
-    fn resume_taken(&mut self, p: i32, retake: bool, taken: TakenOver, ctx: &mut Context<Self>) -> Result<(), StartError> {
+    fn resume_taken(
+        &mut self,
+        p: i32,
+        retake: bool,
+        taken: TakenOver,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), StartError> {
         let topic = self.config.worker.input_topic.clone();
-        let Some(running) = self.running.as_mut() else { return Ok(()) };
-        let Some(owned) = running.owned.get_mut(&p) else { return Ok(()) };
-        let Stage::Loading { queue } = &mut owned.stage else { return Ok(()) };
+        let Some(running) = self.running.as_mut() else {
+            return Ok(());
+        };
+        let Some(owned) = running.owned.get_mut(&p) else {
+            return Ok(());
+        };
+        let Stage::Loading { queue } = &mut owned.stage else {
+            return Ok(());
+        };
         let queue = match queue.take() {
             Some(queue) => queue,
-            None => running.membership.consumer.split_partition_queue(&topic, p).ok_or(StartError::SplitQueue { partition: p })?,
+            None => running
+                .membership
+                .consumer
+                .split_partition_queue(&topic, p)
+                .ok_or(StartError::SplitQueue { partition: p })?,
         };
         if retake {
-            running.membership.rewind(&topic, p, taken.report.resume_input_at)?;
+            running
+                .membership
+                .rewind(&topic, p, taken.report.resume_input_at)?;
         }
         running.membership.resume(&topic, p)?;
         self.go_live(p, taken, queue, ctx.address().recipient());

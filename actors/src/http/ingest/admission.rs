@@ -50,7 +50,11 @@ impl InFlight {
     }
 
     fn with_gauge(max: usize, gauge: metrics::Gauge) -> Self {
-        Self { count: AtomicUsize::new(0), max, gauge }
+        Self {
+            count: AtomicUsize::new(0),
+            max,
+            gauge,
+        }
     }
 
     /// A place, or the refusal if all are taken.
@@ -112,7 +116,12 @@ impl Drop for BodyRead<'_> {
 
 impl BodyReads {
     pub fn new(max_keyless: usize, max_keyless_per_client: usize) -> Self {
-        Self { keyed: AtomicUsize::new(0), keyless: Mutex::default(), max_keyless, max_keyless_per_client }
+        Self {
+            keyed: AtomicUsize::new(0),
+            keyless: Mutex::default(),
+            max_keyless,
+            max_keyless_per_client,
+        }
     }
 
     /// A keyed body: always read (its key was checked), counted.
@@ -121,7 +130,10 @@ impl BodyReads {
         // is set under its lock.
         self.keyed.fetch_add(1, Ordering::AcqRel);
         metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYED).increment(1.0);
-        BodyRead { reads: self, keyless: None }
+        BodyRead {
+            reads: self,
+            keyless: None,
+        }
     }
 
     /// A keyless body from `client`, or the refusal if too many are being read overall or from
@@ -129,28 +141,48 @@ impl BodyReads {
     pub fn keyless(&self, client: Option<IpAddr>) -> Result<BodyRead<'_>, Outcome> {
         let mut k = self.keyless.lock().unwrap_or_else(|p| p.into_inner());
         if k.total >= self.max_keyless {
-            return Err(Outcome::TooManyKeylessReads { limit: self.max_keyless });
+            return Err(Outcome::TooManyKeylessReads {
+                limit: self.max_keyless,
+            });
         }
         if let Some(ip) = client {
             let n = k.by_client.entry(ip).or_insert(0);
             if *n >= self.max_keyless_per_client {
-                return Err(Outcome::TooManyKeylessReads { limit: self.max_keyless_per_client });
+                return Err(Outcome::TooManyKeylessReads {
+                    limit: self.max_keyless_per_client,
+                });
             }
             *n += 1;
         }
         k.total += 1;
         metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYLESS).set(k.total as f64);
-        Ok(BodyRead { reads: self, keyless: Some(client) })
+        Ok(BodyRead {
+            reads: self,
+            keyless: Some(client),
+        })
     }
 }
 
 /// Reads the raw body within `timeout`, refusing it as soon as it is known to be over the limit.
-pub async fn read_body(req: &HttpRequest, payload: web::Payload, timeout: Duration) -> Result<web::BytesMut, Outcome> {
-    tokio::time::timeout(timeout, read_body_unbounded(req, payload)).await.map_err(|_| Outcome::TooSlow(timeout))?
+pub async fn read_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    timeout: Duration,
+) -> Result<web::BytesMut, Outcome> {
+    tokio::time::timeout(timeout, read_body_unbounded(req, payload))
+        .await
+        .map_err(|_| Outcome::TooSlow(timeout))?
 }
 
-async fn read_body_unbounded(req: &HttpRequest, mut payload: web::Payload) -> Result<web::BytesMut, Outcome> {
-    let too_large = || Outcome::Rejected(Rejection::RequestTooLarge { limit: MAX_REQUEST_BYTES });
+async fn read_body_unbounded(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+) -> Result<web::BytesMut, Outcome> {
+    let too_large = || {
+        Outcome::Rejected(Rejection::RequestTooLarge {
+            limit: MAX_REQUEST_BYTES,
+        })
+    };
     let declared = req
         .headers()
         .get(CONTENT_LENGTH)
@@ -182,7 +214,10 @@ mod tests {
         let places = InFlight::new(2);
         let a = places.admit().ok().unwrap();
         let b = places.admit().ok().unwrap();
-        assert!(matches!(places.admit(), Err(Outcome::Overloaded { limit: 2 })));
+        assert!(matches!(
+            places.admit(),
+            Err(Outcome::Overloaded { limit: 2 })
+        ));
         drop(a);
         let c = places.admit().ok().unwrap();
         drop((b, c));
@@ -195,7 +230,10 @@ mod tests {
         // holds a place, that the gauge shows at least its own. A gauge set from each thread's
         // count instead of moved by one falls behind here within a few thousand rounds.
         let value = Arc::new(std::sync::atomic::AtomicU64::new(0f64.to_bits()));
-        let places = Arc::new(InFlight::with_gauge(64, metrics::Gauge::from_arc(value.clone())));
+        let places = Arc::new(InFlight::with_gauge(
+            64,
+            metrics::Gauge::from_arc(value.clone()),
+        ));
         let gauge = || f64::from_bits(value.load(Ordering::Acquire));
         let behind: usize = std::thread::scope(|s| {
             let workers: Vec<_> = (0..4)
@@ -214,7 +252,10 @@ mod tests {
                 .collect();
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
-        assert_eq!((behind, gauge(), places.count.load(Ordering::Acquire)), (0, 0.0, 0));
+        assert_eq!(
+            (behind, gauge(), places.count.load(Ordering::Acquire)),
+            (0, 0.0, 0)
+        );
     }
 
     #[test]
@@ -225,9 +266,15 @@ mod tests {
         // address fits, and then the total is full for everyone.
         let a1 = reads.keyless(Some(a)).ok().unwrap();
         let _a2 = reads.keyless(Some(a)).ok().unwrap();
-        assert!(matches!(reads.keyless(Some(a)), Err(Outcome::TooManyKeylessReads { limit: 2 })));
+        assert!(matches!(
+            reads.keyless(Some(a)),
+            Err(Outcome::TooManyKeylessReads { limit: 2 })
+        ));
         let _b1 = reads.keyless(Some(b)).ok().unwrap();
-        assert!(matches!(reads.keyless(Some(b)), Err(Outcome::TooManyKeylessReads { limit: 3 })));
+        assert!(matches!(
+            reads.keyless(Some(b)),
+            Err(Outcome::TooManyKeylessReads { limit: 3 })
+        ));
         // Keyed reads pass whatever the keyless ones hold.
         let keyed: Vec<_> = (0..10).map(|_| reads.keyed()).collect();
         assert_eq!(reads.keyed.load(Ordering::Acquire), 10);

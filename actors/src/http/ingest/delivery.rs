@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use dedupe::config::Config;
 use dedupe_tracking::{
-    self as tracking, Endpoint, Events, IdOrigin, HEADER_CONTENT_DIGEST, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX, HEADER_MESSAGE_ID, HEADER_REASON,
-    HEADER_RECEIVED_AT, HEADER_SOURCE,
+    self as tracking, Endpoint, Events, IdOrigin, HEADER_CONTENT_DIGEST, HEADER_ENDPOINT,
+    HEADER_ERROR, HEADER_INDEX, HEADER_MESSAGE_ID, HEADER_REASON, HEADER_RECEIVED_AT,
+    HEADER_SOURCE,
 };
 use futures::channel::oneshot;
 use rdkafka::client::ClientContext;
@@ -45,7 +46,8 @@ pub const LINGER_MS: &str = "1";
 /// decompresses transparently. `kafka.properties` may set another codec, or none.
 pub const COMPRESSION: &str = "lz4";
 /// What [`producer`] sets when `kafka.properties` does not.
-const PRODUCER_DEFAULTS: [(&str, &str); 2] = [("linger.ms", LINGER_MS), ("compression.type", COMPRESSION)];
+const PRODUCER_DEFAULTS: [(&str, &str); 2] =
+    [("linger.ms", LINGER_MS), ("compression.type", COMPRESSION)];
 
 /// Why a request's messages are not all in Kafka. Every variant is answered 503: each is worth
 /// retrying, and a retry can only make duplicates, which the worker removes.
@@ -96,10 +98,17 @@ impl Acks {
     fn record(&self, error: Option<&KafkaError>) {
         // A poisoned lock only means a panic elsewhere; the value is still an Option.
         if let Some(e) = error {
-            self.first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| e.clone());
+            self.first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.clone());
         }
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let first_error = self.first_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let first_error = self
+                .first_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             if let Some(done) = self.done.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 // The request may have given up (timeout) and dropped its receiver.
                 let _ = done.send(first_error);
@@ -137,7 +146,10 @@ fn producer_config(config: &Config) -> rdkafka::ClientConfig {
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", PARTITIONER)
-        .set("message.timeout.ms", config.ingest.ack_timeout_ms.to_string());
+        .set(
+            "message.timeout.ms",
+            config.ingest.ack_timeout_ms.to_string(),
+        );
     // Defaults, not requirements: where `kafka.properties` sets one, it wins.
     for (name, value) in PRODUCER_DEFAULTS {
         if !config.kafka.properties.contains_key(name) {
@@ -158,7 +170,13 @@ pub struct Delivery {
 impl Delivery {
     /// Produces every valid event to the input topic and every refused one to the dead-letter
     /// topic, then waits until Kafka acknowledged all of them, or gives up.
-    pub async fn deliver(&self, source: &str, endpoint: Endpoint, events: &Events, received_at_ms: i64) -> Result<(), DeliveryError> {
+    pub async fn deliver(
+        &self,
+        source: &str,
+        endpoint: Endpoint,
+        events: &Events,
+        received_at_ms: i64,
+    ) -> Result<(), DeliveryError> {
         if let Some((code, _)) = self.producer.client().fatal_error() {
             return Err(DeliveryError::Enqueue(KafkaError::MessageProduction(code)));
         }
@@ -175,41 +193,78 @@ impl Delivery {
             tracking::push_record_key(&mut key, source, &m.message_id);
             let digest = tracking::digest::hex(m.content_hash);
             let mut headers = OwnedHeaders::new_with_capacity(3)
-                .insert(Header { key: HEADER_SOURCE, value: Some(source) })
-                .insert(Header { key: HEADER_CONTENT_DIGEST, value: Some(&digest[..]) });
+                .insert(Header {
+                    key: HEADER_SOURCE,
+                    value: Some(source),
+                })
+                .insert(Header {
+                    key: HEADER_CONTENT_DIGEST,
+                    value: Some(&digest[..]),
+                });
             if m.id_origin != IdOrigin::Client {
-                headers = headers.insert(Header { key: HEADER_MESSAGE_ID, value: Some(m.id_origin.as_str()) });
+                headers = headers.insert(Header {
+                    key: HEADER_MESSAGE_ID,
+                    value: Some(m.id_origin.as_str()),
+                });
             }
             let record = BaseRecord::with_opaque_to(&self.topic, Arc::clone(&acks))
                 .key(&key)
                 .payload(&m.value)
                 .headers(headers)
                 .timestamp(received_at_ms);
-            self.producer.send(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?;
+            self.producer
+                .send(record)
+                .map_err(|(e, _)| DeliveryError::Enqueue(e))?;
         }
         if !events.refused.is_empty() {
-            let received_at = tracking::rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(received_at_ms.max(0) as u64));
+            let received_at = tracking::rfc3339_millis(
+                std::time::UNIX_EPOCH + Duration::from_millis(received_at_ms.max(0) as u64),
+            );
             for r in &events.refused {
-                let key = r.message_id.as_deref().map(|id| tracking::record_key(source, id));
+                let key = r
+                    .message_id
+                    .as_deref()
+                    .map(|id| tracking::record_key(source, id));
                 let error = r.sentence();
                 let index = r.at.0.map(|i| i.to_string());
                 let mut headers = OwnedHeaders::new_with_capacity(6)
-                    .insert(Header { key: HEADER_SOURCE, value: Some(source) })
-                    .insert(Header { key: HEADER_REASON, value: Some(r.problem.reason()) })
-                    .insert(Header { key: HEADER_ERROR, value: Some(&error) })
-                    .insert(Header { key: HEADER_RECEIVED_AT, value: Some(&received_at) })
-                    .insert(Header { key: HEADER_ENDPOINT, value: Some(endpoint.as_str()) });
+                    .insert(Header {
+                        key: HEADER_SOURCE,
+                        value: Some(source),
+                    })
+                    .insert(Header {
+                        key: HEADER_REASON,
+                        value: Some(r.problem.reason()),
+                    })
+                    .insert(Header {
+                        key: HEADER_ERROR,
+                        value: Some(&error),
+                    })
+                    .insert(Header {
+                        key: HEADER_RECEIVED_AT,
+                        value: Some(&received_at),
+                    })
+                    .insert(Header {
+                        key: HEADER_ENDPOINT,
+                        value: Some(endpoint.as_str()),
+                    });
                 if let Some(index) = &index {
-                    headers = headers.insert(Header { key: HEADER_INDEX, value: Some(index) });
+                    headers = headers.insert(Header {
+                        key: HEADER_INDEX,
+                        value: Some(index),
+                    });
                 }
-                let mut record = BaseRecord::with_opaque_to(&self.dead_letter_topic, Arc::clone(&acks))
-                    .payload(&r.value)
-                    .headers(headers)
-                    .timestamp(received_at_ms);
+                let mut record =
+                    BaseRecord::with_opaque_to(&self.dead_letter_topic, Arc::clone(&acks))
+                        .payload(&r.value)
+                        .headers(headers)
+                        .timestamp(received_at_ms);
                 if let Some(key) = &key {
                     record = record.key(key);
                 }
-                self.producer.send(record).map_err(|(e, _)| DeliveryError::Enqueue(e))?;
+                self.producer
+                    .send(record)
+                    .map_err(|(e, _)| DeliveryError::Enqueue(e))?;
             }
         }
         let answer = tokio::time::timeout(self.ack_timeout, answered)
@@ -230,15 +285,24 @@ mod tests {
     #[test]
     fn the_worker_reads_the_digest_the_front_door_writes() {
         let hash = 0x1234_5678_9abc_def0;
-        assert_eq!(HEADER_CONTENT_DIGEST, dedupe::identity::HEADER_CONTENT_DIGEST);
+        assert_eq!(
+            HEADER_CONTENT_DIGEST,
+            dedupe::identity::HEADER_CONTENT_DIGEST
+        );
         let header = tracking::digest::header_value(hash);
-        assert_eq!(dedupe::identity::ContentDigest::of_header(header.as_bytes()), Some(dedupe::identity::ContentDigest::of_hash(hash)));
+        assert_eq!(
+            dedupe::identity::ContentDigest::of_header(header.as_bytes()),
+            Some(dedupe::identity::ContentDigest::of_hash(hash))
+        );
     }
 
     #[test]
     fn explain_scopes_an_id_by_source_as_the_front_door_keys_it() {
         assert_eq!(tracking::KEY_SEPARATOR, dedupe::identity::SOURCE_SEPARATOR);
-        assert_eq!(tracking::record_key("web", "m-1"), dedupe::identity::scoped_id("web", "m-1"));
+        assert_eq!(
+            tracking::record_key("web", "m-1"),
+            dedupe::identity::scoped_id("web", "m-1")
+        );
     }
 
     #[test]
@@ -250,8 +314,14 @@ mod tests {
         assert_eq!(defaults.get("enable.idempotence"), Some("true"));
         assert_eq!(defaults.get("acks"), Some("all"));
 
-        config.kafka.properties.insert("linger.ms".into(), "5".into());
-        config.kafka.properties.insert("compression.type".into(), "none".into());
+        config
+            .kafka
+            .properties
+            .insert("linger.ms".into(), "5".into());
+        config
+            .kafka
+            .properties
+            .insert("compression.type".into(), "none".into());
         let overridden = producer_config(&config);
         assert_eq!(overridden.get("linger.ms"), Some("5"));
         assert_eq!(overridden.get("compression.type"), Some("none"));

@@ -54,7 +54,8 @@ use dedupe::config::{Config, MissingMessageId, OnInvalidEvent};
 use dedupe::log_limit::{LogLimiter, LOG_INTERVAL};
 use dedupe_tracking::rate_limit::{Rate, RateLimited, RateLimiter};
 use dedupe_tracking::{
-    self as tracking, Endpoint, Envelope, Events, IdOrigin, MessageIds, MissingId, Rejection, WriteKeys, WriteKeysError, ENV_WRITE_KEYS,
+    self as tracking, Endpoint, Envelope, Events, IdOrigin, MessageIds, MissingId, Rejection,
+    WriteKeys, WriteKeysError, ENV_WRITE_KEYS,
 };
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
@@ -83,9 +84,15 @@ pub enum IngestError {
     #[error("cannot create the Kafka producer for topic {topic}: {source}")]
     CreateProducer { topic: String, source: KafkaError },
     #[error("cannot connect to {brokers}: {failure}")]
-    Security { brokers: String, failure: dedupe::kafka::SecurityFailure },
+    Security {
+        brokers: String,
+        failure: dedupe::kafka::SecurityFailure,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
     #[error("ingest.{0} (raise `ulimit -n` or lower ingest.max_connections)")]
@@ -115,12 +122,23 @@ pub struct Ingest {
 type Decoded = Result<(String, Events), (Outcome, Option<String>)>;
 
 impl Ingest {
-    async fn handle(&self, endpoint: Endpoint, req: &HttpRequest, payload: web::Payload) -> (Outcome, Option<String>) {
-        let content_type = req.headers().get(CONTENT_TYPE).map(|h| h.to_str().unwrap_or("unreadable"));
+    async fn handle(
+        &self,
+        endpoint: Endpoint,
+        req: &HttpRequest,
+        payload: web::Payload,
+    ) -> (Outcome, Option<String>) {
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|h| h.to_str().unwrap_or("unreadable"));
         if let Err(r) = tracking::check_content_type(content_type) {
             return (Outcome::Rejected(r), None);
         }
-        let authorization = req.headers().get(AUTHORIZATION).map(|h| h.to_str().unwrap_or(""));
+        let authorization = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|h| h.to_str().unwrap_or(""));
         // A header with a wrong key is refused before the body is even read; one with a known
         // key gets the full deadline and is not counted among the keyless reads.
         let (read, deadline) = match authorization {
@@ -145,11 +163,23 @@ impl Ingest {
         // Crash and limit tests hold a request in its place for the failpoint's milliseconds,
         // without blocking the event loop.
         #[cfg(feature = "failpoints")]
-        if let Some(ms) = fail::eval("ingest-in-flight", |arg| arg.and_then(|a| a.parse::<u64>().ok())).flatten() {
+        if let Some(ms) = fail::eval("ingest-in-flight", |arg| {
+            arg.and_then(|a| a.parse::<u64>().ok())
+        })
+        .flatten()
+        {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         let received_at = SystemTime::now();
-        let decoded = self.decode(endpoint, req, raw, authorization.map(str::to_string), received_at).await;
+        let decoded = self
+            .decode(
+                endpoint,
+                req,
+                raw,
+                authorization.map(str::to_string),
+                received_at,
+            )
+            .await;
         let (source, events) = match decoded {
             Ok(decoded) => decoded,
             Err(refused) => return refused,
@@ -159,18 +189,45 @@ impl Ingest {
             match limiter.take(&source, events.len(), Instant::now()) {
                 Ok(()) => {}
                 Err(RateLimited::Wait(wait)) => return (Outcome::RateLimited(wait), Some(source)),
-                Err(RateLimited::OverBurst { burst, full_in }) => return (Outcome::OverBurst { burst, wait: full_in }, Some(source)),
+                Err(RateLimited::OverBurst { burst, full_in }) => {
+                    return (
+                        Outcome::OverBurst {
+                            burst,
+                            wait: full_in,
+                        },
+                        Some(source),
+                    )
+                }
             }
         }
-        if let (OnInvalidEvent::RefuseRequest, Some(first)) = (self.on_invalid_event, events.refused.first()) {
-            let rejection = Rejection::Invalid { at: first.at, problem: first.problem.clone() };
+        if let (OnInvalidEvent::RefuseRequest, Some(first)) =
+            (self.on_invalid_event, events.refused.first())
+        {
+            let rejection = Rejection::Invalid {
+                at: first.at,
+                problem: first.problem.clone(),
+            };
             return (Outcome::Rejected(rejection), Some(source));
         }
-        let outcome = match self.delivery.deliver(&source, endpoint, &events, tracking::unix_millis(received_at)).await {
+        let outcome = match self
+            .delivery
+            .deliver(
+                &source,
+                endpoint,
+                &events,
+                tracking::unix_millis(received_at),
+            )
+            .await
+        {
             Ok(()) => Outcome::Accepted {
                 types: events.messages.iter().map(|m| m.event_type).collect(),
-                assigned: IdOrigin::ASSIGNED
-                    .map(|origin| events.messages.iter().filter(|m| m.id_origin == origin).count() as u64),
+                assigned: IdOrigin::ASSIGNED.map(|origin| {
+                    events
+                        .messages
+                        .iter()
+                        .filter(|m| m.id_origin == origin)
+                        .count() as u64
+                }),
                 refused: events.refused.iter().map(RefusedEvent::from).collect(),
             },
             Err(e) => Outcome::Unavailable(e),
@@ -189,17 +246,33 @@ impl Ingest {
         authorization: Option<String>,
         received_at: SystemTime,
     ) -> Decoded {
-        let encoding = req.headers().get(CONTENT_ENCODING).map(|h| h.to_str().unwrap_or("unreadable").to_string());
+        let encoding = req
+            .headers()
+            .get(CONTENT_ENCODING)
+            .map(|h| h.to_str().unwrap_or("unreadable").to_string());
         let keys = Arc::clone(&self.keys);
         let inline = raw.len() <= INLINE_BODY_BYTES;
         let missing = self.missing_id;
-        let decode = move || decode_and_validate(endpoint, &raw, encoding.as_deref(), authorization.as_deref(), &keys, missing, received_at);
+        let decode = move || {
+            decode_and_validate(
+                endpoint,
+                &raw,
+                encoding.as_deref(),
+                authorization.as_deref(),
+                &keys,
+                missing,
+                received_at,
+            )
+        };
         if inline {
             return decode();
         }
         match web::block(decode).await {
             Ok(decoded) => decoded,
-            Err(e) => Err((Outcome::Unreadable(format!("the request could not be decoded: {e}")), None)),
+            Err(e) => Err((
+                Outcome::Unreadable(format!("the request could not be decoded: {e}")),
+                None,
+            )),
         }
     }
 }
@@ -221,7 +294,13 @@ fn decode_and_validate(
         Ok(source) => source.to_string(),
         Err(e) => return Err((Outcome::Unauthorized(e), None)),
     };
-    match envelope.into_events(received_at, MessageIds { source: &source, missing }) {
+    match envelope.into_events(
+        received_at,
+        MessageIds {
+            source: &source,
+            missing,
+        },
+    ) {
         Ok(events) => Ok((source, events)),
         Err(r) => Err((Outcome::Rejected(r), Some(source))),
     }
@@ -239,11 +318,21 @@ async fn unknown_endpoint() -> HttpResponse {
     HttpResponse::NotFound().json(error_body("unknown_endpoint", "no such endpoint"))
 }
 
-async fn post_message(endpoint: Endpoint, req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>) -> HttpResponse {
+async fn post_message(
+    endpoint: Endpoint,
+    req: HttpRequest,
+    payload: web::Payload,
+    ingest: web::Data<Ingest>,
+) -> HttpResponse {
     let started = Instant::now();
     let (outcome, source) = ingest.handle(endpoint, &req, payload).await;
-    RequestFinished { endpoint: endpoint.as_str(), outcome: &outcome, source: source.as_deref(), elapsed: started.elapsed() }
-        .emit(&ingest.logs);
+    RequestFinished {
+        endpoint: endpoint.as_str(),
+        outcome: &outcome,
+        source: source.as_deref(),
+        elapsed: started.elapsed(),
+    }
+    .emit(&ingest.logs);
     outcome.response()
 }
 
@@ -254,7 +343,8 @@ async fn healthz() -> HttpResponse {
 async fn readyz(ingest: web::Data<Ingest>) -> HttpResponse {
     match ingest.readiness.check() {
         Ok(()) => HttpResponse::Ok().json(json!({ "status": "ready" })),
-        Err(why) => HttpResponse::ServiceUnavailable().json(json!({ "status": "not ready", "message": why })),
+        Err(why) => HttpResponse::ServiceUnavailable()
+            .json(json!({ "status": "not ready", "message": why })),
     }
 }
 
@@ -262,12 +352,17 @@ async fn readyz(ingest: web::Data<Ingest>) -> HttpResponse {
 fn rate_limit_of(config: &dedupe::config::IngestConfig) -> Option<Rate> {
     let events_per_sec = std::num::NonZeroU32::new(config.rate_limit_events_per_sec)?;
     let burst = std::num::NonZeroU32::new(config.rate_limit_burst_events).unwrap_or(events_per_sec);
-    Some(Rate { events_per_sec, burst })
+    Some(Rate {
+        events_per_sec,
+        burst,
+    })
 }
 
 /// Every message route's name: the server libraries' and the browser and mobile libraries'.
-const ENDPOINT_NAMES: [&str; 15] =
-    ["track", "identify", "page", "screen", "group", "alias", "batch", "t", "i", "p", "s", "g", "a", "b", "import"];
+const ENDPOINT_NAMES: [&str; 15] = [
+    "track", "identify", "page", "screen", "group", "alias", "batch", "t", "i", "p", "s", "g", "a",
+    "b", "import",
+];
 
 fn routes(cfg: &mut web::ServiceConfig) {
     // Fixed paths per endpoint, with and without a trailing slash: matched by comparing text,
@@ -277,9 +372,11 @@ fn routes(cfg: &mut web::ServiceConfig) {
         for path in [format!("/v1/{name}"), format!("/v1/{name}/")] {
             cfg.route(
                 &path,
-                web::post().to(move |req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>| {
-                    post_message(endpoint, req, payload, ingest)
-                }),
+                web::post().to(
+                    move |req: HttpRequest, payload: web::Payload, ingest: web::Data<Ingest>| {
+                        post_message(endpoint, req, payload, ingest)
+                    },
+                ),
             )
             // Any other method (a preflight from a listed origin is answered before routing).
             .route(&path, web::route().to(method_not_allowed));
@@ -287,14 +384,23 @@ fn routes(cfg: &mut web::ServiceConfig) {
     }
     cfg.route("/v1/{endpoint}", web::post().to(unknown_endpoint))
         .route("/v1/{endpoint}/", web::post().to(unknown_endpoint))
-        .route("/v1/projects/{write_key}/settings", web::get().to(settings::settings))
+        .route(
+            "/v1/projects/{write_key}/settings",
+            web::get().to(settings::settings),
+        )
         .route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
-        .default_service(web::to(|| async { HttpResponse::NotFound().json(error_body("not_found", "no such path")) }));
+        .default_service(web::to(|| async {
+            HttpResponse::NotFound().json(error_body("not_found", "no such path"))
+        }));
 }
 
 /// What the configuration leaves to chance, said once at start.
-fn warn_about(config: &dedupe::config::IngestConfig, cors_policy: &CorsPolicy, limiter: Option<Rate>) {
+fn warn_about(
+    config: &dedupe::config::IngestConfig,
+    cors_policy: &CorsPolicy,
+    limiter: Option<Rate>,
+) {
     if cors_policy.allows_any() {
         warn!("ingest.cors_origins allows every origin (\"*\"): any page on the web can post with a write key it has seen and read the answers; list your sites' origins instead.");
     }
@@ -310,7 +416,10 @@ fn warn_about(config: &dedupe::config::IngestConfig, cors_policy: &CorsPolicy, l
 /// in flight finish and flushes the producer.
 pub async fn serve(config: Config) -> Result<(), IngestError> {
     let ingest_config = &config.ingest;
-    let keys = WriteKeys::load(ingest_config.write_keys_file.as_deref(), std::env::var(ENV_WRITE_KEYS).ok().as_deref())?;
+    let keys = WriteKeys::load(
+        ingest_config.write_keys_file.as_deref(),
+        std::env::var(ENV_WRITE_KEYS).ok().as_deref(),
+    )?;
     let cors_policy = CorsPolicy::new(&ingest_config.cors_origins);
     let rate = rate_limit_of(ingest_config);
     warn_about(ingest_config, &cors_policy, rate);
@@ -319,10 +428,22 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     let dead_letter_topic = ingest_config.dead_letter_topic();
     // Settings that can never connect end the process; unreachable brokers do not (the API
     // answers 503 until they are back).
-    dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15))
-        .map_err(|failure| IngestError::Security { brokers: config.kafka.brokers.clone(), failure })?;
-    let producer = producer(&config).map_err(|source| IngestError::CreateProducer { topic: topic.clone(), source })?;
-    let readiness = Readiness::start(producer.clone(), config.kafka.clone(), topic.clone(), dead_letter_topic.clone());
+    dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15)).map_err(|failure| {
+        IngestError::Security {
+            brokers: config.kafka.brokers.clone(),
+            failure,
+        }
+    })?;
+    let producer = producer(&config).map_err(|source| IngestError::CreateProducer {
+        topic: topic.clone(),
+        source,
+    })?;
+    let readiness = Readiness::start(
+        producer.clone(),
+        config.kafka.clone(),
+        topic.clone(),
+        dead_letter_topic.clone(),
+    );
     info!(sources = ?keys, "Loaded the write keys.");
     let ingest = web::Data::new(Ingest {
         delivery: Delivery {
@@ -337,7 +458,10 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
         readiness: Arc::clone(&readiness),
         limiter,
         in_flight: InFlight::new(ingest_config.max_in_flight_requests),
-        body_reads: BodyReads::new(ingest_config.keyless_body_reads(), ingest_config.keyless_body_reads_per_client()),
+        body_reads: BodyReads::new(
+            ingest_config.keyless_body_reads(),
+            ingest_config.keyless_body_reads_per_client(),
+        ),
         on_invalid_event: ingest_config.on_invalid_event,
         missing_id: match ingest_config.missing_message_id {
             MissingMessageId::Derive => MissingId::Derive,
@@ -350,7 +474,11 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     let addr = ingest_config.listen;
     let limits = Limits::from_ingest(ingest_config)?;
     let server = serve_http(addr, limits, move || {
-        App::new().app_data(ingest.clone()).app_data(cors_policy.clone()).wrap(from_fn(cors::cors)).configure(routes)
+        App::new()
+            .app_data(ingest.clone())
+            .app_data(cors_policy.clone())
+            .wrap(from_fn(cors::cors))
+            .configure(routes)
     })
     .map_err(|source| IngestError::Bind { addr, source })?;
     info!(addr = %addr, topic = %topic, max_connections = limits.max_connections, "The tracking API is listening.");

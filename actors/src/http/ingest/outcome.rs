@@ -9,8 +9,8 @@ use actix_web::http::StatusCode;
 use actix_web::HttpResponse;
 use dedupe::log_limit::{LogLimiter, LogVerdict};
 use dedupe::metrics::{
-    INGEST_ASSIGNED_IDS, INGEST_EVENTS, INGEST_LOG_SUPPRESSED, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS, LABEL_ENDPOINT,
-    LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
+    INGEST_ASSIGNED_IDS, INGEST_EVENTS, INGEST_LOG_SUPPRESSED, INGEST_REJECTED, INGEST_REQUESTS,
+    INGEST_REQUEST_SECONDS, LABEL_ENDPOINT, LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
 };
 use dedupe_tracking::rate_limit;
 use dedupe_tracking::{AuthError, EventType, IdOrigin, Refused, Rejection, MAX_ANSWER_REFUSALS};
@@ -34,7 +34,11 @@ pub struct RefusedEvent {
 
 impl From<&Refused> for RefusedEvent {
     fn from(r: &Refused) -> Self {
-        Self { index: r.at.0, code: r.problem.reason(), message: r.sentence() }
+        Self {
+            index: r.at.0,
+            code: r.problem.reason(),
+            message: r.sentence(),
+        }
     }
 }
 
@@ -43,7 +47,11 @@ pub enum Outcome {
     /// Every event is in Kafka: the valid ones (these types) in the input topic, the refused
     /// ones in the dead-letter topic.
     /// `assigned`: how many of the events got an id of each of `IdOrigin::ASSIGNED`.
-    Accepted { types: Vec<EventType>, assigned: [u64; 2], refused: Vec<RefusedEvent> },
+    Accepted {
+        types: Vec<EventType>,
+        assigned: [u64; 2],
+        refused: Vec<RefusedEvent>,
+    },
     /// The body cannot be read, or an event is invalid under `refuse-request`: nothing was
     /// produced.
     Rejected(Rejection),
@@ -73,7 +81,9 @@ impl Outcome {
             Self::Rejected(Rejection::UnsupportedContentType) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Rejected(_) | Self::Unreadable(_) => StatusCode::BAD_REQUEST,
             Self::RateLimited(_) | Self::OverBurst { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Overloaded { .. } | Self::TooManyKeylessReads { .. } | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded { .. } | Self::TooManyKeylessReads { .. } | Self::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         }
@@ -156,7 +166,9 @@ impl Outcome {
             // Both say how many seconds to wait: Retry-After for today's libraries,
             // x-ratelimit-reset for the browser library's older releases.
             let secs = rate_limit::retry_after_secs(*wait).to_string();
-            response.insert_header((RETRY_AFTER, secs.clone())).insert_header((X_RATELIMIT_RESET, secs));
+            response
+                .insert_header((RETRY_AFTER, secs.clone()))
+                .insert_header((X_RATELIMIT_RESET, secs));
         }
         response.json(body)
     }
@@ -195,11 +207,22 @@ impl RequestFinished<'_> {
         let status = self.outcome.status().as_u16();
         // Static labels: no allocation per request.
         metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => self.endpoint, LABEL_STATUS => status_label(status)).increment(1);
-        metrics::histogram!(INGEST_REQUEST_SECONDS, LABEL_ENDPOINT => self.endpoint).record(self.elapsed.as_secs_f64());
+        metrics::histogram!(INGEST_REQUEST_SECONDS, LABEL_ENDPOINT => self.endpoint)
+            .record(self.elapsed.as_secs_f64());
         let source = self.source.unwrap_or("-");
-        if let Outcome::Accepted { types, assigned, refused } = self.outcome {
-            for (origin, n) in IdOrigin::ASSIGNED.into_iter().zip(*assigned).filter(|(_, n)| *n > 0) {
-                metrics::counter!(INGEST_ASSIGNED_IDS, LABEL_ORIGIN => origin.as_str()).increment(n);
+        if let Outcome::Accepted {
+            types,
+            assigned,
+            refused,
+        } = self.outcome
+        {
+            for (origin, n) in IdOrigin::ASSIGNED
+                .into_iter()
+                .zip(*assigned)
+                .filter(|(_, n)| *n > 0)
+            {
+                metrics::counter!(INGEST_ASSIGNED_IDS, LABEL_ORIGIN => origin.as_str())
+                    .increment(n);
             }
             // One counter update per type and per reason, not per event.
             let mut counts = [0u64; EventType::ALL.len()];
@@ -213,7 +236,12 @@ impl RequestFinished<'_> {
                 metrics::counter!(INGEST_REJECTED, LABEL_REASON => r.code).increment(1);
             }
             match refused.first() {
-                None => debug!(endpoint = self.endpoint, source, events = types.len(), "Every message of the request is in Kafka."),
+                None => debug!(
+                    endpoint = self.endpoint,
+                    source,
+                    events = types.len(),
+                    "Every message of the request is in Kafka."
+                ),
                 Some(first) => {
                     if let Some(suppressed) = log_now(logs, "dead_lettered") {
                         info!(
@@ -228,7 +256,9 @@ impl RequestFinished<'_> {
         }
         let reason = self.outcome.reason();
         metrics::counter!(INGEST_REJECTED, LABEL_REASON => reason).increment(1);
-        let Some(suppressed) = log_now(logs, reason) else { return };
+        let Some(suppressed) = log_now(logs, reason) else {
+            return;
+        };
         match self.outcome {
             Outcome::Overloaded { .. } => warn!(
                 endpoint = self.endpoint, suppressed,
@@ -263,7 +293,12 @@ impl SettingsAnswered {
         metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => Self::ENDPOINT, LABEL_STATUS => status_label(self.status)).increment(1);
         if let Some(reason) = self.refused {
             metrics::counter!(INGEST_REJECTED, LABEL_REASON => reason).increment(1);
-            info!(endpoint = Self::ENDPOINT, status = self.status, reason, "Refused a request.");
+            info!(
+                endpoint = Self::ENDPOINT,
+                status = self.status,
+                reason,
+                "Refused a request."
+            );
         }
     }
 }
@@ -289,27 +324,96 @@ mod tests {
     #[test]
     fn only_a_fully_acknowledged_request_is_200() {
         // Bad input is 400, a missing or unknown key 401, anything short of every ack 503.
-        let accepted = || Outcome::Accepted { types: vec![EventType::Track], assigned: [0, 0], refused: Vec::new() };
+        let accepted = || Outcome::Accepted {
+            types: vec![EventType::Track],
+            assigned: [0, 0],
+            refused: Vec::new(),
+        };
         let cases = [
             (accepted(), 200, "accepted"),
             (Outcome::Rejected(Rejection::EmptyBatch), 400, "empty_batch"),
-            (Outcome::Rejected(Rejection::RequestTooLarge { limit: 1 }), 400, "request_too_large"),
-            (Outcome::Rejected(Rejection::Invalid { at: Location(Some(2)), problem: Problem::MissingEvent }), 400, "missing_event"),
-            (Outcome::Unreadable("connection reset".into()), 400, "unreadable_body"),
-            (Outcome::TooSlow(Duration::from_secs(5)), 408, "request_timeout"),
-            (Outcome::Unauthorized(AuthError::Missing), 401, "missing_write_key"),
-            (Outcome::Unauthorized(AuthError::Unknown), 401, "unknown_write_key"),
-            (Outcome::Rejected(Rejection::UnsupportedContentType), 415, "unsupported_content_type"),
-            (Outcome::RateLimited(Duration::from_millis(1500)), 429, "rate_limited"),
-            (Outcome::OverBurst { burst: 20, wait: Duration::from_secs(1) }, 429, "over_burst"),
-            (Outcome::Overloaded { limit: 128 }, 503, "too_many_requests_in_flight"),
-            (Outcome::TooManyKeylessReads { limit: 64 }, 503, "too_many_keyless_reads"),
-            (Outcome::Unavailable(DeliveryError::Timeout(Duration::from_secs(1))), 503, "kafka_timeout"),
-            (Outcome::Unavailable(DeliveryError::Dropped), 503, "kafka_dropped"),
-            (Outcome::Unavailable(DeliveryError::Delivery(KafkaError::Canceled)), 503, "kafka_delivery"),
+            (
+                Outcome::Rejected(Rejection::RequestTooLarge { limit: 1 }),
+                400,
+                "request_too_large",
+            ),
+            (
+                Outcome::Rejected(Rejection::Invalid {
+                    at: Location(Some(2)),
+                    problem: Problem::MissingEvent,
+                }),
+                400,
+                "missing_event",
+            ),
+            (
+                Outcome::Unreadable("connection reset".into()),
+                400,
+                "unreadable_body",
+            ),
+            (
+                Outcome::TooSlow(Duration::from_secs(5)),
+                408,
+                "request_timeout",
+            ),
+            (
+                Outcome::Unauthorized(AuthError::Missing),
+                401,
+                "missing_write_key",
+            ),
+            (
+                Outcome::Unauthorized(AuthError::Unknown),
+                401,
+                "unknown_write_key",
+            ),
+            (
+                Outcome::Rejected(Rejection::UnsupportedContentType),
+                415,
+                "unsupported_content_type",
+            ),
+            (
+                Outcome::RateLimited(Duration::from_millis(1500)),
+                429,
+                "rate_limited",
+            ),
+            (
+                Outcome::OverBurst {
+                    burst: 20,
+                    wait: Duration::from_secs(1),
+                },
+                429,
+                "over_burst",
+            ),
+            (
+                Outcome::Overloaded { limit: 128 },
+                503,
+                "too_many_requests_in_flight",
+            ),
+            (
+                Outcome::TooManyKeylessReads { limit: 64 },
+                503,
+                "too_many_keyless_reads",
+            ),
+            (
+                Outcome::Unavailable(DeliveryError::Timeout(Duration::from_secs(1))),
+                503,
+                "kafka_timeout",
+            ),
+            (
+                Outcome::Unavailable(DeliveryError::Dropped),
+                503,
+                "kafka_dropped",
+            ),
+            (
+                Outcome::Unavailable(DeliveryError::Delivery(KafkaError::Canceled)),
+                503,
+                "kafka_delivery",
+            ),
         ];
         for (outcome, status, reason) in cases {
-            assert_eq!((outcome.status().as_u16(), outcome.reason()), (status, reason));
+            assert_eq!(
+                (outcome.status().as_u16(), outcome.reason()),
+                (status, reason)
+            );
             assert_eq!(status_label(status), status.to_string());
             assert_eq!(outcome.response().status().as_u16(), status);
         }
@@ -318,19 +422,48 @@ mod tests {
     async fn body_of(outcome: &Outcome) -> (Value, bool) {
         let response = outcome.response();
         let closes = !response.head().keep_alive();
-        let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+        let bytes = actix_web::body::to_bytes(response.into_body())
+            .await
+            .unwrap();
         (serde_json::from_slice(&bytes).unwrap(), closes)
     }
 
     #[actix_rt::test]
     async fn refusals_answer_a_body_with_their_code_and_a_message_naming_the_problem() {
         let cases = [
-            (Outcome::Rejected(Rejection::EmptyBatch), "empty_batch", "`batch` is empty"),
-            (Outcome::Rejected(Rejection::TooManyEvents { count: 6000 }), "too_many_events", "the limit is 5000"),
-            (Outcome::TooSlow(Duration::from_millis(1500)), "request_timeout", "within 1500 ms"),
-            (Outcome::Unauthorized(AuthError::Unknown), "unknown_write_key", "not known"),
-            (Outcome::Unavailable(DeliveryError::Dropped), "kafka_dropped", "retry the same request"),
-            (Outcome::OverBurst { burst: 20, wait: Duration::from_secs(1) }, "over_burst", "at once (20)"),
+            (
+                Outcome::Rejected(Rejection::EmptyBatch),
+                "empty_batch",
+                "`batch` is empty",
+            ),
+            (
+                Outcome::Rejected(Rejection::TooManyEvents { count: 6000 }),
+                "too_many_events",
+                "the limit is 5000",
+            ),
+            (
+                Outcome::TooSlow(Duration::from_millis(1500)),
+                "request_timeout",
+                "within 1500 ms",
+            ),
+            (
+                Outcome::Unauthorized(AuthError::Unknown),
+                "unknown_write_key",
+                "not known",
+            ),
+            (
+                Outcome::Unavailable(DeliveryError::Dropped),
+                "kafka_dropped",
+                "retry the same request",
+            ),
+            (
+                Outcome::OverBurst {
+                    burst: 20,
+                    wait: Duration::from_secs(1),
+                },
+                "over_burst",
+                "at once (20)",
+            ),
         ];
         for (outcome, code, names) in cases {
             let (body, closes) = body_of(&outcome).await;
@@ -346,13 +479,31 @@ mod tests {
     async fn an_accepted_request_names_each_refused_event() {
         // Nothing refused: the answer Segment's libraries expect. Some refused: each named, so a
         // client that looks can tell which, and one that does not still sees success.
-        let (body, _) = body_of(&Outcome::Accepted { types: vec![EventType::Track], assigned: [0, 0], refused: Vec::new() }).await;
+        let (body, _) = body_of(&Outcome::Accepted {
+            types: vec![EventType::Track],
+            assigned: [0, 0],
+            refused: Vec::new(),
+        })
+        .await;
         assert_eq!(body, json!({ "success": true }));
         let refused = vec![
-            RefusedEvent { index: Some(3), code: "missing_event", message: "batch[3]: a track message needs an `event` name".into() },
-            RefusedEvent { index: None, code: "bad_message_id", message: "the message: ...".into() },
+            RefusedEvent {
+                index: Some(3),
+                code: "missing_event",
+                message: "batch[3]: a track message needs an `event` name".into(),
+            },
+            RefusedEvent {
+                index: None,
+                code: "bad_message_id",
+                message: "the message: ...".into(),
+            },
         ];
-        let (body, _) = body_of(&Outcome::Accepted { types: vec![EventType::Track], assigned: [0, 0], refused }).await;
+        let (body, _) = body_of(&Outcome::Accepted {
+            types: vec![EventType::Track],
+            assigned: [0, 0],
+            refused,
+        })
+        .await;
         assert_eq!(
             body,
             json!({ "success": true, "rejected": [
@@ -362,26 +513,55 @@ mod tests {
         );
         // Thousands refused: the first hundred named, all counted, the answer within its bound.
         let many: Vec<RefusedEvent> = (0..5000)
-            .map(|i| RefusedEvent { index: Some(i), code: "bad_message_id", message: "x".repeat(dedupe_tracking::MAX_REFUSAL_SENTENCE_BYTES) })
+            .map(|i| RefusedEvent {
+                index: Some(i),
+                code: "bad_message_id",
+                message: "x".repeat(dedupe_tracking::MAX_REFUSAL_SENTENCE_BYTES),
+            })
             .collect();
-        let response = Outcome::Accepted { types: Vec::new(), assigned: [0, 0], refused: many }.response();
-        let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+        let response = Outcome::Accepted {
+            types: Vec::new(),
+            assigned: [0, 0],
+            refused: many,
+        }
+        .response();
+        let bytes = actix_web::body::to_bytes(response.into_body())
+            .await
+            .unwrap();
         let body: Value = serde_json::from_slice(&bytes).unwrap();
         let bytes = bytes.len();
-        assert_eq!((body["rejected"].as_array().map(Vec::len), body["rejected_count"].as_u64()), (Some(MAX_ANSWER_REFUSALS), Some(5000)));
+        assert_eq!(
+            (
+                body["rejected"].as_array().map(Vec::len),
+                body["rejected_count"].as_u64()
+            ),
+            (Some(MAX_ANSWER_REFUSALS), Some(5000))
+        );
         assert!(bytes <= dedupe_tracking::MAX_ANSWER_BYTES, "{bytes}");
     }
 
     #[test]
     fn a_rate_limited_answer_says_how_long_to_wait_in_both_headers() {
-        for outcome in [Outcome::RateLimited(Duration::from_millis(1500)), Outcome::OverBurst { burst: 5, wait: Duration::from_millis(1500) }] {
+        for outcome in [
+            Outcome::RateLimited(Duration::from_millis(1500)),
+            Outcome::OverBurst {
+                burst: 5,
+                wait: Duration::from_millis(1500),
+            },
+        ] {
             let response = outcome.response();
             assert_eq!(response.headers().get(RETRY_AFTER).unwrap(), "2");
             assert_eq!(response.headers().get(X_RATELIMIT_RESET).unwrap(), "2");
         }
         // A request turned away undecoded closes its connection, so its body is never parsed
         // as a request.
-        assert!(!Outcome::Overloaded { limit: 1 }.response().head().keep_alive());
-        assert!(!Outcome::TooManyKeylessReads { limit: 1 }.response().head().keep_alive());
+        assert!(!Outcome::Overloaded { limit: 1 }
+            .response()
+            .head()
+            .keep_alive());
+        assert!(!Outcome::TooManyKeylessReads { limit: 1 }
+            .response()
+            .head()
+            .keep_alive());
     }
 }

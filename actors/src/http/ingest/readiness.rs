@@ -38,8 +38,16 @@ pub struct Readiness {
 
 impl Readiness {
     /// Probes in a thread of its own: metadata requests block.
-    pub fn start(producer: IngestProducer, kafka: KafkaConfig, topic: String, dead_letter_topic: String) -> Arc<Self> {
-        let readiness = Arc::new(Self { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) });
+    pub fn start(
+        producer: IngestProducer,
+        kafka: KafkaConfig,
+        topic: String,
+        dead_letter_topic: String,
+    ) -> Arc<Self> {
+        let readiness = Arc::new(Self {
+            last_ok_ms: AtomicI64::new(0),
+            stop: AtomicBool::new(false),
+        });
         let probe = Arc::clone(&readiness);
         let spawned = std::thread::Builder::new().name("ingest-readiness".into()).spawn(move || {
             // What the previous probe found: a change is logged, a repeat is not.
@@ -77,7 +85,8 @@ impl Readiness {
     }
 
     pub fn check(&self) -> Result<(), &'static str> {
-        let age_ms = tracking::unix_millis(SystemTime::now()) - self.last_ok_ms.load(Ordering::Relaxed);
+        let age_ms =
+            tracking::unix_millis(SystemTime::now()) - self.last_ok_ms.load(Ordering::Relaxed);
         if age_ms <= READINESS_FRESH.as_millis() as i64 {
             Ok(())
         } else {
@@ -93,11 +102,24 @@ impl Readiness {
 /// The number of partitions of `topic` in the producer's metadata, or `None` if it does not
 /// exist.
 fn partitions(producer: &IngestProducer, topic: &str) -> Result<Option<usize>, String> {
-    let md = producer.client().fetch_metadata(Some(topic), READINESS_INTERVAL).map_err(|e| e.to_string())?;
-    Ok(md.topics().iter().find(|t| t.name() == topic && t.error().is_none()).map(|t| t.partitions().len()).filter(|&n| n > 0))
+    let md = producer
+        .client()
+        .fetch_metadata(Some(topic), READINESS_INTERVAL)
+        .map_err(|e| e.to_string())?;
+    Ok(md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map(|t| t.partitions().len())
+        .filter(|&n| n > 0))
 }
 
-fn probe_once(producer: &IngestProducer, kafka: &KafkaConfig, topic: &str, dead_letter_topic: &str) -> Probed {
+fn probe_once(
+    producer: &IngestProducer,
+    kafka: &KafkaConfig,
+    topic: &str,
+    dead_letter_topic: &str,
+) -> Probed {
     let input = match partitions(producer, topic) {
         Ok(Some(n)) => n,
         Ok(None) => return Probed::NoTopic,
@@ -108,7 +130,13 @@ fn probe_once(producer: &IngestProducer, kafka: &KafkaConfig, topic: &str, dead_
         Err(e) => Probed::NoAnswer(e),
         Ok(None) => {
             // -1: the brokers' default.replication.factor.
-            let created = futures::executor::block_on(dedupe::kafka::create_topic(kafka, dead_letter_topic, input as i32, -1, &[]));
+            let created = futures::executor::block_on(dedupe::kafka::create_topic(
+                kafka,
+                dead_letter_topic,
+                input as i32,
+                -1,
+                &[],
+            ));
             match created {
                 Ok(()) => {
                     info!(dead_letter_topic = %dead_letter_topic, partitions = input, "Created the dead-letter topic.");
@@ -127,12 +155,18 @@ mod tests {
     #[test]
     fn readiness_needs_a_recent_metadata_answer() {
         // Never answered: not ready. Answered just now: ready. Answered long ago: not ready.
-        let r = Readiness { last_ok_ms: AtomicI64::new(0), stop: AtomicBool::new(false) };
+        let r = Readiness {
+            last_ok_ms: AtomicI64::new(0),
+            stop: AtomicBool::new(false),
+        };
         assert!(r.check().is_err());
         let now = tracking::unix_millis(SystemTime::now());
         r.last_ok_ms.store(now, Ordering::Relaxed);
         assert!(r.check().is_ok());
-        r.last_ok_ms.store(now - 2 * READINESS_FRESH.as_millis() as i64, Ordering::Relaxed);
+        r.last_ok_ms.store(
+            now - 2 * READINESS_FRESH.as_millis() as i64,
+            Ordering::Relaxed,
+        );
         assert!(r.check().is_err());
     }
 }

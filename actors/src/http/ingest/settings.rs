@@ -42,18 +42,30 @@ impl ApiBase {
             return ApiBase::Unknown;
         }
         // SocketAddr's Display writes an IPv6 address in brackets, as a URL wants it.
-        ApiBase::Known { protocol: "http".into(), base: listen.to_string() }
+        ApiBase::Known {
+            protocol: "http".into(),
+            base: listen.to_string(),
+        }
     }
 }
 
-pub async fn settings(_req: HttpRequest, key: web::Path<String>, ingest: web::Data<Ingest>) -> HttpResponse {
+pub async fn settings(
+    _req: HttpRequest,
+    key: web::Path<String>,
+    ingest: web::Data<Ingest>,
+) -> HttpResponse {
     let answered = |response: HttpResponse, refused: Option<&'static str>| {
-        SettingsAnswered { status: response.status().as_u16(), refused }.emit();
+        SettingsAnswered {
+            status: response.status().as_u16(),
+            refused,
+        }
+        .emit();
         response
     };
     let Some(source) = ingest.keys.source(&key) else {
         let refusal = AuthError::Unknown;
-        let response = HttpResponse::Unauthorized().json(error_body(refusal.reason(), &refusal.to_string()));
+        let response =
+            HttpResponse::Unauthorized().json(error_body(refusal.reason(), &refusal.to_string()));
         return answered(response, Some(refusal.reason()));
     };
     let (protocol, base) = match &ingest.api_base {
@@ -68,7 +80,12 @@ pub async fn settings(_req: HttpRequest, key: web::Path<String>, ingest: web::Da
     };
     debug!(endpoint = ENDPOINT, source, "Served the settings document.");
     let doc = tracking::settings_document(&key, &format!("{base}/v1"), protocol);
-    answered(HttpResponse::Ok().insert_header((CACHE_CONTROL, SETTINGS_MAX_AGE)).json(doc), None)
+    answered(
+        HttpResponse::Ok()
+            .insert_header((CACHE_CONTROL, SETTINGS_MAX_AGE))
+            .json(doc),
+        None,
+    )
 }
 
 /// `ingest.public_url` as (protocol, host and path without a trailing slash).
@@ -83,15 +100,36 @@ mod tests {
 
     #[test]
     fn the_document_points_at_the_public_url_or_the_listener_never_at_the_request() {
-        assert_eq!(split_public_url("https://t.example.com/"), Some(("https".into(), "t.example.com".into())));
-        assert_eq!(split_public_url("http://h:81/seg"), Some(("http".into(), "h:81/seg".into())));
-        let known = |protocol: &str, base: &str| ApiBase::Known { protocol: protocol.into(), base: base.into() };
+        assert_eq!(
+            split_public_url("https://t.example.com/"),
+            Some(("https".into(), "t.example.com".into()))
+        );
+        assert_eq!(
+            split_public_url("http://h:81/seg"),
+            Some(("http".into(), "h:81/seg".into()))
+        );
+        let known = |protocol: &str, base: &str| ApiBase::Known {
+            protocol: protocol.into(),
+            base: base.into(),
+        };
         let loopback = "127.0.0.1:8088".parse().unwrap();
-        assert_eq!(ApiBase::of(Some("https://t.example.com/seg/"), loopback), known("https", "t.example.com/seg"));
+        assert_eq!(
+            ApiBase::of(Some("https://t.example.com/seg/"), loopback),
+            known("https", "t.example.com/seg")
+        );
         assert_eq!(ApiBase::of(None, loopback), known("http", "127.0.0.1:8088"));
-        assert_eq!(ApiBase::of(None, "[::1]:80".parse().unwrap()), known("http", "[::1]:80"));
+        assert_eq!(
+            ApiBase::of(None, "[::1]:80".parse().unwrap()),
+            known("http", "[::1]:80")
+        );
         // Every address: no one of them to name.
-        assert_eq!(ApiBase::of(None, "0.0.0.0:8088".parse().unwrap()), ApiBase::Unknown);
-        assert_eq!(ApiBase::of(Some("https://t.example.com"), "[::]:80".parse().unwrap()), known("https", "t.example.com"));
+        assert_eq!(
+            ApiBase::of(None, "0.0.0.0:8088".parse().unwrap()),
+            ApiBase::Unknown
+        );
+        assert_eq!(
+            ApiBase::of(Some("https://t.example.com"), "[::]:80".parse().unwrap()),
+            known("https", "t.example.com")
+        );
     }
 }
