@@ -17,7 +17,8 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use crate::config::{ReusedIdPolicy, UnkeyedPolicy};
+use serde::{Deserialize, Serialize};
+
 use crate::identity::{ContentDigest, LedgerKey, Unkeyed};
 use crate::ledger::Held;
 
@@ -115,6 +116,30 @@ impl BatchDecision {
             .filter(|f| matches!(f, Fate::Duplicate(_)))
             .count()
     }
+}
+
+/// What happens to a record whose id is missing, empty, longer than 1 KiB or unreadable.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnkeyedPolicy {
+    /// Publish it to the output unchecked: never lose data (the default).
+    Forward,
+    /// Drop it, counted and logged.
+    Drop,
+    /// Publish it to `worker.dead_letter_topic`, in the same transaction.
+    DeadLetter,
+}
+
+/// What happens to a record whose id the ledger holds for other content.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReusedIdPolicy {
+    /// Dropped as a duplicate (verdict `reused_id`), counted and audited.
+    Drop,
+    /// Published; its id stays recorded for the first copy.
+    Publish,
+    /// Published to `worker.dead_letter_topic`, in the same transaction.
+    DeadLetter,
 }
 
 /// How a batch is decided: the policies, and the time.

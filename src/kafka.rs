@@ -1,5 +1,10 @@
 //! Kafka client factories: every client the service makes starts from [`client_config`], so
-//! security settings and pass-through properties apply everywhere alike.
+//! security settings and pass-through properties apply everywhere alike. The settings they read,
+//! the `[kafka]` section ([`KafkaConfig`]), are `settings.rs`.
+
+mod settings;
+
+pub use settings::{is_secret_property, KafkaConfig, SecurityProtocol};
 
 use std::time::Duration;
 
@@ -9,8 +14,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer as _;
 use rdkafka::ClientConfig;
-
-use crate::config::KafkaConfig;
 
 /// How long a client waits for a broker's answer before it gives up on that broker and asks
 /// another (the next leader or coordinator). librdkafka's default is 60 s: a node that hangs or is

@@ -6,6 +6,7 @@ pub mod batch;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod changelog;
+pub mod clock;
 pub mod config;
 pub mod explain;
 pub mod identity;
@@ -13,10 +14,13 @@ pub mod kafka;
 pub mod ledger;
 pub mod log_limit;
 pub mod metrics;
+#[cfg(test)]
+mod module_graph_tests;
 pub mod output;
 pub mod progress;
 pub mod recovery;
 pub mod retry;
+pub mod secret;
 pub mod snapshot;
 pub mod watchdog;
 pub mod window;

@@ -303,7 +303,7 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
         "{a}"
     );
     assert!(sentence.contains("published"), "{sentence}");
-    let now = dedupe::recovery::now_ms().to_string();
+    let now = dedupe::clock::now_ms().to_string();
     let (a, _) = explain(&ledger, port, &unknown_mine, Some(&now));
     assert_eq!(a["reason"], "never_seen", "{a}");
     let (a, _) = explain(&ledger, port, &unknown_mine, Some("2020-01-01T00:00:00Z"));

@@ -110,7 +110,7 @@ fn offline(
         partition: None,
         owned: None,
         sent_at_ms,
-        now_ms: dedupe::recovery::now_ms(),
+        now_ms: dedupe::clock::now_ms(),
     };
     let answer = dedupe::explain::explain(&ledger, &q)?;
     ledger.close()?;

@@ -6,11 +6,16 @@
 //! (`DEDUPE_KAFKA_SASL_PASSWORD`, `DEDUPE_ADMIN_TOKEN`), are held in [`Secret`], and never print:
 //! `Debug` and `Serialize` both write `<redacted>`.
 //!
-//! One file per section: `kafka.rs`, `worker.rs`, `ledger.rs`, `snapshots.rs`, `ingest.rs` and
-//! `telemetry.rs` (`metrics` and `log`); `units.rs` has [`ByteSize`], `secret.rs` has [`Secret`]
-//! and [`SecretMatcher`], and `validate.rs` the rules the types cannot carry. This file loads and
-//! applies overrides. Every public item is re-exported here, so it is named `dedupe::config::X`
-//! whichever file holds it.
+//! One file per section: `worker.rs`, `ledger.rs`, `snapshots.rs`, `ingest.rs` and `telemetry.rs`
+//! (`metrics` and `log`); `units.rs` has [`ByteSize`], and `validate.rs` the rules the types cannot
+//! carry. This file loads and applies overrides. Every public item is re-exported here, so it is
+//! named `dedupe::config::X` whichever file holds it.
+//!
+//! The settings the domain acts on are defined where it acts on them, and only re-exported here:
+//! the `[kafka]` section ([`KafkaConfig`]) in `kafka`, [`Secret`] in `secret`, the id's source
+//! ([`IdSource`], [`DigestSource`]) in `identity`, the policies ([`UnkeyedPolicy`],
+//! [`ReusedIdPolicy`]) in `batch`. Configuration depends on the domain, never the reverse: the
+//! module graph test (`src/module_graph_tests.rs`) holds the core's modules to no circle.
 //!
 //! Defaults live in each section's `Default` impl, each with a comment on where it comes from;
 //! `config/dedupe.toml` documents every key and must stay in step (a test parses it).
@@ -22,9 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 mod ingest;
-mod kafka;
 mod ledger;
-mod secret;
 mod snapshots;
 mod telemetry;
 mod units;
@@ -32,12 +35,13 @@ mod validate;
 mod worker;
 
 pub use ingest::{IngestConfig, MissingMessageId, OnInvalidEvent};
-pub use kafka::{is_secret_property, KafkaConfig, SecurityProtocol};
 pub use ledger::LedgerConfig;
-pub use secret::{Secret, SecretMatcher};
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};
 pub use units::ByteSize;
+// Defined by the modules that act on them (config depends on those, never the reverse).
+pub use crate::kafka::{is_secret_property, KafkaConfig, SecurityProtocol};
+pub use crate::secret::{Secret, SecretMatcher};
 pub use worker::{
     Assignment, DigestSource, IdSource, InputPartitioner, PartitionSet, ReusedIdPolicy,
     UnkeyedPolicy, WorkerConfig,

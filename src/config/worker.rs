@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::ByteSize;
-pub use crate::identity::DigestSource;
+// Defined where the domain decides with them (config depends on the domain, never the reverse);
+// named here too because this section sets them.
+pub use crate::batch::{ReusedIdPolicy, UnkeyedPolicy};
+pub use crate::identity::{DigestSource, IdSource};
 
 /// The dedupe worker.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -241,89 +244,6 @@ pub enum InputPartitioner {
     Murmur2Random,
     /// `crc32(key) % partitions`: librdkafka's default (confluent-kafka for Python, Go, .NET).
     ConsistentRandom,
-}
-
-/// Where a record's message id is read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdSource {
-    /// The record key (the input topic is keyed by message id).
-    Key,
-    /// A record header with this name.
-    Header(String),
-    /// A JSON pointer (RFC 6901) into the record value, e.g. `/messageId`.
-    JsonPointer(String),
-}
-
-impl IdSource {
-    /// Parses `key`, `header:NAME` or `json:/POINTER`.
-    fn parse(text: &str) -> Result<Self, String> {
-        if text == "key" {
-            Ok(Self::Key)
-        } else if let Some(name) = text.strip_prefix("header:") {
-            if name.is_empty() {
-                return Err("header: needs a header name, e.g. header:message-id".into());
-            }
-            Ok(Self::Header(name.to_string()))
-        } else if let Some(pointer) = text.strip_prefix("json:") {
-            if !pointer.starts_with('/') {
-                return Err(
-                    "json: needs a JSON pointer starting with '/', e.g. json:/messageId".into(),
-                );
-            }
-            Ok(Self::JsonPointer(pointer.to_string()))
-        } else {
-            Err(format!(
-                "`{text}` is not one of key, header:NAME, json:/POINTER"
-            ))
-        }
-    }
-}
-
-impl fmt::Display for IdSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Key => f.write_str("key"),
-            Self::Header(name) => write!(f, "header:{name}"),
-            Self::JsonPointer(p) => write!(f, "json:{p}"),
-        }
-    }
-}
-
-impl Serialize for IdSource {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for IdSource {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        Self::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
-
-/// What happens to a record whose id is missing, empty, longer than 1 KiB or unreadable.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum UnkeyedPolicy {
-    /// Publish it to the output unchecked: never lose data (the default).
-    Forward,
-    /// Drop it, counted and logged.
-    Drop,
-    /// Publish it to `worker.dead_letter_topic`, in the same transaction.
-    DeadLetter,
-}
-
-/// What happens to a record whose id the ledger holds for other content.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReusedIdPolicy {
-    /// Dropped as a duplicate (verdict `reused_id`), counted and audited.
-    Drop,
-    /// Published; its id stays recorded for the first copy.
-    Publish,
-    /// Published to `worker.dead_letter_topic`, in the same transaction.
-    DeadLetter,
 }
 
 /// A set of input partitions, written `0-3,7`.

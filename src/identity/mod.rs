@@ -23,7 +23,7 @@ use std::fmt;
 mod digest;
 mod record;
 pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES, HEADER_CONTENT_DIGEST};
-pub use record::{message_key, RecordView, Unkeyed};
+pub use record::{message_key, IdSource, RecordView, Unkeyed};
 
 /// Separates a source's name from the client's message id in the ids the front door writes
 /// (`<source>:<messageId>`, its records' key): ids are scoped by source, so two sources' same

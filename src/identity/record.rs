@@ -1,7 +1,70 @@
-//! Reading a record's message id and turning it into a ledger key, or saying why it has none.
+//! Reading a record's message id from where [`IdSource`] says it is, and turning it into a ledger
+//! key, or saying why it has none.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{ledger_key, IdError, LedgerKey};
-use crate::config::IdSource;
+
+/// Where a record's message id is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdSource {
+    /// The record key (the input topic is keyed by message id).
+    Key,
+    /// A record header with this name.
+    Header(String),
+    /// A JSON pointer (RFC 6901) into the record value, e.g. `/messageId`.
+    JsonPointer(String),
+}
+
+impl IdSource {
+    /// Parses `key`, `header:NAME` or `json:/POINTER`.
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "key" {
+            Ok(Self::Key)
+        } else if let Some(name) = text.strip_prefix("header:") {
+            if name.is_empty() {
+                return Err("header: needs a header name, e.g. header:message-id".into());
+            }
+            Ok(Self::Header(name.to_string()))
+        } else if let Some(pointer) = text.strip_prefix("json:") {
+            if !pointer.starts_with('/') {
+                return Err(
+                    "json: needs a JSON pointer starting with '/', e.g. json:/messageId".into(),
+                );
+            }
+            Ok(Self::JsonPointer(pointer.to_string()))
+        } else {
+            Err(format!(
+                "`{text}` is not one of key, header:NAME, json:/POINTER"
+            ))
+        }
+    }
+}
+
+impl fmt::Display for IdSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Key => f.write_str("key"),
+            Self::Header(name) => write!(f, "header:{name}"),
+            Self::JsonPointer(p) => write!(f, "json:{p}"),
+        }
+    }
+}
+
+impl Serialize for IdSource {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for IdSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Self::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
 
 /// Why a record has no usable id. The label values are part of the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,16 +14,13 @@ use super::buffer::IdBuffer;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
     encode_value, generation_cf_name, generation_meta_key, progress_key, to_json, CommitRecord,
-    COMMIT_KEY, META_COMMIT_SEQ, META_FORGOTTEN,
+    COMMIT_KEY, INGEST_FILE_EXTENSION, META_COMMIT_SEQ, META_FORGOTTEN,
 };
 use super::load::LoadedRuns;
 use super::tuning::ingest_file_options;
 use super::{Held, Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
 use crate::identity::LedgerKey;
 use crate::Partition;
-
-/// Extension of the files written for ingestion (moved into the database when ingested).
-pub(super) const INGEST_FILE_EXTENSION: &str = "ingest";
 
 /// A buffer of ids being committed: written to a file by a background thread, then ingested by
 /// whichever ledger call finds the thread done.

@@ -1,6 +1,7 @@
 //! The on-disk format (see the [module docs](super)): the keys of the metadata and progress column
 //! families, generation column family names, the encoding of stored first-seen times, the
-//! generation metadata and the commit records, stored as JSON.
+//! generation metadata and the commit records, stored as JSON, and the extension of the files
+//! the ledger ingests.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,10 @@ use serde::{Deserialize, Serialize};
 use super::{Held, LedgerError, Result, FIRST_SEEN_RESOLUTION_MS, GENERATION_CF_PREFIX};
 use crate::identity::{ContentDigest, CONTENT_DIGEST_BYTES, LEDGER_KEY_BYTES};
 use crate::Partition;
+
+/// Extension of the files written for ingestion (moved into the database when ingested): by a
+/// commit's and a load's writers alike, and found again by recovery.
+pub(super) const INGEST_FILE_EXTENSION: &str = "ingest";
 
 pub(super) const META_FORMAT_VERSION: &[u8] = b"format_version";
 pub(super) const META_GENERATION_PREFIX: &[u8] = b"gen/";

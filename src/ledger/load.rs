@@ -38,7 +38,7 @@ use std::thread::JoinHandle;
 use rocksdb::{Options, SstFileWriter};
 
 use super::error::{rocks, Doing};
-use super::format::{encode_value, stored_first_seen_ms};
+use super::format::{encode_value, stored_first_seen_ms, INGEST_FILE_EXTENSION};
 use super::index::IdIndex;
 use super::tuning::load_run_options;
 use super::{Ledger, LedgerError, PartitionSpan, Result, State};
@@ -167,7 +167,7 @@ impl Load<'_> {
         let first = self
             .run
             .first()
-            .map_or_else(crate::recovery::now_ms, |(_, t)| *t);
+            .map_or_else(crate::clock::now_ms, |(_, t)| *t);
         let (generation, base_ms) = {
             let mut state = self.ledger.lock();
             if state.loads == 0 {
@@ -295,7 +295,7 @@ impl Load<'_> {
             file: self.ledger.path.join(format!(
                 "load-{:06}.{}",
                 NEXT_RUN.fetch_add(1, Ordering::Relaxed),
-                super::commit::INGEST_FILE_EXTENSION
+                INGEST_FILE_EXTENSION
             )),
             options: load_run_options(&self.ledger.options, &self.ledger.block_cache),
             base_ms: self.pinned.as_ref().map_or(0, |p| p.base_ms),
@@ -643,7 +643,7 @@ mod tests {
                     .unwrap()
                     .path()
                     .extension()
-                    .is_some_and(|x| x == super::super::commit::INGEST_FILE_EXTENSION)
+                    .is_some_and(|x| x == super::super::format::INGEST_FILE_EXTENSION)
             })
             .count()
     }

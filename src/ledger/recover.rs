@@ -6,11 +6,10 @@ use std::collections::BTreeMap;
 use rocksdb::WriteBatch;
 
 use super::batch_log::{log_path, log_seq, BatchLog};
-use super::commit::INGEST_FILE_EXTENSION;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
     generation_meta_key, parse_json, progress_key, to_json, CommitRecord, COMMIT_KEY,
-    META_COMMIT_SEQ, META_FORGOTTEN,
+    INGEST_FILE_EXTENSION, META_COMMIT_SEQ, META_FORGOTTEN,
 };
 use super::{Durability, Generation, Ledger, LedgerError, Result, State, CF_META, CF_PROGRESS};
 use crate::Partition;

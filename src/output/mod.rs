@@ -27,9 +27,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use delivery::DeliveryTracker;
 
-use crate::config::KafkaConfig;
 use crate::identity::{ContentDigest, LedgerKey};
-use crate::kafka::client_config;
+use crate::kafka::{client_config, KafkaConfig};
 use crate::retry::Backoff;
 
 /// A record to publish, owned (copied out of the consumer's buffers).

@@ -13,8 +13,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::TopicPartitionList;
 
-use crate::config::KafkaConfig;
-use crate::kafka::client_config;
+use crate::kafka::{client_config, KafkaConfig};
 
 /// What the metadata of a committed offset starts with; the output topic follows.
 const PREFIX: &str = "dedupe output=";

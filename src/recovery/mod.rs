@@ -41,7 +41,8 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
-use crate::config::{IdSource, KafkaConfig};
+use crate::identity::IdSource;
+use crate::kafka::KafkaConfig;
 use crate::ledger::LedgerError;
 use crate::progress::Progress;
 
@@ -349,14 +350,6 @@ impl RecoveryPlan {
             );
         }
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -15,12 +15,12 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
-    now_ms, plan_recovery, PlanRefusal, RecoveryError, RecoveryFacts, RecoveryInput,
-    RecoveryReport, ReplayTimes, Source,
+    plan_recovery, PlanRefusal, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryReport,
+    ReplayTimes, Source,
 };
 use crate::changelog;
-use crate::config::IdSource;
-use crate::identity::{message_key, LedgerKey, RecordView};
+use crate::clock::now_ms;
+use crate::identity::{message_key, IdSource, LedgerKey, RecordView};
 use crate::kafka::{client_config, Reader, ReaderContext};
 use crate::ledger::{Ledger, LedgerError, Load, LoadTimes, WindowFloor};
 use crate::progress::Progress;

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dedupe::clock::now_ms;
 use dedupe::metrics as m;
-use dedupe::recovery::now_ms;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
 use crate::actors::coordinator::Coordinator;

@@ -343,7 +343,7 @@ async fn admin_explain(
             partition,
             owned,
             sent_at_ms: query.sent_at_ms,
-            now_ms: dedupe::recovery::now_ms(),
+            now_ms: dedupe::clock::now_ms(),
         };
         dedupe::explain::explain(&ledger, &q)
     })

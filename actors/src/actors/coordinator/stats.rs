@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use dedupe::clock::now_ms;
 use dedupe::metrics as m;
-use dedupe::recovery::now_ms;
 use dedupe::window::{forecast_seconds, LedgerFill};
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;

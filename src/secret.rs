@@ -1,5 +1,6 @@
 //! [`Secret`]: a value that is handed to a client library but never printed; [`SecretMatcher`]:
-//! one that presented values are checked against in constant time.
+//! one that presented values are checked against in constant time. Below both `config` and
+//! `kafka`, which hold secrets; `dedupe::config` re-exports both types.
 
 use std::fmt;
 

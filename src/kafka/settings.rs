@@ -1,12 +1,13 @@
-//! The `[kafka]` section: how every client the service makes reaches the cluster, and which
-//! librdkafka properties are secrets that never print.
+//! The `[kafka]` section of the configuration (named `dedupe::config::KafkaConfig` there too): how
+//! every client the service makes reaches the cluster, and which librdkafka properties are secrets
+//! that never print. It lives with the client factories that read it, below `config`.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use super::Secret;
+use crate::secret::Secret;
 
 /// Kafka connection settings shared by every client the service makes.
 #[derive(Clone, Serialize, Deserialize, PartialEq)]
