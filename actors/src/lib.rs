@@ -25,6 +25,7 @@ pub mod actors {
     pub mod producer;
     pub mod snapshots;
 }
+#[cfg(feature = "tools")]
 pub mod bench {
     //! Benches that run the real worker.
     pub mod handoff;

@@ -8,10 +8,13 @@ use clap::Parser;
 use dedupe::config::Config;
 use dedupe_actors::actors::coordinator::RunOptions;
 use dedupe_actors::cli::tools;
+#[cfg(feature = "tools")]
 use dedupe_actors::cli::{
-    BenchCommand, Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, HandoffBenchArgs,
-    IngestArgs, LedgerBenchArgs, LedgerCommand, LoadgenArgs, OpenBenchArgs, PipelineBenchArgs,
-    RunArgs, VerifyArgs,
+    BenchCommand, HandoffBenchArgs, LedgerBenchArgs, LoadgenArgs, OpenBenchArgs, PipelineBenchArgs,
+};
+use dedupe_actors::cli::{
+    Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, IngestArgs, LedgerCommand, RunArgs,
+    VerifyArgs,
 };
 use dedupe_actors::http::{ingest, telemetry};
 use dedupe_actors::run;
@@ -32,19 +35,25 @@ fn main() -> ExitCode {
         Command::Run(args) => run_worker(&args),
         Command::Ingest(args) => serve_ingest(&args),
         Command::Verify(args) => verify(&args),
+        #[cfg(feature = "tools")]
         Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
         Command::Explain(args) => explain(&args),
         Command::Ledger(command) => ledger(&command),
+        #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
+        #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Handoff(args)) => {
             with_config(&args.config, |config| bench_handoff(&args, &config))
         }
+        #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Pipeline(args)) => {
             with_config(&args.config, |config| bench_pipeline(&args, &config))
         }
+        #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Open(args)) => {
             with_config(&args.config, |config| bench_open(&args, &config))
         }
+        #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Latency(args)) => with_config(&args.config, |config| {
             let result = dedupe_actors::bench::latency::run(
                 &config,
@@ -65,6 +74,7 @@ fn run_worker(args: &RunArgs) -> ExitCode {
     telemetry::init_tracing(&config.log);
     let options = RunOptions {
         accept_ledger_ahead: args.accept_ledger_ahead,
+        #[cfg(feature = "tools")]
         passthrough: args.passthrough,
     };
     match run::run(config, options) {
@@ -111,9 +121,10 @@ fn verify(args: &VerifyArgs) -> ExitCode {
     }
 }
 
+#[cfg(feature = "tools")]
 /// `dedupe loadgen`: its summary as JSON.
 fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
-    let load = tools::Load {
+    let load = dedupe_actors::cli::loadgen::Load {
         topic: &args.topic,
         count: args.count,
         dup_ratio: args.dup_ratio,
@@ -125,7 +136,7 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
         spread_timestamps: None,
         sample_every: 0,
     };
-    let summary = tools::loadgen(config, load)?;
+    let summary = dedupe_actors::cli::loadgen::loadgen(config, load)?;
     Ok(serde_json::to_string(&summary)?)
 }
 
@@ -167,6 +178,7 @@ fn ledger(command: &LedgerCommand) -> ExitCode {
     })
 }
 
+#[cfg(feature = "tools")]
 /// `dedupe bench ledger`: the report on stdout as JSON (and readable on stderr unless `--json`).
 fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
     // The ledger's own lines (how each open went, and where its time went) on stderr.
@@ -182,6 +194,7 @@ fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+#[cfg(feature = "tools")]
 /// `dedupe bench handoff`.
 fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
@@ -204,6 +217,7 @@ fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<Str
     Ok(out)
 }
 
+#[cfg(feature = "tools")]
 /// `dedupe bench open`.
 fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
@@ -232,6 +246,7 @@ fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
     Ok(out)
 }
 
+#[cfg(feature = "tools")]
 /// `dedupe bench pipeline`.
 fn bench_pipeline(args: &PipelineBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;

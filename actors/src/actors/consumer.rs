@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
 use dedupe::batch::{self, Candidate, Fate, Rules, Seen, Verdict};
+use dedupe::clock::now_ms;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::{
     message_key, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST,
@@ -24,7 +25,6 @@ use dedupe::identity::{
 use dedupe::ledger::{Held, LedgerError};
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
-use dedupe::recovery::now_ms;
 use dedupe::retry::Backoff;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
@@ -62,7 +62,8 @@ pub struct PipelineSettings {
     pub batch_max_bytes: usize,
     pub batch_linger: Duration,
     /// Bench baseline only: copy every record with the same consumer, producer and transactions,
-    /// without the ledger.
+    /// without the ledger. Built with the `tools` feature only.
+    #[cfg(feature = "tools")]
     pub passthrough: bool,
     /// The input topic, named in audit records.
     pub input_topic: String,
@@ -234,11 +235,12 @@ impl Pipeline {
                 first_offset = first,
                 last_offset = last
             );
+            #[cfg(feature = "tools")]
             if self.settings.passthrough {
                 self.copy_through(batch).instrument(span).await?;
-            } else {
-                self.process(batch).instrument(span).await?;
+                continue;
             }
+            self.process(batch).instrument(span).await?;
         }
     }
 
@@ -335,6 +337,7 @@ impl Pipeline {
         }
     }
 
+    #[cfg(feature = "tools")]
     /// The bench's baseline (`--passthrough`): every record copied in the same transactions,
     /// without the ledger.
     async fn copy_through(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {

@@ -464,7 +464,7 @@ fn build_on_a(
         "bench: producing {ids} ids to {input}, stamped over the last {} s",
         span.as_secs()
     );
-    let load = crate::cli::tools::Load {
+    let load = crate::cli::loadgen::Load {
         topic: input,
         count: ids,
         dup_ratio: 0.0,
@@ -477,7 +477,7 @@ fn build_on_a(
         // About 2,000 ids, spread over the span, to send again while the partition moves.
         sample_every: (ids / 2000).max(1),
     };
-    let load = crate::cli::tools::loadgen(config, load)?;
+    let load = crate::cli::loadgen::loadgen(config, load)?;
     // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
     // partition here); B, whose take-over is measured, runs the configuration as given.
     let mut a = Worker::start(
@@ -520,7 +520,7 @@ fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Resu
     let config = config.clone();
     let input = input.to_string();
     std::thread::spawn(move || {
-        let load = crate::cli::tools::Load {
+        let load = crate::cli::loadgen::Load {
             topic: &input,
             count: 6000,
             dup_ratio: 0.0,
@@ -532,7 +532,7 @@ fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Resu
             spread_timestamps: None,
             sample_every: 0,
         };
-        crate::cli::tools::loadgen(&config, load).map(|s| s.distinct_ids)
+        crate::cli::loadgen::loadgen(&config, load).map(|s| s.distinct_ids)
     })
 }
 

@@ -1,11 +1,14 @@
 //! The command line: every subcommand of `dedupe` and the flags that override the configuration.
 
+#[cfg(feature = "tools")]
+pub mod loadgen;
 pub mod tools;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use dedupe::config::Overrides;
+#[cfg(feature = "tools")]
 use dedupe::ledger::Durability;
 
 #[derive(Debug, Parser)]
@@ -31,6 +34,7 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Serve the Segment-compatible HTTP tracking API and log every message to the input topic.
     Ingest(IngestArgs),
+    #[cfg(feature = "tools")]
     /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do, and
     /// optionally a share reusing an id for other content.
     Loadgen(LoadgenArgs),
@@ -42,6 +46,7 @@ pub enum Command {
     /// Inspect, snapshot and restore the ledger.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    #[cfg(feature = "tools")]
     /// Benchmarks that print their figures (the last line is JSON).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -109,6 +114,7 @@ pub struct RestoreArgs {
     pub force: bool,
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Insert random UUIDv4 ids into the ledger, some re-sent, and compare in the same run with
@@ -128,6 +134,7 @@ pub enum BenchCommand {
     Latency(LatencyBenchArgs),
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 pub struct LatencyBenchArgs {
     #[command(flatten)]
@@ -137,6 +144,7 @@ pub struct LatencyBenchArgs {
     pub seconds: u64,
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 pub struct OpenBenchArgs {
     #[command(flatten)]
@@ -153,6 +161,7 @@ pub struct OpenBenchArgs {
     pub json: bool,
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 pub struct HandoffBenchArgs {
     #[command(flatten)]
@@ -177,6 +186,7 @@ pub struct HandoffBenchArgs {
     pub json: bool,
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 pub struct PipelineBenchArgs {
     #[command(flatten)]
@@ -205,6 +215,7 @@ pub struct RunArgs {
     /// Start even if the ledger is ahead of the output topic (trust the ledger; see README).
     #[arg(long)]
     pub accept_ledger_ahead: bool,
+    #[cfg(feature = "tools")]
     /// Bench baseline only: copy every record with the same consumer, producer and transaction
     /// settings, without the ledger (no deduplication).
     #[arg(long, hide = true)]
@@ -220,6 +231,7 @@ pub struct VerifyArgs {
     pub timeout_secs: u64,
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 pub struct LoadgenArgs {
     #[command(flatten)]
@@ -366,6 +378,7 @@ impl IngestArgs {
     }
 }
 
+#[cfg(feature = "tools")]
 #[derive(Debug, Args)]
 pub struct LedgerBenchArgs {
     /// Ids to insert.
@@ -409,6 +422,7 @@ pub struct LedgerBenchArgs {
     pub digests: bool,
 }
 
+#[cfg(feature = "tools")]
 impl LedgerBenchArgs {
     /// The bench configuration these flags ask for.
     pub fn bench_config(&self) -> dedupe::bench::ledger::LedgerBenchConfig {

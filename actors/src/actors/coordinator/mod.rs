@@ -97,7 +97,8 @@ impl StartError {
 pub struct RunOptions {
     /// Start even when the ledger is ahead of the output topic, trusting the ledger.
     pub accept_ledger_ahead: bool,
-    /// Bench baseline: copy every record without the ledger.
+    /// Bench baseline: copy every record without the ledger (the `tools` feature only).
+    #[cfg(feature = "tools")]
     pub passthrough: bool,
 }
 
@@ -223,6 +224,7 @@ impl Coordinator {
             batch_max_records: w.batch_max_records,
             batch_max_bytes: w.batch_max_bytes.0 as usize,
             batch_linger: Duration::from_millis(w.batch_linger_ms),
+            #[cfg(feature = "tools")]
             passthrough: options.passthrough,
             input_topic: w.input_topic.clone(),
             audit: w.audit_topic().map(|_| AuditSettings {
