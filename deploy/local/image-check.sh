@@ -72,7 +72,7 @@ worker_run=(pm run -d --network host --read-only "${ulimits[@]}" -v "$volume:/va
   -e "DEDUPE_WORKER_OUTPUT_TOPIC=$output" -e DEDUPE_METRICS_ADDR=127.0.0.1:9464)
 
 # 0. The image's binary serves and operates; it carries no bench and no load generator.
-help=$(pm run --rm --network none --entrypoint /usr/local/bin/dedupe "$image" --help) \
+help=$(pm run --rm --network none "${ulimits[@]}" --entrypoint /usr/local/bin/dedupe "$image" --help) \
   || fail "dedupe --help failed in the image"
 grep -qE '^  run ' <<<"$help" || fail "the image's dedupe --help lists no run: $help"
 ! grep -qE '^  (bench|loadgen) ' <<<"$help" || fail "the image's dedupe lists bench or loadgen: $help"
