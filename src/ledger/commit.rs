@@ -204,7 +204,10 @@ impl Ledger {
             let writer = CommitWriter::new(self, &record, ids.clone());
             let spawned = std::thread::Builder::new()
                 .name("ledger-commit".into())
-                .spawn(move || writer.write());
+                .spawn(move || {
+                    fail::fail_point!("ledger-commit-thread");
+                    writer.write()
+                });
             // Without a thread, the file is written on the caller's thread when finishing.
             spawned.ok()
         } else {
@@ -236,11 +239,9 @@ impl Ledger {
                 in_flight.job = Some(job);
                 return Ok(());
             }
-            Some(job) => job.join().unwrap_or_else(|_| {
-                Err(LedgerError::CorruptMetadata {
-                    what: "the commit thread panicked".into(),
-                })
-            }),
+            Some(job) => job
+                .join()
+                .unwrap_or_else(|payload| Err(LedgerError::panicked("commit", payload.as_ref()))),
             None => CommitWriter::new(self, &in_flight.record, in_flight.ids.clone()).write(),
         };
         let file = written?;

@@ -76,6 +76,16 @@ pub enum LedgerError {
         /// What is wrong.
         what: String,
     },
+    /// A thread of the ledger's own (a commit's file writer, a load's run writer) panicked: a
+    /// bug, not damage on disk. What it was writing is written again by the next call (a
+    /// commit) or the next attempt (a load); nothing it wrote was ingested.
+    #[error("the ledger's {thread} thread panicked ({message}): a bug in this build, not a damaged ledger; what it was writing is written again by the next attempt")]
+    Panicked {
+        /// Which thread.
+        thread: &'static str,
+        /// The panic's message.
+        message: String,
+    },
     /// The ledger was written in a format version this code does not know.
     #[error("the ledger has format version {found}; this build reads versions {OLDEST_READABLE_FORMAT_VERSION} to {FORMAT_VERSION}")]
     UnknownFormat {
@@ -90,8 +100,22 @@ impl LedgerError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            LedgerError::Write { .. } | LedgerError::Read { .. } | LedgerError::Checkpoint { .. }
+            LedgerError::Write { .. }
+                | LedgerError::Read { .. }
+                | LedgerError::Checkpoint { .. }
+                | LedgerError::Panicked { .. }
         )
+    }
+
+    /// The error of a ledger thread that panicked with `payload` (what `JoinHandle::join`
+    /// returns).
+    pub(super) fn panicked(thread: &'static str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_string());
+        LedgerError::Panicked { thread, message }
     }
 }
 

@@ -321,10 +321,8 @@ impl Load<'_> {
     fn wait_for_run(&mut self) -> Result<()> {
         if let Some(handle) = self.writing.pop_front() {
             let started = std::time::Instant::now();
-            let file = handle.join().unwrap_or_else(|_| {
-                Err(LedgerError::CorruptMetadata {
-                    what: "the load's run writer panicked".into(),
-                })
+            let file = handle.join().unwrap_or_else(|payload| {
+                Err(LedgerError::panicked("run writer", payload.as_ref()))
             })?;
             self.files.push(file);
             self.times.run_wait_secs += started.elapsed().as_secs_f64();

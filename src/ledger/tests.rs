@@ -1989,3 +1989,57 @@ fn an_open_that_grows_the_index_keeps_answering_for_the_active_generation() {
         "no open grew the index: the test no longer reaches the case it is about"
     );
 }
+
+/// A commit thread that panics is a bug, not damage: its error says so and is worth a retry, the
+/// batch that met it is not recorded, and the next call writes the commit again on its own thread.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_commit_thread_that_panics_is_reported_as_a_bug_and_its_commit_is_written_again() {
+    let scenario = fail::FailScenario::setup();
+    fail::cfg("ledger-commit-thread", "1*panic(a bug)").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    let batch = |b: u64| -> Vec<(LedgerKey, i64)> {
+        (0..1000).map(|i| (key(b * 1000 + i), b as i64)).collect()
+    };
+    let mut recorded = Vec::new();
+    let mut failed = None;
+    for b in 0..2000 {
+        match ledger.check_and_record(0, &batch(b), &b.to_le_bytes()) {
+            Ok(_) => recorded.push(b),
+            Err(e) => {
+                failed = Some((b, e));
+                break;
+            }
+        }
+        // Let a commit's thread run (and panic) before the next call looks at it.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (b, error) = failed.expect("a commit started in the background, and its thread panicked");
+    assert!(
+        matches!(error, LedgerError::Panicked { thread: "commit", ref message } if message == "a bug"),
+        "{error:?}"
+    );
+    assert!(error.is_retryable());
+    assert!(
+        error.to_string().contains("not a damaged ledger"),
+        "{error}"
+    );
+    // The batch that met the error was not recorded; sent again, it is.
+    assert!(ledger.held(&[batch(b)[0].0]).unwrap()[0].is_none());
+    ledger
+        .check_and_record(0, &batch(b), &b.to_le_bytes())
+        .unwrap();
+    recorded.push(b);
+    ledger.flush().unwrap();
+    drop(ledger);
+    scenario.teardown();
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    for b in recorded {
+        let keys: Vec<LedgerKey> = batch(b).into_iter().map(|(k, _)| k).collect();
+        assert!(
+            ledger.held(&keys).unwrap().iter().all(Option::is_some),
+            "batch {b} lost"
+        );
+    }
+}
