@@ -70,30 +70,23 @@ fn watchdog() -> &'static Watchdog {
 /// Hands each armed call overdue at `now` to the rescue; ends the process if none takes it.
 fn check(now: Instant) {
     let Some(overdue) = overdue(now) else { return };
-    metrics::counter!(crate::metrics::ERRORS, crate::metrics::LABEL_KIND => crate::metrics::KIND_STUCK).increment(1);
     let rescued = watchdog()
         .rescue
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .is_some_and(|rescue| rescue(overdue.0, &overdue.1));
+    crate::metrics::events::ClientCallStuck {
+        call: overdue.0,
+        owner: &overdue.1,
+        past_deadline_secs: overdue.2.as_secs(),
+        grace_secs: GRACE.as_secs(),
+        rescued,
+    }
+    .emit();
     if rescued {
-        tracing::error!(
-            call = overdue.0,
-            owner = %overdue.1,
-            past_deadline_secs = overdue.2.as_secs(),
-            "A Kafka client call has not returned {} s past its own timeout (a known librdkafka hang, e.g. after the consumer group's coordinator moved); leaving it to its thread and taking its partition over again with a new producer.",
-            GRACE.as_secs()
-        );
         return;
     }
-    tracing::error!(
-        call = overdue.0,
-        owner = %overdue.1,
-        past_deadline_secs = overdue.2.as_secs(),
-        "A Kafka client call has not returned {} s past its own timeout (a known librdkafka hang, e.g. after the consumer group's coordinator moved); exiting so that a restart recovers from the output topic.",
-        GRACE.as_secs()
-    );
     eprintln!(
         "error: {} of {} hung {} s past its timeout; exiting with {STUCK_EXIT_CODE} so that a restart recovers",
         overdue.0,

@@ -5,9 +5,8 @@
 //!   `SyncArbiter`); [`actors::producer::Publisher`], which writes the output topic, one
 //!   transactional producer per partition; [`actors::coordinator::Coordinator`]: recovery,
 //!   restarts, snapshots, stats, graceful shutdown; and the [`actors::events`] they emit.
-//! - [`http`]: the HTTP servers. The tracking API ([`http::ingest`]), metrics and the admin
-//!   endpoint ([`http::telemetry`]), and what bounds every connection ([`http::server`],
-//!   [`http::guarded_stream`]).
+//! - [`http`]: the worker's HTTP server: metrics, health and the admin endpoint
+//!   ([`http::telemetry`]). The tracking API is the front door's crate, `dedupe-tracking`.
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
 //!   explain`, and where an id's partition is.
 //! - [`run`]: the worker, wired together.
@@ -21,7 +20,7 @@ pub mod actors {
     pub mod handover;
     pub mod ledger;
     pub mod membership;
-    pub mod partition_metrics;
+    pub mod policy;
     pub mod producer;
     pub mod snapshots;
 }
@@ -35,11 +34,7 @@ pub mod bench {
 pub mod cli;
 pub mod explain;
 pub mod http {
-    //! The HTTP servers and what bounds their connections.
-    pub mod cors;
-    pub mod guarded_stream;
-    pub mod ingest;
-    pub mod server;
+    //! The worker's HTTP server.
     pub mod telemetry;
 }
 pub mod run;

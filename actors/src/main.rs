@@ -16,8 +16,9 @@ use dedupe_actors::cli::{
     Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, IngestArgs, LedgerCommand, RunArgs,
     VerifyArgs,
 };
-use dedupe_actors::http::{ingest, telemetry};
+use dedupe_actors::http::telemetry;
 use dedupe_actors::run;
+use dedupe_tracking::server as ingest;
 
 /// jemalloc, for the C code too (the workspace enables tikv-jemallocator's unprefixed `malloc`, so
 /// librdkafka's and RocksDB's allocations use it): the tracking API's CPU per event went from 5.3 µs
@@ -222,8 +223,7 @@ fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<Str
 fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let reports =
-        dedupe::bench::sizes::run(&dedupe_actors::run::ledger_options(config), &args.ids, &dir)?;
+    let reports = dedupe::bench::sizes::run(&config.ledger.options(), &args.ids, &dir)?;
     let mut out = String::new();
     if !args.json {
         for r in &reports {

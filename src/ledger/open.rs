@@ -60,8 +60,13 @@ impl Ledger {
             seconds,
             index: source,
         });
-        metrics::gauge!(crate::metrics::LEDGER_OPEN_SECONDS, crate::metrics::LABEL_INDEX => source.label()).set(seconds);
-        tracing::info!(path = %ledger.path.display(), seconds, db_seconds, index = source.label(), "Opened the ledger.");
+        crate::metrics::events::LedgerOpened {
+            path: &ledger.path,
+            seconds,
+            db_seconds,
+            index: source.label(),
+        }
+        .emit();
         Ok(ledger)
     }
 
@@ -129,11 +134,11 @@ impl Ledger {
             None if self.holds_nothing(cf_names)? => {
                 // Left by a build whose creation was not atomic, killed before the marker was
                 // written: no generation, no progress record, no metadata; nothing to lose.
-                tracing::warn!(
-                    path = %self.path.display(),
-                    "The ledger has no format marker and holds nothing (a creation interrupted by a crash); initializing it."
-                );
-                metrics::counter!(crate::metrics::LEDGER_CREATIONS_RESTARTED).increment(1);
+                crate::metrics::events::LedgerCreationRestarted {
+                    path: &self.path,
+                    unmarked: true,
+                }
+                .emit();
                 self.write_format_marker(true)?;
             }
             None => {
@@ -290,11 +295,11 @@ fn prepare_dir(path: &Path, create: bool) -> Result<bool> {
                 "its creation never finished (a crash during the first start)",
             ));
         }
-        tracing::warn!(
-            path = %path.display(),
-            "The ledger's creation was interrupted by a crash before it held any id; creating it again."
-        );
-        metrics::counter!(crate::metrics::LEDGER_CREATIONS_RESTARTED).increment(1);
+        crate::metrics::events::LedgerCreationRestarted {
+            path,
+            unmarked: false,
+        }
+        .emit();
         clear_dir(path)?;
         fresh = true;
     }

@@ -405,8 +405,10 @@ impl OutputWriter {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     // Room comes as records are delivered, or as they time out (then the
                     // transaction aborts): the wait is bounded by librdkafka's message timeout.
-                    metrics::counter!(crate::metrics::OUTPUT_QUEUE_FULL, crate::metrics::LABEL_PARTITION => self.partition.to_string())
-                        .increment(1);
+                    crate::metrics::events::OutputQueueFull {
+                        partition: self.partition,
+                    }
+                    .emit();
                     self.producer.poll(Duration::from_millis(10));
                 }
                 Err((e, _)) => return Err(classify(e, &self.transactional_id)),

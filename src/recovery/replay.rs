@@ -484,8 +484,13 @@ impl<'i, 'a> RangeRead<'i, 'a> {
                     if reached(at, to) {
                         break;
                     }
-                    metrics::counter!(crate::metrics::RECOVERY_EARLY_ENDS, crate::metrics::LABEL_PARTITION => p.to_string()).increment(1);
-                    tracing::warn!(partition = p, topic = self.topic, at = ?at, end = to, "A read of a log ended before the range it was asked for; reading on until the leader has caught up.");
+                    crate::metrics::events::ReadEndedEarly {
+                        partition: p,
+                        topic: self.topic,
+                        at,
+                        end: to,
+                    }
+                    .emit();
                 }
                 Some(Err(e)) if crate::kafka::is_reader_group_refusal(&e) => {}
                 // Even a passing error (a leader that moved) ends the read: the consumer would go

@@ -1,8 +1,12 @@
-//! The Segment-compatible tracking API's pure logic: write keys and authentication
-//! ([`auth`]), the content types taken as JSON and body decoding ([`body`]), requests and their
-//! events ([`envelope`], [`event`]) over JSON kept as sent ([`json`]), and the settings document
-//! analytics.js loads ([`settings`]), and the per-source token buckets ([`rate_limit`]). It knows
-//! nothing of HTTP servers, Kafka or RocksDB; `dedupe-actors`' `ingest` drives it.
+//! The front door: the Segment-compatible tracking API, `dedupe ingest`. Its server
+//! ([`server`]: the actix-web routes, admission, the producer to the input and dead-letter
+//! topics, answers, metrics and logs, CORS, and what bounds every connection) over its pure
+//! logic: write keys and authentication ([`auth`]), the content types taken as JSON and body
+//! decoding ([`body`]), requests and their events ([`envelope`], [`event`]) over JSON kept as
+//! sent ([`json`]), the settings document analytics.js loads ([`settings`]), and the per-source
+//! token buckets ([`rate_limit`]). The pure modules know nothing of HTTP, Kafka or the core; only
+//! [`server`] does. The worker is another crate (`dedupe-actors`); the `dedupe` binary starts
+//! this crate's [`server::serve`] for `dedupe ingest`.
 //!
 //! Guarantee: a valid event is never lost or altered because of another event. A request whose
 //! body can be read (valid JSON, within the size limits) yields every valid event ready for Kafka
@@ -29,6 +33,7 @@ pub mod event;
 pub mod json;
 pub mod rate_limit;
 pub mod same_event;
+pub mod server;
 pub mod settings;
 
 use std::fmt;

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use dedupe::config::Config;
 use dedupe::ledger::{Ledger, LedgerError};
-use dedupe::metrics as m;
 use dedupe::output::{OutputTopics, OutputWriter, PublishError};
 use dedupe::progress::{Progress, ProgressFormatError};
 use dedupe::recovery::{
@@ -35,7 +34,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::actors::events::BackfillStopped;
+use crate::actors::events::{self, BackfillStopped};
 use crate::actors::membership::Input;
 
 /// A partition ready to process: its fenced producer and what recovery found.
@@ -148,12 +147,14 @@ impl TakeOver<'_> {
             load.update(ids, done, total)
         })?;
         load.finish();
-        let timings = Timings {
+        events::coordinator::TakenOver {
+            report: &report,
             fenced_secs,
             committed_secs,
             seconds: started.elapsed().as_secs_f64(),
-        };
-        report_taken_over(&report, &timings, !rest.is_empty());
+            backfill: !rest.is_empty(),
+        }
+        .emit();
         ready(TakenOver { writer, report });
         if !rest.is_empty() {
             run_backfill(&input, self.ledger, rest);
@@ -174,8 +175,7 @@ struct LoadProgress {
 impl LoadProgress {
     fn new(p: i32) -> Self {
         let label = p.to_string();
-        let ids_loaded =
-            metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => label.clone());
+        let ids_loaded = events::coordinator::ids_loaded(p);
         Self {
             label,
             ids_loaded,
@@ -208,61 +208,11 @@ impl LoadProgress {
     }
 }
 
-/// How long each step of a take-over took, in seconds from its start.
-struct Timings {
-    fenced_secs: f64,
-    committed_secs: f64,
-    seconds: f64,
-}
-
-/// Counts and logs a finished take-over.
-fn report_taken_over(report: &RecoveryReport, timings: &Timings, backfill: bool) {
-    let label = report.partition.to_string();
-    // One id per output record: what recovery replayed, in output records, whichever log it read.
-    metrics::counter!(m::RECOVERY_REPLAYED, m::LABEL_PARTITION => label.clone())
-        .increment(report.ids_loaded);
-    metrics::gauge!(m::RECOVERY_SECONDS, m::LABEL_PARTITION => label.clone()).set(timings.seconds);
-    let t = &report.times;
-    let phases = [
-        (m::PHASE_FENCE, timings.committed_secs),
-        (m::PHASE_PREPARE, t.load.reserve_secs),
-        (m::PHASE_FETCH, t.fetch_secs),
-        (m::PHASE_DECODE, t.decode_secs),
-        (m::PHASE_INDEX, t.load.index_secs),
-        (m::PHASE_RUN_WAIT, t.load.run_wait_secs),
-        (m::PHASE_COMMIT, t.load.commit_secs),
-    ];
-    for (phase, seconds) in phases {
-        metrics::gauge!(m::HANDOVER_LOAD_SECONDS, m::LABEL_PARTITION => label.clone(), m::LABEL_PHASE => phase).set(seconds);
-    }
-    tracing::info!(
-        partition = report.partition,
-        source = %report.source,
-        records = report.replayed_records,
-        ids = report.ids_loaded,
-        from = report.replayed_from,
-        to = report.replayed_to,
-        resume_input_at = report.resume_input_at,
-        fenced_secs = timings.fenced_secs,
-        committed_secs = timings.committed_secs,
-        reserve_secs = t.load.reserve_secs,
-        fetch_secs = t.fetch_secs,
-        decode_secs = t.decode_secs,
-        index_secs = t.load.index_secs,
-        run_wait_secs = t.load.run_wait_secs,
-        commit_secs = t.load.commit_secs,
-        runs = t.load.runs,
-        seconds = timings.seconds,
-        backfill,
-        "Took the partition over: previous producer fenced, ledger up to date."
-    );
-}
-
 /// Loads the ids older than the handover window that a new partition left, counting them; its
 /// end is logged, never fatal (the window is what was loaded, and grows with new traffic).
 fn run_backfill(input: &RecoveryInput<'_>, ledger: &Ledger, rest: Backfill) {
     let p = input.partition;
-    let ids_loaded = metrics::counter!(m::HANDOVER_IDS_LOADED, m::LABEL_PARTITION => p.to_string());
+    let ids_loaded = events::coordinator::ids_loaded(p);
     let backfill_started = Instant::now();
     // The back-fill counts its own ids from zero.
     let mut loaded_before = 0;

@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::clock::now_ms;
-use dedupe::metrics as m;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
 use crate::actors::coordinator::Coordinator;
+use crate::actors::events::coordinator::SnapshotTaken;
 use crate::actors::events::SnapshotFailed;
 
 /// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
@@ -97,8 +97,11 @@ impl Handler<TakeSnapshot> for Coordinator {
             act.snapshot_running = false;
             match &result {
                 Ok(dir) => {
-                    metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(now_ms() as f64 / 1000.0);
-                    tracing::info!(dir = %dir.display(), "Took a ledger snapshot.");
+                    SnapshotTaken {
+                        dir,
+                        at_ms: now_ms(),
+                    }
+                    .emit();
                 }
                 Err(SnapshotError::Stopping) => {
                     tracing::info!("A ledger snapshot was abandoned: the worker is stopping.")

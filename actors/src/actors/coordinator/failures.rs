@@ -4,12 +4,12 @@
 
 use actix::prelude::*;
 
-use super::retake::Retake;
 use super::shutdown::Finish;
 use super::{exit, Coordinator, Stage};
 use crate::actors::consumer::PartitionStopped;
 use crate::actors::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
 use crate::actors::membership::ConsumerFailed;
+use crate::actors::policy::Retake;
 
 impl Handler<ConsumerFailed> for Coordinator {
     type Result = ();
@@ -28,7 +28,7 @@ impl Handler<PartitionStopped> for Coordinator {
     fn handle(&mut self, msg: PartitionStopped, ctx: &mut Self::Context) {
         let p = msg.partition;
         // A pipeline left behind in a hung call has let go of its thread.
-        self.abandoned.remove(&msg.epoch);
+        self.retake_policy.ended(msg.epoch);
         let owner = self
             .running
             .as_ref()

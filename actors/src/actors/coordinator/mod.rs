@@ -18,18 +18,18 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
-use dedupe::metrics as m;
-use dedupe::retry::Backoff;
 use dedupe::snapshot::{SnapshotPace, Trigger};
 use dedupe::window::IdRate;
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
 use crate::actors::consumer::{AuditSettings, PipelineSettings};
+use crate::actors::events::coordinator::{LedgerBudget, PartitionCounts};
 use crate::actors::events::PipelineStartFailed;
 use crate::actors::handover::{TakeOverError, TakenOver};
 use crate::actors::ledger::LedgerActor;
 use crate::actors::membership::{Membership, MembershipError, Queue};
+use crate::actors::policy::{RestartPolicy, RetakePolicy, Verdict};
 pub use crate::actors::snapshots::TakeSnapshot;
 pub use shutdown::Shutdown;
 
@@ -40,10 +40,6 @@ mod revocation;
 mod shutdown;
 mod stats;
 mod takeover;
-
-/// Waits before restarting a failed pipeline: 2, 4, 8, 16, 32 s for the restarts within ten
-/// minutes (after five the worker exits instead).
-const PIPELINE_RESTARTS: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(32), 5);
 
 /// Liveness and readiness, shared with the HTTP endpoints.
 #[derive(Default)]
@@ -182,15 +178,10 @@ pub struct Coordinator {
     settings: Arc<PipelineSettings>,
     running: Option<Running>,
     next_epoch: u64,
-    restarts: Vec<Instant>,
-    /// Per partition, when it was taken over again in process (see `retake.rs`).
-    retakes: HashMap<i32, Vec<Instant>>,
-    /// Per partition, its retakes since it last went live: the backoff before the next one.
-    retake_streak: HashMap<i32, u32>,
-    /// When a partition's producer was last fenced.
-    fenced_at: Option<Instant>,
-    /// The take-over epochs of pipelines left behind in a hung client call, until they end.
-    abandoned: std::collections::HashSet<u64>,
+    /// The whole pipeline's restarts, and when to give up on them.
+    restart_policy: RestartPolicy,
+    /// Partitions taken over again in process (see `retake.rs`), and when to give up on them.
+    retake_policy: RetakePolicy,
     /// A restart of the pipeline is scheduled: further failures (of the pipelines it tears down)
     /// are covered by it.
     restart_pending: bool,
@@ -214,7 +205,10 @@ impl Coordinator {
         health: Arc<Health>,
         options: RunOptions,
     ) -> Self {
-        metrics::gauge!(m::LEDGER_BUDGET_BYTES).set(config.ledger.budget_bytes.0 as f64);
+        LedgerBudget {
+            bytes: config.ledger.budget_bytes.0,
+        }
+        .emit();
         let w = &config.worker;
         let settings = Arc::new(PipelineSettings {
             id_source: w.id_source.clone(),
@@ -247,11 +241,8 @@ impl Coordinator {
             settings,
             running: None,
             next_epoch: 0,
-            restarts: Vec::new(),
-            retakes: HashMap::new(),
-            retake_streak: HashMap::new(),
-            fenced_at: None,
-            abandoned: std::collections::HashSet::new(),
+            restart_policy: RestartPolicy::default(),
+            retake_policy: RetakePolicy::default(),
             restart_pending: false,
             shutting_down: false,
             exit_when_revoked: None,
@@ -340,10 +331,13 @@ impl Coordinator {
         };
         self.health.owned.store(owned, Ordering::Relaxed);
         self.health.ready.store(live, Ordering::Relaxed);
-        metrics::gauge!(m::PARTITIONS_OWNED).set(owned as f64);
-        metrics::gauge!(m::PARTITIONS_READY).set(live as f64);
-        metrics::gauge!(m::PARTITIONS_LOADING).set(loading as f64);
-        metrics::gauge!(m::HANDOVER_IN_PROGRESS_SECONDS).set(oldest);
+        PartitionCounts {
+            owned,
+            live,
+            loading,
+            oldest_handover_secs: oldest,
+        }
+        .emit();
     }
 
     /// Stops everything: every partition, then the membership (leaving the group).
@@ -375,16 +369,13 @@ impl Coordinator {
         if self.restart_pending {
             return;
         }
-        let now = Instant::now();
-        self.restarts
-            .retain(|t| now.duration_since(*t) < Duration::from_secs(600));
-        self.restarts.push(now);
-        if self.restarts.len() > 5 {
-            tracing::error!("The pipeline failed more than 5 times in 10 minutes; exiting so the orchestrator restarts the worker.");
-            System::current().stop_with_code(exit::FAILED);
-            return;
-        }
-        let backoff = PIPELINE_RESTARTS.delay(self.restarts.len() as u32);
+        let backoff = match self.restart_policy.failed(Instant::now()) {
+            Verdict::Retake(backoff) => backoff,
+            Verdict::Exit(why) => {
+                self.give_up(why);
+                return;
+            }
+        };
         self.restart_pending = true;
         ctx.run_later(backoff, |act, ctx| {
             act.restart_pending = false;

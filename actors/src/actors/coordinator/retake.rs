@@ -10,105 +10,63 @@
 //! the input is rewound to the group's committed offset before it flows again. Nothing of the
 //! failed pipeline's last batch is visible, so nothing is lost or published twice.
 //!
-//! Limits: a partition retaken more than [`MAX_RETAKES`] times in ten minutes, a second fence
-//! within [`FENCE_MEMORY`] (another worker really writes the partition), or more than
-//! [`MAX_ABANDONED`] hung calls still holding their threads end the worker as before, for the
-//! orchestrator to restart or page.
+//! Limits (decided by [`crate::actors::policy`], which has their unit tests): a partition
+//! retaken more than [`MAX_RETAKES`] times in ten minutes, a second fence within
+//! [`FENCE_MEMORY`] (another worker really writes the partition), or more than
+//! [`MAX_ABANDONED`] hung calls still holding their threads end the worker, for the orchestrator
+//! to restart or page.
+//!
+//! [`MAX_RETAKES`]: crate::actors::policy::MAX_RETAKES
+//! [`FENCE_MEMORY`]: crate::actors::policy::FENCE_MEMORY
+//! [`MAX_ABANDONED`]: crate::actors::policy::MAX_ABANDONED
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
-use dedupe::metrics as m;
-use dedupe::retry::Backoff;
 
 use super::{exit, Coordinator, Stage};
+use crate::actors::events::coordinator::{PartitionRetaken, WorkerGivesUp};
+use crate::actors::policy::{GiveUp, Retake, Verdict};
 
-/// Waits before a partition is taken over again: 0.1, 0.2, 0.4 ... up to 4 s for the retakes since
-/// it was last live (while the brokers are down, each attempt also waits out its own client
-/// timeouts, so the first retakes need little wait of their own).
-const RETAKE_BACKOFF: Backoff =
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(4), 10);
-/// Retakes of one partition within ten minutes before the worker gives up.
-const MAX_RETAKES: usize = 10;
-/// A fence after a retake that followed a fence, within this long, is another writer's.
-const FENCE_MEMORY: Duration = Duration::from_secs(300);
-/// In group mode, how long a fenced partition waits before it is taken over again: long enough
-/// for the group to tell a worker that lost the partition (a frozen one, woken up) that it did.
-const GROUP_FENCE_WAIT: Duration = Duration::from_secs(5);
-/// Hung client calls left to their threads (and not returned since) before the worker exits
-/// instead.
-const MAX_ABANDONED: usize = 3;
-
-/// Why a partition is taken over again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Retake {
-    /// Its pipeline failed (a retryable error).
-    Failed,
-    /// Its producer was fenced.
-    Fenced,
-    /// A transactional call of its producer hung past its timeout.
-    Hung,
+impl GiveUp {
+    /// The worker's exit code for it.
+    pub(super) fn exit_code(self) -> i32 {
+        match self {
+            GiveUp::FencedAgain { .. } => exit::FENCED,
+            GiveUp::TooManyHungCalls { .. } => exit::STUCK,
+            GiveUp::TooManyRetakes { .. } | GiveUp::TooManyRestarts => exit::FAILED,
+        }
+    }
 }
 
 impl Coordinator {
     /// Stops what is left of partition `p`'s pipeline and, after a backoff, takes it over again.
-    /// Returns false when the worker exits instead (see the module docs).
+    /// Returns false when the worker exits instead (see the module docs and [`super::policy`]).
     pub(super) fn retake(&mut self, p: i32, why: Retake, ctx: &mut Context<Self>) -> bool {
-        if why == Retake::Fenced && self.fenced_at.is_some_and(|t| t.elapsed() < FENCE_MEMORY) {
-            tracing::error!(
-                partition = p,
-                "Fenced again soon after a fence: another worker writes this partition; exiting."
-            );
-            self.teardown();
-            System::current().stop_with_code(exit::FENCED);
-            return false;
-        }
-        if why == Retake::Hung {
-            if let Some(epoch) = self
-                .running
-                .as_ref()
-                .and_then(|r| r.owned.get(&p))
-                .map(|o| o.epoch)
-            {
-                self.abandoned.insert(epoch);
-            }
-            if self.abandoned.len() > MAX_ABANDONED {
-                tracing::error!(abandoned = self.abandoned.len(), "Too many hung client calls hold their threads; exiting so that a restart recovers.");
-                self.teardown();
-                System::current().stop_with_code(exit::STUCK);
+        let hung_epoch = self
+            .running
+            .as_ref()
+            .and_then(|r| r.owned.get(&p))
+            .map(|o| o.epoch)
+            .filter(|_| why == Retake::Hung);
+        let group_mode = self.group_mode();
+        let delay = match self
+            .retake_policy
+            .failed(p, why, hung_epoch, group_mode, Instant::now())
+        {
+            Verdict::Retake(delay) => delay,
+            Verdict::Exit(why) => {
+                self.give_up(why);
                 return false;
             }
-        }
-        let now = Instant::now();
-        let history = self.retakes.entry(p).or_default();
-        history.retain(|t| now.duration_since(*t) < Duration::from_secs(600));
-        history.push(now);
-        if history.len() > MAX_RETAKES {
-            tracing::error!(partition = p, "The partition was taken over again more than {MAX_RETAKES} times in 10 minutes; exiting so the orchestrator restarts the worker.");
-            self.teardown();
-            System::current().stop_with_code(exit::FAILED);
-            return false;
-        }
-        // The backoff grows with the retakes since the partition was last live, not with every
-        // retake in ten minutes: faults minutes apart (a rolling restart, repeated node kills)
-        // each cost their own recovery, not a growing wait.
-        let streak = self.retake_streak.entry(p).or_default();
-        *streak += 1;
-        let mut delay = RETAKE_BACKOFF.delay(*streak);
-        if why == Retake::Fenced {
-            self.fenced_at = Some(now);
-            if self.group_mode() {
-                delay = delay.max(GROUP_FENCE_WAIT);
-            }
-        }
+        };
         self.stop_partition(p);
-        metrics::counter!(m::PARTITION_RETAKES, m::LABEL_PARTITION => p.to_string(), m::LABEL_REASON => why.label()).increment(1);
-        tracing::warn!(
-            partition = p,
-            reason = why.label(),
-            delay_ms = delay.as_millis() as u64,
-            "Taking the partition over again, in process."
-        );
+        PartitionRetaken {
+            partition: p,
+            why,
+            delay_ms: delay.as_millis() as u64,
+        }
+        .emit();
         self.publish_health();
         ctx.run_later(delay, move |act, ctx| {
             if act.shutting_down || !act.still_assigned(p) {
@@ -119,6 +77,13 @@ impl Coordinator {
             act.take_over(vec![(p, None)], rewind, ctx);
         });
         true
+    }
+
+    /// Ends the worker for `why`: counted, logged, everything stopped, the exit code set.
+    pub(super) fn give_up(&mut self, why: GiveUp) {
+        WorkerGivesUp { why }.emit();
+        self.teardown();
+        System::current().stop_with_code(why.exit_code());
     }
 
     /// Stops partition `p`'s pipeline, if one runs, and its input: it is no longer owned until
@@ -161,16 +126,6 @@ impl Coordinator {
         let topic = &self.config.worker.input_topic;
         rdkafka::consumer::Consumer::assignment(&*running.membership.consumer)
             .is_ok_and(|tpl| tpl.find_partition(topic, p).is_some())
-    }
-}
-
-impl Retake {
-    fn label(self) -> &'static str {
-        match self {
-            Retake::Failed => m::REASON_FAILED,
-            Retake::Fenced => m::REASON_FENCED,
-            Retake::Hung => m::REASON_HUNG,
-        }
     }
 }
 

@@ -3,9 +3,9 @@
 
 use actix::prelude::*;
 use dedupe::config::PartitionSet;
-use dedupe::metrics as m;
 
 use super::{exit, Coordinator, Owned, Stage};
+use crate::actors::events::coordinator::PartitionRevoked;
 use crate::actors::events::PartitionsLost;
 use crate::actors::membership::Revoking;
 
@@ -51,28 +51,17 @@ impl Handler<Revoking> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: Revoking, _ctx: &mut Self::Context) {
-        let reason = if msg.lost {
-            m::REASON_LOST
-        } else {
-            m::REASON_REVOKED
-        };
+        let reason = PartitionRevoked::reason(msg.lost);
         tracing::info!(partitions = %PartitionSet(msg.partitions.clone()), reason, "The group takes partitions away; stopping them.");
         let Some(running) = self.running.as_mut() else {
             return;
         };
         for &p in &msg.partitions {
-            let label = p.to_string();
-            metrics::counter!(m::PARTITION_REVOCATIONS, m::LABEL_PARTITION => label.clone(), m::LABEL_REASON => reason).increment(1);
-            // This worker stops vouching for the partition: its per-partition gauges become
-            // NaN ("no value"), which the alerts' min() and max() skip, instead of freezing at
-            // their last value.
-            for gauge in [
-                m::WINDOW_SECONDS,
-                m::WINDOW_FORECAST_SECONDS,
-                m::CONSUMER_LAG,
-            ] {
-                metrics::gauge!(gauge, m::LABEL_PARTITION => label.clone()).set(f64::NAN);
+            PartitionRevoked {
+                partition: p,
+                lost: msg.lost,
             }
+            .emit();
             let Some(owned) = running.owned.get_mut(&p) else {
                 continue;
             };

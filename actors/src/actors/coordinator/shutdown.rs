@@ -6,6 +6,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::{exit, Coordinator, Stage};
+use crate::actors::events::coordinator::FinalFlushFailed;
 use crate::actors::ledger::Flush;
 
 /// Stop gracefully: finish the batches in flight, flush the ledger, exit 0.
@@ -72,11 +73,12 @@ impl Handler<Finish> for Coordinator {
                         System::current().stop_with_code(exit::OK)
                     }
                     Ok(Err(e)) => {
-                        tracing::error!("Flushing the ledger failed: {e}");
+                        FinalFlushFailed { error: &e }.emit();
                         System::current().stop_with_code(exit::FAILED)
                     }
                     Err(e) => {
-                        tracing::error!("The ledger actor is gone: {e}");
+                        let gone = format!("the ledger actor is gone ({e})");
+                        FinalFlushFailed { error: &gone }.emit();
                         System::current().stop_with_code(exit::FAILED)
                     }
                 }),

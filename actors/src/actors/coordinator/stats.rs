@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::clock::now_ms;
-use dedupe::metrics as m;
 use dedupe::window::{forecast_seconds, LedgerFill};
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
 
 use super::Coordinator;
+use crate::actors::events::coordinator::{ConsumerLag, LedgerFigures, PartitionWindow};
 use crate::actors::ledger::Stats;
 use crate::actors::membership::Input;
 
@@ -34,14 +34,7 @@ impl Coordinator {
                 .map(move |res, act, _| {
                     let Ok(Ok(report)) = res else { return };
                     let s = &report.stats;
-                    metrics::gauge!(m::LEDGER_BYTES).set(s.live_sst_bytes as f64);
-                    metrics::gauge!(m::LEDGER_IDS).set(s.ids_estimate as f64);
-                    metrics::gauge!(m::LEDGER_GENERATIONS).set(s.generations as f64);
-                    metrics::gauge!(m::LEDGER_FILTER_BYTES).set(s.filter_bytes as f64);
-                    metrics::gauge!(m::LEDGER_INDEX_BYTES).set(s.index_bytes as f64);
-                    metrics::gauge!(m::LEDGER_INDEX_OVERFLOWED_BUCKETS)
-                        .set(s.index_overflowed_buckets as f64);
-                    metrics::counter!(m::LEDGER_DISK_LOOKUPS).absolute(s.disk_lookups);
+                    LedgerFigures { stats: s }.emit();
                     let now = Instant::now();
                     let elapsed = act
                         .last_stats_at
@@ -54,15 +47,15 @@ impl Coordinator {
                         bytes: s.live_sst_bytes,
                         ids: s.ids_estimate,
                     };
-                    for (p, window) in &report.windows {
-                        let label = p.to_string();
+                    for &(partition, window) in &report.windows {
                         // No id held: no window to report (the ledger never reports one it does not hold).
                         let Some(w) = window else { continue };
-                        metrics::gauge!(m::WINDOW_SECONDS, m::LABEL_PARTITION => label.clone())
-                            .set(w.as_secs_f64());
-                        let forecast = forecast_seconds(fill, act.id_rate.per_sec(), *w);
-                        metrics::gauge!(m::WINDOW_FORECAST_SECONDS, m::LABEL_PARTITION => label)
-                            .set(forecast);
+                        PartitionWindow {
+                            partition,
+                            window_secs: w.as_secs_f64(),
+                            forecast_secs: forecast_seconds(fill, act.id_rate.per_sec(), w),
+                        }
+                        .emit();
                     }
                 }),
         );
@@ -84,8 +77,11 @@ fn export_lag(consumer: &Input, topic: &str, partitions: &[i32]) {
             continue;
         };
         if let Ok((_, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
-            metrics::gauge!(m::CONSUMER_LAG, m::LABEL_PARTITION => p.to_string())
-                .set((high - pos).max(0) as f64);
+            ConsumerLag {
+                partition: p,
+                records: high - pos,
+            }
+            .emit();
         }
     }
 }

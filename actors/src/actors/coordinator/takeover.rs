@@ -7,16 +7,16 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use dedupe::config::PartitionSet;
-use dedupe::metrics as m;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
-use super::retake::Retake;
 use super::{Coordinator, Owned, Stage, StartError, StopOnDrop};
 use crate::actors::consumer::{PartitionConsumer, PartitionStopped};
+use crate::actors::events::coordinator::{PartitionAssigned, PartitionLive};
 use crate::actors::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
 use crate::actors::membership::{Assigned, Queue};
+use crate::actors::policy::Retake;
 use crate::actors::producer::Publisher;
 
 /// A take-over finished.
@@ -42,8 +42,7 @@ impl Coordinator {
         };
         let me = ctx.address();
         for (p, queue) in partitions {
-            metrics::counter!(m::PARTITION_ASSIGNMENTS, m::LABEL_PARTITION => p.to_string())
-                .increment(1);
+            PartitionAssigned { partition: p }.emit();
             self.next_epoch += 1;
             let epoch = self.next_epoch;
             let stop = StopOnDrop::default();
@@ -146,14 +145,13 @@ impl Coordinator {
         }
         .start();
         let seconds = owned.assigned_at.elapsed().as_secs_f64();
-        metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => p.to_string()).set(seconds);
         owned.stage = Stage::Live { stop, arbiter };
-        self.retake_streak.remove(&p);
-        tracing::info!(
-            partition = p,
+        self.retake_policy.live(p);
+        PartitionLive {
+            partition: p,
             seconds,
-            "The partition is live: processing input."
-        );
+        }
+        .emit();
     }
 
     /// Static mode: once every partition is taken over, split their queues, assign them at their

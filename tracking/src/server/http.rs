@@ -18,7 +18,7 @@ use actix_service::{fn_service, map_config, ServiceFactoryExt as _};
 use actix_web::dev::{AppConfig, Server};
 use dedupe::config::IngestConfig;
 
-use crate::http::guarded_stream::GuardedStream;
+use crate::server::guarded_stream::GuardedStream;
 
 /// File descriptors kept for what is not a connection (Kafka sockets, logs, the listener).
 const RESERVED_FILES: u64 = 256;

@@ -1,6 +1,13 @@
-//! What happens to the worker that an operator must see, each emitted once from one place: the
-//! log line and the `dedupe_errors_total{kind}` count come from the same struct, so they never
-//! drift apart. Log lines never carry payloads or secrets.
+//! The worker's instrumentation: what happens to it that an operator must see, each an event
+//! struct whose `emit` writes the log line and the count together, so they never drift apart.
+//! Log lines never carry payloads or secrets. Every `metrics` call of the worker is in this
+//! module and its children ([`coordinator`]: partitions, handovers, the ledger's figures, giving
+//! up; [`partition`]: one pipeline's cached handles); the names and labels they use are declared
+//! once, in `dedupe::metrics`. A test of the core crate checks that no other module calls the
+//! `metrics` macros.
+
+pub mod coordinator;
+pub mod partition;
 
 use dedupe::config::UnkeyedPolicy;
 use dedupe::identity::Unkeyed;
@@ -10,14 +17,11 @@ use dedupe::snapshot::SnapshotError;
 use metrics::SharedString;
 use rdkafka::error::KafkaError;
 
-use crate::actors::consumer::PipelineError;
-use crate::actors::coordinator::StartError;
-
 /// The pipeline, or a partition of it, could not start (topics missing, recovery refused, the
 /// broker unreachable); `again` when it is started again after a backoff rather than the worker
 /// exiting.
 pub struct PipelineStartFailed<'a> {
-    pub error: &'a StartError,
+    pub error: &'a dyn std::fmt::Display,
     pub again: bool,
 }
 
@@ -160,7 +164,7 @@ impl SnapshotFailed<'_> {
 /// a second fence soon after is another writer's, and ends the worker.
 pub struct Fenced<'a> {
     pub partition: i32,
-    pub error: &'a PipelineError,
+    pub error: &'a dyn std::fmt::Display,
 }
 
 impl Fenced<'_> {
@@ -178,7 +182,7 @@ impl Fenced<'_> {
 /// A partition's pipeline failed in a way a restart in process would only repeat.
 pub struct PipelineFatal<'a> {
     pub partition: i32,
-    pub error: &'a PipelineError,
+    pub error: &'a dyn std::fmt::Display,
 }
 
 impl PipelineFatal<'_> {
@@ -195,7 +199,7 @@ impl PipelineFatal<'_> {
 /// A partition's pipeline failed; the partition is taken over again.
 pub struct PipelineFailed<'a> {
     pub partition: i32,
-    pub error: &'a PipelineError,
+    pub error: &'a dyn std::fmt::Display,
 }
 
 impl PipelineFailed<'_> {

@@ -8,15 +8,14 @@
 //! `navigator.sendBeacon` or a `text/plain` post needs no preflight, and is taken or refused on its
 //! write key alone).
 
+use crate::server::events::CorsPreflightRefused;
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderMap, HeaderValue};
 use actix_web::http::Method;
 use actix_web::middleware::Next;
 use actix_web::{web, HttpResponse};
-use dedupe::metrics::{INGEST_REJECTED, LABEL_REASON};
 use serde_json::json;
-use tracing::info;
 
 /// Request headers a page may send: what Segment's libraries set.
 const ALLOW_HEADERS: &str = "authorization, content-type, content-encoding, x-retry-count";
@@ -130,11 +129,10 @@ fn preflight_response(allowed: &Allowed, any: bool) -> HttpResponse {
             response
         }
         Allowed::Off | Allowed::Refused => {
-            metrics::counter!(INGEST_REJECTED, LABEL_REASON => REASON_ORIGIN).increment(1);
-            info!(
-                reason = REASON_ORIGIN,
-                "Refused a CORS preflight from an origin that is not allowed."
-            );
+            CorsPreflightRefused {
+                reason: REASON_ORIGIN,
+            }
+            .emit();
             let mut response = HttpResponse::Forbidden().json(json!({
                 "success": false,
                 "code": REASON_ORIGIN,

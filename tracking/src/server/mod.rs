@@ -4,7 +4,8 @@
 //! the dead-letter topic, with an idempotent, `acks=all` producer. It owns the HTTP listener, the
 //! producer and the readiness probe; the parsing, validation and key rules live in the core's
 //! `dedupe_tracking`. One file per concern: [`admission`] (what a request may hold, and when),
-//! [`delivery`] (the producer and its acknowledgements), [`outcome`] (answers, metrics, logs),
+//! [`delivery`] (the producer and its acknowledgements), [`outcome`] (answers), [`events`]
+//! (metrics and logs),
 //! [`readiness`], [`settings`] (the document analytics.js loads).
 //!
 //! Guarantee: never 200 for an event that is not in Kafka, and never a valid event lost or
@@ -38,7 +39,11 @@
 //! `writeKey`), keyed alike when it has a usable id, with headers naming the reason.
 
 pub mod admission;
+pub mod cors;
 pub mod delivery;
+pub mod events;
+pub mod guarded_stream;
+pub mod http;
 pub mod outcome;
 pub mod readiness;
 pub mod settings;
@@ -47,26 +52,28 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate as tracking;
+use crate::rate_limit::{Rate, RateLimited, RateLimiter};
+use crate::{
+    Endpoint, Envelope, Events, IdOrigin, MessageIds, MissingId, Rejection, WriteKeys,
+    WriteKeysError, ENV_WRITE_KEYS,
+};
 use actix_web::http::header::{ALLOW, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE};
 use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpRequest, HttpResponse};
 use dedupe::config::{Config, MissingMessageId, OnInvalidEvent};
 use dedupe::log_limit::{LogLimiter, LOG_INTERVAL};
-use dedupe_tracking::rate_limit::{Rate, RateLimited, RateLimiter};
-use dedupe_tracking::{
-    self as tracking, Endpoint, Envelope, Events, IdOrigin, MessageIds, MissingId, Rejection,
-    WriteKeys, WriteKeysError, ENV_WRITE_KEYS,
-};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::http::cors::{self, CorsPolicy};
-use crate::http::server::{serve_http, Limits, LimitsError};
 use admission::{read_body, BodyReads, InFlight};
+use cors::CorsPolicy;
 use delivery::Delivery;
-use outcome::{error_body, Outcome, RefusedEvent, RequestFinished};
+use events::RequestFinished;
+use http::{serve_http, Limits, LimitsError};
+use outcome::{error_body, Outcome, RefusedEvent};
 use readiness::Readiness;
 
 pub use delivery::{producer, IngestProducer, COMPRESSION, LINGER_MS, PARTITIONER};

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate as tracking;
 use dedupe::config::KafkaConfig;
-use dedupe_tracking as tracking;
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
 

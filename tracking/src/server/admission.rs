@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use actix_web::http::header::CONTENT_LENGTH;
 use actix_web::{web, HttpRequest};
-use dedupe::metrics::{INGEST_BODY_READS, INGEST_IN_FLIGHT, KEY_KEYED, KEY_KEYLESS, LABEL_KEY};
-use dedupe_tracking::{Rejection, MAX_REQUEST_BYTES};
+
+use crate::{Rejection, MAX_REQUEST_BYTES};
 use futures::StreamExt;
 
+use super::events;
 use super::outcome::Outcome;
 
 /// The places for requests being decoded and produced.
@@ -46,7 +47,7 @@ impl Drop for InFlightPlace<'_> {
 
 impl InFlight {
     pub fn new(max: usize) -> Self {
-        Self::with_gauge(max, metrics::gauge!(INGEST_IN_FLIGHT))
+        Self::with_gauge(max, events::in_flight_gauge())
     }
 
     fn with_gauge(max: usize, gauge: metrics::Gauge) -> Self {
@@ -95,7 +96,7 @@ impl Drop for BodyRead<'_> {
         match self.keyless {
             None => {
                 self.reads.keyed.fetch_sub(1, Ordering::AcqRel);
-                metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYED).decrement(1.0);
+                events::BodyReadsChanged::KeyedEnded.emit();
             }
             Some(client) => {
                 let mut k = self.reads.keyless.lock().unwrap_or_else(|p| p.into_inner());
@@ -108,7 +109,7 @@ impl Drop for BodyRead<'_> {
                         }
                     }
                 }
-                metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYLESS).set(k.total as f64);
+                events::BodyReadsChanged::Keyless(k.total).emit();
             }
         }
     }
@@ -129,7 +130,7 @@ impl BodyReads {
         // Moved by one, not set, for the same reason as the in-flight gauge; the keyless count
         // is set under its lock.
         self.keyed.fetch_add(1, Ordering::AcqRel);
-        metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYED).increment(1.0);
+        events::BodyReadsChanged::KeyedStarted.emit();
         BodyRead {
             reads: self,
             keyless: None,
@@ -155,7 +156,7 @@ impl BodyReads {
             *n += 1;
         }
         k.total += 1;
-        metrics::gauge!(INGEST_BODY_READS, LABEL_KEY => KEY_KEYLESS).set(k.total as f64);
+        events::BodyReadsChanged::Keyless(k.total).emit();
         Ok(BodyRead {
             reads: self,
             keyless: Some(client),

@@ -17,8 +17,8 @@ pub(crate) struct PartitionMetrics {
     pub(crate) records_out: Counter,
     /// Per verdict, in the order of [`Verdict::ALL`].
     pub(crate) duplicates: [Counter; 3],
-    /// Reused ids dropped, published, dead-lettered.
-    pub(crate) reused: [Counter; 3],
+    /// Reused ids dropped, published, dead-lettered: see [`Self::reused`].
+    reused: [Counter; 3],
     pub(crate) changelog_records: Counter,
     pub(crate) wakeups_recovered: Counter,
     pub(crate) batch_records: Histogram,
@@ -35,6 +35,14 @@ pub(crate) struct PartitionMetrics {
     pub(crate) by_source: Vec<(Vec<u8>, SourceCounters)>,
     pub(crate) other_source: SourceCounters,
     pub(crate) no_source: SourceCounters,
+}
+
+/// What `worker.on_reused_id` did with a record whose id the ledger holds for other content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReusedAction {
+    Dropped = 0,
+    Published = 1,
+    DeadLettered = 2,
 }
 
 /// One source's records: published, dropped as duplicates, and with an id reused for other
@@ -66,7 +74,7 @@ impl PartitionMetrics {
             records_in: counter(m::RECORDS_IN),
             records_out: counter(m::RECORDS_OUT),
             duplicates: Verdict::ALL.map(|v| metrics::counter!(m::DUPLICATES_DROPPED, m::LABEL_PARTITION => label.clone(), m::LABEL_VERDICT => v.as_str())),
-            reused: ["dropped", "published", "dead_lettered"].map(|a| metrics::counter!(m::REUSED_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_ACTION => a)),
+            reused: [m::ACTION_DROPPED, m::ACTION_PUBLISHED, m::ACTION_DEAD_LETTERED].map(|a| metrics::counter!(m::REUSED_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_ACTION => a)),
             changelog_records: counter(m::CHANGELOG_RECORDS),
             wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
             batch_records: histogram(m::BATCH_RECORDS),
@@ -101,6 +109,11 @@ pub(crate) fn source_header(record: &OutRecord) -> Option<Option<&[u8]>> {
 }
 
 impl PartitionMetrics {
+    /// The counter of reused ids that `worker.on_reused_id` handled as `action`.
+    pub(crate) fn reused(&self, action: ReusedAction) -> &Counter {
+        &self.reused[action as usize]
+    }
+
     /// The drop counter of `verdict`.
     pub(crate) fn dropped(&self, verdict: Verdict) -> &Counter {
         let at = Verdict::ALL

@@ -1,21 +1,14 @@
-//! How a tracking API request ended: its status, its answer's body, and the one place it is
-//! counted and logged. Refusals are logged at most once per reason per interval (with the count
-//! of those not logged), and counted in full, so a flood of bad requests cannot fill a disk.
+//! How a tracking API request ended: its status and its answer's body. It is counted and logged
+//! once, by [`events::RequestFinished`](super::events::RequestFinished).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::rate_limit;
+use crate::{AuthError, EventType, Refused, Rejection, MAX_ANSWER_REFUSALS};
 use actix_web::http::header::RETRY_AFTER;
 use actix_web::http::StatusCode;
 use actix_web::HttpResponse;
-use dedupe::log_limit::{LogLimiter, LogVerdict};
-use dedupe::metrics::{
-    INGEST_ASSIGNED_IDS, INGEST_EVENTS, INGEST_LOG_SUPPRESSED, INGEST_REJECTED, INGEST_REQUESTS,
-    INGEST_REQUEST_SECONDS, LABEL_ENDPOINT, LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
-};
-use dedupe_tracking::rate_limit;
-use dedupe_tracking::{AuthError, EventType, IdOrigin, Refused, Rejection, MAX_ANSWER_REFUSALS};
 use serde_json::{json, Value};
-use tracing::{debug, info, warn};
 
 use super::delivery::DeliveryError;
 
@@ -174,151 +167,16 @@ impl Outcome {
     }
 }
 
-/// A status code as a metric label.
-pub fn status_label(status: u16) -> &'static str {
-    match status {
-        200 => "200",
-        400 => "400",
-        401 => "401",
-        404 => "404",
-        405 => "405",
-        408 => "408",
-        415 => "415",
-        429 => "429",
-        503 => "503",
-        _ => "other",
-    }
-}
-
+/// The JSON body of a refusal: its code and the sentence naming the cause.
 pub fn error_body(code: &str, message: &str) -> Value {
     json!({ "success": false, "code": code, "message": message })
-}
-
-/// A finished request, logged and counted once, here. Never carries a payload or a key.
-pub struct RequestFinished<'a> {
-    pub endpoint: &'static str,
-    pub outcome: &'a Outcome,
-    pub source: Option<&'a str>,
-    pub elapsed: Duration,
-}
-
-impl RequestFinished<'_> {
-    pub fn emit(&self, logs: &LogLimiter) {
-        let status = self.outcome.status().as_u16();
-        // Static labels: no allocation per request.
-        metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => self.endpoint, LABEL_STATUS => status_label(status)).increment(1);
-        metrics::histogram!(INGEST_REQUEST_SECONDS, LABEL_ENDPOINT => self.endpoint)
-            .record(self.elapsed.as_secs_f64());
-        let source = self.source.unwrap_or("-");
-        if let Outcome::Accepted {
-            types,
-            assigned,
-            refused,
-        } = self.outcome
-        {
-            for (origin, n) in IdOrigin::ASSIGNED
-                .into_iter()
-                .zip(*assigned)
-                .filter(|(_, n)| *n > 0)
-            {
-                metrics::counter!(INGEST_ASSIGNED_IDS, LABEL_ORIGIN => origin.as_str())
-                    .increment(n);
-            }
-            // One counter update per type and per reason, not per event.
-            let mut counts = [0u64; EventType::ALL.len()];
-            for t in types {
-                counts[EventType::ALL.iter().position(|a| a == t).unwrap_or(0)] += 1;
-            }
-            for (t, n) in EventType::ALL.iter().zip(counts).filter(|(_, n)| *n > 0) {
-                metrics::counter!(INGEST_EVENTS, LABEL_TYPE => t.as_str()).increment(n);
-            }
-            for r in refused {
-                metrics::counter!(INGEST_REJECTED, LABEL_REASON => r.code).increment(1);
-            }
-            match refused.first() {
-                None => debug!(
-                    endpoint = self.endpoint,
-                    source,
-                    events = types.len(),
-                    "Every message of the request is in Kafka."
-                ),
-                Some(first) => {
-                    if let Some(suppressed) = log_now(logs, "dead_lettered") {
-                        info!(
-                            endpoint = self.endpoint, source, valid = types.len(), refused = refused.len(),
-                            first = first.code, suppressed,
-                            "Logged a request's valid events to the input topic and its invalid ones to the dead-letter topic."
-                        );
-                    }
-                }
-            }
-            return;
-        }
-        let reason = self.outcome.reason();
-        metrics::counter!(INGEST_REJECTED, LABEL_REASON => reason).increment(1);
-        let Some(suppressed) = log_now(logs, reason) else {
-            return;
-        };
-        match self.outcome {
-            Outcome::Overloaded { .. } => warn!(
-                endpoint = self.endpoint, suppressed,
-                "Answered 503: too many requests in flight (ingest.max_in_flight_requests)."
-            ),
-            Outcome::TooManyKeylessReads { .. } => warn!(
-                endpoint = self.endpoint, suppressed,
-                "Answered 503: too many bodies without a known write key are arriving (ingest.max_keyless_body_reads)."
-            ),
-            Outcome::Unavailable(e) => warn!(
-                endpoint = self.endpoint, source, error = %e, suppressed,
-                "Answered 503: the request's messages are not confirmed in Kafka."
-            ),
-            _ => info!(endpoint = self.endpoint, source, status, reason, suppressed, "Refused a request."),
-        }
-    }
-}
-
-/// A settings request answered (`GET /v1/projects/<writeKey>/settings`), counted once, here; a
-/// refusal is also counted by its reason and logged. Never carries a key.
-pub struct SettingsAnswered {
-    pub status: u16,
-    /// Why it was refused, if it was.
-    pub refused: Option<&'static str>,
-}
-
-impl SettingsAnswered {
-    /// The metric label of the settings route.
-    pub const ENDPOINT: &'static str = "settings";
-
-    pub fn emit(&self) {
-        metrics::counter!(INGEST_REQUESTS, LABEL_ENDPOINT => Self::ENDPOINT, LABEL_STATUS => status_label(self.status)).increment(1);
-        if let Some(reason) = self.refused {
-            metrics::counter!(INGEST_REJECTED, LABEL_REASON => reason).increment(1);
-            info!(
-                endpoint = Self::ENDPOINT,
-                status = self.status,
-                reason,
-                "Refused a request."
-            );
-        }
-    }
-}
-
-/// Whether a line about `reason` may be written now; if so, how many were not since the last.
-/// Those not written are counted.
-fn log_now(logs: &LogLimiter, reason: &'static str) -> Option<u64> {
-    match logs.check(reason, Instant::now()) {
-        LogVerdict::Log { suppressed } => Some(suppressed),
-        LogVerdict::Suppress => {
-            metrics::counter!(INGEST_LOG_SUPPRESSED, LABEL_REASON => reason).increment(1);
-            None
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dedupe_tracking::{Location, Problem};
+    use crate::server::events::status_label;
+    use crate::{Location, Problem};
     use rdkafka::error::KafkaError;
 
     #[test]
@@ -516,7 +374,7 @@ mod tests {
             .map(|i| RefusedEvent {
                 index: Some(i),
                 code: "bad_message_id",
-                message: "x".repeat(dedupe_tracking::MAX_REFUSAL_SENTENCE_BYTES),
+                message: "x".repeat(crate::MAX_REFUSAL_SENTENCE_BYTES),
             })
             .collect();
         let response = Outcome::Accepted {
@@ -537,7 +395,7 @@ mod tests {
             ),
             (Some(MAX_ANSWER_REFUSALS), Some(5000))
         );
-        assert!(bytes <= dedupe_tracking::MAX_ANSWER_BYTES, "{bytes}");
+        assert!(bytes <= crate::MAX_ANSWER_BYTES, "{bytes}");
     }
 
     #[test]

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dedupe::config::Config;
-use dedupe_tracking::{
-    self as tracking, Endpoint, Events, IdOrigin, HEADER_CONTENT_DIGEST, HEADER_ENDPOINT,
-    HEADER_ERROR, HEADER_INDEX, HEADER_MESSAGE_ID, HEADER_REASON, HEADER_RECEIVED_AT,
-    HEADER_SOURCE,
+use crate as tracking;
+use crate::{
+    Endpoint, Events, IdOrigin, HEADER_CONTENT_DIGEST, HEADER_ENDPOINT, HEADER_ERROR, HEADER_INDEX,
+    HEADER_MESSAGE_ID, HEADER_REASON, HEADER_RECEIVED_AT, HEADER_SOURCE,
 };
+use dedupe::config::Config;
 use futures::channel::oneshot;
 use rdkafka::client::ClientContext;
 use rdkafka::config::FromClientConfigAndContext;

@@ -7,13 +7,15 @@
 //! answers each origin with its own `Access-Control-Allow-Origin`, and a shared cache that
 //! ignored `Vary: Origin` would hand one origin's answer to another.
 
+use crate as tracking;
+use crate::AuthError;
 use actix_web::http::header::CACHE_CONTROL;
 use actix_web::{web, HttpRequest, HttpResponse};
 use dedupe::metrics::REASON_NO_PUBLIC_URL;
-use dedupe_tracking::{self as tracking, AuthError};
 use tracing::debug;
 
-use super::outcome::{error_body, SettingsAnswered};
+use super::events::SettingsAnswered;
+use super::outcome::error_body;
 use super::Ingest;
 
 /// How long a browser may keep the settings document: it depends on the configuration alone.

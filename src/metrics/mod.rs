@@ -5,6 +5,8 @@
 
 use metrics::Unit;
 
+pub mod events;
+
 /// Label: the input partition a series is about.
 pub const LABEL_PARTITION: &str = "partition";
 /// Label of [`STAGE_SECONDS`] and of [`SNAPSHOT_FAILURES`]: the step a series is about.
@@ -65,6 +67,10 @@ pub const LABEL_SOURCE: &str = "source";
 pub const LABEL_VERDICT: &str = "verdict";
 /// What happened to a reused id: `dropped`, `published` or `dead_lettered`.
 pub const LABEL_ACTION: &str = "action";
+/// Values of [`LABEL_ACTION`] on [`REUSED_IDS`].
+pub const ACTION_DROPPED: &str = "dropped";
+pub const ACTION_PUBLISHED: &str = "published";
+pub const ACTION_DEAD_LETTERED: &str = "dead_lettered";
 pub const SOURCE_OTHER: &str = "other";
 pub const SOURCE_NONE: &str = "none";
 /// Values of [`LABEL_OUTCOME`] on [`SOURCE_RECORDS`].
@@ -286,6 +292,88 @@ pub fn describe() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
+
+    /// The modules that may call the `metrics` macros: the core's events, the worker's, the
+    /// front door's. Everything else emits an event from one of them.
+    const INSTRUMENTATION: [&str; 3] = [
+        "src/metrics/",
+        "actors/src/actors/events/",
+        "tracking/src/server/events.rs",
+    ];
+    const MACROS: [&str; 3] = ["counter!(", "gauge!(", "histogram!("];
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Each line of `text` outside comments that calls one of the macros (`describe_*!` aside).
+    fn macro_calls(text: &str) -> Vec<(usize, String)> {
+        text.lines()
+            .enumerate()
+            .filter(|(_, line)| {
+                let code = line.split("//").next().unwrap_or("");
+                MACROS.iter().any(|m| {
+                    code.match_indices(m).any(|(at, _)| {
+                        !code[..at].ends_with("describe_")
+                            && !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_')
+                    })
+                })
+            })
+            .map(|(n, line)| (n + 1, line.trim().to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn only_the_instrumentation_modules_call_the_metrics_macros() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        for dir in ["src", "actors/src", "tracking/src", "tests"] {
+            rust_files(&root.join(dir), &mut files);
+        }
+        let mut outside = Vec::new();
+        let mut inside = 0;
+        for file in &files {
+            let relative = file.strip_prefix(root).expect("under the root");
+            let relative = relative.to_string_lossy().replace('\\', "/");
+            let text = std::fs::read_to_string(file).expect("readable source");
+            let calls = macro_calls(&text);
+            if INSTRUMENTATION.iter().any(|m| relative.starts_with(m)) {
+                inside += calls.len();
+            } else {
+                outside.extend(
+                    calls
+                        .into_iter()
+                        .map(|(n, l)| format!("{relative}:{n}: {l}")),
+                );
+            }
+        }
+        // The scan sees the calls where they belong: it is not blind.
+        assert!(
+            inside > 40,
+            "only {inside} metrics calls found in the instrumentation modules"
+        );
+        assert!(
+            outside.is_empty(),
+            "metrics macros outside the instrumentation modules ({INSTRUMENTATION:?}); emit an event instead:\n{}",
+            outside.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_macro_scan_finds_calls_and_skips_comments_and_descriptions() {
+        let text = "metrics::counter!(A).increment(1);\n// gauge!(B) in a comment\nmetrics::describe_gauge!(C, \"x\");\nlet h = histogram!(D);\nmy_counter!(E);";
+        let found: Vec<usize> = macro_calls(text).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(found, vec![1, 4]);
+    }
 
     #[test]
     fn names_are_unique_and_prometheus_shaped() {

@@ -30,13 +30,18 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::actors::events::partition::{source_header, PartitionMetrics, ReusedAction};
 use crate::actors::events::{
     InputReadFailed, TransactionFailed, TransactionRetried, UnkeyedRecord,
 };
-use crate::actors::ledger::{CheckAndRecord, LedgerActor, Lookup};
+use crate::actors::ledger::LedgerActor;
 use crate::actors::membership::Queue;
-use crate::actors::partition_metrics::{source_header, PartitionMetrics};
-use crate::actors::producer::{Outgoing, Publish, Publisher};
+use crate::actors::producer::{Outgoing, Publisher};
+use seams::{IdStore, Sink};
+
+mod seams;
+#[cfg(test)]
+mod tests;
 
 /// How often, and after how long, a batch whose output transaction was aborted is sent again
 /// (nothing of an aborted transaction is visible): 0.2, 0.4, 0.8, 1.6 and 3.2 s.
@@ -176,10 +181,12 @@ impl Actor for PartitionConsumer {
     }
 }
 
-struct Pipeline {
+/// One partition's per-batch protocol, over its id store (the ledger actor in the worker) and its
+/// sink (the producer actor).
+struct Pipeline<S = Addr<LedgerActor>, K = Addr<Publisher>> {
     partition: i32,
-    ledger: Addr<LedgerActor>,
-    publisher: Addr<Publisher>,
+    ledger: S,
+    publisher: K,
     settings: Arc<PipelineSettings>,
     metrics: PartitionMetrics,
     next_output_offset: i64,
@@ -201,7 +208,7 @@ struct InRecord {
 }
 
 /// A new id as recorded: its key, first-seen time and content digest.
-type NewId = (LedgerKey, i64, Option<ContentDigest>);
+pub(crate) type NewId = (LedgerKey, i64, Option<ContentDigest>);
 
 /// What a batch publishes, decided: its new records, its dead letters, its new ids.
 struct Decided {
@@ -355,7 +362,9 @@ impl Pipeline {
         self.metrics.records_out.increment(out_count);
         Ok(())
     }
+}
 
+impl<S: IdStore, K: Sink> Pipeline<S, K> {
     /// One batch: look its ids up, decide, publish the new records with the next input offset in
     /// one transaction, then record the new ids with the progress that follows the batch.
     async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
@@ -402,17 +411,7 @@ impl Pipeline {
         let found = if keys.is_empty() {
             Vec::new()
         } else {
-            self.ledger
-                .send(Lookup { keys })
-                .await
-                .map_err(|source| PipelineError::Mailbox {
-                    partition: p,
-                    source,
-                })?
-                .map_err(|source| PipelineError::Ledger {
-                    partition: p,
-                    source,
-                })?
+            self.ledger.look_up(p, keys).await?
         };
         self.metrics
             .lookup_seconds
@@ -458,7 +457,7 @@ impl Pipeline {
                         .record(seen.age_ms as f64 / 1000.0);
                     self.metrics.dropped(seen.verdict).increment(1);
                     if seen.verdict == Verdict::ReusedId {
-                        self.metrics.reused[0].increment(1);
+                        self.metrics.reused(ReusedAction::Dropped).increment(1);
                         self.metrics.of_source(source).reused.increment(1);
                     }
                     if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
@@ -474,7 +473,7 @@ impl Pipeline {
                     }
                 }
                 Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
-                    self.metrics.reused[2].increment(1);
+                    self.metrics.reused(ReusedAction::DeadLettered).increment(1);
                     self.metrics
                         .of_source(source_header(&r.out))
                         .reused
@@ -482,7 +481,7 @@ impl Pipeline {
                     dead_letters.push(r.out);
                 }
                 Fate::Reused(..) => {
-                    self.metrics.reused[1].increment(1);
+                    self.metrics.reused(ReusedAction::Published).increment(1);
                     let counters = self.metrics.of_source(source_header(&r.out));
                     counters.published.increment(1);
                     counters.reused.increment(1);
@@ -585,21 +584,7 @@ impl Pipeline {
             next_output_offset: self.next_output_offset,
             next_changelog_offset: self.next_changelog_offset,
         };
-        self.ledger
-            .send(CheckAndRecord {
-                partition: p,
-                items: new_ids,
-                progress: Some(progress),
-            })
-            .await
-            .map_err(|source| PipelineError::Mailbox {
-                partition: p,
-                source,
-            })?
-            .map_err(|source| PipelineError::Ledger {
-                partition: p,
-                source,
-            })?;
+        self.ledger.record(p, new_ids, progress).await?;
         self.metrics
             .record_seconds
             .record(t.elapsed().as_secs_f64());
@@ -618,15 +603,8 @@ impl Pipeline {
         loop {
             let result = self
                 .publisher
-                .send(Publish {
-                    outgoing: Arc::clone(outgoing),
-                    next_input_offset,
-                })
-                .await
-                .map_err(|source| PipelineError::Mailbox {
-                    partition: p,
-                    source,
-                })?;
+                .publish(p, Arc::clone(outgoing), next_input_offset)
+                .await?;
             match result {
                 Ok(c) => return Ok(c),
                 Err(PublishError::Aborted { source })
