@@ -1,6 +1,7 @@
-//! The one load generator: keyed records at a steady rate with a share of them re-sent (some
-//! right away, some long after their first copy), in a thread until it is told to stop; and the
-//! fixed inputs the smaller tests produce at once.
+//! The tests' load: keyed records at a steady rate with a share of them re-sent (some right
+//! away, some long after their first copy), in a thread until it is told to stop, produced by the
+//! service's one load generator (`dedupe::bench::load`); and the fixed inputs the smaller tests
+//! produce at once.
 //!
 //! The producer uses `acks=all`, so a broker fault is ridden out by its retries; a record it still
 //! fails to deliver (after `message.timeout.ms`, 5 min) fails the test. It is not idempotent:
@@ -9,13 +10,13 @@
 //! machine. A retry that writes a record twice is one more duplicate for the worker to remove;
 //! the checks read the input back ([`crate::exactly_once`]), so they count it right.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
+use dedupe::bench::load::{self, Deliveries, Pace, Shape, Until};
 use rand::Rng;
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::ThreadedProducer;
 
 use crate::{client_config, produce_full, Outgoing};
 
@@ -58,16 +59,16 @@ pub fn produce_with_repeats(topic: &str, unique: usize, resent: usize) -> usize 
 pub struct LoadSpec {
     /// Records per second, re-sent ones included.
     pub rate_per_sec: u64,
-    /// The share of records that repeat an earlier id.
+    /// The share of records that repeat an earlier record.
     pub resend_share: f64,
-    /// The share of re-sends that repeat an id at least `old_after` old, when there is one (the
-    /// others repeat the id sent just before).
+    /// The share of re-sends that repeat a record at least `old_after` old, when there is one
+    /// (the others repeat the record sent just before).
     pub old_share: f64,
     pub old_after: Duration,
 }
 
 impl Default for LoadSpec {
-    /// 1,000 records/s, 5% re-sent, every re-send of an id 5 s old or more when there is one.
+    /// 1,000 records/s, 5% re-sent, every re-send of a record 5 s old or more when there is one.
     fn default() -> Self {
         Self {
             rate_per_sec: 1_000,
@@ -86,7 +87,8 @@ pub struct LoadSummary {
     pub resent: u64,
 }
 
-/// Load produced in a thread until [`Load::finish`].
+/// Load produced in a thread until [`Load::finish`], by the service's own load generator
+/// (`dedupe::bench::load`, the one `dedupe loadgen` and the benches use).
 pub struct Load {
     stop: Arc<AtomicBool>,
     distinct: Arc<AtomicU64>,
@@ -130,92 +132,43 @@ impl Drop for Load {
     }
 }
 
-#[derive(Default)]
-struct Failures(Mutex<Vec<String>>);
-
-impl rdkafka::ClientContext for Failures {}
-
-impl ProducerContext for Failures {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
-            self.0.lock().unwrap().push(e.to_string());
-        }
-    }
-}
-
 fn produce_until(
     topic: &str,
     spec: LoadSpec,
     stop: &AtomicBool,
     distinct: &AtomicU64,
 ) -> LoadSummary {
-    let producer: ThreadedProducer<Failures> = client_config()
+    let producer: ThreadedProducer<Deliveries> = client_config()
         .set("enable.idempotence", "false")
         .set("acks", "all")
         .set("linger.ms", "5")
-        .create_with_context(Failures::default())
+        .create_with_context(Deliveries::default())
         .expect("load producer");
-    let mut rng = rand::rng();
-    let mut recent: VecDeque<(Instant, String)> = VecDeque::new();
-    let (mut sent, mut resent) = (0u64, 0u64);
-    let started = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        let resend = !recent.is_empty() && rng.random_bool(spec.resend_share);
-        let id = if resend {
-            resent += 1;
-            if rng.random_bool(spec.old_share) {
-                let old = recent
-                    .iter()
-                    .position(|(t, _)| t.elapsed() >= spec.old_after);
-                recent[old.unwrap_or_else(|| rng.random_range(0..recent.len()))]
-                    .1
-                    .clone()
-            } else {
-                recent.back().expect("not empty").1.clone()
-            }
-        } else {
-            distinct.fetch_add(1, Ordering::Relaxed);
-            let id = uuid::Uuid::new_v4().to_string();
-            recent.push_back((Instant::now(), id.clone()));
-            if recent.len() > 20_000 {
-                recent.pop_front();
-            }
-            id
-        };
-        let value = format!(r#"{{"messageId":"{id}","seq":{sent}}}"#);
-        let mut record = BaseRecord::to(topic).key(&id).payload(&value);
-        while let Err((e, r)) = producer.send(record) {
-            assert!(
-                matches!(
-                    e.rdkafka_error_code(),
-                    Some(rdkafka::types::RDKafkaErrorCode::QueueFull)
-                ),
-                "producing: {e}"
-            );
-            record = r;
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        sent += 1;
-        // Paced against the start, so a stall is caught up at once afterwards.
-        let due = started + Duration::from_secs_f64(sent as f64 / spec.rate_per_sec as f64);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-    }
-    producer
-        .flush(Duration::from_secs(360))
-        .expect("every load record delivered within 6 min");
-    let failures = producer.context().0.lock().unwrap();
-    assert!(
-        failures.is_empty(),
-        "{} load records were not delivered: {:?}",
-        failures.len(),
-        failures.first()
-    );
+    let shape = Shape {
+        retry_share: spec.resend_share,
+        old_share: spec.old_share,
+        old_after: spec.old_after,
+        reused_share: 0.0,
+        value_bytes: 0,
+    };
+    let pace = Pace {
+        rate_per_sec: Some(spec.rate_per_sec as f64),
+        spread_timestamps: None,
+        sample_every: 0,
+    };
+    let summary = load::produce(
+        &producer,
+        topic,
+        shape,
+        Until::Stopped(stop),
+        pace,
+        distinct,
+        &mut |_| {},
+    )
+    .unwrap_or_else(|e| panic!("the load (records fail the test when a broker fault outlasts the producer's retries): {e}"));
     LoadSummary {
-        sent,
-        distinct: distinct.load(Ordering::Relaxed),
-        resent,
+        sent: summary.sent,
+        distinct: summary.distinct,
+        resent: summary.retries,
     }
 }
