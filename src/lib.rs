@@ -14,14 +14,14 @@ pub mod kafka;
 pub mod ledger;
 pub mod log_limit;
 pub mod metrics;
-#[cfg(test)]
-mod module_graph_tests;
 pub mod output;
 pub mod progress;
 pub mod recovery;
 pub mod retry;
 pub mod secret;
 pub mod snapshot;
+#[cfg(test)]
+mod tests;
 pub mod watchdog;
 pub mod window;
 

@@ -102,7 +102,7 @@ fn offline(
             path.display()
         );
     }
-    let ledger = dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
+    let ledger = dedupe::ledger::Ledger::open_existing(path, config.ledger.maintenance_options())
         .with_context(|| format!("no worker answers on metrics.addr; opening the ledger at {} (is a worker running on it?)", path.display()))?;
     let q = dedupe::explain::Question {
         id,

@@ -6,32 +6,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use anyhow::{bail, Context as _};
 use dedupe::config::{Assignment, Config};
-use dedupe::ledger::{Ledger, LedgerOptions};
+use dedupe::ledger::Ledger;
 
 use crate::actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
 use crate::actors::ledger::LedgerActor;
-
-/// The ledger options the configuration asks for.
-pub fn ledger_options(config: &Config) -> LedgerOptions {
-    let l = &config.ledger;
-    LedgerOptions {
-        budget_bytes: l.budget_bytes.0,
-        generations: l.generations as u32,
-        durability: l.durability,
-        block_cache_bytes: l.block_cache_bytes.0 as usize,
-        write_buffer_bytes: l.write_buffer_bytes.0 as usize,
-        ..LedgerOptions::default()
-    }
-}
-
-/// Ledger options for maintenance commands (stats, offline snapshots, checking a checkpoint):
-/// the id index is not built, so opening a large ledger is quick and takes no index memory.
-pub fn maintenance_ledger_options(config: &Config) -> LedgerOptions {
-    LedgerOptions {
-        build_index: false,
-        ..ledger_options(config)
-    }
-}
 
 /// Which input partitions this worker owns (in static mode; none up front in group mode), and how
 /// many the input has, after checking the input and output topics and making sure the id
@@ -243,7 +221,7 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let path = config.worker.data_dir.clone();
     std::fs::create_dir_all(&path).map_err(|e| data_dir_error(&path, e))?;
     let ledger =
-        Arc::new(Ledger::open(&path, ledger_options(&config)).context("opening the ledger")?);
+        Arc::new(Ledger::open(&path, config.ledger.options()).context("opening the ledger")?);
     tracing::info!(
         ledger = %path.display(),
         partitions = %dedupe::config::PartitionSet(partitions.clone()),

@@ -1,6 +1,6 @@
-//! The `[ledger]` section: the worker's RocksDB ledger of seen ids. The worker maps it onto
-//! [`crate::ledger::LedgerOptions`] (`ledger_options` in `actors/src/run.rs`); every option not
-//! named here keeps the ledger's own default.
+//! The `[ledger]` section: the worker's RocksDB ledger of seen ids, mapped onto
+//! [`crate::ledger::LedgerOptions`] by [`LedgerConfig::options`]; every option not named here
+//! keeps the ledger's own default.
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +34,30 @@ pub struct LedgerConfig {
     /// id; two buffers' worth can be in memory, one filling and one being committed. With `no-wal`,
     /// a crash may lose up to both, which recovery replays from the output.
     pub write_buffer_bytes: ByteSize,
+}
+
+impl LedgerConfig {
+    /// The ledger options this section asks for.
+    pub fn options(&self) -> LedgerOptions {
+        LedgerOptions {
+            budget_bytes: self.budget_bytes.0,
+            generations: self.generations as u32,
+            durability: self.durability,
+            block_cache_bytes: self.block_cache_bytes.0 as usize,
+            write_buffer_bytes: self.write_buffer_bytes.0 as usize,
+            ..LedgerOptions::default()
+        }
+    }
+
+    /// The options of maintenance commands (stats, offline snapshots, checking a checkpoint,
+    /// explain): the id index is not built, so opening a large ledger is quick and takes no index
+    /// memory.
+    pub fn maintenance_options(&self) -> LedgerOptions {
+        LedgerOptions {
+            build_index: false,
+            ..self.options()
+        }
+    }
 }
 
 impl Default for LedgerConfig {

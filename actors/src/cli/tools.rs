@@ -92,14 +92,13 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
     if !path.join("CURRENT").exists() {
         anyhow::bail!("no ledger at {}", path.display());
     }
-    let ledger =
-        dedupe::ledger::Ledger::open_existing(path, crate::run::maintenance_ledger_options(config))
-            .with_context(|| {
-                format!(
-                    "opening the ledger at {} (is a worker running on it?)",
-                    path.display()
-                )
-            })?;
+    let ledger = dedupe::ledger::Ledger::open_existing(path, config.ledger.maintenance_options())
+        .with_context(|| {
+        format!(
+            "opening the ledger at {} (is a worker running on it?)",
+            path.display()
+        )
+    })?;
     let s = ledger.stats()?;
     let now = dedupe::clock::now_ms();
     let mut partitions = serde_json::Map::new();
@@ -123,7 +122,7 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
         "generations": s.generations,
         "filter_bytes": s.filter_bytes,
         // This command opens the ledger without its id index; a worker builds one this large.
-        "index_bytes_when_running": crate::run::ledger_options(config).index_bytes(),
+        "index_bytes_when_running": config.ledger.options().index_bytes(),
         "budget_bytes": config.ledger.budget_bytes.0,
         "oldest_first_seen_ms": s.oldest_first_seen_ms,
         "newest_first_seen_ms": s.newest_first_seen_ms,
@@ -177,7 +176,7 @@ fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value>
         .context("no worker answers on metrics.addr and snapshots.dir is not configured")?;
     let ledger = dedupe::ledger::Ledger::open_existing(
         &config.worker.data_dir,
-        crate::run::maintenance_ledger_options(config),
+        config.ledger.maintenance_options(),
     )
     .with_context(|| format!("opening the ledger at {}", config.worker.data_dir.display()))?;
     let slot = dedupe::snapshot::SnapshotSlot::reserve(&root)?;
@@ -210,7 +209,7 @@ pub fn ledger_restore(
     let target = &config.worker.data_dir;
     // The checkpoint must open as a ledger before anything is touched.
     let checkpoint =
-        dedupe::ledger::Ledger::open_existing(from, crate::run::maintenance_ledger_options(config))
+        dedupe::ledger::Ledger::open_existing(from, config.ledger.maintenance_options())
             .with_context(|| format!("{} is not a ledger checkpoint that opens", from.display()))?;
     let progress = checkpoint.all_progress()?;
     drop(checkpoint);
