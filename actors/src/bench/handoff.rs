@@ -16,7 +16,9 @@
 //!    found there is a duplicate the move let through (`old_duplicates_published`).
 //!
 //! The figures come from B's own metrics, polled every 20 ms, and its take-over's breakdown from
-//! `dedupe_handover_load_seconds`. The workers log at `warn` (`DEDUPE_BENCH_WORKER_LOG=info` shows
+//! `dedupe_handover_load_seconds`; the phase table (stderr and `phases`) adds the time to the
+//! assignment and to the first publish, and the changelog's read rate beside the broker's own
+//! for the same partition, read right after the move. The workers log at `warn` (`DEDUPE_BENCH_WORKER_LOG=info` shows
 //! the take-over's phases).
 
 use std::collections::{BTreeMap, HashSet};
@@ -61,8 +63,27 @@ pub struct HandoffBench {
     /// Where B's take-over spent its time before it resumed, in seconds, by phase (see
     /// `dedupe_handover_load_seconds`).
     pub load_breakdown_secs: BTreeMap<String, f64>,
+    /// The move from A's stop to B's first publish, phase by phase, in order (see [`Phase`]).
+    pub phases: Vec<Phase>,
+    /// Bytes of the id changelog B read (its whole partition: every id of the window).
+    pub changelog_bytes: u64,
+    /// B's read of the changelog: its bytes over its fetch and decode phases.
+    pub changelog_mb_per_sec: f64,
+    /// The broker's own rate for the same bytes, measured in the same run right after the move:
+    /// a plain consumer reading the changelog partition from its start, `read_committed`.
+    pub broker_changelog_read_mb_per_sec: f64,
     /// B's window from its assignment until it was back.
     pub window_samples: Vec<WindowSample>,
+}
+
+/// One phase of the move. `from_assignment_secs` is when it ended, counted from B's assignment
+/// (negative before it); the load's phases overlap (the index is built on a thread of its own
+/// while the changelog is read), so their lengths add up to more than the whole.
+#[derive(Debug, Serialize)]
+pub struct Phase {
+    pub name: &'static str,
+    pub secs: f64,
+    pub what: &'static str,
 }
 
 /// A worker child, killed if the bench ends early.
@@ -248,6 +269,7 @@ fn measure(
             && w.metric("dedupe_ledger_budget_bytes", &[]) > 0.0
     })?;
     let trickler = trickle(config, input);
+    let stopping = Instant::now();
     let a_exit = a.terminate(Duration::from_secs(120))?;
     if a_exit != Some(0) {
         bail!("worker A exited with {a_exit:?} on SIGTERM");
@@ -297,9 +319,62 @@ fn measure(
     if b_exit != Some(0) {
         bail!("worker B exited with {b_exit:?} on SIGTERM");
     }
-    Ok(HandoffBench {
+    let handover_ready_secs = published.duration_since(assigned).as_secs_f64();
+    let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
+    let phases = vec![
+        Phase {
+            name: "assignment",
+            secs: assigned.duration_since(stopping).as_secs_f64(),
+            what: "from A's SIGTERM to B's assignment: A's last batch and leaving the group, the rebalance",
+        },
+        Phase {
+            name: m::PHASE_FENCE,
+            secs: phase(m::PHASE_FENCE),
+            what: "B's init_transactions (fencing A's producer) and reading the committed offset",
+        },
+        Phase {
+            name: m::PHASE_PREPARE,
+            secs: phase(m::PHASE_PREPARE),
+            what: "making room in the id index for the ids the load expects",
+        },
+        Phase {
+            name: m::PHASE_FETCH,
+            secs: phase(m::PHASE_FETCH),
+            what: "waiting for changelog records from the broker",
+        },
+        Phase {
+            name: m::PHASE_DECODE,
+            secs: phase(m::PHASE_DECODE),
+            what: "decoding changelog records into ids",
+        },
+        Phase {
+            name: m::PHASE_INDEX,
+            secs: phase(m::PHASE_INDEX),
+            what: "fingerprints into the id index (its own thread, beside fetch and decode)",
+        },
+        Phase {
+            name: m::PHASE_RUN_WAIT,
+            secs: phase(m::PHASE_RUN_WAIT),
+            what: "waiting for sorted runs of ids to be written",
+        },
+        Phase {
+            name: m::PHASE_COMMIT,
+            secs: phase(m::PHASE_COMMIT),
+            what: "the last runs, the index's last chunks, the ledger's ingestion",
+        },
+        Phase {
+            name: "first_publish",
+            secs: (handover_ready_secs - handover_duration_secs).max(0.0),
+            what: "from processable to the first output transaction: the input's first fetch and batch",
+        },
+    ];
+    let changelog = dedupe::changelog::default_topic(output);
+    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
+    let mb = changelog_bytes as f64 / 1e6;
+    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
+    let result = HandoffBench {
         ids,
-        handover_ready_secs: published.duration_since(assigned).as_secs_f64(),
+        handover_ready_secs,
         window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
         window_before_secs: built.window_before,
         window_after_secs: window_after,
@@ -312,8 +387,49 @@ fn measure(
         old_duplicates_sent,
         old_duplicates_published,
         load_breakdown_secs,
+        phases,
+        changelog_bytes,
+        changelog_mb_per_sec: mb / read_secs.max(1e-9),
+        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
         window_samples: samples.taken,
-    })
+    };
+    print_phases(&result);
+    Ok(result)
+}
+
+/// The phase table, on stderr: a slow run names its slow phase.
+fn print_phases(r: &HandoffBench) {
+    eprintln!(
+        "bench: {} ids moved; B first published {:.2} s after its assignment",
+        r.ids, r.handover_ready_secs
+    );
+    for p in &r.phases {
+        eprintln!("bench:   {:<14} {:>7.2} s  {}", p.name, p.secs, p.what);
+    }
+    eprintln!(
+        "bench: changelog {:.0} MB: B read it at {:.0} MB/s (fetch + decode); a plain consumer at {:.0} MB/s",
+        r.changelog_bytes as f64 / 1e6,
+        r.changelog_mb_per_sec,
+        r.broker_changelog_read_mb_per_sec
+    );
+}
+
+/// Reads every record of `topic` (`read_committed`) with a plain consumer: its bytes (keys and
+/// values) and the seconds it took.
+fn read_whole(config: &Config, topic: &str) -> anyhow::Result<(u64, f64)> {
+    let mut bytes = 0u64;
+    let started = Instant::now();
+    dedupe::kafka::read_to_end(
+        &config.kafka,
+        topic,
+        true,
+        Duration::from_secs(600),
+        &mut |m| {
+            bytes += (m.key_len() + m.payload_len()) as u64;
+        },
+    )
+    .with_context(|| format!("reading {topic}"))?;
+    Ok((bytes, started.elapsed().as_secs_f64()))
 }
 
 /// B's take-over of partition 0, phase by phase.
