@@ -201,7 +201,7 @@ pub const ALL: &[Metric] = &[
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
     m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
     m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
-    m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every 100 ms, so such a partition waits at most that long."),
+    m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
     m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),
     m(RECOVERY_EARLY_ENDS, Counter, None, P, "Reads of the id changelog (or the output) for recovery or a take-over that met an end of partition before the offset they read to (a new leader whose high watermark had not caught up) and read on instead of ending there."),
     m(RECOVERY_SECONDS, Gauge, Some(Unit::Seconds), P, "How long the last recovery of the partition took."),

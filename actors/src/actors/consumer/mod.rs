@@ -52,11 +52,8 @@ const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
     ABORTED_BATCH_RETRIES_ALLOWED,
 );
 
-/// How long a partition's reader waits for a wakeup before it looks at its queue itself. A
-/// partition resumed after a handover was seen waiting out this whole check for its first
-/// records (906 ms of a 1 s check, in a 50M-id handover): a short check keeps that off the
-/// handover's time, and costs an idle partition ten timer wakeups a second.
-const LOST_WAKEUP_CHECK: Duration = Duration::from_millis(100);
+/// How long a partition's reader waits for a wakeup before it looks at its queue itself.
+const LOST_WAKEUP_CHECK: Duration = Duration::from_secs(1);
 
 /// Settings every partition pipeline shares.
 #[derive(Debug, Clone)]
