@@ -4,10 +4,12 @@
 //! own section of `docs/operations.md`, the dashboard shows the key series, every file the compose
 //! setup mounts exists, every `DEDUPE_*` variable the deployments set is a configuration key, the
 //! operations page's metrics table lists every metric, and every relative link in the README, the
-//! changelog and `docs/` resolves to a file and, with `#anchor`, to a heading in it.
+//! changelog and `docs/` resolves to a file and, with `#anchor`, to a heading in it, and the
+//! figures tables of the performance and testing pages, rendered from the benches' JSON, agree
+//! with it and with the README (`deploy/bench/figures.py --check`).
 //!
-//! Reads files only (no broker). promtool must be installed (Debian's `prometheus` package): a
-//! missing promtool fails the test.
+//! Reads files only (no broker). promtool and python3 must be installed (Debian's `prometheus`
+//! and `python3` packages): a missing one fails the test.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1025,5 +1027,28 @@ fn test_helpers_parse_what_they_claim() {
     assert_eq!(
         resolve_link("README.md", "docs/testing.md"),
         "docs/testing.md"
+    );
+}
+
+/// The figures tables of docs/performance.md and docs/testing.md are what
+/// `deploy/bench/figures.py` renders from the benches' JSON in `docs/bench/`, each of those pages
+/// keeps at most five dated lines (dated runs belong in the changelog), and the README's headline
+/// figures say what the tables say. The script names every difference.
+#[test]
+fn performance_and_testing_tables_are_rendered_from_the_bench_json_and_the_readme_agrees() {
+    let output = Command::new("python3")
+        .args(["deploy/bench/figures.py", "--check"])
+        .current_dir(root())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run python3 ({e}): install Debian's `python3` package (3.11 or newer)")
+        });
+    assert!(
+        output.status.success(),
+        "deploy/bench/figures.py --check failed ({}); run deploy/bench/figures.py to render the \
+         tables, and make the README's headline figures say what they say:\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
     );
 }
