@@ -1,5 +1,5 @@
 //! The deployment files and the docs against the service: every metric name the alert rules, the
-//! dashboard and the docs use is one `src/metrics.rs` declares, the rules pass their promtool unit
+//! dashboard and the docs use is one `src/metrics/mod.rs` declares, the rules pass their promtool unit
 //! tests, the Kubernetes PrometheusRule carries the same rules, every alert's runbook link names its
 //! own section of `docs/operations.md`, the dashboard shows the key series, every file the compose
 //! setup mounts exists, every `DEDUPE_*` variable the deployments set is a configuration key, the
@@ -78,7 +78,7 @@ fn assert_all_declared(source: &str, used: &BTreeSet<String>, declared: &BTreeMa
         .collect();
     assert!(
         unknown.is_empty(),
-        "{source} uses metric names that src/metrics.rs does not declare: {unknown:?}\n(declared: {:?})",
+        "{source} uses metric names that src/metrics/mod.rs does not declare: {unknown:?}\n(declared: {:?})",
         declared.keys().collect::<Vec<_>>()
     );
 }
@@ -592,7 +592,7 @@ fn operations_page_lists_every_metric() {
     for name in rows.keys().filter(|n| n.starts_with("dedupe_")) {
         assert!(
             declared.contains_key(*name),
-            "the metrics table of {OPERATIONS} lists `{name}`, which src/metrics.rs does not declare"
+            "the metrics table of {OPERATIONS} lists `{name}`, which src/metrics/mod.rs does not declare"
         );
     }
 }
