@@ -255,20 +255,13 @@ pub fn produce(
                 .samples
                 .push((id.clone(), stamp.unwrap_or_else(crate::clock::now_ms)));
         }
-        let mut record = BaseRecord::to(topic).key(&id).payload(&value);
+        let mut record = BaseRecord::to(topic)
+            .key(id.as_str())
+            .payload(value.as_str());
         if let Some(ms) = stamp {
             record = record.timestamp(ms);
         }
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    record = r;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((e, _)) => return Err(LoadError::Produce(e)),
-            }
-        }
+        send(producer, record)?;
         summary.sent += 1;
         if summary.sent % 1024 == 0 {
             progress(summary.sent);
@@ -280,27 +273,55 @@ pub fn produce(
             }
         }
     }
+    all_delivered(producer, topic, summary.sent)?;
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// Hands `record` to the producer, waiting for room while its queue is full.
+fn send(
+    producer: &ThreadedProducer<Deliveries>,
+    mut record: BaseRecord<'_, str, str>,
+) -> Result<(), LoadError> {
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(LoadError::Produce(e)),
+        }
+    }
+}
+
+/// Waits until every record handed to the producer is delivered or given up on; fails naming
+/// how many were not delivered and the first error.
+fn all_delivered(
+    producer: &ThreadedProducer<Deliveries>,
+    topic: &str,
+    sent: u64,
+) -> Result<(), LoadError> {
     producer
         .flush(Duration::from_secs(360))
         .map_err(LoadError::Flush)?;
     let tally = producer.context();
     let failed = tally.failed.load(Ordering::Relaxed);
-    if failed > 0 {
-        let first = tally
-            .first_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_default();
-        return Err(LoadError::NotDelivered {
-            failed,
-            sent: summary.sent,
-            topic: topic.to_string(),
-            first,
-        });
+    if failed == 0 {
+        return Ok(());
     }
-    summary.seconds = started.elapsed().as_secs_f64();
-    Ok(summary)
+    let first = tally
+        .first_error
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default();
+    Err(LoadError::NotDelivered {
+        failed,
+        sent,
+        topic: topic.to_string(),
+        first,
+    })
 }
 
 #[cfg(test)]

@@ -321,10 +321,52 @@ fn measure(
     }
     let handover_ready_secs = published.duration_since(assigned).as_secs_f64();
     let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
-    let phases = vec![
+    let phases = phase_table(
+        assigned.duration_since(stopping).as_secs_f64(),
+        &load_breakdown_secs,
+        handover_ready_secs - handover_duration_secs,
+    );
+    let changelog = dedupe::changelog::default_topic(output);
+    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
+    let mb = changelog_bytes as f64 / 1e6;
+    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
+    let result = HandoffBench {
+        ids,
+        handover_ready_secs,
+        window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
+        window_before_secs: built.window_before,
+        window_after_secs: window_after,
+        handover_duration_secs,
+        ids_loaded,
+        build_ids_per_sec: built.ids_per_sec,
+        span_secs: span.as_secs(),
+        value_bytes,
+        handover_window_secs: config.worker.handover_window().as_secs(),
+        old_duplicates_sent,
+        old_duplicates_published,
+        load_breakdown_secs,
+        phases,
+        changelog_bytes,
+        changelog_mb_per_sec: mb / read_secs.max(1e-9),
+        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
+        window_samples: samples.taken,
+    };
+    print_phases(&result);
+    Ok(result)
+}
+
+/// The move's phases in order: the assignment, the load's phases (`load`, by name), the first
+/// publish.
+fn phase_table(
+    assignment_secs: f64,
+    load: &BTreeMap<String, f64>,
+    first_publish_secs: f64,
+) -> Vec<Phase> {
+    let phase = |name: &str| load.get(name).copied().unwrap_or(0.0);
+    vec![
         Phase {
             name: "assignment",
-            secs: assigned.duration_since(stopping).as_secs_f64(),
+            secs: assignment_secs,
             what: "from A's SIGTERM to B's assignment: A's last batch and leaving the group, the rebalance",
         },
         Phase {
@@ -364,37 +406,10 @@ fn measure(
         },
         Phase {
             name: "first_publish",
-            secs: (handover_ready_secs - handover_duration_secs).max(0.0),
+            secs: first_publish_secs.max(0.0),
             what: "from processable to the first output transaction: the input's first fetch and batch",
         },
-    ];
-    let changelog = dedupe::changelog::default_topic(output);
-    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
-    let mb = changelog_bytes as f64 / 1e6;
-    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
-    let result = HandoffBench {
-        ids,
-        handover_ready_secs,
-        window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
-        window_before_secs: built.window_before,
-        window_after_secs: window_after,
-        handover_duration_secs,
-        ids_loaded,
-        build_ids_per_sec: built.ids_per_sec,
-        span_secs: span.as_secs(),
-        value_bytes,
-        handover_window_secs: config.worker.handover_window().as_secs(),
-        old_duplicates_sent,
-        old_duplicates_published,
-        load_breakdown_secs,
-        phases,
-        changelog_bytes,
-        changelog_mb_per_sec: mb / read_secs.max(1e-9),
-        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
-        window_samples: samples.taken,
-    };
-    print_phases(&result);
-    Ok(result)
+    ]
 }
 
 /// The phase table, on stderr: a slow run names its slow phase.
