@@ -276,6 +276,24 @@ impl Membership {
             .map_err(|source| MembershipError::Resume { partition, source })
     }
 
+    /// Starts a partition's fetches at once after [`Membership::resume`] by seeking it to `offset`,
+    /// where its input resumes anyway (the group's committed offset, read again after the fence).
+    /// librdkafka resumes a partition on its main thread without waking the broker's thread, which
+    /// waits up to a second for its next fetch when it has nothing else to fetch; a seek ends in a
+    /// change of the partition's fetch state, which wakes it. Without it the first batch after a
+    /// take-over waited 0.3 to 1.0 s for its records. A failed seek only costs that wait.
+    pub fn wake_fetcher(&self, topic: &str, partition: i32, offset: i64) {
+        let seek = self.consumer.seek(
+            topic,
+            partition,
+            rdkafka::Offset::Offset(offset),
+            Duration::from_secs(10),
+        );
+        if let Err(e) = seek {
+            tracing::debug!(partition, offset, error = %e, "Could not seek a resumed partition; its first fetch may wait up to a second.");
+        }
+    }
+
     /// Stops fetching a partition whose pipeline failed, until it is taken over again.
     pub fn pause(&self, topic: &str, partition: i32) -> Result<(), MembershipError> {
         let mut tpl = TopicPartitionList::new();

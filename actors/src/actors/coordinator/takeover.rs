@@ -322,6 +322,11 @@ impl Coordinator {
                 .rewind(&topic, p, taken.report.resume_input_at)?;
         }
         running.membership.resume(&topic, p)?;
+        if !retake {
+            if let Some(at) = taken.report.resume_input_at {
+                running.membership.wake_fetcher(&topic, p, at);
+            }
+        }
         self.go_live(p, taken, queue, ctx.address().recipient());
         Ok(())
     }
