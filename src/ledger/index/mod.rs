@@ -231,21 +231,36 @@ impl IdIndex {
         }
     }
 
+    /// [`IdIndex::prefetch_ahead`] for a bulk load: only the first bucket of each place, the one
+    /// [`IdIndex::insert_bulk`] reads unless it is full, and further ahead, since an insert does
+    /// less work than a probe to cover the memory's latency with.
+    pub(crate) fn prefetch_ahead_for_bulk(&self, places: &[Place], i: usize) {
+        const AHEAD: usize = 2 * PREFETCH_AHEAD;
+        if i == 0 {
+            places.iter().take(AHEAD).for_each(|p| self.prefetch_bucket(p.first));
+        }
+        if let Some(ahead) = places.get(i + AHEAD) {
+            self.prefetch_bucket(ahead.first);
+        }
+    }
+
     /// Asks the CPU to start loading the buckets of `place` (lookups of a batch overlap their
     /// cache misses this way).
     pub(crate) fn prefetch(&self, place: &Place) {
+        self.prefetch_bucket(place.first);
+        self.prefetch_bucket(place.second);
+    }
+
+    fn prefetch_bucket(&self, b: usize) {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let table = self.region.bytes(self.table_len());
-            for b in [place.first, place.second] {
-                let line = table[b * BUCKET_BYTES..].as_ptr();
-                // SAFETY: a prefetch is a hint; it never faults, and `line` points into the table.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast::<i8>()) };
-            }
+            let line = self.region.bytes(self.table_len())[b * BUCKET_BYTES..].as_ptr();
+            // SAFETY: a prefetch is a hint; it never faults, and `line` points into the table.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast::<i8>()) };
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = place;
+        let _ = b;
     }
 
     fn bucket(&self, b: usize) -> &[u8] {
