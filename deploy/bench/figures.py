@@ -194,15 +194,23 @@ def pipeline(s: Source) -> Figure:
     )
 
 
-def handoff(run: str, readme: Callable[[dict], str], limit: float):
+def handoff(runs, readme: Callable[[dict], str], limit: float):
+    """One run (a name), or several in a row (a list): the slowest is shown, and the target is
+    met only if every run meets it."""
+    names = [runs] if isinstance(runs, str) else runs
+
     def figure(s: Source) -> Figure:
-        r = s.result(run)
-        sent, published = r["old_duplicates_sent"], r["old_duplicates_published"]
+        results = [s.result(n) for n in names]
+        r = max(results, key=lambda x: x["handover_ready_secs"])
+        sent = sum(x["old_duplicates_sent"] for x in results)
+        published = sum(x["old_duplicates_published"] for x in results)
+        firsts = ", ".join(f"{num(x['handover_ready_secs'])} s" for x in results)
+        lead = (f"first publish after the assignment in {len(results)} runs in a row: {firsts}; the slowest's window back"
+                if len(results) > 1 else f"first publish {num(r['handover_ready_secs'])} s after the assignment, the window back")
         return Figure(
-            f"first publish {num(r['handover_ready_secs'])} s after the assignment, the window back "
-            f"at {num(r['window_restored_secs'])} s ({whole(r['window_before_secs'])} s before, "
+            f"{lead} at {num(r['window_restored_secs'])} s ({whole(r['window_before_secs'])} s before, "
             f"{whole(r['window_after_secs'])} s after); {published} of {sent:,} old duplicates published",
-            met=r["handover_ready_secs"] <= limit and published == 0,
+            met=all(x["handover_ready_secs"] <= limit for x in results) and published == 0,
             readme=readme(r),
         )
 
@@ -487,8 +495,8 @@ ROWS = [
         "pipeline.json", "≥ 0.95 of its throughput; p99 ≤ 1.5× its p99", pipeline),
     Row("performance", "handoff, 50M ids over 24 h", "an empty worker takes a partition over and loads its whole window", HANDOFF,
         "handoff-50m.json", "first publish ≤ 10 s; no old duplicate published",
-        handoff("2", lambda r: f"{millions(r['ids'], 0)} ids over 24 hours loaded by an empty worker, which publishes again "
-                f"{num(r['handover_ready_secs'], 1)} s after its assignment", 10), run="2"),
+        handoff(["1", "2", "3"], lambda r: f"{millions(r['ids'], 0)} ids over 24 hours loaded by an empty worker, which publishes again "
+                f"within {num(r['handover_ready_secs'], 1)} s of its assignment in three runs in a row", 10), run="1"),
     Row("performance", "handoff, 200M ids over 24 h", "the same, 8-byte values", HANDOFF,
         "handoff-runs.json", "first publish ≤ 40 s; no old duplicate published",
         handoff("200m", lambda r: f"({millions(r['ids'], 0)}: {num(r['handover_ready_secs'], 1)} s)", 40), run="200m"),
