@@ -237,7 +237,10 @@ impl IdIndex {
     pub(crate) fn prefetch_ahead_for_bulk(&self, places: &[Place], i: usize) {
         const AHEAD: usize = 2 * PREFETCH_AHEAD;
         if i == 0 {
-            places.iter().take(AHEAD).for_each(|p| self.prefetch_bucket(p.first));
+            places
+                .iter()
+                .take(AHEAD)
+                .for_each(|p| self.prefetch_bucket(p.first));
         }
         if let Some(ahead) = places.get(i + AHEAD) {
             self.prefetch_bucket(ahead.first);
