@@ -12,7 +12,9 @@
 //! - records without a usable id follow the unkeyed policy and are never recorded;
 //! - a copy is a `retry` when its content digest and the first copy's agree, `reused_id` when
 //!   they differ, `unknown` when either has none; a reused id follows its policy, and is never
-//!   recorded again.
+//!   recorded again;
+//! - a copy from a source whose mode is `flag` or `off` is published (not recorded again), the
+//!   first copy of an id is recorded whatever its source's mode.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -31,6 +33,35 @@ pub struct Candidate {
     pub timestamp_ms: Option<i64>,
     /// The digest of its content (see [`crate::identity::DigestSource`]), if it has one.
     pub digest: Option<ContentDigest>,
+    /// What its source's copies of seen ids get (`worker.source_modes`).
+    pub mode: SourceMode,
+}
+
+/// The header a copy published under [`SourceMode::Flag`] carries: its verdict.
+pub const HEADER_DUPLICATE: &str = "dedupe-duplicate";
+
+/// What happens to a copy of an id already seen, per source (`worker.source_modes`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceMode {
+    /// Dropped (the service's purpose; the default).
+    #[default]
+    Drop,
+    /// Published with a `dedupe-duplicate` header holding its verdict, for teams that want to see
+    /// their duplicates downstream.
+    Flag,
+    /// Published as it is: deduplication off for the source (its copies are still counted).
+    Off,
+}
+
+impl SourceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceMode::Drop => "drop",
+            SourceMode::Flag => "flag",
+            SourceMode::Off => "off",
+        }
+    }
 }
 
 /// What a copy of an id already seen is, by its content against the first copy's.
@@ -89,6 +120,9 @@ pub enum Fate {
     Duplicate(Seen),
     /// A reused id published or dead-lettered by the policy, and not recorded again.
     Reused(Seen, ReusedIdPolicy),
+    /// A copy of a seen id from a source whose mode is `flag` or `off`: published, not recorded
+    /// again.
+    Passed(Seen, SourceMode),
     /// No usable id: published without being recorded (policy `forward`).
     Forward(Unkeyed),
     /// No usable id: written to the dead-letter topic (policy `dead-letter`).
@@ -174,6 +208,7 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
                 verdict,
             };
             match (verdict, rules.reused_id) {
+                _ if candidate.mode != SourceMode::Drop => Fate::Passed(seen, candidate.mode),
                 (Verdict::ReusedId, ReusedIdPolicy::Publish | ReusedIdPolicy::DeadLetter) => {
                     Fate::Reused(seen, rules.reused_id)
                 }
@@ -232,6 +267,7 @@ mod tests {
             id: Ok(key(n)),
             timestamp_ms: Some(ts),
             digest: None,
+            mode: SourceMode::Drop,
         }
     }
 
@@ -320,6 +356,7 @@ mod tests {
                 id: Err(Unkeyed::Missing),
                 timestamp_ms: Some(1),
                 digest: None,
+                mode: SourceMode::Drop,
             },
             keyed(1, 2),
         ];
@@ -461,5 +498,32 @@ mod tests {
             prop_assert_eq!(sorted.len(), published.len(), "an id was published twice");
             prop_assert_eq!(sorted, all_ids.into_iter().collect::<Vec<_>>(), "an id was never published");
         }
+    }
+
+    #[test]
+    fn copies_from_a_flagged_or_unchecked_source_are_published_and_first_copies_recorded() {
+        let mode = |c: Candidate, mode| Candidate { mode, ..c };
+        let batch = [
+            mode(keyed(1, 100), SourceMode::Flag),
+            mode(keyed(1, 110), SourceMode::Flag),
+            mode(keyed(2, 120), SourceMode::Off),
+            keyed(2, 130),
+            mode(keyed(3, 140), SourceMode::Off),
+        ];
+        let d = decide(&batch, &[None, None, None, None, held(50)], FORWARD);
+        assert_eq!(
+            d.fates,
+            [
+                Fate::Publish,
+                Fate::Passed(dup(100, 10, true, Verdict::Unknown), SourceMode::Flag),
+                Fate::Publish,
+                // A dropping source's copy of an id an unchecked source sent first is dropped.
+                Fate::Duplicate(dup(120, 10, true, Verdict::Unknown)),
+                Fate::Passed(dup(50, 90, false, Verdict::Unknown), SourceMode::Off),
+            ]
+        );
+        // Each id recorded once, by its first copy, whatever the source's mode.
+        assert_eq!(d.new_ids, [(key(1), 100, None), (key(2), 120, None)]);
+        assert_eq!(d.duplicates(), 1);
     }
 }

@@ -2,8 +2,10 @@
 //! security settings and pass-through properties apply everywhere alike. The settings they read,
 //! the `[kafka]` section ([`KafkaConfig`]), are `settings.rs`.
 
+mod partitioner;
 mod settings;
 
+pub use partitioner::{is_home, InputPartitioner};
 pub use settings::{is_secret_property, KafkaConfig, SecurityProtocol};
 
 use std::time::Duration;

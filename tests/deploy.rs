@@ -213,6 +213,7 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         ("DedupeLedgerIndexOverflowed", "warn"),
         ("DedupeHandoverStuck", "warn"),
         ("DedupeReusedIds", "warn"),
+        ("DedupeMisroutedIds", "warn"),
     ];
     for (name, severity) in expected {
         let alert = by_name
@@ -267,6 +268,13 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
     let reused = by_name["DedupeReusedIds"];
     assert!(reused.field("expr").unwrap().contains("> 0.0001"));
     assert_eq!(reused.field("for").as_deref(), Some("15m"));
+    // Misrouted ids: any in 10 minutes, per partition, held for 10.
+    let misrouted = by_name["DedupeMisroutedIds"];
+    assert!(misrouted
+        .field("expr")
+        .unwrap()
+        .contains("(increase(dedupe_misrouted_ids_total[10m])) > 0"));
+    assert_eq!(misrouted.field("for").as_deref(), Some("10m"));
     // Three missed hourly snapshots.
     assert!(by_name["DedupeSnapshotsFailing"]
         .field("expr")

@@ -17,30 +17,10 @@ pub fn partition_of_id(
     id: &[u8],
     partitions: i32,
 ) -> Option<i32> {
-    if *source != IdSource::Key || id.is_empty() || partitions <= 0 {
+    if !source.is_key() {
         return None;
     }
-    let choose = match partitioner {
-        InputPartitioner::Murmur2Random => {
-            rdkafka::bindings::rd_kafka_msg_partitioner_murmur2_random
-        }
-        InputPartitioner::ConsistentRandom => {
-            rdkafka::bindings::rd_kafka_msg_partitioner_consistent_random
-        }
-    };
-    // SAFETY: with a key that is not null, these partitioners read `keylen` bytes of `key` and
-    // nothing else (the topic and opaque pointers are used only for a null key).
-    let p = unsafe {
-        choose(
-            std::ptr::null(),
-            id.as_ptr().cast(),
-            id.len(),
-            partitions,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    };
-    Some(p)
+    partitioner.partition(id, partitions)
 }
 
 /// Explains `id` (from the front door's `source`, when given): asks the worker at `addr`; reads

@@ -9,7 +9,7 @@
 //!   ([`http::telemetry`]). The tracking API is the front door's crate, `dedupe-tracking`.
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
 //!   explain`, and where an id's partition is.
-//! - [`run`]: the worker, wired together.
+//! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id.
 //! - [`bench`]: the pipeline bench.
 
 pub mod actors {
@@ -37,4 +37,5 @@ pub mod http {
     //! The worker's HTTP server.
     pub mod telemetry;
 }
+pub mod rekey;
 pub mod run;

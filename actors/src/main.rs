@@ -13,8 +13,8 @@ use dedupe_actors::cli::{
     BenchCommand, HandoffBenchArgs, LedgerBenchArgs, LoadgenArgs, OpenBenchArgs, PipelineBenchArgs,
 };
 use dedupe_actors::cli::{
-    Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, IngestArgs, LedgerCommand, RunArgs,
-    VerifyArgs,
+    Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, IngestArgs, LedgerCommand, RekeyArgs,
+    RunArgs, VerifyArgs,
 };
 use dedupe_actors::http::telemetry;
 use dedupe_actors::run;
@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         }
         Command::Run(args) => run_worker(&args),
         Command::Ingest(args) => serve_ingest(&args),
+        Command::Rekey(args) => rekey(&args),
         Command::Verify(args) => verify(&args),
         #[cfg(feature = "tools")]
         Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
@@ -78,7 +79,9 @@ fn run_worker(args: &RunArgs) -> ExitCode {
         #[cfg(feature = "tools")]
         passthrough: args.passthrough,
     };
-    match run::run(config, options) {
+    let again = args.config.clone();
+    let reload: run::Reload = Box::new(move || Ok(again.load()?));
+    match run::run(config, options, Some(reload)) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => fail(format!("{e:#}")),
     }
@@ -99,6 +102,55 @@ fn serve_ingest(args: &IngestArgs) -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `dedupe rekey`: the stage, with its metrics endpoint, until a signal (exit 0), a fenced
+/// producer (exit 3) or an error.
+fn rekey(args: &RekeyArgs) -> ExitCode {
+    let config = match args.config.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    telemetry::init_tracing(&config.log);
+    let options = dedupe_actors::rekey::RekeyOptions {
+        source_topic: args.source_topic.clone(),
+        group_id: args.group_id.clone(),
+        batch_max_records: args.batch_max_records.max(1),
+        batch_linger: Duration::from_millis(args.batch_linger_ms),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let serving = {
+        let (addr, stop) = (config.metrics.addr, stop.clone());
+        std::thread::Builder::new()
+            .name("rekey-http".into())
+            .spawn(move || {
+                let served = actix_web::rt::System::new().block_on(async move {
+                    let handle = telemetry::init_metrics()?;
+                    actix_web::rt::spawn(telemetry::serve_metrics(addr, handle)?);
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                    tracing::info!("Received a stop signal.");
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    Ok::<_, anyhow::Error>(())
+                });
+                if let Err(e) = served {
+                    // Without it the stage would run unwatched and deaf to signals.
+                    eprintln!("dedupe: {e:#}");
+                    std::process::exit(2);
+                }
+            })
+    };
+    if let Err(e) = serving {
+        return fail(format!("starting the metrics thread: {e}"));
+    }
+    match dedupe_actors::rekey::run(&config, &options, &stop) {
+        Ok(code) => ExitCode::from(code as u8),
         Err(e) => fail(format!("{e:#}")),
     }
 }

@@ -9,6 +9,7 @@ use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
 
 use crate::actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
+use crate::actors::events::{ConfigReloadRefused, ConfigReloaded};
 use crate::actors::ledger::LedgerActor;
 
 /// Which input partitions this worker owns (in static mode; none up front in group mode), and how
@@ -214,8 +215,12 @@ fn data_dir_error(path: &std::path::Path, e: std::io::Error) -> anyhow::Error {
     }
 }
 
-/// Runs the worker until a signal or a fatal error; returns the process exit code.
-pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
+/// Reads the configuration again, as the worker was started with it (file, environment, flags).
+pub type Reload = Box<dyn Fn() -> anyhow::Result<Config> + Send>;
+
+/// Runs the worker until a signal or a fatal error; returns the process exit code. On SIGHUP it
+/// takes `worker.source_modes` from `reload` without a restart.
+pub fn run(config: Config, options: RunOptions, reload: Option<Reload>) -> anyhow::Result<i32> {
     let handle = crate::http::telemetry::init_metrics()?;
     let (partitions, input_partitions) = owned_partitions(&config)?;
     let path = config.worker.data_dir.clone();
@@ -240,12 +245,16 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
         let coordinator = Coordinator::new(
             config.clone(),
             partitions,
+            input_partitions as i32,
             ledger_addr,
             store,
             health.clone(),
             options,
-        )
-        .start();
+        );
+        if let Some(reload) = reload {
+            actix_rt::spawn(reload_on_hangup(reload, coordinator.source_modes()));
+        }
+        let coordinator = coordinator.start();
         let targets = crate::http::telemetry::AdminTargets {
             coordinator: coordinator.clone(),
             ledger: admin_ledger,
@@ -283,6 +292,28 @@ pub fn run(config: Config, options: RunOptions) -> anyhow::Result<i32> {
     let exit_code = system.run_with_code().unwrap_or(exit::FAILED);
     close_ledger(ledger);
     Ok(exit_code)
+}
+
+/// On each SIGHUP, reads the configuration again and applies what can change while the worker
+/// runs: `worker.source_modes`. A configuration that does not load changes nothing.
+async fn reload_on_hangup(
+    reload: Reload,
+    modes: Arc<std::sync::RwLock<dedupe::config::SourceModes>>,
+) {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+    else {
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match reload() {
+            Ok(config) => {
+                let new = config.worker.source_modes;
+                *modes.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
+                ConfigReloaded { source_modes: &new }.emit();
+            }
+            Err(e) => ConfigReloadRefused { error: &e }.emit(),
+        }
+    }
 }
 
 /// Closes the ledger once the ledger actor's threads have let go of it. RocksDB must be closed

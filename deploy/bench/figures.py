@@ -300,6 +300,14 @@ def digests(s: Source) -> Figure:
     )
 
 
+def rekey(s: Source) -> Figure:
+    r = s.result()
+    return Figure(
+        f"{thousands(r['rekey_records_per_sec'])} records/s re-keyed by a JSON field, "
+        f"{num(r['ratio'])} of the pass-through copy's {thousands(r['passthrough_records_per_sec'])}",
+    )
+
+
 def opening(s: Source) -> Figure:
     sizes = s.result()
     sizes = sizes["sizes"] if isinstance(sizes, dict) else sizes
@@ -521,6 +529,8 @@ ROWS = [
     Row("performance", "durability modes, 5M ids", "the ledger bench in each mode", "durability-modes",
         "durability.json", "—", durability,
         command="dedupe bench ledger --keys 5000000 --no-baselines --durability MODE --dir /var/tmp --json"),
+    Row("performance", "rekey, 1M records", "dedupe rekey against the same stage copying each record with its key, alternately, median of three", "re-keying-a-topic",
+        "rekey.json", "—", rekey),
     Row("performance", "tracking API, 128 connections", "wrk's 20-event batches against Kafka's own producer, median of three rounds", "the-tracking-api",
         "ingest.jsonl", "≥ 0.8",
         front_door(128, 0.8, lambda lines: f"{kspan([x['median_ingest_events_per_sec'] for x in lines])} events/s "

@@ -43,8 +43,8 @@ pub use units::ByteSize;
 pub use crate::kafka::{is_secret_property, KafkaConfig, SecurityProtocol};
 pub use crate::secret::{Secret, SecretMatcher};
 pub use worker::{
-    Assignment, DigestSource, IdSource, InputPartitioner, PartitionSet, ReusedIdPolicy,
-    UnkeyedPolicy, WorkerConfig,
+    Assignment, DigestSource, IdSource, InputPartitioner, PartitionSet, ReusedIdPolicy, SourceMode,
+    SourceModes, UnkeyedPolicy, WorkerConfig,
 };
 
 #[cfg(test)]

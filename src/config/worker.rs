@@ -9,8 +9,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::ByteSize;
 // Defined where the domain decides with them (config depends on the domain, never the reverse);
 // named here too because this section sets them.
-pub use crate::batch::{ReusedIdPolicy, UnkeyedPolicy};
+pub use crate::batch::{ReusedIdPolicy, SourceMode, UnkeyedPolicy};
 pub use crate::identity::{DigestSource, IdSource};
+pub use crate::kafka::InputPartitioner;
 
 /// The dedupe worker.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -96,6 +97,12 @@ pub struct WorkerConfig {
     /// `DEDUPE_WRITE_KEYS` when the worker can read them. Any other source counts as `other`, a
     /// record without the header as `none`, so the series stay few.
     pub sources: Vec<String>,
+    /// What a source's copies of ids already seen get, by the source's name (the records'
+    /// `dedupe-source` header, which the front door writes): `drop` (every source not named),
+    /// `flag` (published with a `dedupe-duplicate` header holding the verdict) or `off` (published
+    /// as they are, counted). A table (`{ web = "flag" }`) or `web=flag,import=off`. Taken again on
+    /// SIGHUP, without a restart.
+    pub source_modes: SourceModes,
     /// Most records per batch (one ledger lookup, one transaction).
     pub batch_max_records: usize,
     /// Most bytes of keys and values per batch.
@@ -155,6 +162,8 @@ impl Default for WorkerConfig {
             // 160k events a second on that partition.
             audit_max_per_sec: 1000,
             sources: Vec::new(),
+            // Every source's duplicates dropped.
+            source_modes: SourceModes::default(),
             // The ledger bench's batch size (src/bench/ledger.rs), at which the ledger figures of
             // docs/performance.md were measured.
             batch_max_records: 4096,
@@ -236,14 +245,61 @@ impl std::str::FromStr for Assignment {
     }
 }
 
-/// A Kafka producer's partitioner for keyed records (librdkafka's names).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum InputPartitioner {
-    /// `murmur2(key) & 0x7fffffff % partitions`: the Java client's default, and the front door's.
-    Murmur2Random,
-    /// `crc32(key) % partitions`: librdkafka's default (confluent-kafka for Python, Go, .NET).
-    ConsistentRandom,
+/// `worker.source_modes`: source name -> mode.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SourceModes(pub std::collections::BTreeMap<String, SourceMode>);
+
+impl SourceModes {
+    /// Parses `web=flag, import=off`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut modes = std::collections::BTreeMap::new();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let Some((source, mode)) = item.split_once('=') else {
+                return Err(format!("`{item}` is not SOURCE=MODE (e.g. web=flag)"));
+            };
+            let mode = match mode.trim() {
+                "drop" => SourceMode::Drop,
+                "flag" => SourceMode::Flag,
+                "off" => SourceMode::Off,
+                other => return Err(format!("`{other}` is not a mode: drop, flag or off")),
+            };
+            let source = source.trim();
+            if source.is_empty() {
+                return Err(format!("`{item}` names no source"));
+            }
+            modes.insert(source.to_string(), mode);
+        }
+        Ok(SourceModes(modes))
+    }
+
+    /// The mode of a record whose source header is `source` (`drop` without one).
+    pub fn of(&self, source: Option<&[u8]>) -> SourceMode {
+        source
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| self.0.get(s).copied())
+            .unwrap_or_default()
+    }
+}
+
+impl Serialize for SourceModes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SourceModes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Table(std::collections::BTreeMap<String, SourceMode>),
+            Text(String),
+        }
+        match Form::deserialize(d)? {
+            Form::Table(t) => Ok(SourceModes(t)),
+            Form::Text(text) => SourceModes::parse(&text).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// A set of input partitions, written `0-3,7`.

@@ -14,8 +14,9 @@
 //!   else about the deployment. The tests pin it with known vectors.
 
 //!
-//! Where a record's id is read from (its key, a header or a JSON field), and why a record has
-//! none, is the `record` submodule's part: [`message_key`], [`RecordView`], [`Unkeyed`]. What tells
+//! Where a record's id is read from (its key, a header, a JSON field, a composite of those, or a
+//! fingerprint of its value), and why a record has none, is the `record` submodule's part:
+//! [`message_id`], [`message_key`], [`IdSource`], [`RecordView`], [`Unkeyed`]. What tells
 //! a retry from a reused id is the `digest` submodule's: [`ContentDigest`], [`DigestSource`].
 
 use std::fmt;
@@ -23,7 +24,7 @@ use std::fmt;
 mod digest;
 mod record;
 pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES, HEADER_CONTENT_DIGEST};
-pub use record::{message_key, IdSource, RecordView, Unkeyed};
+pub use record::{message_id, message_key, Fingerprint, IdSource, RecordView, Unkeyed};
 
 /// Separates a source's name from the client's message id in the ids the front door writes
 /// (`<source>:<messageId>`, its records' key): ids are scoped by source, so two sources' same

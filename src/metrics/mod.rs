@@ -20,6 +20,12 @@ pub const LABEL_OUTCOME: &str = "outcome";
 pub const OUTCOME_COMMITTED: &str = "committed";
 pub const OUTCOME_ABORTED: &str = "aborted";
 pub const OUTCOME_FENCED: &str = "fenced";
+/// Values of [`LABEL_OUTCOME`] for [`REKEY_RECORDS`].
+pub const OUTCOME_REKEYED: &str = "rekeyed";
+pub const OUTCOME_UNKEYED: &str = "unkeyed";
+/// Values of [`LABEL_OUTCOME`] for [`CONFIG_RELOADS`].
+pub const OUTCOME_APPLIED: &str = "applied";
+pub const OUTCOME_REFUSED: &str = "refused";
 /// Label of [`UNKEYED`]: the unkeyed policy applied, and its values.
 pub const LABEL_POLICY: &str = "policy";
 pub const POLICY_FORWARD: &str = "forward";
@@ -43,6 +49,11 @@ pub const DUPLICATES_DROPPED: &str = "dedupe_duplicates_dropped_total";
 pub const REUSED_IDS: &str = "dedupe_reused_ids_total";
 pub const SOURCE_REUSED_IDS: &str = "dedupe_source_reused_ids_total";
 pub const UNKEYED: &str = "dedupe_unkeyed_records_total";
+pub const MISROUTED_IDS: &str = "dedupe_misrouted_ids_total";
+pub const REKEY_RECORDS: &str = "dedupe_rekey_records_total";
+pub const REKEY_TRANSACTIONS: &str = "dedupe_rekey_transactions_total";
+pub const REKEY_REWINDS: &str = "dedupe_rekey_rewinds_total";
+pub const CONFIG_RELOADS: &str = "dedupe_config_reloads_total";
 pub const BATCH_RECORDS: &str = "dedupe_batch_records";
 pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
 pub const END_TO_END_SECONDS: &str = "dedupe_end_to_end_seconds";
@@ -76,6 +87,9 @@ pub const SOURCE_NONE: &str = "none";
 /// Values of [`LABEL_OUTCOME`] on [`SOURCE_RECORDS`].
 pub const OUTCOME_PUBLISHED: &str = "published";
 pub const OUTCOME_DUPLICATE: &str = "duplicate";
+/// Copies of seen ids published by their source's mode (`flag`, `off`).
+pub const OUTCOME_FLAGGED: &str = "flagged";
+pub const OUTCOME_PASSED: &str = "passed";
 /// Values of [`LABEL_OUTCOME`] on [`AUDIT_RECORDS`].
 pub const AUDIT_WRITTEN: &str = "written";
 pub const AUDIT_SAMPLED_OUT: &str = "sampled_out";
@@ -194,6 +208,11 @@ pub const ALL: &[Metric] = &[
     m(REUSED_IDS, Counter, None, &[LABEL_PARTITION, LABEL_ACTION], "Records whose id the ledger holds for other content, by what worker.on_reused_id did with them: dropped, published or dead_lettered."),
     m(SOURCE_REUSED_IDS, Counter, None, &[LABEL_SOURCE], "Records whose id the ledger holds for other content, by the front door's source (as dedupe_source_records_total counts sources): the clients that reuse ids."),
     m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable) and the policy applied (forward, drop, dead-letter)."),
+    m(MISROUTED_IDS, Counter, None, P, "Records whose id is on a partition neither common partitioner (the Java client's murmur2, librdkafka's crc32) would key it to: the input is not partitioned by the id, so copies of an id may reach other partitions, whose ledgers do not see each other; dedupe rekey keys a topic by the id."),
+    m(REKEY_RECORDS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: source records copied into the input topic, by outcome: rekeyed (keyed by their id), unkeyed (no usable id: copied with their own key)."),
+    m(REKEY_TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: transactions (a batch and its source offsets) by outcome: committed, aborted."),
+    m(REKEY_REWINDS, Counter, None, &[], "dedupe rekey: times the source partitions were sought back to their committed offsets (a rebalance, an aborted transaction)."),
+    m(CONFIG_RELOADS, Counter, None, &[LABEL_OUTCOME], "Configuration reloads (SIGHUP) by outcome: applied (worker.source_modes taken), refused (the configuration did not load; nothing changed)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
     m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),
     m(END_TO_END_SECONDS, Histogram, Some(Unit::Seconds), P, "Time from the timestamp of a batch's oldest new input record to its output transaction's commit."),
@@ -211,7 +230,7 @@ pub const ALL: &[Metric] = &[
     m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
     m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(AUDIT_RECORDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Dropped duplicates and their audit records, by outcome: written (in a committed transaction, with the batch's output), sampled_out (the id is outside worker.audit_sample), over_cap (past worker.audit_max_per_sec)."),
-    m(SOURCE_RECORDS, Counter, None, &[LABEL_SOURCE, LABEL_OUTCOME], "Keyed input records by the front door's source (worker.sources; other, or none without the header) and outcome: published, or duplicate (dropped). The duplicate share per source is duplicate / (published + duplicate)."),
+    m(SOURCE_RECORDS, Counter, None, &[LABEL_SOURCE, LABEL_OUTCOME], "Keyed input records by the front door's source (worker.sources; other, or none without the header) and outcome: published, duplicate (dropped), or a duplicate published by the source's mode (worker.source_modes): flagged, passed. The duplicate share per source is (duplicate + flagged + passed) / all."),
     m(PARTITION_ASSIGNMENTS, Counter, None, P, "Input partitions the consumer group assigned to this worker."),
     m(PARTITION_REVOCATIONS, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Input partitions taken from this worker, by reason: revoked (its batch finished, its producer released) or lost (the group gave it away, e.g. after a session timeout)."),
     m(PARTITIONS_LOADING, Gauge, None, &[], "Assigned partitions whose ids are still being loaded into the ledger (not yet processing)."),

@@ -96,6 +96,12 @@ impl WorkerSpec {
         self
     }
 
+    /// Adds command-line arguments (after the ones every worker gets).
+    pub fn extra(mut self, args: &[&str]) -> Self {
+        self.extra_args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
     /// Drops a setting, so the worker runs with the default (e.g. the default ledger budget).
     pub fn without(mut self, k: &str) -> Self {
         self.env.retain(|(key, _)| key != k);
@@ -220,6 +226,11 @@ impl Worker {
     }
 
     /// SIGKILL: the crash case.
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -11,16 +11,16 @@
 //! was not committed, and the batch is read again. Recording before publishing would instead
 //! leave ids in the ledger whose messages never reached the output: silent loss.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
-use dedupe::batch::{self, Candidate, Fate, Rules, Seen, Verdict};
+use dedupe::batch::{self, Candidate, Fate, Rules, Seen, SourceMode, Verdict, HEADER_DUPLICATE};
 use dedupe::clock::now_ms;
-use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
+use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, SourceModes, UnkeyedPolicy};
 use dedupe::identity::{
-    message_key, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST,
+    ledger_key, message_id, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST,
 };
 use dedupe::ledger::{Held, LedgerError};
 use dedupe::output::{OutRecord, PublishError};
@@ -32,7 +32,7 @@ use tracing::Instrument;
 
 use crate::actors::events::partition::{source_header, PartitionMetrics, ReusedAction};
 use crate::actors::events::{
-    InputReadFailed, TransactionFailed, TransactionRetried, UnkeyedRecord,
+    InputReadFailed, MisroutedIds, TransactionFailed, TransactionRetried, UnkeyedRecord,
 };
 use crate::actors::ledger::LedgerActor;
 use crate::actors::membership::Queue;
@@ -76,6 +76,10 @@ pub struct PipelineSettings {
     pub audit: Option<AuditSettings>,
     /// The sources counted apart in `dedupe_source_records_total`.
     pub sources: Vec<String>,
+    /// The input topic's partitions, which tell where an id belongs (`dedupe_misrouted_ids_total`).
+    pub input_partitions: i32,
+    /// `worker.source_modes`, replaced when the configuration is reloaded (SIGHUP).
+    pub source_modes: Arc<RwLock<SourceModes>>,
 }
 
 /// How dropped duplicates are audited (see `dedupe::audit`).
@@ -161,6 +165,8 @@ impl Actor for PartitionConsumer {
             next_output_offset: self.progress.next_output_offset,
             next_changelog_offset: self.progress.next_changelog_offset,
             unkeyed_warned_at: None,
+            misrouted_warned_at: None,
+            misrouted_since_warned: 0,
             live_since: Some(Instant::now()),
             sampler: self
                 .settings
@@ -192,6 +198,9 @@ struct Pipeline<S = Addr<LedgerActor>, K = Addr<Publisher>> {
     next_output_offset: i64,
     next_changelog_offset: i64,
     unkeyed_warned_at: Option<Instant>,
+    /// When misrouted ids were last warned about, and how many came since.
+    misrouted_warned_at: Option<Instant>,
+    misrouted_since_warned: u64,
     /// When the pipeline started, until its first batch is through (logged with its steps' times:
     /// what a partition's resume after a take-over costs).
     live_since: Option<Instant>,
@@ -203,6 +212,8 @@ struct Pipeline<S = Addr<LedgerActor>, K = Addr<Publisher>> {
 struct InRecord {
     offset: i64,
     id: Result<LedgerKey, Unkeyed>,
+    /// Its id belongs on another partition (see `dedupe::kafka::is_home`).
+    misrouted: bool,
     digest: Option<ContentDigest>,
     out: OutRecord,
 }
@@ -319,7 +330,11 @@ impl Pipeline {
             },
             value: msg.payload(),
         };
-        let id = message_key(&view, &self.settings.id_source);
+        let id = message_id(&view, &self.settings.id_source);
+        let misrouted = id.as_ref().is_ok_and(|id| {
+            !dedupe::kafka::is_home(id, self.partition, self.settings.input_partitions)
+        });
+        let id = id.and_then(|id| Ok(ledger_key(&id)?));
         let digest = self
             .settings
             .content_digest
@@ -339,6 +354,7 @@ impl Pipeline {
         InRecord {
             offset: msg.offset(),
             id,
+            misrouted,
             digest,
             out,
         }
@@ -372,6 +388,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         let next_input_offset = batch[n - 1].offset + 1;
         self.metrics.records_in.increment(n as u64);
         self.metrics.batch_records.record(n as f64);
+        self.count_misrouted(&batch);
         let started = Instant::now();
         let found = self.look_up(&batch).await?;
         let looked_up = started.elapsed();
@@ -422,14 +439,22 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy.
     fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
-        let candidates: Vec<Candidate> = batch
-            .iter()
-            .map(|r| Candidate {
-                id: r.id,
-                timestamp_ms: r.out.timestamp_ms,
-                digest: r.digest,
-            })
-            .collect();
+        let candidates: Vec<Candidate> = {
+            let modes = self
+                .settings
+                .source_modes
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            batch
+                .iter()
+                .map(|r| Candidate {
+                    id: r.id,
+                    timestamp_ms: r.out.timestamp_ms,
+                    digest: r.digest,
+                    mode: modes.of(source_header(&r.out).flatten()),
+                })
+                .collect()
+        };
         let rules = Rules {
             unkeyed: self.settings.unkeyed_policy,
             reused_id: self.settings.reused_id,
@@ -486,6 +511,20 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                     counters.published.increment(1);
                     counters.reused.increment(1);
                     records.push(r.out);
+                }
+                Fate::Passed(seen, mode) => {
+                    let counters = self.metrics.of_source(source_header(&r.out));
+                    let mut out = r.out;
+                    if mode == SourceMode::Flag {
+                        counters.flagged.increment(1);
+                        out.headers.push((
+                            HEADER_DUPLICATE.to_string(),
+                            Some(seen.verdict.as_str().as_bytes().to_vec()),
+                        ));
+                    } else {
+                        counters.passed.increment(1);
+                    }
+                    records.push(out);
                 }
                 Fate::Forward(reason) => {
                     self.unkeyed(reason, UnkeyedPolicy::Forward);
@@ -631,6 +670,31 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                 }
             }
         }
+    }
+
+    /// Counts the batch's records whose id belongs on another partition, and warns at most once a
+    /// minute per partition.
+    fn count_misrouted(&mut self, batch: &[InRecord]) {
+        let records = batch.iter().filter(|r| r.misrouted).count() as u64;
+        if records == 0 {
+            return;
+        }
+        self.misrouted_since_warned += records;
+        let warn = self
+            .misrouted_warned_at
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(60));
+        let since = warn.then_some(self.misrouted_since_warned);
+        if warn {
+            self.misrouted_warned_at = Some(Instant::now());
+            self.misrouted_since_warned = 0;
+        }
+        MisroutedIds {
+            partition: self.partition,
+            counter: &self.metrics.misrouted,
+            records,
+            warn: since,
+        }
+        .emit();
     }
 
     /// Counts a record without a usable id, and warns at most once a minute per partition.

@@ -127,6 +127,8 @@ fn settings(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> Arc<PipelineSe
         input_topic: "in".to_string(),
         audit: None,
         sources: Vec::new(),
+        input_partitions: 1,
+        source_modes: Default::default(),
     })
 }
 
@@ -151,6 +153,8 @@ fn pipeline(
         next_output_offset: 0,
         next_changelog_offset: 0,
         unkeyed_warned_at: None,
+        misrouted_warned_at: None,
+        misrouted_since_warned: 0,
         live_since: None,
         sampler: None,
     };
@@ -166,6 +170,7 @@ fn record(offset: i64, id: Option<u8>, value: &str) -> InRecord {
     InRecord {
         offset,
         id: id.map(key).ok_or(Unkeyed::Missing),
+        misrouted: false,
         digest: Some(ContentDigest::of_value(value.as_bytes())),
         out: OutRecord {
             key: id.map(|n| vec![n]),

@@ -197,9 +197,15 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
+    /// `worker.source_modes` as the pipelines read them: what a configuration reload replaces.
+    pub fn source_modes(&self) -> Arc<std::sync::RwLock<dedupe::config::SourceModes>> {
+        Arc::clone(&self.settings.source_modes)
+    }
+
     pub fn new(
         config: Arc<Config>,
         static_partitions: Vec<i32>,
+        input_partitions: i32,
         ledger: Addr<LedgerActor>,
         store: Arc<Ledger>,
         health: Arc<Health>,
@@ -227,6 +233,8 @@ impl Coordinator {
                 max_per_sec: w.audit_max_per_sec,
             }),
             sources: counted_sources(&config),
+            input_partitions,
+            source_modes: Arc::new(std::sync::RwLock::new(w.source_modes.clone())),
         });
         let snapshot_pace =
             SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));

@@ -2,12 +2,13 @@
 //! struct whose `emit` writes the log line and the count together, so they never drift apart.
 //! Log lines never carry payloads or secrets. Every `metrics` call of the worker is in this
 //! module and its children ([`coordinator`]: partitions, handovers, the ledger's figures, giving
-//! up; [`partition`]: one pipeline's cached handles); the names and labels they use are declared
+//! up; [`partition`]: one pipeline's cached handles; [`rekey`]: the rekey stage); the names and labels they use are declared
 //! once, in `dedupe::metrics`. A test of the core crate checks that no other module calls the
 //! `metrics` macros.
 
 pub mod coordinator;
 pub mod partition;
+pub mod rekey;
 
 use dedupe::config::UnkeyedPolicy;
 use dedupe::identity::Unkeyed;
@@ -139,6 +140,65 @@ impl UnkeyedRecord<'_> {
                 "A record has no usable message id; applying the unkeyed policy (further ones are counted, and warned about once a minute)."
             );
         }
+    }
+}
+
+/// A batch held records whose id belongs on another partition (see `dedupe::kafka::is_home`).
+pub struct MisroutedIds<'a> {
+    pub partition: i32,
+    pub counter: &'a metrics::Counter,
+    /// Such records in the batch.
+    pub records: u64,
+    /// When it is time to warn again: such records since the last warning, this batch's included.
+    pub warn: Option<u64>,
+}
+
+impl MisroutedIds<'_> {
+    pub fn emit(&self) {
+        self.counter.increment(self.records);
+        if let Some(since) = self.warn {
+            tracing::warn!(
+                partition = self.partition,
+                records = since,
+                "Records arrive on a partition their id does not belong in: the input is not partitioned by the id, so a copy on another partition passes unseen. Key the input by the id (dedupe rekey); see docs/operations.md, \"Misrouted ids\" (counted in dedupe_misrouted_ids_total, warned about once a minute)."
+            );
+        }
+    }
+}
+
+/// SIGHUP: the configuration was read again and what changes without a restart applied.
+pub struct ConfigReloaded<'a> {
+    pub source_modes: &'a dedupe::config::SourceModes,
+}
+
+impl ConfigReloaded<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::CONFIG_RELOADS, m::LABEL_OUTCOME => m::OUTCOME_APPLIED).increment(1);
+        let modes: Vec<String> = self
+            .source_modes
+            .0
+            .iter()
+            .map(|(source, mode)| format!("{source}={}", mode.as_str()))
+            .collect();
+        tracing::info!(
+            source_modes = %modes.join(","),
+            "Reloaded the configuration: worker.source_modes applied (other settings take effect at the next start)."
+        );
+    }
+}
+
+/// SIGHUP: the configuration could not be read again; nothing changed.
+pub struct ConfigReloadRefused<'a> {
+    pub error: &'a anyhow::Error,
+}
+
+impl ConfigReloadRefused<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::CONFIG_RELOADS, m::LABEL_OUTCOME => m::OUTCOME_REFUSED).increment(1);
+        tracing::error!(
+            "The configuration could not be reloaded; the worker goes on as it was: {:#}",
+            self.error
+        );
     }
 }
 

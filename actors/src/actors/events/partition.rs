@@ -21,6 +21,7 @@ pub(crate) struct PartitionMetrics {
     reused: [Counter; 3],
     pub(crate) changelog_records: Counter,
     pub(crate) wakeups_recovered: Counter,
+    pub(crate) misrouted: Counter,
     pub(crate) batch_records: Histogram,
     pub(crate) end_to_end: Histogram,
     pub(crate) duplicate_age: Histogram,
@@ -51,6 +52,9 @@ pub(crate) struct SourceCounters {
     pub(crate) published: Counter,
     pub(crate) duplicate: Counter,
     pub(crate) reused: Counter,
+    /// Copies of seen ids published by the source's mode: `flag`, `off`.
+    pub(crate) flagged: Counter,
+    pub(crate) passed: Counter,
 }
 
 impl PartitionMetrics {
@@ -61,6 +65,8 @@ impl PartitionMetrics {
             SourceCounters {
                 published: counter(m::OUTCOME_PUBLISHED),
                 duplicate: counter(m::OUTCOME_DUPLICATE),
+                flagged: counter(m::OUTCOME_FLAGGED),
+                passed: counter(m::OUTCOME_PASSED),
                 reused: metrics::counter!(m::SOURCE_REUSED_IDS, m::LABEL_SOURCE => name.to_string()),
             }
         };
@@ -77,6 +83,7 @@ impl PartitionMetrics {
             reused: [m::ACTION_DROPPED, m::ACTION_PUBLISHED, m::ACTION_DEAD_LETTERED].map(|a| metrics::counter!(m::REUSED_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_ACTION => a)),
             changelog_records: counter(m::CHANGELOG_RECORDS),
             wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
+            misrouted: counter(m::MISROUTED_IDS),
             batch_records: histogram(m::BATCH_RECORDS),
             end_to_end: histogram(m::END_TO_END_SECONDS),
             duplicate_age: metrics::histogram!(m::DUPLICATE_AGE_SECONDS),
