@@ -211,47 +211,6 @@ fn a_producer_that_draws_a_new_id_per_retry_is_deduplicated_by_a_fingerprint() {
     );
 }
 
-/// A `dedupe rekey` process, its log in a file.
-struct Rekey {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-    metrics_port: u16,
-}
-
-impl Rekey {
-    fn start(source: &str, input: &str, output: &str, dir: &std::path::Path) -> Rekey {
-        let metrics_port = free_port();
-        let log = dir.join(format!("rekey-{}.log", uuid::Uuid::new_v4().simple()));
-        let child = DEDUPE
-            .command()
-            .args(["rekey", "--brokers", &brokers(), "--source-topic", source])
-            .args(["--input-topic", input, "--output-topic", output])
-            .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-            .env("DEDUPE_WORKER_ID_SOURCE", "json:/messageId")
-            .env("DEDUPE_REKEY_BATCH_MAX_RECORDS", "500")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn dedupe rekey");
-        Rekey {
-            child,
-            log,
-            metrics_port,
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Rekey {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 #[test]
 fn through_rekey_a_topic_keyed_by_user_id_is_deduplicated_exactly_once_across_kills() {
     let source = TestTopic::create("rekey-source", 4);
@@ -288,14 +247,18 @@ fn through_rekey_a_topic_keyed_by_user_id_is_deduplicated_exactly_once_across_ki
     let spec = DEDUPE
         .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_ID_SOURCE", "json:/messageId");
-    let mut rekey = Rekey::start(&source.name, &input.name, &output.name, dir.path());
+    let rekey_spec = DEDUPE
+        .rekey(&source.name, &input.name, &output.name, dir.path())
+        .env("DEDUPE_WORKER_ID_SOURCE", "json:/messageId")
+        .env("DEDUPE_REKEY_BATCH_MAX_RECORDS", "500");
+    let mut rekey = rekey_spec.start();
     let mut worker = spec.start();
     // Each killed twice while the load flows, alternately, each restarted at once.
     for n in 0..4 {
         std::thread::sleep(Duration::from_secs(2));
         if n % 2 == 0 {
             rekey.kill();
-            rekey = Rekey::start(&source.name, &input.name, &output.name, dir.path());
+            rekey = rekey_spec.start();
         } else {
             worker.kill();
             worker = spec.start();
@@ -346,19 +309,13 @@ fn through_rekey_a_topic_keyed_by_user_id_is_deduplicated_exactly_once_across_ki
         0.0,
         "the rekeyed input is partitioned by the id"
     );
-    let page = http_get(rekey.metrics_port, "/metrics")
-        .map(|(_, p)| p)
-        .unwrap_or_default();
     assert!(
-        metric_value(
-            &page,
+        rekey.metric(
             "dedupe_rekey_transactions_total",
             &[("outcome", "committed")]
-        )
-        .unwrap_or(0.0)
-            > 0.0,
+        ) > 0.0,
         "the stage counts its transactions: {}",
-        std::fs::read_to_string(&rekey.log).unwrap_or_default()
+        rekey.log_text()
     );
     worker.terminate(Duration::from_secs(30));
 }

@@ -280,8 +280,7 @@ impl Membership {
     /// where its input resumes anyway (the group's committed offset, read again after the fence).
     /// librdkafka resumes a partition on its main thread without waking the broker's thread, which
     /// waits up to a second for its next fetch when it has nothing else to fetch; a seek ends in a
-    /// change of the partition's fetch state, which wakes it. Without it the first batch after a
-    /// take-over waited 0.3 to 1.0 s for its records. A failed seek only costs that wait.
+    /// change of the partition's fetch state, which wakes it. A failed seek only costs that wait.
     pub fn wake_fetcher(&self, topic: &str, partition: i32, offset: i64) {
         let seek = self.consumer.seek(
             topic,

@@ -235,9 +235,9 @@ pub struct RekeyArgs {
     /// The consumer group that holds the copy's offsets; default `dedupe-rekey.<input topic>`.
     #[arg(long, env = "DEDUPE_REKEY_GROUP_ID", value_name = "GROUP")]
     pub group_id: Option<String>,
-    /// Records per transaction, at most. Each transaction costs about 100 ms here whatever its
-    /// size (its offsets and its commit are round trips to the coordinators): at 4,096 the stage
-    /// copied 40k records/s, at 16,384 110k (docs/operations.md, "Re-keying a topic by id").
+    /// Records per transaction, at most. A transaction's offsets and commit are round trips to
+    /// the coordinators whatever its size, so larger batches copy faster (docs/performance.md,
+    /// "Re-keying a topic").
     #[arg(long, env = "DEDUPE_REKEY_BATCH_MAX_RECORDS", default_value_t = 16384)]
     pub batch_max_records: usize,
     /// How long a batch waits for more records after its first, in milliseconds.

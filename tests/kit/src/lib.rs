@@ -1,8 +1,8 @@
 //! What the integration tests in `tests/` share, and the only place they get it from: the test
 //! broker and topics that delete themselves ([`kafka`]), one launcher per process kind (the worker
-//! in [`worker`], the front door in [`ingest`], the three-node cluster in [`cluster`]), one load
-//! generator ([`load`]) and one exactly-once checker ([`exactly_once`]), and [`wait_until`], the
-//! poll every wait is made of.
+//! in [`worker`], the front door in [`ingest`], the rekey stage in [`rekey`], the three-node
+//! cluster in [`cluster`]), one load generator ([`load`]) and one exactly-once checker
+//! ([`exactly_once`]), and [`wait_until`], the poll every wait is made of.
 //!
 //! The tests are integration tests of `dedupe-actors`, the package that owns the `dedupe`
 //! binary, so cargo builds the binary (with the features the run asks for) before them and each
@@ -15,12 +15,14 @@ pub mod http;
 pub mod ingest;
 pub mod kafka;
 pub mod load;
+pub mod rekey;
 pub mod worker;
 
 pub use exactly_once::Count;
 pub use ingest::{Ingest, IngestSpec};
 pub use kafka::*;
 pub use load::{ids, keyed, Load, LoadSpec};
+pub use rekey::{Rekey, RekeySpec};
 pub use worker::{free_port, http_get, metric_value, Worker, WorkerSpec};
 
 use std::path::{Path, PathBuf};
@@ -62,6 +64,11 @@ impl Dedupe {
     /// How to start `dedupe ingest` in front of `topic`.
     pub fn ingest(&self, topic: &str) -> IngestSpec {
         IngestSpec::new(*self, topic)
+    }
+
+    /// How to start `dedupe rekey` from `source` into `input` (logs in `dir`).
+    pub fn rekey(&self, source: &str, input: &str, output: &str, dir: &Path) -> RekeySpec {
+        RekeySpec::new(*self, source, input, output, dir)
     }
 
     /// Runs `dedupe verify` over the two topics on the test brokers; (exit code, JSON summary).
