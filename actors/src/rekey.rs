@@ -144,19 +144,7 @@ fn consumer(
     rebalanced: &Arc<AtomicBool>,
 ) -> anyhow::Result<(SourceConsumer, String)> {
     let w = &config.worker;
-    let mut client = dedupe::kafka::client_config(&config.kafka);
-    client
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false")
-        .set("fetch.wait.max.ms", "10");
-    if w.assignment == Assignment::Group {
-        client.set("group.protocol", "consumer");
-    }
-    let consumer: SourceConsumer = client
+    let consumer: SourceConsumer = crate::actors::membership::exactly_once_reader(config, group)
         .create_with_context(RebalanceFlag(Arc::clone(rebalanced)))
         .context("creating the rekey consumer")?;
     if w.assignment == Assignment::Group {

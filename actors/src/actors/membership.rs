@@ -197,6 +197,26 @@ fn partitions_of(tpl: &TopicPartitionList, topic: &str) -> Vec<i32> {
         .collect()
 }
 
+/// The settings of a consumer whose offsets are committed only with the output of what it read
+/// (in the producer's transaction): no automatic commits or offset stores, committed input only,
+/// from the beginning when the group has no offset; in group mode, the broker's group protocol
+/// (KIP-848). The worker's input and the rekey stage's source are read this way.
+pub fn exactly_once_reader(config: &Config, group: &str) -> rdkafka::ClientConfig {
+    let mut client = dedupe::kafka::client_config(&config.kafka);
+    client
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "10");
+    if config.worker.assignment == Assignment::Group {
+        client.set("group.protocol", "consumer");
+    }
+    client
+}
+
 /// The input consumer and the thread that polls its main queue.
 pub struct Membership {
     pub consumer: Arc<Input>,
@@ -213,18 +233,9 @@ impl Membership {
         failed: Recipient<ConsumerFailed>,
     ) -> Result<Membership, MembershipError> {
         let w = &config.worker;
-        let mut client = dedupe::kafka::client_config(&config.kafka);
-        client
-            .set("group.id", w.group_id())
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "false")
-            .set("queued.max.messages.kbytes", "32768")
-            .set("fetch.wait.max.ms", "10");
+        let mut client = exactly_once_reader(config, &w.group_id());
+        client.set("queued.max.messages.kbytes", "32768");
         if w.assignment == Assignment::Group {
-            client.set("group.protocol", "consumer");
             if let Some(id) = w.member_id() {
                 client.set("group.instance.id", id);
             }
