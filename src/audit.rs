@@ -114,6 +114,60 @@ pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
     }
 }
 
+/// One forgotten id, as the audit tells it (`"event":"forget"`; see docs/operations.md).
+#[derive(Debug, Clone, Copy)]
+pub struct Forget<'a> {
+    /// The id as the operator gave it (with the front door's source prefix, if any).
+    pub id: &'a str,
+    pub key: LedgerKey,
+    pub input_topic: &'a str,
+    pub input_partition: i32,
+    /// Who asked, as the request said.
+    pub by: &'a str,
+    pub reason: Option<&'a str>,
+    pub at_ms: i64,
+    /// Whether the ledger held the id when it was forgotten.
+    pub was_held: bool,
+}
+
+#[derive(Serialize)]
+struct ForgetValue<'a> {
+    v: u32,
+    event: &'static str,
+    id: &'a str,
+    ledger_key: String,
+    input_topic: &'a str,
+    input_partition: i32,
+    by: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    at_ms: i64,
+    was_held: bool,
+}
+
+/// The audit record of a forget: keyed by the id, to be sent to its input partition's number.
+pub fn encode_forget(f: &Forget<'_>) -> OutRecord {
+    let value = ForgetValue {
+        v: FORMAT_VERSION,
+        event: "forget",
+        id: f.id,
+        ledger_key: f.key.hex(),
+        input_topic: f.input_topic,
+        input_partition: f.input_partition,
+        by: f.by,
+        reason: f.reason,
+        at_ms: f.at_ms,
+        was_held: f.was_held,
+    };
+    OutRecord {
+        key: Some(f.id.as_bytes().to_vec()),
+        // Serializing a struct of strings and numbers cannot fail.
+        value: Some(serde_json::to_vec(&value).unwrap_or_default()),
+        headers: Vec::new(),
+        timestamp_ms: Some(f.at_ms),
+    }
+}
+
 /// Whether a drop is audited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {

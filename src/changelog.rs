@@ -11,11 +11,27 @@
 //! `0x01`, count (unsigned LEB128 varint), base first-seen ms (i64 big-endian), then per id its
 //! 16-byte ledger key and its first-seen time minus the base (zigzag varint). No key, no headers.
 //! Content digests are not carried: a loaded id's later copies get the verdict `unknown`.
+//!
+//! Marker records (rare: an operator's forget, and the first re-send after it), same partition:
+//! `0x02` (forgotten) or `0x03` (published again after a forget), count (varint), the time it was
+//! marked (ms, i64 big-endian), then the ids' 16-byte ledger keys. Recovery applies them in
+//! offset order ([`crate::ledger::Mark`]). Code that predates them refuses such a record by
+//! its first byte and names it.
 
 use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
-use crate::ledger::Sent;
+use crate::ledger::{MarkKind, Sent};
 
 const VERSION: u8 = 1;
+const FORGOTTEN: u8 = 2;
+const RESENT: u8 = 3;
+
+/// A marker record: what it says of its ids, when it was made (ms), and the ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkRecord {
+    pub kind: MarkKind,
+    pub at_ms: i64,
+    pub keys: Vec<LedgerKey>,
+}
 
 /// The changelog topic used when `worker.changelog_topic` is not set.
 pub fn default_topic(output_topic: &str) -> String {
@@ -25,7 +41,7 @@ pub fn default_topic(output_topic: &str) -> String {
 /// Why a changelog record could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChangelogFormatError {
-    #[error("changelog record of version {0} (this version reads version {VERSION})")]
+    #[error("changelog record of kind {0} (this version reads kinds {VERSION} to {RESENT}: ids and forget markers)")]
     Version(u8),
     #[error("changelog record is truncated or malformed at byte {0}")]
     Malformed(usize),
@@ -44,6 +60,55 @@ pub fn encode<S: Sent>(ids: &[S]) -> Option<Vec<u8>> {
         put_varint(&mut out, zigzag(id.time_ms().wrapping_sub(base)));
     }
     Some(out)
+}
+
+/// Encodes a marker record; `None` without keys.
+pub fn encode_mark(kind: MarkKind, at_ms: i64, keys: &[LedgerKey]) -> Option<Vec<u8>> {
+    if keys.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(1 + 10 + 8 + keys.len() * LEDGER_KEY_BYTES);
+    out.push(match kind {
+        MarkKind::Forgotten => FORGOTTEN,
+        MarkKind::Resent => RESENT,
+    });
+    put_varint(&mut out, keys.len() as u64);
+    out.extend_from_slice(&at_ms.to_be_bytes());
+    for key in keys {
+        out.extend_from_slice(key.as_bytes());
+    }
+    Some(out)
+}
+
+/// Whether a changelog record is a marker record (by its first byte).
+pub fn is_mark(bytes: &[u8]) -> bool {
+    matches!(bytes.first(), Some(&FORGOTTEN) | Some(&RESENT))
+}
+
+/// Decodes a marker record.
+pub fn decode_mark(bytes: &[u8]) -> Result<MarkRecord, ChangelogFormatError> {
+    let kind = match bytes.first() {
+        Some(&FORGOTTEN) => MarkKind::Forgotten,
+        Some(&RESENT) => MarkKind::Resent,
+        Some(&other) => return Err(ChangelogFormatError::Version(other)),
+        None => return Err(ChangelogFormatError::Malformed(0)),
+    };
+    let mut at = 1;
+    let count = get_varint(bytes, &mut at)?;
+    let at_ms = bytes
+        .get(at..at + 8)
+        .map(|b| i64::from_be_bytes(b.try_into().expect("8 bytes")))
+        .ok_or(ChangelogFormatError::Malformed(at))?;
+    at += 8;
+    let rest = bytes.len().saturating_sub(at);
+    if rest % LEDGER_KEY_BYTES != 0 || (rest / LEDGER_KEY_BYTES) as u64 != count {
+        return Err(ChangelogFormatError::Malformed(at));
+    }
+    let keys = bytes[at..]
+        .chunks_exact(LEDGER_KEY_BYTES)
+        .map(|k| LedgerKey(k.try_into().expect("16 bytes")))
+        .collect();
+    Ok(MarkRecord { kind, at_ms, keys })
 }
 
 /// How many ids a changelog record holds, from its header alone.
@@ -169,16 +234,49 @@ mod tests {
         longer.push(0);
         assert!(decode_into(&longer, &mut out).is_err());
         let mut other = bytes.clone();
-        other[0] = 2;
+        other[0] = 9;
         assert_eq!(
             decode_into(&other, &mut out),
-            Err(ChangelogFormatError::Version(2))
+            Err(ChangelogFormatError::Version(9))
         );
+        assert_eq!(decode_mark(&other), Err(ChangelogFormatError::Version(9)));
         // A count far larger than the bytes can hold is refused without allocating for it.
         let mut huge = vec![1];
         put_varint(&mut huge, u64::MAX >> 1);
         huge.extend(0i64.to_be_bytes());
         assert!(decode_into(&huge, &mut out).is_err());
+    }
+
+    #[test]
+    fn marker_records_round_trip_and_refuse_a_wrong_length() {
+        let keys = [key(4), key(5)];
+        let bytes = encode_mark(MarkKind::Forgotten, 1_700_000_000_000, &keys).unwrap();
+        assert!(is_mark(&bytes));
+        assert!(!is_mark(&encode(&[(key(1), 1)]).unwrap()));
+        assert_eq!(bytes[0], 2);
+        assert_eq!(
+            decode_mark(&bytes),
+            Ok(MarkRecord {
+                kind: MarkKind::Forgotten,
+                at_ms: 1_700_000_000_000,
+                keys: keys.to_vec(),
+            })
+        );
+        let resent = encode_mark(MarkKind::Resent, 5, &keys[..1]).unwrap();
+        assert_eq!(decode_mark(&resent).unwrap().kind, MarkKind::Resent);
+        for cut in 0..bytes.len() {
+            assert!(decode_mark(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_mark(&longer).is_err());
+        // An ids record is not read as marks, nor marks as ids.
+        let mut out = Vec::new();
+        assert_eq!(
+            decode_into(&bytes, &mut out),
+            Err(ChangelogFormatError::Version(2))
+        );
+        assert!(encode_mark(MarkKind::Forgotten, 0, &[]).is_none());
     }
 
     proptest! {

@@ -5,10 +5,11 @@
 //!   `SyncArbiter`); [`actors::producer::Publisher`], which writes the output topic, one
 //!   transactional producer per partition; [`actors::coordinator::Coordinator`]: recovery,
 //!   restarts, snapshots, stats, graceful shutdown; and the [`actors::events`] they emit.
-//! - [`http`]: the worker's HTTP server: metrics, health and the admin endpoint
-//!   ([`http::telemetry`]). The tracking API is the front door's crate, `dedupe-tracking`.
+//! - [`http`]: the worker's HTTP server: metrics, health and the admin endpoints
+//!   ([`http::telemetry`], [`http::forget`]). The tracking API is the front door's crate,
+//!   `dedupe-tracking`.
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
-//!   explain`, and where an id's partition is.
+//!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`.
 //! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id.
 //! - [`bench`]: the pipeline bench.
 
@@ -33,8 +34,10 @@ pub mod bench {
 }
 pub mod cli;
 pub mod explain;
+pub mod forget;
 pub mod http {
     //! The worker's HTTP server.
+    pub mod forget;
     pub mod telemetry;
 }
 pub mod rekey;

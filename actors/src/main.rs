@@ -40,6 +40,9 @@ fn main() -> ExitCode {
         #[cfg(feature = "tools")]
         Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
         Command::Explain(args) => explain(&args),
+        Command::Forget(args) => with_config(&args.config, |config| {
+            dedupe_actors::forget::forget(&config, &args)
+        }),
         Command::Ledger(command) => ledger(&command),
         #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),

@@ -134,6 +134,7 @@ mod checkpoint;
 mod commit;
 mod direct_io;
 mod error;
+mod forget;
 mod format;
 mod generations;
 mod index;
@@ -150,6 +151,7 @@ mod tests;
 mod tuning;
 
 pub use error::{LedgerError, Result};
+pub use forget::{Mark, MarkKind, MarkOrder};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
 pub use index_file::{IndexSource, INDEX_FILE};
 pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
@@ -258,6 +260,8 @@ struct State {
     generations: Vec<Generation>,
     /// Per partition: latest first-seen time of any id already forgotten.
     forgotten: BTreeMap<Partition, i64>,
+    /// Ids an operator had forgotten, and the ids published again since (see `forget.rs`).
+    marks: forget::Marks,
     /// The id buffer: ids recorded into the active generation since the last commit was taken,
     /// with their stored first-seen times, in every durability mode. Nothing of them is in
     /// RocksDB yet (with a WAL, they are in the batch log).
@@ -370,6 +374,19 @@ impl Ledger {
         items: &[S],
         progress: &[u8],
     ) -> Result<Vec<Verdict>> {
+        self.check_and_record_marked(partition, items, progress, &[])
+    }
+
+    /// [`Ledger::check_and_record`], with `marks` applied (as the newest) after the batch is
+    /// judged and before it is recorded: a forgotten id published again is judged new and
+    /// recorded, and its mark says "resent" durably before the batch can be (see `forget.rs`).
+    pub fn check_and_record_marked<S: Sent>(
+        &self,
+        partition: Partition,
+        items: &[S],
+        progress: &[u8],
+        marks: &[(LedgerKey, Mark)],
+    ) -> Result<Vec<Verdict>> {
         let (sorted, slot) = sort_distinct(items.iter().map(Sent::key));
         let mut state = self.lock();
         // Commits happen before this batch is recorded, so that an error (worth a retry) always
@@ -381,6 +398,7 @@ impl Ledger {
         }
         let found = self.lookup_sorted(&state, &sorted)?;
         let (verdicts, batch) = judge_batch(&state, partition, items, progress, &slot, &found);
+        self.apply_marks(&mut state, marks, MarkOrder::Newest)?;
         self.buffer_batch(&mut state, batch)?;
         self.maybe_seal(&mut state)?;
         Ok(verdicts)

@@ -80,6 +80,7 @@ impl Ledger {
         let metas = self.read_generation_metas()?;
         let mut generations = self.reconcile_generations(cf_names, metas, &mut forgotten)?;
         let commit_seq = self.recover_commit(&mut generations, &mut forgotten)?;
+        let marks = self.read_marks()?;
         self.remove_ingest_leftovers()?;
         super::index_file::remove_leftovers(&self.path)?;
         for g in generations.iter().filter(|g| g.meta.sealed) {
@@ -88,6 +89,7 @@ impl Ledger {
         let mut state = self.lock();
         state.generations = generations;
         state.forgotten = forgotten;
+        state.marks = marks;
         state.commit_seq = commit_seq;
         let source = self.build_index(&mut state)?;
         if state.generations.last().is_none_or(|g| g.meta.sealed) {
@@ -368,6 +370,7 @@ fn empty_state() -> State {
     State {
         generations: Vec::new(),
         forgotten: BTreeMap::new(),
+        marks: Default::default(),
         pending: new_buffer(),
         pending_progress: BTreeMap::new(),
         pending_batches: 0,

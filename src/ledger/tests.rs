@@ -2043,3 +2043,93 @@ fn a_commit_thread_that_panics_is_reported_as_a_bug_and_its_commit_is_written_ag
         );
     }
 }
+
+fn mark(kind: MarkKind, changelog_offset: i64) -> Mark {
+    Mark {
+        partition: 3,
+        kind,
+        changelog_offset,
+        at_ms: 9_000,
+    }
+}
+
+#[test]
+fn a_forgotten_id_is_not_held_until_marked_resent_and_marks_survive_a_crash() {
+    for mode in ALL_MODES {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
+            ledger
+                .check_and_record(3, &[(key(1), 1_000), (key(2), 1_000)], b"a")
+                .unwrap();
+            ledger
+                .mark(&[(key(1), mark(MarkKind::Forgotten, 5))], MarkOrder::Newest)
+                .unwrap();
+            assert_eq!(
+                ledger.check(&[key(1), key(2)]).unwrap(),
+                [None, Some(1_000)]
+            );
+            assert_eq!(ledger.forgotten_among(&[key(1), key(2)]), [key(1)]);
+            // Killed without closing: the mark was made durable when it was written.
+            ledger.drop_without_closing();
+        }
+        let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
+        assert_eq!(
+            ledger.mark_of(&key(1)),
+            Some(mark(MarkKind::Forgotten, 5)),
+            "{mode:?}"
+        );
+        assert_eq!(ledger.check(&[key(1)]).unwrap(), [None], "{mode:?}");
+        // Published again: judged new, recorded at its new time, and held from then on.
+        let verdicts = ledger
+            .check_and_record_marked(
+                3,
+                &[(key(1), 4_000)],
+                b"b",
+                &[(key(1), mark(MarkKind::Resent, 8))],
+            )
+            .unwrap();
+        assert_eq!(verdicts, [Verdict::New]);
+        assert_eq!(ledger.check(&[key(1)]).unwrap(), [Some(4_000)], "{mode:?}");
+        assert_eq!(ledger.mark_counts(), (0, 1));
+    }
+}
+
+#[test]
+fn marks_read_back_from_the_log_apply_in_offset_order_and_a_rebuild_clears_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    ledger
+        .check_and_record(3, &[(key(1), 1_000)], b"a")
+        .unwrap();
+    // The first load read a re-send at offset 20; a back-fill then reads the older forget.
+    ledger
+        .mark(&[(key(1), mark(MarkKind::Resent, 20))], MarkOrder::ByOffset)
+        .unwrap();
+    ledger
+        .mark(
+            &[(key(1), mark(MarkKind::Forgotten, 10))],
+            MarkOrder::ByOffset,
+        )
+        .unwrap();
+    assert_eq!(ledger.check(&[key(1)]).unwrap(), [Some(1_000)]);
+    // In one read, the later of two marks wins.
+    ledger
+        .mark(
+            &[
+                (key(2), mark(MarkKind::Forgotten, 30)),
+                (key(2), mark(MarkKind::Resent, 31)),
+                (key(3), mark(MarkKind::Resent, 32)),
+                (key(3), mark(MarkKind::Forgotten, 33)),
+            ],
+            MarkOrder::ByOffset,
+        )
+        .unwrap();
+    assert_eq!(ledger.mark_of(&key(2)).unwrap().kind, MarkKind::Resent);
+    assert_eq!(ledger.mark_of(&key(3)).unwrap().kind, MarkKind::Forgotten);
+    ledger.clear_marks(3).unwrap();
+    assert_eq!(ledger.mark_counts(), (0, 0));
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    assert_eq!(ledger.mark_counts(), (0, 0), "cleared for good");
+}

@@ -54,6 +54,7 @@ pub const REKEY_RECORDS: &str = "dedupe_rekey_records_total";
 pub const REKEY_TRANSACTIONS: &str = "dedupe_rekey_transactions_total";
 pub const REKEY_REWINDS: &str = "dedupe_rekey_rewinds_total";
 pub const CONFIG_RELOADS: &str = "dedupe_config_reloads_total";
+pub const FORGOTTEN_IDS: &str = "dedupe_forgotten_ids_total";
 pub const BATCH_RECORDS: &str = "dedupe_batch_records";
 pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
 pub const END_TO_END_SECONDS: &str = "dedupe_end_to_end_seconds";
@@ -213,6 +214,7 @@ pub const ALL: &[Metric] = &[
     m(REKEY_TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: transactions (a batch and its source offsets) by outcome: committed, aborted."),
     m(REKEY_REWINDS, Counter, None, &[], "dedupe rekey: times the source partitions were sought back to their committed offsets (a rebalance, an aborted transaction)."),
     m(CONFIG_RELOADS, Counter, None, &[LABEL_OUTCOME], "Configuration reloads (SIGHUP) by outcome: applied (worker.source_modes taken), refused (the configuration did not load; nothing changed)."),
+    m(FORGOTTEN_IDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Ids an operator asked to forget (dedupe forget, POST /admin/forget), by outcome: forgotten (the forget committed: the id answers not held), resent (a forgotten id's next copy was published and the id is held again)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
     m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),
     m(END_TO_END_SECONDS, Histogram, Some(Unit::Seconds), P, "Time from the timestamp of a batch's oldest new input record to its output transaction's commit."),

@@ -59,8 +59,12 @@ pub struct Batch<'a> {
     pub audit: &'a [OutRecord],
     /// The batch's new ids, with first-seen times and content digests.
     pub new_ids: &'a [(LedgerKey, i64, Option<ContentDigest>)],
+    /// Marker records for the id changelog, after the ids' record (see
+    /// [`crate::changelog::encode_mark`]).
+    pub marks: &'a [Vec<u8>],
     pub input_topic: &'a str,
     pub input_partition: i32,
+    /// The input offset committed with the batch; negative: none (a transaction of its own).
     pub next_input_offset: i64,
 }
 
@@ -292,6 +296,13 @@ impl OutputWriter {
             };
             self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
         }
+        for mark in batch.marks {
+            let r = OutRecord {
+                value: Some(mark.clone()),
+                ..OutRecord::default()
+            };
+            self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
+        }
         // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
         // node just killed, each step can use most of its own timeout in turn (seen in the kill
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
@@ -310,6 +321,11 @@ impl OutputWriter {
             return Err(PublishError::Aborted {
                 source: KafkaError::MessageProduction(code),
             });
+        }
+        // A transaction of its own (a forget) commits no input offset.
+        if batch.next_input_offset < 0 {
+            self.commit_with_retries(&budget)?;
+            return Ok(self.committed());
         }
         let mut offsets = TopicPartitionList::new();
         offsets
@@ -337,13 +353,18 @@ impl OutputWriter {
             std::process::exit(86)
         });
         self.commit_with_retries(&budget)?;
+        Ok(self.committed())
+    }
+
+    /// What the transaction just committed wrote last.
+    fn committed(&self) -> Committed {
         let tracker = self.producer.context();
         let last = tracker.last_output.load(Ordering::Relaxed);
         let changelog = tracker.last_changelog.load(Ordering::Relaxed);
-        Ok(Committed {
+        Committed {
             last_output_offset: (last >= 0).then_some(last),
             changelog_offset: (changelog >= 0).then_some(changelog),
-        })
+        }
     }
 
     /// Waits until every record of the transaction is acknowledged, within `budget`. If the wait

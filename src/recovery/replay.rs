@@ -22,7 +22,7 @@ use crate::changelog;
 use crate::clock::now_ms;
 use crate::identity::{message_key, IdSource, LedgerKey, RecordView};
 use crate::kafka::{client_config, Reader, ReaderContext};
-use crate::ledger::{Ledger, LedgerError, Load, LoadTimes, WindowFloor};
+use crate::ledger::{Ledger, LedgerError, Load, LoadTimes, Mark, MarkOrder, WindowFloor};
 use crate::progress::Progress;
 
 /// A tail of a partition the ledger holds is recorded batch by batch up to this many ids; a longer
@@ -134,7 +134,13 @@ pub fn recover_partition(
     };
     let total = plan.replay_to - plan.replay_from;
     let mut read = RangeRead::new(input, ends.topic(input), source);
+    let record_error = |source| RecoveryError::Record {
+        partition: p,
+        source,
+    };
     let mut sink = if plan.rebuild {
+        // The partition's marks come back from the changelog read whole (its marker records).
+        ledger.clear_marks(p).map_err(record_error)?;
         Sink::Bulk(Box::new(ledger.begin_load(p)))
     } else {
         Sink::Tail {
@@ -149,12 +155,13 @@ pub fn recover_partition(
         &mut sink,
         &mut |ids, at| meter(ids, at, total),
     )?;
-    let (_, load) =
-        sink.finish(&progress.encode(), floor)
-            .map_err(|source| RecoveryError::Record {
-                partition: p,
-                source,
-            })?;
+    // Marks before the progress record that covers them: a crash in between reads them again.
+    ledger
+        .mark(&read.marks, MarkOrder::ByOffset)
+        .map_err(record_error)?;
+    let (_, load) = sink
+        .finish(&progress.encode(), floor)
+        .map_err(record_error)?;
     meter(read.ids, total, total);
     let times = ReplayTimes {
         fetch_secs: read.fetch_secs,
@@ -196,6 +203,13 @@ pub fn backfill(
     read.read(from, to, &mut sink, &mut |ids, at| {
         meter(ids, at, to - from)
     })?;
+    // Older than anything the first load read: a mark here counts only where none newer is held.
+    ledger
+        .mark(&read.marks, MarkOrder::ByOffset)
+        .map_err(|source| RecoveryError::Record {
+            partition: p,
+            source,
+        })?;
     let floor = WindowFloor::Lower {
         expected: backfill.floor_ms,
         with: None,
@@ -409,6 +423,8 @@ struct RangeRead<'i, 'a> {
     ids: u64,
     records: u64,
     batch: Vec<(LedgerKey, i64)>,
+    /// The changelog's marker records read (forgets, and re-sends after them), in offset order.
+    marks: Vec<(LedgerKey, Mark)>,
     /// Waiting for records from the broker.
     fetch_secs: f64,
     /// Reading ids out of the records.
@@ -425,6 +441,7 @@ impl<'i, 'a> RangeRead<'i, 'a> {
             ids: 0,
             records: 0,
             batch: Vec::new(),
+            marks: Vec::new(),
             fetch_secs: 0.0,
             decode_secs: 0.0,
         }
@@ -528,14 +545,26 @@ impl<'i, 'a> RangeRead<'i, 'a> {
         self.batch.clear();
         match self.source {
             Source::Changelog => {
-                changelog::decode_into(m.payload().unwrap_or_default(), &mut self.batch).map_err(
-                    |source| RecoveryError::Changelog {
-                        topic: self.topic.to_string(),
+                let bytes = m.payload().unwrap_or_default();
+                let error = |source| RecoveryError::Changelog {
+                    topic: self.topic.to_string(),
+                    partition: self.input.partition,
+                    offset: m.offset(),
+                    source,
+                };
+                if changelog::is_mark(bytes) {
+                    let record = changelog::decode_mark(bytes).map_err(error)?;
+                    let mark = Mark {
                         partition: self.input.partition,
-                        offset: m.offset(),
-                        source,
-                    },
-                )?;
+                        kind: record.kind,
+                        changelog_offset: m.offset(),
+                        at_ms: record.at_ms,
+                    };
+                    self.marks
+                        .extend(record.keys.into_iter().map(|k| (k, mark)));
+                    return Ok(());
+                }
+                changelog::decode_into(bytes, &mut self.batch).map_err(error)?;
             }
             Source::Output => {
                 // Records forwarded without a usable id have nothing to record.

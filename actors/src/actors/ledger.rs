@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dedupe::identity::{ContentDigest, LedgerKey};
-use dedupe::ledger::{Held, Ledger, LedgerError, LedgerStats, Verdict};
+use dedupe::ledger::{Held, Ledger, LedgerError, LedgerStats, Mark, MarkOrder, Verdict};
 use dedupe::progress::Progress;
 
 pub struct LedgerActor {
@@ -25,17 +25,43 @@ impl Actor for LedgerActor {
     type Context = SyncContext<Self>;
 }
 
-/// Looks ids up without recording them: what the ledger holds of each id held.
+/// Looks ids up without recording them: what the ledger holds of each id held, and which of
+/// them an operator had forgotten (they are not held).
 #[derive(Message)]
-#[rtype(result = "Result<Vec<Option<Held>>, LedgerError>")]
+#[rtype(result = "Result<Looked, LedgerError>")]
 pub struct Lookup {
     pub keys: Vec<LedgerKey>,
 }
 
+/// What a [`Lookup`] found.
+#[derive(Debug, Default)]
+pub struct Looked {
+    /// Per key, in order: what the ledger holds of it.
+    pub held: Vec<Option<Held>>,
+    /// The keys forgotten (see `dedupe::ledger::Mark`): published again, they are marked resent.
+    pub forgotten: Vec<LedgerKey>,
+}
+
 impl Handler<Lookup> for LedgerActor {
-    type Result = Result<Vec<Option<Held>>, LedgerError>;
+    type Result = Result<Looked, LedgerError>;
     fn handle(&mut self, msg: Lookup, _: &mut Self::Context) -> Self::Result {
-        self.ledger.held(&msg.keys)
+        let held = self.ledger.held(&msg.keys)?;
+        let forgotten = self.ledger.forgotten_among(&msg.keys);
+        Ok(Looked { held, forgotten })
+    }
+}
+
+/// Marks ids as the newest word on them (a forget just committed).
+#[derive(Message)]
+#[rtype(result = "Result<(), LedgerError>")]
+pub struct MarkIds {
+    pub marks: Vec<(LedgerKey, Mark)>,
+}
+
+impl Handler<MarkIds> for LedgerActor {
+    type Result = Result<(), LedgerError>;
+    fn handle(&mut self, msg: MarkIds, _: &mut Self::Context) -> Self::Result {
+        self.ledger.mark(&msg.marks, MarkOrder::Newest)
     }
 }
 
@@ -48,6 +74,8 @@ pub struct CheckAndRecord {
     pub items: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     /// `None` leaves the partition's progress record as it is (a background load of older ids).
     pub progress: Option<Progress>,
+    /// Marks that take effect with the batch (forgotten ids published again: resent).
+    pub marks: Vec<(LedgerKey, Mark)>,
 }
 
 impl Handler<CheckAndRecord> for LedgerActor {
@@ -62,7 +90,7 @@ impl Handler<CheckAndRecord> for LedgerActor {
             .map(|p| p.encode().to_vec())
             .unwrap_or_default();
         self.ledger
-            .check_and_record(msg.partition, &msg.items, &progress)
+            .check_and_record_marked(msg.partition, &msg.items, &progress, &msg.marks)
     }
 }
 

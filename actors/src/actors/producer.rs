@@ -53,6 +53,8 @@ pub struct Outgoing {
     pub audit: Vec<OutRecord>,
     /// With their first-seen times and content digests.
     pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
+    /// Marker records for the id changelog (forgets, and re-sends after them).
+    pub marks: Vec<Vec<u8>>,
 }
 
 /// Publish a batch with the input offset that follows it. The batch is shared, so an attempt
@@ -78,6 +80,7 @@ impl Handler<Publish> for Publisher {
             dead_letters: &outgoing.dead_letters,
             audit: &outgoing.audit,
             new_ids: &outgoing.new_ids,
+            marks: &outgoing.marks,
             input_topic: &self.input_topic,
             input_partition: self.partition,
             next_input_offset: msg.next_input_offset,

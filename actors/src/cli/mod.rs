@@ -46,6 +46,12 @@ pub enum Command {
     /// not held. Asks the running worker at metrics.addr (GET /admin/ids/ID); reads a stopped
     /// worker's ledger when nothing answers there. Prints one JSON line, then one sentence.
     Explain(ExplainArgs),
+    /// Forget message ids: each one's next copy is published (and held again). Asks the running
+    /// worker at metrics.addr (POST /admin/forget), which writes each forget to the id changelog
+    /// and to the audit topic with who asked and when. Prints one JSON line per request; exits 1
+    /// if any id could not be forgotten (a partition this worker does not own, or one being taken
+    /// over: ask again, or ask the worker that owns it).
+    Forget(ForgetArgs),
     /// Inspect, snapshot and restore the ledger.
     #[command(subcommand)]
     Ledger(LedgerCommand),
@@ -103,6 +109,31 @@ impl ExplainArgs {
             .as_millis();
         Ok(Some(ms as i64))
     }
+}
+
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The message ids, as `dedupe explain` takes them.
+    pub ids: Vec<String>,
+    /// Read more ids from this file, one per line (`-`: standard input); blank lines and lines
+    /// starting with `#` are skipped.
+    #[arg(long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Who asks: written to the audit topic with each forget.
+    #[arg(long, value_name = "NAME")]
+    pub by: String,
+    /// Why (a ticket, a deletion request): written to the audit topic with each forget.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// The front door's source that sent the ids (the worker holds `<source>:<id>`).
+    #[arg(long, value_name = "NAME")]
+    pub source: Option<String>,
+    /// The ids' input partition, when the worker reads ids from a header or the value (their
+    /// partition cannot be derived from the id then).
+    #[arg(long, value_name = "N")]
+    pub partition: Option<i32>,
 }
 
 #[derive(Debug, Args)]

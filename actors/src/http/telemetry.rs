@@ -62,8 +62,8 @@ pub struct AdminTargets {
     pub input_partitions: i32,
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz`, `POST /admin/snapshot` (take a ledger snapshot now)
-/// and `GET /admin/ids/{id}` (explain one id) on `addr`, which is loopback unless configured
+/// Serves `/metrics`, `/healthz`, `/readyz`, `POST /admin/snapshot` (take a ledger snapshot now),
+/// `GET /admin/ids/{id}` (explain one id) and `POST /admin/forget` (forget ids) on `addr`, which is loopback unless configured
 /// otherwise. The admin endpoints need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token
 /// is set; when none is, a loopback client that is not a web page (see `authorize`).
 pub fn serve(
@@ -85,6 +85,11 @@ pub fn serve(
             .app_data(admin.clone())
             .route("/admin/snapshot", web::post().to(admin_snapshot))
             .route("/admin/ids/{id}", web::get().to(admin_explain))
+            .service(
+                web::resource("/admin/forget")
+                    .app_data(web::JsonConfig::default().limit(super::forget::MAX_BODY_BYTES))
+                    .route(web::post().to(super::forget::admin_forget)),
+            )
             .route("/metrics", metrics_route(handle))
             .route(
                 "/healthz",
@@ -122,9 +127,9 @@ const ADMIN_MAX_CONNECTIONS: usize = 64;
 const SEC_FETCH_SITE: &str = "sec-fetch-site";
 
 /// What the admin endpoints share.
-struct Admin {
+pub(crate) struct Admin {
     token: Option<SecretMatcher>,
-    targets: AdminTargets,
+    pub(crate) targets: AdminTargets,
     /// Refusals' log lines, at most one per interval.
     logs: dedupe::log_limit::LogLimiter,
 }
@@ -271,7 +276,7 @@ fn header(req: &HttpRequest, name: impl actix_web::http::header::AsHeaderName) -
 }
 
 /// Lets an admin request through (`None`), or answers its refusal (logged, counted).
-fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
+pub(crate) fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
     let peer = req.peer_addr().map(|a| a.ip());
     let listener = req.app_config().local_addr();
     let request = AdminRequest {

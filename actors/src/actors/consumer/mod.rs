@@ -22,23 +22,26 @@ use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, SourceModes, Unkeye
 use dedupe::identity::{
     ledger_key, message_id, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST,
 };
-use dedupe::ledger::{Held, LedgerError};
+use dedupe::ledger::{Held, LedgerError, Mark};
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
 use crate::actors::events::partition::{source_header, PartitionMetrics, ReusedAction};
 use crate::actors::events::{
     InputReadFailed, MisroutedIds, TransactionFailed, TransactionRetried, UnkeyedRecord,
 };
-use crate::actors::ledger::LedgerActor;
+use crate::actors::ledger::{LedgerActor, Looked};
 use crate::actors::membership::Queue;
 use crate::actors::producer::{Outgoing, Publisher};
 use seams::{IdStore, Sink};
 
+pub use forget::{ForgetId, ForgetReport, ForgetRequest};
+
+mod forget;
 mod seams;
 #[cfg(test)]
 mod tests;
@@ -105,6 +108,8 @@ pub enum PipelineError {
         partition: i32,
         source: MailboxError,
     },
+    #[error("partition {partition}: a forget's transaction committed without telling its changelog offset; the partition is taken over again, and recovery applies the forget from the changelog")]
+    ForgetUnconfirmed { partition: i32 },
 }
 
 impl PipelineError {
@@ -119,7 +124,7 @@ impl PipelineError {
         match self {
             Self::Publish { source, .. } => !source.is_fenced(),
             Self::Ledger { source, .. } => source.is_retryable(),
-            Self::Mailbox { .. } => true,
+            Self::Mailbox { .. } | Self::ForgetUnconfirmed { .. } => true,
         }
     }
 }
@@ -145,6 +150,8 @@ pub struct PartitionConsumer {
     pub settings: Arc<PipelineSettings>,
     pub progress: Progress,
     pub stop: watch::Receiver<bool>,
+    /// Forgets for this partition, done between two batches.
+    pub forgets: Option<mpsc::UnboundedReceiver<ForgetRequest>>,
     pub report_to: Recipient<PartitionStopped>,
 }
 
@@ -152,7 +159,7 @@ impl Actor for PartitionConsumer {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let Some(queue) = self.queue.take() else {
+        let (Some(queue), Some(forgets)) = (self.queue.take(), self.forgets.take()) else {
             ctx.stop();
             return;
         };
@@ -175,7 +182,7 @@ impl Actor for PartitionConsumer {
                 .map(|a| Sampler::new(a.sample, a.max_per_sec)),
         };
         let stop = self.stop.clone();
-        let fut = async move { pipeline.run(queue, stop).await };
+        let fut = async move { pipeline.run(queue, stop, forgets).await };
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
             act.report_to.do_send(PartitionStopped {
                 partition: act.partition,
@@ -233,13 +240,24 @@ impl Pipeline {
         mut self,
         queue: Queue,
         mut stop: watch::Receiver<bool>,
+        mut forgets: mpsc::UnboundedReceiver<ForgetRequest>,
     ) -> Result<(), PipelineError> {
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
+            // A forget waits for the batch under way, never for the next record: while the
+            // partition waits for its first record, nothing was taken from the queue yet.
+            let first = tokio::select! {
+                first = self.next_record(&queue) => first,
+                Some(request) = forgets.recv() => {
+                    self.forget(request).await?;
+                    continue;
+                }
+                _ = stop.changed() => return Ok(()),
+            };
             let batch = tokio::select! {
-                batch = self.collect(&queue) => batch,
+                batch = self.collect(&queue, first) => batch,
                 _ = stop.changed() => return Ok(()),
             };
             if batch.is_empty() {
@@ -262,16 +280,23 @@ impl Pipeline {
         }
     }
 
-    /// Waits for the first record, then gathers more until the batch is full or the linger ends.
-    async fn collect(&self, queue: &Queue) -> Vec<InRecord> {
+    /// From the partition's first record (or the error read instead), gathers more until the
+    /// batch is full or the linger ends.
+    async fn collect<'q>(
+        &self,
+        queue: &'q Queue,
+        first: rdkafka::error::KafkaResult<BorrowedMessage<'q>>,
+    ) -> Vec<InRecord> {
         let s = &self.settings;
         let mut batch = Vec::new();
         let mut bytes = 0usize;
         let mut deadline = None;
+        let mut first = Some(first);
         while batch.len() < s.batch_max_records && bytes < s.batch_max_bytes {
-            let next = match deadline {
-                None => Ok(self.next_record(queue).await),
-                Some(d) => tokio::time::timeout_at(d, queue.recv()).await,
+            let next = match (first.take(), deadline) {
+                (Some(first), _) => Ok(first),
+                (None, None) => Ok(self.next_record(queue).await),
+                (None, Some(d)) => tokio::time::timeout_at(d, queue.recv()).await,
             };
             match next {
                 Err(_) => break,
@@ -373,6 +398,7 @@ impl Pipeline {
             dead_letters: Vec::new(),
             audit: Vec::new(),
             new_ids: Vec::new(),
+            marks: Vec::new(),
         });
         self.publish(&outgoing, next_input_offset).await?;
         self.metrics.records_out.increment(out_count);
@@ -390,16 +416,22 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         self.metrics.batch_records.record(n as f64);
         self.count_misrouted(&batch);
         let started = Instant::now();
-        let found = self.look_up(&batch).await?;
+        let looked = self.look_up(&batch).await?;
         let looked_up = started.elapsed();
-        let decided = self.decide(batch, &found);
-        let new_ids = self.publish_decided(decided, next_input_offset).await?;
+        let mut decided = self.decide(batch, &looked.held);
+        let resent = self.resent(&mut decided, &looked.forgotten);
+        let (new_ids, committed) = self.publish_decided(decided, next_input_offset).await?;
         let published = started.elapsed();
         fail::fail_point!("worker-after-publish", |_| {
             eprintln!("failpoint worker-after-publish: exiting");
             std::process::exit(86)
         });
-        self.record(new_ids, next_input_offset).await?;
+        let marks = resent.marks(committed.changelog_offset);
+        let resent_ids = marks.len() as u64;
+        self.record(new_ids, next_input_offset, marks).await?;
+        if resent_ids > 0 {
+            self.metrics.resent.increment(resent_ids);
+        }
         fail::fail_point!("worker-after-record", |_| {
             eprintln!("failpoint worker-after-record: exiting");
             std::process::exit(86)
@@ -421,12 +453,12 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
 
     /// Step 1: looks the batch's ids up in the ledger: what it holds of each keyed record's id (its
     /// first-seen time and digest), if anything.
-    async fn look_up(&self, batch: &[InRecord]) -> Result<Vec<Option<Held>>, PipelineError> {
+    async fn look_up(&self, batch: &[InRecord]) -> Result<Looked, PipelineError> {
         let p = self.partition;
         let t = Instant::now();
         let keys: Vec<LedgerKey> = batch.iter().filter_map(|r| r.id.ok()).collect();
         let found = if keys.is_empty() {
-            Vec::new()
+            Looked::default()
         } else {
             self.ledger.look_up(p, keys).await?
         };
@@ -543,6 +575,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                 dead_letters,
                 audit,
                 new_ids: decision.new_ids,
+                marks: Vec::new(),
             },
             oldest_new_ms: decision.oldest_new_ms,
         }
@@ -575,12 +608,12 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
     }
 
     /// Step 3: publishes the new records and the input offset in one transaction; returns the new
-    /// ids, to record.
+    /// ids, to record, and what the transaction committed.
     async fn publish_decided(
         &mut self,
         decided: Decided,
         next_input_offset: i64,
-    ) -> Result<Vec<NewId>, PipelineError> {
+    ) -> Result<(Vec<NewId>, dedupe::output::Committed), PipelineError> {
         let t = Instant::now();
         let out_count = decided.outgoing.records.len() as u64;
         let audited = decided.outgoing.audit.len() as u64;
@@ -607,7 +640,9 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                 .record(((now_ms() - oldest).max(0) as f64) / 1000.0);
         }
         // The publisher let go of the batch when it answered; a copy only if it still holds it.
-        Ok(Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids))
+        let new_ids =
+            Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids);
+        Ok((new_ids, committed))
     }
 
     /// Step 4: records the new ids with the progress that follows this batch.
@@ -615,6 +650,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         &self,
         new_ids: Vec<NewId>,
         next_input_offset: i64,
+        marks: Vec<(LedgerKey, Mark)>,
     ) -> Result<(), PipelineError> {
         let p = self.partition;
         let t = Instant::now();
@@ -623,7 +659,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             next_output_offset: self.next_output_offset,
             next_changelog_offset: self.next_changelog_offset,
         };
-        self.ledger.record(p, new_ids, progress).await?;
+        self.ledger.record(p, new_ids, progress, marks).await?;
         self.metrics
             .record_seconds
             .record(t.elapsed().as_secs_f64());

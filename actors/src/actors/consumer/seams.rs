@@ -8,29 +8,35 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dedupe::identity::LedgerKey;
-use dedupe::ledger::Held;
+use dedupe::ledger::Mark;
 use dedupe::output::{Committed, PublishError};
 use dedupe::progress::Progress;
 
 use super::{NewId, PipelineError};
-use crate::actors::ledger::{CheckAndRecord, LedgerActor, Lookup};
+use crate::actors::ledger::{CheckAndRecord, LedgerActor, Looked, Lookup, MarkIds};
 use crate::actors::producer::{Outgoing, Publish, Publisher};
 
 /// Where a partition's pipeline looks its ids up and records the new ones.
 pub(crate) trait IdStore {
-    /// What the store holds of each key (its first-seen time and digest), in the keys' order.
-    async fn look_up(
-        &self,
-        partition: i32,
-        keys: Vec<LedgerKey>,
-    ) -> Result<Vec<Option<Held>>, PipelineError>;
+    /// What the store holds of each key (its first-seen time and digest), in the keys' order,
+    /// and which keys were forgotten (not held).
+    async fn look_up(&self, partition: i32, keys: Vec<LedgerKey>) -> Result<Looked, PipelineError>;
 
-    /// Records the new ids with the progress that follows their batch, atomically.
+    /// Records the new ids with the progress that follows their batch, atomically, with `marks`
+    /// made durable first.
     async fn record(
         &self,
         partition: i32,
         items: Vec<NewId>,
         progress: Progress,
+        marks: Vec<(LedgerKey, Mark)>,
+    ) -> Result<(), PipelineError>;
+
+    /// Marks ids forgotten (their forget just committed).
+    async fn forget(
+        &self,
+        partition: i32,
+        marks: Vec<(LedgerKey, Mark)>,
     ) -> Result<(), PipelineError>;
 }
 
@@ -46,11 +52,7 @@ pub(crate) trait Sink {
 }
 
 impl IdStore for Addr<LedgerActor> {
-    async fn look_up(
-        &self,
-        partition: i32,
-        keys: Vec<LedgerKey>,
-    ) -> Result<Vec<Option<Held>>, PipelineError> {
+    async fn look_up(&self, partition: i32, keys: Vec<LedgerKey>) -> Result<Looked, PipelineError> {
         self.send(Lookup { keys })
             .await
             .map_err(|source| PipelineError::Mailbox { partition, source })?
@@ -62,16 +64,29 @@ impl IdStore for Addr<LedgerActor> {
         partition: i32,
         items: Vec<NewId>,
         progress: Progress,
+        marks: Vec<(LedgerKey, Mark)>,
     ) -> Result<(), PipelineError> {
         self.send(CheckAndRecord {
             partition,
             items,
             progress: Some(progress),
+            marks,
         })
         .await
         .map_err(|source| PipelineError::Mailbox { partition, source })?
         .map_err(|source| PipelineError::Ledger { partition, source })?;
         Ok(())
+    }
+
+    async fn forget(
+        &self,
+        partition: i32,
+        marks: Vec<(LedgerKey, Mark)>,
+    ) -> Result<(), PipelineError> {
+        self.send(MarkIds { marks })
+            .await
+            .map_err(|source| PipelineError::Mailbox { partition, source })?
+            .map_err(|source| PipelineError::Ledger { partition, source })
     }
 }
 

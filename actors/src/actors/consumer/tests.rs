@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::{ContentDigest, LedgerKey, Unkeyed, LEDGER_KEY_BYTES};
-use dedupe::ledger::Held;
+use dedupe::ledger::{Held, Mark, MarkKind};
 use dedupe::output::{Committed, OutRecord, PublishError};
 use dedupe::progress::Progress;
 use rdkafka::error::KafkaError;
@@ -18,6 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::seams::{IdStore, Sink};
 use super::{InRecord, NewId, Pipeline, PipelineError, PipelineSettings};
 use crate::actors::events::partition::PartitionMetrics;
+use crate::actors::ledger::Looked;
 use crate::actors::producer::Outgoing;
 
 /// One call a double saw, in the order the pipeline made them.
@@ -32,6 +33,7 @@ enum Step {
         ids: usize,
         progress: Progress,
     },
+    Forget(usize),
 }
 
 type Log = std::rc::Rc<RefCell<Vec<Step>>>;
@@ -40,6 +42,7 @@ type Log = std::rc::Rc<RefCell<Vec<Step>>>;
 #[derive(Default)]
 struct MemoryIds {
     held: RefCell<HashMap<LedgerKey, Held>>,
+    marks: RefCell<HashMap<LedgerKey, Mark>>,
     progress: RefCell<Option<Progress>>,
     log: Log,
 }
@@ -49,10 +52,18 @@ impl IdStore for MemoryIds {
         &self,
         _partition: i32,
         keys: Vec<LedgerKey>,
-    ) -> Result<Vec<Option<Held>>, PipelineError> {
+    ) -> Result<Looked, PipelineError> {
         self.log.borrow_mut().push(Step::LookUp(keys.len()));
         let held = self.held.borrow();
-        Ok(keys.iter().map(|k| held.get(k).copied()).collect())
+        let marks = self.marks.borrow();
+        let forgotten = |k: &LedgerKey| marks.get(k).is_some_and(|m| m.kind == MarkKind::Forgotten);
+        Ok(Looked {
+            held: keys
+                .iter()
+                .map(|k| held.get(k).copied().filter(|_| !forgotten(k)))
+                .collect(),
+            forgotten: keys.iter().filter(|k| forgotten(k)).copied().collect(),
+        })
     }
 
     async fn record(
@@ -60,19 +71,34 @@ impl IdStore for MemoryIds {
         _partition: i32,
         items: Vec<NewId>,
         progress: Progress,
+        marks: Vec<(LedgerKey, Mark)>,
     ) -> Result<(), PipelineError> {
         self.log.borrow_mut().push(Step::Record {
             ids: items.len(),
             progress,
         });
+        self.marks.borrow_mut().extend(marks);
         let mut held = self.held.borrow_mut();
         for (key, first_seen_ms, digest) in items {
-            held.entry(key).or_insert(Held {
-                first_seen_ms,
-                digest,
-            });
+            held.insert(
+                key,
+                Held {
+                    first_seen_ms,
+                    digest,
+                },
+            );
         }
         *self.progress.borrow_mut() = Some(progress);
+        Ok(())
+    }
+
+    async fn forget(
+        &self,
+        _partition: i32,
+        marks: Vec<(LedgerKey, Mark)>,
+    ) -> Result<(), PipelineError> {
+        self.log.borrow_mut().push(Step::Forget(marks.len()));
+        self.marks.borrow_mut().extend(marks);
         Ok(())
     }
 }
@@ -104,7 +130,8 @@ impl Sink for MemorySink {
         let mut next = self.next_offset.borrow_mut();
         let last_output_offset = (written > 0).then(|| *next + written - 1);
         *next += written;
-        let changelog_offset = (!outgoing.new_ids.is_empty()).then_some(0);
+        let changelog_offset =
+            (!outgoing.new_ids.is_empty() || !outgoing.marks.is_empty()).then_some(0);
         self.committed.borrow_mut().push(outgoing);
         Ok(Ok(Committed {
             last_output_offset,
@@ -379,4 +406,73 @@ async fn a_batch_of_repeats_publishes_nothing_but_still_moves_the_progress() {
         records: 0,
         next_input_offset: 3
     }));
+}
+
+/// A forget to send the pipeline, and where its answer comes.
+fn forget_request(
+    ids: &[u8],
+) -> (
+    super::ForgetRequest,
+    tokio::sync::oneshot::Receiver<Result<super::ForgetReport, String>>,
+) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = super::ForgetRequest {
+        ids: ids
+            .iter()
+            .map(|&n| super::ForgetId {
+                id: n.to_string(),
+                key: key(n),
+            })
+            .collect(),
+        by: "alice".to_string(),
+        reason: Some("ticket 7".to_string()),
+        reply,
+    };
+    (request, answer)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forgotten_id_is_published_once_more_then_held_again() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a"), record(1, Some(2), "b")])
+        .await
+        .expect("first batch");
+    let (request, answer) = forget_request(&[1, 9]);
+    p.forget(request).await.expect("forget");
+    let report = answer.await.expect("answered").expect("done");
+    assert_eq!((report.ids, report.were_held), (2, 1), "{report:?}");
+    {
+        // The forget's own transaction: a marker record, no input offset, no records.
+        let committed = p.publisher.committed.borrow();
+        let forget = committed.last().unwrap();
+        assert!(forget.records.is_empty() && forget.new_ids.is_empty());
+        let marker = dedupe::changelog::decode_mark(&forget.marks[0]).expect("a marker");
+        assert_eq!(marker.kind, MarkKind::Forgotten);
+        assert_eq!(marker.keys, [key(1), key(9)]);
+        assert!(log.borrow().contains(&Step::Publish {
+            records: 0,
+            next_input_offset: -1
+        }));
+        assert_eq!(log.borrow().last(), Some(&Step::Forget(2)));
+    }
+    // Its next copy is published, with a resent marker in the same transaction; the copy
+    // after that is dropped, and an id never forgotten stays dropped.
+    p.process(vec![record(2, Some(1), "a"), record(3, Some(2), "b")])
+        .await
+        .expect("second batch");
+    p.process(vec![record(4, Some(1), "a")])
+        .await
+        .expect("third batch");
+    let committed = p.publisher.committed.borrow();
+    let resent = &committed[committed.len() - 2];
+    assert_eq!(values(&resent.records), ["a"]);
+    let marker = dedupe::changelog::decode_mark(&resent.marks[0]).expect("a marker");
+    assert_eq!(
+        (marker.kind, marker.keys.as_slice()),
+        (MarkKind::Resent, &[key(1)][..])
+    );
+    assert!(committed.last().unwrap().records.is_empty(), "held again");
+    let marks = p.ledger.marks.borrow();
+    assert_eq!(marks[&key(1)].kind, MarkKind::Resent);
+    assert_eq!(marks[&key(9)].kind, MarkKind::Forgotten);
 }

@@ -23,7 +23,7 @@ use dedupe::window::IdRate;
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
-use crate::actors::consumer::{AuditSettings, PipelineSettings};
+use crate::actors::consumer::{AuditSettings, ForgetRequest, PipelineSettings};
 use crate::actors::events::coordinator::{LedgerBudget, PartitionCounts};
 use crate::actors::events::PipelineStartFailed;
 use crate::actors::handover::{TakeOverError, TakenOver};
@@ -118,6 +118,8 @@ enum Stage {
     Live {
         stop: watch::Sender<bool>,
         arbiter: Arbiter,
+        /// Forgets for the pipeline, done between its batches.
+        forgets: tokio::sync::mpsc::UnboundedSender<ForgetRequest>,
     },
     /// Told to stop (revoked, or shutting down); its batch in flight finishes first.
     Stopping { arbiter: Arbiter },
@@ -355,7 +357,7 @@ impl Coordinator {
             running.revocations.clear();
             for (_, owned) in std::mem::take(&mut running.owned) {
                 match owned.stage {
-                    Stage::Live { stop, arbiter } => {
+                    Stage::Live { stop, arbiter, .. } => {
                         let _ = stop.send(true);
                         arbiter.stop();
                     }
@@ -431,6 +433,39 @@ fn counted_sources(config: &Config) -> Vec<String> {
             sources
         }
         Err(_) => Vec::new(),
+    }
+}
+
+/// Ids of one partition to forget: handed to its pipeline, which answers on the request's reply;
+/// answered here when the partition is not live on this worker.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Forget {
+    pub partition: i32,
+    pub request: ForgetRequest,
+}
+
+impl Handler<Forget> for Coordinator {
+    type Result = ();
+
+    fn handle(&mut self, msg: Forget, _: &mut Self::Context) {
+        let Forget { partition, request } = msg;
+        let owned = self.running.as_ref().and_then(|r| r.owned.get(&partition));
+        let refused = match owned.map(|o| &o.stage) {
+            Some(Stage::Live { forgets, .. }) => match forgets.send(request) {
+                Ok(()) => return,
+                Err(returned) => (returned.0, "its pipeline is stopping"),
+            },
+            Some(_) => (
+                request,
+                "it is being taken over or stopping; try again shortly",
+            ),
+            None => (request, "this worker does not own it"),
+        };
+        let (request, why) = refused;
+        let _ = request
+            .reply
+            .send(Err(format!("partition {partition}: {why}")));
     }
 }
 

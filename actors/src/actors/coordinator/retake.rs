@@ -94,7 +94,7 @@ impl Coordinator {
         };
         if let Some(owned) = running.owned.remove(&p) {
             match owned.stage {
-                Stage::Live { stop, arbiter } => {
+                Stage::Live { stop, arbiter, .. } => {
                     let _ = stop.send(true);
                     arbiter.stop();
                 }

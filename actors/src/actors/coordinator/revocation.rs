@@ -66,7 +66,7 @@ impl Handler<Revoking> for Coordinator {
                 continue;
             };
             match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                Stage::Live { stop, arbiter } => {
+                Stage::Live { stop, arbiter, .. } => {
                     let _ = stop.send(true);
                     owned.stage = Stage::Stopping { arbiter };
                 }

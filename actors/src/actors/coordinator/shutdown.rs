@@ -32,7 +32,7 @@ impl Handler<Shutdown> for Coordinator {
         if let Some(running) = self.running.as_mut() {
             running.owned.retain(|_, owned| {
                 match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                    Stage::Live { stop, arbiter } => {
+                    Stage::Live { stop, arbiter, .. } => {
                         let _ = stop.send(true);
                         owned.stage = Stage::Stopping { arbiter };
                         true

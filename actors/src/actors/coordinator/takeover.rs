@@ -132,6 +132,7 @@ impl Coordinator {
         );
         let publisher = Publisher::start_in_arbiter(&arbiter.handle(), move |_| publisher);
         let (stop, stop_rx) = watch::channel(false);
+        let (forgets, forgets_rx) = tokio::sync::mpsc::unbounded_channel();
         PartitionConsumer {
             partition: p,
             epoch,
@@ -141,11 +142,16 @@ impl Coordinator {
             settings: self.settings.clone(),
             progress: taken.report.progress,
             stop: stop_rx,
+            forgets: Some(forgets_rx),
             report_to,
         }
         .start();
         let seconds = owned.assigned_at.elapsed().as_secs_f64();
-        owned.stage = Stage::Live { stop, arbiter };
+        owned.stage = Stage::Live {
+            stop,
+            arbiter,
+            forgets,
+        };
         self.retake_policy.live(p);
         PartitionLive {
             partition: p,

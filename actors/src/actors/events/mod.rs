@@ -166,6 +166,48 @@ impl MisroutedIds<'_> {
     }
 }
 
+/// An operator's forget committed: the ids answer "not held" until their next copy.
+pub struct IdsForgotten<'a> {
+    pub partition: i32,
+    pub counter: &'a metrics::Counter,
+    pub ids: usize,
+    pub were_held: usize,
+    pub by: &'a str,
+    pub changelog_offset: i64,
+}
+
+impl IdsForgotten<'_> {
+    pub fn emit(&self) {
+        self.counter.increment(self.ids as u64);
+        tracing::info!(
+            partition = self.partition,
+            ids = self.ids,
+            were_held = self.were_held,
+            by = self.by,
+            changelog_offset = self.changelog_offset,
+            "Forgot ids on request: each one's next copy is published."
+        );
+    }
+}
+
+/// A forget could not be done; the request is answered with the cause.
+pub struct ForgetFailed<'a> {
+    pub partition: i32,
+    pub ids: usize,
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl ForgetFailed<'_> {
+    pub fn emit(&self) {
+        tracing::warn!(
+            partition = self.partition,
+            ids = self.ids,
+            error = %self.error,
+            "A forget failed: nothing of it took effect."
+        );
+    }
+}
+
 /// SIGHUP: the configuration was read again and what changes without a restart applied.
 pub struct ConfigReloaded<'a> {
     pub source_modes: &'a dedupe::config::SourceModes,

@@ -22,6 +22,9 @@ pub(crate) struct PartitionMetrics {
     pub(crate) changelog_records: Counter,
     pub(crate) wakeups_recovered: Counter,
     pub(crate) misrouted: Counter,
+    /// Ids forgotten, and forgotten ids published again.
+    pub(crate) forgotten: Counter,
+    pub(crate) resent: Counter,
     pub(crate) batch_records: Histogram,
     pub(crate) end_to_end: Histogram,
     pub(crate) duplicate_age: Histogram,
@@ -84,6 +87,8 @@ impl PartitionMetrics {
             changelog_records: counter(m::CHANGELOG_RECORDS),
             wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
             misrouted: counter(m::MISROUTED_IDS),
+            forgotten: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "forgotten"),
+            resent: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "resent"),
             batch_records: histogram(m::BATCH_RECORDS),
             end_to_end: histogram(m::END_TO_END_SECONDS),
             duplicate_age: metrics::histogram!(m::DUPLICATE_AGE_SECONDS),

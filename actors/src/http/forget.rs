@@ -1,0 +1,223 @@
+//! `POST /admin/forget`: forget ids, so that each one's next copy is published (see
+//! `crate::actors::consumer::ForgetRequest`). Under the admin rules of `telemetry.rs`.
+//!
+//! Body (JSON): `{"ids": ["..."], "by": "who asks", "reason": "...", "source": "web",
+//! "partition": 3}`; `reason`, `source` (the front door's source: the worker holds
+//! `<source>:<id>`) and `partition` are optional. `partition` is needed only when the id source
+//! does not read ids from the record key (the partition of an id cannot be derived then). At most
+//! [`MAX_IDS`] ids per request. The answer says, per input partition, what was forgotten (`done`)
+//! and what could not be (`failed`, with the cause: a partition this worker does not own, or one
+//! being taken over); 200 when everything was done, 409 otherwise.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use dedupe::identity::{ledger_key, scoped_id};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::telemetry::{refusal, Admin};
+use crate::actors::consumer::{ForgetId, ForgetReport, ForgetRequest};
+use crate::actors::coordinator::Forget;
+
+/// Ids one request may forget.
+pub const MAX_IDS: usize = 10_000;
+/// The largest body taken: [`MAX_IDS`] ids of up to 1 KiB each would not fit, typical ids do.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+/// Longest `by` and `reason`, in characters.
+const MAX_BY_CHARS: usize = 200;
+const MAX_REASON_CHARS: usize = 1000;
+/// How long a partition's pipeline may take to do a forget (it waits for the batch under way).
+const FORGET_WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForgetBody {
+    pub ids: Vec<String>,
+    pub by: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
+    #[serde(default)]
+    pub partition: Option<i32>,
+}
+
+/// What could not be forgotten on one partition, and why.
+#[derive(Debug, Serialize)]
+struct Failed {
+    partition: i32,
+    ids: usize,
+    error: String,
+}
+
+/// Checks a request's fields; the message names the field.
+fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
+    if body.ids.is_empty() {
+        return Err("ids: give at least one id".into());
+    }
+    if body.ids.len() > MAX_IDS {
+        return Err(format!(
+            "ids: {} ids, more than the {MAX_IDS} one request takes",
+            body.ids.len()
+        ));
+    }
+    let text = |field: &str, value: &str, max: usize| {
+        if value.chars().count() > max {
+            return Err(format!("{field}: longer than {max} characters"));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(format!("{field}: holds control characters"));
+        }
+        Ok(())
+    };
+    if body.by.trim().is_empty() {
+        return Err("by: say who asks (it is written to the audit with each forget)".into());
+    }
+    text("by", &body.by, MAX_BY_CHARS)?;
+    if let Some(reason) = &body.reason {
+        text("reason", reason, MAX_REASON_CHARS)?;
+    }
+    if let Some(p) = body.partition {
+        if !(0..partitions).contains(&p) {
+            return Err(format!(
+                "partition: {p} is not one of the input's {partitions} partitions"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The request's ids by input partition, with their ledger keys.
+fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<BTreeMap<i32, Vec<ForgetId>>, String> {
+    let t = &admin.targets;
+    let mut groups: BTreeMap<i32, Vec<ForgetId>> = BTreeMap::new();
+    for (n, id) in body.ids.iter().enumerate() {
+        let id = match &body.source {
+            Some(source) => scoped_id(source, id),
+            None => id.clone(),
+        };
+        let key = ledger_key(id.as_bytes()).map_err(|e| format!("ids[{n}]: {e}"))?;
+        let derived = crate::explain::partition_of_id(
+            &t.id_source,
+            t.partitioner,
+            id.as_bytes(),
+            t.input_partitions,
+        );
+        let Some(partition) = body.partition.or(derived) else {
+            return Err(format!(
+                "partition: the worker reads ids from {} rather than the record key, so the partition of an id cannot be derived; name it",
+                t.id_source
+            ));
+        };
+        groups
+            .entry(partition)
+            .or_default()
+            .push(ForgetId { id, key });
+    }
+    Ok(groups)
+}
+
+/// `POST /admin/forget`.
+pub(crate) async fn admin_forget(
+    req: HttpRequest,
+    admin: web::Data<Admin>,
+    body: web::Json<ForgetBody>,
+) -> HttpResponse {
+    if let Some(refused) = refusal(&req, &admin) {
+        return refused;
+    }
+    let body = body.into_inner();
+    let groups = match check(&body, admin.targets.input_partitions)
+        .and_then(|()| by_partition(&body, &admin))
+    {
+        Ok(groups) => groups,
+        Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
+    };
+    let mut done: Vec<ForgetReport> = Vec::new();
+    let mut failed: Vec<Failed> = Vec::new();
+    for (partition, ids) in groups {
+        let count = ids.len();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        admin.targets.coordinator.do_send(Forget {
+            partition,
+            request: ForgetRequest {
+                ids,
+                by: body.by.clone(),
+                reason: body.reason.clone(),
+                reply,
+            },
+        });
+        let error = match tokio::time::timeout(FORGET_WAIT, answer).await {
+            Ok(Ok(Ok(report))) => {
+                done.push(report);
+                continue;
+            }
+            Ok(Ok(Err(e))) => e,
+            Ok(Err(_)) => format!("partition {partition}: its pipeline stopped before the forget was done; ask again"),
+            Err(_) => format!("partition {partition}: no answer within {} s; ask again (a forget done twice is harmless)", FORGET_WAIT.as_secs()),
+        };
+        failed.push(Failed {
+            partition,
+            ids: count,
+            error,
+        });
+    }
+    let forgotten: usize = done.iter().map(|r| r.ids).sum();
+    let answer = json!({ "forgotten": forgotten, "done": done, "failed": failed });
+    if failed.is_empty() {
+        HttpResponse::Ok().json(answer)
+    } else {
+        HttpResponse::Conflict().json(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(ids: &[&str], by: &str) -> ForgetBody {
+        ForgetBody {
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+            by: by.to_string(),
+            reason: None,
+            source: None,
+            partition: None,
+        }
+    }
+
+    #[test]
+    fn a_request_names_the_field_it_gets_wrong() {
+        assert!(check(&body(&["a"], "alice"), 4).is_ok());
+        let cases = [
+            (body(&[], "alice"), "ids:"),
+            (body(&["a"], " "), "by:"),
+            (body(&["a"], "al\nice"), "by:"),
+            (
+                ForgetBody {
+                    partition: Some(4),
+                    ..body(&["a"], "alice")
+                },
+                "partition:",
+            ),
+            (
+                ForgetBody {
+                    reason: Some("x".repeat(MAX_REASON_CHARS + 1)),
+                    ..body(&["a"], "alice")
+                },
+                "reason:",
+            ),
+        ];
+        for (b, field) in cases {
+            let e = check(&b, 4).unwrap_err();
+            assert!(e.starts_with(field), "{e}");
+        }
+        let many: Vec<String> = (0..=MAX_IDS).map(|i| i.to_string()).collect();
+        let b = ForgetBody {
+            ids: many,
+            ..body(&[], "alice")
+        };
+        assert!(check(&b, 4).unwrap_err().starts_with("ids:"));
+    }
+}
