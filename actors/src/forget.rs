@@ -59,9 +59,7 @@ pub fn forget(config: &Config, args: &ForgetArgs) -> anyhow::Result<String> {
         };
         println!("{answer}");
         forgotten += answer["forgotten"].as_u64().unwrap_or(0);
-        failed += answer["failed"]
-            .as_array()
-            .map_or(0, |f| f.iter().filter_map(|x| x["ids"].as_u64()).sum());
+        failed += answer["failed"].as_u64().unwrap_or(0);
     }
     if failed > 0 {
         anyhow::bail!(

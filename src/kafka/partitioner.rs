@@ -18,6 +18,14 @@ impl InputPartitioner {
     /// Both: the partitioners nearly every producer uses.
     pub const ALL: [InputPartitioner; 2] = [Self::Murmur2Random, Self::ConsistentRandom];
 
+    /// The other common partitioner.
+    pub fn other(self) -> Self {
+        match self {
+            Self::Murmur2Random => Self::ConsistentRandom,
+            Self::ConsistentRandom => Self::Murmur2Random,
+        }
+    }
+
     /// The partition this partitioner chooses for a record keyed `key` in a topic of `partitions`
     /// partitions (librdkafka's own implementations); `None` for an empty key or no partitions.
     pub fn partition(self, key: &[u8], partitions: i32) -> Option<i32> {

@@ -9,8 +9,11 @@
 //! the log replaces the one held only if its offset is higher, so a back-fill that reads older
 //! records after newer ones never brings back a forget that a re-send already ended.
 //!
-//! Stored in [`CF_META`] under `forget/<16-byte key>` (value: partition i32, kind u8, offset i64,
-//! marked-at ms i64, all little-endian), written with the WAL and synced before the call returns
+//! Marks are per input partition: a forget is written to the changelog of each partition the id
+//! may be on (see `dedupe_actors::http::forget`), and offsets order the marks of one partition.
+//!
+//! Stored in [`CF_META`] under `forget/<partition i32 BE><16-byte key>` (value: partition i32,
+//! kind u8, offset i64, marked-at ms i64, all little-endian), written with the WAL and synced before the call returns
 //! (flushed, without a WAL): a mark is durable before the batch that depends on it is recorded.
 //! Read whole on open. Code that predates marks ignores these keys.
 
@@ -45,8 +48,8 @@ pub struct Mark {
     pub at_ms: i64,
 }
 
-/// The marks held, by key.
-pub(super) type Marks = HashMap<LedgerKey, Mark>;
+/// The marks held, by partition and key.
+pub(super) type Marks = HashMap<(Partition, LedgerKey), Mark>;
 
 /// How marks are applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +62,7 @@ pub enum MarkOrder {
 }
 
 impl Ledger {
-    /// Applies `marks` of `partition`'s ids durably (see the module docs).
+    /// Applies `marks` durably, each to its partition's id (see the module docs).
     pub fn mark(&self, marks: &[(LedgerKey, Mark)], order: MarkOrder) -> Result<()> {
         let mut state = self.lock();
         self.apply_marks(&mut state, marks, order)
@@ -69,36 +72,38 @@ impl Ledger {
     /// whose marker records bring back the marks that still hold).
     pub fn clear_marks(&self, partition: Partition) -> Result<()> {
         let mut state = self.lock();
-        let gone: Vec<LedgerKey> = state
+        let gone: Vec<(Partition, LedgerKey)> = state
             .marks
-            .iter()
-            .filter(|(_, m)| m.partition == partition)
-            .map(|(k, _)| *k)
+            .keys()
+            .filter(|(p, _)| *p == partition)
+            .copied()
             .collect();
         if gone.is_empty() {
             return Ok(());
         }
         let meta = self.cf(CF_META)?;
         let mut batch = WriteBatch::default();
-        for key in &gone {
-            batch.delete_cf(&meta, mark_key(key));
+        for (p, key) in &gone {
+            batch.delete_cf(&meta, mark_key(*p, key));
         }
         self.write_marks(batch)?;
-        for key in &gone {
-            state.marks.remove(key);
+        for k in &gone {
+            state.marks.remove(k);
         }
         Ok(())
     }
 
-    /// The mark of `key`, if it has one.
-    pub fn mark_of(&self, key: &LedgerKey) -> Option<Mark> {
-        self.lock().marks.get(key).copied()
-    }
-
-    /// Which of `keys` are forgotten (in no particular order); none without a mark held.
-    pub fn forgotten_among(&self, keys: &[LedgerKey]) -> Vec<LedgerKey> {
+    /// The marks of `key`, on every partition that has one.
+    pub fn marks_of(&self, key: &LedgerKey) -> Vec<Mark> {
         let state = self.lock();
-        forgotten_among(&state, keys)
+        let mut marks: Vec<Mark> = state
+            .marks
+            .iter()
+            .filter(|((_, k), _)| k == key)
+            .map(|(_, m)| *m)
+            .collect();
+        marks.sort_by_key(|m| m.partition);
+        marks
     }
 
     /// How many marks are held, of each kind: (forgotten, resent).
@@ -122,18 +127,21 @@ impl Ledger {
             order == MarkOrder::Newest
                 || state
                     .marks
-                    .get(key)
+                    .get(&(mark.partition, *key))
                     .is_none_or(|held| mark.changelog_offset > held.changelog_offset)
         };
-        let applied: Vec<(LedgerKey, Mark)> =
-            marks.iter().filter(|(k, m)| newer(k, m)).copied().collect();
+        let applied: Vec<((Partition, LedgerKey), Mark)> = marks
+            .iter()
+            .filter(|(k, m)| newer(k, m))
+            .map(|(k, m)| ((m.partition, *k), *m))
+            .collect();
         if applied.is_empty() {
             return Ok(());
         }
         let meta = self.cf(CF_META)?;
         let mut batch = WriteBatch::default();
-        for (key, mark) in &applied {
-            batch.put_cf(&meta, mark_key(key), encode_mark(mark));
+        for ((partition, key), mark) in &applied {
+            batch.put_cf(&meta, mark_key(*partition, key), encode_mark(mark));
         }
         self.write_marks(batch)?;
         state.marks.extend(applied);
@@ -157,7 +165,7 @@ impl Ledger {
         let mut marks = Marks::new();
         for item in self.db.prefix_iterator_cf(&meta, MARK_PREFIX) {
             let (key, value) = item.map_err(rocks(Doing::Read))?;
-            let Some(id) = key.strip_prefix(MARK_PREFIX) else {
+            let Some(rest) = key.strip_prefix(MARK_PREFIX) else {
                 break;
             };
             let corrupt = || LedgerError::CorruptMetadata {
@@ -167,34 +175,42 @@ impl Ledger {
                     value.len()
                 ),
             };
-            let id: [u8; LEDGER_KEY_BYTES] = id.try_into().map_err(|_| corrupt())?;
+            let id: [u8; LEDGER_KEY_BYTES] = rest
+                .get(4..)
+                .and_then(|id| id.try_into().ok())
+                .ok_or_else(corrupt)?;
             let mark = decode_mark(&value).ok_or_else(corrupt)?;
-            marks.insert(LedgerKey(id), mark);
+            marks.insert((mark.partition, LedgerKey(id)), mark);
         }
         Ok(marks)
     }
 }
 
-/// Which of `keys` are forgotten.
-pub(super) fn forgotten_among(state: &State, keys: &[LedgerKey]) -> Vec<LedgerKey> {
+/// Turns what `found` says of the ids forgotten on `partition` into "not held"; returns those
+/// ids. `keys` and `found` are in the same order.
+pub(super) fn forget_override(
+    state: &State,
+    partition: Partition,
+    keys: &[LedgerKey],
+    found: &mut [Option<super::Held>],
+) -> Vec<LedgerKey> {
     if state.marks.is_empty() {
         return Vec::new();
     }
-    keys.iter()
-        .filter(|k| is_forgotten(state, k))
-        .copied()
-        .collect()
+    let mut forgotten = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let mark = state.marks.get(&(partition, *key));
+        if mark.is_some_and(|m| m.kind == MarkKind::Forgotten) {
+            found[i] = None;
+            forgotten.push(*key);
+        }
+    }
+    forgotten
 }
 
-pub(super) fn is_forgotten(state: &State, key: &LedgerKey) -> bool {
-    state
-        .marks
-        .get(key)
-        .is_some_and(|m| m.kind == MarkKind::Forgotten)
-}
-
-fn mark_key(key: &LedgerKey) -> Vec<u8> {
+fn mark_key(partition: Partition, key: &LedgerKey) -> Vec<u8> {
     let mut out = MARK_PREFIX.to_vec();
+    out.extend_from_slice(&partition.to_be_bytes());
     out.extend_from_slice(key.as_bytes());
     out
 }

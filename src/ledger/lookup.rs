@@ -90,14 +90,6 @@ impl Ledger {
                 }
             }
         }
-        // A forgotten id is not held, whatever its generations hold (see `forget.rs`).
-        if !state.marks.is_empty() {
-            for (i, key) in keys.iter().enumerate() {
-                if found[i].is_some() && super::forget::is_forgotten(state, key) {
-                    found[i] = None;
-                }
-            }
-        }
         Ok(found)
     }
 

@@ -356,6 +356,20 @@ impl Ledger {
         Ok(slot.into_iter().map(|s| found[s]).collect())
     }
 
+    /// What one partition's pipeline sees of keys: [`Ledger::held`], except that an id forgotten
+    /// on `partition` is not held; and which of the keys are forgotten there (see `forget.rs`).
+    pub fn held_in(
+        &self,
+        partition: Partition,
+        keys: &[LedgerKey],
+    ) -> Result<(Vec<Option<Held>>, Vec<LedgerKey>)> {
+        let (sorted, slot) = sort_distinct(keys.iter().copied());
+        let state = self.lock();
+        let mut found = self.lookup_sorted(&state, &sorted)?;
+        let forgotten = forget::forget_override(&state, partition, &sorted, &mut found);
+        Ok((slot.into_iter().map(|s| found[s]).collect(), forgotten))
+    }
+
     /// Looks keys up without recording anything: the first-seen time of each key held.
     pub fn check(&self, keys: &[LedgerKey]) -> Result<Vec<Option<i64>>> {
         Ok(self
@@ -396,7 +410,8 @@ impl Ledger {
         if self.buffer_is_full(&state) {
             self.start_commit(&mut state)?;
         }
-        let found = self.lookup_sorted(&state, &sorted)?;
+        let mut found = self.lookup_sorted(&state, &sorted)?;
+        forget::forget_override(&state, partition, &sorted, &mut found);
         let (verdicts, batch) = judge_batch(&state, partition, items, progress, &slot, &found);
         self.apply_marks(&mut state, marks, MarkOrder::Newest)?;
         self.buffer_batch(&mut state, batch)?;

@@ -2065,21 +2065,24 @@ fn a_forgotten_id_is_not_held_until_marked_resent_and_marks_survive_a_crash() {
             ledger
                 .mark(&[(key(1), mark(MarkKind::Forgotten, 5))], MarkOrder::Newest)
                 .unwrap();
-            assert_eq!(
-                ledger.check(&[key(1), key(2)]).unwrap(),
-                [None, Some(1_000)]
-            );
-            assert_eq!(ledger.forgotten_among(&[key(1), key(2)]), [key(1)]);
+            let (held, forgotten) = ledger.held_in(3, &[key(1), key(2)]).unwrap();
+            assert!(held[0].is_none() && held[1].is_some());
+            assert_eq!(forgotten, [key(1)]);
+            // Another partition's pipeline still sees the id held: marks are per partition.
+            assert!(ledger.held_in(4, &[key(1)]).unwrap().1.is_empty());
             // Killed without closing: the mark was made durable when it was written.
             ledger.drop_without_closing();
         }
         let ledger = Ledger::open(dir.path(), small_options(mode)).unwrap();
         assert_eq!(
-            ledger.mark_of(&key(1)),
-            Some(mark(MarkKind::Forgotten, 5)),
+            ledger.marks_of(&key(1)),
+            [mark(MarkKind::Forgotten, 5)],
             "{mode:?}"
         );
-        assert_eq!(ledger.check(&[key(1)]).unwrap(), [None], "{mode:?}");
+        assert!(
+            ledger.held_in(3, &[key(1)]).unwrap().0[0].is_none(),
+            "{mode:?}"
+        );
         // Published again: judged new, recorded at its new time, and held from then on.
         let verdicts = ledger
             .check_and_record_marked(
@@ -2112,7 +2115,7 @@ fn marks_read_back_from_the_log_apply_in_offset_order_and_a_rebuild_clears_them(
             MarkOrder::ByOffset,
         )
         .unwrap();
-    assert_eq!(ledger.check(&[key(1)]).unwrap(), [Some(1_000)]);
+    assert!(ledger.held_in(3, &[key(1)]).unwrap().0[0].is_some());
     // In one read, the later of two marks wins.
     ledger
         .mark(
@@ -2125,8 +2128,8 @@ fn marks_read_back_from_the_log_apply_in_offset_order_and_a_rebuild_clears_them(
             MarkOrder::ByOffset,
         )
         .unwrap();
-    assert_eq!(ledger.mark_of(&key(2)).unwrap().kind, MarkKind::Resent);
-    assert_eq!(ledger.mark_of(&key(3)).unwrap().kind, MarkKind::Forgotten);
+    assert_eq!(ledger.marks_of(&key(2))[0].kind, MarkKind::Resent);
+    assert_eq!(ledger.marks_of(&key(3))[0].kind, MarkKind::Forgotten);
     ledger.clear_marks(3).unwrap();
     assert_eq!(ledger.mark_counts(), (0, 0));
     drop(ledger);

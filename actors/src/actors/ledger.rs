@@ -30,6 +30,7 @@ impl Actor for LedgerActor {
 #[derive(Message)]
 #[rtype(result = "Result<Looked, LedgerError>")]
 pub struct Lookup {
+    pub partition: i32,
     pub keys: Vec<LedgerKey>,
 }
 
@@ -45,8 +46,7 @@ pub struct Looked {
 impl Handler<Lookup> for LedgerActor {
     type Result = Result<Looked, LedgerError>;
     fn handle(&mut self, msg: Lookup, _: &mut Self::Context) -> Self::Result {
-        let held = self.ledger.held(&msg.keys)?;
-        let forgotten = self.ledger.forgotten_among(&msg.keys);
+        let (held, forgotten) = self.ledger.held_in(msg.partition, &msg.keys)?;
         Ok(Looked { held, forgotten })
     }
 }

@@ -5,9 +5,11 @@
 //! "partition": 3}`; `reason`, `source` (the front door's source: the worker holds
 //! `<source>:<id>`) and `partition` are optional. `partition` is needed only when the id source
 //! does not read ids from the record key (the partition of an id cannot be derived then). At most
-//! [`MAX_IDS`] ids per request. The answer says, per input partition, what was forgotten (`done`)
-//! and what could not be (`failed`, with the cause: a partition this worker does not own, or one
-//! being taken over); 200 when everything was done, 409 otherwise.
+//! [`MAX_IDS`] ids per request. An id read from the record key is forgotten on the partition each
+//! common partitioner gives it (one or two); the answer says how many ids were forgotten on at
+//! least one of them (`forgotten`) and how many on none (`failed`), and per partition what was
+//! done (`done`) and what could not be (`not_done`, with the cause: a partition this worker does
+//! not own, or one being taken over); 200 when no id failed, 409 otherwise.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -89,34 +91,54 @@ fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
     Ok(())
 }
 
-/// The request's ids by input partition, with their ledger keys.
-fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<BTreeMap<i32, Vec<ForgetId>>, String> {
+/// The request's ids by input partition, with their ledger keys; and how many partitions each id
+/// went to. An id read from the record key goes to the partition each common partitioner (the
+/// Java client's murmur2, librdkafka's crc32) gives it: producers differ, and the worker takes
+/// both as the id's own (see `dedupe::kafka::is_home`).
+fn by_partition(
+    body: &ForgetBody,
+    admin: &Admin,
+) -> Result<(BTreeMap<i32, Vec<(usize, ForgetId)>>, usize), String> {
     let t = &admin.targets;
-    let mut groups: BTreeMap<i32, Vec<ForgetId>> = BTreeMap::new();
+    let mut groups: BTreeMap<i32, Vec<(usize, ForgetId)>> = BTreeMap::new();
     for (n, id) in body.ids.iter().enumerate() {
         let id = match &body.source {
             Some(source) => scoped_id(source, id),
             None => id.clone(),
         };
         let key = ledger_key(id.as_bytes()).map_err(|e| format!("ids[{n}]: {e}"))?;
-        let derived = crate::explain::partition_of_id(
-            &t.id_source,
-            t.partitioner,
-            id.as_bytes(),
-            t.input_partitions,
-        );
-        let Some(partition) = body.partition.or(derived) else {
+        let mut partitions: Vec<i32> = match body.partition {
+            Some(p) => vec![p],
+            None => [t.partitioner, t.partitioner.other()]
+                .into_iter()
+                .filter_map(|partitioner| {
+                    crate::explain::partition_of_id(
+                        &t.id_source,
+                        partitioner,
+                        id.as_bytes(),
+                        t.input_partitions,
+                    )
+                })
+                .collect(),
+        };
+        partitions.dedup();
+        if partitions.is_empty() {
             return Err(format!(
                 "partition: the worker reads ids from {} rather than the record key, so the partition of an id cannot be derived; name it",
                 t.id_source
             ));
-        };
-        groups
-            .entry(partition)
-            .or_default()
-            .push(ForgetId { id, key });
+        }
+        for p in partitions {
+            groups.entry(p).or_default().push((
+                n,
+                ForgetId {
+                    id: id.clone(),
+                    key,
+                },
+            ));
+        }
     }
-    Ok(groups)
+    Ok((groups, body.ids.len()))
 }
 
 /// `POST /admin/forget`.
@@ -129,16 +151,19 @@ pub(crate) async fn admin_forget(
         return refused;
     }
     let body = body.into_inner();
-    let groups = match check(&body, admin.targets.input_partitions)
+    let (groups, ids) = match check(&body, admin.targets.input_partitions)
         .and_then(|()| by_partition(&body, &admin))
     {
-        Ok(groups) => groups,
+        Ok(found) => found,
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
     let mut done: Vec<ForgetReport> = Vec::new();
-    let mut failed: Vec<Failed> = Vec::new();
-    for (partition, ids) in groups {
-        let count = ids.len();
+    let mut not_done: Vec<Failed> = Vec::new();
+    // Per id of the request: forgotten on at least one of its partitions.
+    let mut forgotten = vec![false; ids];
+    for (partition, group) in groups {
+        let count = group.len();
+        let (which, ids): (Vec<usize>, Vec<ForgetId>) = group.into_iter().unzip();
         let (reply, answer) = tokio::sync::oneshot::channel();
         admin.targets.coordinator.do_send(Forget {
             partition,
@@ -151,6 +176,7 @@ pub(crate) async fn admin_forget(
         });
         let error = match tokio::time::timeout(FORGET_WAIT, answer).await {
             Ok(Ok(Ok(report))) => {
+                which.iter().for_each(|&n| forgotten[n] = true);
                 done.push(report);
                 continue;
             }
@@ -158,15 +184,20 @@ pub(crate) async fn admin_forget(
             Ok(Err(_)) => format!("partition {partition}: its pipeline stopped before the forget was done; ask again"),
             Err(_) => format!("partition {partition}: no answer within {} s; ask again (a forget done twice is harmless)", FORGET_WAIT.as_secs()),
         };
-        failed.push(Failed {
+        not_done.push(Failed {
             partition,
             ids: count,
             error,
         });
     }
-    let forgotten: usize = done.iter().map(|r| r.ids).sum();
-    let answer = json!({ "forgotten": forgotten, "done": done, "failed": failed });
-    if failed.is_empty() {
+    let failed = forgotten.iter().filter(|f| !**f).count();
+    let answer = json!({
+        "forgotten": ids - failed,
+        "failed": failed,
+        "done": done,
+        "not_done": not_done,
+    });
+    if failed == 0 {
         HttpResponse::Ok().json(answer)
     } else {
         HttpResponse::Conflict().json(answer)
