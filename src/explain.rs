@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{ledger_key, scoped_id, IdError, SOURCE_SEPARATOR};
-use crate::ledger::{Ledger, LedgerError, Sighting};
+use crate::ledger::{Ledger, LedgerError, MarkKind, Sighting};
 
 /// What is asked about one id.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +60,15 @@ pub enum Reason {
     NeverSeen,
     /// Not held, and nothing tells never seen from aged out.
     NotInWindow,
+    /// An operator forgot it (`dedupe forget`): its next copy is published.
+    Forgotten,
+}
+
+/// A forget that still holds: the id's next copy on `partition` is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForgottenOn {
+    pub partition: i32,
+    pub at_ms: i64,
 }
 
 /// The answer, one JSON object; `sentence` says it in words.
@@ -90,6 +99,9 @@ pub struct Answer {
     pub window_start_ms: Option<i64>,
     /// Why it is not held; `None` when it is.
     pub reason: Option<Reason>,
+    /// The partitions where it is forgotten and its next copy is published.
+    #[serde(default)]
+    pub forgotten: Vec<ForgottenOn>,
     pub sentence: String,
 }
 
@@ -119,6 +131,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         window_secs: None,
         window_start_ms: None,
         reason: None,
+        forgotten: Vec::new(),
         sentence: String::new(),
     };
     if q.owned == Some(false) {
@@ -128,6 +141,16 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         return Ok(answer);
     }
     let copies = ledger.sightings(&key)?;
+    let forgotten: Vec<ForgottenOn> = ledger
+        .marks_of(&key)
+        .into_iter()
+        .filter(|m| m.kind == MarkKind::Forgotten)
+        .filter(|m| q.partition.is_none_or(|p| p == m.partition))
+        .map(|m| ForgottenOn {
+            partition: m.partition,
+            at_ms: m.at_ms,
+        })
+        .collect();
     let window = match q.partition {
         Some(p) => ledger.window(p, q.now_ms),
         None => ledger.window_overall(q.now_ms),
@@ -163,6 +186,19 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         ""
     };
     let (reason, sentence) = match copies.first() {
+        Some(_) if !forgotten.is_empty() => {
+            let on: Vec<String> = forgotten
+                .iter()
+                .map(|f| format!("partition {} at {}", f.partition, when(f.at_ms)))
+                .collect();
+            (
+                Some(Reason::Forgotten),
+                format!(
+                    "Id {id} was forgotten on request ({}): its next copy is published, and held from then on; {reach}.",
+                    on.join(", ")
+                ),
+            )
+        }
         Some(s) => (
             None,
             format!(
@@ -189,7 +225,8 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
             ),
         },
     };
-    answer.held = !copies.is_empty();
+    answer.held = !copies.is_empty() && forgotten.is_empty();
+    answer.forgotten = forgotten;
     answer.first_seen_ms = first_seen_ms;
     answer.generation = copies.first().map(|s| s.generation);
     answer.window_secs = window.map(|w| w.as_secs_f64());

@@ -104,6 +104,14 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
         (Some(3), Some(0)),
         "{answer}"
     );
+    // Explain says so.
+    let (answer, sentence) = DEDUPE.explain(&ledger, worker.metrics_addr(), &ids[0], &[]);
+    assert_eq!(
+        (answer["held"].as_bool(), answer["reason"].as_str()),
+        (Some(false), Some("forgotten")),
+        "{answer}"
+    );
+    assert!(sentence.contains("forgotten on request"), "{sentence}");
     // The re-sends: each forgotten id published once more, the other dropped; then the copies
     // after them dropped.
     produce_full(
