@@ -91,16 +91,16 @@ fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
     Ok(())
 }
 
+/// Per input partition, the ids to forget there, each with its place in the request.
+type Groups = BTreeMap<i32, Vec<(usize, ForgetId)>>;
+
 /// The request's ids by input partition, with their ledger keys; and how many partitions each id
 /// went to. An id read from the record key goes to the partition each common partitioner (the
 /// Java client's murmur2, librdkafka's crc32) gives it: producers differ, and the worker takes
 /// both as the id's own (see `dedupe::kafka::is_home`).
-fn by_partition(
-    body: &ForgetBody,
-    admin: &Admin,
-) -> Result<(BTreeMap<i32, Vec<(usize, ForgetId)>>, usize), String> {
+fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, usize), String> {
     let t = &admin.targets;
-    let mut groups: BTreeMap<i32, Vec<(usize, ForgetId)>> = BTreeMap::new();
+    let mut groups = Groups::new();
     for (n, id) in body.ids.iter().enumerate() {
         let id = match &body.source {
             Some(source) => scoped_id(source, id),
