@@ -206,7 +206,17 @@ impl Scenario {
             );
         }
         let distinct = load.distinct as usize;
-        worker.wait_for_output(&output.name, distinct, Duration::from_secs(300));
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            worker.wait_for_output(&output.name, distinct, Duration::from_secs(300))
+        }));
+        if waited.is_err() {
+            // Said last, where a long failure's output is not cut: what the output lacks, per
+            // partition (the worker's metrics and log tail are in the message above).
+            panic!(
+                "{fault}: the output stopped short of the input's {distinct} ids: {}",
+                shortfall(&input.name, &output.name)
+            );
+        }
         let exits = worker.finish();
         let count = Count::of(&input.name, &output.name);
         eprintln!(
@@ -225,6 +235,34 @@ impl Scenario {
         );
         drop(dir);
     }
+}
+
+/// Per partition: the input's distinct ids, the output's records, and the ids missing from it.
+fn shortfall(input: &str, output: &str) -> String {
+    let (input, output) = (consume_all(input, true), consume_all(output, true));
+    let out: HashSet<(i32, Vec<u8>)> = output
+        .iter()
+        .map(|r| (r.partition, r.key.clone().unwrap_or_default()))
+        .collect();
+    (0..PARTITIONS)
+        .map(|p| {
+            let ids: HashSet<&[u8]> = input
+                .iter()
+                .filter(|r| r.partition == p)
+                .map(|r| r.key.as_deref().unwrap_or_default())
+                .collect();
+            let published = output.iter().filter(|r| r.partition == p).count();
+            let missing = ids
+                .iter()
+                .filter(|id| !out.contains(&(p, id.to_vec())))
+                .count();
+            format!(
+                "partition {p}: {} ids in, {published} out, {missing} missing",
+                ids.len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// SIGKILL and restart (on its data) of the node that leads an input partition, an output
