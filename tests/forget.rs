@@ -1,8 +1,8 @@
 //! `dedupe forget` against the real broker: a forgotten id's next copy is published once, the copy
 //! after it is dropped, the audit topic holds each forget with who asked; a forget holds across a
-//! SIGKILL of the worker (its mark is durable) and across a lost ledger (the new ledger is loaded
-//! from the id changelog, whose marker records bring the forgets back, and the re-sends after
-//! them).
+//! SIGKILL of the worker (its mark is durable), across a crash between its commit and its mark
+//! (recovery reads the marker back), and across a lost ledger (the new ledger is loaded from the
+//! id changelog, whose marker records bring the forgets back, and the re-sends after them).
 
 use std::time::Duration;
 
@@ -256,5 +256,48 @@ fn a_forget_without_a_by_or_for_a_partition_not_owned_is_refused_and_changes_not
         ),
         0.0
     );
+    worker.terminate(Duration::from_secs(30));
+}
+
+#[test]
+fn a_worker_that_dies_between_a_forgets_commit_and_its_mark_applies_it_on_restart() {
+    let input = TestTopic::create("forget-crash-in", 2);
+    let output = TestTopic::create("forget-crash-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    // Ids whose partition both common partitioners agree on: the forget goes to one partition,
+    // whose pipeline dies after its commit.
+    let ids: Vec<String> = ids(200)
+        .into_iter()
+        .filter(|id| {
+            let [a, b] = InputPartitioner::ALL.map(|p| p.partition(id.as_bytes(), 2));
+            a == b
+        })
+        .take(10)
+        .collect();
+    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let mut worker = spec
+        .clone()
+        .env("FAILPOINTS", "forget-after-commit=return")
+        .start();
+    worker.wait_ready(Duration::from_secs(60));
+    let all: Vec<Outgoing> = (0..10).map(|i| event(&ids, i)).collect();
+    produce_full(&input.name, &all);
+    wait_for_records(&output.name, 10, Duration::from_secs(60));
+    // The worker commits the forget, then dies before its ledger marks the id: no answer.
+    let out = DEDUPE
+        .command()
+        .arg("forget")
+        .args(["--brokers", &brokers()])
+        .args(["--metrics-addr", &worker.metrics_addr().to_string()])
+        .args([ids[4].as_str(), "--by", "alice"])
+        .output()
+        .expect("dedupe forget");
+    assert!(!out.status.success(), "the worker died before it answered");
+    assert_eq!(worker.wait(Duration::from_secs(30)), Some(86));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    produce_full(&input.name, &[event(&ids, 4), event(&ids, 5)]);
+    settled(&worker, 2);
+    assert_eq!(published(&output.name), [0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9]);
     worker.terminate(Duration::from_secs(30));
 }

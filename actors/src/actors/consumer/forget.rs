@@ -167,6 +167,10 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                 .collect(),
         });
         let committed = self.publish(&outgoing, NO_INPUT_OFFSET).await?;
+        fail::fail_point!("forget-after-commit", |_| {
+            eprintln!("failpoint forget-after-commit: exiting");
+            std::process::exit(86)
+        });
         let offset = committed
             .changelog_offset
             .ok_or(PipelineError::ForgetUnconfirmed { partition: p })?;
