@@ -5,8 +5,8 @@
 //!   `SyncArbiter`); [`actors::producer::Publisher`], which writes the output topic, one
 //!   transactional producer per partition; [`actors::coordinator::Coordinator`]: recovery,
 //!   restarts, snapshots, stats, graceful shutdown; and the [`actors::events`] they emit.
-//! - [`http`]: the worker's HTTP server: metrics, health and the admin endpoints
-//!   ([`http::telemetry`], [`http::forget`]). The tracking API is the front door's crate,
+//! - [`http`]: the worker's HTTP server: metrics and health ([`http::telemetry`]), the admin
+//!   endpoints and their rules ([`http::admin`], [`http::forget`]). The tracking API is the front door's crate,
 //!   `dedupe-tracking`.
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
 //!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`.
@@ -37,6 +37,7 @@ pub mod explain;
 pub mod forget;
 pub mod http {
     //! The worker's HTTP server.
+    pub mod admin;
     pub mod forget;
     pub mod telemetry;
 }

@@ -255,7 +255,7 @@ pub fn run(config: Config, options: RunOptions, reload: Option<Reload>) -> anyho
             actix_rt::spawn(reload_on_hangup(reload, coordinator.source_modes()));
         }
         let coordinator = coordinator.start();
-        let targets = crate::http::telemetry::AdminTargets {
+        let targets = crate::http::admin::AdminTargets {
             coordinator: coordinator.clone(),
             ledger: admin_ledger,
             id_source: config.worker.id_source.clone(),

@@ -1,5 +1,5 @@
 //! `POST /admin/forget`: forget ids, so that each one's next copy is published (see
-//! `crate::actors::consumer::ForgetRequest`). Under the admin rules of `telemetry.rs`.
+//! `crate::actors::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
 //!
 //! Body (JSON): `{"ids": ["..."], "by": "who asks", "reason": "...", "source": "web",
 //! "partition": 3}`; `reason`, `source` (the front door's source: the worker holds
@@ -19,7 +19,7 @@ use dedupe::identity::{ledger_key, scoped_id};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::telemetry::{refusal, Admin};
+use super::admin::{refusal, Admin};
 use crate::actors::consumer::{ForgetId, ForgetReport, ForgetRequest};
 use crate::actors::coordinator::Forget;
 
