@@ -85,25 +85,26 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
     wait_for_records(&output.name, 20, Duration::from_secs(60));
     let mut sent = 20;
 
-    // Two ids forgotten, one of them never seen (it is forgotten all the same, and says so).
+    // Two ids forgotten by the command, and one never seen by the admin route's DELETE (it is
+    // forgotten all the same).
     let answer = forget(
         worker.metrics_addr(),
-        &[
-            &ids[0],
-            &ids[1],
-            "never-sent",
-            "--by",
-            "alice",
-            "--reason",
-            "ticket 42",
-        ],
+        &[&ids[0], &ids[1], "--by", "alice", "--reason", "ticket 42"],
     );
     let first: serde_json::Value = serde_json::from_str(answer.lines().next().unwrap()).unwrap();
     assert_eq!(
         (first["forgotten"].as_u64(), first["failed"].as_u64()),
-        (Some(3), Some(0)),
+        (Some(2), Some(0)),
         "{answer}"
     );
+    let response = ureq::delete(&format!(
+        "http://{}/admin/ids/never-sent?by=alice&reason=ticket%2042",
+        worker.metrics_addr()
+    ))
+    .call()
+    .expect("DELETE /admin/ids/never-sent");
+    let deleted: serde_json::Value = serde_json::from_reader(response.into_reader()).unwrap();
+    assert_eq!(deleted["forgotten"], 1, "{deleted}");
     // Explain says so.
     let (answer, sentence) = DEDUPE.explain(&ledger, worker.metrics_addr(), &ids[0], &[]);
     assert_eq!(
@@ -171,6 +172,7 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
 
     // A forget, then SIGKILL: the restarted worker still publishes the id's next copy.
     forget(worker.metrics_addr(), &[&ids[3], "--by", "bob"]);
+    let audit = format!("{}.duplicates", output.name);
     worker.kill();
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
@@ -182,10 +184,22 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
     // forgets and re-sends included.
     let file = dir.path().join("ids.txt");
     std::fs::write(&file, format!("# deletion request\n{}\n\n", ids[5])).unwrap();
-    forget(
-        worker.metrics_addr(),
-        &["--file", file.to_str().unwrap(), "--by", "carol"],
-    );
+    // Without --by, the user running the command is who asks.
+    let out = DEDUPE
+        .command()
+        .arg("forget")
+        .args(["--brokers", &brokers()])
+        .args(["--metrics-addr", &worker.metrics_addr().to_string()])
+        .args(["--file", file.to_str().unwrap()])
+        .env("USER", "carol")
+        .output()
+        .expect("dedupe forget");
+    assert!(out.status.success(), "{out:?}");
+    let by_carol = consume_all(&audit, true).iter().any(|r| {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        v["id"] == ids[5].as_str() && v["by"].as_str().is_some_and(|b| b.starts_with("carol@"))
+    });
+    assert!(by_carol, "the audit names carol@HOST");
     worker.terminate(Duration::from_secs(30));
     std::fs::remove_dir_all(&ledger).unwrap();
     let mut worker = spec.start();
@@ -211,7 +225,7 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
 }
 
 #[test]
-fn a_forget_without_a_by_or_for_a_partition_not_owned_is_refused_and_changes_nothing() {
+fn a_forget_with_an_empty_by_or_for_a_partition_not_owned_is_refused_and_changes_nothing() {
     let input = TestTopic::create("forget-refused-in", 2);
     let output = TestTopic::create("forget-refused-out", 2);
     let dir = tempfile::tempdir().unwrap();
@@ -230,10 +244,19 @@ fn a_forget_without_a_by_or_for_a_partition_not_owned_is_refused_and_changes_not
             .output()
             .expect("dedupe forget")
     };
-    // No --by: refused by the command line itself.
-    let out = run(&[&ids[0]]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--by"));
+    // A web page cannot forget: a request with an Origin header is refused before anything.
+    let page = ureq::delete(&format!(
+        "http://{}/admin/ids/{}?by=mallory",
+        worker.metrics_addr(),
+        ids[0]
+    ))
+    .set("Origin", "http://pages.example")
+    .call();
+    assert!(matches!(page, Err(ureq::Error::Status(403, _))), "{page:?}");
+    // An empty --by: refused, naming the field.
+    let out = run(&[&ids[0], "--by", " "]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("by: say who asks"));
     // An id of partition 1 (by either partitioner), which this worker does not own: named,
     // exit 2, nothing forgotten.
     let other = ids

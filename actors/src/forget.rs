@@ -27,11 +27,12 @@ pub fn forget(config: &Config, args: &ForgetArgs) -> anyhow::Result<String> {
         .timeout_connect(Duration::from_secs(2))
         .timeout_read(Duration::from_secs(300))
         .build();
+    let by = args.by.clone().unwrap_or_else(whoami);
     let (mut forgotten, mut failed) = (0u64, 0u64);
     for chunk in ids.chunks(MAX_IDS) {
         let body = json!({
             "ids": chunk,
-            "by": args.by,
+            "by": by,
             "reason": args.reason,
             "source": args.source,
             "partition": args.partition,
@@ -88,4 +89,20 @@ fn read_ids(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(ids)
+}
+
+/// The user running the command, `USER@HOST` as the environment and the kernel name them.
+fn whoami() -> String {
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "unknown user".to_string());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    if host.is_empty() {
+        user
+    } else {
+        format!("{user}@{host}")
+    }
 }

@@ -121,9 +121,10 @@ pub struct ForgetArgs {
     /// starting with `#` are skipped.
     #[arg(long, value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// Who asks: written to the audit topic with each forget.
+    /// Who asks: written to the audit topic with each forget (default: the user running the
+    /// command, `USER@HOST`).
     #[arg(long, value_name = "NAME")]
-    pub by: String,
+    pub by: Option<String>,
     /// Why (a ticket, a deletion request): written to the audit topic with each forget.
     #[arg(long, value_name = "TEXT")]
     pub reason: Option<String>,

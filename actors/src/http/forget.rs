@@ -2,8 +2,10 @@
 //! `crate::actors::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
 //!
 //! Body (JSON): `{"ids": ["..."], "by": "who asks", "reason": "...", "source": "web",
-//! "partition": 3}`; `reason`, `source` (the front door's source: the worker holds
-//! `<source>:<id>`) and `partition` are optional. `partition` is needed only when the id source
+//! "partition": 3}`; `id` may stand for a single id; `by` (the client's address when missing),
+//! `reason`, `source` (the front door's source: the worker holds `<source>:<id>`) and
+//! `partition` are optional. `DELETE /admin/ids/{id}` forgets one id, the same fields in its
+//! query. `partition` is needed only when the id source
 //! does not read ids from the record key (the partition of an id cannot be derived then). At most
 //! [`MAX_IDS`] ids per request. An id read from the record key is forgotten on the partition each
 //! common partitioner gives it (one or two); the answer says how many ids were forgotten on at
@@ -33,11 +35,17 @@ const MAX_REASON_CHARS: usize = 1000;
 /// How long a partition's pipeline may take to do a forget (it waits for the batch under way).
 const FORGET_WAIT: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForgetBody {
+    /// The ids (`id` for one).
+    #[serde(default)]
     pub ids: Vec<String>,
-    pub by: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Who asks; the client's address when not given.
+    #[serde(default)]
+    pub by: Option<String>,
     #[serde(default)]
     pub reason: Option<String>,
     #[serde(default)]
@@ -57,7 +65,7 @@ struct Failed {
 /// Checks a request's fields; the message names the field.
 fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
     if body.ids.is_empty() {
-        return Err("ids: give at least one id".into());
+        return Err("ids: give at least one id (or id)".into());
     }
     if body.ids.len() > MAX_IDS {
         return Err(format!(
@@ -74,10 +82,12 @@ fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
         }
         Ok(())
     };
-    if body.by.trim().is_empty() {
-        return Err("by: say who asks (it is written to the audit with each forget)".into());
+    if let Some(by) = &body.by {
+        if by.trim().is_empty() {
+            return Err("by: say who asks (it is written to the audit with each forget)".into());
+        }
+        text("by", by, MAX_BY_CHARS)?;
     }
-    text("by", &body.by, MAX_BY_CHARS)?;
     if let Some(reason) = &body.reason {
         text("reason", reason, MAX_REASON_CHARS)?;
     }
@@ -141,6 +151,16 @@ fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, usize), Str
     Ok((groups, body.ids.len()))
 }
 
+/// The query of `DELETE /admin/ids/{id}`: the body's fields but the ids.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForgetQuery {
+    by: Option<String>,
+    reason: Option<String>,
+    source: Option<String>,
+    partition: Option<i32>,
+}
+
 /// `POST /admin/forget`.
 pub(crate) async fn admin_forget(
     req: HttpRequest,
@@ -150,13 +170,46 @@ pub(crate) async fn admin_forget(
     if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
-    let body = body.into_inner();
+    let mut body = body.into_inner();
+    body.ids.extend(body.id.take());
+    forget(&req, &admin, body).await
+}
+
+/// `DELETE /admin/ids/{id}[?by=&reason=&source=&partition=]`: forgets one id, as `POST
+/// /admin/forget` does.
+pub(crate) async fn admin_forget_one(
+    req: HttpRequest,
+    admin: web::Data<Admin>,
+    id: web::Path<String>,
+    query: web::Query<ForgetQuery>,
+) -> HttpResponse {
+    if let Some(refused) = refusal(&req, &admin) {
+        return refused;
+    }
+    let q = query.into_inner();
+    let body = ForgetBody {
+        ids: vec![id.into_inner()],
+        id: None,
+        by: q.by,
+        reason: q.reason,
+        source: q.source,
+        partition: q.partition,
+    };
+    forget(&req, &admin, body).await
+}
+
+/// Forgets the ids of `body` on each partition they may be on, and answers.
+async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpResponse {
     let (groups, ids) = match check(&body, admin.targets.input_partitions)
-        .and_then(|()| by_partition(&body, &admin))
+        .and_then(|()| by_partition(&body, admin))
     {
         Ok(found) => found,
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
+    let by = body.by.clone().unwrap_or_else(|| match req.peer_addr() {
+        Some(peer) => format!("an admin client at {}", peer.ip()),
+        None => "an admin client".to_string(),
+    });
     let mut done: Vec<ForgetReport> = Vec::new();
     let mut not_done: Vec<Failed> = Vec::new();
     // Per id of the request: forgotten on at least one of its partitions.
@@ -169,7 +222,7 @@ pub(crate) async fn admin_forget(
             partition,
             request: ForgetRequest {
                 ids,
-                by: body.by.clone(),
+                by: by.clone(),
                 reason: body.reason.clone(),
                 reply,
             },
@@ -211,10 +264,8 @@ mod tests {
     fn body(ids: &[&str], by: &str) -> ForgetBody {
         ForgetBody {
             ids: ids.iter().map(|s| s.to_string()).collect(),
-            by: by.to_string(),
-            reason: None,
-            source: None,
-            partition: None,
+            by: Some(by.to_string()),
+            ..ForgetBody::default()
         }
     }
 

@@ -67,6 +67,10 @@ pub fn serve(
             .app_data(admin.clone())
             .route("/admin/snapshot", web::post().to(admin::admin_snapshot))
             .route("/admin/ids/{id}", web::get().to(admin::admin_explain))
+            .route(
+                "/admin/ids/{id}",
+                web::delete().to(forget::admin_forget_one),
+            )
             .service(
                 web::resource("/admin/forget")
                     .app_data(web::JsonConfig::default().limit(forget::MAX_BODY_BYTES))
