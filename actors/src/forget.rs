@@ -28,7 +28,7 @@ pub fn forget(config: &Config, args: &ForgetArgs) -> anyhow::Result<String> {
         .timeout_read(Duration::from_secs(300))
         .build();
     let by = args.by.clone().unwrap_or_else(whoami);
-    let (mut forgotten, mut failed) = (0u64, 0u64);
+    let (mut forgotten, mut failed, mut held) = (0u64, 0u64, 0u64);
     for chunk in ids.chunks(MAX_IDS) {
         let body = json!({
             "ids": chunk,
@@ -59,8 +59,14 @@ pub fn forget(config: &Config, args: &ForgetArgs) -> anyhow::Result<String> {
             }
         };
         println!("{answer}");
+        held += answer["done"].as_array().map_or(0, |d| {
+            d.iter().filter_map(|r| r["were_held"].as_u64()).sum()
+        });
         forgotten += answer["forgotten"].as_u64().unwrap_or(0);
         failed += answer["failed"].as_u64().unwrap_or(0);
+    }
+    if held == 0 && forgotten > 0 && args.source.is_none() {
+        eprintln!("note: the worker held none of these ids. Ids the front door (dedupe ingest) writes are held as <source>:<messageId>: give --source NAME (the write key's source) to forget those.");
     }
     if failed > 0 {
         anyhow::bail!(
