@@ -201,6 +201,17 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
     });
     assert!(by_carol, "the audit names carol@HOST");
     worker.terminate(Duration::from_secs(30));
+    // The stopped worker's ledger counts its marks: 5 forgotten on one or two partitions, 3 and
+    // the two re-sent before it marked resent on the partition their copy was on.
+    let stats = DEDUPE
+        .command()
+        .args(["ledger", "stats", "--brokers", &brokers()])
+        .args(["--data-dir", ledger.to_str().unwrap()])
+        .output()
+        .expect("dedupe ledger stats");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    assert_eq!(stats["resent_ids"], 3, "{stats}");
+    assert!(stats["forgotten_ids"].as_u64().unwrap() >= 2, "{stats}");
     std::fs::remove_dir_all(&ledger).unwrap();
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));

@@ -113,9 +113,14 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
         };
         partitions.insert(p.to_string(), entry);
     }
+    let (forgotten, resent) = ledger.mark_counts();
     Ok(serde_json::json!({
         "path": path,
         "ids_estimate": s.ids_estimate,
+        // Marks of `dedupe forget`: ids forgotten (their next copy is published), and ids
+        // published again since.
+        "forgotten_ids": forgotten,
+        "resent_ids": resent,
         "live_sst_bytes": s.live_sst_bytes,
         "total_sst_bytes": s.total_sst_bytes,
         "memtable_bytes": s.memtable_bytes,
