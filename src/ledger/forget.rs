@@ -15,7 +15,8 @@
 //! Stored in [`CF_META`] under `forget/<partition i32 BE><16-byte key>` (value: partition i32,
 //! kind u8, offset i64, marked-at ms i64, all little-endian), written with the WAL and synced before the call returns
 //! (flushed, without a WAL): a mark is durable before the batch that depends on it is recorded.
-//! Read whole on open. Code that predates marks ignores these keys.
+//! Read whole on open; dropped with the last generation holding their id (see `prune_marks`),
+//! and a partition's all when it is loaded anew. Code that predates marks ignores these keys.
 
 use std::collections::HashMap;
 
@@ -145,6 +146,45 @@ impl Ledger {
         }
         self.write_marks(batch)?;
         state.marks.extend(applied);
+        Ok(())
+    }
+
+    /// Drops the marks of ids the ledger no longer holds (their generations aged out): a forget
+    /// of an id not held changes nothing, and a re-send's mark has nothing left to order. Called
+    /// after generations are dropped, so the marks stay within the window's ids.
+    pub(super) fn prune_marks(&self, state: &mut State) -> Result<()> {
+        if state.marks.is_empty() {
+            return Ok(());
+        }
+        let mut keys: Vec<LedgerKey> = state.marks.keys().map(|(_, k)| *k).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let held = self.lookup_sorted(state, &keys)?;
+        let gone: std::collections::HashSet<LedgerKey> = keys
+            .iter()
+            .zip(&held)
+            .filter(|(_, h)| h.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let stale: Vec<(Partition, LedgerKey)> = state
+            .marks
+            .keys()
+            .filter(|(_, k)| gone.contains(k))
+            .copied()
+            .collect();
+        let meta = self.cf(CF_META)?;
+        let mut batch = WriteBatch::default();
+        for (p, key) in &stale {
+            batch.delete_cf(&meta, mark_key(*p, key));
+        }
+        drop(meta);
+        self.write_marks(batch)?;
+        for k in &stale {
+            state.marks.remove(k);
+        }
         Ok(())
     }
 

@@ -303,6 +303,9 @@ impl Ledger {
                 .map_err(rocks(Doing::Generation("drop", &generation.name)))?;
             state.index.forget(IdIndex::tag(generation.meta.id));
         }
+        if dropped > 0 {
+            self.prune_marks(state)?;
+        }
         Ok(())
     }
 }

@@ -2136,3 +2136,54 @@ fn marks_read_back_from_the_log_apply_in_offset_order_and_a_rebuild_clears_them(
     let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
     assert_eq!(ledger.mark_counts(), (0, 0), "cleared for good");
 }
+
+#[test]
+fn the_marks_of_ids_that_aged_out_are_dropped_with_their_generations() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = LedgerOptions {
+        seal_after_ids: Some(100),
+        budget_bytes: 3 * 100 * DEFAULT_BYTES_PER_ID_ESTIMATE + 10,
+        generations: 3,
+        ..small_options(Durability::Wal)
+    };
+    let ledger = Ledger::open(dir.path(), options).unwrap();
+    let batch = |b: u64| -> Vec<(LedgerKey, i64)> {
+        (0..100)
+            .map(|i| (key(b * 100 + i), (b as i64) * 1_000))
+            .collect()
+    };
+    ledger.check_and_record(0, &batch(0), b"0").unwrap();
+    // Forgotten: an id of the first generation, and an id never held.
+    ledger
+        .mark(
+            &[
+                (
+                    key(5),
+                    Mark {
+                        partition: 0,
+                        ..mark(MarkKind::Forgotten, 1)
+                    },
+                ),
+                (
+                    key(100_000),
+                    Mark {
+                        partition: 0,
+                        ..mark(MarkKind::Forgotten, 2)
+                    },
+                ),
+            ],
+            MarkOrder::Newest,
+        )
+        .unwrap();
+    assert_eq!(ledger.mark_counts(), (2, 0));
+    for b in 1..10u64 {
+        ledger
+            .check_and_record(0, &batch(b), &b.to_le_bytes())
+            .unwrap();
+    }
+    assert_eq!(ledger.check(&[key(5)]).unwrap(), vec![None], "aged out");
+    assert_eq!(ledger.mark_counts(), (0, 0), "nothing left to mark");
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    assert_eq!(ledger.mark_counts(), (0, 0), "dropped for good");
+}
