@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::{ledger_key, scoped_id, IdError, SOURCE_SEPARATOR};
+use crate::identity::{ledger_key, scoped_id, IdError, LedgerKey, SOURCE_SEPARATOR};
 use crate::ledger::{Ledger, LedgerError, MarkKind, Sighting};
 
 /// What is asked about one id.
@@ -141,16 +141,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         return Ok(answer);
     }
     let copies = ledger.sightings(&key)?;
-    let forgotten: Vec<ForgottenOn> = ledger
-        .marks_of(&key)
-        .into_iter()
-        .filter(|m| m.kind == MarkKind::Forgotten)
-        .filter(|m| q.partition.is_none_or(|p| p == m.partition))
-        .map(|m| ForgottenOn {
-            partition: m.partition,
-            at_ms: m.at_ms,
-        })
-        .collect();
+    let forgotten = forgotten_on(ledger, &key, q.partition);
     let window = match q.partition {
         Some(p) => ledger.window(p, q.now_ms),
         None => ledger.window_overall(q.now_ms),
@@ -186,19 +177,17 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         ""
     };
     let (reason, sentence) = match copies.first() {
-        Some(_) if !forgotten.is_empty() => {
-            let on: Vec<String> = forgotten
-                .iter()
-                .map(|f| format!("partition {} at {}", f.partition, when(f.at_ms)))
-                .collect();
-            (
-                Some(Reason::Forgotten),
-                format!(
-                    "Id {id} was forgotten on request ({}): its next copy is published, and held from then on; {reach}.",
-                    on.join(", ")
-                ),
-            )
-        }
+        Some(_) if !forgotten.is_empty() => (
+            Some(Reason::Forgotten),
+            format!(
+                "Id {id} was forgotten on request ({}): its next copy is published, and held from then on; {reach}.",
+                forgotten
+                    .iter()
+                    .map(|f| format!("partition {} at {}", f.partition, when(f.at_ms)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
         Some(s) => (
             None,
             format!(
@@ -235,6 +224,20 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
     answer.reason = reason;
     answer.sentence = sentence;
     Ok(answer)
+}
+
+/// Where `key` is forgotten (on `partition` only, when it is known; see `dedupe forget`).
+fn forgotten_on(ledger: &Ledger, key: &LedgerKey, partition: Option<i32>) -> Vec<ForgottenOn> {
+    ledger
+        .marks_of(key)
+        .into_iter()
+        .filter(|m| m.kind == MarkKind::Forgotten)
+        .filter(|m| partition.is_none_or(|p| p == m.partition))
+        .map(|m| ForgottenOn {
+            partition: m.partition,
+            at_ms: m.at_ms,
+        })
+        .collect()
 }
 
 /// A time as RFC 3339, to the second.
