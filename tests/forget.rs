@@ -24,10 +24,7 @@ fn event(ids: &[String], i: usize) -> Outgoing {
 /// Runs `dedupe forget` against the worker at `metrics`; its stdout. Panics when it fails.
 fn forget(metrics: std::net::SocketAddr, args: &[&str]) -> String {
     let out = DEDUPE
-        .command()
-        .arg("forget")
-        .args(["--brokers", &brokers()])
-        .args(["--metrics-addr", &metrics.to_string()])
+        .forget_command(metrics)
         .args(args)
         .output()
         .expect("dedupe forget");
@@ -38,22 +35,6 @@ fn forget(metrics: std::net::SocketAddr, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-/// Waits until the worker has read `records` input records and published or dropped each.
-fn settled(worker: &Worker, records: usize) {
-    let count = |name: &str| worker.metric(name, &[]) as usize;
-    wait_until(
-        "the worker has published or dropped every input record",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || {
-            let read = count("dedupe_records_in_total");
-            let done = count("dedupe_records_out_total") + count("dedupe_duplicates_dropped_total");
-            (read >= records && done == read).then_some(())
-        },
-        || worker.log_text(),
-    );
 }
 
 /// The output's values, in order per partition, as `n` numbers.
@@ -120,10 +101,10 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
         &[event(&ids, 0), event(&ids, 1), event(&ids, 2)],
     );
     sent += 3;
-    settled(&worker, sent);
+    worker.wait_settled(sent, Duration::from_secs(60));
     produce_full(&input.name, &[event(&ids, 0), event(&ids, 1)]);
     sent += 2;
-    settled(&worker, sent);
+    worker.wait_settled(sent, Duration::from_secs(60));
     let mut expected: Vec<usize> = (0..20).chain([0, 1]).collect();
     expected.sort_unstable();
     assert_eq!(published(&output.name), expected);
@@ -186,10 +167,7 @@ fn a_forgotten_id_is_published_once_more_audited_and_kept_forgotten_across_a_kil
     std::fs::write(&file, format!("# deletion request\n{}\n\n", ids[5])).unwrap();
     // Without --by, the user running the command is who asks.
     let out = DEDUPE
-        .command()
-        .arg("forget")
-        .args(["--brokers", &brokers()])
-        .args(["--metrics-addr", &worker.metrics_addr().to_string()])
+        .forget_command(worker.metrics_addr())
         .args(["--file", file.to_str().unwrap()])
         .env("USER", "carol")
         .output()
@@ -247,10 +225,7 @@ fn a_forget_with_an_empty_by_or_for_a_partition_not_owned_is_refused_and_changes
     let ids = ids(40);
     let run = |args: &[&str]| {
         DEDUPE
-            .command()
-            .arg("forget")
-            .args(["--brokers", &brokers()])
-            .args(["--metrics-addr", &worker.metrics_addr().to_string()])
+            .forget_command(worker.metrics_addr())
             .args(args)
             .output()
             .expect("dedupe forget")
@@ -319,10 +294,7 @@ fn a_worker_that_dies_between_a_forgets_commit_and_its_mark_applies_it_on_restar
     wait_for_records(&output.name, 10, Duration::from_secs(60));
     // The worker commits the forget, then dies before its ledger marks the id: no answer.
     let out = DEDUPE
-        .command()
-        .arg("forget")
-        .args(["--brokers", &brokers()])
-        .args(["--metrics-addr", &worker.metrics_addr().to_string()])
+        .forget_command(worker.metrics_addr())
         .args([ids[4].as_str(), "--by", "alice"])
         .output()
         .expect("dedupe forget");
@@ -331,7 +303,7 @@ fn a_worker_that_dies_between_a_forgets_commit_and_its_mark_applies_it_on_restar
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     produce_full(&input.name, &[event(&ids, 4), event(&ids, 5)]);
-    settled(&worker, 2);
+    worker.wait_settled(2, Duration::from_secs(60));
     assert_eq!(published(&output.name), [0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9]);
     worker.terminate(Duration::from_secs(30));
 }

@@ -20,30 +20,6 @@ fn message_id_of(r: &Record) -> String {
     v["messageId"].as_str().unwrap().to_string()
 }
 
-/// Waits until the worker has read all `records` of its input, and published or dropped each.
-fn read_everything(worker: &Worker, records: usize) {
-    let count = |name: &str| worker.metric(name, &[]) as usize;
-    let settled = || {
-        let read = count("dedupe_records_in_total");
-        let done = count("dedupe_records_out_total") + count("dedupe_duplicates_dropped_total");
-        (read >= records && done == read).then_some(())
-    };
-    wait_until(
-        "the worker has published or dropped every input record",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        settled,
-        || {
-            format!(
-                "read {}, published {}, dropped {}",
-                count("dedupe_records_in_total"),
-                count("dedupe_records_out_total"),
-                count("dedupe_duplicates_dropped_total")
-            )
-        },
-    );
-}
-
 #[test]
 fn a_topic_keyed_by_user_id_counts_misrouted_ids_and_lets_copies_on_other_partitions_through() {
     let input = TestTopic::create("misrouted-in", 4);
@@ -92,7 +68,7 @@ fn a_topic_keyed_by_user_id_counts_misrouted_ids_and_lets_copies_on_other_partit
     worker.wait_ready(Duration::from_secs(60));
     // 400 first copies, and the 20 copies on other partitions: each a first copy there.
     wait_for_records(&output.name, 420, Duration::from_secs(60));
-    read_everything(&worker, records.len());
+    worker.wait_settled(records.len(), Duration::from_secs(30));
     let out = consume_all(&output.name, true);
     assert_eq!(
         out.len(),
@@ -167,7 +143,7 @@ fn retries_with_new_ids_are_dropped(source: &str, id_source: IdSource) {
         .start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 200, Duration::from_secs(60));
-    read_everything(&worker, sends.len());
+    worker.wait_settled(sends.len(), Duration::from_secs(30));
     let out = consume_all(&output.name, true);
     let mut events: BTreeMap<i64, usize> = BTreeMap::new();
     for r in &out {
@@ -296,7 +272,7 @@ fn through_rekey_a_topic_keyed_by_user_id_is_deduplicated_exactly_once_across_ki
     );
 
     wait_for_records(&output.name, ids.len(), Duration::from_secs(120));
-    read_everything(&worker, 0);
+    worker.wait_settled(0, Duration::from_secs(30));
     kit::exactly_once::assert_exactly_once(
         DEDUPE,
         &input.name,
@@ -402,7 +378,7 @@ fn one_source_flagged_then_unchecked_while_another_keeps_dropping_switched_witho
     let second: Vec<Outgoing> = sends(10..20).into_iter().chain(sends(30..40)).collect();
     produce_full(&input.name, &second);
     wait_for_records(&output.name, 60, Duration::from_secs(60));
-    read_everything(&worker, 80);
+    worker.wait_settled(80, Duration::from_secs(30));
     let out = consume_all(&output.name, true);
     assert_eq!(
         out.len(),

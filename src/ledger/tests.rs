@@ -319,17 +319,20 @@ fn a_seal_waits_for_a_large_buffer_to_be_committed_in_the_background_instead_of_
     assert_eq!(ledger.generations().unwrap()[1].meta.ids, 4096);
 }
 
-#[test]
-fn aging_drops_oldest_generations_whole_and_shrinks_the_window() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = LedgerOptions {
+/// A ledger that seals every 100 ids and has room for about three such generations.
+fn aging_options() -> LedgerOptions {
+    LedgerOptions {
         seal_after_ids: Some(100),
-        // Room for about three generations of 100 ids each.
         budget_bytes: 3 * 100 * DEFAULT_BYTES_PER_ID_ESTIMATE + 10,
         generations: 3,
         ..small_options(Durability::Wal)
-    };
-    let ledger = Ledger::open(dir.path(), options).unwrap();
+    }
+}
+
+#[test]
+fn aging_drops_oldest_generations_whole_and_shrinks_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path(), aging_options()).unwrap();
     // Ten batches of 100 ids, one second apart: each batch fills and seals a generation.
     for b in 0..10u64 {
         let items: Vec<_> = (0..100)
@@ -2140,13 +2143,7 @@ fn marks_read_back_from_the_log_apply_in_offset_order_and_a_rebuild_clears_them(
 #[test]
 fn the_marks_of_ids_that_aged_out_are_dropped_with_their_generations() {
     let dir = tempfile::tempdir().unwrap();
-    let options = LedgerOptions {
-        seal_after_ids: Some(100),
-        budget_bytes: 3 * 100 * DEFAULT_BYTES_PER_ID_ESTIMATE + 10,
-        generations: 3,
-        ..small_options(Durability::Wal)
-    };
-    let ledger = Ledger::open(dir.path(), options).unwrap();
+    let ledger = Ledger::open(dir.path(), aging_options()).unwrap();
     let batch = |b: u64| -> Vec<(LedgerKey, i64)> {
         (0..100)
             .map(|i| (key(b * 100 + i), (b as i64) * 1_000))

@@ -96,6 +96,17 @@ impl Dedupe {
         (out.status.code().unwrap_or(-1), json)
     }
 
+    /// `dedupe forget` on the test brokers, asking the worker at `metrics`; the ids and flags
+    /// are the caller's to add.
+    pub fn forget_command(&self, metrics: std::net::SocketAddr) -> Command {
+        let mut command = self.command();
+        command
+            .arg("forget")
+            .args(["--brokers", &brokers()])
+            .args(["--metrics-addr", &metrics.to_string()]);
+        command
+    }
+
     /// Runs `dedupe explain ID [ARGS]` on the test brokers, asking the worker at `metrics` (or,
     /// when none answers there, reading the ledger at `ledger`); the JSON line and the sentence
     /// it printed. Panics when it fails.

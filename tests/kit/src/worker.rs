@@ -184,6 +184,32 @@ impl Worker {
             .unwrap_or(0.0)
     }
 
+    /// Waits until it has read at least `records` input records and published or dropped each
+    /// one it read (its counters since it started).
+    pub fn wait_settled(&self, records: usize, timeout: Duration) {
+        let count = |name: &str| self.metric(name, &[]) as usize;
+        crate::wait_until(
+            "the worker has published or dropped every input record",
+            timeout,
+            Duration::from_millis(100),
+            || {
+                let read = count("dedupe_records_in_total");
+                let done =
+                    count("dedupe_records_out_total") + count("dedupe_duplicates_dropped_total");
+                (read >= records && done == read).then_some(())
+            },
+            || {
+                format!(
+                    "read {}, published {}, dropped {}\n{}",
+                    count("dedupe_records_in_total"),
+                    count("dedupe_records_out_total"),
+                    count("dedupe_duplicates_dropped_total"),
+                    tail(&self.log_text(), 40)
+                )
+            },
+        );
+    }
+
     /// Where its metrics (and admin) listener is.
     pub fn metrics_addr(&self) -> std::net::SocketAddr {
         std::net::SocketAddr::new(self.metrics_host, self.metrics_port)
