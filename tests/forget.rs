@@ -283,7 +283,13 @@ fn a_worker_that_dies_between_a_forgets_commit_and_its_mark_applies_it_on_restar
         })
         .take(10)
         .collect();
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    // The default configuration: the default ledger budget, batches and linger.
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .without("DEDUPE_WORKER_BATCH_MAX_RECORDS")
+        .without("DEDUPE_WORKER_BATCH_LINGER_MS")
+        .without("DEDUPE_LEDGER_BUDGET_BYTES")
+        .without("DEDUPE_LEDGER_WRITE_BUFFER_BYTES");
     let mut worker = spec
         .clone()
         .env("FAILPOINTS", "forget-after-commit=return")
