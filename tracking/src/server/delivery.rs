@@ -16,8 +16,9 @@ use futures::channel::oneshot;
 use rdkafka::client::ClientContext;
 use rdkafka::config::FromClientConfigAndContext;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+
+use super::topic::Topic;
 
 /// librdkafka's partitioner that matches the Java client's for keyed records.
 pub const PARTITIONER: &str = "murmur2_random";
@@ -161,13 +162,25 @@ fn producer_config(config: &Config) -> rdkafka::ClientConfig {
 
 /// Where a request's records go, and how long it waits for Kafka.
 pub struct Delivery {
-    pub producer: IngestProducer,
-    pub topic: String,
-    pub dead_letter_topic: String,
-    pub ack_timeout: Duration,
+    input: Topic,
+    dead_letter: Topic,
+    ack_timeout: Duration,
 }
 
 impl Delivery {
+    pub fn new(
+        producer: &IngestProducer,
+        topic: &str,
+        dead_letter_topic: &str,
+        ack_timeout: Duration,
+    ) -> Result<Self, KafkaError> {
+        Ok(Self {
+            input: Topic::new(producer, topic)?,
+            dead_letter: Topic::new(producer, dead_letter_topic)?,
+            ack_timeout,
+        })
+    }
+
     /// Produces every valid event to the input topic and every refused one to the dead-letter
     /// topic, then waits until Kafka acknowledged all of them, or gives up.
     pub async fn deliver(
@@ -177,7 +190,7 @@ impl Delivery {
         events: &Events,
         received_at_ms: i64,
     ) -> Result<(), DeliveryError> {
-        if let Some((code, _)) = self.producer.client().fatal_error() {
+        if let Some((code, _)) = self.input.producer().client().fatal_error() {
             return Err(DeliveryError::Enqueue(KafkaError::MessageProduction(code)));
         }
         if events.is_empty() {
@@ -192,29 +205,28 @@ impl Delivery {
             key.clear();
             tracking::push_record_key(&mut key, source, &m.message_id);
             let digest = tracking::digest::hex(m.content_hash);
-            let mut headers = OwnedHeaders::new_with_capacity(3)
-                .insert(Header {
-                    key: HEADER_SOURCE,
-                    value: Some(source),
-                })
-                .insert(Header {
-                    key: HEADER_CONTENT_DIGEST,
-                    value: Some(&digest[..]),
-                });
-            if m.id_origin != IdOrigin::Client {
-                headers = headers.insert(Header {
-                    key: HEADER_MESSAGE_ID,
-                    value: Some(m.id_origin.as_str()),
-                });
-            }
-            let record = BaseRecord::with_opaque_to(&self.topic, Arc::clone(&acks))
-                .key(&key)
-                .payload(&m.value)
-                .headers(headers)
-                .timestamp(received_at_ms);
-            self.producer
-                .send(record)
-                .map_err(|(e, _)| DeliveryError::Enqueue(e))?;
+            let source_header = (HEADER_SOURCE, source.as_bytes());
+            let digest_header = (HEADER_CONTENT_DIGEST, &digest[..]);
+            let derived;
+            let headers: &[(&str, &[u8])] = if m.id_origin == IdOrigin::Client {
+                &[source_header, digest_header]
+            } else {
+                derived = [
+                    source_header,
+                    digest_header,
+                    (HEADER_MESSAGE_ID, m.id_origin.as_str().as_bytes()),
+                ];
+                &derived
+            };
+            self.input
+                .send(
+                    Some(key.as_bytes()),
+                    &m.value,
+                    headers,
+                    received_at_ms,
+                    &acks,
+                )
+                .map_err(DeliveryError::Enqueue)?;
         }
         if !events.refused.is_empty() {
             let received_at = tracking::rfc3339_millis(
@@ -227,44 +239,25 @@ impl Delivery {
                     .map(|id| tracking::record_key(source, id));
                 let error = r.sentence();
                 let index = r.at.0.map(|i| i.to_string());
-                let mut headers = OwnedHeaders::new_with_capacity(6)
-                    .insert(Header {
-                        key: HEADER_SOURCE,
-                        value: Some(source),
-                    })
-                    .insert(Header {
-                        key: HEADER_REASON,
-                        value: Some(r.problem.reason()),
-                    })
-                    .insert(Header {
-                        key: HEADER_ERROR,
-                        value: Some(&error),
-                    })
-                    .insert(Header {
-                        key: HEADER_RECEIVED_AT,
-                        value: Some(&received_at),
-                    })
-                    .insert(Header {
-                        key: HEADER_ENDPOINT,
-                        value: Some(endpoint.as_str()),
-                    });
+                let mut headers: Vec<(&str, &[u8])> = vec![
+                    (HEADER_SOURCE, source.as_bytes()),
+                    (HEADER_REASON, r.problem.reason().as_bytes()),
+                    (HEADER_ERROR, error.as_bytes()),
+                    (HEADER_RECEIVED_AT, received_at.as_bytes()),
+                    (HEADER_ENDPOINT, endpoint.as_str().as_bytes()),
+                ];
                 if let Some(index) = &index {
-                    headers = headers.insert(Header {
-                        key: HEADER_INDEX,
-                        value: Some(index),
-                    });
+                    headers.push((HEADER_INDEX, index.as_bytes()));
                 }
-                let mut record =
-                    BaseRecord::with_opaque_to(&self.dead_letter_topic, Arc::clone(&acks))
-                        .payload(&r.value)
-                        .headers(headers)
-                        .timestamp(received_at_ms);
-                if let Some(key) = &key {
-                    record = record.key(key);
-                }
-                self.producer
-                    .send(record)
-                    .map_err(|(e, _)| DeliveryError::Enqueue(e))?;
+                self.dead_letter
+                    .send(
+                        key.as_deref().map(str::as_bytes),
+                        &r.value,
+                        &headers,
+                        received_at_ms,
+                        &acks,
+                    )
+                    .map_err(DeliveryError::Enqueue)?;
             }
         }
         let answer = tokio::time::timeout(self.ack_timeout, answered)

@@ -47,6 +47,7 @@ pub mod http;
 pub mod outcome;
 pub mod readiness;
 pub mod settings;
+mod topic;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -452,13 +453,18 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
         dead_letter_topic.clone(),
     );
     info!(sources = ?keys, "Loaded the write keys.");
+    let delivery = Delivery::new(
+        &producer,
+        &topic,
+        &dead_letter_topic,
+        Duration::from_millis(ingest_config.ack_timeout_ms),
+    )
+    .map_err(|source| IngestError::CreateProducer {
+        topic: topic.clone(),
+        source,
+    })?;
     let ingest = web::Data::new(Ingest {
-        delivery: Delivery {
-            producer: producer.clone(),
-            topic: topic.clone(),
-            dead_letter_topic,
-            ack_timeout: Duration::from_millis(ingest_config.ack_timeout_ms),
-        },
+        delivery,
         keys: Arc::new(keys),
         request_timeout: Duration::from_millis(ingest_config.request_timeout_ms),
         keyless_body_timeout: Duration::from_millis(ingest_config.keyless_body_timeout_ms()),
