@@ -39,7 +39,7 @@ use rocksdb::{Options, SstFileWriter};
 
 use super::error::{rocks, Doing};
 use super::format::{encode_value, stored_first_seen_ms, INGEST_FILE_EXTENSION};
-use super::index::IdIndex;
+use super::index::{BulkPlace, IdIndex};
 use super::tuning::load_run_options;
 use super::{Ledger, LedgerError, PartitionSpan, Result, State};
 use crate::identity::LedgerKey;
@@ -454,11 +454,11 @@ impl Indexer {
         let thread = std::thread::Builder::new()
             .name("ledger-load-index".into())
             .spawn(move || {
-                let mut busy = 0.0;
+                let mut sorted = SortedInserts::new(shared, tag);
                 for keys in queue {
-                    busy += index_locked(&shared, &keys, tag);
+                    sorted.add(&keys);
                 }
-                busy
+                sorted.finish()
             });
         match thread {
             Ok(thread) => Indexer {
@@ -497,6 +497,92 @@ impl Indexer {
         threaded + self.inline.as_ref().map_or(0.0, |(_, _, busy)| *busy)
     }
 }
+
+/// The index thread's inserts: places gathered [`SortedInserts::BATCH`] at a time, sorted by
+/// first bucket and inserted in that order. Ids arrive in the changelog's order, which is random
+/// in the table: inserted as they came, each missed the cache (about 60 ns an id); in bucket
+/// order, a batch walks the table from one end to the other.
+struct SortedInserts {
+    state: Arc<Mutex<State>>,
+    tag: u8,
+    places: Vec<BulkPlace>,
+    /// Seconds spent placing, sorting and inserting, the waits for the lock included.
+    busy_secs: f64,
+}
+
+impl SortedInserts {
+    /// Places sorted at once: 12 MB, a quarter of the buckets of a table sized for 50M ids.
+    const BATCH: usize = 1 << 20;
+    /// Inserts made under one hold of the ledger's lock: other partitions' batches wait for a
+    /// slice, not a whole batch.
+    const SLICE: usize = 1 << 16;
+
+    fn new(state: Arc<Mutex<State>>, tag: u8) -> SortedInserts {
+        SortedInserts {
+            state,
+            tag,
+            places: Vec::with_capacity(Self::BATCH),
+            busy_secs: 0.0,
+        }
+    }
+
+    fn add(&mut self, keys: &[LedgerKey]) {
+        let started = std::time::Instant::now();
+        let placer = {
+            let state = self.lock();
+            if !state.index.knows() {
+                return;
+            }
+            state.index.placer()
+        };
+        for key in keys {
+            match placer.bulk_place(key) {
+                Some(place) => self.places.push(place),
+                // A table of over 2^32 buckets (256 GiB): inserted as it comes.
+                None => {
+                    self.busy_secs += index_locked(&self.state, std::slice::from_ref(key), self.tag)
+                }
+            }
+        }
+        self.busy_secs += started.elapsed().as_secs_f64();
+        if self.places.len() >= Self::BATCH {
+            self.insert();
+        }
+    }
+
+    /// Inserts the places gathered, in the order of their first buckets.
+    fn insert(&mut self) {
+        let started = std::time::Instant::now();
+        radsort::sort_by_key(&mut self.places, |p| p.first);
+        for slice in self.places.chunks(Self::SLICE) {
+            let mut state = self.lock();
+            let index = &mut state.index;
+            for (i, place) in slice.iter().enumerate() {
+                if let Some(ahead) = slice.get(i + PREFETCH_AHEAD) {
+                    index.prefetch_bulk_place(ahead);
+                }
+                index.insert_bulk_place(place, self.tag);
+            }
+        }
+        self.places.clear();
+        self.busy_secs += started.elapsed().as_secs_f64();
+    }
+
+    /// Inserts what is left; the seconds spent, the waits for the lock included.
+    fn finish(mut self) -> f64 {
+        self.insert();
+        self.busy_secs
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Bulk places prefetched ahead of the one inserted: in bucket order the next few are close.
+const PREFETCH_AHEAD: usize = 16;
 
 /// [`index_all`] under the ledger's lock; the seconds it took, the wait for the lock included.
 fn index_locked(state: &Mutex<State>, keys: &[LedgerKey], tag: u8) -> f64 {

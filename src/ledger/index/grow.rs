@@ -117,6 +117,18 @@ impl IdIndex {
         choice.bucket(base, self.level)
     }
 
+    /// [`IdIndex::bucket_for_insert`] of a bucket `b` at the current level: its bucket at the
+    /// level before (`b` modulo that level's size) is split first if it is not yet.
+    pub(super) fn split_for_insert(&mut self, b: usize) -> usize {
+        if let Some(splitting) = &self.splitting {
+            let old = b % self.geometry.buckets(self.level - 1);
+            if !splitting.is_done(old) {
+                self.split(old);
+            }
+        }
+        b
+    }
+
     /// Splits bucket `b` of the old size into `b` and `b + old size`.
     fn split(&mut self, b: usize) {
         let Some(splitting) = self.splitting.as_mut() else {

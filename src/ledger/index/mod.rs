@@ -47,7 +47,7 @@ mod region;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use place::{Geometry, Place, Placer};
+pub(crate) use place::{BulkPlace, Geometry, Place, Placer};
 
 use grow::Splitting;
 use place::{fingerprint, Choice};
@@ -379,6 +379,34 @@ impl IdIndex {
         }
     }
 
+    /// [`IdIndex::insert_bulk`] of a place computed at the current level; cheapest when the
+    /// places come in the order of their first buckets.
+    pub(crate) fn insert_bulk_place(&mut self, place: &BulkPlace, tag: u8) -> bool {
+        debug_assert_eq!(
+            self.level_of[usize::from(tag)],
+            self.level,
+            "insert into a tag of another level"
+        );
+        let first = self.split_for_insert(place.first as usize);
+        let f = place.fingerprints[0];
+        match self.scan(first, Some((tag, f))) {
+            None => true,
+            Some(BucketScan { free: Some(i), .. }) => {
+                self.put(first, i, tag, f);
+                true
+            }
+            Some(BucketScan { free: None, .. }) => {
+                let second = self.split_for_insert(place.second as usize);
+                self.store_in([first, second], place.fingerprints, tag, true)
+            }
+        }
+    }
+
+    /// Prefetches the bucket a bulk insert of `place` reads first.
+    pub(crate) fn prefetch_bulk_place(&self, place: &BulkPlace) {
+        self.prefetch_bucket(place.first as usize);
+    }
+
     /// Writes `tag` and `f` into slot `i` of bucket `b`.
     fn put(&mut self, b: usize, i: usize, tag: u8, f: u16) {
         let bucket = self.bucket_mut(b);
@@ -401,6 +429,18 @@ impl IdIndex {
         let [c0, c1] = place.choices;
         let buckets = [self.bucket_for_insert(c0), self.bucket_for_insert(c1)];
         let fingerprints = [fingerprint(c0, self.level), fingerprint(c1, self.level)];
+        self.store_in(buckets, fingerprints, tag, once)
+    }
+
+    /// Stores an id in the emptier of its two `buckets` (at the current level, split), with the
+    /// fingerprint of that bucket.
+    fn store_in(
+        &mut self,
+        buckets: [usize; 2],
+        fingerprints: [u16; 2],
+        tag: u8,
+        once: bool,
+    ) -> bool {
         // Only a held fingerprint makes a scan `None`, and only an insert-once looks for one.
         let scan = |i: usize| self.scan(buckets[i], once.then_some((tag, fingerprints[i])));
         let (Some(first), Some(second)) = (scan(0), scan(1)) else {

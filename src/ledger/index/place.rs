@@ -101,6 +101,17 @@ pub(crate) struct Place {
     pub(crate) choices: [Choice; 2],
 }
 
+/// Where a bulk load puts an id, in 12 bytes: both buckets and both fingerprints at the level it
+/// was computed for. A load sorts its ids' places by first bucket before it inserts them, so
+/// that the inserts walk the table from one end to the other instead of missing the cache on
+/// each (a [`Place`] is 48 bytes: four times the memory to sort).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BulkPlace {
+    pub(crate) first: u32,
+    pub(crate) second: u32,
+    pub(crate) fingerprints: [u16; 2],
+}
+
 /// Computes places at one level of one table (its seed and geometry), apart from the table.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Placer {
@@ -136,6 +147,17 @@ impl Placer {
             second: choices[1].bucket(base, self.level),
             choices,
         }
+    }
+
+    /// Where a bulk load puts `key`; `None` for a table of more than 2^32 buckets (256 GiB),
+    /// whose places a [`BulkPlace`] cannot hold.
+    pub(crate) fn bulk_place(&self, key: &LedgerKey) -> Option<BulkPlace> {
+        let place = self.place(key);
+        Some(BulkPlace {
+            first: u32::try_from(place.first).ok()?,
+            second: u32::try_from(place.second).ok()?,
+            fingerprints: place.choices.map(|c| fingerprint(c, self.level)),
+        })
     }
 
     fn choice(&self, word: u64) -> Choice {
