@@ -362,33 +362,29 @@ impl IdIndex {
     /// the fingerprint with `tag` takes no second slot, since the index only ever says "perhaps in
     /// this generation".
     pub(crate) fn insert_bulk(&mut self, place: &Place, tag: u8) -> bool {
-        debug_assert_eq!(
-            self.level_of[usize::from(tag)],
-            self.level,
-            "insert into a tag of another level"
-        );
-        let first = self.bucket_for_insert(place.choices[0]);
-        let f = fingerprint(place.choices[0], self.level);
-        match self.scan(first, Some((tag, f))) {
-            None => true,
-            Some(BucketScan { free: Some(i), .. }) => {
-                self.put(first, i, tag, f);
-                true
-            }
-            Some(BucketScan { free: None, .. }) => self.store(place, tag, true),
-        }
+        let base = self.geometry.base;
+        let buckets = place.choices.map(|c| c.bucket(base, self.level));
+        let fingerprints = place.choices.map(|c| fingerprint(c, self.level));
+        self.insert_bulk_at(buckets, fingerprints, tag)
     }
 
     /// [`IdIndex::insert_bulk`] of a place computed at the current level; cheapest when the
     /// places come in the order of their first buckets.
     pub(crate) fn insert_bulk_place(&mut self, place: &BulkPlace, tag: u8) -> bool {
+        let buckets = [place.first as usize, place.second as usize];
+        self.insert_bulk_at(buckets, place.fingerprints, tag)
+    }
+
+    /// A bulk insert of an id whose buckets and fingerprints at the current level are `buckets`
+    /// and `fingerprints`: into the first bucket when it has room, else into the emptier.
+    fn insert_bulk_at(&mut self, buckets: [usize; 2], fingerprints: [u16; 2], tag: u8) -> bool {
         debug_assert_eq!(
             self.level_of[usize::from(tag)],
             self.level,
             "insert into a tag of another level"
         );
-        let first = self.split_for_insert(place.first as usize);
-        let f = place.fingerprints[0];
+        let first = self.split_for_insert(buckets[0]);
+        let f = fingerprints[0];
         match self.scan(first, Some((tag, f))) {
             None => true,
             Some(BucketScan { free: Some(i), .. }) => {
@@ -396,8 +392,8 @@ impl IdIndex {
                 true
             }
             Some(BucketScan { free: None, .. }) => {
-                let second = self.split_for_insert(place.second as usize);
-                self.store_in([first, second], place.fingerprints, tag, true)
+                let second = self.split_for_insert(buckets[1]);
+                self.store_in([first, second], fingerprints, tag, true)
             }
         }
     }
