@@ -10,7 +10,8 @@
 //!   once per call of [`Load::add`];
 //! - collects the ids in runs of [`RUN_IDS`], each sorted and written as one SST file
 //!   (uncompressed, without a filter: see `tuning.rs`) by a thread of its own while the next run
-//!   fills, two runs at a time;
+//!   fills, two runs at a time (`run.rs`: a run is kept in shards by key, sorted within the
+//!   CPU's cache);
 //! - and, in [`Load::finish`], ingests every run together with the next regular commit (the id
 //!   buffer's file and its commit record) in one `ingest_external_file` call.
 //!
@@ -35,18 +36,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rocksdb::{Options, SstFileWriter};
-
 mod indexer;
+mod run;
 
-use super::error::{rocks, Doing};
-use super::format::{encode_value, stored_first_seen_ms, INGEST_FILE_EXTENSION};
+use super::format::{stored_first_seen_ms, INGEST_FILE_EXTENSION};
 use super::index::IdIndex;
 use super::tuning::load_run_options;
 use super::{Ledger, LedgerError, PartitionSpan, Result, State};
 use crate::identity::LedgerKey;
 use crate::Partition;
 use indexer::Indexer;
+use run::{Run, RunWriter};
 
 /// Ids collected before they are sorted and written as one run: 8M ids, about 200 MB of memory
 /// (three runs at most per load: one filling, two being written).
@@ -85,7 +85,7 @@ pub struct Load<'l> {
     pinned: Option<Pinned>,
     /// Ids of the run filling: with their first-seen times until the load is pinned, their
     /// stored first-seen times (relative to the generation's base) after.
-    run: Vec<(LedgerKey, i64)>,
+    run: Run,
     /// Runs written.
     files: Vec<PathBuf>,
     /// The runs being written, oldest first.
@@ -143,7 +143,7 @@ impl Ledger {
             ledger: self,
             partition,
             pinned: None,
-            run: Vec::with_capacity(RUN_IDS),
+            run: Run::with_capacity(RUN_IDS),
             files: Vec::new(),
             writing: std::collections::VecDeque::new(),
             span: None,
@@ -167,10 +167,7 @@ impl Load<'_> {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let first = self
-            .run
-            .first()
-            .map_or_else(crate::clock::now_ms, |(_, t)| *t);
+        let first = self.run.first_time().unwrap_or_else(crate::clock::now_ms);
         let (generation, base_ms) = {
             let mut state = self.ledger.lock();
             if state.loads == 0 {
@@ -188,8 +185,8 @@ impl Load<'_> {
             (generation, pinned_base(&mut state, generation, first))
         };
         let mut indexer = Indexer::start(Arc::clone(&self.ledger.state), IdIndex::tag(generation));
-        indexer.add(self.run.iter().map(|(k, _)| *k).collect());
-        for (_, t) in &mut self.run {
+        indexer.add(self.run.keys().collect());
+        for t in self.run.times_mut() {
             *t = stored_first_seen_ms(base_ms, *t);
         }
         self.pinned = Some(Pinned {
@@ -213,12 +210,15 @@ impl Load<'_> {
             Some(pinned) => {
                 pinned.indexer.add(ids.iter().map(|(k, _)| *k).collect());
                 let base_ms = pinned.base_ms;
-                self.run.extend(
-                    ids.iter()
-                        .map(|&(key, time_ms)| (key, stored_first_seen_ms(base_ms, time_ms))),
-                );
+                for &(key, time_ms) in ids {
+                    self.run.push(key, stored_first_seen_ms(base_ms, time_ms));
+                }
             }
-            None => self.run.extend_from_slice(ids),
+            None => {
+                for &(key, time_ms) in ids {
+                    self.run.push(key, time_ms);
+                }
+            }
         }
         let span = self.span.get_or_insert(PartitionSpan {
             first_seen_ms: first,
@@ -293,25 +293,23 @@ impl Load<'_> {
         while self.writing.len() >= WRITERS {
             self.wait_for_run()?;
         }
-        let ids = std::mem::replace(&mut self.run, Vec::with_capacity(self.run_ids));
-        self.spawn_writer(ids)
+        let run = std::mem::replace(&mut self.run, Run::with_capacity(self.run_ids));
+        self.spawn_writer(run)
     }
 
-    /// Hands the last run to [`WRITERS`] writers at once, in pieces in their order (a later piece
-    /// is a later run: the newer copy of an id in both wins, as across runs). Nothing of the load
-    /// is left to overlap the last run's sort and write with: written whole, it kept one core
-    /// busy and left the other idle (the last run of a 50M-id load holds 8M ids, about a second).
+    /// Hands the last run to [`WRITERS`] writers at once, in pieces of disjoint key ranges.
+    /// Nothing of the load is left to overlap the last run's sort and write with: written whole,
+    /// it kept one core busy and left the other idle (the last run of a 50M-id load holds 8M ids,
+    /// about a second).
     fn write_last_run(&mut self) -> Result<()> {
-        let piece = self.run.len().div_ceil(WRITERS).max(1);
-        let mut rest = std::mem::take(&mut self.run);
-        while !rest.is_empty() {
-            let after = rest.split_off(piece.min(rest.len()));
-            self.spawn_writer(std::mem::replace(&mut rest, after))?;
+        let run = std::mem::replace(&mut self.run, Run::with_capacity(0));
+        for piece in run.split(WRITERS) {
+            self.spawn_writer(piece)?;
         }
         Ok(())
     }
 
-    fn spawn_writer(&mut self, ids: Vec<(LedgerKey, i64)>) -> Result<()> {
+    fn spawn_writer(&mut self, run: Run) -> Result<()> {
         let writer = RunWriter {
             file: self.ledger.path.join(format!(
                 "load-{:06}.{}",
@@ -320,7 +318,7 @@ impl Load<'_> {
             )),
             options: load_run_options(&self.ledger.options, &self.ledger.block_cache),
             base_ms: self.pinned.as_ref().map_or(0, |p| p.base_ms),
-            ids,
+            run,
         };
         let spawned = std::thread::Builder::new()
             .name("ledger-load".into())
@@ -438,96 +436,6 @@ fn pinned_base(state: &mut State, generation: u64, first: i64) -> i64 {
     }
 }
 
-/// Sorts a run by key, equal keys by first-seen time (the last one is kept). Keys are random, so
-/// a radix sort by their first 4 bytes orders all but the few keys that share them (about one
-/// in a thousand in a run of 8M), which are then ordered among themselves: cheaper than a
-/// comparison sort, whose comparisons were a large part of a load's CPU time.
-fn sort_run(ids: &mut [(LedgerKey, i64)]) {
-    let prefix = |k: &LedgerKey| u32::from_be_bytes([k.0[0], k.0[1], k.0[2], k.0[3]]);
-    radsort::sort_by_key(ids, |(k, _)| prefix(k));
-    let mut start = 0;
-    while start < ids.len() {
-        let p = prefix(&ids[start].0);
-        let end = start
-            + ids[start..]
-                .iter()
-                .take_while(|(k, _)| prefix(k) == p)
-                .count();
-        if end - start > 1 {
-            ids[start..end].sort_unstable_by_key(|&(k, t)| (u128::from_be_bytes(k.0), t));
-        }
-        start = end;
-    }
-}
-
-/// Writes one run: its ids sorted, each key once (the copy with the latest first-seen time), as an
-/// SST file of the generation's table format. Needs nothing of the open database, so it runs on a
-/// thread of its own.
-struct RunWriter {
-    file: PathBuf,
-    options: Options,
-    base_ms: i64,
-    ids: Vec<(LedgerKey, i64)>,
-}
-
-impl RunWriter {
-    fn write(mut self) -> Result<PathBuf> {
-        sort_run(&mut self.ids);
-        let written = (|| {
-            let mut writer = SstFileWriter::create(&self.options);
-            writer.open(&self.file)?;
-            let mut value = Vec::with_capacity(4);
-            for (i, (key, t)) in self.ids.iter().enumerate() {
-                if self.ids.get(i + 1).is_some_and(|(next, _)| next == key) {
-                    continue;
-                }
-                value.clear();
-                // The changelog carries no digests: a loaded id's copies get the verdict `unknown`.
-                encode_value(self.base_ms, *t, None, &mut value);
-                writer.put(key.0, &value)?;
-            }
-            writer.finish()
-        })();
-        if written.is_err() {
-            let _ = std::fs::remove_file(&self.file);
-        }
-        written.map_err(rocks(Doing::Write))?;
-        read_back(&self.file);
-        Ok(self.file)
-    }
-}
-
-/// Asks the kernel to read a run back into the page cache, in the background. RocksDB's
-/// `SstFileWriter` drops the pages of the file it writes as it goes, so without this every lookup
-/// that reaches the loaded generation before its compaction reads a block of each run from disk:
-/// at 200M ids (25 runs) the first batch after a take-over, with 2,000 copies of old ids, took
-/// seconds. Read back (1.2 GB/s here, beside a load bound by the CPU), the same lookups are page
-/// cache reads. Only a hint: without it the lookups are slower, never wrong.
-fn read_back(file: &std::path::Path) {
-    use std::os::fd::AsRawFd;
-    /// Linux reads at most a device's readahead size per hint, so the file is hinted in steps.
-    const STEP: i64 = 4 << 20;
-    let Ok(opened) = std::fs::File::open(file) else {
-        return;
-    };
-    let Ok(len) = opened.metadata().map(|m| m.len() as i64) else {
-        return;
-    };
-    for offset in (0..len).step_by(STEP as usize) {
-        // SAFETY: the descriptor is open for the call's duration; fadvise reads no memory of ours.
-        let advised = unsafe {
-            libc::posix_fadvise(opened.as_raw_fd(), offset, STEP, libc::POSIX_FADV_WILLNEED)
-        };
-        if advised != 0 {
-            tracing::debug!(
-                code = advised,
-                "Could not ask for a load's run to be read back into the page cache."
-            );
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -572,59 +480,6 @@ mod tests {
                     .is_some_and(|x| x == super::super::format::INGEST_FILE_EXTENSION)
             })
             .count()
-    }
-
-    /// The share of `file`'s pages in the page cache.
-    fn resident_share(file: &std::path::Path) -> f64 {
-        use std::os::fd::AsRawFd;
-        let opened = std::fs::File::open(file).unwrap();
-        let len = opened.metadata().unwrap().len() as usize;
-        let pages = len.div_ceil(4096);
-        let mut vec = vec![0u8; pages];
-        // SAFETY: a read-only shared mapping of the whole file, unmapped before returning; mincore
-        // writes one byte per page into `vec`, which has one per page.
-        unsafe {
-            let map = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                opened.as_raw_fd(),
-                0,
-            );
-            assert_ne!(map, libc::MAP_FAILED);
-            assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
-            libc::munmap(map, len);
-        }
-        vec.iter().filter(|&&v| v & 1 == 1).count() as f64 / pages as f64
-    }
-
-    #[test]
-    fn a_written_run_is_read_back_into_the_page_cache_whole() {
-        // About 10 MB: more than Linux reads for one readahead hint.
-        let dir = tempfile::tempdir().unwrap();
-        let cache = rocksdb::Cache::new_lru_cache(1 << 20);
-        let ids: Vec<(LedgerKey, i64)> = (0..350_000).map(|i| (key(i), i as i64)).collect();
-        let writer = RunWriter {
-            file: dir.path().join("run.sst"),
-            options: load_run_options(&options(), &cache),
-            base_ms: 0,
-            ids,
-        };
-        let file = writer.write().unwrap();
-        assert!(std::fs::metadata(&file).unwrap().len() > 8 << 20);
-        // The reads were asked for; they finish in the background.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut share = resident_share(&file);
-        while share < 0.99 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            share = resident_share(&file);
-        }
-        assert!(
-            share >= 0.99,
-            "{:.0}% of the run is in the page cache",
-            share * 100.0
-        );
     }
 
     #[test]
@@ -778,35 +633,6 @@ mod tests {
         assert_eq!(
             ledger.check(&[key(1), key(2), key(3)]).unwrap(),
             vec![Some(6_000_000), Some(2_000_000), Some(3_000_000)]
-        );
-    }
-
-    #[test]
-    fn a_run_is_sorted_by_key_and_equal_keys_by_time_whatever_their_prefix() {
-        let k = |prefix: u8, last: u8| {
-            let mut b = [prefix; 16];
-            b[15] = last;
-            LedgerKey(b)
-        };
-        let mut ids = vec![
-            (k(9, 1), 5),
-            (k(1, 7), 3),
-            (k(9, 0), 8),
-            (k(1, 7), 1),
-            (k(1, 2), 9),
-            (k(9, 1), 2),
-        ];
-        sort_run(&mut ids);
-        assert_eq!(
-            ids,
-            vec![
-                (k(1, 2), 9),
-                (k(1, 7), 1),
-                (k(1, 7), 3),
-                (k(9, 0), 8),
-                (k(9, 1), 2),
-                (k(9, 1), 5)
-            ]
         );
     }
 
