@@ -112,36 +112,21 @@ impl Drop for Region {
     }
 }
 
-/// Faults in the pages of `[from, to)` of the mapping at `base`, for writing. Only the kernel
-/// touches the memory (MADV_POPULATE_WRITE), so it may run beside a thread using other pages of
-/// the mapping; where the kernel lacks it (before Linux 5.14), the pages fault in on first use.
+/// Faults in the pages of `[from, to)` of the mapping at `base` (the page holding `from` aside: it
+/// may be in use), one write each that leaves the byte as it is.
 ///
-/// It goes [`POPULATE_STEP`] at a time: the kernel holds the process's memory map lock through one
-/// call, so a thread that maps memory meanwhile (any large allocation) waits for all of it, and
-/// every page fault of the process queues behind that thread. In one call, making the table's next
-/// size resident (1.3 GB, then 2.5 GB) stalled the ledger bench's batches 1.9 s and 6.2 s, the
-/// batch's thread caught in `mmap` beside the populating one.
+/// Not `MADV_POPULATE_WRITE`: the kernel holds the process's memory map lock through that call
+/// (about 3 ms per huge page in a VM, where the host backs each page as it is first touched), and
+/// every `mmap` and `munmap` of the process waits behind it: RocksDB creating a column family
+/// while the next size was made resident waited about half a second. A page fault takes only its
+/// own mapping's lock.
 fn populate(base: usize, from: usize, to: usize) {
     const PAGE: usize = 4096;
-    let mut at = from / PAGE * PAGE;
-    while at < to {
-        let end = (at + POPULATE_STEP).min(to);
-        // SAFETY: the range lies in the mapping at `base`, which outlives this call (its owner
-        // joins the thread running it before unmapping); populating never changes the contents.
-        let result = unsafe {
-            libc::madvise(
-                (base + at) as *mut libc::c_void,
-                end - at,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if result != 0 {
-            tracing::debug!(error = %std::io::Error::last_os_error(), "Could not make the id index's pages resident ahead of use.");
-            return;
-        }
-        at = end;
+    for at in (from.next_multiple_of(PAGE)..to).step_by(PAGE) {
+        // SAFETY: the byte lies in the mapping at `base`, which outlives this call (its owner
+        // joins the thread running it before unmapping), and nothing else accesses it meanwhile:
+        // the range is past the memory in use, or the caller waits for this call.
+        let byte = unsafe { std::sync::atomic::AtomicU8::from_ptr((base + at) as *mut u8) };
+        byte.fetch_or(0, std::sync::atomic::Ordering::Relaxed);
     }
 }
-
-/// Bytes made resident per call (see [`populate`]): 16 huge pages.
-const POPULATE_STEP: usize = 32 << 20;
