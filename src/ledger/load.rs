@@ -118,8 +118,8 @@ pub struct LoadTimes {
     pub index_secs: f64,
     /// Waiting for a run to be sorted and written by its thread.
     pub run_wait_secs: f64,
-    /// The commit: the last runs' wait, the index's last chunks, the ingestion and the
-    /// bookkeeping.
+    /// The commit: the last runs' wait, the index's last chunks, the ingestion, the bookkeeping
+    /// and the seal that follows a load of more than [`SEAL_AFTER_RUNS`] runs.
     pub commit_secs: f64,
     /// Runs written.
     pub runs: usize,
@@ -277,12 +277,14 @@ impl Load<'_> {
             floor,
         };
         self.ledger.commit_load(runs)?;
-        self.times.commit_secs = started.elapsed().as_secs_f64();
         if self.times.runs > SEAL_AFTER_RUNS {
-            // Sealed when the load lets go of it (in `drop`, just after).
+            // Sealed when the load lets go of it (in `drop`), part of the commit's time.
             self.ledger.lock().seal_requested = true;
         }
-        Ok((self.ids, self.times))
+        let (ids, mut times) = (self.ids, self.times);
+        drop(self);
+        times.commit_secs = started.elapsed().as_secs_f64();
+        Ok((ids, times))
     }
 
     /// Hands the filled run to a writer thread (once fewer than [`WRITERS`] are busy).

@@ -402,7 +402,7 @@ fn phase_table(
         Phase {
             name: m::PHASE_COMMIT,
             secs: phase(m::PHASE_COMMIT),
-            what: "the last runs, the index's last chunks, the ledger's ingestion",
+            what: "the last runs, the index's last chunks, the ledger's ingestion and seal",
         },
         Phase {
             name: "first_publish",
