@@ -73,27 +73,21 @@ impl Run {
     /// shards, in key order: no key is in two of them.
     pub(super) fn split(self, pieces: usize) -> Vec<Run> {
         let share = self.len.div_ceil(pieces.max(1)).max(1);
-        let mut runs = Vec::with_capacity(pieces);
-        let mut current = Run {
-            shards: Vec::new(),
-            len: 0,
-            first_time: self.first_time,
-        };
+        let mut runs: Vec<Run> = Vec::with_capacity(pieces);
         for shard in self.shards {
-            if current.len >= share && runs.len() + 1 < pieces {
-                runs.push(std::mem::replace(
-                    &mut current,
-                    Run {
-                        shards: Vec::new(),
-                        len: 0,
-                        first_time: self.first_time,
-                    },
-                ));
+            let full = runs.len() >= pieces;
+            match runs.last_mut() {
+                Some(last) if last.len < share || full => {
+                    last.len += shard.len();
+                    last.shards.push(shard);
+                }
+                _ => runs.push(Run {
+                    len: shard.len(),
+                    shards: vec![shard],
+                    first_time: self.first_time,
+                }),
             }
-            current.len += shard.len();
-            current.shards.push(shard);
         }
-        runs.push(current);
         runs.retain(|r| !r.is_empty());
         runs
     }
