@@ -3,7 +3,9 @@
 use std::time::SystemTime;
 
 use super::event::{Making, Message, MessageIds, Refused, Shared};
-use super::json::{self, check_strict, reader::ErrorKind, string_value, Fields, Mode, Reader};
+use super::json::{
+    self, check_strict, reader::ErrorKind, string_value, Fields, ItemFields, Mode, Reader,
+};
 use super::{
     rfc3339_millis, Endpoint, Location, Rejection, MAX_BATCH_EVENTS, MAX_MERGED_BYTES,
     MAX_REQUEST_BYTES,
@@ -18,6 +20,8 @@ pub struct Envelope<'a> {
     top: Fields<'a>,
     /// A batch's events' text, found in the same pass as the body's fields.
     items: Vec<&'a str>,
+    /// Each event's fields, read strictly in that same pass (`None`: read it again on its own).
+    events: ItemFields<'a>,
     write_key: Option<String>,
 }
 
@@ -76,13 +80,20 @@ impl<'a> Envelope<'a> {
         })?;
         let text = trim_json(text);
         // One pass over the body checks its grammar, finds its fields and, on the batch route,
-        // where each event starts and ends; each event is read strictly on its own later.
+        // reads each event strictly where it stands (an event strict reading refuses is skimmed
+        // here and read on its own later, for its problem).
         let mut items = Vec::new();
+        let mut events = ItemFields::default();
         let mut reader = Reader::default();
         let top = match endpoint {
-            Endpoint::Batch => {
-                Fields::read_with_items(&mut reader, text, Mode::Skim, "batch", &mut items)
-            }
+            Endpoint::Batch => Fields::read_with_events(
+                &mut reader,
+                text,
+                Mode::Skim,
+                "batch",
+                &mut items,
+                &mut events,
+            ),
             Endpoint::Single(_) => Fields::read(&mut reader, text, Mode::Skim),
         }
         .map_err(|e| match e.kind {
@@ -95,6 +106,7 @@ impl<'a> Envelope<'a> {
             text,
             top,
             items,
+            events,
             write_key,
         })
     }
@@ -109,7 +121,7 @@ impl<'a> Envelope<'a> {
     /// refuses it: a batch that is not an array, empty or over the limits, or shared fields that
     /// are not valid JSON.
     pub fn into_events(
-        self,
+        mut self,
         received_at: SystemTime,
         ids: MessageIds<'_>,
     ) -> Result<Events, Rejection> {
@@ -137,7 +149,7 @@ impl<'a> Envelope<'a> {
                 {
                     return Err(Rejection::BatchNotArray);
                 }
-                let items = &self.items;
+                let items = std::mem::take(&mut self.items);
                 if items.is_empty() {
                     return Err(Rejection::EmptyBatch);
                 }
@@ -157,8 +169,9 @@ impl<'a> Envelope<'a> {
                 }
                 let mut making = Making::new(&received_at, None, &shared, ids);
                 events.messages.reserve(items.len());
-                for (i, item) in items.iter().enumerate() {
-                    match making.make(Location(Some(i)), item) {
+                let mut read = std::mem::take(&mut self.events.read).into_iter();
+                for (i, item) in items.into_iter().enumerate() {
+                    match making.make_read(Location(Some(i)), item, read.next().flatten()) {
                         Ok(m) => events.messages.push(m),
                         Err(r) => events.refused.push(r),
                     }

@@ -223,6 +223,17 @@ impl<'a> Making<'a> {
     /// Validates the event whose text is `raw` and makes its record, or says why not. One pass
     /// over the text checks it strictly and finds its fields.
     pub fn make(&mut self, at: Location, raw: &'a str) -> Result<Message, Refused> {
+        self.make_read(at, raw, None)
+    }
+
+    /// Like [`Making::make`], for an event whose strict read found `read` already (in the body's
+    /// pass, [`json::ItemFields`]); `None` reads it here.
+    pub fn make_read(
+        &mut self,
+        at: Location,
+        raw: &'a str,
+        read: Option<Vec<Field<'a>>>,
+    ) -> Result<Message, Refused> {
         let refuse = |problem: Problem| Refused {
             at,
             problem,
@@ -235,13 +246,16 @@ impl<'a> Making<'a> {
         if raw.len() > MAX_MESSAGE_BYTES {
             return Err(refuse(Problem::TooLarge { bytes: raw.len() }));
         }
-        let fields = Fields::read_into(
-            &mut self.reader,
-            raw,
-            Mode::Strict,
-            std::mem::take(&mut self.fields),
-        )
-        .map_err(|e| refuse(problem_of(&e, raw)))?;
+        let fields = match read {
+            Some(list) => Fields::of_strict_read(raw, list),
+            None => Fields::read_into(
+                &mut self.reader,
+                raw,
+                Mode::Strict,
+                std::mem::take(&mut self.fields),
+            )
+            .map_err(|e| refuse(problem_of(&e, raw)))?,
+        };
         let made = self.made(&fields, raw).map_err(refuse);
         self.fields = fields.into_list();
         made

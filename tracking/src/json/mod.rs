@@ -8,7 +8,7 @@
 pub mod reader;
 pub mod reference;
 
-pub use reader::{is_number, string_value, Field, JsonError, Mode, Reader};
+pub use reader::{is_number, string_value, Field, ItemFields, JsonError, Mode, Reader};
 
 use reader::ErrorKind;
 
@@ -134,6 +134,26 @@ impl<'a> Fields<'a> {
         let mut list = Vec::with_capacity(8);
         reader.object_with_items(object, mode, &mut list, Some((name, items)))?;
         Ok(Self::of(object, list))
+    }
+
+    /// Like [`Fields::read_with_items`], and each event that is an object read strictly in the
+    /// same pass into `events` (see [`ItemFields`]).
+    pub fn read_with_events(
+        reader: &mut Reader<'a>,
+        object: &'a str,
+        mode: Mode,
+        name: &str,
+        items: &mut Vec<&'a str>,
+        events: &mut ItemFields<'a>,
+    ) -> Result<Self, JsonError> {
+        let mut list = Vec::with_capacity(8);
+        reader.object_with_events(object, mode, &mut list, Some((name, items)), Some(events))?;
+        Ok(Self::of(object, list))
+    }
+
+    /// The fields of `object` that a strict read of it found (an entry of [`ItemFields::read`]).
+    pub fn of_strict_read(object: &'a str, list: Vec<Field<'a>>) -> Self {
+        Self::of(object, list)
     }
 
     fn of(text: &'a str, list: Vec<Field<'a>>) -> Self {

@@ -145,7 +145,24 @@ struct Capture<'a, 'o> {
     /// the top-level object's field of that name.
     items: Option<&'o mut Vec<&'a str>>,
     items_of: Option<&'o str>,
+    /// With `items`: each element's fields, read strictly in the same pass (see [`ItemFields`]).
+    item_fields: Option<&'o mut ItemFields<'a>>,
 }
+
+/// A batch's events read strictly as the body is read: each element of the captured array that
+/// is an object is read by a strict reader of its own, exactly as [`Reader::object`] reads it
+/// alone, and the body's reader goes on after it, so the event's bytes are read once. An element
+/// that is not an object, or that strict reading refuses, gets `None` and is skimmed as before;
+/// whoever makes it reads it again on its own, for the problem and its place.
+#[derive(Default)]
+pub struct ItemFields<'a> {
+    reader: Reader<'a>,
+    /// One entry per element, in order.
+    pub read: Vec<Option<Vec<Field<'a>>>>,
+}
+
+/// The room a strictly read event's field list starts with: more than the fields of most events.
+const EVENT_FIELDS: usize = 16;
 
 impl Capture<'_, '_> {
     /// At which depth the captured array's elements are.
@@ -179,6 +196,19 @@ impl<'a> Reader<'a> {
         fields: &mut Vec<Field<'a>>,
         items: Option<(&str, &mut Vec<&'a str>)>,
     ) -> Result<(), JsonError> {
+        self.object_with_events(text, mode, fields, items, None)
+    }
+
+    /// Like [`Reader::object_with_items`], and each element that is an object read strictly in
+    /// the same pass into `item_fields` (one entry per element).
+    pub fn object_with_events(
+        &mut self,
+        text: &'a str,
+        mode: Mode,
+        fields: &mut Vec<Field<'a>>,
+        items: Option<(&str, &mut Vec<&'a str>)>,
+        item_fields: Option<&mut ItemFields<'a>>,
+    ) -> Result<(), JsonError> {
         let start = skip_space(text.as_bytes(), 0);
         if text.as_bytes().get(start) != Some(&b'{') {
             return Err(match self.value(text, mode) {
@@ -197,6 +227,7 @@ impl<'a> Reader<'a> {
                 fields: Some(fields),
                 items,
                 items_of,
+                item_fields,
             },
         )
     }
@@ -231,14 +262,27 @@ impl<'a> Reader<'a> {
         &mut self,
         text: &'a str,
         mode: Mode,
-        mut capture: Capture<'a, '_>,
+        capture: Capture<'a, '_>,
     ) -> Result<(), JsonError> {
+        self.walk(text, 0, mode, capture, true).map(|_| ())
+    }
+
+    /// Reads the value at `from` and returns where it ends; with `whole`, nothing but white space
+    /// may follow it.
+    fn walk(
+        &mut self,
+        text: &'a str,
+        from: usize,
+        mode: Mode,
+        mut capture: Capture<'a, '_>,
+        whole: bool,
+    ) -> Result<usize, JsonError> {
         self.frames.clear();
         self.keys.clear();
         self.fields_wanted = capture.fields.is_some();
         let b = text.as_bytes();
         let strict = mode == Mode::Strict;
-        let mut at = 0;
+        let mut at = from;
         // Where the top-level container's current part began, and the key of the top-level
         // object's current field, for the capture.
         let mut part_start = 0;
@@ -251,7 +295,24 @@ impl<'a> Reader<'a> {
         'value: loop {
             at = skip_space(b, at);
             let &first = b.get(at).ok_or(JsonError::new(ErrorKind::Eof, at))?;
+            let mut read_whole = false;
+            if items_open && self.frames.len() == items_depth {
+                if let Some(events) = &mut capture.item_fields {
+                    let read = if first == b'{' {
+                        events.read_one(text, at)
+                    } else {
+                        None
+                    };
+                    if let Some((end, _)) = &read {
+                        // The event was read whole: the body's reader goes on after it.
+                        at = *end;
+                        read_whole = true;
+                    }
+                    events.read.push(read.map(|(_, fields)| fields));
+                }
+            }
             match first {
+                _ if read_whole => {}
                 b'{' | b'[' => {
                     if strict && self.frames.len() >= MAX_DEPTH {
                         return Err(JsonError::new(ErrorKind::TooDeep, at));
@@ -306,9 +367,12 @@ impl<'a> Reader<'a> {
             loop {
                 let depth = self.frames.len();
                 if depth == 0 {
+                    if !whole {
+                        return Ok(at);
+                    }
                     at = skip_space(b, at);
                     return if at == b.len() {
-                        Ok(())
+                        Ok(at)
                     } else {
                         Err(JsonError::new(ErrorKind::Trailing, at))
                     };
@@ -448,6 +512,23 @@ impl<'a> Reader<'a> {
             Some(at) => Err(JsonError::new(ErrorKind::DuplicateKey, at)),
             None => Ok(()),
         }
+    }
+}
+
+impl<'a> ItemFields<'a> {
+    /// The event at `at` (its `{`) read strictly on its own: where it ends, and its fields; `None`
+    /// if strict reading refuses it.
+    fn read_one(&mut self, text: &'a str, at: usize) -> Option<(usize, Vec<Field<'a>>)> {
+        let mut fields = Vec::with_capacity(EVENT_FIELDS);
+        let capture = Capture {
+            fields: Some(&mut fields),
+            ..Capture::default()
+        };
+        let end = self
+            .reader
+            .walk(text, at, Mode::Strict, capture, false)
+            .ok()?;
+        Some((end, fields))
     }
 }
 

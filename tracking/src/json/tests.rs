@@ -156,6 +156,72 @@ fn a_batch_s_events_are_found_in_the_body_s_pass() {
     assert!(items.is_empty(), "{items:?}");
 }
 
+/// Each event's text, and the fields its strict read in the body's pass found (or `None`).
+type EventsRead<'a> = Vec<(&'a str, Option<Vec<Field<'a>>>)>;
+
+fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
+    let mut items = Vec::new();
+    let mut events = ItemFields::default();
+    Fields::read_with_events(
+        &mut Reader::default(),
+        body,
+        Mode::Skim,
+        "batch",
+        &mut items,
+        &mut events,
+    )?;
+    assert_eq!(items.len(), events.read.len(), "one entry per event");
+    Ok(items.into_iter().zip(events.read).collect())
+}
+
+/// What reading `item` strictly on its own finds, as an entry of [`ItemFields::read`].
+fn read_alone(item: &str) -> Option<Vec<Field<'_>>> {
+    if !item.starts_with('{') {
+        return None;
+    }
+    Fields::strict(item)
+        .ok()
+        .map(|f| f.iter().cloned().collect())
+}
+
+#[test]
+fn a_batch_s_events_are_read_strictly_in_the_body_s_pass() {
+    let body = concat!(
+        r#"{"batch":[ {"type":"track","p":{"x":[1,{"y":2}]}} , {"a":{"b":1,"b":2}},"s",[],"#,
+        r#"{"\u0061" : "\ud800x"},{ "k" : 1e400 },{},{"w":1} ],"batch2":[{"a":1,"a":2}]}"#
+    );
+    let read = events_read(body).unwrap();
+    let items: Vec<&str> = read.iter().map(|(item, _)| *item).collect();
+    assert_eq!(
+        items,
+        [
+            r#"{"type":"track","p":{"x":[1,{"y":2}]}}"#,
+            r#"{"a":{"b":1,"b":2}}"#,
+            r#""s""#,
+            "[]",
+            r#"{"\u0061" : "\ud800x"}"#,
+            r#"{ "k" : 1e400 }"#,
+            "{}",
+            r#"{"w":1}"#,
+        ]
+    );
+    // Read in the pass: the well-formed objects, with the fields a read of each alone finds.
+    // Not read: the repeated key at depth 2, the string, the array, the lone surrogate, the
+    // number no double holds; each is skimmed as before and read again by whoever makes it.
+    let kept: Vec<bool> = read.iter().map(|(_, fields)| fields.is_some()).collect();
+    assert_eq!(kept, [true, false, false, false, false, false, true, true]);
+    for (item, fields) in &read {
+        assert_eq!(fields, &read_alone(item), "{item}");
+    }
+    // The body's own grammar is still the skim's: an error anywhere refuses the body, at the
+    // same place.
+    let broken = r#"{"batch":[{"a":1},{"b":]}"#;
+    assert_eq!(
+        events_read(broken).unwrap_err(),
+        Reader::default().value(broken, Mode::Skim).unwrap_err()
+    );
+}
+
 #[test]
 fn a_deep_merge_writes_both_sides_as_sent() {
     // The message's own fields first, in its order; the defaults' missing ones after.
@@ -276,6 +342,26 @@ proptest! {
         let skim = Reader::default().value(&text, Mode::Skim);
         let reference = serde_json::from_str::<&serde_json::value::RawValue>(&text);
         prop_assert_eq!(skim.is_ok(), reference.is_ok(), "skim {:?}, serde_json {:?}", skim, reference.map_err(|e| e.to_string()));
+    }
+
+    /// A batch's events read in the body's pass are read as each would be alone: the same
+    /// verdict and the same fields; the body is refused exactly where its skim refuses it.
+    #[test]
+    fn events_read_in_the_body_s_pass_are_read_as_alone(
+        events in proptest::collection::vec(prop_oneof![3 => near_json(), 1 => nested()], 0..6),
+        spaces in " {0,1}",
+    ) {
+        let body = format!("{{\"batch\":[{spaces}{}{spaces}],\"x\":1}}", events.join(","));
+        let skim = Reader::default().value(&body, Mode::Skim);
+        match events_read(&body) {
+            Err(e) => prop_assert_eq!(Err(e), skim),
+            Ok(read) => {
+                prop_assert!(skim.is_ok());
+                for (item, fields) in &read {
+                    prop_assert_eq!(fields, &read_alone(item), "{}", item);
+                }
+            }
+        }
     }
 
     /// An object's fields are the ones serde_json finds: the same keys, decoded alike, and the
