@@ -66,6 +66,11 @@ impl SameEvent {
                 Some(raw) => {
                     text.push(1);
                     // The length goes first: write the value after room for it, then fill it in.
+                    if !raw.starts_with(['{', '[']) {
+                        // A string, number or literal read as one value: its text is canonical.
+                        put(text, raw.as_bytes());
+                        continue;
+                    }
                     let at = text.len();
                     text.extend_from_slice(&[0; 8]);
                     canonical.write(raw, text)?;

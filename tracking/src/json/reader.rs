@@ -127,13 +127,27 @@ enum Frame {
 
 /// The reader's buffers, kept between texts so that reading allocates only when a text is
 /// larger or deeper than every one before it (or a key holds an escape).
-#[derive(Default)]
 pub struct Reader<'a> {
     frames: Vec<Frame>,
     /// Whether this read hands back the top-level object's fields.
     fields_wanted: bool,
     /// The keys of every object open, each with where it was read, to refuse a repeated one.
     keys: Vec<(Cow<'a, str>, usize)>,
+}
+
+/// The room a new reader's buffers start with: an event's nesting and its open objects' keys,
+/// so that reading a typical event does not grow them.
+const FRAMES: usize = 8;
+const KEYS: usize = 32;
+
+impl Default for Reader<'_> {
+    fn default() -> Self {
+        Self {
+            frames: Vec::with_capacity(FRAMES),
+            fields_wanted: false,
+            keys: Vec::with_capacity(KEYS),
+        }
+    }
 }
 
 /// What a read hands back besides its verdict.
@@ -516,6 +530,14 @@ impl<'a> Reader<'a> {
 }
 
 impl<'a> ItemFields<'a> {
+    /// Room for `events` entries.
+    pub fn with_capacity(events: usize) -> Self {
+        Self {
+            reader: Reader::default(),
+            read: Vec::with_capacity(events),
+        }
+    }
+
     /// The event at `at` (its `{`) read strictly on its own: where it ends, and its fields; `None`
     /// if strict reading refuses it.
     fn read_one(&mut self, text: &'a str, at: usize) -> Option<(usize, Vec<Field<'a>>)> {
