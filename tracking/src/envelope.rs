@@ -87,7 +87,7 @@ impl<'a> Envelope<'a> {
         // reads each event strictly where it stands (an event strict reading refuses is skimmed
         // here and read on its own later, for its problem).
         let mut items = Vec::with_capacity(BATCH_ROOM);
-        let mut events = ItemFields::with_capacity(BATCH_ROOM);
+        let mut events = ItemFields::new(BATCH_ROOM, MAX_BATCH_EVENTS);
         let mut reader = Reader::default();
         let top = match endpoint {
             Endpoint::Batch => Fields::read_with_events(

@@ -65,12 +65,12 @@ impl SameEvent {
                 None => text.push(0),
                 Some(raw) => {
                     text.push(1);
-                    // The length goes first: write the value after room for it, then fill it in.
                     if !raw.starts_with(['{', '[']) {
                         // A string, number or literal read as one value: its text is canonical.
                         put(text, raw.as_bytes());
                         continue;
                     }
+                    // The length goes first: write the value after room for it, then fill it in.
                     let at = text.len();
                     text.extend_from_slice(&[0; 8]);
                     canonical.write(raw, text)?;

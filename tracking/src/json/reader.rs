@@ -168,15 +168,18 @@ struct Capture<'a, 'o> {
 /// alone, and the body's reader goes on after it, so the event's bytes are read once. An element
 /// that is not an object, or that strict reading refuses, gets `None` and is skimmed as before;
 /// whoever makes it reads it again on its own, for the problem and its place.
-#[derive(Default)]
+///
+/// The body is read before its sender is authenticated, so what this keeps stays proportional
+/// to the body: each event's list holds exactly its fields, and past `most` elements (a batch
+/// that will be refused for its length) none is read strictly.
 pub struct ItemFields<'a> {
     reader: Reader<'a>,
-    /// One entry per element, in order.
+    /// The fields of the event being read, reused from one event to the next.
+    scratch: Vec<Field<'a>>,
+    most: usize,
+    /// One entry per element, in order, for the first `most` elements.
     pub read: Vec<Option<Vec<Field<'a>>>>,
 }
-
-/// The room a strictly read event's field list starts with: more than the fields of most events.
-const EVENT_FIELDS: usize = 16;
 
 impl Capture<'_, '_> {
     /// At which depth the captured array's elements are.
@@ -311,7 +314,7 @@ impl<'a> Reader<'a> {
             let &first = b.get(at).ok_or(JsonError::new(ErrorKind::Eof, at))?;
             let mut read_whole = false;
             if items_open && self.frames.len() == items_depth {
-                if let Some(events) = &mut capture.item_fields {
+                if let Some(events) = capture.item_fields.as_mut().filter(|e| e.wants_more()) {
                     let read = if first == b'{' {
                         events.read_one(text, at)
                     } else {
@@ -530,27 +533,35 @@ impl<'a> Reader<'a> {
 }
 
 impl<'a> ItemFields<'a> {
-    /// Room for `events` entries.
-    pub fn with_capacity(events: usize) -> Self {
+    /// Reads at most `most` elements, with room for `room` of them.
+    pub fn new(room: usize, most: usize) -> Self {
         Self {
             reader: Reader::default(),
-            read: Vec::with_capacity(events),
+            scratch: Vec::new(),
+            most,
+            read: Vec::with_capacity(room.min(most)),
         }
+    }
+
+    /// Whether the next element is read (one entry more), or only skimmed.
+    fn wants_more(&self) -> bool {
+        self.read.len() < self.most
     }
 
     /// The event at `at` (its `{`) read strictly on its own: where it ends, and its fields; `None`
     /// if strict reading refuses it.
     fn read_one(&mut self, text: &'a str, at: usize) -> Option<(usize, Vec<Field<'a>>)> {
-        let mut fields = Vec::with_capacity(EVENT_FIELDS);
+        self.scratch.clear();
         let capture = Capture {
-            fields: Some(&mut fields),
+            fields: Some(&mut self.scratch),
             ..Capture::default()
         };
         let end = self
             .reader
             .walk(text, at, Mode::Strict, capture, false)
             .ok()?;
-        Some((end, fields))
+        // Moved out into a list of its own size.
+        Some((end, self.scratch.drain(..).collect()))
     }
 }
 

@@ -161,7 +161,7 @@ type EventsRead<'a> = Vec<(&'a str, Option<Vec<Field<'a>>>)>;
 
 fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
     let mut items = Vec::new();
-    let mut events = ItemFields::default();
+    let mut events = ItemFields::new(4, usize::MAX);
     Fields::read_with_events(
         &mut Reader::default(),
         body,
@@ -235,6 +235,30 @@ fn a_batch_s_events_are_read_strictly_in_the_body_s_pass() {
     let bad_key = r#"{"batch":[],"\ud800\"":1}"#;
     assert_eq!(events_read(bad_key).map(|_| ()), skimmed(bad_key));
     assert_eq!(skimmed(bad_key).unwrap_err().kind, ErrorKind::LoneSurrogate);
+}
+
+#[test]
+fn what_a_body_s_events_keep_stays_proportional_to_the_body() {
+    // Past `most` events (a batch refused for its length) none is read, only skimmed.
+    let body = r#"{"batch":[{"a":1},{"b":2,"c":3},{"d":4},{}]}"#;
+    let mut items = Vec::new();
+    let mut events = ItemFields::new(1, 2);
+    Fields::read_with_events(
+        &mut Reader::default(),
+        body,
+        Mode::Skim,
+        "batch",
+        &mut items,
+        &mut events,
+    )
+    .unwrap();
+    assert_eq!(items.len(), 4);
+    assert_eq!(events.read.len(), 2);
+    // Each list holds its event's fields and no more room.
+    for list in events.read.iter().flatten() {
+        assert_eq!(list.capacity(), list.len());
+    }
+    assert_eq!(events.read[1].as_ref().map(Vec::len), Some(2));
 }
 
 #[test]
