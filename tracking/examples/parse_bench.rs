@@ -153,8 +153,12 @@ fn main() {
                 black_box(
                     Fields::read_with_events(&mut reader, &batch, Mode::Skim, "batch", &mut items, &mut read).unwrap(),
                 );
-                for (item, list) in items.into_iter().zip(read.read) {
-                    black_box(Fields::of_strict_read(item, list.unwrap()));
+                let mut list = Vec::new();
+                for (i, item) in items.into_iter().enumerate() {
+                    assert!(read.fields_into(i, &mut list));
+                    let fields = Fields::of_strict_read(item, list);
+                    black_box(&fields);
+                    list = fields.into_list();
                 }
             }),
             ns_per_event: Vec::new(),

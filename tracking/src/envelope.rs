@@ -24,7 +24,7 @@ pub struct Envelope<'a> {
     top: Fields<'a>,
     /// A batch's events' text, found in the same pass as the body's fields.
     items: Vec<&'a str>,
-    /// Each event's fields, read strictly in that same pass (`None`: read it again on its own).
+    /// Each event's fields, read strictly in that same pass (one it did not read is read alone).
     events: ItemFields<'a>,
     write_key: Option<String>,
 }
@@ -173,9 +173,8 @@ impl<'a> Envelope<'a> {
                 }
                 let mut making = Making::new(&received_at, None, &shared, ids);
                 events.messages.reserve(items.len());
-                let mut read = std::mem::take(&mut self.events.read).into_iter();
                 for (i, item) in items.into_iter().enumerate() {
-                    match making.make_read(Location(Some(i)), item, read.next().flatten()) {
+                    match making.make_read(Location(Some(i)), item, Some((&self.events, i))) {
                         Ok(m) => events.messages.push(m),
                         Err(r) => events.refused.push(r),
                     }

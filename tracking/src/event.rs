@@ -14,7 +14,8 @@ use std::fmt;
 use super::derived_id::derived_message_id;
 use super::digest::content_hash;
 use super::json::{
-    self, is_duplicate_key, is_number, string_value, Field, Fields, JsonError, Mode, Name, Reader,
+    self, is_duplicate_key, is_number, string_value, Field, Fields, ItemFields, JsonError, Mode,
+    Name, Reader,
 };
 use super::same_event::{Canonical, SameEvent};
 use super::{
@@ -226,13 +227,13 @@ impl<'a> Making<'a> {
         self.make_read(at, raw, None)
     }
 
-    /// Like [`Making::make`], for an event whose strict read found `read` already (in the body's
-    /// pass, [`json::ItemFields`]); `None` reads it here.
+    /// Like [`Making::make`], for element `index` of a batch whose events the body's pass read
+    /// (`read`, [`json::ItemFields`]); one it did not read is read here.
     pub fn make_read(
         &mut self,
         at: Location,
         raw: &'a str,
-        read: Option<Vec<Field<'a>>>,
+        read: Option<(&ItemFields<'a>, usize)>,
     ) -> Result<Message, Refused> {
         let refuse = |problem: Problem| Refused {
             at,
@@ -246,15 +247,13 @@ impl<'a> Making<'a> {
         if raw.len() > MAX_MESSAGE_BYTES {
             return Err(refuse(Problem::TooLarge { bytes: raw.len() }));
         }
+        let mut list = std::mem::take(&mut self.fields);
         let fields = match read {
-            Some(list) => Fields::of_strict_read(raw, list),
-            None => Fields::read_into(
-                &mut self.reader,
-                raw,
-                Mode::Strict,
-                std::mem::take(&mut self.fields),
-            )
-            .map_err(|e| refuse(problem_of(&e, raw)))?,
+            Some((events, index)) if events.fields_into(index, &mut list) => {
+                Fields::of_strict_read(raw, list)
+            }
+            _ => Fields::read_into(&mut self.reader, raw, Mode::Strict, list)
+                .map_err(|e| refuse(problem_of(&e, raw)))?,
         };
         let made = self.made(&fields, raw).map_err(refuse);
         self.fields = fields.into_list();

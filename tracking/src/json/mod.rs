@@ -151,7 +151,7 @@ impl<'a> Fields<'a> {
         Ok(Self::of(object, list))
     }
 
-    /// The fields of `object` that a strict read of it found (an entry of [`ItemFields::read`]).
+    /// The fields of `object` that a strict read of it found ([`ItemFields::fields_into`]).
     pub fn of_strict_read(object: &'a str, list: Vec<Field<'a>>) -> Self {
         Self::of(object, list)
     }

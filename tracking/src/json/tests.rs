@@ -170,8 +170,15 @@ fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
         &mut items,
         &mut events,
     )?;
-    assert_eq!(items.len(), events.read.len(), "one entry per event");
-    Ok(items.into_iter().zip(events.read).collect())
+    assert_eq!(items.len(), events.len(), "one entry per event");
+    Ok(items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let mut fields = Vec::new();
+            (item, events.fields_into(i, &mut fields).then_some(fields))
+        })
+        .collect())
 }
 
 /// The body's verdict without the events' strict read: the skim that found its fields and
@@ -187,7 +194,7 @@ fn skimmed(body: &str) -> Result<(), JsonError> {
     .map(|_| ())
 }
 
-/// What reading `item` strictly on its own finds, as an entry of [`ItemFields::read`].
+/// What reading `item` strictly on its own finds, as [`ItemFields::fields_into`] gives it.
 fn read_alone(item: &str) -> Option<Vec<Field<'_>>> {
     if !item.starts_with('{') {
         return None;
@@ -253,12 +260,33 @@ fn what_a_body_s_events_keep_stays_proportional_to_the_body() {
     )
     .unwrap();
     assert_eq!(items.len(), 4);
-    assert_eq!(events.read.len(), 2);
-    // Each list holds its event's fields and no more room.
-    for list in events.read.iter().flatten() {
-        assert_eq!(list.capacity(), list.len());
-    }
-    assert_eq!(events.read[1].as_ref().map(Vec::len), Some(2));
+    assert_eq!(events.len(), 2);
+    let mut fields = Vec::new();
+    assert!(events.fields_into(1, &mut fields));
+    assert_eq!(
+        fields.iter().map(|f| f.value).collect::<Vec<_>>(),
+        ["2", "3"]
+    );
+    assert!(!events.fields_into(2, &mut fields));
+    // Past the fields a pass keeps, the events are skimmed and read alone later.
+    let many = format!(
+        r#"{{"batch":[{}]}}"#,
+        vec![r#"{"a":1,"b":2}"#; 3000].join(",")
+    );
+    let mut items = Vec::new();
+    let mut events = ItemFields::new(1, usize::MAX);
+    Fields::read_with_events(
+        &mut Reader::default(),
+        &many,
+        Mode::Skim,
+        "batch",
+        &mut items,
+        &mut events,
+    )
+    .unwrap();
+    assert_eq!(items.len(), 3000);
+    assert_eq!(events.len(), 2048, "4,096 fields kept, two per event");
+    assert!(events.fields_into(2047, &mut fields) && !events.fields_into(2048, &mut fields));
 }
 
 #[test]
