@@ -149,7 +149,7 @@ fn main() {
             run: Box::new(|| {
                 let mut reader = Reader::default();
                 let mut items = Vec::new();
-                let mut read = ItemFields::new(32, usize::MAX);
+                let mut read = ItemFields::new(32, usize::MAX, usize::MAX);
                 black_box(
                     Fields::read_with_events(&mut reader, &batch, Mode::Skim, "batch", &mut items, &mut read).unwrap(),
                 );

@@ -8,7 +8,7 @@ use super::json::{
 };
 use super::{
     rfc3339_millis, Endpoint, Location, Rejection, MAX_BATCH_EVENTS, MAX_MERGED_BYTES,
-    MAX_REQUEST_BYTES,
+    MAX_MESSAGE_BYTES, MAX_REQUEST_BYTES,
 };
 
 /// The events a batch's lists start with room for: a typical batch's, far fewer than the limit
@@ -87,7 +87,7 @@ impl<'a> Envelope<'a> {
         // reads each event strictly where it stands (an event strict reading refuses is skimmed
         // here and read on its own later, for its problem).
         let mut items = Vec::with_capacity(BATCH_ROOM);
-        let mut events = ItemFields::new(BATCH_ROOM, MAX_BATCH_EVENTS);
+        let mut events = ItemFields::new(BATCH_ROOM, MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES);
         let mut reader = Reader::default();
         let top = match endpoint {
             Endpoint::Batch => Fields::read_with_events(

@@ -169,14 +169,17 @@ struct Capture<'a, 'o> {
 /// that is not an object, or that strict reading refuses, is not kept and is skimmed as before;
 /// whoever makes it reads it again on its own, for the problem and its place.
 ///
-/// The body is read before its sender is authenticated, so what this keeps stays small: each
-/// field as four offsets into the body ([`Span`], 20 bytes), at most [`MOST_SPANS`] of them, and
-/// entries for at most `most` elements (past them the batch is refused for its length).
+/// The body is read before its sender is authenticated, so what this holds stays small: each
+/// field as four offsets into the body ([`Span`], 20 bytes), about [`MOST_SPANS`] of them, entries
+/// for at most `most` elements (past them the batch is refused for its length), and no element
+/// longer than `largest` bytes is read strictly here (it is refused for its size), so the strict
+/// reader's own lists stay within one such element's. Every element is of one text.
 pub struct ItemFields<'a> {
     reader: Reader<'a>,
     /// The fields of the event being read, reused from one event to the next.
     scratch: Vec<Field<'a>>,
     most: usize,
+    largest: usize,
     /// The text the events were read from.
     text: &'a str,
     /// Every event's fields, one event after another.
@@ -547,12 +550,13 @@ impl<'a> Reader<'a> {
 }
 
 impl<'a> ItemFields<'a> {
-    /// Reads at most `most` elements, with room for `room` of them.
-    pub fn new(room: usize, most: usize) -> Self {
+    /// Reads at most `most` elements, none longer than `largest` bytes, with room for `room`.
+    pub fn new(room: usize, most: usize, largest: usize) -> Self {
         Self {
             reader: Reader::default(),
             scratch: Vec::new(),
             most,
+            largest,
             text: "",
             spans: Vec::new(),
             read: Vec::with_capacity(room.min(most)),
@@ -591,9 +595,14 @@ impl<'a> ItemFields<'a> {
             fields: Some(&mut self.scratch),
             ..Capture::default()
         };
+        // Only the next `largest` bytes are given: a longer element ends the read there.
+        let mut window = at.saturating_add(self.largest).min(text.len());
+        while !text.is_char_boundary(window) {
+            window -= 1;
+        }
         let end = self
             .reader
-            .walk(text, at, Mode::Strict, capture, false)
+            .walk(&text[..window], at, Mode::Strict, capture, false)
             .ok()?;
         self.text = text;
         let offset = |part: &str| (part.as_ptr() as usize - text.as_ptr() as usize) as u32;

@@ -161,7 +161,7 @@ type EventsRead<'a> = Vec<(&'a str, Option<Vec<Field<'a>>>)>;
 
 fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
     let mut items = Vec::new();
-    let mut events = ItemFields::new(4, usize::MAX);
+    let mut events = ItemFields::new(4, usize::MAX, usize::MAX);
     Fields::read_with_events(
         &mut Reader::default(),
         body,
@@ -249,7 +249,7 @@ fn what_a_body_s_events_keep_stays_proportional_to_the_body() {
     // Past `most` events (a batch refused for its length) none is read, only skimmed.
     let body = r#"{"batch":[{"a":1},{"b":2,"c":3},{"d":4},{}]}"#;
     let mut items = Vec::new();
-    let mut events = ItemFields::new(1, 2);
+    let mut events = ItemFields::new(1, 2, usize::MAX);
     Fields::read_with_events(
         &mut Reader::default(),
         body,
@@ -274,7 +274,7 @@ fn what_a_body_s_events_keep_stays_proportional_to_the_body() {
         vec![r#"{"a":1,"b":2}"#; 3000].join(",")
     );
     let mut items = Vec::new();
-    let mut events = ItemFields::new(1, usize::MAX);
+    let mut events = ItemFields::new(1, usize::MAX, usize::MAX);
     Fields::read_with_events(
         &mut Reader::default(),
         &many,
@@ -287,6 +287,22 @@ fn what_a_body_s_events_keep_stays_proportional_to_the_body() {
     assert_eq!(items.len(), 3000);
     assert_eq!(events.len(), 2048, "4,096 fields kept, two per event");
     assert!(events.fields_into(2047, &mut fields) && !events.fields_into(2048, &mut fields));
+    // An element longer than `largest` is not read here (whoever makes it refuses it for its
+    // size); one of exactly `largest` bytes is.
+    let body = r#"{"batch":[{"a":"123"},{"a":"1234"},{"a":"123"}]}"#;
+    let mut items = Vec::new();
+    let mut events = ItemFields::new(1, usize::MAX, r#"{"a":"123"}"#.len());
+    Fields::read_with_events(
+        &mut Reader::default(),
+        body,
+        Mode::Skim,
+        "batch",
+        &mut items,
+        &mut events,
+    )
+    .unwrap();
+    let read: Vec<bool> = (0..3).map(|i| events.fields_into(i, &mut fields)).collect();
+    assert_eq!(read, [true, false, true]);
 }
 
 #[test]
