@@ -390,6 +390,20 @@ def front_door_cpu(s: Source) -> Figure:
     )
 
 
+def floor(s: Source) -> Figure:
+    """The front door built to read nothing (docs/bench/floor-without-parse.patch)."""
+    at128, at32 = ingest_summary(s, 128), ingest_summary(s, 32)
+    cpu128 = [
+        x["ingest_cpu_us_per_event"]
+        for x in s.data
+        if x.get("connections") == 128 and "ingest_cpu_us_per_event" in x
+    ]
+    return Figure(
+        f"median ratio {num(at128[0]['median_ratio'])} at 128 connections, {num(at32[0]['median_ratio'])} at 32; "
+        f"{span(cpu128)} µs per event at 128"
+    )
+
+
 def end_to_end(s: Source) -> Figure:
     lines = sorted((x for x in s.data if "median_e2e_p50_ms" in x), key=route_order)
     if not lines:
@@ -406,19 +420,30 @@ def end_to_end(s: Source) -> Figure:
 
 
 def parse(s: Source) -> Figure:
-    cases = {c["case"]: c for c in field(s.data, "cases")}
+    runs = field(s.data, "runs")
+    builds = list(dict.fromkeys(r["build"] for r in runs))
+    if len(builds) != 2:
+        raise Missing("parse.json should hold runs of two builds, the one before first")
 
-    def ns(prefix):
-        hits = [c for name, c in cases.items() if name.startswith(prefix)]
-        if len(hits) != 1:
-            raise Missing(f"no single case starting {prefix!r}")
-        return whole(hits[0]["ns_per_event"])
+    def ns(build, prefix):
+        hits = [
+            line["ns_per_event"]
+            for r in runs
+            if r["build"] == build
+            for line in r["lines"]
+            if line["case"].startswith(prefix)
+        ]
+        if not hits:
+            raise Missing(f"no case starting {prefix!r} for {build}")
+        return span(hits, whole)
 
+    before, now = builds
     return Figure(
-        f"one strict pass {ns('batch of 20: one strict')} ns per event against "
-        f"{ns('batch of 20 (288')} for the two serde_json passes before; a request's records made "
-        f"in {ns('batch of 20: the whole making of the records, now')} ns per event against "
-        f"{ns('batch of 20: the whole making of the records, before')}"
+        f"each event read strictly within the body's pass {ns(now, 'batch: one strict pass per event within')} ns "
+        f"per event against {ns(now, 'batch: the body')} for the body's skim and then each event's strict "
+        f"read, {ns(now, 'batch: two serde_json')} for the two serde_json passes; a request's records made "
+        f"in {ns(now, 'batch: the whole making')} ns per event against {ns(before, 'batch: the whole making')} "
+        f"on the build before"
     )
 
 
@@ -542,6 +567,9 @@ ROWS = [
         command="deploy/bench/ingest.sh"),
     Row("performance", "tracking API, CPU per event", "the front door's user and system time over each wrk run, per event accepted", "the-tracking-api",
         "ingest.jsonl", "≤ 2.5 µs", front_door_cpu, command="deploy/bench/ingest.sh"),
+    Row("performance", "tracking API, without the parse", "the same bench against a build that reads nothing: each body cut into records of its bytes (the floor)", "the-tracking-api",
+        "ingest-floor.jsonl", "—", floor,
+        command="DEDUPE_BIN=FLOOR_BUILD BENCH_ROUTES=/v1/batch deploy/bench/ingest.sh"),
     Row("performance", "tracking API, end to end", "the worker behind the front door; each record's wait until readable `read_committed`", "the-tracking-api",
         "ingest.jsonl", "—", end_to_end, command="deploy/bench/ingest.sh"),
     Row("performance", "tracking API, the parse", "the bench's events through the reader, the serde_json passes it replaced and sonic-rs", "the-tracking-api",

@@ -170,7 +170,7 @@ struct Capture<'a, 'o> {
 /// whoever makes it reads it again on its own, for the problem and its place.
 ///
 /// The body is read before its sender is authenticated, so what this holds stays small: each
-/// field as four offsets into the body ([`Span`], 20 bytes), about [`MOST_SPANS`] of them, entries
+/// field as four offsets into the body (`Span`, 20 bytes), about `MOST_SPANS` of them, entries
 /// for at most `most` elements (past them the batch is refused for its length), and no element
 /// longer than `largest` bytes is read strictly here (it is refused for its size), so the strict
 /// reader's own lists stay within one such element's. Every element is of one text.
