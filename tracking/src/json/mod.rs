@@ -5,10 +5,12 @@
 //! bytes it arrived as (`98765432109876543210`, `1e2`, `"\u00e9"` stay exactly that). Only the
 //! white space between the fields of an object this service rewrites is not kept.
 
+mod items;
 pub mod reader;
 pub mod reference;
 
-pub use reader::{is_number, string_value, Field, ItemFields, JsonError, Mode, Reader};
+pub use items::ItemFields;
+pub use reader::{is_number, string_value, Field, JsonError, Mode, Reader};
 
 use reader::ErrorKind;
 

@@ -159,9 +159,15 @@ fn a_batch_s_events_are_found_in_the_body_s_pass() {
 /// Each event's text, and the fields its strict read in the body's pass found (or `None`).
 type EventsRead<'a> = Vec<(&'a str, Option<Vec<Field<'a>>>)>;
 
-fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
+/// Reads `body`'s batch with each event read in the body's pass (at most `most` of them, none
+/// longer than `largest`): the events' text and what the pass kept.
+fn read_events(
+    body: &str,
+    most: usize,
+    largest: usize,
+) -> Result<(Vec<&str>, ItemFields<'_>), JsonError> {
     let mut items = Vec::new();
-    let mut events = ItemFields::new(4, usize::MAX, usize::MAX);
+    let mut events = ItemFields::new(4, most, largest);
     Fields::read_with_events(
         &mut Reader::default(),
         body,
@@ -170,6 +176,11 @@ fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
         &mut items,
         &mut events,
     )?;
+    Ok((items, events))
+}
+
+fn events_read(body: &str) -> Result<EventsRead<'_>, JsonError> {
+    let (items, events) = read_events(body, usize::MAX, usize::MAX)?;
     assert_eq!(items.len(), events.len(), "one entry per event");
     Ok(items
         .into_iter()
@@ -245,62 +256,30 @@ fn a_batch_s_events_are_read_strictly_in_the_body_s_pass() {
 }
 
 #[test]
-fn what_a_body_s_events_keep_stays_proportional_to_the_body() {
+fn what_a_body_s_pass_holds_is_bounded() {
+    let mut fields = Vec::new();
     // Past `most` events (a batch refused for its length) none is read, only skimmed.
-    let body = r#"{"batch":[{"a":1},{"b":2,"c":3},{"d":4},{}]}"#;
-    let mut items = Vec::new();
-    let mut events = ItemFields::new(1, 2, usize::MAX);
-    Fields::read_with_events(
-        &mut Reader::default(),
-        body,
-        Mode::Skim,
-        "batch",
-        &mut items,
-        &mut events,
+    let (items, events) = read_events(
+        r#"{"batch":[{"a":1},{"b":2,"c":3},{"d":4},{}]}"#,
+        2,
+        usize::MAX,
     )
     .unwrap();
-    assert_eq!(items.len(), 4);
-    assert_eq!(events.len(), 2);
-    let mut fields = Vec::new();
+    assert_eq!((items.len(), events.len()), (4, 2));
     assert!(events.fields_into(1, &mut fields));
-    assert_eq!(
-        fields.iter().map(|f| f.value).collect::<Vec<_>>(),
-        ["2", "3"]
-    );
+    let values: Vec<&str> = fields.iter().map(|f| f.value).collect();
+    assert_eq!(values, ["2", "3"]);
     assert!(!events.fields_into(2, &mut fields));
     // Past the fields a pass keeps, the events are skimmed and read alone later.
-    let many = format!(
-        r#"{{"batch":[{}]}}"#,
-        vec![r#"{"a":1,"b":2}"#; 3000].join(",")
-    );
-    let mut items = Vec::new();
-    let mut events = ItemFields::new(1, usize::MAX, usize::MAX);
-    Fields::read_with_events(
-        &mut Reader::default(),
-        &many,
-        Mode::Skim,
-        "batch",
-        &mut items,
-        &mut events,
-    )
-    .unwrap();
+    let many = format!(r#"{{"batch":[{}]}}"#, [r#"{"a":1,"b":2}"#; 3000].join(","));
+    let (items, events) = read_events(&many, usize::MAX, usize::MAX).unwrap();
     assert_eq!(items.len(), 3000);
     assert_eq!(events.len(), 2048, "4,096 fields kept, two per event");
     assert!(events.fields_into(2047, &mut fields) && !events.fields_into(2048, &mut fields));
     // An element longer than `largest` is not read here (whoever makes it refuses it for its
     // size); one of exactly `largest` bytes is.
     let body = r#"{"batch":[{"a":"123"},{"a":"1234"},{"a":"123"}]}"#;
-    let mut items = Vec::new();
-    let mut events = ItemFields::new(1, usize::MAX, r#"{"a":"123"}"#.len());
-    Fields::read_with_events(
-        &mut Reader::default(),
-        body,
-        Mode::Skim,
-        "batch",
-        &mut items,
-        &mut events,
-    )
-    .unwrap();
+    let (_, events) = read_events(body, usize::MAX, r#"{"a":"123"}"#.len()).unwrap();
     let read: Vec<bool> = (0..3).map(|i| events.fields_into(i, &mut fields)).collect();
     assert_eq!(read, [true, false, true]);
 }
