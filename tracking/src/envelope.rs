@@ -125,7 +125,7 @@ impl<'a> Envelope<'a> {
     /// refuses it: a batch that is not an array, empty or over the limits, or shared fields that
     /// are not valid JSON.
     pub fn into_events(
-        mut self,
+        self,
         received_at: SystemTime,
         ids: MessageIds<'_>,
     ) -> Result<Events, Rejection> {
@@ -153,7 +153,7 @@ impl<'a> Envelope<'a> {
                 {
                     return Err(Rejection::BatchNotArray);
                 }
-                let items = std::mem::take(&mut self.items);
+                let items = &self.items;
                 if items.is_empty() {
                     return Err(Rejection::EmptyBatch);
                 }
@@ -173,7 +173,7 @@ impl<'a> Envelope<'a> {
                 }
                 let mut making = Making::new(&received_at, None, &shared, ids);
                 events.messages.reserve(items.len());
-                for (i, item) in items.into_iter().enumerate() {
+                for (i, item) in items.iter().enumerate() {
                     match making.make_read(Location(Some(i)), item, Some((&self.events, i))) {
                         Ok(m) => events.messages.push(m),
                         Err(r) => events.refused.push(r),

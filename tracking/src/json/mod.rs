@@ -133,9 +133,7 @@ impl<'a> Fields<'a> {
         name: &str,
         items: &mut Vec<&'a str>,
     ) -> Result<Self, JsonError> {
-        let mut list = Vec::with_capacity(8);
-        reader.object_with_items(object, mode, &mut list, Some((name, items)))?;
-        Ok(Self::of(object, list))
+        Self::read_batch(reader, object, mode, (name, items), None)
     }
 
     /// Like [`Fields::read_with_items`], and each event that is an object read strictly in the
@@ -148,8 +146,18 @@ impl<'a> Fields<'a> {
         items: &mut Vec<&'a str>,
         events: &mut ItemFields<'a>,
     ) -> Result<Self, JsonError> {
+        Self::read_batch(reader, object, mode, (name, items), Some(events))
+    }
+
+    fn read_batch(
+        reader: &mut Reader<'a>,
+        object: &'a str,
+        mode: Mode,
+        items: (&str, &mut Vec<&'a str>),
+        events: Option<&mut ItemFields<'a>>,
+    ) -> Result<Self, JsonError> {
         let mut list = Vec::with_capacity(8);
-        reader.object_with_events(object, mode, &mut list, Some((name, items)), Some(events))?;
+        reader.object_with_events(object, mode, &mut list, Some(items), events)?;
         Ok(Self::of(object, list))
     }
 

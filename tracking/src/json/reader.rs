@@ -195,23 +195,12 @@ impl<'a> Reader<'a> {
         mode: Mode,
         fields: &mut Vec<Field<'a>>,
     ) -> Result<(), JsonError> {
-        self.object_with_items(text, mode, fields, None)
+        self.object_with_events(text, mode, fields, None, None)
     }
 
     /// Like [`Reader::object`], and when the object's field `name` is an array, appends its
-    /// elements' text to `items` in the same pass (a batch's events).
-    pub fn object_with_items(
-        &mut self,
-        text: &'a str,
-        mode: Mode,
-        fields: &mut Vec<Field<'a>>,
-        items: Option<(&str, &mut Vec<&'a str>)>,
-    ) -> Result<(), JsonError> {
-        self.object_with_events(text, mode, fields, items, None)
-    }
-
-    /// Like [`Reader::object_with_items`], and each element that is an object read strictly in
-    /// the same pass into `item_fields` (one entry per element).
+    /// elements' text to `items` in the same pass (a batch's events); with `item_fields`, each
+    /// element that is an object is also read strictly in that pass (one entry per element).
     pub fn object_with_events(
         &mut self,
         text: &'a str,
