@@ -5,7 +5,12 @@
 //! first minutes), the window the ledger holds now is scaled by how much of the budget is free:
 //! the ids it holds took `window` seconds to arrive, so a full ledger holds `budget / bytes` times
 //! that, at the same average rate.
+//!
+//! Whether the budget holds the promised window ([`budget_holds_promise`]) is judged at the last
+//! hour's rate ([`HourRate`]), not the smoothed one: a burst of a minute is no reason to warn, an
+//! hour of it is.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// What the forecast needs to know about the ledger.
@@ -70,6 +75,64 @@ impl IdRate {
     pub fn per_sec(&self) -> f64 {
         self.per_sec.unwrap_or(0.0)
     }
+}
+
+/// The id rate over the last hour, from successive `(seconds elapsed, ids held)` readings: the
+/// ids added (each reading's rise; a fall is a generation forgotten, not ids removed by traffic)
+/// over the time the readings span, up to an hour.
+#[derive(Debug, Default, Clone)]
+pub struct HourRate {
+    /// Seconds since the first reading, and ids added since then, at each reading of the last hour
+    /// (and the newest one before it, which the hour's span starts from).
+    readings: VecDeque<(f64, u64)>,
+    last_ids: Option<u64>,
+    now: f64,
+    added: u64,
+}
+
+impl HourRate {
+    /// The span the rate is taken over.
+    pub const SPAN_SECS: f64 = 3600.0;
+    /// The shortest span a rate is given for: fewer readings say nothing about an hour.
+    pub const MIN_SPAN_SECS: f64 = 60.0;
+
+    pub fn observe(&mut self, elapsed: Duration, ids: u64) {
+        self.now += elapsed.as_secs_f64();
+        if let Some(last) = self.last_ids {
+            self.added += ids.saturating_sub(last);
+        }
+        self.last_ids = Some(ids);
+        self.readings.push_back((self.now, self.added));
+        // Keep one reading at or before the hour's start, so the span is a whole hour once there is
+        // one.
+        while self.readings.len() > 2 && self.readings[1].0 <= self.now - Self::SPAN_SECS {
+            self.readings.pop_front();
+        }
+    }
+
+    /// Ids per second over the last hour (or the readings' span, if shorter but at least
+    /// [`Self::MIN_SPAN_SECS`]); `None` before then.
+    pub fn per_sec(&self) -> Option<f64> {
+        let &(t0, added0) = self.readings.front()?;
+        let span = self.now - t0;
+        (span >= Self::MIN_SPAN_SECS).then(|| (self.added - added0) as f64 / span)
+    }
+}
+
+/// Whether a ledger of `fill`'s budget holds `promise_secs` of ids at `ids_per_sec`, at the bytes
+/// per id it holds now; `None` when that is not known yet (no rate, or no id held to measure bytes
+/// per id by).
+pub fn budget_holds_promise(
+    fill: LedgerFill,
+    ids_per_sec: Option<f64>,
+    promise_secs: u64,
+) -> Option<bool> {
+    let rate = ids_per_sec?;
+    if fill.bytes == 0 || fill.ids == 0 {
+        return None;
+    }
+    let capacity_ids = fill.budget_bytes as f64 * fill.ids as f64 / fill.bytes as f64;
+    Some(capacity_ids >= rate * promise_secs as f64)
 }
 
 #[cfg(test)]
@@ -137,5 +200,49 @@ mod tests {
         assert_eq!(r.observe(Duration::from_secs(5), 10), Some(1000.0));
         let smoothed = r.observe(Duration::from_secs(5), 10 + 10_000).unwrap();
         assert!((smoothed - (0.8 * 1000.0 + 0.2 * 2000.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_hour_rate_counts_ids_added_over_the_last_hour() {
+        let mut r = HourRate::default();
+        r.observe(Duration::ZERO, 0);
+        // Under a minute of readings: no rate yet.
+        r.observe(Duration::from_secs(30), 30_000);
+        assert_eq!(r.per_sec(), None);
+        r.observe(Duration::from_secs(30), 60_000);
+        assert_eq!(r.per_sec(), Some(1000.0));
+        // A generation is forgotten (ids fall): the fall is not negative traffic.
+        r.observe(Duration::from_secs(60), 10_000);
+        assert_eq!(r.per_sec(), Some(500.0));
+        // Two hours at 100 ids/s: the first hour's burst is out of the span.
+        for _ in 0..120 {
+            let ids = r.last_ids.unwrap() + 6_000;
+            r.observe(Duration::from_secs(60), ids);
+        }
+        let rate = r.per_sec().unwrap();
+        assert!((rate - 100.0).abs() < 1e-9, "{rate}");
+        assert!(r.readings.len() <= 62, "{}", r.readings.len());
+    }
+
+    #[test]
+    fn a_budget_holds_the_promise_at_a_rate_or_not() {
+        // 1 GiB at 20 bytes per id holds ~53.7M ids: 24 hours at 621 ids/s.
+        let fill = LedgerFill {
+            budget_bytes: GIB,
+            bytes: GIB / 4,
+            ids: GIB / 4 / 20,
+        };
+        assert_eq!(budget_holds_promise(fill, Some(600.0), 86_400), Some(true));
+        assert_eq!(budget_holds_promise(fill, Some(650.0), 86_400), Some(false));
+        // A 1-hour promise at the higher rate is easily held.
+        assert_eq!(budget_holds_promise(fill, Some(650.0), 3_600), Some(true));
+        // Unknown without a rate, or without an id to measure bytes per id by.
+        assert_eq!(budget_holds_promise(fill, None, 86_400), None);
+        let empty = LedgerFill {
+            bytes: 0,
+            ids: 0,
+            ..fill
+        };
+        assert_eq!(budget_holds_promise(empty, Some(650.0), 86_400), None);
     }
 }

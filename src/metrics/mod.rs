@@ -61,6 +61,10 @@ pub const END_TO_END_SECONDS: &str = "dedupe_end_to_end_seconds";
 pub const DUPLICATE_AGE_SECONDS: &str = "dedupe_duplicate_age_seconds";
 pub const WINDOW_SECONDS: &str = "dedupe_window_seconds";
 pub const WINDOW_FORECAST_SECONDS: &str = "dedupe_window_forecast_seconds";
+pub const PROMISED_WINDOW_SECONDS: &str = "dedupe_promised_window_seconds";
+pub const BUDGET_HOLDS_PROMISE: &str = "dedupe_budget_holds_promise";
+/// Label of [`PROMISED_WINDOW_SECONDS`]: the pipeline's input topic.
+pub const LABEL_INPUT_TOPIC: &str = "input_topic";
 pub const CONSUMER_LAG: &str = "dedupe_consumer_lag_records";
 pub const INPUT_WAKEUPS_RECOVERED: &str = "dedupe_input_wakeups_recovered_total";
 pub const RECOVERY_REPLAYED: &str = "dedupe_recovery_replayed_records_total";
@@ -221,6 +225,8 @@ pub const ALL: &[Metric] = &[
     m(DUPLICATE_AGE_SECONDS, Histogram, Some(Unit::Seconds), &[], "Time between an id's first sighting and a duplicate of it: how large a window is really needed."),
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
     m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
+    m(PROMISED_WINDOW_SECONDS, Gauge, Some(Unit::Seconds), &[LABEL_INPUT_TOPIC], "The window this pipeline promises (worker.promised_window_secs): the alerts compare dedupe_window_seconds and its forecast with it."),
+    m(BUDGET_HOLDS_PROMISE, Gauge, None, &[], "1 when the ledger's budget holds the promised window at the last hour's id rate and the bytes per id held now, 0 when it does not (the window will fall under the promise once the ledger is full); absent until an hour's rate is known (at least a minute of readings)."),
     m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
     m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
     m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),

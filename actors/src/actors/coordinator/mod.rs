@@ -19,12 +19,12 @@ use actix::prelude::*;
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
 use dedupe::snapshot::{SnapshotPace, Trigger};
-use dedupe::window::IdRate;
+use dedupe::window::{HourRate, IdRate};
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
 use crate::actors::consumer::{AuditSettings, ForgetRequest, PipelineSettings};
-use crate::actors::events::coordinator::{LedgerBudget, PartitionCounts};
+use crate::actors::events::coordinator::{LedgerBudget, PartitionCounts, PromiseDeclared};
 use crate::actors::events::PipelineStartFailed;
 use crate::actors::handover::{TakeOverError, TakenOver};
 use crate::actors::ledger::LedgerActor;
@@ -192,6 +192,9 @@ pub struct Coordinator {
     exit_when_revoked: Option<i32>,
     last_stats_at: Option<Instant>,
     id_rate: IdRate,
+    /// The id rate over the last hour, and whether the budget held the promise at it last time.
+    hour_rate: HourRate,
+    promise_held: Option<bool>,
     /// A snapshot (checkpoint, prune, hook) is under way: one at a time.
     pub(crate) snapshot_running: bool,
     /// When the last snapshot started: one per `snapshots.min_interval_secs`.
@@ -215,6 +218,11 @@ impl Coordinator {
     ) -> Self {
         LedgerBudget {
             bytes: config.ledger.budget_bytes.0,
+        }
+        .emit();
+        PromiseDeclared {
+            input_topic: &config.worker.input_topic,
+            secs: config.worker.promised_window_secs,
         }
         .emit();
         let w = &config.worker;
@@ -258,6 +266,8 @@ impl Coordinator {
             exit_when_revoked: None,
             last_stats_at: None,
             id_rate: IdRate::default(),
+            hour_rate: HourRate::default(),
+            promise_held: None,
             snapshot_running: false,
             snapshot_pace,
         }

@@ -1,16 +1,18 @@
-//! The ledger's figures, each partition's window and forecast, and the input lag, exported every
-//! few seconds.
+//! The ledger's figures, each partition's window and forecast, whether the budget holds the
+//! promised window, and the input lag, exported every few seconds.
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::clock::now_ms;
-use dedupe::window::{forecast_seconds, LedgerFill};
+use dedupe::window::{budget_holds_promise, forecast_seconds, LedgerFill};
 use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
 
 use super::Coordinator;
-use crate::actors::events::coordinator::{ConsumerLag, LedgerFigures, PartitionWindow};
+use crate::actors::events::coordinator::{
+    ConsumerLag, LedgerFigures, PartitionWindow, PromiseHeld,
+};
 use crate::actors::ledger::Stats;
 use crate::actors::membership::Input;
 
@@ -27,6 +29,7 @@ impl Coordinator {
             now_ms: now_ms(),
         };
         let budget = self.config.ledger.budget_bytes.0;
+        let promise_secs = self.config.worker.promised_window_secs;
         ctx.spawn(
             self.ledger
                 .send(msg)
@@ -42,11 +45,25 @@ impl Coordinator {
                         .unwrap_or_default();
                     act.last_stats_at = Some(now);
                     act.id_rate.observe(elapsed, s.ids_estimate);
+                    act.hour_rate.observe(elapsed, s.ids_estimate);
                     let fill = LedgerFill {
                         budget_bytes: budget,
                         bytes: s.live_sst_bytes,
                         ids: s.ids_estimate,
                     };
+                    let hour_rate = act.hour_rate.per_sec();
+                    if let Some(holds) = budget_holds_promise(fill, hour_rate, promise_secs) {
+                        let changed = act.promise_held.map_or(!holds, |before| before != holds);
+                        act.promise_held = Some(holds);
+                        PromiseHeld {
+                            holds,
+                            changed,
+                            ids_per_sec: hour_rate.unwrap_or_default(),
+                            promise_secs,
+                            budget_bytes: budget,
+                        }
+                        .emit();
+                    }
                     for &(partition, window) in &report.windows {
                         // No id held: no window to report (the ledger never reports one it does not hold).
                         let Some(w) = window else { continue };

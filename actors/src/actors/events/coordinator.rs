@@ -1,5 +1,6 @@
 //! The coordinator's events: partitions assigned, live, taken over again, revoked; the worker's
-//! gauges of what it owns; the ledger's figures; and the worker giving up.
+//! gauges of what it owns; the ledger's figures; the promised window and whether the budget holds
+//! it; and the worker giving up.
 
 use std::path::Path;
 
@@ -17,6 +18,55 @@ pub struct LedgerBudget {
 impl LedgerBudget {
     pub fn emit(&self) {
         metrics::gauge!(m::LEDGER_BUDGET_BYTES).set(self.bytes as f64);
+    }
+}
+
+/// The window the pipeline promises (`worker.promised_window_secs`), set once at start.
+pub struct PromiseDeclared<'a> {
+    pub input_topic: &'a str,
+    pub secs: u64,
+}
+
+impl PromiseDeclared<'_> {
+    pub fn emit(&self) {
+        metrics::gauge!(m::PROMISED_WINDOW_SECONDS, m::LABEL_INPUT_TOPIC => self.input_topic.to_string())
+            .set(self.secs as f64);
+    }
+}
+
+/// Whether the ledger's budget holds the promised window at the last hour's id rate, exported
+/// every few seconds; logged when the answer changes (see `dedupe::window::budget_holds_promise`).
+pub struct PromiseHeld {
+    pub holds: bool,
+    /// The answer changed with this reading (the first answer counts as a change only when the
+    /// budget does not hold the promise).
+    pub changed: bool,
+    pub ids_per_sec: f64,
+    pub promise_secs: u64,
+    pub budget_bytes: u64,
+}
+
+impl PromiseHeld {
+    pub fn emit(&self) {
+        metrics::gauge!(m::BUDGET_HOLDS_PROMISE).set(if self.holds { 1.0 } else { 0.0 });
+        if !self.changed {
+            return;
+        }
+        if self.holds {
+            tracing::info!(
+                ids_per_sec = self.ids_per_sec,
+                promise_secs = self.promise_secs,
+                budget_bytes = self.budget_bytes,
+                "The ledger's budget holds the promised window again at the last hour's id rate."
+            );
+        } else {
+            tracing::warn!(
+                ids_per_sec = self.ids_per_sec,
+                promise_secs = self.promise_secs,
+                budget_bytes = self.budget_bytes,
+                "The ledger's budget cannot hold the promised window at the last hour's id rate: once the ledger is full, the window will be shorter than the promise. Raise ledger.budget_bytes or spread the ids over more workers (docs/operations.md, The promise, and what it costs)."
+            );
+        }
     }
 }
 
