@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod log_limit;
 pub mod metrics;
 pub mod output;
+pub mod plan;
 pub mod progress;
 pub mod recovery;
 pub mod retry;

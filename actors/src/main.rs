@@ -59,6 +59,7 @@ fn main() -> ExitCode {
             dedupe_actors::forget::forget(&config, &args)
         }),
         Command::Ledger(command) => ledger(&command),
+        Command::Plan(args) => print_result(dedupe_actors::cli::plan::plan(&args)),
         #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
         #[cfg(feature = "tools")]
@@ -346,7 +347,12 @@ fn with_config(args: &ConfigArgs, body: impl FnOnce(Config) -> anyhow::Result<St
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    match body(config) {
+    print_result(body(config))
+}
+
+/// Prints a command's text (exit 0) or its error (exit 2).
+fn print_result(result: anyhow::Result<String>) -> ExitCode {
+    match result {
         Ok(text) => {
             if text.ends_with('\n') {
                 print!("{text}");

@@ -2,6 +2,7 @@
 
 #[cfg(feature = "tools")]
 pub mod loadgen;
+pub mod plan;
 pub mod tools;
 
 use std::path::PathBuf;
@@ -55,6 +56,11 @@ pub enum Command {
     /// Inspect, snapshot and restore the ledger.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// What a promised window costs at an id rate (given, or measured on a topic): the ledger's
+    /// budget, memory and disk, the id changelog's disk, the workers and partitions it takes and a
+    /// partition's handover time, from the figures measured in docs/performance.md. Given a
+    /// configuration file, says whether its budget holds the promise at that rate.
+    Plan(plan::PlanArgs),
     #[cfg(feature = "tools")]
     /// Benchmarks that print their figures (the last line is JSON).
     #[command(subcommand)]

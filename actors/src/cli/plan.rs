@@ -1,0 +1,338 @@
+//! `dedupe plan`: what a promised window costs at an id rate, printed as a table or JSON, from the
+//! core's one arithmetic (`dedupe::plan`); the rate given, or measured on a topic.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use clap::Args;
+use dedupe::config::{Assignment, Config, DigestSource};
+use dedupe::plan::{Ask, Plan, FIGURES};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+
+/// Flags of `dedupe plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Ids per second into the pipeline, all partitions together.
+    #[arg(long, value_name = "N", required_unless_present = "topic")]
+    pub ids_per_sec: Option<f64>,
+    /// Measure the rate instead: records appended to this topic over --measure (by its
+    /// partitions' high watermarks), at the brokers of --brokers or the configuration.
+    #[arg(long, value_name = "NAME", conflicts_with = "ids_per_sec")]
+    pub topic: Option<String>,
+    /// How long to measure --topic.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = duration)]
+    pub measure: Duration,
+    /// Kafka bootstrap servers for --topic (default: the configuration's kafka.brokers).
+    #[arg(long, value_name = "HOST:PORT,...")]
+    pub brokers: Option<String>,
+    /// The promised window, e.g. 24h, 7d, 90m (default: the configuration's
+    /// worker.promised_window_secs, else 24h).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub promise: Option<Duration>,
+    /// The id changelog's replication factor.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub replication: u32,
+    /// A configuration file: its generations, content digests and changelog retention are
+    /// planned with, and the plan says whether its ledger.budget_bytes holds the promise.
+    #[arg(long, short = 'c', value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// Print one JSON line instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A duration on the command line: `24h`, `7d`, `90m`, `1h 30m`.
+fn duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration such as 24h, 7d or 90m: {e}"))?;
+    if d.is_zero() {
+        return Err("a duration of zero".into());
+    }
+    Ok(d)
+}
+
+/// What a configuration file's budget holds at the plan's rate.
+#[derive(Debug, serde::Serialize)]
+struct ConfigCheck {
+    file: String,
+    budget_bytes: u64,
+    workers: u32,
+    ids_per_sec_per_worker: f64,
+    /// The lowest window the budget holds at that rate (a generation just dropped).
+    window_secs: f64,
+    holds_promise: bool,
+}
+
+/// Runs `dedupe plan`; the text to print.
+pub fn plan(args: &PlanArgs) -> anyhow::Result<String> {
+    let config = match &args.config {
+        Some(path) => Some(
+            Config::load(Some(path), std::env::vars(), &Default::default())
+                .with_context(|| format!("reading {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let ids_per_sec = match (args.ids_per_sec, &args.topic) {
+        (Some(rate), _) => rate,
+        (None, Some(topic)) => {
+            // The configuration's client settings (security included), its brokers overridden by
+            // --brokers; or only --brokers.
+            let mut client = match &config {
+                Some(c) => dedupe::kafka::client_config(&c.kafka),
+                None => ClientConfig::new(),
+            };
+            if let Some(brokers) = &args.brokers {
+                client.set("bootstrap.servers", brokers);
+            }
+            let brokers = client
+                .get("bootstrap.servers")
+                .map(str::to_string)
+                .context("--topic needs --brokers or a --config naming kafka.brokers")?;
+            measure(&client, &brokers, topic, args.measure)?
+        }
+        (None, None) => bail!("give --ids-per-sec or --topic"),
+    };
+    if !ids_per_sec.is_finite() || ids_per_sec <= 0.0 {
+        bail!("--ids-per-sec must be a positive number, not {ids_per_sec}");
+    }
+    let w = config.as_ref().map(|c| &c.worker);
+    let promise = args
+        .promise
+        .or_else(|| w.map(|w| Duration::from_secs(w.promised_window_secs)))
+        .unwrap_or(Duration::from_secs(86_400));
+    let ask = Ask {
+        ids_per_sec,
+        promise,
+        changelog_retention: w
+            .map(|w| Duration::from_secs(w.changelog_retention_secs))
+            .unwrap_or(Duration::from_secs(7 * 86_400))
+            .max(promise),
+        replication: args.replication,
+        generations: config.as_ref().map_or(8, |c| c.ledger.generations as u32),
+        digests: w.map_or(true, |w| w.content_digest != DigestSource::None),
+    };
+    let plan = ask.plan();
+    let check = config.as_ref().zip(args.config.as_ref()).map(|(c, path)| {
+        let workers = match (c.worker.assignment, c.worker.worker_count) {
+            (Assignment::Static, Some(n)) => n.max(1),
+            _ => plan.workers,
+        };
+        let rate = ids_per_sec / f64::from(workers);
+        let window = ask.window_of(c.ledger.budget_bytes.0 as f64, rate);
+        ConfigCheck {
+            file: path.display().to_string(),
+            budget_bytes: c.ledger.budget_bytes.0,
+            workers,
+            ids_per_sec_per_worker: rate,
+            window_secs: window.as_secs_f64(),
+            holds_promise: window >= promise,
+        }
+    });
+    if args.json {
+        let mut json = serde_json::to_value(&plan)?;
+        json["figures_from"] = serde_json::json!("docs/performance.md");
+        if let Some(check) = &check {
+            json["config"] = serde_json::to_value(check)?;
+        }
+        return Ok(json.to_string());
+    }
+    Ok(table(&plan, check.as_ref()))
+}
+
+/// Appended records per second on `topic`, over `span`.
+fn measure(
+    client: &ClientConfig,
+    brokers: &str,
+    topic: &str,
+    span: Duration,
+) -> anyhow::Result<f64> {
+    let consumer: BaseConsumer = client
+        .create()
+        .context("making a Kafka client to measure the topic")?;
+    let total = |consumer: &BaseConsumer| -> anyhow::Result<i64> {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .with_context(|| format!("reading topic {topic}'s partitions from {brokers}"))?;
+        let partitions = metadata
+            .topics()
+            .first()
+            .map(|t| t.partitions().len())
+            .filter(|&n| n > 0)
+            .with_context(|| format!("topic {topic} has no partitions at {brokers}"))?;
+        let mut sum = 0;
+        for p in 0..partitions as i32 {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .with_context(|| format!("reading {topic}/{p}'s high watermark from {brokers}"))?;
+            sum += high;
+        }
+        Ok(sum)
+    };
+    let start = Instant::now();
+    let before = total(&consumer)?;
+    std::thread::sleep(span);
+    let after = total(&consumer)?;
+    Ok((after - before).max(0) as f64 / start.elapsed().as_secs_f64())
+}
+
+fn table(plan: &Plan, check: Option<&ConfigCheck>) -> String {
+    let w = &plan.per_worker;
+    let mut rows = vec![
+        ("ids per second".to_string(), count(plan.ids_per_sec)),
+        (
+            format!("ids held over {}", span(plan.promise_secs)),
+            count(plan.ids_held),
+        ),
+        (
+            "ledger bytes per id".to_string(),
+            format!("{:.2}", plan.bytes_per_id),
+        ),
+        ("workers".to_string(), plan.workers.to_string()),
+        ("input partitions".to_string(), plan.partitions.to_string()),
+        (
+            "per worker: ids per second".to_string(),
+            count(w.ids_per_sec),
+        ),
+        (
+            "per worker: ledger.budget_bytes".to_string(),
+            bytes(w.budget_bytes),
+        ),
+        ("per worker: ledger volume".to_string(), bytes(w.disk_bytes)),
+        ("per worker: memory".to_string(), bytes(w.memory_bytes)),
+        (
+            "id changelog, all replicas".to_string(),
+            bytes(plan.changelog_bytes),
+        ),
+        (
+            "handover of one partition".to_string(),
+            format!("{:.1} s", plan.handover_secs),
+        ),
+    ];
+    if let Some(c) = check {
+        let window = humantime::format_duration(Duration::from_secs(c.window_secs as u64));
+        rows.push((
+            format!("{}: its budget", c.file),
+            format!(
+                "{} over {} workers holds {window}: {}",
+                bytes(c.budget_bytes as f64),
+                c.workers,
+                if c.holds_promise {
+                    "holds the promise"
+                } else {
+                    "does NOT hold the promise"
+                }
+            ),
+        ));
+    }
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        out.push_str(&format!("{k:<width$}  {v}\n"));
+    }
+    out.push_str("\nFrom the figures measured in docs/performance.md:\n");
+    let f = FIGURES;
+    for (what, value, figure) in [
+        (
+            "bytes per id",
+            f.bytes_per_id.value.to_string(),
+            f.bytes_per_id,
+        ),
+        (
+            "bytes per id with digests",
+            f.bytes_per_id_with_digests.value.to_string(),
+            f.bytes_per_id_with_digests,
+        ),
+        (
+            "changelog bytes per id",
+            f.changelog_bytes_per_id.value.to_string(),
+            f.changelog_bytes_per_id,
+        ),
+        (
+            "resident memory at 100M ids",
+            bytes(f.rss_100m_bytes.value),
+            f.rss_100m_bytes,
+        ),
+        (
+            "resident memory at 1B ids",
+            bytes(f.rss_1b_bytes.value),
+            f.rss_1b_bytes,
+        ),
+        (
+            "a worker's throughput",
+            format!("{} msgs/s", count(f.worker_msgs_per_sec.value)),
+            f.worker_msgs_per_sec,
+        ),
+        (
+            "handover of 50M ids",
+            format!("{} s", f.handover_50m_secs.value),
+            f.handover_50m_secs,
+        ),
+        (
+            "handover of 200M ids",
+            format!("{} s", f.handover_200m_secs.value),
+            f.handover_200m_secs,
+        ),
+    ] {
+        out.push_str(&format!("  {what}: {value} ({})\n", figure.source));
+    }
+    out
+}
+
+/// A promise as an operator writes it: `7d`, `24h`, `90m`, else humantime's form.
+fn span(secs: u64) -> String {
+    match secs {
+        s if s >= 2 * 86_400 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => humantime::format_duration(Duration::from_secs(s)).to_string(),
+    }
+}
+
+fn count(n: f64) -> String {
+    match n {
+        n if n >= 1e9 => format!("{:.2}B", n / 1e9),
+        n if n >= 1e6 => format!("{:.1}M", n / 1e6),
+        n if n >= 1e4 => format!("{:.1}k", n / 1e3),
+        n => format!("{n:.0}"),
+    }
+}
+
+fn bytes(n: f64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const MIB: f64 = (1u64 << 20) as f64;
+    if n >= 1024.0 * GIB {
+        format!("{:.2} TiB", n / 1024.0 / GIB)
+    } else if n >= GIB {
+        format!("{:.1} GiB", n / GIB)
+    } else {
+        format!("{:.0} MiB", n / MIB)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_operators_write_them() {
+        assert_eq!(duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(duration("1h 30m"), Ok(Duration::from_secs(5_400)));
+        assert!(duration("0s").is_err());
+        assert!(duration("soon").unwrap_err().contains("`soon`"));
+    }
+
+    #[test]
+    fn counts_and_bytes_read_at_a_glance() {
+        assert_eq!(count(432e6), "432.0M");
+        assert_eq!(count(3.024e9), "3.02B");
+        assert_eq!(count(5_000.0), "5000");
+        assert_eq!(bytes(16.0 * (1u64 << 30) as f64), "16.0 GiB");
+        assert_eq!(bytes(300.0 * (1u64 << 20) as f64), "300 MiB");
+        assert_eq!(span(86_400), "24h");
+        assert_eq!(span(7 * 86_400), "7d");
+        assert_eq!(span(5_400), "90m");
+        assert_eq!(span(61), "1m 1s");
+    }
+}
