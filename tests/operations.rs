@@ -150,6 +150,76 @@ fn the_worker_exports_the_window_its_pipeline_promises() {
     }
 }
 
+/// `dedupe plan --topic` measures the rate it plans for: records appended to the topic over the
+/// measuring time, by its partitions' high watermarks.
+#[test]
+fn dedupe_plan_measures_a_topics_rate() {
+    let topic = TestTopic::create("plan-rate", 2);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // About 1,000 records a second into the topic while the plan measures it.
+    let producer = {
+        let (name, stop) = (topic.name.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                let batch = ids(100);
+                let refs: Vec<&String> = batch.iter().collect();
+                produce_full(&name, &keyed(&refs));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let output = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .args([
+            "plan",
+            "--topic",
+            &topic.name,
+            "--measure",
+            "4s",
+            "--brokers",
+            &brokers(),
+            "--json",
+        ])
+        .output()
+        .expect("run dedupe plan --topic");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    producer.join().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rate = json["ids_per_sec"].as_f64().unwrap();
+    // At most 1,000 a second (100 every 100 ms plus the time each batch takes); at least a
+    // fifth of it on a busy machine.
+    assert!(
+        (100.0..=1_100.0).contains(&rate),
+        "measured {rate} records/s: {json}"
+    );
+    let held = json["ids_held"].as_f64().unwrap();
+    assert!((held - rate * 86_400.0).abs() <= held * 1e-9, "{json}");
+    // A topic that does not exist is an error naming it, not a rate of zero.
+    let output = Command::new(env!("CARGO_BIN_EXE_dedupe"))
+        .args([
+            "plan",
+            "--topic",
+            "no-such-topic-for-plan",
+            "--measure",
+            "1s",
+            "--brokers",
+            &brokers(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("no-such-topic-for-plan"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn which(name: &str) -> String {
     let out = Command::new("sh")
         .arg("-c")
