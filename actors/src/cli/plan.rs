@@ -110,7 +110,7 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<String> {
             .max(promise),
         replication: args.replication,
         generations: config.as_ref().map_or(8, |c| c.ledger.generations as u32),
-        digests: w.map_or(true, |w| w.content_digest != DigestSource::None),
+        digests: w.is_none_or(|w| w.content_digest != DigestSource::None),
     };
     let plan = ask.plan();
     let check = config.as_ref().zip(args.config.as_ref()).map(|(c, path)| {
