@@ -24,13 +24,11 @@
 
 pub mod canonical;
 pub mod document;
-mod items;
 pub mod reader;
 
 pub use canonical::{Canonical, Strings};
 pub use document::{Document, Unreadable};
-pub use items::ItemFields;
-pub use reader::{is_number, string_value, Field, JsonError, Mode, Reader};
+pub use reader::{is_number, string_value, Field, ItemFields, JsonError, Mode, Reader};
 
 #[cfg(test)]
 mod tests;

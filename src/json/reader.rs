@@ -15,7 +15,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use super::items::ItemFields;
+mod items;
+
+pub use items::ItemFields;
 
 /// Deepest nesting strict text may have: serde_json refuses the 128th level.
 pub const MAX_DEPTH: usize = 127;
