@@ -109,7 +109,7 @@ fn style() -> impl Strategy<Value = Style> {
 fn write_str(s: &str, style: &mut Style, out: &mut String) {
     out.push('"');
     for c in s.chars() {
-        let escaped = style.next() % 2 == 0;
+        let escaped = style.next().is_multiple_of(2);
         match c {
             '"' if escaped => out.push_str("\\u0022"),
             '"' => out.push_str("\\\""),
@@ -155,7 +155,7 @@ fn write(j: &J, style: &mut Style, out: &mut String) {
             if !members.is_empty() {
                 let turn = style.next() as usize % members.len();
                 members.rotate_left(turn);
-                if style.next() % 2 == 0 {
+                if style.next().is_multiple_of(2) {
                     members.reverse();
                 }
             }
