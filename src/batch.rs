@@ -62,6 +62,16 @@ impl SourceMode {
             SourceMode::Off => "off",
         }
     }
+
+    /// The mode written `text`, or what is wrong with it.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "drop" => Ok(SourceMode::Drop),
+            "flag" => Ok(SourceMode::Flag),
+            "off" => Ok(SourceMode::Off),
+            other => Err(format!("`{other}` is not a mode: drop, flag or off")),
+        }
+    }
 }
 
 /// What a copy of an id already seen is, by its content against the first copy's.

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod explain;
 pub mod identity;
+pub mod json;
 pub mod kafka;
 pub mod ledger;
 pub mod log_limit;

@@ -425,3 +425,224 @@ fn one_source_flagged_then_unchecked_while_another_keeps_dropping_switched_witho
     assert!(worker.exited().is_none(), "the worker goes on");
     worker.terminate(Duration::from_secs(30));
 }
+
+/// Values of `id` that a reading through a double, or one that takes a string for a number, made
+/// one id: each pair two ids.
+const DISTINCT_IDS: [(&str, &str); 12] = [
+    ("12345678901234567890123", "12345678901234567890124"),
+    ("-99999999999999999999", "-99999999999999999998"),
+    ("4004.1234567890123456", "4004.1234567890123457"),
+    ("18446744073709551616", "18446744073709551617"),
+    ("-9223372036854775809", "-9223372036854775810"),
+    ("0.1", "0.1000000000000000055511151231257827"),
+    ("1700000000.123456789", "1700000000.123456788"),
+    ("1.0", "1e0"),
+    ("1", "1.0"),
+    ("0", "-0"),
+    (r#""1001""#, "1001"),
+    (r#""5""#, "5"),
+];
+
+/// A value's retry as another producer (or a later run of the same one) may write it: keys in
+/// another order, white space, and every string's characters escaped.
+fn rewritten(id: &str, sent_at: &str) -> String {
+    let id = match id.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        Some(text) => {
+            let escaped: String = text
+                .chars()
+                .map(|c| format!("\\u{:04x}", c as u32))
+                .collect();
+            format!("\"{escaped}\"")
+        }
+        None => id.to_string(),
+    };
+    format!("{{ \"sentAt\" : \"{sent_at}\",\n\t\"u\" : \"\\u0061\" , \"id\" :  {id} }}")
+}
+
+/// How many records of one run the worker finds without an id, by reason.
+struct Unkeyed {
+    repeated_key: f64,
+    unreadable: f64,
+    empty: f64,
+    too_long: f64,
+    missing: f64,
+}
+
+/// Under `source`, with the configuration's defaults otherwise (`content_digest =
+/// "header-or-value"`, `on_reused_id = "drop"`, `unkeyed_policy = "forward"`): every distinct
+/// value of [`DISTINCT_IDS`] is published, every retry of one (rewritten, see [`rewritten`]) is
+/// dropped as a `retry`, never a `reused_id`; what the exact reader refuses follows the unkeyed
+/// policy for the reason `unkeyed` says; a 900 KB value is deduplicated.
+fn exact_ids_and_retries(source: &str, unkeyed: Unkeyed) {
+    let input = TestTopic::create("exact-in", 1);
+    let output = TestTopic::create("exact-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    // A fingerprint that leaves `sentAt` out sees a retry sent later as the same event.
+    let retry_sent_at = if source.contains("without:/sentAt") {
+        "s2"
+    } else {
+        "s1"
+    };
+    let mut texts: Vec<&str> = DISTINCT_IDS.iter().flat_map(|(a, b)| [*a, *b]).collect();
+    texts.sort_unstable();
+    texts.dedup();
+    let record = |key: String, value: Vec<u8>| -> Outgoing {
+        (Some(key.into_bytes()), Some(value), Vec::new())
+    };
+    let mut sends: Vec<Outgoing> = Vec::new();
+    for (i, id) in texts.iter().enumerate() {
+        let value = format!(r#"{{"id":{id},"u":"a","sentAt":"s1"}}"#);
+        sends.push(record(format!("k-{i}"), value.into_bytes()));
+    }
+    let pad = "x".repeat(900 * 1024);
+    let big = format!(r#"{{"id":"big","u":"a","sentAt":"s1","pad":"{pad}"}}"#);
+    sends.push(record("k-big".into(), big.into_bytes()));
+    // Each once: what the exact reader refuses, and the ids at the edges.
+    let once: Vec<Vec<u8>> = vec![
+        br#"{"id":"r1","u":"a","id":"r2","sentAt":"s1"}"#.to_vec(),
+        br#"{"id":"r1","u":"a","sentAt":"s1","p":{"q":1,"q":1}}"#.to_vec(),
+        b"{\"id\":\"\xff\",\"u\":\"a\"}".to_vec(),
+        b"\xef\xbb\xbf{\"id\":\"bom\",\"u\":\"a\"}".to_vec(),
+        b"id=1, u=a".to_vec(),
+        br#"{"id":1e400,"u":"a"}"#.to_vec(),
+        br#"{"id":"\ud800","u":"a"}"#.to_vec(),
+        br#"{"id":"","u":"a"}"#.to_vec(),
+        format!(r#"{{"id":"{}","u":"a"}}"#, "x".repeat(2048)).into_bytes(),
+        br#"{"id":null,"u":"a","sentAt":"s1"}"#.to_vec(),
+        br#"{"u":"a","sentAt":"s1"}"#.to_vec(),
+    ];
+    for (i, value) in once.iter().enumerate() {
+        sends.push(record(format!("once-{i}"), value.clone()));
+    }
+    let first = sends.len();
+    // The retries, each rewritten, after every first copy.
+    for (i, id) in texts.iter().enumerate() {
+        sends.push(record(
+            format!("k-{i}"),
+            rewritten(id, retry_sent_at).into_bytes(),
+        ));
+    }
+    let big_retry = format!(
+        "{{\"pad\":\"{pad}\", \"sentAt\":\"{retry_sent_at}\", \"u\":\"\\u0061\", \"id\":\"big\"}}"
+    );
+    sends.push(record("k-big".into(), big_retry.into_bytes()));
+    let retries = sends.len() - first;
+    produce_full(&input.name, &sends);
+
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_ID_SOURCE", source)
+        .start();
+    worker.wait_ready(Duration::from_secs(60));
+    worker.wait_settled(sends.len(), Duration::from_secs(60));
+    let out = wait_for_records(&output.name, first, Duration::from_secs(60));
+    let published: Vec<&[u8]> = out.iter().map(|r| r.value.as_deref().unwrap()).collect();
+    let expected: Vec<&[u8]> = sends[..first]
+        .iter()
+        .map(|s| s.1.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        published.len(),
+        expected.len(),
+        "{source}: every distinct value published once, no retry"
+    );
+    assert!(
+        published == expected,
+        "{source}: the first copies, in order"
+    );
+    let dropped = |verdict: &str| {
+        worker.metric("dedupe_duplicates_dropped_total", &[("verdict", verdict)]) as usize
+    };
+    assert_eq!(
+        dropped("retry"),
+        retries,
+        "{source}: every retry dropped as a retry"
+    );
+    assert_eq!(
+        dropped("reused_id"),
+        0,
+        "{source}: no retry taken for a reused id"
+    );
+    let unkeyed_by =
+        |reason: &str| worker.metric("dedupe_unkeyed_records_total", &[("reason", reason)]);
+    for (reason, expected) in [
+        ("repeated_key", unkeyed.repeated_key),
+        ("unreadable", unkeyed.unreadable),
+        ("empty", unkeyed.empty),
+        ("too_long", unkeyed.too_long),
+        ("missing", unkeyed.missing),
+    ] {
+        assert_eq!(
+            unkeyed_by(reason),
+            expected,
+            "{source}: unkeyed for {reason}"
+        );
+    }
+    worker.terminate(Duration::from_secs(30));
+}
+
+#[test]
+fn json_ids_are_read_exactly_and_a_rewritten_retry_is_a_retry() {
+    exact_ids_and_retries(
+        "json:/id",
+        Unkeyed {
+            repeated_key: 2.0,
+            unreadable: 5.0,
+            empty: 1.0,
+            too_long: 1.0,
+            missing: 2.0,
+        },
+    );
+}
+
+#[test]
+fn composite_parts_are_read_exactly_and_a_rewritten_retry_is_a_retry() {
+    // An empty part is still a part (`0:`); a 2 KB one makes the id too long.
+    exact_ids_and_retries(
+        r#"["json:/id","json:/u"]"#,
+        Unkeyed {
+            repeated_key: 2.0,
+            unreadable: 5.0,
+            empty: 0.0,
+            too_long: 1.0,
+            missing: 2.0,
+        },
+    );
+}
+
+#[test]
+fn fingerprints_are_read_exactly_and_a_rewritten_retry_is_a_retry() {
+    // A fingerprint of the whole value, of all but `sentAt` (whose retries are sent later), of
+    // the id alone (a null id is a value, an absent one is not).
+    for (source, missing) in [
+        ("fingerprint", 0.0),
+        ("fingerprint:without:/sentAt", 0.0),
+        ("fingerprint:of:/id", 1.0),
+    ] {
+        exact_ids_and_retries(
+            source,
+            Unkeyed {
+                repeated_key: 2.0,
+                unreadable: 5.0,
+                empty: 0.0,
+                too_long: 0.0,
+                missing,
+            },
+        );
+    }
+}
+
+#[test]
+fn with_ids_in_the_key_a_rewritten_value_is_a_retry() {
+    // The digest is the value's canonical JSON text: a retry written otherwise is no reused id.
+    exact_ids_and_retries(
+        "key",
+        Unkeyed {
+            repeated_key: 0.0,
+            unreadable: 0.0,
+            empty: 0.0,
+            too_long: 0.0,
+            missing: 0.0,
+        },
+    );
+}

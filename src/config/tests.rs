@@ -551,3 +551,46 @@ fn the_snapshot_pace_is_checked_naming_the_key() {
         assert!(err.starts_with(starts), "{line}: {err}");
     }
 }
+
+#[test]
+fn a_bad_source_mode_names_its_source_and_the_modes() {
+    // In the table form: the key, the source and the allowed values, not serde's untagged
+    // enum's "data did not match any variant".
+    let err = load_str(
+        "[worker.source_modes]\nweb = \"flag\"\nimport = \"flagg\"\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("worker.source_modes"), "{err}");
+    assert!(err.contains("`import`") && err.contains("`flagg`"), "{err}");
+    assert!(err.contains("drop, flag or off"), "{err}");
+    assert!(!err.contains("variant"), "{err}");
+    // A mode that is not text is named too.
+    let err = load_str("[worker.source_modes]\nweb = 1\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("worker.source_modes"), "{err}");
+    assert!(!err.contains("variant"), "{err}");
+    // The text form (the environment's) says the same.
+    let err = load_str(
+        "",
+        &[("DEDUPE_WORKER_SOURCE_MODES", "web=flag,import=flagg")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("`flagg` is not a mode: drop, flag or off"),
+        "{err}"
+    );
+    // Good modes in both forms.
+    let c = load_str(
+        "[worker.source_modes]\nweb = \"flag\"\nimport = \"off\"\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.worker.source_modes.of(Some(b"web")), SourceMode::Flag);
+    assert_eq!(c.worker.source_modes.of(Some(b"import")), SourceMode::Off);
+    let c = load_str("", &[("DEDUPE_WORKER_SOURCE_MODES", "web=flag")]).unwrap();
+    assert_eq!(c.worker.source_modes.of(Some(b"web")), SourceMode::Flag);
+}

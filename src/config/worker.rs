@@ -257,12 +257,7 @@ impl SourceModes {
             let Some((source, mode)) = item.split_once('=') else {
                 return Err(format!("`{item}` is not SOURCE=MODE (e.g. web=flag)"));
             };
-            let mode = match mode.trim() {
-                "drop" => SourceMode::Drop,
-                "flag" => SourceMode::Flag,
-                "off" => SourceMode::Off,
-                other => return Err(format!("`{other}` is not a mode: drop, flag or off")),
-            };
+            let mode = SourceMode::parse(mode.trim())?;
             let source = source.trim();
             if source.is_empty() {
                 return Err(format!("`{item}` names no source"));
@@ -288,17 +283,38 @@ impl Serialize for SourceModes {
 }
 
 impl<'de> Deserialize<'de> for SourceModes {
+    /// A table (`web = "flag"`) or its text form (`web=flag, import=off`); a mode that is not one
+    /// of the three is refused naming its source and the modes there are.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            Table(std::collections::BTreeMap<String, SourceMode>),
-            Text(String),
+        struct Modes;
+        impl<'de> serde::de::Visitor<'de> for Modes {
+            type Value = SourceModes;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a table of source = mode (drop, flag or off), or `web=flag, import=off`",
+                )
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<SourceModes, E> {
+                SourceModes::parse(text).map_err(E::custom)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<SourceModes, A::Error> {
+                let mut modes = std::collections::BTreeMap::new();
+                while let Some(source) = map.next_key::<String>()? {
+                    let mode: String = map.next_value()?;
+                    let mode = SourceMode::parse(&mode)
+                        .map_err(|e| serde::de::Error::custom(format!("source `{source}`: {e}")))?;
+                    modes.insert(source, mode);
+                }
+                Ok(SourceModes(modes))
+            }
         }
-        match Form::deserialize(d)? {
-            Form::Table(t) => Ok(SourceModes(t)),
-            Form::Text(text) => SourceModes::parse(&text).map_err(serde::de::Error::custom),
-        }
+        d.deserialize_any(Modes)
     }
 }
 

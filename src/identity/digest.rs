@@ -4,7 +4,8 @@
 //! A record's content is hashed to 64 bits by whoever knows which of its bytes may change between
 //! retries: the front door hashes the client's event without `sentAt`, `receivedAt` and
 //! `messageId` and sends the hash in the [`HEADER_CONTENT_DIGEST`] header (16 hex digits); for
-//! other records the worker hashes the record's value ([`DigestSource`]). The ledger keeps
+//! other records the worker hashes what makes the record's id, or its value's canonical JSON text
+//! ([`DigestSource`], [`crate::identity::identify`]). The ledger keeps
 //! [`CONTENT_DIGEST_BYTES`] of it with each id: two bytes tell a changed event from a retry but for
 //! one reused id in 65,535, and cost 2 bytes per id on disk (the measurement is in
 //! docs/performance.md). Part of the ledger's format (version 3).
@@ -32,7 +33,7 @@ impl ContentDigest {
         ContentDigest(NonZeroU16::new((hash >> 48) as u16).unwrap_or(NonZeroU16::MIN))
     }
 
-    /// The digest of a record's value, hashed whole.
+    /// The digest of a record's content: these bytes hashed whole (XXH3-64, a fixed seed).
     pub fn of_value(value: &[u8]) -> ContentDigest {
         Self::of_hash(xxhash_rust::xxh3::xxh3_64_with_seed(
             value,
@@ -74,7 +75,8 @@ impl std::fmt::Debug for ContentDigest {
 #[serde(rename_all = "kebab-case")]
 pub enum DigestSource {
     /// The [`HEADER_CONTENT_DIGEST`] header when the record has one (the front door's records),
-    /// else the record's value.
+    /// else what makes the record's id (a fingerprint's or a composite's fields), or the value's
+    /// canonical JSON text (its bytes if it is not JSON).
     #[default]
     HeaderOrValue,
     /// Only the header: a record without one keeps no digest (its copies get the verdict
@@ -85,14 +87,20 @@ pub enum DigestSource {
 }
 
 impl DigestSource {
-    /// The digest of a record with this header value (if any) and value.
-    pub fn digest(self, header: Option<&[u8]>, value: Option<&[u8]>) -> Option<ContentDigest> {
+    /// The digest of a record with this header value (if any) whose content's digest is
+    /// `content` (called only when needed; what the content is, [`crate::identity::identify`]
+    /// says).
+    pub fn digest(
+        self,
+        header: Option<&[u8]>,
+        content: impl FnOnce() -> ContentDigest,
+    ) -> Option<ContentDigest> {
         match self {
             DigestSource::None => None,
             DigestSource::Header => header.and_then(ContentDigest::of_header),
             DigestSource::HeaderOrValue => match header {
                 Some(h) => ContentDigest::of_header(h),
-                None => Some(ContentDigest::of_value(value.unwrap_or_default())),
+                None => Some(content()),
             },
         }
     }
@@ -136,13 +144,10 @@ mod tests {
     #[test]
     fn each_source_takes_the_digest_from_where_it_says() {
         let h = Some(&b"1234000000000000"[..]);
-        let v = Some(&b"value"[..]);
+        let v = || ContentDigest::of_value(b"value");
         let from_header = ContentDigest::of_header(b"1234000000000000");
         assert_eq!(DigestSource::HeaderOrValue.digest(h, v), from_header);
-        assert_eq!(
-            DigestSource::HeaderOrValue.digest(None, v),
-            Some(ContentDigest::of_value(b"value"))
-        );
+        assert_eq!(DigestSource::HeaderOrValue.digest(None, v), Some(v()));
         assert_eq!(DigestSource::Header.digest(h, v), from_header);
         assert_eq!(DigestSource::Header.digest(None, v), None);
         assert_eq!(DigestSource::None.digest(h, v), None);

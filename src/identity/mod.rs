@@ -16,15 +16,19 @@
 //!
 //! Where a record's id is read from (its key, a header, a JSON field, a composite of those, or a
 //! fingerprint of its value), and why a record has none, is the `record` submodule's part:
-//! [`message_id`], [`message_key`], [`IdSource`], [`RecordView`], [`Unkeyed`]. What tells
-//! a retry from a reused id is the `digest` submodule's: [`ContentDigest`], [`DigestSource`].
+//! [`identify`], [`message_id`], [`message_key`], [`IdSource`], [`RecordView`], [`Unkeyed`]; a
+//! value is read as JSON by the one exact reader ([`crate::json`]). What tells a retry from a
+//! reused id is the `digest` submodule's: [`ContentDigest`], [`DigestSource`].
 
 use std::fmt;
 
 mod digest;
 mod record;
 pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES, HEADER_CONTENT_DIGEST};
-pub use record::{message_id, message_key, Fingerprint, IdSource, RecordView, Unkeyed};
+pub use record::{
+    identify, message_id, message_key, Fingerprint, IdSource, Identity, MessageId, RecordView,
+    Unkeyed, NUMBER_ID_TAG,
+};
 
 /// Separates a source's name from the client's message id in the ids the front door writes
 /// (`<source>:<messageId>`, its records' key): ids are scoped by source, so two sources' same
@@ -106,8 +110,12 @@ pub fn ledger_key(id: &[u8]) -> Result<LedgerKey, IdError> {
             return Ok(LedgerKey(*uuid.as_bytes()));
         }
     }
-    let hash = xxhash_rust::xxh3::xxh3_128_with_seed(id, IDENTITY_HASH_SEED);
-    Ok(LedgerKey(hash.to_be_bytes()))
+    Ok(hashed_key(id))
+}
+
+/// XXH3-128 of `id` with [`IDENTITY_HASH_SEED`], big-endian: the key of an id that is not a UUID.
+pub(crate) fn hashed_key(id: &[u8]) -> LedgerKey {
+    LedgerKey(xxhash_rust::xxh3::xxh3_128_with_seed(id, IDENTITY_HASH_SEED).to_be_bytes())
 }
 
 #[cfg(test)]

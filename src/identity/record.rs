@@ -7,7 +7,10 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use super::{ledger_key, IdError, LedgerKey};
+use super::digest::{ContentDigest, DigestSource, HEADER_CONTENT_DIGEST};
+use super::{hashed_key, ledger_key, IdError, LedgerKey};
+use crate::json::document::{id_writer, Scalar};
+use crate::json::{Document, Unreadable};
 
 /// Where a record's message id is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,21 +19,23 @@ pub enum IdSource {
     Key,
     /// A record header with this name.
     Header(String),
-    /// A JSON pointer (RFC 6901) into the record value, e.g. `/messageId`.
+    /// A JSON pointer (RFC 6901) into the record value, e.g. `/messageId`: a string's decoded
+    /// text, or a number's exact text (its ledger key tagged, see [`NUMBER_ID_TAG`]).
     JsonPointer(String),
-    /// Several of the three above, joined: each part's bytes after their length and a colon
-    /// (`13:1700000000000` then `5:alice`), so that no two different lists of parts join alike.
-    /// A missing part leaves the record without an id.
+    /// Several of the three above, joined: each part's bytes after their length and a colon, or
+    /// `#` for a JSON number (`13#1700000000000` then `5:alice`), so that no two different lists
+    /// of parts join alike. A missing part leaves the record without an id.
     Composite(Vec<IdSource>),
     /// A hash of the record value's JSON (see [`Fingerprint`]).
     Fingerprint(Fingerprint),
 }
 
-/// What of a record value's JSON a fingerprint id hashes: the value is parsed, the fields chosen
-/// (or all but the ones left out) are written again in one canonical form (object keys sorted, no
-/// white space, strings and numbers as sent), and the id is `fp:` and the first 16 bytes of
-/// that text's SHA-256, in hex. Two copies of an event that differ only in the fields left out
-/// (a fresh id per retry, a send time) have the same id.
+/// What of a record value's JSON a fingerprint id hashes: the value is read strictly, the fields
+/// chosen (or all but the ones left out, each named in the original document) are written again
+/// in one canonical form ([`crate::json::canonical`]: object keys sorted, no white space, numbers
+/// as their exact text, strings decoded and written one way), and the id is `fp:` and the first
+/// 16 bytes of that text's SHA-256, in hex. Two copies of an event that differ only in the fields
+/// left out (a fresh id per retry, a send time) have the same id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fingerprint {
     /// The whole value.
@@ -165,14 +170,17 @@ impl<'de> Deserialize<'de> for IdSource {
 /// Why a record has no usable id. The label values are part of the metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unkeyed {
-    /// No key, no such header, or no such JSON field.
+    /// No key, no such header, or no such JSON field (or the field is `null`).
     Missing,
     /// The id is empty.
     Empty,
     /// The id is longer than 1 KiB.
     TooLong,
-    /// The value is not JSON, or the field is not a string or number.
+    /// The value is not JSON (or JSON the strict reader refuses: not UTF-8, a byte order mark, a
+    /// number out of a double's range, a lone surrogate), or the field is not a string or number.
     Unreadable,
+    /// The value has an object with the same key twice: it has no one meaning to read an id from.
+    RepeatedKey,
 }
 
 impl Unkeyed {
@@ -182,6 +190,7 @@ impl Unkeyed {
             Self::Empty => "empty",
             Self::TooLong => "too_long",
             Self::Unreadable => "unreadable",
+            Self::RepeatedKey => "repeated_key",
         }
     }
 }
@@ -195,6 +204,25 @@ impl From<IdError> for Unkeyed {
     }
 }
 
+impl From<Unreadable> for Unkeyed {
+    fn from(e: Unreadable) -> Self {
+        match e {
+            Unreadable::RepeatedKey => Unkeyed::RepeatedKey,
+            Unreadable::NotUtf8 | Unreadable::NotJson(_) => Unkeyed::Unreadable,
+        }
+    }
+}
+
+/// The byte a JSON number id's text is hashed after, so that the number `1001` and the string
+/// `"1001"` are two ids: no string's decoded text (UTF-8) starts with it.
+pub const NUMBER_ID_TAG: u8 = 0xff;
+
+/// Separates a composite part's length from its bytes: `:` for a key, a header or a JSON
+/// string, `#` for a JSON number (`13#1700000000000`), so that a string part never joins like a
+/// number part.
+const PART_SEPARATOR: u8 = b':';
+const NUMBER_PART_SEPARATOR: u8 = b'#';
+
 /// The parts of a record an id can come from.
 pub struct RecordView<'a, H: Fn(&str) -> Option<&'a [u8]>> {
     pub key: Option<&'a [u8]>,
@@ -202,130 +230,209 @@ pub struct RecordView<'a, H: Fn(&str) -> Option<&'a [u8]>> {
     pub value: Option<&'a [u8]>,
 }
 
+/// A record's id and content digest, read once (see [`identify`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity<'a> {
+    /// The id, or why the record has none.
+    pub id: Result<MessageId<'a>, Unkeyed>,
+    /// The record's content digest, as the [`DigestSource`] asked says.
+    pub digest: Option<ContentDigest>,
+}
+
+/// A record's message id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageId<'a> {
+    /// The id's bytes: what `dedupe rekey` keys the record by and what tells the partition the id
+    /// belongs in. A JSON number's exact text, a JSON string's decoded text.
+    pub bytes: Cow<'a, [u8]>,
+    /// The ledger key: of the bytes, or for a JSON number of [`NUMBER_ID_TAG`] and the bytes.
+    pub key: LedgerKey,
+}
+
 /// The ledger key of a record's message id, read as `source` says.
 pub fn message_key<'a, H: Fn(&str) -> Option<&'a [u8]>>(
     record: &RecordView<'a, H>,
     source: &IdSource,
 ) -> Result<LedgerKey, Unkeyed> {
-    Ok(ledger_key(&message_id(record, source)?)?)
+    identify(record, source, DigestSource::None)
+        .id
+        .map(|id| id.key)
 }
 
-/// A record's message id as bytes, read as `source` says: what the ledger key hashes, what
-/// `dedupe rekey` keys the record by, and what tells the partition the id belongs in.
+/// A record's message id as bytes, read as `source` says ([`MessageId::bytes`]).
 pub fn message_id<'a, H: Fn(&str) -> Option<&'a [u8]>>(
     record: &RecordView<'a, H>,
     source: &IdSource,
 ) -> Result<Cow<'a, [u8]>, Unkeyed> {
-    let mut value = ParsedValue::new(record.value);
-    match source {
-        IdSource::Composite(parts) => {
-            let mut id = Vec::new();
-            for part in parts {
-                let bytes = part_of(record, part, &mut value)?;
-                id.extend_from_slice(bytes.len().to_string().as_bytes());
-                id.push(b':');
-                id.extend_from_slice(&bytes);
-            }
-            Ok(Cow::Owned(id))
-        }
-        IdSource::Fingerprint(spec) => fingerprint(value.get()?, spec).map(Cow::Owned),
-        part => part_of(record, part, &mut value),
-    }
+    identify(record, source, DigestSource::None)
+        .id
+        .map(|id| id.bytes)
 }
 
-/// A record value, parsed as JSON once, when first needed.
-struct ParsedValue<'a> {
+/// A record's message id, read as `source` says, and its content digest, taken as `digests`
+/// says, with its value read (strictly, see [`crate::json`]) at most once.
+///
+/// Without a [`HEADER_CONTENT_DIGEST`] header, a record's content is what makes its id, so that
+/// two copies of one event are a `retry` whatever changed between them that the id leaves out:
+/// - a fingerprint: the canonical text it hashes (the value less the fields left out, or the
+///   fields chosen);
+/// - a composite: its joined parts;
+/// - any other id: the value's canonical text when it is JSON (key order, white space and
+///   escapes never make a retry look changed), else the value's bytes as they are.
+pub fn identify<'a, H: Fn(&str) -> Option<&'a [u8]>>(
+    record: &RecordView<'a, H>,
+    source: &IdSource,
+    digests: DigestSource,
+) -> Identity<'a> {
+    let mut value = Value::new(record.value);
+    let mut content = None;
+    let id = match source {
+        IdSource::Composite(parts) => composite(record, parts, &mut value).and_then(|bytes| {
+            content = Some(ContentDigest::of_value(&bytes));
+            id_of(Cow::Owned(bytes), false)
+        }),
+        IdSource::Fingerprint(spec) => value.document().and_then(|doc| {
+            let mut text = Vec::with_capacity(doc.text().len());
+            canonical_fingerprinted(&doc, spec, &mut text)?;
+            content = Some(ContentDigest::of_value(&text));
+            id_of(Cow::Owned(fingerprint_id(&text)), false)
+        }),
+        part => part_of(record, part, &mut value).and_then(|(bytes, number)| id_of(bytes, number)),
+    };
+    let header = (record.header)(HEADER_CONTENT_DIGEST);
+    let digest = digests.digest(header, || match content {
+        Some(digest) => digest,
+        None => value.content_digest(),
+    });
+    Identity { id, digest }
+}
+
+/// The id of `bytes`, a JSON number's text if `number`.
+fn id_of(bytes: Cow<'_, [u8]>, number: bool) -> Result<MessageId<'_>, Unkeyed> {
+    let key = if number {
+        // The length rule is the text's; the tag only tells the key apart.
+        ledger_key(&bytes)?;
+        let mut tagged = Vec::with_capacity(1 + bytes.len());
+        tagged.push(NUMBER_ID_TAG);
+        tagged.extend_from_slice(&bytes);
+        hashed_key(&tagged)
+    } else {
+        ledger_key(&bytes)?
+    };
+    Ok(MessageId { bytes, key })
+}
+
+/// A record value, read strictly once, when first needed.
+struct Value<'a> {
     bytes: Option<&'a [u8]>,
-    parsed: Option<serde_json::Value>,
+    read: Option<Result<Document<'a>, Unreadable>>,
 }
 
-impl<'a> ParsedValue<'a> {
+impl<'a> Value<'a> {
     fn new(bytes: Option<&'a [u8]>) -> Self {
-        ParsedValue {
-            bytes,
-            parsed: None,
-        }
+        Value { bytes, read: None }
     }
 
-    fn get(&mut self) -> Result<&mut serde_json::Value, Unkeyed> {
-        if self.parsed.is_none() {
-            let bytes = self.bytes.ok_or(Unkeyed::Missing)?;
-            self.parsed = Some(serde_json::from_slice(bytes).map_err(|_| Unkeyed::Unreadable)?);
+    fn document(&mut self) -> Result<Document<'a>, Unkeyed> {
+        let bytes = self.bytes.ok_or(Unkeyed::Missing)?;
+        let read = *self.read.get_or_insert_with(|| Document::read(bytes));
+        Ok(read?)
+    }
+
+    /// The digest of the whole value: of its canonical text when it is JSON, else of its bytes.
+    fn content_digest(&mut self) -> ContentDigest {
+        let bytes = self.bytes.unwrap_or_default();
+        match self.document() {
+            Ok(doc) => {
+                let mut text = Vec::with_capacity(bytes.len());
+                doc.canonical(&[], &mut id_writer(), &mut text);
+                ContentDigest::of_value(&text)
+            }
+            Err(_) => ContentDigest::of_value(bytes),
         }
-        self.parsed.as_mut().ok_or(Unkeyed::Unreadable)
     }
 }
 
-/// One simple part of an id: the key, a header, or a JSON field (a string's text, a number as
-/// written).
+/// A composite's parts joined: each part's length, its separator and its bytes.
+fn composite<'a, H: Fn(&str) -> Option<&'a [u8]>>(
+    record: &RecordView<'a, H>,
+    parts: &[IdSource],
+    value: &mut Value<'a>,
+) -> Result<Vec<u8>, Unkeyed> {
+    let mut id = Vec::new();
+    for part in parts {
+        let (bytes, number) = part_of(record, part, value)?;
+        id.extend_from_slice(bytes.len().to_string().as_bytes());
+        id.push(if number {
+            NUMBER_PART_SEPARATOR
+        } else {
+            PART_SEPARATOR
+        });
+        id.extend_from_slice(&bytes);
+    }
+    Ok(id)
+}
+
+/// One simple part of an id: the key, a header, or a JSON field (a string's decoded text, a
+/// number's exact text), and whether it is a JSON number.
 fn part_of<'a, H: Fn(&str) -> Option<&'a [u8]>>(
     record: &RecordView<'a, H>,
     part: &IdSource,
-    value: &mut ParsedValue<'a>,
-) -> Result<Cow<'a, [u8]>, Unkeyed> {
+    value: &mut Value<'a>,
+) -> Result<(Cow<'a, [u8]>, bool), Unkeyed> {
     match part {
-        IdSource::Key => record.key.map(Cow::Borrowed).ok_or(Unkeyed::Missing),
-        IdSource::Header(name) => (record.header)(name)
-            .map(Cow::Borrowed)
+        IdSource::Key => record
+            .key
+            .map(|k| (Cow::Borrowed(k), false))
             .ok_or(Unkeyed::Missing),
-        IdSource::JsonPointer(pointer) => match value.get()?.pointer(pointer) {
-            None | Some(serde_json::Value::Null) => Err(Unkeyed::Missing),
-            Some(serde_json::Value::String(s)) => Ok(Cow::Owned(s.clone().into_bytes())),
-            Some(serde_json::Value::Number(n)) => Ok(Cow::Owned(n.to_string().into_bytes())),
-            Some(_) => Err(Unkeyed::Unreadable),
+        IdSource::Header(name) => (record.header)(name)
+            .map(|h| (Cow::Borrowed(h), false))
+            .ok_or(Unkeyed::Missing),
+        IdSource::JsonPointer(pointer) => match value.document()?.scalar(pointer) {
+            None | Some(Scalar::Null) => Err(Unkeyed::Missing),
+            Some(Scalar::String(Cow::Borrowed(s))) => Ok((Cow::Borrowed(s.as_bytes()), false)),
+            Some(Scalar::String(Cow::Owned(s))) => Ok((Cow::Owned(s.into_bytes()), false)),
+            Some(Scalar::Number(n)) => Ok((Cow::Borrowed(n.as_bytes()), true)),
+            Some(Scalar::Other) => Err(Unkeyed::Unreadable),
         },
         IdSource::Composite(_) | IdSource::Fingerprint(_) => Err(Unkeyed::Unreadable),
     }
 }
 
-/// The fingerprint id of a parsed value (see [`Fingerprint`]).
-fn fingerprint(value: &mut serde_json::Value, spec: &Fingerprint) -> Result<Vec<u8>, Unkeyed> {
-    let hashed = match spec {
-        Fingerprint::Whole => std::mem::take(value),
-        Fingerprint::Without(pointers) => {
-            for p in pointers {
-                remove_pointer(value, p);
+/// The canonical text a fingerprint hashes (see [`Fingerprint`]) into `out`.
+fn canonical_fingerprinted(
+    doc: &Document<'_>,
+    spec: &Fingerprint,
+    out: &mut Vec<u8>,
+) -> Result<(), Unkeyed> {
+    let mut writer = id_writer();
+    match spec {
+        Fingerprint::Whole => doc.canonical(&[], &mut writer, out),
+        Fingerprint::Without(pointers) => doc.canonical(pointers, &mut writer, out),
+        Fingerprint::Of(pointers) => {
+            out.push(b'[');
+            for (i, p) in pointers.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let field = doc.pointer(p).ok_or(Unkeyed::Missing)?;
+                Document::canonical_of(field, &mut writer, out);
             }
-            std::mem::take(value)
+            out.push(b']');
         }
-        Fingerprint::Of(pointers) => serde_json::Value::Array(
-            pointers
-                .iter()
-                .map(|p| value.pointer(p).cloned().ok_or(Unkeyed::Missing))
-                .collect::<Result<_, _>>()?,
-        ),
-    };
-    // Object keys come out sorted: serde_json's map is ordered by key in this build (a test
-    // below fails if a dependency ever turns on its insertion order).
-    let canonical = serde_json::to_vec(&hashed).map_err(|_| Unkeyed::Unreadable)?;
-    let digest = Sha256::digest(&canonical);
+    }
+    Ok(())
+}
+
+/// A fingerprint id: `fp:` and the first 16 bytes of the canonical text's SHA-256, in hex.
+fn fingerprint_id(canonical: &[u8]) -> Vec<u8> {
+    let digest = Sha256::digest(canonical);
     let mut id = String::with_capacity(3 + 32);
     id.push_str("fp:");
     for b in &digest[..16] {
         id.push_str(&format!("{b:02x}"));
     }
-    Ok(id.into_bytes())
-}
-
-/// Removes the field `pointer` names, if it is there.
-fn remove_pointer(value: &mut serde_json::Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
-    let last = last.replace("~1", "/").replace("~0", "~");
-    match value.pointer_mut(parent) {
-        Some(serde_json::Value::Object(map)) => {
-            map.remove(&last);
-        }
-        Some(serde_json::Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
-                }
-            }
-        }
-        _ => {}
-    }
+    id.into_bytes()
 }
 
 #[cfg(test)]
@@ -388,10 +495,15 @@ mod tests {
             message_key(&view(None, Some(v)), &p),
             Ok(ledger_key(b"m-1").unwrap())
         );
+        // A number's key is its text's, tagged: never a string's.
         let num = IdSource::JsonPointer("/n/x".into());
         assert_eq!(
             message_key(&view(None, Some(v)), &num),
-            Ok(ledger_key(b"7").unwrap())
+            Ok(hashed_key(b"\xff7"))
+        );
+        assert_eq!(
+            message_id(&view(None, Some(v)), &num).unwrap().as_ref(),
+            b"7"
         );
         let obj = IdSource::JsonPointer("/n".into());
         assert_eq!(
@@ -418,7 +530,7 @@ mod tests {
             message_id(&view(Some(b"k1"), Some(v)), &source)
                 .unwrap()
                 .as_ref(),
-            b"13:17000000000005:alice6:hdr-id2:k1"
+            b"13#17000000000005:alice6:hdr-id2:k1"
         );
         // "ab" + "c" and "a" + "bc" are different ids.
         let two: IdSource = serde_json::from_str(r#"["json:/a", "json:/b"]"#).unwrap();
@@ -480,5 +592,252 @@ mod tests {
                 .to_string(),
             "fingerprint:without:/a,/b"
         );
+    }
+
+    /// The pairs that one number, one id or one fingerprint once hid (through a double, or a
+    /// string read like a number): each pair is two values of `{"id": ...}`.
+    const DISTINCT: [(&str, &str); 13] = [
+        ("12345678901234567890123", "12345678901234567890124"),
+        ("-99999999999999999999", "-99999999999999999998"),
+        ("4004.1234567890123456", "4004.1234567890123457"),
+        ("18446744073709551616", "18446744073709551617"),
+        ("-9223372036854775809", "-9223372036854775810"),
+        ("0.1", "0.1000000000000000055511151231257827"),
+        ("1700000000.123456789", "1700000000.123456788"),
+        ("1.0", "1e0"),
+        ("1", "1.0"),
+        ("0", "-0"),
+        (r#""1001""#, "1001"),
+        (r#""5""#, "5"),
+        ("null", r#""null""#),
+    ];
+
+    fn id_of(value: &str, source: &IdSource) -> Result<LedgerKey, Unkeyed> {
+        message_key(&view(None, Some(value.as_bytes())), source)
+    }
+
+    fn every_source() -> Vec<IdSource> {
+        [
+            r#""json:/id""#,
+            r#"["json:/id", "json:/u"]"#,
+            r#""fingerprint""#,
+            r#""fingerprint:without:/sentAt""#,
+            r#""fingerprint:of:/id""#,
+        ]
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect()
+    }
+
+    #[test]
+    fn values_that_differ_as_written_are_different_ids_under_every_source() {
+        for source in every_source() {
+            for (a, b) in DISTINCT {
+                let a = format!(r#"{{"id":{a},"u":"a","sentAt":"1"}}"#);
+                let b = format!(r#"{{"id":{b},"u":"a","sentAt":"2"}}"#);
+                let (ia, ib) = (id_of(&a, &source), id_of(&b, &source));
+                let part = matches!(source, IdSource::JsonPointer(_) | IdSource::Composite(_));
+                if part && a.contains(":null") {
+                    // A null id (or part) is no id; the string "null" is one.
+                    assert_eq!(ia, Err(Unkeyed::Missing));
+                    assert!(ib.is_ok());
+                    continue;
+                }
+                assert!(ia.is_ok() && ib.is_ok(), "{source}: {a} {b}");
+                assert_ne!(ia, ib, "{source}: {a} and {b} are one id");
+            }
+        }
+    }
+
+    #[test]
+    fn key_order_white_space_and_escapes_are_one_id_under_every_source() {
+        let a = r#"{"id":"é1","u":"a","sentAt":"1","p":{"x":1.50,"y":[1,{"k":"\/"}]}}"#;
+        let b = "{ \"p\" : { \"y\" : [ 1 , { \"k\" : \"/\" } ] , \"x\" : 1.50 } ,\n\t\"u\":\"\\u0061\", \"sentAt\":\"1\", \"\\u0069d\":\"\\u00e91\" }";
+        for source in every_source() {
+            assert_eq!(id_of(a, &source), id_of(b, &source), "{source}");
+            assert!(id_of(a, &source).is_ok());
+        }
+    }
+
+    #[test]
+    fn a_string_id_keeps_its_ledger_key_and_a_number_is_tagged() {
+        // A JSON string's key is its decoded text's, as it always was: a UUID `messageId` is
+        // the UUID's bytes, whether it came in the key or in the value.
+        let uuid = "6ba7b810-9dad-11d1-80b4-00c04fd430c8";
+        let json = IdSource::JsonPointer("/id".into());
+        assert_eq!(
+            id_of(&format!(r#"{{"id":"{uuid}"}}"#), &json),
+            message_key(&view(Some(uuid.as_bytes()), None), &IdSource::Key)
+        );
+        assert_eq!(
+            id_of(r#"{"id":"m-1"}"#, &json),
+            Ok(ledger_key(b"m-1").unwrap())
+        );
+        // A number is its exact text after the tag; the text is what partitions and rekeys.
+        let big = r#"{"id":12345678901234567890123}"#;
+        assert_eq!(
+            id_of(big, &json),
+            Ok(hashed_key(b"\xff12345678901234567890123"))
+        );
+        assert_eq!(
+            message_id(&view(None, Some(big.as_bytes())), &json)
+                .unwrap()
+                .as_ref(),
+            b"12345678901234567890123"
+        );
+        // A composite's number part says so in its separator.
+        let parts: IdSource = serde_json::from_str(r#"["json:/t", "json:/u"]"#).unwrap();
+        let joined = |v: &str| {
+            message_id(&view(None, Some(v.as_bytes())), &parts)
+                .unwrap()
+                .into_owned()
+        };
+        assert_eq!(joined(r#"{"t":5,"u":"a"}"#), b"1#51:a");
+        assert_eq!(joined(r#"{"t":"5","u":"a"}"#), b"1:51:a");
+    }
+
+    #[test]
+    fn what_the_strict_reader_refuses_follows_the_unkeyed_policy() {
+        for source in every_source() {
+            for (value, why) in [
+                (&br#"{"id":1,"id":2}"#[..], Unkeyed::RepeatedKey),
+                (
+                    br#"{"id":1,"u":"a","p":{"q":1,"q":1}}"#,
+                    Unkeyed::RepeatedKey,
+                ),
+                (b"\xef\xbb\xbf{\"id\":1,\"u\":\"a\"}", Unkeyed::Unreadable),
+                (b"{\"id\":\"\xff\",\"u\":\"a\"}", Unkeyed::Unreadable),
+                (br#"{"id":1e400,"u":"a"}"#, Unkeyed::Unreadable),
+                (br#"{"id":"\ud800","u":"a"}"#, Unkeyed::Unreadable),
+                (b"not json", Unkeyed::Unreadable),
+                (b"", Unkeyed::Unreadable),
+            ] {
+                assert_eq!(
+                    message_key(&view(None, Some(value)), &source),
+                    Err(why),
+                    "{source}: {value:?}"
+                );
+            }
+        }
+        // Two objects with a repeated key whose last values agree are not one fingerprint: they
+        // have no fingerprint.
+        assert_eq!(
+            id_of(r#"{"a":1,"a":2}"#, &IdSource::parse("fingerprint").unwrap()),
+            Err(Unkeyed::RepeatedKey)
+        );
+        // Empty, 2 KB, an object, a boolean: as before.
+        let json = IdSource::JsonPointer("/id".into());
+        assert_eq!(id_of(r#"{"id":""}"#, &json), Err(Unkeyed::Empty));
+        let long = format!(r#"{{"id":"{}"}}"#, "x".repeat(2048));
+        assert_eq!(id_of(&long, &json), Err(Unkeyed::TooLong));
+        let long = format!(r#"{{"id":0.{}}}"#, "9".repeat(2048));
+        assert_eq!(id_of(&long, &json), Err(Unkeyed::TooLong));
+        assert_eq!(id_of(r#"{"id":{}}"#, &json), Err(Unkeyed::Unreadable));
+        assert_eq!(id_of(r#"{"id":true}"#, &json), Err(Unkeyed::Unreadable));
+        assert_eq!(id_of(r#"{"id":null}"#, &json), Err(Unkeyed::Missing));
+        assert_eq!(id_of(r#"{}"#, &json), Err(Unkeyed::Missing));
+    }
+
+    #[test]
+    fn fields_left_out_are_the_ones_named_in_the_original_document() {
+        let without = IdSource::parse("fingerprint:without:/a/0,/a/1").unwrap();
+        let whole = IdSource::parse("fingerprint").unwrap();
+        // Elements 0 and 1 go (not 0 and 2): what is left is [2].
+        assert_eq!(
+            id_of(r#"{"a":[0,1,2]}"#, &without),
+            id_of(r#"{"a":[2]}"#, &whole)
+        );
+        let reversed = IdSource::parse("fingerprint:without:/a/1,/a/0").unwrap();
+        assert_eq!(
+            id_of(r#"{"a":[0,1,2]}"#, &reversed),
+            id_of(r#"{"a":[2]}"#, &whole)
+        );
+    }
+
+    #[test]
+    fn fingerprints_of_strings_integers_and_literals_are_the_ones_serde_json_made() {
+        // The canonical text is serde_json's own for such values, so their fingerprints did
+        // not change with the exact reading.
+        let value = r#"{"messageId":"x","event":"click","userId":"é\u00e9","n":-42,"big":18446744073709551615,"ok":true,"z":null,"p":{"b":[1,"\n"],"a":{}}}"#;
+        let serde =
+            serde_json::to_vec(&serde_json::from_str::<serde_json::Value>(value).unwrap()).unwrap();
+        assert_eq!(
+            id_of(value, &IdSource::parse("fingerprint").unwrap()),
+            Ok(ledger_key(&fingerprint_id(&serde)).unwrap())
+        );
+    }
+
+    fn identity(value: &[u8], source: &IdSource) -> (Result<LedgerKey, Unkeyed>, ContentDigest) {
+        let i = identify(
+            &RecordView {
+                key: Some(b"k"),
+                header: |_: &str| None,
+                value: Some(value),
+            },
+            source,
+            DigestSource::HeaderOrValue,
+        );
+        (i.id.map(|id| id.key), i.digest.unwrap())
+    }
+
+    #[test]
+    fn a_retry_has_its_first_copys_digest_under_every_source() {
+        // What a retry may change: the fields a fingerprint leaves out, key order, white space,
+        // escapes.
+        let first =
+            r#"{"messageId":"a1","sentAt":"t1","event":"click","p":{"x":"é","y":1}}"#.as_bytes();
+        let retry =
+            b"{ \"p\":{\"y\":1, \"x\":\"\\u00e9\"}, \"event\":\"click\", \"sentAt\":\"t2\", \"messageId\":\"a2\" }";
+        let other =
+            r#"{"messageId":"a3","sentAt":"t3","event":"click","p":{"x":"é","y":2}}"#.as_bytes();
+        let without = IdSource::parse("fingerprint:without:/messageId,/sentAt").unwrap();
+        let (id1, d1) = identity(first, &without);
+        let (id2, d2) = identity(retry, &without);
+        assert_eq!((id1, d1), (id2, d2));
+        assert_ne!(identity(other, &without).0, id1);
+        // A fingerprint of some fields: those fields make the digest.
+        let of = IdSource::parse("fingerprint:of:/event,/p/x").unwrap();
+        assert_eq!(identity(first, &of), identity(retry, &of));
+        assert_eq!(identity(first, &of), identity(other, &of));
+        // A composite: its parts make the digest.
+        let parts: IdSource = serde_json::from_str(r#"["json:/event", "json:/p/x"]"#).unwrap();
+        assert_eq!(identity(first, &parts), identity(other, &parts));
+        // The key or a JSON field: the value's canonical text, so key order, white space and
+        // escapes do not change it, and another value does.
+        let same_id = |v: &[u8]| {
+            String::from_utf8(v.to_vec())
+                .unwrap()
+                .replace("a2", "a1")
+                .replace("t2", "t1")
+        };
+        for source in [IdSource::Key, IdSource::JsonPointer("/event".into())] {
+            let (_, d1) = identity(first, &source);
+            assert_eq!(identity(same_id(retry).as_bytes(), &source).1, d1);
+            assert_ne!(identity(other, &source).1, d1, "{source}");
+        }
+        // A value that is canonical already keeps the digest of its bytes (as before this
+        // reading); one that is not JSON is hashed as it is.
+        let canonical = br#"{"a":1,"b":"x"}"#;
+        assert_eq!(
+            identity(canonical, &IdSource::Key).1,
+            ContentDigest::of_value(canonical)
+        );
+        assert_eq!(
+            identity(b"\x00not json", &IdSource::Key).1,
+            ContentDigest::of_value(b"\x00not json")
+        );
+        // The front door's header wins, as before.
+        let i = identify(
+            &RecordView {
+                key: Some(b"k"),
+                header: |name: &str| {
+                    (name == HEADER_CONTENT_DIGEST).then_some(b"abcd000000000001".as_slice())
+                },
+                value: Some(first),
+            },
+            &without,
+            DigestSource::HeaderOrValue,
+        );
+        assert_eq!(i.digest, ContentDigest::of_header(b"abcd000000000001"));
     }
 }

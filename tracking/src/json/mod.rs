@@ -1,15 +1,15 @@
 //! JSON kept as the client sent it: an object's fields as their text (key and value), read and
-//! checked in one pass ([`reader`]), and a deep merge that writes both sides' text.
+//! checked in one pass ([`reader`], the core's: `dedupe::json`, the one reading every id and
+//! digest is made from), and a deep merge that writes both sides' text.
 //!
 //! Nothing here turns a value into a number or a string and back: a value reaches Kafka as the
 //! bytes it arrived as (`98765432109876543210`, `1e2`, `"\u00e9"` stay exactly that). Only the
 //! white space between the fields of an object this service rewrites is not kept.
 
-mod items;
-pub mod reader;
 pub mod reference;
 
-pub use items::ItemFields;
+pub use dedupe::json::reader;
+pub use dedupe::json::ItemFields;
 pub use reader::{is_number, string_value, Field, JsonError, Mode, Reader};
 
 use reader::ErrorKind;

@@ -439,4 +439,26 @@ proptest! {
             prop_assert_eq!(ours, theirs);
         }
     }
+
+    /// The worker reads a record value as the front door reads an event: the same verdict on the
+    /// same bytes (serde_json's, a repeated key refused as such), and the same canonical text.
+    #[test]
+    fn the_worker_reads_a_value_as_the_front_door_does(text in prop_oneof![4 => near_json(), 1 => nested()]) {
+        let door = check_strict(&text);
+        let worker = dedupe::json::Document::read(text.as_bytes());
+        prop_assert_eq!(door.is_ok(), worker.is_ok(), "front door {:?}, worker {:?}", door, worker);
+        if let Err(e) = &door {
+            prop_assert_eq!(
+                is_duplicate_key(e),
+                worker.err() == Some(dedupe::json::Unreadable::RepeatedKey)
+            );
+        }
+        if let Ok(doc) = worker {
+            let mut theirs = Vec::new();
+            crate::same_event::canonical(text.trim_matches([' ', '\t', '\n', '\r']), &mut theirs).unwrap();
+            let mut ours = Vec::new();
+            dedupe::json::Canonical::default().write(doc.text(), &mut ours).unwrap();
+            prop_assert_eq!(ours, theirs);
+        }
+    }
 }

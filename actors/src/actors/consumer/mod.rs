@@ -19,9 +19,7 @@ use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
 use dedupe::batch::{self, Candidate, Fate, Rules, Seen, SourceMode, Verdict, HEADER_DUPLICATE};
 use dedupe::clock::now_ms;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, SourceModes, UnkeyedPolicy};
-use dedupe::identity::{
-    ledger_key, message_id, ContentDigest, LedgerKey, RecordView, Unkeyed, HEADER_CONTENT_DIGEST,
-};
+use dedupe::identity::{identify, ContentDigest, LedgerKey, RecordView, Unkeyed};
 use dedupe::ledger::{Held, LedgerError, Mark};
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
@@ -355,15 +353,17 @@ impl Pipeline {
             },
             value: msg.payload(),
         };
-        let id = message_id(&view, &self.settings.id_source);
-        let misrouted = id.as_ref().is_ok_and(|id| {
-            !dedupe::kafka::is_home(id, self.partition, self.settings.input_partitions)
+        // The id and the content digest, from one strict read of the value.
+        let identity = identify(
+            &view,
+            &self.settings.id_source,
+            self.settings.content_digest,
+        );
+        let misrouted = identity.id.as_ref().is_ok_and(|id| {
+            !dedupe::kafka::is_home(&id.bytes, self.partition, self.settings.input_partitions)
         });
-        let id = id.and_then(|id| Ok(ledger_key(&id)?));
-        let digest = self
-            .settings
-            .content_digest
-            .digest((view.header)(HEADER_CONTENT_DIGEST), msg.payload());
+        let id = identity.id.map(|id| id.key);
+        let digest = identity.digest;
         let out = OutRecord {
             key: msg.key().map(<[u8]>::to_vec),
             value: msg.payload().map(<[u8]>::to_vec),

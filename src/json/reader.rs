@@ -1,4 +1,5 @@
-//! One pass over JSON text that checks it and finds an object's fields: the front door's reader.
+//! One pass over JSON text that checks it and finds an object's fields: the reader of the front
+//! door's requests and of the worker's record values ([`super::document`]).
 //!
 //! Two modes. **Strict** refuses everything serde_json's full parse refuses (a number out of a
 //! double's range, a `\u` escape that is half of a surrogate pair, nesting of 128 levels or more)
@@ -8,13 +9,15 @@
 //! own where it stands ([`super::ItemFields`]), so that one bad event costs only itself.
 //!
 //! Nothing is copied or converted: a field's key and value come back as slices of the text, and
-//! a key is decoded (into a new string) only when it holds an escape. The tests hold this reader
-//! to serde_json's verdicts (`serde_check`) on generated text.
+//! a key is decoded (into a new string) only when it holds an escape. The front door's tests
+//! (`tracking/src/json/tests.rs`) hold this reader to serde_json's verdicts on generated text.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use super::items::ItemFields;
+mod items;
+
+pub use items::ItemFields;
 
 /// Deepest nesting strict text may have: serde_json refuses the 128th level.
 pub const MAX_DEPTH: usize = 127;

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::reader::{unescape, Capture, Field, Mode, Reader};
+use super::{unescape, Capture, Field, Mode, Reader};
 
 /// A batch's events read strictly as the body is read: each element of the captured array that
 /// is an object is read by a strict reader of its own, exactly as [`Reader::object`] reads it
