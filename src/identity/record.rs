@@ -210,8 +210,21 @@ pub fn message_key<'a, H: Fn(&str) -> Option<&'a [u8]>>(
     Ok(ledger_key(&message_id(record, source)?)?)
 }
 
-/// A record's message id as bytes, read as `source` says: what the ledger key hashes, what
-/// `dedupe rekey` keys the record by, and what tells the partition the id belongs in.
+/// A record's message id, read as `source` says, if the ledger can key it (not empty, at most
+/// 1 KiB: [`check_id`](super::check_id)): what `dedupe rekey` keys the record by. A record
+/// without one keeps its own key there, and the worker finds it unkeyed for the same reason.
+pub fn usable_message_id<'a, H: Fn(&str) -> Option<&'a [u8]>>(
+    record: &RecordView<'a, H>,
+    source: &IdSource,
+) -> Result<Cow<'a, [u8]>, Unkeyed> {
+    let id = message_id(record, source)?;
+    super::check_id(&id)?;
+    Ok(id)
+}
+
+/// A record's message id as bytes, read as `source` says: what the ledger key hashes, and what
+/// tells the partition the id belongs in. It may be empty or too long to be one (see
+/// [`usable_message_id`]).
 pub fn message_id<'a, H: Fn(&str) -> Option<&'a [u8]>>(
     record: &RecordView<'a, H>,
     source: &IdSource,
@@ -341,6 +354,37 @@ mod tests {
             header: move |name: &str| (name == "id").then_some(b"hdr-id".as_slice()),
             value,
         }
+    }
+
+    #[test]
+    fn a_usable_id_is_one_the_ledger_keys() {
+        let json = |id: &str| serde_json::to_vec(&serde_json::json!({ "messageId": id })).unwrap();
+        let source = IdSource::parse("json:/messageId").unwrap();
+        // An id of 1 KiB is one; the empty id and one a byte longer are not, for the reasons
+        // the worker gives them.
+        let ok = "x".repeat(crate::identity::MAX_ID_BYTES);
+        let value = json(&ok);
+        assert_eq!(
+            usable_message_id(&view(Some(b"user-1"), Some(&value)), &source).as_deref(),
+            Ok(ok.as_bytes())
+        );
+        let value = json("");
+        assert_eq!(
+            usable_message_id(&view(Some(b"user-1"), Some(&value)), &source),
+            Err(Unkeyed::Empty)
+        );
+        let value = json(&"x".repeat(crate::identity::MAX_ID_BYTES + 1));
+        assert_eq!(
+            usable_message_id(&view(Some(b"user-1"), Some(&value)), &source),
+            Err(Unkeyed::TooLong)
+        );
+        // message_id itself reads them all: the rule is usable_message_id's and ledger_key's.
+        assert_eq!(
+            message_id(&view(Some(b"user-1"), Some(&value)), &source)
+                .unwrap()
+                .len(),
+            crate::identity::MAX_ID_BYTES + 1
+        );
     }
 
     #[test]
