@@ -476,7 +476,7 @@ fn rekey_instances_started_one_after_another_under_load_copy_each_record_once() 
         std::thread::sleep(Duration::from_millis(500));
         let next = spec(size).start();
         // It fences the running one before it reads the committed offsets, then copies at
-        // once: no session or transaction timeout stands between them.
+        // once: no group or transaction timeout stands between them.
         slowest = slowest.max(wait_committing(&next, Duration::from_secs(30)));
         if n % 3 == 2 {
             // Stopped by its orchestrator: it exits 0, or 3 if its next transaction found it
@@ -540,7 +540,7 @@ fn rekey_in_group_mode_copies_each_record_once_with_a_member_frozen_and_one_adde
     let mut b = member("rekey-b").start();
     wait_committing(&a, Duration::from_secs(60));
     wait_committing(&b, Duration::from_secs(60));
-    // a freezes past the group's session timeout (6 s on the test broker), possibly in the
+    // a freezes for longer than the group waits for a silent member (6 s on the test broker), possibly in the
     // middle of a transaction; c joins meanwhile; then a wakes up, a member the group dropped.
     a.signal(libc::SIGSTOP);
     let mut c = member("rekey-c").start();
