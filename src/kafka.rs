@@ -359,6 +359,28 @@ pub async fn topic_retention_ms(
     kafka: &KafkaConfig,
     topic: &str,
 ) -> Result<Option<i64>, KafkaError> {
+    Ok(topic_setting(kafka, topic, "retention.ms")
+        .await?
+        .and_then(|v| v.parse().ok()))
+}
+
+/// The topic's `max.message.bytes`: the largest record batch its brokers accept (Kafka's
+/// default is 1 MiB and 12 bytes), or `None` when the broker does not say.
+pub async fn topic_max_message_bytes(
+    kafka: &KafkaConfig,
+    topic: &str,
+) -> Result<Option<u64>, KafkaError> {
+    Ok(topic_setting(kafka, topic, "max.message.bytes")
+        .await?
+        .and_then(|v| v.parse().ok()))
+}
+
+/// One of the topic's settings as the brokers describe it, or `None` when they do not say.
+async fn topic_setting(
+    kafka: &KafkaConfig,
+    topic: &str,
+    name: &str,
+) -> Result<Option<String>, KafkaError> {
     let admin: AdminClient<DefaultClientContext> = client_config(kafka).create()?;
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(30)));
     let results = admin
@@ -366,11 +388,8 @@ pub async fn topic_retention_ms(
         .await?;
     for result in results {
         let resource = result.map_err(KafkaError::AdminOp)?;
-        if let Some(value) = resource
-            .get("retention.ms")
-            .and_then(|e| e.value.as_deref())
-        {
-            return Ok(value.parse().ok());
+        if let Some(value) = resource.get(name).and_then(|e| e.value.as_deref()) {
+            return Ok(Some(value.to_string()));
         }
     }
     Ok(None)

@@ -426,6 +426,359 @@ fn one_source_flagged_then_unchecked_while_another_keeps_dropping_switched_witho
     worker.terminate(Duration::from_secs(30));
 }
 
+/// `dedupe rekey` from `source` into `input` with ids read from `messageId` in the JSON value.
+fn rekey_by_message_id(source: &str, input: &str, dir: &std::path::Path) -> RekeySpec {
+    DEDUPE
+        .rekey(source, input, &format!("{input}-out"), dir)
+        .env("DEDUPE_WORKER_ID_SOURCE", "json:/messageId")
+}
+
+/// The transactions a rekey instance has committed.
+fn committed(rekey: &Rekey) -> f64 {
+    rekey.metric(
+        "dedupe_rekey_transactions_total",
+        &[("outcome", "committed")],
+    )
+}
+
+/// Waits until `rekey` has committed a transaction; returns how long that took.
+fn wait_committing(rekey: &Rekey, timeout: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    wait_until(
+        "the rekey instance commits a transaction",
+        timeout,
+        Duration::from_millis(50),
+        || (committed(rekey) > 0.0).then_some(()),
+        || tail(&rekey.log_text(), 30),
+    );
+    started.elapsed()
+}
+
+#[test]
+fn rekey_instances_started_one_after_another_under_load_copy_each_record_once() {
+    let source = TestTopic::create("rekey-overlap-src", 4);
+    let input = TestTopic::create("rekey-overlap-in", 4);
+    let dir = tempfile::tempdir().unwrap();
+    // Some thousands of records a second through every handover.
+    let load = SourceLoad::start(&source.name, 50_000, 2_000, Duration::from_millis(300));
+    // Ten handovers, each to an instance with the same settings (so the same transactional id)
+    // but its own batch size: one record a transaction up to the default 16,384.
+    let sizes = [1, 16_384, 7, 500, 2, 5_000, 50, 16_384, 3, 1_000, 16_384];
+    let spec = |size: usize| {
+        rekey_by_message_id(&source.name, &input.name, dir.path())
+            .env("DEDUPE_REKEY_BATCH_MAX_RECORDS", &size.to_string())
+    };
+    let mut current = spec(sizes[0]).start();
+    wait_committing(&current, Duration::from_secs(60));
+    let mut slowest = Duration::ZERO;
+    for (n, &size) in sizes[1..].iter().enumerate() {
+        // The running instance copies for a while, then the next one starts beside it.
+        std::thread::sleep(Duration::from_millis(500));
+        let next = spec(size).start();
+        // It fences the running one before it reads the committed offsets, then copies at
+        // once: no group or transaction timeout stands between them.
+        slowest = slowest.max(wait_committing(&next, Duration::from_secs(30)));
+        if n % 3 == 2 {
+            // Stopped by its orchestrator: it exits 0, or 3 if its next transaction found it
+            // fenced first.
+            let code = current.terminate(Duration::from_secs(30));
+            assert!(
+                matches!(code, Some(0) | Some(3)),
+                "handover {n}: the stopped instance exited {code:?}:\n{}",
+                tail(&current.log_text(), 20)
+            );
+        } else {
+            // Left running: its next transaction finds it fenced, and it exits 3.
+            let code = current.wait(Duration::from_secs(30));
+            assert_eq!(
+                code,
+                Some(3),
+                "handover {n}: the fenced instance exits 3:\n{}",
+                tail(&current.log_text(), 20)
+            );
+            assert!(current
+                .log_text()
+                .contains("exiting without committing anything more"));
+        }
+        current = next;
+    }
+    let total = load.finish();
+    kit::rekey::assert_copied_once(
+        &source.name,
+        &input.name,
+        Duration::from_secs(60),
+        "ten handovers under load",
+    );
+    assert!(
+        slowest < Duration::from_secs(10),
+        "a new instance took {slowest:?} to commit its first transaction"
+    );
+    assert_eq!(current.terminate(Duration::from_secs(30)), Some(0));
+    assert!(
+        current
+            .log_text()
+            .contains("Received a stop signal; every record read is committed."),
+        "{}",
+        tail(&current.log_text(), 10)
+    );
+    eprintln!("{total} records through ten handovers; the slowest new instance committed after {slowest:?}");
+}
+
+#[test]
+fn rekey_in_group_mode_copies_each_record_once_with_a_member_frozen_and_one_added() {
+    let source = TestTopic::create("rekey-group-src", 6);
+    let input = TestTopic::create("rekey-group-in", 4);
+    let dir = tempfile::tempdir().unwrap();
+    let load = SourceLoad::start(&source.name, 40_000, 2_000, Duration::from_millis(400));
+    let member = |id: &str| {
+        rekey_by_message_id(&source.name, &input.name, dir.path())
+            .env("DEDUPE_WORKER_ASSIGNMENT", "group")
+            .env("DEDUPE_WORKER_MEMBER_ID", id)
+            .env("DEDUPE_REKEY_BATCH_MAX_RECORDS", "300")
+    };
+    let mut a = member("rekey-a").start();
+    let mut b = member("rekey-b").start();
+    wait_committing(&a, Duration::from_secs(60));
+    wait_committing(&b, Duration::from_secs(60));
+    // a freezes for longer than the group waits for a silent member (6 s on the test broker), possibly in the
+    // middle of a transaction; c joins meanwhile; then a wakes up, a member the group dropped.
+    a.signal(libc::SIGSTOP);
+    let mut c = member("rekey-c").start();
+    wait_committing(&c, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(8));
+    a.signal(libc::SIGCONT);
+    load.finish();
+    kit::rekey::assert_copied_once(
+        &source.name,
+        &input.name,
+        Duration::from_secs(90),
+        "group mode with a member frozen and one added",
+    );
+    for (name, member) in [("a", &mut a), ("b", &mut b), ("c", &mut c)] {
+        let code = match member.exited() {
+            Some(code) => code,
+            None => member.terminate(Duration::from_secs(30)),
+        };
+        assert!(
+            matches!(code, Some(0) | Some(3)),
+            "member {name} exited {code:?}:\n{}",
+            tail(&member.log_text(), 20)
+        );
+    }
+}
+
+/// 21 records on one partition of a source that takes large records: ten small, one with a
+/// 2 MB value at offset 10, ten small. Returns them and the large one's size (key and value).
+fn source_with_a_2mb_record(source: &str) -> (Vec<Outgoing>, usize) {
+    let record = |n: usize, blob: usize| -> Outgoing {
+        let value = serde_json::json!({
+            "messageId": format!("big-test-{n}"),
+            "blob": "x".repeat(blob),
+        });
+        (
+            Some(format!("user-{n}").into_bytes()),
+            Some(serde_json::to_vec(&value).unwrap()),
+            Vec::new(),
+        )
+    };
+    let records: Vec<Outgoing> = (0..21)
+        .map(|n| record(n, if n == 10 { 2_000_000 } else { 10 }))
+        .collect();
+    let big = records[10].0.as_ref().unwrap().len() + records[10].1.as_ref().unwrap().len();
+    produce_full_with(
+        source,
+        Some(0),
+        &records,
+        &[("message.max.bytes", "4000000")],
+    );
+    (records, big)
+}
+
+#[test]
+fn a_record_larger_than_the_input_accepts_stops_rekey_after_its_neighbours_without_a_dead_letter_topic(
+) {
+    let source = TestTopic::create_with("rekey-big-src", 1, &[("max.message.bytes", "4000000")]);
+    let input = TestTopic::create("rekey-big-in", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (records, big) = source_with_a_2mb_record(&source.name);
+    let spec = rekey_by_message_id(&source.name, &input.name, dir.path());
+    let line = format!("{}/0 at offset 10 is {big} bytes", source.name);
+    let values = |topic: &str| -> Vec<Vec<u8>> {
+        consume_all(topic, true)
+            .into_iter()
+            .map(|r| r.value.unwrap())
+            .collect()
+    };
+    let before: Vec<Vec<u8>> = records[..10].iter().map(|r| r.1.clone().unwrap()).collect();
+    // Twice: the second run starts at the committed offset, which points at the large record.
+    for run in 0..2 {
+        let mut rekey = spec.start();
+        let code = rekey.wait(Duration::from_secs(60));
+        let log = rekey.log_text();
+        assert_eq!(code, Some(2), "run {run}:\n{}", tail(&log, 20));
+        assert_eq!(
+            log.lines()
+                .filter(|l| l.contains("more than the input topic"))
+                .count(),
+            1,
+            "run {run}: one line says why:\n{}",
+            tail(&log, 20)
+        );
+        assert!(
+            log.contains(&line),
+            "run {run}: it names the record ({line}):\n{}",
+            tail(&log, 20)
+        );
+        assert!(
+            log.lines().filter(|l| l.contains("aborting")).count() == 0,
+            "run {run}: nothing is retried:\n{}",
+            tail(&log, 20)
+        );
+        assert_eq!(
+            values(&input.name),
+            before,
+            "run {run}: the ten records before it are copied, once, and nothing after it"
+        );
+    }
+}
+
+#[test]
+fn a_record_larger_than_the_input_accepts_goes_to_the_dead_letter_topic_and_its_neighbours_are_copied(
+) {
+    let source = TestTopic::create_with("rekey-dlq-src", 1, &[("max.message.bytes", "4000000")]);
+    let input = TestTopic::create("rekey-dlq-in", 1);
+    let dead_letters = TestTopic::create("rekey-dlq", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let (records, big) = source_with_a_2mb_record(&source.name);
+    let mut rekey = rekey_by_message_id(&source.name, &input.name, dir.path())
+        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name)
+        .start();
+    let copied = wait_for_records(&input.name, 20, Duration::from_secs(60));
+    let dead = wait_for_records(&dead_letters.name, 1, Duration::from_secs(30));
+    assert_eq!(rekey.terminate(Duration::from_secs(30)), Some(0));
+    let log = rekey.log_text();
+    // Its neighbours on both sides are copied, each once, in order.
+    let expected: Vec<Vec<u8>> = records
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| *n != 10)
+        .map(|(_, r)| r.1.clone().unwrap())
+        .collect();
+    assert_eq!(
+        copied
+            .into_iter()
+            .map(|r| r.value.unwrap())
+            .collect::<Vec<_>>(),
+        expected
+    );
+    assert_eq!(consume_all(&input.name, true).len(), 20);
+    // The dead letter: its key and where it is and how large, not its value.
+    assert_eq!(dead.len(), 1);
+    let d = &dead[0];
+    assert_eq!(d.key.as_deref(), Some(b"user-10".as_slice()));
+    assert_eq!(d.value, None);
+    let header = |name: &str| -> Option<String> {
+        d.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.clone())
+            .map(|v| String::from_utf8(v).unwrap())
+    };
+    assert_eq!(
+        header(dedupe_actors::rekey::HEADER_REKEY_REASON).as_deref(),
+        Some("too_large")
+    );
+    assert_eq!(
+        header(dedupe_actors::rekey::HEADER_REKEY_SOURCE),
+        Some(format!("{}:0:10", source.name))
+    );
+    assert_eq!(
+        header(dedupe_actors::rekey::HEADER_REKEY_BYTES),
+        Some(big.to_string())
+    );
+    assert!(
+        log.contains(&format!("{}/0 at offset 10 is {big} bytes", source.name)),
+        "{}",
+        tail(&log, 20)
+    );
+    assert!(
+        !log.contains("aborting"),
+        "nothing is retried:\n{}",
+        tail(&log, 20)
+    );
+}
+
+#[test]
+fn rekey_keeps_the_own_key_of_records_with_an_empty_or_over_long_id_and_counts_them_unkeyed() {
+    let source = TestTopic::create("rekey-unkeyed-src", 1);
+    let input = TestTopic::create("rekey-unkeyed-in", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let record = |key: &str, id: &str| -> Outgoing {
+        let value = serde_json::json!({ "messageId": id, "userId": key });
+        (
+            Some(key.as_bytes().to_vec()),
+            Some(serde_json::to_vec(&value).unwrap()),
+            Vec::new(),
+        )
+    };
+    let long = "i".repeat(2_048);
+    let at_limit = "j".repeat(dedupe::identity::MAX_ID_BYTES);
+    produce_full(
+        &source.name,
+        &[
+            record("user-empty", ""),
+            record("user-long", &long),
+            record("user-limit", &at_limit),
+            record("user-ok", "id-ok"),
+        ],
+    );
+    let mut rekey = rekey_by_message_id(&source.name, &input.name, dir.path()).start();
+    let copied = wait_for_records(&input.name, 4, Duration::from_secs(60));
+    wait_until(
+        "the stage counts the records",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || {
+            (rekey.metric("dedupe_rekey_records_total", &[("outcome", "unkeyed")]) == 2.0)
+                .then_some(())
+        },
+        || rekey.log_text(),
+    );
+    assert_eq!(
+        rekey.metric("dedupe_rekey_records_total", &[("outcome", "rekeyed")]),
+        2.0
+    );
+    assert_eq!(rekey.terminate(Duration::from_secs(30)), Some(0));
+    let keys: Vec<Vec<u8>> = copied.into_iter().map(|r| r.key.unwrap()).collect();
+    assert_eq!(
+        keys,
+        vec![
+            b"user-empty".to_vec(),
+            b"user-long".to_vec(),
+            at_limit.into_bytes(),
+            b"id-ok".to_vec(),
+        ],
+        "the empty and the 2 KB id keep their own key; the 1 KiB id and the short one key theirs"
+    );
+}
+
+#[test]
+fn rekey_against_unreachable_brokers_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let unreachable = format!("127.0.0.1:{}", free_port());
+    let mut rekey = rekey_by_message_id("rekey-nowhere-src", "rekey-nowhere-in", dir.path())
+        .brokers(&unreachable)
+        .start();
+    let code = rekey.wait(Duration::from_secs(90));
+    let log = rekey.log_text();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("error:") && l.contains(&unreachable)),
+        "the error names the brokers it was given ({unreachable}):\n{log}"
+    );
+}
+
 /// Values of `id` that a reading through a double, or one that takes a string for a number, made
 /// one id: each pair two ids.
 const DISTINCT_IDS: [(&str, &str); 12] = [

@@ -126,7 +126,8 @@ fn serve_ingest(args: &IngestArgs) -> ExitCode {
 }
 
 /// `dedupe rekey`: the stage, with its metrics endpoint, until a signal (exit 0), a fenced
-/// producer (exit 3) or an error.
+/// producer (exit 3), a record larger than the input accepts without a dead-letter topic (exit 2)
+/// or an error (exit 2).
 fn rekey(args: &RekeyArgs) -> ExitCode {
     let config = match args.config.load() {
         Ok(c) => c,

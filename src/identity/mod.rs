@@ -96,14 +96,21 @@ pub enum IdError {
     },
 }
 
-/// The ledger key of a message id (see the module docs for the rules).
-pub fn ledger_key(id: &[u8]) -> Result<LedgerKey, IdError> {
+/// Whether `id` is a message id at all: not empty and at most [`MAX_ID_BYTES`] long. The one
+/// definition of the rule, which [`ledger_key`] applies and `dedupe rekey` keys records by.
+pub fn check_id(id: &[u8]) -> Result<(), IdError> {
     if id.is_empty() {
         return Err(IdError::Empty);
     }
     if id.len() > MAX_ID_BYTES {
         return Err(IdError::TooLong { len: id.len() });
     }
+    Ok(())
+}
+
+/// The ledger key of a message id (see the module docs for the rules).
+pub fn ledger_key(id: &[u8]) -> Result<LedgerKey, IdError> {
+    check_id(id)?;
     if id.len() == 36 || id.len() == 32 {
         // At these lengths the parser only accepts the hyphenated and the simple form.
         if let Ok(uuid) = uuid::Uuid::try_parse_ascii(id) {

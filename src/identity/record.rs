@@ -259,7 +259,10 @@ pub fn message_key<'a, H: Fn(&str) -> Option<&'a [u8]>>(
         .map(|id| id.key)
 }
 
-/// A record's message id as bytes, read as `source` says ([`MessageId::bytes`]).
+/// A record's message id as bytes, read as `source` says ([`MessageId::bytes`]): what `dedupe
+/// rekey` keys the record by. Only an id the ledger can key (not empty, at most 1 KiB:
+/// [`check_id`](super::check_id)) is one; a record without one keeps its own key there, and the
+/// worker finds it unkeyed for the same reason.
 pub fn message_id<'a, H: Fn(&str) -> Option<&'a [u8]>>(
     record: &RecordView<'a, H>,
     source: &IdSource,
@@ -448,6 +451,37 @@ mod tests {
             header: move |name: &str| (name == "id").then_some(b"hdr-id".as_slice()),
             value,
         }
+    }
+
+    #[test]
+    fn a_usable_id_is_one_the_ledger_keys() {
+        let json = |id: &str| serde_json::to_vec(&serde_json::json!({ "messageId": id })).unwrap();
+        let source = IdSource::parse("json:/messageId").unwrap();
+        // An id of 1 KiB is one; the empty id and one a byte longer are not, for the reasons
+        // the worker gives them.
+        let ok = "x".repeat(crate::identity::MAX_ID_BYTES);
+        let value = json(&ok);
+        assert_eq!(
+            usable_message_id(&view(Some(b"user-1"), Some(&value)), &source).as_deref(),
+            Ok(ok.as_bytes())
+        );
+        let value = json("");
+        assert_eq!(
+            usable_message_id(&view(Some(b"user-1"), Some(&value)), &source),
+            Err(Unkeyed::Empty)
+        );
+        let value = json(&"x".repeat(crate::identity::MAX_ID_BYTES + 1));
+        assert_eq!(
+            usable_message_id(&view(Some(b"user-1"), Some(&value)), &source),
+            Err(Unkeyed::TooLong)
+        );
+        // message_id itself reads them all: the rule is usable_message_id's and ledger_key's.
+        assert_eq!(
+            message_id(&view(Some(b"user-1"), Some(&value)), &source)
+                .unwrap()
+                .len(),
+            crate::identity::MAX_ID_BYTES + 1
+        );
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub const OUTCOME_FENCED: &str = "fenced";
 /// Values of [`LABEL_OUTCOME`] for [`REKEY_RECORDS`].
 pub const OUTCOME_REKEYED: &str = "rekeyed";
 pub const OUTCOME_UNKEYED: &str = "unkeyed";
+/// Larger than the input topic accepts: its position and size went to the dead-letter topic.
+pub const OUTCOME_DEAD_LETTERED: &str = "dead_lettered";
+/// Larger than the input topic accepts, without a dead-letter topic: the stage stopped at it.
+pub const OUTCOME_TOO_LARGE: &str = "too_large";
 /// Values of [`LABEL_OUTCOME`] for [`CONFIG_RELOADS`].
 pub const OUTCOME_APPLIED: &str = "applied";
 pub const OUTCOME_REFUSED: &str = "refused";
@@ -214,9 +218,9 @@ pub const ALL: &[Metric] = &[
     m(SOURCE_REUSED_IDS, Counter, None, &[LABEL_SOURCE], "Records whose id the ledger holds for other content, by the front door's source (as dedupe_source_records_total counts sources): the clients that reuse ids."),
     m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable, repeated_key) and the policy applied (forward, drop, dead-letter)."),
     m(MISROUTED_IDS, Counter, None, P, "Records whose id is on a partition neither common partitioner (the Java client's murmur2, librdkafka's crc32) would key it to: the input is not partitioned by the id, so copies of an id may reach other partitions, whose ledgers do not see each other; dedupe rekey keys a topic by the id."),
-    m(REKEY_RECORDS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: source records copied into the input topic, by outcome: rekeyed (keyed by their id), unkeyed (no usable id: copied with their own key)."),
-    m(REKEY_TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: transactions (a batch and its source offsets) by outcome: committed, aborted."),
-    m(REKEY_REWINDS, Counter, None, &[], "dedupe rekey: times the source partitions were sought back to their committed offsets (a rebalance, an aborted transaction)."),
+    m(REKEY_RECORDS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: source records by outcome: rekeyed (copied into the input topic keyed by their id), unkeyed (no usable id: copied with their own key), dead_lettered (larger than the input topic accepts: their position and size written to worker.dead_letter_topic), too_large (larger than the input topic accepts, no dead-letter topic: the stage stopped at it)."),
+    m(REKEY_TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: transactions (a batch and its source offsets) by outcome: committed, aborted, fenced (another instance with the same transactional id took over; this one exits)."),
+    m(REKEY_REWINDS, Counter, None, &[], "dedupe rekey: times the source partitions were sought back to the first record not committed (a rebalance, an aborted transaction)."),
     m(CONFIG_RELOADS, Counter, None, &[LABEL_OUTCOME], "Configuration reloads (SIGHUP) by outcome: applied (worker.source_modes taken), refused (the configuration did not load; nothing changed)."),
     m(FORGOTTEN_IDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Ids an operator asked to forget (dedupe forget, POST /admin/forget), by outcome: forgotten (the forget committed: the id answers not held), resent (a forgotten id's next copy was published and the id is held again)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),

@@ -36,7 +36,10 @@ pub enum Command {
     /// Serve the Segment-compatible HTTP tracking API and log every message to the input topic.
     Ingest(IngestArgs),
     /// Copy a topic keyed any way into the input topic keyed by each record's message id (read as
-    /// worker.id_source says), each batch and its source offsets in one transaction.
+    /// worker.id_source says), each batch and its source offsets in one transaction. A new
+    /// instance fences an older one with the same settings (exit 3) before it reads the offsets.
+    /// A record larger than the input accepts goes to worker.dead_letter_topic, or, without one,
+    /// stops the stage after the records before it (exit 2).
     Rekey(RekeyArgs),
     #[cfg(feature = "tools")]
     /// Produce keyed UUIDv4 messages, a share of them re-sent as retrying clients do, and

@@ -84,13 +84,18 @@ impl TestTopic {
     /// Creates `<prefix>-<uuid>` with `partitions` partitions on the test brokers, with the
     /// brokers' default replication factor (1 on the single broker, 3 on the cluster).
     pub fn create(prefix: &str, partitions: i32) -> Self {
+        Self::create_with(prefix, partitions, &[])
+    }
+
+    /// [`TestTopic::create`] with topic settings (e.g. `max.message.bytes`).
+    pub fn create_with(prefix: &str, partitions: i32, configs: &[(&str, &str)]) -> Self {
         let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
         futures::executor::block_on(dedupe::kafka::create_topic(
             &kafka_config(),
             &name,
             partitions,
             -1,
-            &[],
+            configs,
         ))
         .unwrap_or_else(|e| panic!("cannot create topic {name} on {}: {e}", brokers()));
         wait_for_topic(&name, partitions as usize);
@@ -217,7 +222,22 @@ pub fn produce_full_to(
     partition: Option<i32>,
     records: &[Outgoing],
 ) -> Vec<(i32, i64)> {
-    let producer: FutureProducer = client_config()
+    produce_full_with(topic, partition, records, &[])
+}
+
+/// [`produce_full_to`] by a producer with these librdkafka properties too (e.g. a larger
+/// `message.max.bytes`).
+pub fn produce_full_with(
+    topic: &str,
+    partition: Option<i32>,
+    records: &[Outgoing],
+    properties: &[(&str, &str)],
+) -> Vec<(i32, i64)> {
+    let mut config = client_config();
+    for (k, v) in properties {
+        config.set(*k, *v);
+    }
+    let producer: FutureProducer = config
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")

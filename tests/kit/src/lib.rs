@@ -22,7 +22,7 @@ pub use exactly_once::Count;
 pub use ingest::{Ingest, IngestSpec};
 pub use kafka::*;
 pub use load::{ids, keyed, Load, LoadSpec};
-pub use rekey::{Rekey, RekeySpec};
+pub use rekey::{Rekey, RekeySpec, SourceLoad};
 pub use worker::{free_port, http_get, metric_value, Worker, WorkerSpec};
 
 use std::path::{Path, PathBuf};

@@ -1,8 +1,10 @@
 //! The launcher of `dedupe rekey`: a spec, then a process whose stderr goes to a log file and
 //! whose metrics are read from its listener.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::{brokers, free_port, http_get, metric_value, Dedupe};
 
@@ -17,6 +19,8 @@ pub struct RekeySpec {
     /// Where its logs go.
     pub dir: PathBuf,
     pub env: Vec<(String, String)>,
+    /// The brokers it is given; the test brokers unless set.
+    pub brokers: Option<String>,
 }
 
 impl RekeySpec {
@@ -28,7 +32,14 @@ impl RekeySpec {
             output: output.into(),
             dir: dir.to_path_buf(),
             env: Vec::new(),
+            brokers: None,
         }
+    }
+
+    /// Gives it these brokers instead of the test brokers (an unreachable address, say).
+    pub fn brokers(mut self, brokers: &str) -> Self {
+        self.brokers = Some(brokers.into());
+        self
     }
 
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -46,7 +57,7 @@ impl RekeySpec {
         cmd.args([
             "rekey",
             "--brokers",
-            &brokers(),
+            &self.brokers.clone().unwrap_or_else(brokers),
             "--source-topic",
             &self.source,
         ])
@@ -88,10 +99,144 @@ impl Rekey {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends `signal` (SIGTERM, SIGSTOP, SIGCONT) to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// The exit code if the process has exited (`Some(None)`: killed by a signal), else `None`.
+    pub fn exited(&mut self) -> Option<Option<i32>> {
+        self.child
+            .try_wait()
+            .ok()
+            .flatten()
+            .map(|status| status.code())
+    }
+
+    /// Waits for the process to exit and returns its exit code (`None`: killed by a signal);
+    /// panics with its log if it runs past `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(code) = self.exited() {
+                return code;
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                panic!(
+                    "dedupe rekey did not exit within {timeout:?}:\n{}",
+                    crate::tail(&self.log_text(), 40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        self.signal(libc::SIGTERM);
+        self.wait(timeout)
+    }
 }
 
 impl Drop for Rekey {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A source keyed by user, as `dedupe rekey` is for: `total` JSON records, each with a
+/// `messageId` of its own (`{prefix}-{n}`), produced in chunks of `chunk` records every `pause`
+/// from a thread of its own.
+pub struct SourceLoad {
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub total: usize,
+}
+
+impl SourceLoad {
+    pub fn start(topic: &str, total: usize, chunk: usize, pause: Duration) -> Self {
+        let topic = topic.to_string();
+        let prefix = uuid::Uuid::new_v4().simple().to_string();
+        let thread = std::thread::spawn(move || {
+            let records: Vec<crate::Outgoing> = (0..total)
+                .map(|n| {
+                    let value = serde_json::json!({
+                        "messageId": format!("{prefix}-{n}"),
+                        "userId": format!("user-{}", n % 97),
+                        "n": n,
+                    });
+                    (
+                        Some(format!("user-{}", n % 97).into_bytes()),
+                        Some(serde_json::to_vec(&value).expect("json")),
+                        Vec::new(),
+                    )
+                })
+                .collect();
+            for part in records.chunks(chunk.max(1)) {
+                crate::produce_full(&topic, part);
+                std::thread::sleep(pause);
+            }
+        });
+        Self {
+            thread: Some(thread),
+            total,
+        }
+    }
+
+    /// Waits until every record is produced.
+    pub fn finish(mut self) -> usize {
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the source load's thread panicked");
+        }
+        self.total
+    }
+}
+
+impl Drop for SourceLoad {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How many copies of each source record (by value) `topic` holds, read with read_committed.
+pub fn copies_by_value(topic: &str) -> BTreeMap<Vec<u8>, usize> {
+    let mut copies = BTreeMap::new();
+    for r in crate::consume_all(topic, true) {
+        *copies.entry(r.value.unwrap_or_default()).or_insert(0) += 1;
+    }
+    copies
+}
+
+/// Waits until `input` holds as many records as `source` (read with read_committed; at most
+/// `timeout`), then asserts that it holds each source record exactly once: none missing, none
+/// twice, nothing else.
+pub fn assert_copied_once(source: &str, input: &str, timeout: Duration, what: &str) {
+    let expected = copies_by_value(source);
+    let total: usize = expected.values().sum();
+    let deadline = Instant::now() + timeout;
+    let copied = loop {
+        let copied = copies_by_value(input);
+        let held: usize = copied.values().sum();
+        if held >= total || Instant::now() > deadline {
+            break copied;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let twice = copied.values().filter(|&&n| n > 1).count();
+    let extra: usize = copied.values().map(|n| n.saturating_sub(1)).sum();
+    let missing = expected.keys().filter(|v| !copied.contains_key(*v)).count();
+    let foreign = copied.keys().filter(|v| !expected.contains_key(*v)).count();
+    assert!(
+        expected.values().all(|&n| n == 1),
+        "{what}: the source's records must be distinct for this check"
+    );
+    assert!(
+        twice == 0 && missing == 0 && foreign == 0,
+        "{what}: of {total} source records the input misses {missing}, holds {twice} more than \
+         once ({extra} extra copies) and {foreign} not from the source"
+    );
 }
