@@ -216,37 +216,39 @@ pub(crate) fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> 
 /// The prefix of the routes that name one id in their path.
 const IDS_PATH: &str = "/admin/ids/";
 
-/// The id of a `/admin/ids/{id}` request, percent-decoded from the path as sent; a 400 naming the
-/// cause when it is not UTF-8 (ids are text: a lossy decoding would name another id, and the
+/// The id of a `/admin/ids/{id}` request, percent-decoded from the path as sent; why not, for a
+/// 400, when it is not UTF-8 (ids are text: a lossy decoding would name another id, and the
 /// ledger key of the wrong id would be explained or forgotten).
-pub(crate) fn path_id(req: &HttpRequest) -> Result<String, HttpResponse> {
+pub(crate) fn path_id(req: &HttpRequest) -> Result<String, String> {
     let raw = req.uri().path().strip_prefix(IDS_PATH).unwrap_or_default();
     String::from_utf8(percent_decode(raw.as_bytes(), false)).map_err(|_| {
-        HttpResponse::BadRequest().json(json!({
-            "error": "the id in the path is not UTF-8 once percent-decoded: ids are text; percent-encode the id's UTF-8 bytes"
-        }))
+        "the id in the path is not UTF-8 once percent-decoded: ids are text; percent-encode the id's UTF-8 bytes".to_string()
     })
 }
 
-/// A 400 naming the parameter when a value of the request's query is not UTF-8 once
+/// Why not, naming the parameter, when a value of the request's query is not UTF-8 once
 /// percent-decoded (`source` names the id's ledger key, so a lossy decoding would name another
 /// id).
-pub(crate) fn utf8_query(req: &HttpRequest) -> Result<(), HttpResponse> {
+pub(crate) fn utf8_query(req: &HttpRequest) -> Result<(), String> {
     for pair in req.query_string().split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = String::from_utf8(percent_decode(name.as_bytes(), true));
         let value = String::from_utf8(percent_decode(value.as_bytes(), true));
-        let error = match (name, value) {
+        return Err(match (name, value) {
             (Ok(_), Ok(_)) => continue,
             (Ok(name), Err(_)) => format!(
                 "{}: not UTF-8 once percent-decoded; percent-encode the value's UTF-8 bytes",
                 name.chars().take(40).collect::<String>()
             ),
             (Err(_), _) => "a query parameter's name is not UTF-8 once percent-decoded".to_string(),
-        };
-        return Err(HttpResponse::BadRequest().json(json!({ "error": error })));
+        });
     }
     Ok(())
+}
+
+/// The id of a `/admin/ids/{id}` request, its query checked; why not, for a 400.
+pub(crate) fn id_of(req: &HttpRequest) -> Result<String, String> {
+    utf8_query(req).and_then(|()| path_id(req))
 }
 
 /// Percent-decodes `raw` (in a query, `+` is a space); a `%` not followed by two hex digits is
@@ -293,12 +295,9 @@ pub(crate) async fn admin_explain(
     if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
-    if let Err(refused) = utf8_query(&req) {
-        return refused;
-    }
-    let id = match path_id(&req) {
+    let id = match id_of(&req) {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
     let query = query.into_inner();
     let key = match &query.source {

@@ -26,7 +26,7 @@ use dedupe::identity::{ledger_key, scoped_id};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::admin::{path_id, refusal, utf8_query, Admin};
+use super::admin::{id_of, refusal, Admin};
 use crate::actors::consumer::{ForgetId, ForgetReport, ForgetRequest};
 use crate::actors::coordinator::Forget;
 
@@ -195,12 +195,9 @@ pub(crate) async fn admin_forget_one(
     if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
-    if let Err(refused) = utf8_query(&req) {
-        return refused;
-    }
-    let id = match path_id(&req) {
+    let id = match id_of(&req) {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
     let q = query.into_inner();
     let body = ForgetBody {
