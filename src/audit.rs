@@ -126,8 +126,10 @@ pub struct Forget<'a> {
     pub by: &'a str,
     pub reason: Option<&'a str>,
     pub at_ms: i64,
-    /// Whether the ledger held the id when it was forgotten.
-    pub was_held: bool,
+    /// Whether the worker held the id when it was forgotten: a copy arriving then, on any of
+    /// the worker's partitions (they share one ledger), would have been dropped. It does not say
+    /// that the id was seen on `input_partition`.
+    pub held_by_worker: bool,
 }
 
 #[derive(Serialize)]
@@ -142,7 +144,7 @@ struct ForgetValue<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
     at_ms: i64,
-    was_held: bool,
+    held_by_worker: bool,
 }
 
 /// The audit record of a forget: keyed by the id, to be sent to its input partition's number.
@@ -157,7 +159,7 @@ pub fn encode_forget(f: &Forget<'_>) -> OutRecord {
         by: f.by,
         reason: f.reason,
         at_ms: f.at_ms,
-        was_held: f.was_held,
+        held_by_worker: f.held_by_worker,
     };
     OutRecord {
         key: Some(f.id.as_bytes().to_vec()),

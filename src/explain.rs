@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{ledger_key, scoped_id, IdError, LedgerKey, SOURCE_SEPARATOR};
-use crate::ledger::{Ledger, LedgerError, MarkKind, Sighting};
+use crate::ledger::{forgotten_since, Ledger, LedgerError, MarkKind, Sighting};
 
 /// What is asked about one id.
 #[derive(Debug, Clone, Copy)]
@@ -64,7 +64,8 @@ pub enum Reason {
     Forgotten,
 }
 
-/// A forget that still holds: the id's next copy on `partition` is published.
+/// A forget that still holds, written to `partition`'s changelog: the id's next copy, on any of
+/// the worker's partitions (they share its ledger), is published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ForgottenOn {
     pub partition: i32,
@@ -99,7 +100,8 @@ pub struct Answer {
     pub window_start_ms: Option<i64>,
     /// Why it is not held; `None` when it is.
     pub reason: Option<Reason>,
-    /// The partitions where it is forgotten and its next copy is published.
+    /// The forgets in force (one per partition the forget was written to): the id's next copy,
+    /// on any of the worker's partitions, is published. Empty once a copy went through.
     #[serde(default)]
     pub forgotten: Vec<ForgottenOn>,
     pub sentence: String,
@@ -141,7 +143,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         return Ok(answer);
     }
     let copies = ledger.sightings(&key)?;
-    let forgotten = forgotten_on(ledger, &key, q.partition);
+    let forgotten = forgotten_on(ledger, &key);
     let window = match q.partition {
         Some(p) => ledger.window(p, q.now_ms),
         None => ledger.window_overall(q.now_ms),
@@ -180,7 +182,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         Some(_) if !forgotten.is_empty() => (
             Some(Reason::Forgotten),
             format!(
-                "Id {id} was forgotten on request ({}): its next copy is published, and held from then on; {reach}.",
+                "Id {id} was forgotten on request ({}): its next copy, on any of this worker's partitions, is published, and held from then on; {reach}.",
                 forgotten
                     .iter()
                     .map(|f| format!("partition {} at {}", f.partition, when(f.at_ms)))
@@ -226,13 +228,16 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
     Ok(answer)
 }
 
-/// Where `key` is forgotten (on `partition` only, when it is known; see `dedupe forget`).
-fn forgotten_on(ledger: &Ledger, key: &LedgerKey, partition: Option<i32>) -> Vec<ForgottenOn> {
-    ledger
-        .marks_of(key)
+/// The forgets of `key` in force: none once a copy was published after the newest (see
+/// `dedupe::ledger::forgotten_since`); else the partitions the newest forget was written to.
+fn forgotten_on(ledger: &Ledger, key: &LedgerKey) -> Vec<ForgottenOn> {
+    let marks = ledger.marks_of(key);
+    let Some(since) = forgotten_since(&marks) else {
+        return Vec::new();
+    };
+    marks
         .into_iter()
-        .filter(|m| m.kind == MarkKind::Forgotten)
-        .filter(|m| partition.is_none_or(|p| p == m.partition))
+        .filter(|m| m.kind == MarkKind::Forgotten && m.at_ms == since)
         .map(|m| ForgottenOn {
             partition: m.partition,
             at_ms: m.at_ms,

@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use dedupe::config::{Config, IdSource, InputPartitioner};
 
+use crate::admin_client::{authorized, transport_error};
+
 /// The input partition of an id read from the record key: the partition the input's producers
 /// choose for that key with `partitioner` (librdkafka's own implementations; `murmur2_random` is
 /// the Java client's). `None` for ids read from a header or the value, whose partition follows a
@@ -44,14 +46,11 @@ pub fn explain(
         url.push('?');
         url.push_str(&query.join("&"));
     }
-    let mut request = ureq::AgentBuilder::new()
+    let request = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(30))
         .build()
         .get(&url);
-    if let Some(token) = &config.metrics.admin_token {
-        request = request.set("Authorization", &format!("Bearer {}", token.expose()));
-    }
-    match request.call() {
+    match authorized(request, config).call() {
         Ok(response) => Ok(serde_json::from_reader(response.into_reader())?),
         Err(ureq::Error::Status(status, response)) => {
             let body = response.into_string().unwrap_or_default();
@@ -63,7 +62,9 @@ pub fn explain(
         Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => {
             offline(config, id, source, sent_at_ms)
         }
-        Err(ureq::Error::Transport(t)) => anyhow::bail!("asking the worker at {addr}: {t}"),
+        Err(ureq::Error::Transport(t)) => {
+            anyhow::bail!("asking the worker at {addr}: {}", transport_error(&t))
+        }
     }
 }
 

@@ -9,7 +9,8 @@
 //!   endpoints and their rules ([`http::admin`], [`http::forget`]). The tracking API is the front door's crate,
 //!   `dedupe-tracking`.
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
-//!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`.
+//!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`; [`admin_client`]: what
+//!   they share to call the admin endpoints and to print.
 //! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id.
 //! - [`bench`]: the pipeline bench.
 
@@ -25,6 +26,7 @@ pub mod actors {
     pub mod producer;
     pub mod snapshots;
 }
+pub mod admin_client;
 #[cfg(feature = "tools")]
 pub mod bench {
     //! Benches that run the real worker.

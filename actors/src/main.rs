@@ -7,14 +7,15 @@ use std::time::Duration;
 use clap::Parser;
 use dedupe::config::Config;
 use dedupe_actors::actors::coordinator::RunOptions;
+use dedupe_actors::admin_client::{eprint_line, print_line};
 use dedupe_actors::cli::tools;
 #[cfg(feature = "tools")]
 use dedupe_actors::cli::{
     BenchCommand, HandoffBenchArgs, LedgerBenchArgs, LoadgenArgs, OpenBenchArgs, PipelineBenchArgs,
 };
 use dedupe_actors::cli::{
-    Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, IngestArgs, LedgerCommand, RekeyArgs,
-    RunArgs, VerifyArgs,
+    Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, ForgetArgs, IngestArgs, LedgerCommand,
+    RekeyArgs, RunArgs, VerifyArgs,
 };
 use dedupe_actors::http::telemetry;
 use dedupe_actors::run;
@@ -55,9 +56,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "tools")]
         Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
         Command::Explain(args) => explain(&args),
-        Command::Forget(args) => with_config(&args.config, |config| {
-            dedupe_actors::forget::forget(&config, &args)
-        }),
+        Command::Forget(args) => forget(&args),
         Command::Ledger(command) => ledger(&command),
         Command::Plan(args) => print_result(dedupe_actors::cli::plan::plan(&args)),
         #[cfg(feature = "tools")]
@@ -183,7 +182,9 @@ fn verify(args: &VerifyArgs) -> ExitCode {
     };
     match tools::verify(&config, Duration::from_secs(args.timeout_secs)) {
         Ok(summary) => {
-            println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+            if let Err(e) = print_line(&serde_json::to_string(&summary).unwrap_or_default()) {
+                return fail(format!("writing to standard output: {e}"));
+            }
             if summary.ok {
                 ExitCode::SUCCESS
             } else {
@@ -214,6 +215,24 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
 }
 
 /// `dedupe ledger stats|snapshot|restore`.
+/// `dedupe forget ID...`: each answer as one JSON line, then what it came to; the exit code is
+/// the one `dedupe forget --help` names.
+fn forget(args: &ForgetArgs) -> ExitCode {
+    let config = match args.config.load() {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let outcome = dedupe_actors::forget::forget(&config, args);
+    if outcome.code == 0 {
+        if let Err(e) = print_line(&outcome.message) {
+            return fail(format!("writing to standard output: {e}"));
+        }
+    } else {
+        eprint_line(&format!("error: {}", outcome.message));
+    }
+    ExitCode::from(outcome.code)
+}
+
 /// `dedupe explain ID`: the answer as one JSON line, then its sentence.
 fn explain(args: &ExplainArgs) -> ExitCode {
     let sent_at_ms = match args.sent_at_ms() {
@@ -261,10 +280,12 @@ fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
         Err(e) => return fail(format!("the ledger bench failed: {e:#}")),
     };
     if !args.json {
-        eprintln!("{report:#?}");
+        eprint_line(&format!("{report:#?}"));
     }
-    println!("{}", serde_json::to_string(&report).unwrap_or_default());
-    ExitCode::SUCCESS
+    match print_line(&serde_json::to_string(&report).unwrap_or_default()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format!("writing to standard output: {e}")),
+    }
 }
 
 #[cfg(feature = "tools")]
@@ -341,8 +362,8 @@ fn bench_pipeline(args: &PipelineBenchArgs, config: &Config) -> anyhow::Result<S
     Ok(out)
 }
 
-/// Loads the configuration, runs `body`, prints what it returns; errors become one line on
-/// stderr and exit code 2.
+/// Loads the configuration, runs `body`, prints what it returns (a reader that went away, as
+/// `| head -1` does, ends the output quietly); errors become one line on stderr and exit code 2.
 fn with_config(args: &ConfigArgs, body: impl FnOnce(Config) -> anyhow::Result<String>) -> ExitCode {
     let config = match args.load() {
         Ok(c) => c,
@@ -354,20 +375,16 @@ fn with_config(args: &ConfigArgs, body: impl FnOnce(Config) -> anyhow::Result<St
 /// Prints a command's text (exit 0) or its error (exit 2).
 fn print_result(result: anyhow::Result<String>) -> ExitCode {
     match result {
-        Ok(text) => {
-            if text.ends_with('\n') {
-                print!("{text}");
-            } else {
-                println!("{text}");
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(text) => match print_line(text.strip_suffix('\n').unwrap_or(&text)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(format!("writing to standard output: {e}")),
+        },
         Err(e) => fail(format!("{e:#}")),
     }
 }
 
 /// Prints a one-line error and returns exit code 2.
 fn fail(error: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {error}");
+    eprint_line(&format!("error: {error}"));
     ExitCode::from(2)
 }

@@ -49,8 +49,9 @@ fn config_check_never_prints_secret_kafka_properties() {
     let out = dedupe()
         .args(["config", "check", "--config"])
         .arg(&path)
-        .env("DEDUPE_ADMIN_TOKEN", "adm1n-t0ken")
-        .env("DEDUPE_KAFKA_SASL_PASSWORD", "env-passw0rd")
+        // As Secrets mounted from files hold them.
+        .env("DEDUPE_ADMIN_TOKEN", "adm1n-t0ken\n")
+        .env("DEDUPE_KAFKA_SASL_PASSWORD", "env-passw0rd\n")
         .output()
         .unwrap();
     let all = format!(
@@ -69,6 +70,21 @@ fn config_check_never_prints_secret_kafka_properties() {
         all.contains("/etc/ca.pem") && all.contains("<redacted>"),
         "{all}"
     );
+}
+
+#[test]
+fn an_admin_token_a_header_cannot_carry_is_refused_at_start_without_being_echoed() {
+    for token in ["  \n", "adm1n t0ken", "adm1n\nt0ken"] {
+        let out = dedupe()
+            .args(["config", "check"])
+            .env("DEDUPE_ADMIN_TOKEN", token)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{token:?}: {err}");
+        assert!(err.contains("DEDUPE_ADMIN_TOKEN"), "{token:?}: {err}");
+        assert!(!err.contains("adm1n") && !err.contains("t0ken"), "{err}");
+    }
 }
 
 #[test]

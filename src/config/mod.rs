@@ -4,7 +4,13 @@
 //!
 //! Secrets (the SASL password, the admin token) come only from the environment
 //! (`DEDUPE_KAFKA_SASL_PASSWORD`, `DEDUPE_ADMIN_TOKEN`), are held in [`Secret`], and never print:
-//! `Debug` and `Serialize` both write `<redacted>`.
+//! `Debug` and `Serialize` both write `<redacted>`. A secret mounted from a file (a Kubernetes
+//! Secret made with `--from-file`) usually ends in a newline, so each is cleaned here, once, for
+//! every command: the admin token loses surrounding white space (a bearer token has none) and is
+//! refused when nothing is left or when it holds a character an HTTP header cannot carry; the SASL
+//! password loses one trailing line ending only (a password may begin or end with spaces). The
+//! front door's write keys are trimmed where they are read (`dedupe_tracking::WriteKeys`). No
+//! error about a secret quotes it.
 //!
 //! One file per section: `worker.rs`, `ledger.rs`, `snapshots.rs`, `ingest.rs` and `telemetry.rs`
 //! (`metrics` and `log`); `units.rs` has [`ByteSize`], and `validate.rs` the rules the types cannot
@@ -168,6 +174,41 @@ struct EnvSecrets {
     admin_token: Option<Secret>,
 }
 
+/// `DEDUPE_ADMIN_TOKEN` as the worker and its clients use it: trimmed of surrounding white
+/// space; an empty value is no token. A value blank once trimmed (a mount of an empty file, most
+/// likely a mistake) or one holding anything but visible ASCII (a control character, an inner
+/// space, a non-ASCII letter: what a bearer header cannot carry unchanged) is refused, naming the
+/// cause and never the value.
+pub fn admin_token(value: &str) -> Result<Option<Secret>, ConfigError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let token = value.trim();
+    if token.is_empty() {
+        return Err(ConfigError::invalid(
+            ENV_ADMIN_TOKEN,
+            "is only white space; set a token, or unset the variable to answer loopback clients only",
+        ));
+    }
+    if let Some(at) = token.bytes().position(|b| !b.is_ascii_graphic()) {
+        return Err(ConfigError::invalid(
+            ENV_ADMIN_TOKEN,
+            format!(
+                "holds a character an HTTP header cannot carry as a bearer token (at byte {}: a control character, a space or a non-ASCII character); use visible ASCII only",
+                at + 1
+            ),
+        ));
+    }
+    Ok(Some(Secret::new(token)))
+}
+
+/// `DEDUPE_KAFKA_SASL_PASSWORD` without one trailing line ending (`\n` or `\r\n`), which a
+/// password mounted from a file carries; other white space is the password's own.
+pub fn sasl_password(value: &str) -> Secret {
+    let value = value.strip_suffix('\n').unwrap_or(value);
+    Secret::new(value.strip_suffix('\r').unwrap_or(value))
+}
+
 impl Config {
     /// Loads the file (if any), applies the environment, then the flags, then validates.
     pub fn load(
@@ -302,7 +343,7 @@ fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
 }
 
 /// Applies every `DEDUPE_SECTION_KEY` variable to `table`, and takes the secrets out of the
-/// environment (an empty admin token counts as none).
+/// environment, cleaned ([`admin_token`], [`sasl_password`]).
 fn apply_environment(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -311,11 +352,11 @@ fn apply_environment(
     let mut secrets = EnvSecrets::default();
     for (name, value) in env {
         if name == ENV_SASL_PASSWORD {
-            secrets.sasl_password = Some(Secret::new(value));
+            secrets.sasl_password = Some(sasl_password(&value));
             continue;
         }
         if name == ENV_ADMIN_TOKEN {
-            secrets.admin_token = Some(Secret::new(value)).filter(|t| !t.expose().is_empty());
+            secrets.admin_token = admin_token(&value)?;
             continue;
         }
         apply_env(table, &defaults, &name, &value)?;

@@ -100,6 +100,56 @@ fn password_only_from_env_and_redacted() {
 }
 
 #[test]
+fn an_admin_token_from_a_file_is_trimmed_and_a_bad_one_refused_without_being_echoed() {
+    let token = |value: &str| load_str("", &[(ENV_ADMIN_TOKEN, value)]);
+    // A Kubernetes Secret made from a file ends in a newline; surrounding white space goes.
+    for value in ["s3cret-token\n", "  s3cret-token\r\n", "\ts3cret-token "] {
+        let c = token(value).unwrap();
+        assert_eq!(
+            c.metrics.admin_token.as_ref().map(Secret::expose),
+            Some("s3cret-token"),
+            "{value:?}"
+        );
+    }
+    // Empty: no token (loopback clients only), as before.
+    assert!(token("").unwrap().metrics.admin_token.is_none());
+    // Blank once trimmed, or holding what a header cannot carry: refused, naming the variable,
+    // never quoting the value.
+    for value in [
+        "\n",
+        "   ",
+        "s3cret tok3n",
+        "s3cret\u{7f}tok3n",
+        "s3cr\u{e9}t-tok3n",
+        "a\nb",
+    ] {
+        let err = token(value).unwrap_err().to_string();
+        assert!(err.starts_with(ENV_ADMIN_TOKEN), "{value:?}: {err}");
+        for part in ["s3cret", "tok3n"] {
+            assert!(!err.contains(part), "{value:?}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_sasl_password_loses_a_trailing_line_ending_only() {
+    let password = |value: &str| {
+        load_str("", &[(ENV_SASL_PASSWORD, value)])
+            .unwrap()
+            .kafka
+            .sasl_password
+            .unwrap()
+            .expose()
+            .to_string()
+    };
+    assert_eq!(password("hunter2\n"), "hunter2");
+    assert_eq!(password("hunter2\r\n"), "hunter2");
+    // Spaces are a password's own.
+    assert_eq!(password(" hunter 2 "), " hunter 2 ");
+    assert_eq!(password("hunter2 \n"), "hunter2 ");
+}
+
+#[test]
 fn secret_kafka_properties_never_print() {
     let text = "[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"ssl.key.password\" = \"k3y-pass\"\n\"sasl.oauthbearer.client.secret\" = \"oauth-s3cret\"\n\"ssl.ca.location\" = \"/etc/ca.pem\"\n";
     let c = load_str(text, &[]).unwrap();

@@ -9,8 +9,19 @@
 //! the log replaces the one held only if its offset is higher, so a back-fill that reads older
 //! records after newer ones never brings back a forget that a re-send already ended.
 //!
-//! Marks are per input partition: a forget is written to the changelog of each partition the id
-//! may be on (see `dedupe_actors::http::forget`), and offsets order the marks of one partition.
+//! Marks are stored per input partition, as their marker records are: a forget is written to the
+//! changelog of each partition the id may be on (see `dedupe_actors::http::forget`), and offsets
+//! order the marks of one partition. They are **read per id**, because a worker's partitions share
+//! this one ledger (an id seen on one is dropped on the others): an id is forgotten, on every
+//! partition, while its newest forget is newer than its newest re-send on any partition
+//! ([`forgotten_since`]). So the first copy through, on whichever partition it arrives, ends the
+//! forget everywhere, and the copy after it is dropped wherever it arrives. Times order marks of
+//! different partitions: a forget request takes one time for all its partitions, later than any
+//! re-send of its ids the ledger holds, and a re-send's time is never earlier than the forget it
+//! ends (both are written into the marker records, so a ledger loaded from the changelog reads
+//! the same order). A re-send's transaction writes its marker to the changelog of each other
+//! partition its forget was written to as well ([`crate::output::Batch::other_marks`]), so a
+//! partition loaded alone, into another worker's ledger, reads its forget ended.
 //!
 //! Stored in [`CF_META`] under `forget/<partition i32 BE><16-byte key>` (value: partition i32,
 //! kind u8, offset i64, marked-at ms i64, all little-endian), written with the WAL and synced before the call returns
@@ -49,8 +60,35 @@ pub struct Mark {
     pub at_ms: i64,
 }
 
-/// The marks held, by partition and key.
-pub(super) type Marks = HashMap<(Partition, LedgerKey), Mark>;
+/// The marks held, by key: at most one per partition (the newest by changelog offset), sorted by
+/// partition.
+pub(super) type Marks = HashMap<LedgerKey, Vec<Mark>>;
+
+/// Since when an id whose marks are `marks` is forgotten: the time of its newest forget, if that
+/// is newer than its newest re-send on any partition (see the module docs); `None` when the id
+/// is held as any id is.
+pub fn forgotten_since(marks: &[Mark]) -> Option<i64> {
+    let newest = |kind: MarkKind| {
+        marks
+            .iter()
+            .filter(|m| m.kind == kind)
+            .map(|m| m.at_ms)
+            .max()
+    };
+    let forgotten = newest(MarkKind::Forgotten)?;
+    newest(MarkKind::Resent)
+        .is_none_or(|resent| resent < forgotten)
+        .then_some(forgotten)
+}
+
+/// A forgotten id, as a lookup finds it: since when (its newest forget), and the partitions whose
+/// changelogs hold that forget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forgotten {
+    pub key: LedgerKey,
+    pub at_ms: i64,
+    pub partitions: Vec<Partition>,
+}
 
 /// How marks are applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,47 +111,57 @@ impl Ledger {
     /// whose marker records bring back the marks that still hold).
     pub fn clear_marks(&self, partition: Partition) -> Result<()> {
         let mut state = self.lock();
-        let gone: Vec<(Partition, LedgerKey)> = state
+        let gone: Vec<LedgerKey> = state
             .marks
-            .keys()
-            .filter(|(p, _)| *p == partition)
-            .copied()
+            .iter()
+            .filter(|(_, marks)| marks.iter().any(|m| m.partition == partition))
+            .map(|(k, _)| *k)
             .collect();
         if gone.is_empty() {
             return Ok(());
         }
         let meta = self.cf(CF_META)?;
         let mut batch = WriteBatch::default();
-        for (p, key) in &gone {
-            batch.delete_cf(&meta, mark_key(*p, key));
+        for key in &gone {
+            batch.delete_cf(&meta, mark_key(partition, key));
         }
         self.write_marks(batch)?;
-        for k in &gone {
-            state.marks.remove(k);
+        for key in &gone {
+            if let Some(marks) = state.marks.get_mut(key) {
+                marks.retain(|m| m.partition != partition);
+                if marks.is_empty() {
+                    state.marks.remove(key);
+                }
+            }
         }
         Ok(())
     }
 
-    /// The marks of `key`, on every partition that has one.
+    /// The marks of `key`, on every partition that has one, by partition.
     pub fn marks_of(&self, key: &LedgerKey) -> Vec<Mark> {
-        let state = self.lock();
-        let mut marks: Vec<Mark> = state
-            .marks
-            .iter()
-            .filter(|((_, k), _)| k == key)
-            .map(|(_, m)| *m)
-            .collect();
-        marks.sort_by_key(|m| m.partition);
-        marks
+        self.lock().marks.get(key).cloned().unwrap_or_default()
     }
 
-    /// How many marks are held, of each kind: (forgotten, resent).
+    /// The time of the newest re-send of any of `keys` (`None`: none has one). A forget of them
+    /// must be newer to be in force (see [`forgotten_since`]).
+    pub fn newest_resent_ms(&self, keys: &[LedgerKey]) -> Option<i64> {
+        let state = self.lock();
+        keys.iter()
+            .filter_map(|k| state.marks.get(k))
+            .flatten()
+            .filter(|m| m.kind == MarkKind::Resent)
+            .map(|m| m.at_ms)
+            .max()
+    }
+
+    /// How many ids have marks, by what they say: (forgotten: the forget is in force; resent:
+    /// a copy was published since the forget, on any partition).
     pub fn mark_counts(&self) -> (u64, u64) {
         let state = self.lock();
         let forgotten = state
             .marks
             .values()
-            .filter(|m| m.kind == MarkKind::Forgotten)
+            .filter(|m| forgotten_since(m).is_some())
             .count() as u64;
         (forgotten, state.marks.len() as u64 - forgotten)
     }
@@ -124,28 +172,38 @@ impl Ledger {
         marks: &[(LedgerKey, Mark)],
         order: MarkOrder,
     ) -> Result<()> {
-        let newer = |key: &LedgerKey, mark: &Mark| {
-            order == MarkOrder::Newest
-                || state
-                    .marks
-                    .get(&(mark.partition, *key))
-                    .is_none_or(|held| mark.changelog_offset > held.changelog_offset)
-        };
-        let applied: Vec<((Partition, LedgerKey), Mark)> = marks
-            .iter()
-            .filter(|(k, m)| newer(k, m))
-            .map(|(k, m)| ((m.partition, *k), *m))
-            .collect();
-        if applied.is_empty() {
+        // Per key and partition, the last of `marks` that is newer than the mark held.
+        let mut latest: HashMap<(LedgerKey, Partition), Mark> = HashMap::new();
+        for (key, mark) in marks {
+            let held = state
+                .marks
+                .get(key)
+                .and_then(|ms| ms.iter().find(|m| m.partition == mark.partition));
+            let newer = order == MarkOrder::Newest
+                || held.is_none_or(|held| mark.changelog_offset > held.changelog_offset);
+            if newer {
+                latest.insert((*key, mark.partition), *mark);
+            }
+        }
+        if latest.is_empty() {
             return Ok(());
         }
         let meta = self.cf(CF_META)?;
         let mut batch = WriteBatch::default();
-        for ((partition, key), mark) in &applied {
+        for ((key, partition), mark) in &latest {
             batch.put_cf(&meta, mark_key(*partition, key), encode_mark(mark));
         }
         self.write_marks(batch)?;
-        state.marks.extend(applied);
+        for ((key, _), mark) in latest {
+            let marks = state.marks.entry(key).or_default();
+            match marks.iter_mut().find(|m| m.partition == mark.partition) {
+                Some(held) => *held = mark,
+                None => {
+                    marks.push(mark);
+                    marks.sort_by_key(|m| m.partition);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -156,11 +214,10 @@ impl Ledger {
         if state.marks.is_empty() {
             return Ok(());
         }
-        let mut keys: Vec<LedgerKey> = state.marks.keys().map(|(_, k)| *k).collect();
+        let mut keys: Vec<LedgerKey> = state.marks.keys().copied().collect();
         keys.sort_unstable();
-        keys.dedup();
         let held = self.lookup_sorted(state, &keys)?;
-        let gone: std::collections::HashSet<LedgerKey> = keys
+        let gone: Vec<LedgerKey> = keys
             .iter()
             .zip(&held)
             .filter(|(_, h)| h.is_none())
@@ -169,21 +226,17 @@ impl Ledger {
         if gone.is_empty() {
             return Ok(());
         }
-        let stale: Vec<(Partition, LedgerKey)> = state
-            .marks
-            .keys()
-            .filter(|(_, k)| gone.contains(k))
-            .copied()
-            .collect();
         let meta = self.cf(CF_META)?;
         let mut batch = WriteBatch::default();
-        for (p, key) in &stale {
-            batch.delete_cf(&meta, mark_key(*p, key));
+        for key in &gone {
+            for m in state.marks.get(key).into_iter().flatten() {
+                batch.delete_cf(&meta, mark_key(m.partition, key));
+            }
         }
         drop(meta);
         self.write_marks(batch)?;
-        for k in &stale {
-            state.marks.remove(k);
+        for key in &gone {
+            state.marks.remove(key);
         }
         Ok(())
     }
@@ -220,29 +273,40 @@ impl Ledger {
                 .and_then(|id| id.try_into().ok())
                 .ok_or_else(corrupt)?;
             let mark = decode_mark(&value).ok_or_else(corrupt)?;
-            marks.insert((mark.partition, LedgerKey(id)), mark);
+            let of_id = marks.entry(LedgerKey(id)).or_default();
+            of_id.push(mark);
+            of_id.sort_by_key(|m| m.partition);
         }
         Ok(marks)
     }
 }
 
-/// Turns what `found` says of the ids forgotten on `partition` into "not held"; returns those
-/// ids. `keys` and `found` are in the same order.
+/// Turns what `found` says of the forgotten ids into "not held" (whichever partition asks: see
+/// the module docs); returns those ids. `keys` and `found` are in the same order.
 pub(super) fn forget_override(
     state: &State,
-    partition: Partition,
     keys: &[LedgerKey],
     found: &mut [Option<super::Held>],
-) -> Vec<LedgerKey> {
+) -> Vec<Forgotten> {
     if state.marks.is_empty() {
         return Vec::new();
     }
     let mut forgotten = Vec::new();
     for (i, key) in keys.iter().enumerate() {
-        let mark = state.marks.get(&(partition, *key));
-        if mark.is_some_and(|m| m.kind == MarkKind::Forgotten) {
+        let Some(marks) = state.marks.get(key) else {
+            continue;
+        };
+        if let Some(at_ms) = forgotten_since(marks) {
             found[i] = None;
-            forgotten.push(*key);
+            forgotten.push(Forgotten {
+                key: *key,
+                at_ms,
+                partitions: marks
+                    .iter()
+                    .filter(|m| m.kind == MarkKind::Forgotten && m.at_ms == at_ms)
+                    .map(|m| m.partition)
+                    .collect(),
+            });
         }
     }
     forgotten

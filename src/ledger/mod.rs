@@ -151,7 +151,7 @@ mod tests;
 mod tuning;
 
 pub use error::{LedgerError, Result};
-pub use forget::{Mark, MarkKind, MarkOrder};
+pub use forget::{forgotten_since, Forgotten, Mark, MarkKind, MarkOrder};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
 pub use index_file::{IndexSource, INDEX_FILE};
 pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
@@ -356,17 +356,14 @@ impl Ledger {
         Ok(slot.into_iter().map(|s| found[s]).collect())
     }
 
-    /// What one partition's pipeline sees of keys: [`Ledger::held`], except that an id forgotten
-    /// on `partition` is not held; and which of the keys are forgotten there (see `forget.rs`).
-    pub fn held_in(
-        &self,
-        partition: Partition,
-        keys: &[LedgerKey],
-    ) -> Result<(Vec<Option<Held>>, Vec<LedgerKey>)> {
+    /// What a partition's pipeline sees of keys: [`Ledger::held`], except that a forgotten id is
+    /// not held (on whichever partition: the ledger is shared by the worker's partitions); and
+    /// which of the keys are forgotten, since when and where (see `forget.rs`).
+    pub fn held_in(&self, keys: &[LedgerKey]) -> Result<(Vec<Option<Held>>, Vec<Forgotten>)> {
         let (sorted, slot) = sort_distinct(keys.iter().copied());
         let state = self.lock();
         let mut found = self.lookup_sorted(&state, &sorted)?;
-        let forgotten = forget::forget_override(&state, partition, &sorted, &mut found);
+        let forgotten = forget::forget_override(&state, &sorted, &mut found);
         Ok((slot.into_iter().map(|s| found[s]).collect(), forgotten))
     }
 
@@ -411,7 +408,7 @@ impl Ledger {
             self.start_commit(&mut state)?;
         }
         let mut found = self.lookup_sorted(&state, &sorted)?;
-        forget::forget_override(&state, partition, &sorted, &mut found);
+        forget::forget_override(&state, &sorted, &mut found);
         let (verdicts, batch) = judge_batch(&state, partition, items, progress, &slot, &found);
         self.apply_marks(&mut state, marks, MarkOrder::Newest)?;
         self.buffer_batch(&mut state, batch)?;

@@ -2068,11 +2068,16 @@ fn a_forgotten_id_is_not_held_until_marked_resent_and_marks_survive_a_crash() {
             ledger
                 .mark(&[(key(1), mark(MarkKind::Forgotten, 5))], MarkOrder::Newest)
                 .unwrap();
-            let (held, forgotten) = ledger.held_in(3, &[key(1), key(2)]).unwrap();
+            let (held, forgotten) = ledger.held_in(&[key(1), key(2)]).unwrap();
             assert!(held[0].is_none() && held[1].is_some());
-            assert_eq!(forgotten, [key(1)]);
-            // Another partition's pipeline still sees the id held: marks are per partition.
-            assert!(ledger.held_in(4, &[key(1)]).unwrap().1.is_empty());
+            assert_eq!(
+                forgotten,
+                [Forgotten {
+                    key: key(1),
+                    at_ms: 9_000,
+                    partitions: vec![3]
+                }]
+            );
             // Killed without closing: the mark was made durable when it was written.
             ledger.drop_without_closing();
         }
@@ -2083,7 +2088,7 @@ fn a_forgotten_id_is_not_held_until_marked_resent_and_marks_survive_a_crash() {
             "{mode:?}"
         );
         assert!(
-            ledger.held_in(3, &[key(1)]).unwrap().0[0].is_none(),
+            ledger.held_in(&[key(1)]).unwrap().0[0].is_none(),
             "{mode:?}"
         );
         // Published again: judged new, recorded at its new time, and held from then on.
@@ -2118,7 +2123,7 @@ fn marks_read_back_from_the_log_apply_in_offset_order_and_a_rebuild_clears_them(
             MarkOrder::ByOffset,
         )
         .unwrap();
-    assert!(ledger.held_in(3, &[key(1)]).unwrap().0[0].is_some());
+    assert!(ledger.held_in(&[key(1)]).unwrap().0[0].is_some());
     // In one read, the later of two marks wins.
     ledger
         .mark(
@@ -2183,4 +2188,123 @@ fn the_marks_of_ids_that_aged_out_are_dropped_with_their_generations() {
     drop(ledger);
     let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
     assert_eq!(ledger.mark_counts(), (0, 0), "dropped for good");
+}
+
+#[test]
+fn a_forget_on_two_partitions_is_ended_by_the_first_copy_through_on_either() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    ledger
+        .check_and_record(3, &[(key(1), 1_000)], b"a")
+        .unwrap();
+    let on = |partition: i32, kind: MarkKind, changelog_offset: i64, at_ms: i64| Mark {
+        partition,
+        kind,
+        changelog_offset,
+        at_ms,
+    };
+    // One forget, written to the changelogs of partitions 3 and 4 (the id's two partitioners'),
+    // at one time.
+    ledger
+        .mark(
+            &[
+                (key(1), on(3, MarkKind::Forgotten, 10, 5_000)),
+                (key(1), on(4, MarkKind::Forgotten, 70, 5_000)),
+            ],
+            MarkOrder::Newest,
+        )
+        .unwrap();
+    let forgotten = |at_ms: i64, partitions: Vec<i32>| Forgotten {
+        key: key(1),
+        at_ms,
+        partitions,
+    };
+    assert_eq!(
+        ledger.held_in(&[key(1)]).unwrap().1,
+        [forgotten(5_000, vec![3, 4])]
+    );
+    assert_eq!(ledger.mark_counts(), (1, 0), "one id forgotten");
+    // Its copy arrives on partition 4 and is published: the forget is over on 3 as well, so a
+    // copy on either is dropped from now on.
+    let verdicts = ledger
+        .check_and_record_marked(
+            4,
+            &[(key(1), 6_000)],
+            b"b",
+            &[(key(1), on(4, MarkKind::Resent, 71, 6_000))],
+        )
+        .unwrap();
+    assert_eq!(verdicts, [Verdict::New]);
+    let (held, now_forgotten) = ledger.held_in(&[key(1)]).unwrap();
+    assert!(held[0].is_some() && now_forgotten.is_empty());
+    assert_eq!(ledger.mark_counts(), (0, 1), "no forget left in force");
+    // The changelog of partition 3 read again (a crash, a reload) brings back its forget marker:
+    // older than the re-send, it stays over.
+    ledger
+        .mark(
+            &[(key(1), on(3, MarkKind::Forgotten, 10, 5_000))],
+            MarkOrder::ByOffset,
+        )
+        .unwrap();
+    assert!(ledger.held_in(&[key(1)]).unwrap().1.is_empty());
+    // A later forget is in force again, until its own copy.
+    ledger
+        .mark(
+            &[(key(1), on(3, MarkKind::Forgotten, 12, 7_000))],
+            MarkOrder::Newest,
+        )
+        .unwrap();
+    assert_eq!(
+        ledger.held_in(&[key(1)]).unwrap().1,
+        [forgotten(7_000, vec![3])]
+    );
+    assert_eq!(ledger.newest_resent_ms(&[key(1), key(2)]), Some(6_000));
+    drop(ledger);
+    let ledger = Ledger::open(dir.path(), small_options(Durability::Wal)).unwrap();
+    assert_eq!(ledger.marks_of(&key(1)).len(), 2, "one per partition");
+    assert_eq!(ledger.held_in(&[key(1)]).unwrap().1[0].at_ms, 7_000);
+}
+
+#[test]
+fn an_id_is_forgotten_while_its_newest_forget_is_newer_than_its_newest_resend() {
+    let m = |partition: i32, kind: MarkKind, at_ms: i64| Mark {
+        partition,
+        kind,
+        changelog_offset: 0,
+        at_ms,
+    };
+    use MarkKind::{Forgotten, Resent};
+    let cases: &[(&str, Vec<Mark>, Option<i64>)] = &[
+        ("no marks", vec![], None),
+        ("forgotten on one", vec![m(0, Forgotten, 5)], Some(5)),
+        (
+            "forgotten on two",
+            vec![m(0, Forgotten, 5), m(1, Forgotten, 5)],
+            Some(5),
+        ),
+        (
+            "re-sent on the other partition",
+            vec![m(0, Forgotten, 5), m(1, Resent, 6)],
+            None,
+        ),
+        (
+            "re-sent in the forget's millisecond",
+            vec![m(0, Forgotten, 5), m(1, Resent, 5)],
+            None,
+        ),
+        (
+            "forgotten again after a re-send",
+            vec![m(0, Resent, 6), m(1, Forgotten, 7)],
+            Some(7),
+        ),
+        (
+            "an old forget on one partition, a re-send and a newer forget on another",
+            vec![m(0, Forgotten, 5), m(1, Resent, 6), m(2, Forgotten, 9)],
+            Some(9),
+        ),
+        ("re-sent only", vec![m(0, Resent, 6)], None),
+    ];
+    for (what, marks, expected) in cases {
+        assert_eq!(forgotten_since(marks), *expected, "{what}");
+    }
 }

@@ -14,6 +14,9 @@ use rdkafka::ClientContext;
 pub(super) struct DeliveryTracker {
     output_topic: String,
     changelog_topic: String,
+    /// The partition of both this producer writes for: a marker it writes to another partition's
+    /// changelog (a re-send's, see [`super::Batch::other_marks`]) is not its changelog's position.
+    partition: i32,
     pub(super) last_output: AtomicI64,
     pub(super) last_changelog: AtomicI64,
     pub(super) failures: AtomicU64,
@@ -26,10 +29,11 @@ pub(super) struct DeliveryTracker {
 }
 
 impl DeliveryTracker {
-    pub(super) fn new(output_topic: &str, changelog_topic: &str) -> Self {
+    pub(super) fn new(output_topic: &str, changelog_topic: &str, partition: i32) -> Self {
         Self {
             output_topic: output_topic.to_string(),
             changelog_topic: changelog_topic.to_string(),
+            partition,
             last_output: AtomicI64::new(-1),
             last_changelog: AtomicI64::new(-1),
             failures: AtomicU64::new(0),
@@ -95,7 +99,9 @@ impl ProducerContext for DeliveryTracker {
                 let offset = rdkafka::Message::offset(m);
                 if topic == self.output_topic {
                     self.last_output.fetch_max(offset, Ordering::Relaxed);
-                } else if topic == self.changelog_topic {
+                } else if topic == self.changelog_topic
+                    && rdkafka::Message::partition(m) == self.partition
+                {
                     self.last_changelog.fetch_max(offset, Ordering::Relaxed);
                 }
             }
@@ -119,7 +125,7 @@ mod tests {
 
     #[test]
     fn only_a_refused_or_dropped_connection_marks_a_node_as_gone() {
-        let tracker = DeliveryTracker::new("out", "out.ids");
+        let tracker = DeliveryTracker::new("out", "out.ids", 0);
         let within = Duration::from_secs(15);
         tracker.error(
             KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),

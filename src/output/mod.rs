@@ -4,7 +4,9 @@
 //!
 //! Each transaction that publishes new ids also writes them to the id changelog
 //! ([`crate::changelog`]), partition for partition, so the changelog is exactly as committed as
-//! the output.
+//! the output. The one record it writes to another partition's changelog is a re-send marker: a
+//! forgotten id published here ends the forget written to its other partition's changelog too
+//! ([`Batch::other_marks`]).
 //!
 //! Fencing: the `transactional.id` is derived from the output topic and the partition
 //! ([`transactional_id`]). A newer worker that starts for the same partition calls
@@ -62,6 +64,11 @@ pub struct Batch<'a> {
     /// Marker records for the id changelog, after the ids' record (see
     /// [`crate::changelog::encode_mark`]).
     pub marks: &'a [Vec<u8>],
+    /// Marker records for other partitions' changelogs, each with its partition: a forgotten id
+    /// published on this partition ends the forget written to the changelogs of its other
+    /// partitions too, so a partition loaded alone elsewhere reads it ended. They are not this
+    /// partition's changelog position ([`Committed::changelog_offset`]).
+    pub other_marks: &'a [(i32, Vec<u8>)],
     pub input_topic: &'a str,
     pub input_partition: i32,
     /// The input offset committed with the batch; negative: none (a transaction of its own).
@@ -212,7 +219,7 @@ impl OutputWriter {
             .set("batch.size", "1000000")
             .set("compression.type", "lz4")
             .set("queue.buffering.max.kbytes", "262144")
-            .create_with_context(DeliveryTracker::new(topic, topics.changelog))
+            .create_with_context(DeliveryTracker::new(topic, topics.changelog, partition))
             .map_err(|source| PublishError::Fatal { source })?;
         let timeout = call_timeout(transaction_timeout_ms);
         // A new producer's InitProducerId that finds no broker connected yet is tried again only
@@ -313,6 +320,13 @@ impl OutputWriter {
                 ..OutRecord::default()
             };
             self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
+        }
+        for (partition, mark) in batch.other_marks {
+            let r = OutRecord {
+                value: Some(mark.clone()),
+                ..OutRecord::default()
+            };
+            self.send(&self.changelog_topic.clone(), Some(*partition), &r)?;
         }
         // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
         // node just killed, each step can use most of its own timeout in turn (seen in the kill

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use dedupe::identity::{ContentDigest, LedgerKey};
-use dedupe::ledger::{Held, Ledger, LedgerError, LedgerStats, Mark, MarkOrder, Verdict};
+use dedupe::ledger::{Forgotten, Held, Ledger, LedgerError, LedgerStats, Mark, MarkOrder, Verdict};
 use dedupe::progress::Progress;
 
 pub struct LedgerActor {
@@ -26,11 +26,10 @@ impl Actor for LedgerActor {
 }
 
 /// Looks ids up without recording them: what the ledger holds of each id held, and which of
-/// them an operator had forgotten (they are not held).
+/// them an operator had forgotten (they are not held, on any of the worker's partitions).
 #[derive(Message)]
 #[rtype(result = "Result<Looked, LedgerError>")]
 pub struct Lookup {
-    pub partition: i32,
     pub keys: Vec<LedgerKey>,
 }
 
@@ -39,14 +38,15 @@ pub struct Lookup {
 pub struct Looked {
     /// Per key, in order: what the ledger holds of it.
     pub held: Vec<Option<Held>>,
-    /// The keys forgotten (see `dedupe::ledger::Mark`): published again, they are marked resent.
-    pub forgotten: Vec<LedgerKey>,
+    /// The keys forgotten, since when and where (see `dedupe::ledger::Mark`): published again,
+    /// they are marked resent.
+    pub forgotten: Vec<Forgotten>,
 }
 
 impl Handler<Lookup> for LedgerActor {
     type Result = Result<Looked, LedgerError>;
     fn handle(&mut self, msg: Lookup, _: &mut Self::Context) -> Self::Result {
-        let (held, forgotten) = self.ledger.held_in(msg.partition, &msg.keys)?;
+        let (held, forgotten) = self.ledger.held_in(&msg.keys)?;
         Ok(Looked { held, forgotten })
     }
 }

@@ -55,6 +55,8 @@ pub struct Outgoing {
     pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     /// Marker records for the id changelog (forgets, and re-sends after them).
     pub marks: Vec<Vec<u8>>,
+    /// Re-send markers for other partitions' changelogs (see `dedupe::output::Batch::other_marks`).
+    pub other_marks: Vec<(i32, Vec<u8>)>,
 }
 
 /// Publish a batch with the input offset that follows it. The batch is shared, so an attempt
@@ -81,6 +83,7 @@ impl Handler<Publish> for Publisher {
             audit: &outgoing.audit,
             new_ids: &outgoing.new_ids,
             marks: &outgoing.marks,
+            other_marks: &outgoing.other_marks,
             input_topic: &self.input_topic,
             input_partition: self.partition,
             next_input_offset: msg.next_input_offset,

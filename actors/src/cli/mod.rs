@@ -51,10 +51,12 @@ pub enum Command {
     /// worker's ledger when nothing answers there. Prints one JSON line, then one sentence.
     Explain(ExplainArgs),
     /// Forget message ids: each one's next copy is published (and held again). Asks the running
-    /// worker at metrics.addr (POST /admin/forget), which writes each forget to the id changelog
-    /// and to the audit topic with who asked and when. Prints one JSON line per request; exits 1
-    /// if any id could not be forgotten (a partition this worker does not own, or one being taken
-    /// over: ask again, or ask the worker that owns it).
+    /// worker at metrics.addr (POST /admin/forget), which forgets each id on every partition it
+    /// may be on (the two common partitioners') and writes each forget to the id changelog and to
+    /// the audit topic with who asked and when. Prints one JSON line per request. Exits 0 when
+    /// every id was forgotten on every partition it may be on; 1 when some were not while others
+    /// were (a partition this worker does not own, or one being taken over: ask again, or ask the
+    /// worker that owns it); 2 when none was forgotten anywhere, or nothing could be asked.
     Forget(ForgetArgs),
     /// Inspect, snapshot and restore the ledger.
     #[command(subcommand)]

@@ -140,7 +140,7 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
 /// when no worker answers there, checkpoints the ledger directly.
 pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
     let addr = config.metrics.addr;
-    let mut request = ureq::AgentBuilder::new()
+    let request = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(2))
         // A snapshot with its hook may take as long as the hook's timeout.
         .timeout_read(Duration::from_secs(
@@ -148,19 +148,17 @@ pub fn ledger_snapshot(config: &Config) -> anyhow::Result<serde_json::Value> {
         ))
         .build()
         .post(&format!("http://{addr}/admin/snapshot"));
-    if let Some(token) = &config.metrics.admin_token {
-        request = request.set("Authorization", &format!("Bearer {}", token.expose()));
-    }
-    let answered = match request.call() {
+    let answered = match crate::admin_client::authorized(request, config).call() {
         Ok(response) => Ok(response),
         Err(ureq::Error::Status(_, response)) => Err(response),
         // No worker listens there: checkpoint the stopped worker's ledger directly.
         Err(ureq::Error::Transport(t)) if t.kind() == ureq::ErrorKind::ConnectionFailed => {
             return ledger_snapshot_offline(config)
         }
-        Err(ureq::Error::Transport(t)) => {
-            anyhow::bail!("asking the worker at {addr} for a snapshot: {t}")
-        }
+        Err(ureq::Error::Transport(t)) => anyhow::bail!(
+            "asking the worker at {addr} for a snapshot: {}",
+            crate::admin_client::transport_error(&t)
+        ),
     };
     match answered {
         Ok(response) => Ok(serde_json::from_reader(response.into_reader())?),

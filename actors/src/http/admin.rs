@@ -213,6 +213,71 @@ pub(crate) fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> 
         })
 }
 
+/// The prefix of the routes that name one id in their path.
+const IDS_PATH: &str = "/admin/ids/";
+
+/// The id of a `/admin/ids/{id}` request, percent-decoded from the path as sent; why not, for a
+/// 400, when it is not UTF-8 (ids are text: a lossy decoding would name another id, and the
+/// ledger key of the wrong id would be explained or forgotten).
+pub(crate) fn path_id(req: &HttpRequest) -> Result<String, String> {
+    let raw = req.uri().path().strip_prefix(IDS_PATH).unwrap_or_default();
+    String::from_utf8(percent_decode(raw.as_bytes(), false)).map_err(|_| {
+        "the id in the path is not UTF-8 once percent-decoded: ids are text; percent-encode the id's UTF-8 bytes".to_string()
+    })
+}
+
+/// Why not, naming the parameter, when a value of the request's query is not UTF-8 once
+/// percent-decoded (`source` names the id's ledger key, so a lossy decoding would name another
+/// id).
+pub(crate) fn utf8_query(req: &HttpRequest) -> Result<(), String> {
+    for pair in req.query_string().split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = String::from_utf8(percent_decode(name.as_bytes(), true));
+        let value = String::from_utf8(percent_decode(value.as_bytes(), true));
+        return Err(match (name, value) {
+            (Ok(_), Ok(_)) => continue,
+            (Ok(name), Err(_)) => format!(
+                "{}: not UTF-8 once percent-decoded; percent-encode the value's UTF-8 bytes",
+                name.chars().take(40).collect::<String>()
+            ),
+            (Err(_), _) => "a query parameter's name is not UTF-8 once percent-decoded".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The id of a `/admin/ids/{id}` request, its query checked; why not, for a 400.
+pub(crate) fn id_of(req: &HttpRequest) -> Result<String, String> {
+    utf8_query(req).and_then(|()| path_id(req))
+}
+
+/// Percent-decodes `raw` (in a query, `+` is a space); a `%` not followed by two hex digits is
+/// kept as it is, as URL parsers do.
+fn percent_decode(raw: &[u8], query: bool) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'%' => match (
+                raw.get(i + 1).and_then(|&b| hex(b)),
+                raw.get(i + 2).and_then(|&b| hex(b)),
+            ) {
+                (Some(hi), Some(lo)) => {
+                    out.push((hi * 16 + lo) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' if query => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}
+
 /// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch, and the
 /// front door's source that sent it (the worker holds `<source>:<id>`).
 #[derive(serde::Deserialize)]
@@ -225,13 +290,15 @@ pub(crate) struct ExplainQuery {
 pub(crate) async fn admin_explain(
     req: HttpRequest,
     admin: web::Data<Admin>,
-    id: web::Path<String>,
     query: web::Query<ExplainQuery>,
 ) -> HttpResponse {
     if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
-    let id = id.into_inner();
+    let id = match id_of(&req) {
+        Ok(id) => id,
+        Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
+    };
     let query = query.into_inner();
     let key = match &query.source {
         Some(source) => dedupe::identity::scoped_id(source, &id),
@@ -574,6 +641,17 @@ mod tests {
         for (what, request, expected) in cases {
             assert_eq!(&authorize(None, request), expected, "{what}");
         }
+    }
+
+    #[test]
+    fn percent_decoding_keeps_every_byte() {
+        assert_eq!(percent_decode(b"a%20b%2Fc", false), b"a b/c");
+        assert_eq!(percent_decode(b"%FF%fe", false), [0xff, 0xfe]);
+        // A `+` is a space in a query only; a broken escape is kept as it is.
+        assert_eq!(percent_decode(b"a+b", true), b"a b");
+        assert_eq!(percent_decode(b"a+b", false), b"a+b");
+        assert_eq!(percent_decode(b"%zz%4", false), b"%zz%4");
+        assert_eq!(percent_decode("é".as_bytes(), false), "é".as_bytes());
     }
 
     #[test]

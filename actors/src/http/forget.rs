@@ -5,13 +5,18 @@
 //! "partition": 3}`; `id` may stand for a single id; `by` (the client's address when missing),
 //! `reason`, `source` (the front door's source: the worker holds `<source>:<id>`) and
 //! `partition` are optional. `DELETE /admin/ids/{id}` forgets one id, the same fields in its
-//! query. `partition` is needed only when the id source
+//! query (an id or a query value that is not UTF-8 once percent-decoded is refused with 400:
+//! ids are text). `partition` is needed only when the id source
 //! does not read ids from the record key (the partition of an id cannot be derived then). At most
 //! [`MAX_IDS`] ids per request. An id read from the record key is forgotten on the partition each
-//! common partitioner gives it (one or two); the answer says how many ids were forgotten on at
-//! least one of them (`forgotten`) and how many on none (`failed`), and per partition what was
-//! done (`done`) and what could not be (`not_done`, with the cause: a partition this worker does
-//! not own, or one being taken over); 200 when no id failed, 409 otherwise.
+//! common partitioner gives it (one or two), all with one time (see
+//! `dedupe::ledger::forgotten_since`): the worker's partitions share its ledger, so the first copy
+//! through on any of them ends the forget on all of them, and exactly one more copy is published
+//! by this worker. The answer says how many ids were forgotten on every partition they may be on
+//! (`forgotten`), on some but not all (`partial`), and on none (`failed`), and per partition what
+//! was done (`done`) and what could not be (`not_done`, with the cause: a partition this worker
+//! does not own, or one being taken over); 200 when every id was forgotten everywhere, 409
+//! otherwise.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,7 +26,7 @@ use dedupe::identity::{ledger_key, scoped_id};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::admin::{refusal, Admin};
+use super::admin::{id_of, refusal, Admin};
 use crate::actors::consumer::{ForgetId, ForgetReport, ForgetRequest};
 use crate::actors::coordinator::Forget;
 
@@ -105,12 +110,13 @@ fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
 type Groups = BTreeMap<i32, Vec<(usize, ForgetId)>>;
 
 /// The request's ids by input partition, with their ledger keys; and how many partitions each id
-/// went to. An id read from the record key goes to the partition each common partitioner (the
+/// goes to. An id read from the record key goes to the partition each common partitioner (the
 /// Java client's murmur2, librdkafka's crc32) gives it: producers differ, and the worker takes
 /// both as the id's own (see `dedupe::kafka::is_home`).
-fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, usize), String> {
+fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, Vec<usize>), String> {
     let t = &admin.targets;
     let mut groups = Groups::new();
+    let mut wanted = Vec::with_capacity(body.ids.len());
     for (n, id) in body.ids.iter().enumerate() {
         let id = match &body.source {
             Some(source) => scoped_id(source, id),
@@ -131,7 +137,9 @@ fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, usize), Str
                 })
                 .collect(),
         };
+        partitions.sort_unstable();
         partitions.dedup();
+        wanted.push(partitions.len());
         if partitions.is_empty() {
             return Err(format!(
                 "partition: the worker reads ids from {} rather than the record key, so the partition of an id cannot be derived; name it",
@@ -144,11 +152,13 @@ fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, usize), Str
                 ForgetId {
                     id: id.clone(),
                     key,
+                    // Set once the request's ids are looked up.
+                    held_by_worker: false,
                 },
             ));
         }
     }
-    Ok((groups, body.ids.len()))
+    Ok((groups, wanted))
 }
 
 /// The query of `DELETE /admin/ids/{id}`: the body's fields but the ids.
@@ -180,15 +190,18 @@ pub(crate) async fn admin_forget(
 pub(crate) async fn admin_forget_one(
     req: HttpRequest,
     admin: web::Data<Admin>,
-    id: web::Path<String>,
     query: web::Query<ForgetQuery>,
 ) -> HttpResponse {
     if let Some(refused) = refusal(&req, &admin) {
         return refused;
     }
+    let id = match id_of(&req) {
+        Ok(id) => id,
+        Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
+    };
     let q = query.into_inner();
     let body = ForgetBody {
-        ids: vec![id.into_inner()],
+        ids: vec![id],
         id: None,
         by: q.by,
         reason: q.reason,
@@ -200,20 +213,53 @@ pub(crate) async fn admin_forget_one(
 
 /// Forgets the ids of `body` on each partition they may be on, and answers.
 async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpResponse {
-    let (groups, ids) = match check(&body, admin.targets.input_partitions)
+    let (mut groups, wanted) = match check(&body, admin.targets.input_partitions)
         .and_then(|()| by_partition(&body, admin))
     {
         Ok(found) => found,
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
+    // One time for every partition of the request, later than any re-send of its ids: a re-send
+    // on one partition then ends the forget on all of them, and an earlier re-send ends none.
+    let keys: Vec<dedupe::identity::LedgerKey> =
+        groups.values().flatten().map(|(_, id)| id.key).collect();
+    // And which ids the worker holds now, before any partition forgets them, for the audit.
+    let ledger = admin.targets.ledger.clone();
+    let looked = web::block(move || {
+        let held = ledger.held_in(&keys)?.0;
+        let resent = ledger.newest_resent_ms(&keys);
+        Ok::<_, dedupe::ledger::LedgerError>((keys, held, resent))
+    })
+    .await;
+    let (keys, held, resent) = match looked {
+        Ok(Ok(looked)) => looked,
+        Ok(Err(e)) => {
+            return HttpResponse::InternalServerError()
+                .json(json!({ "error": format!("looking the ids up: {e}") }))
+        }
+        Err(_) => {
+            return HttpResponse::ServiceUnavailable()
+                .json(json!({ "error": "the worker is stopping" }))
+        }
+    };
+    let at_ms = dedupe::clock::now_ms().max(resent.map_or(i64::MIN, |r| r + 1));
+    let held: std::collections::HashSet<_> = keys
+        .iter()
+        .zip(&held)
+        .filter(|(_, h)| h.is_some())
+        .map(|(k, _)| *k)
+        .collect();
+    for (_, id) in groups.values_mut().flatten() {
+        id.held_by_worker = held.contains(&id.key);
+    }
     let by = body.by.clone().unwrap_or_else(|| match req.peer_addr() {
         Some(peer) => format!("an admin client at {}", peer.ip()),
         None => "an admin client".to_string(),
     });
     let mut done: Vec<ForgetReport> = Vec::new();
     let mut not_done: Vec<Failed> = Vec::new();
-    // Per id of the request: forgotten on at least one of its partitions.
-    let mut forgotten = vec![false; ids];
+    // Per id of the request: on how many of its partitions it was forgotten.
+    let mut forgotten_on = vec![0usize; wanted.len()];
     for (partition, group) in groups {
         let count = group.len();
         let (which, ids): (Vec<usize>, Vec<ForgetId>) = group.into_iter().unzip();
@@ -224,12 +270,13 @@ async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpRespo
                 ids,
                 by: by.clone(),
                 reason: body.reason.clone(),
+                at_ms,
                 reply,
             },
         });
         let error = match tokio::time::timeout(FORGET_WAIT, answer).await {
             Ok(Ok(Ok(report))) => {
-                which.iter().for_each(|&n| forgotten[n] = true);
+                which.iter().for_each(|&n| forgotten_on[n] += 1);
                 done.push(report);
                 continue;
             }
@@ -243,23 +290,67 @@ async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpRespo
             error,
         });
     }
-    let failed = forgotten.iter().filter(|f| !**f).count();
+    let tally = Tally::of(&forgotten_on, &wanted);
     let answer = json!({
-        "forgotten": ids - failed,
-        "failed": failed,
+        "forgotten": tally.forgotten,
+        "partial": tally.partial,
+        "failed": tally.failed,
         "done": done,
         "not_done": not_done,
     });
-    if failed == 0 {
+    if tally.partial == 0 && tally.failed == 0 {
         HttpResponse::Ok().json(answer)
     } else {
         HttpResponse::Conflict().json(answer)
     }
 }
 
+/// A request's ids by how far each was forgotten.
+#[derive(Debug, PartialEq, Eq)]
+struct Tally {
+    /// On every partition it may be on.
+    forgotten: usize,
+    /// On some of them, not all.
+    partial: usize,
+    /// On none.
+    failed: usize,
+}
+
+impl Tally {
+    /// From, per id, the partitions it was forgotten on and the partitions it may be on.
+    fn of(done: &[usize], wanted: &[usize]) -> Tally {
+        let mut tally = Tally {
+            forgotten: 0,
+            partial: 0,
+            failed: 0,
+        };
+        for (&done, &wanted) in done.iter().zip(wanted) {
+            match done {
+                0 => tally.failed += 1,
+                n if n >= wanted => tally.forgotten += 1,
+                _ => tally.partial += 1,
+            }
+        }
+        tally
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_forgotten_on_some_of_its_partitions_is_partial() {
+        // Ids on two partitions forgotten on both, on one, on none; an id on one partition.
+        assert_eq!(
+            Tally::of(&[2, 1, 0, 1], &[2, 2, 2, 1]),
+            Tally {
+                forgotten: 2,
+                partial: 1,
+                failed: 1
+            }
+        );
+    }
 
     fn body(ids: &[&str], by: &str) -> ForgetBody {
         ForgetBody {

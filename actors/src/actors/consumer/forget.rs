@@ -3,20 +3,23 @@
 //!
 //! A forget is one transaction of the partition's output producer: a marker record in the id
 //! changelog ("forgotten", see `dedupe::changelog`) and, with the audit on, one audit record per
-//! id (who asked, when, whether the ledger held it). No input offset goes with it. Once it
-//! committed, the ledger marks the ids forgotten: they answer "not held". A crash between the
-//! commit and the mark is repaired as any unrecorded batch is: recovery replays the changelog from
-//! the partition's progress record, the marker included. A forgotten id's next copy is published
+//! id (who asked, when, whether the worker's ledger held it). No input offset goes with it. Once
+//! it committed, the ledger marks the ids forgotten: they answer "not held", on every partition of
+//! the worker (the ledger is shared by them). A crash between the commit and the mark is repaired
+//! as any unrecorded batch is: recovery replays the changelog from the partition's progress
+//! record, the marker included. A forgotten id's next copy, on whichever partition, is published
 //! with a "resent" marker in its batch's transaction, and recorded with its mark changed to
-//! resent before the batch is: from then on it is held as any id is.
+//! resent before the batch is: from then on it is held as any id is, on every partition (see
+//! `dedupe::ledger::forgotten_since`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dedupe::audit::{self, Forget};
 use dedupe::changelog;
 use dedupe::clock::now_ms;
 use dedupe::identity::LedgerKey;
-use dedupe::ledger::{Mark, MarkKind};
+use dedupe::ledger::{Forgotten, Mark, MarkKind};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
@@ -31,13 +34,19 @@ pub struct ForgetRequest {
     /// Who asked (the request's `by`), for the audit.
     pub by: String,
     pub reason: Option<String>,
+    /// The forget's time, the same for every partition of one request and later than any re-send
+    /// of its ids the ledger holds: what orders it against the re-sends of other partitions.
+    pub at_ms: i64,
     pub reply: oneshot::Sender<Result<ForgetReport, String>>,
 }
 
-/// One id to forget: as the operator gave it, and its ledger key.
+/// One id to forget: as the operator gave it, its ledger key, and whether the worker held it
+/// when the request came (a copy arriving then, on any of the worker's partitions, would have
+/// been dropped): looked up once per request, before any of its partitions forgets it.
 pub struct ForgetId {
     pub id: String,
     pub key: LedgerKey,
+    pub held_by_worker: bool,
 }
 
 /// A forget done.
@@ -45,8 +54,10 @@ pub struct ForgetId {
 pub struct ForgetReport {
     pub partition: i32,
     pub ids: usize,
-    /// Of them, the ids the ledger held (the others' next copy was to be published anyway).
-    pub were_held: usize,
+    /// Of them, the ids the worker's ledger held when they were forgotten (the others' next copy
+    /// was to be published anyway). The ledger is shared by the worker's partitions: this does
+    /// not say that an id was seen on this partition.
+    pub held_by_worker: usize,
     /// The offset of the forget's marker in the id changelog.
     pub changelog_offset: i64,
 }
@@ -76,23 +87,36 @@ impl Resent {
 }
 
 impl<S: IdStore, K: Sink> Pipeline<S, K> {
-    /// Which of the batch's new ids were forgotten: their resent marker joins the transaction.
-    pub(super) fn resent(&self, decided: &mut Decided, forgotten: &[LedgerKey]) -> Resent {
-        let at_ms = now_ms();
-        let keys: Vec<LedgerKey> = if forgotten.is_empty() {
-            Vec::new()
-        } else {
-            decided
-                .outgoing
-                .new_ids
-                .iter()
-                .map(|(k, ..)| *k)
-                .filter(|k| forgotten.contains(k))
-                .collect()
-        };
+    /// Which of the batch's new ids were forgotten: their resent marker joins the transaction,
+    /// in this partition's changelog and in the changelog of each other partition their forget
+    /// was written to (so that partition, loaded alone, reads the forget ended). Its time is
+    /// never before the forgets it ends (a clock stepped back must not leave them in force: see
+    /// `dedupe::ledger::forgotten_since`).
+    pub(super) fn resent(&self, decided: &mut Decided, forgotten: &[Forgotten]) -> Resent {
+        let mut at_ms = now_ms();
+        let mut keys = Vec::new();
+        let mut elsewhere: BTreeMap<i32, Vec<LedgerKey>> = BTreeMap::new();
+        if !forgotten.is_empty() {
+            for (key, ..) in &decided.outgoing.new_ids {
+                let Some(f) = forgotten.iter().find(|f| f.key == *key) else {
+                    continue;
+                };
+                at_ms = at_ms.max(f.at_ms);
+                keys.push(*key);
+                for &p in f.partitions.iter().filter(|&&p| p != self.partition) {
+                    elsewhere.entry(p).or_default().push(*key);
+                }
+            }
+        }
         if let Some(marker) = changelog::encode_mark(MarkKind::Resent, at_ms, &keys) {
             decided.outgoing.marks.push(marker);
         }
+        decided.outgoing.other_marks = elsewhere
+            .into_iter()
+            .filter_map(|(p, keys)| {
+                changelog::encode_mark(MarkKind::Resent, at_ms, &keys).map(|m| (p, m))
+            })
+            .collect();
         Resent {
             keys,
             at_ms,
@@ -107,9 +131,10 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             ids,
             by,
             reason,
+            at_ms,
             reply,
         } = request;
-        let done = self.forget_ids(&ids, &by, reason.as_deref()).await;
+        let done = self.forget_ids(&ids, &by, reason.as_deref(), at_ms).await;
         match done {
             Ok(report) => {
                 let _ = reply.send(Ok(report));
@@ -133,16 +158,14 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         ids: &[ForgetId],
         by: &str,
         reason: Option<&str>,
+        at_ms: i64,
     ) -> Result<ForgetReport, PipelineError> {
         let p = self.partition;
         let keys: Vec<LedgerKey> = ids.iter().map(|i| i.key).collect();
-        let looked = self.ledger.look_up(p, keys.clone()).await?;
-        let at_ms = now_ms();
         let audit = match &self.settings.audit {
             Some(_) => ids
                 .iter()
-                .zip(&looked.held)
-                .map(|(i, held)| {
+                .map(|i| {
                     audit::encode_forget(&Forget {
                         id: &i.id,
                         key: i.key,
@@ -151,7 +174,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                         by,
                         reason,
                         at_ms,
-                        was_held: held.is_some(),
+                        held_by_worker: i.held_by_worker,
                     })
                 })
                 .collect(),
@@ -165,6 +188,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             marks: changelog::encode_mark(MarkKind::Forgotten, at_ms, &keys)
                 .into_iter()
                 .collect(),
+            other_marks: Vec::new(),
         });
         let committed = self.publish(&outgoing, NO_INPUT_OFFSET).await?;
         fail::fail_point!("forget-after-commit", |_| {
@@ -184,12 +208,12 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         self.ledger
             .forget(p, keys.iter().map(|k| (*k, mark)).collect())
             .await?;
-        let were_held = looked.held.iter().filter(|h| h.is_some()).count();
+        let held_by_worker = ids.iter().filter(|i| i.held_by_worker).count();
         IdsForgotten {
             partition: p,
             counter: &self.metrics.forgotten,
             ids: ids.len(),
-            were_held,
+            held_by_worker,
             by,
             changelog_offset: offset,
         }
@@ -197,7 +221,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         Ok(ForgetReport {
             partition: p,
             ids: ids.len(),
-            were_held,
+            held_by_worker,
             changelog_offset: offset,
         })
     }

@@ -399,6 +399,7 @@ impl Pipeline {
             audit: Vec::new(),
             new_ids: Vec::new(),
             marks: Vec::new(),
+            other_marks: Vec::new(),
         });
         self.publish(&outgoing, next_input_offset).await?;
         self.metrics.records_out.increment(out_count);
@@ -576,6 +577,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                 audit,
                 new_ids: decision.new_ids,
                 marks: Vec::new(),
+                other_marks: Vec::new(),
             },
             oldest_new_ms: decision.oldest_new_ms,
         }

@@ -53,7 +53,7 @@ pub(crate) trait Sink {
 
 impl IdStore for Addr<LedgerActor> {
     async fn look_up(&self, partition: i32, keys: Vec<LedgerKey>) -> Result<Looked, PipelineError> {
-        self.send(Lookup { partition, keys })
+        self.send(Lookup { keys })
             .await
             .map_err(|source| PipelineError::Mailbox { partition, source })?
             .map_err(|source| PipelineError::Ledger { partition, source })

@@ -7,9 +7,10 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use dedupe::clock::now_ms;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::{ContentDigest, LedgerKey, Unkeyed, LEDGER_KEY_BYTES};
-use dedupe::ledger::{Held, Mark, MarkKind};
+use dedupe::ledger::{Forgotten, Held, Mark, MarkKind};
 use dedupe::output::{Committed, OutRecord, PublishError};
 use dedupe::progress::Progress;
 use rdkafka::error::KafkaError;
@@ -62,7 +63,15 @@ impl IdStore for MemoryIds {
                 .iter()
                 .map(|k| held.get(k).copied().filter(|_| !forgotten(k)))
                 .collect(),
-            forgotten: keys.iter().filter(|k| forgotten(k)).copied().collect(),
+            forgotten: keys
+                .iter()
+                .filter(|k| forgotten(k))
+                .map(|k| Forgotten {
+                    key: *k,
+                    at_ms: marks[k].at_ms,
+                    partitions: vec![marks[k].partition],
+                })
+                .collect(),
         })
     }
 
@@ -422,10 +431,13 @@ fn forget_request(
             .map(|&n| super::ForgetId {
                 id: n.to_string(),
                 key: key(n),
+                // Id 1 is recorded by the test's first batch; 9 never is.
+                held_by_worker: n == 1,
             })
             .collect(),
         by: "alice".to_string(),
         reason: Some("ticket 7".to_string()),
+        at_ms: 1_000,
         reply,
     };
     (request, answer)
@@ -440,7 +452,7 @@ async fn a_forgotten_id_is_published_once_more_then_held_again() {
     let (request, answer) = forget_request(&[1, 9]);
     p.forget(request).await.expect("forget");
     let report = answer.await.expect("answered").expect("done");
-    assert_eq!((report.ids, report.were_held), (2, 1), "{report:?}");
+    assert_eq!((report.ids, report.held_by_worker), (2, 1), "{report:?}");
     {
         // The forget's own transaction: a marker record, no input offset, no records.
         let committed = p.publisher.committed.borrow();
@@ -475,4 +487,43 @@ async fn a_forgotten_id_is_published_once_more_then_held_again() {
     let marks = p.ledger.marks.borrow();
     assert_eq!(marks[&key(1)].kind, MarkKind::Resent);
     assert_eq!(marks[&key(9)].kind, MarkKind::Forgotten);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resend_ends_the_forget_in_the_changelog_of_each_partition_it_was_written_to() {
+    let (mut p, _log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("first batch");
+    // Id 1 forgotten on partition 0 (this pipeline's) and on partition 3 (the id's other
+    // partitioner's), at a time ahead of this machine's clock (another worker's, or a clock
+    // stepped back since).
+    let ahead = now_ms() + 3_600_000;
+    p.ledger.marks.borrow_mut().insert(
+        key(1),
+        Mark {
+            partition: 3,
+            kind: MarkKind::Forgotten,
+            changelog_offset: 40,
+            at_ms: ahead,
+        },
+    );
+    p.process(vec![record(1, Some(1), "a")])
+        .await
+        .expect("the copy after the forget");
+    let committed = p.publisher.committed.borrow();
+    let resent = committed.last().unwrap();
+    assert_eq!(values(&resent.records), ["a"], "published once more");
+    // The re-send's marker, in this partition's changelog and in partition 3's, is not older
+    // than the forget it ends.
+    let own = dedupe::changelog::decode_mark(&resent.marks[0]).expect("a marker");
+    assert_eq!((own.kind, own.at_ms), (MarkKind::Resent, ahead));
+    let [(3, other)] = resent.other_marks.as_slice() else {
+        panic!("one marker for partition 3: {:?}", resent.other_marks.len());
+    };
+    let other = dedupe::changelog::decode_mark(other).expect("a marker");
+    assert_eq!(
+        (other.kind, other.at_ms, other.keys.as_slice()),
+        (MarkKind::Resent, ahead, &[key(1)][..])
+    );
 }

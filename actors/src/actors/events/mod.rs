@@ -171,7 +171,7 @@ pub struct IdsForgotten<'a> {
     pub partition: i32,
     pub counter: &'a metrics::Counter,
     pub ids: usize,
-    pub were_held: usize,
+    pub held_by_worker: usize,
     pub by: &'a str,
     pub changelog_offset: i64,
 }
@@ -182,7 +182,7 @@ impl IdsForgotten<'_> {
         tracing::info!(
             partition = self.partition,
             ids = self.ids,
-            were_held = self.were_held,
+            held_by_worker = self.held_by_worker,
             by = self.by,
             changelog_offset = self.changelog_offset,
             "Forgot ids on request: each one's next copy is published."
