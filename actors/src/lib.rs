@@ -10,7 +10,8 @@
 //!   `dedupe-tracking`.
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
 //!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`.
-//! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id.
+//! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id;
+//!   [`signals`]: the stop and reload signals of the long-running commands, caught from their start.
 //! - [`bench`]: the pipeline bench.
 
 pub mod actors {
@@ -43,3 +44,4 @@ pub mod http {
 }
 pub mod rekey;
 pub mod run;
+pub mod signals;

@@ -32,6 +32,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::actors::coordinator::exit;
 use crate::actors::events::rekey::{RekeyAborted, RekeyBatch, RekeyRewound};
+use crate::signals::unless_stopped;
 
 /// How `dedupe rekey` runs, beside the configuration's Kafka, topics and id source.
 #[derive(Debug, Clone)]
@@ -83,10 +84,26 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
         );
     }
     let timeout = Duration::from_secs(30);
-    let source_partitions =
-        dedupe::kafka::partition_count(&config.kafka, &options.source_topic, timeout)?
-            .with_context(|| format!("the source topic {} does not exist", options.source_topic))?;
-    dedupe::kafka::partition_count(&config.kafka, &w.input_topic, timeout)?
+    let counted = {
+        let (kafka, source, input) = (
+            config.kafka.clone(),
+            options.source_topic.clone(),
+            w.input_topic.clone(),
+        );
+        unless_stopped(stop, "rekey-topics", move || {
+            let source = dedupe::kafka::partition_count(&kafka, &source, timeout)?;
+            let input = dedupe::kafka::partition_count(&kafka, &input, timeout)?;
+            Ok::<_, anyhow::Error>((source, input))
+        })
+        .context("starting the thread that checks the topics")?
+    };
+    let Some(counted) = counted else {
+        return Ok(stopped_while_starting("checking the topics"));
+    };
+    let (source_partitions, input_partitions) = counted?;
+    let source_partitions = source_partitions
+        .with_context(|| format!("the source topic {} does not exist", options.source_topic))?;
+    input_partitions
         .with_context(|| format!("the input topic {} does not exist", w.input_topic))?;
     let group = options
         .group_id
@@ -95,9 +112,19 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
     let rebalanced = Arc::new(AtomicBool::new(false));
     let (consumer, member) = consumer(config, options, &group, source_partitions, &rebalanced)?;
     let producer = producer(config, &format!("dedupe-rekey.{}.{member}", w.input_topic))?;
+    if stop.load(Ordering::Relaxed) {
+        return Ok(stopped_while_starting(
+            "joining the source's consumer group",
+        ));
+    }
+    // Not abandoned on a stop: it fences the previous instance and waits for its transaction to
+    // end, at most its timeout; the stop is taken right after.
     producer
         .init_transactions(TRANSACTION_CALL_TIMEOUT)
         .context("initializing the rekey producer's transactions")?;
+    if stop.load(Ordering::Relaxed) {
+        return Ok(stopped_while_starting("initializing its transactions"));
+    }
     tracing::info!(source = %options.source_topic, input = %w.input_topic, group = %group, id_source = %w.id_source, "Re-keying the source topic into the input topic by message id.");
     let mut stage = Stage {
         config,
@@ -128,6 +155,15 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
     }
     tracing::info!("Received a stop signal; the last batch is committed. Exiting.");
     Ok(exit::OK)
+}
+
+/// The stage was asked to stop before it copied anything: logs it, and the exit code.
+fn stopped_while_starting(phase: &str) -> i32 {
+    tracing::info!(
+        phase,
+        "Received a stop signal while starting; stopped before copying anything."
+    );
+    exit::OK
 }
 
 fn is_fenced(e: &KafkaError) -> bool {
