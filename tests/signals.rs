@@ -130,8 +130,7 @@ fn assert_clean_stop(
     );
     let said = log
         .lines()
-        .filter(|l| l.contains("stop"))
-        .next_back()
+        .rfind(|l| l.contains("stop"))
         .unwrap_or_default();
     eprintln!("{what}: SIGTERM at {when:?}: exit 0; {said}");
 }
