@@ -37,8 +37,30 @@ pub struct Candidate {
     pub mode: SourceMode,
 }
 
-/// The header a copy published under [`SourceMode::Flag`] carries: its verdict.
+/// The header a copy published under [`SourceMode::Flag`] carries: its verdict. On the output only
+/// the worker sets it, once per flagged copy (see [`rename_input_duplicate_headers`]).
 pub const HEADER_DUPLICATE: &str = "dedupe-duplicate";
+
+/// The name under which an input record's own [`HEADER_DUPLICATE`] headers (a producer's, or the
+/// flag of a dedupe pipeline upstream) reach the output, their values kept.
+pub const HEADER_INPUT_DUPLICATE: &str = "dedupe-input-duplicate";
+
+/// Renames the [`HEADER_DUPLICATE`] headers a record came in with to [`HEADER_INPUT_DUPLICATE`]
+/// (same values, same places), so that a record published as a first copy carries no header
+/// claiming it is a duplicate, and a copy the worker flags carries exactly one: its own. Called on
+/// every record the worker publishes to the output, before its own flag is added; the number
+/// renamed is counted. Dead letters and audit records keep the input's headers as they were.
+pub fn rename_input_duplicate_headers(headers: &mut [(String, Option<Vec<u8>>)]) -> usize {
+    let mut renamed = 0;
+    for (name, _) in headers
+        .iter_mut()
+        .filter(|(name, _)| name.as_str() == HEADER_DUPLICATE)
+    {
+        *name = HEADER_INPUT_DUPLICATE.to_string();
+        renamed += 1;
+    }
+    renamed
+}
 
 /// What happens to a copy of an id already seen, per source (`worker.source_modes`).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -139,6 +161,18 @@ pub enum Fate {
     DeadLetter(Unkeyed),
     /// No usable id: dropped (policy `drop`).
     Drop(Unkeyed),
+}
+
+impl Fate {
+    /// Whether the record is published to the output topic (not dropped, dead-lettered or only
+    /// audited).
+    pub fn reaches_output(&self) -> bool {
+        match self {
+            Fate::Publish | Fate::Passed(..) | Fate::Forward(_) => true,
+            Fate::Reused(_, policy) => *policy != ReusedIdPolicy::DeadLetter,
+            Fate::Duplicate(_) | Fate::DeadLetter(_) | Fate::Drop(_) => false,
+        }
+    }
 }
 
 /// The decision for a whole batch.
@@ -267,6 +301,30 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_input_duplicate_header_is_renamed_with_its_value_and_place() {
+        let header = |name: &str, value: &str| (name.to_string(), Some(value.as_bytes().to_vec()));
+        // A producer set the worker's own header twice (one without a value), among others.
+        let mut headers = vec![
+            header("dedupe-source", "web"),
+            header(HEADER_DUPLICATE, "retry"),
+            (HEADER_DUPLICATE.to_string(), None),
+            header("Dedupe-Duplicate", "other case: another header"),
+        ];
+        assert_eq!(rename_input_duplicate_headers(&mut headers), 2);
+        assert_eq!(
+            headers,
+            vec![
+                header("dedupe-source", "web"),
+                header(HEADER_INPUT_DUPLICATE, "retry"),
+                (HEADER_INPUT_DUPLICATE.to_string(), None),
+                header("Dedupe-Duplicate", "other case: another header"),
+            ]
+        );
+        // Nothing is left to rename: a record without the header is unchanged.
+        assert_eq!(rename_input_duplicate_headers(&mut headers), 0);
+    }
 
     fn key(n: u8) -> LedgerKey {
         crate::identity::ledger_key(&[b'k', n]).unwrap()

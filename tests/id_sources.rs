@@ -1,6 +1,7 @@
 //! Any topic, any key, against the real broker: a topic keyed by user id with the id in the JSON
 //! value (the worker counts the ids that are on a partition they do not belong in, and copies on
-//! other partitions pass, as they must for a worker that sees one partition's ledger); the same
+//! other partitions pass: looked up in the same round as their first copies here, and never seen
+//! at all once the partitions are on two workers, whose ledgers do not see each other); the same
 //! topic through `dedupe rekey`, with kills; a producer that draws a new id for every retry,
 //! deduplicated by a composite id and by a fingerprint; and per-source modes switched by a reload.
 
@@ -83,7 +84,8 @@ fn a_topic_keyed_by_user_id_counts_misrouted_ids_and_lets_copies_on_other_partit
     assert_eq!(
         copies.values().filter(|&&n| n == 2).count(),
         20,
-        "the copies on other partitions pass: each partition's ledger sees its own"
+        "the copies on other partitions pass: each partition's input is one first batch, all \
+         looked up before any is recorded (a worker's partitions share its one ledger)"
     );
     assert_eq!(
         worker.metric("dedupe_duplicates_dropped_total", &[]) as usize,
@@ -998,4 +1000,74 @@ fn with_ids_in_the_key_a_rewritten_value_is_a_retry() {
             missing: 0.0,
         },
     );
+}
+
+#[test]
+fn a_producers_own_duplicate_header_never_reaches_the_output_as_a_duplicate_claim() {
+    let input = TestTopic::create("claim-in", 1);
+    let output = TestTopic::create("claim-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ids = ids(3);
+    // Each record carries the worker's own header, set by its producer: a first copy (source
+    // "import", whose copies are flagged), its copy, and a first copy from "web" (dropped copies).
+    let record = |id: &String, source: &str, claim: &str| -> Outgoing {
+        (
+            Some(id.as_bytes().to_vec()),
+            Some(br#"{"n":1}"#.to_vec()),
+            vec![
+                ("dedupe-source".to_string(), source.as_bytes().to_vec()),
+                ("dedupe-duplicate".to_string(), claim.as_bytes().to_vec()),
+            ],
+        )
+    };
+    produce_full(
+        &input.name,
+        &[
+            record(&ids[0], "import", "forged-first"),
+            record(&ids[0], "import", "forged-copy"),
+            record(&ids[1], "web", "forged-web"),
+            // A first copy without the header: published as it came.
+            (
+                Some(ids[2].as_bytes().to_vec()),
+                Some(br#"{"n":2}"#.to_vec()),
+                vec![("dedupe-source".to_string(), b"web".to_vec())],
+            ),
+        ],
+    );
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_WORKER_SOURCE_MODES", "import=flag")
+        .start();
+    worker.wait_ready(Duration::from_secs(60));
+    let out = wait_for_records(&output.name, 4, Duration::from_secs(60));
+    worker.wait_settled(4, Duration::from_secs(30));
+    assert_eq!(out.len(), 4, "three first copies and the flagged copy");
+    let values = |r: &Record, name: &str| -> Vec<String> {
+        r.headers
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8(v.clone().unwrap_or_default()).unwrap())
+            .collect()
+    };
+    // The first copies: no claim of being a duplicate; the producer's header kept, renamed.
+    for (r, kept) in [(&out[0], "forged-first"), (&out[2], "forged-web")] {
+        assert!(values(r, "dedupe-duplicate").is_empty(), "{r:?}");
+        assert_eq!(values(r, "dedupe-input-duplicate"), [kept], "{r:?}");
+    }
+    assert!(values(&out[3], "dedupe-duplicate").is_empty());
+    assert!(values(&out[3], "dedupe-input-duplicate").is_empty());
+    // The flagged copy: exactly one claim, the worker's verdict; the producer's kept, renamed.
+    assert_eq!(
+        values(&out[1], "dedupe-duplicate"),
+        ["retry"],
+        "{:?}",
+        out[1]
+    );
+    assert_eq!(values(&out[1], "dedupe-input-duplicate"), ["forged-copy"]);
+    assert_eq!(
+        worker.metric("dedupe_input_duplicate_headers_total", &[]),
+        3.0,
+        "each renamed header is counted"
+    );
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }

@@ -1,6 +1,7 @@
 //! Elastic workers against the real broker (`worker.assignment = "group"`, KIP-848): partitions
 //! move between workers while load is produced, and every id still reaches the output exactly
-//! once; a frozen old owner is fenced; bad group settings are refused naming the key.
+//! once; a frozen old owner is fenced; a worker whose membership expired exits as it says; bad
+//! group settings are refused naming the key.
 //!
 //! The local broker (deploy/local/kafka.sh) runs the group protocol with a 6 s session timeout.
 
@@ -278,6 +279,84 @@ fn a_frozen_old_owner_is_fenced_and_publishes_nothing_more() {
         new.log_text()
     );
     exactly_once::assert_exactly_once(DEDUPE, &input.name, &output.name, 700, "a frozen old owner");
+}
+
+#[test]
+fn a_worker_whose_membership_expired_exits_3_as_it_says_and_its_restart_takes_over() {
+    let input = TestTopic::create("expire-in", 1);
+    let output = TestTopic::create("expire-out", 1);
+    let group = format!("expire-{}", uuid::Uuid::new_v4().simple());
+    let root = tempfile::tempdir().unwrap();
+    let spec = group_worker(
+        &input.name,
+        &output.name,
+        &root.path().join("w"),
+        &group,
+        "w",
+    );
+    // The first batch's commit hangs 15 s, so that a batch is in flight when the worker finds its
+    // partition lost; the rebalance waits 2 s for it (worker.shutdown_timeout_ms), then goes on
+    // and offers the partition back before the stopping batch has ended. (A worker that took it
+    // then ran on and answered a later SIGTERM with 3.)
+    let mut worker = spec
+        .clone()
+        .env("DEDUPE_WORKER_SHUTDOWN_TIMEOUT_MS", "2000")
+        .env("FAILPOINTS", "output-commit-hangs=1*sleep(15000)->off")
+        .start();
+    wait_settled(&[&worker], 1, Duration::from_secs(90));
+    let first = ids(200);
+    produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
+    wait_until(
+        "the first batch is read (its commit then hangs)",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || (worker.metric("dedupe_records_in_total", &[]) > 0.0).then_some(()),
+        || worker.log_text(),
+    );
+
+    // Frozen past its session timeout (the local broker's is 6 s: the freeze is 8 s) with no
+    // other member: the group expires it, and on waking it finds its partition lost and is
+    // offered it again.
+    send_signal(worker.pid(), libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(8));
+    send_signal(worker.pid(), libc::SIGCONT);
+
+    // It said it exits; it does, with 3, without taking the partition again.
+    let status = worker.wait_status(Duration::from_secs(60));
+    let log = worker.log_text();
+    assert_eq!(status.code(), Some(3), "the expired worker exits 3:\n{log}");
+    assert!(
+        log.contains("its membership expired") && log.contains("exiting with status 3"),
+        "it says why it exits:\n{log}"
+    );
+    let lost_at = log.find("its membership expired").unwrap();
+    assert!(
+        !log[lost_at..].contains("The group assigned partitions; taking them over."),
+        "once lost, it takes no partition:\n{log}"
+    );
+
+    // Its restart (as an orchestrator would) takes the partition over, and an ordinary SIGTERM
+    // is a clean stop.
+    let mut restarted = spec.start();
+    wait_settled(&[&restarted], 1, Duration::from_secs(90));
+    let second = ids(100);
+    let mut batch: Vec<&String> = second.iter().collect();
+    batch.extend(first.iter().take(50));
+    produce_full(&input.name, &keyed(&batch));
+    wait_for_records(&output.name, 300, Duration::from_secs(60));
+    assert_eq!(
+        restarted.terminate(Duration::from_secs(60)),
+        Some(0),
+        "{}",
+        restarted.log_text()
+    );
+    exactly_once::assert_exactly_once(
+        DEDUPE,
+        &input.name,
+        &output.name,
+        300,
+        "a worker whose membership expired",
+    );
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
 //!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`; [`admin_client`]: what
 //!   they share to call the admin endpoints and to print.
-//! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id.
+//! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id;
+//!   [`signals`]: the stop and reload signals of the long-running commands, caught from their start.
 //! - [`bench`]: the pipeline bench.
 
 pub mod actors {
@@ -45,3 +46,4 @@ pub mod http {
 }
 pub mod rekey;
 pub mod run;
+pub mod signals;

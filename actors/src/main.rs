@@ -19,6 +19,7 @@ use dedupe_actors::cli::{
 };
 use dedupe_actors::http::telemetry;
 use dedupe_actors::run;
+use dedupe_actors::signals::{self, log_hangups, Signals};
 use dedupe_tracking::server as ingest;
 
 /// jemalloc, for the C code too (the workspace enables tikv-jemallocator's unprefixed `malloc`, so
@@ -42,16 +43,39 @@ pub static malloc_conf: Option<&'static std::ffi::c_char> =
     // SAFETY: a reference to the first byte of a NUL-terminated string that lives forever.
     Some(unsafe { &*c"oversize_threshold:0".as_ptr() });
 
+/// SIGTERM, SIGINT and SIGHUP are caught from the first instant the program runs code of its own:
+/// the dynamic loader runs `.preinit_array` right after relocating the program, before every
+/// initializer (RocksDB's C++ statics and the Rust runtime take 20 to 60 ms on a loaded machine).
+/// `main` then hands them to the long-running commands or gives the others the default actions
+/// back (see `dedupe_actors::signals`).
+#[used]
+#[link_section = ".preinit_array"]
+static CATCH_SIGNALS_EARLY: extern "C" fn() = signals::catch_early;
+
 fn main() -> ExitCode {
+    let command = Cli::parse().command;
     // Crash tests name failpoints in FAILPOINTS; without the `failpoints` feature this does nothing.
     let _failpoints = fail::FailScenario::setup();
-    match Cli::parse().command {
+    match command {
+        Command::Run(args) => with_signals(|signals| run_worker(&args, signals)),
+        Command::Ingest(args) => with_signals(|signals| serve_ingest(&args, signals)),
+        Command::Rekey(args) => with_signals(|signals| rekey(&args, signals)),
+        command => {
+            signals::release_early();
+            one_shot(command)
+        }
+    }
+}
+
+/// The commands that do their work and end, with the signals' default actions.
+fn one_shot(command: Command) -> ExitCode {
+    match command {
+        Command::Run(_) | Command::Ingest(_) | Command::Rekey(_) => {
+            fail("a long-running command taken for a one-shot one")
+        }
         Command::Config(ConfigCommand::Check(args)) => {
             with_config(&args, |config| Ok(config.to_toml()))
         }
-        Command::Run(args) => run_worker(&args),
-        Command::Ingest(args) => serve_ingest(&args),
-        Command::Rekey(args) => rekey(&args),
         Command::Verify(args) => verify(&args),
         #[cfg(feature = "tools")]
         Command::Loadgen(args) => with_config(&args.config, |config| loadgen(&args, &config)),
@@ -85,8 +109,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs a long-running command with SIGTERM, SIGINT and SIGHUP caught before it does anything
+/// (loads its configuration, opens its ledger, connects to the brokers): from then on a stop is
+/// clean (exit 0) and a SIGHUP never ends it, whatever phase of its start it is in. The one-shot
+/// commands keep the signals' default actions.
+fn with_signals(command: impl FnOnce(Signals) -> ExitCode) -> ExitCode {
+    match Signals::install() {
+        Ok(signals) => command(signals),
+        Err(e) => fail(format!("installing the signal handlers: {e}")),
+    }
+}
+
 /// `dedupe run`: the worker, until a signal or a fatal error.
-fn run_worker(args: &RunArgs) -> ExitCode {
+fn run_worker(args: &RunArgs, signals: Signals) -> ExitCode {
     let config = match args.config.load() {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -99,24 +134,32 @@ fn run_worker(args: &RunArgs) -> ExitCode {
     };
     let again = args.config.clone();
     let reload: run::Reload = Box::new(move || Ok(again.load()?));
-    match run::run(config, options, Some(reload)) {
+    match run::run(config, options, Some(reload), signals) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => fail(format!("{e:#}")),
     }
 }
 
-/// `dedupe ingest`: the tracking API and its metrics endpoint.
-fn serve_ingest(args: &IngestArgs) -> ExitCode {
+/// `dedupe ingest`: the tracking API and its metrics endpoint, until SIGTERM or SIGINT (a SIGHUP
+/// changes nothing: the front door reads its configuration once).
+fn serve_ingest(args: &IngestArgs, signals: Signals) -> ExitCode {
     let config = match args.load() {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
     telemetry::init_tracing(&config.log);
     let result = actix_web::rt::System::new().block_on(async move {
+        actix_web::rt::spawn(log_hangups(signals.hangups(), "the tracking API"));
         let handle = telemetry::init_metrics()?;
         let metrics = telemetry::serve_metrics(config.metrics.addr, handle)?;
         actix_web::rt::spawn(metrics);
-        ingest::serve(config).await.map_err(anyhow::Error::from)
+        let stop = async move {
+            signals.stopped().await;
+            tracing::info!("Received a stop signal.");
+        };
+        ingest::serve(config, stop)
+            .await
+            .map_err(anyhow::Error::from)
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -127,7 +170,7 @@ fn serve_ingest(args: &IngestArgs) -> ExitCode {
 /// `dedupe rekey`: the stage, with its metrics endpoint, until a signal (exit 0), a fenced
 /// producer (exit 3), a record larger than the input accepts without a dead-letter topic (exit 2)
 /// or an error (exit 2).
-fn rekey(args: &RekeyArgs) -> ExitCode {
+fn rekey(args: &RekeyArgs, signals: Signals) -> ExitCode {
     let config = match args.config.load() {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -139,27 +182,20 @@ fn rekey(args: &RekeyArgs) -> ExitCode {
         batch_max_records: args.batch_max_records.max(1),
         batch_linger: Duration::from_millis(args.batch_linger_ms),
     };
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = signals.stop_flag();
     let serving = {
-        let (addr, stop) = (config.metrics.addr, stop.clone());
+        let addr = config.metrics.addr;
         std::thread::Builder::new()
             .name("rekey-http".into())
             .spawn(move || {
                 let served = actix_web::rt::System::new().block_on(async move {
                     let handle = telemetry::init_metrics()?;
                     actix_web::rt::spawn(telemetry::serve_metrics(addr, handle)?);
-                    let mut term =
-                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-                    tokio::select! {
-                        _ = term.recv() => {}
-                        _ = tokio::signal::ctrl_c() => {}
-                    }
-                    tracing::info!("Received a stop signal.");
-                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    log_hangups(signals.hangups(), "the rekey stage").await;
                     Ok::<_, anyhow::Error>(())
                 });
                 if let Err(e) = served {
-                    // Without it the stage would run unwatched and deaf to signals.
+                    // Without it the stage would run unwatched.
                     eprintln!("dedupe: {e:#}");
                     std::process::exit(2);
                 }

@@ -49,6 +49,7 @@ use crate::actors::events::rekey::{
     RekeyAborted, RekeyBatch, RekeyDeadLettered, RekeyFenced, RekeyReadFailed, RekeyRecordTooLarge,
     RekeyRewound, RekeyStopped, SourceRecord,
 };
+use crate::signals::unless_stopped;
 
 /// How `dedupe rekey` runs, beside the configuration's Kafka, topics and id source.
 #[derive(Debug, Clone)]
@@ -217,17 +218,34 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
             "reading the metadata of the topic {topic} from the brokers {brokers} (kafka.brokers)"
         )
     };
-    let source_partitions =
-        dedupe::kafka::partition_count(&config.kafka, &options.source_topic, METADATA_TIMEOUT)
-            .with_context(|| reaching(&options.source_topic))?
-            .with_context(|| format!("the source topic {} does not exist", options.source_topic))?;
-    dedupe::kafka::partition_count(&config.kafka, &w.input_topic, METADATA_TIMEOUT)
-        .with_context(|| reaching(&w.input_topic))?
+    // The topics' metadata, on a thread of its own: a stop while the brokers do not answer is
+    // taken at once.
+    let counted = {
+        let (kafka, source, input, dlq) = (
+            config.kafka.clone(),
+            options.source_topic.clone(),
+            w.input_topic.clone(),
+            w.dead_letter_topic.clone(),
+        );
+        unless_stopped(stop, "rekey-topics", move || {
+            let count = |topic: &str| dedupe::kafka::partition_count(&kafka, topic, METADATA_TIMEOUT);
+            let dlq = dlq.as_deref().map(count).transpose()?;
+            Ok::<_, dedupe::kafka::ConnectError>((count(&source)?, count(&input)?, dlq))
+        })
+        .context("starting the thread that checks the topics")?
+    };
+    let Some(counted) = counted else {
+        return Ok(stopped_while_starting("checking the topics"));
+    };
+    let (source_partitions, input_partitions, dlq_partitions) = counted.with_context(|| {
+        format!("reading the metadata of the topics from the brokers {brokers} (kafka.brokers)")
+    })?;
+    let source_partitions = source_partitions
+        .with_context(|| format!("the source topic {} does not exist", options.source_topic))?;
+    input_partitions
         .with_context(|| format!("the input topic {} does not exist", w.input_topic))?;
-    if let Some(dlq) = &w.dead_letter_topic {
-        dedupe::kafka::partition_count(&config.kafka, dlq, METADATA_TIMEOUT)
-            .with_context(|| reaching(dlq))?
-            .with_context(|| format!("the dead-letter topic {dlq} does not exist"))?;
+    if let (Some(dlq), Some(partitions)) = (&w.dead_letter_topic, dlq_partitions) {
+        partitions.with_context(|| format!("the dead-letter topic {dlq} does not exist"))?;
     }
     let limit_bytes = record_limit_bytes(config);
     let group = options
@@ -239,11 +257,19 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
     // id may still commit, and offsets read before then would be copied again.
     let transactional_id = format!("dedupe-rekey.{}.{}", w.input_topic, owned.member());
     let producer = producer(config, &transactional_id, limit_bytes)?;
+    if stop.load(Ordering::Relaxed) {
+        return Ok(stopped_while_starting("making its producer"));
+    }
+    // Not abandoned on a stop: it fences the previous instance and waits for its transaction to
+    // end, at most its timeout; the stop is taken right after.
     producer
         .init_transactions(TRANSACTION_CALL_TIMEOUT)
         .with_context(|| {
             format!("initializing the rekey producer's transactions ({transactional_id}) with the brokers {brokers}")
         })?;
+    if stop.load(Ordering::Relaxed) {
+        return Ok(stopped_while_starting("initializing its transactions"));
+    }
     let rebalanced = Arc::new(AtomicBool::new(false));
     let consumer = consumer(config, options, &group, &owned, &rebalanced)?;
     tracing::info!(source = %options.source_topic, input = %w.input_topic, group = %group, transactional_id = %transactional_id, id_source = %w.id_source, limit_bytes, "Re-keying the source topic into the input topic by message id.");
@@ -285,6 +311,15 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
     }
     RekeyStopped { all_committed }.emit();
     Ok(exit::OK)
+}
+
+/// The stage was asked to stop before it copied anything: logs it, and the exit code.
+fn stopped_while_starting(phase: &str) -> i32 {
+    tracing::info!(
+        phase,
+        "Received a stop signal while starting; stopped before copying anything."
+    );
+    exit::OK
 }
 
 /// The largest record the input topic takes: the producer's `message.max.bytes` (librdkafka's

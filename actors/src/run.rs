@@ -11,6 +11,7 @@ use dedupe::ledger::Ledger;
 use crate::actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
 use crate::actors::events::{ConfigReloadRefused, ConfigReloaded};
 use crate::actors::ledger::LedgerActor;
+use crate::signals::{unless_stopped, Hangups, Signals};
 
 /// Which input partitions this worker owns (in static mode; none up front in group mode), and how
 /// many the input has, after checking the input and output topics and making sure the id
@@ -220,13 +221,40 @@ pub type Reload = Box<dyn Fn() -> anyhow::Result<Config> + Send>;
 
 /// Runs the worker until a signal or a fatal error; returns the process exit code. On SIGHUP it
 /// takes `worker.source_modes` from `reload` without a restart.
-pub fn run(config: Config, options: RunOptions, reload: Option<Reload>) -> anyhow::Result<i32> {
+///
+/// A stop requested while it starts (`signals`, caught before the configuration was read) ends it
+/// with exit 0 at the end of the phase it is in: at once while it reads the brokers' metadata
+/// (nothing is held then), once the ledger is open while it opens (RocksDB is closed before the
+/// process exits), and during a partition's take-over as any stop does (the take-over is
+/// abandoned). A SIGHUP during the start is applied once the worker runs.
+pub fn run(
+    config: Config,
+    options: RunOptions,
+    reload: Option<Reload>,
+    signals: Signals,
+) -> anyhow::Result<i32> {
     let handle = crate::http::telemetry::init_metrics()?;
-    let (partitions, input_partitions) = owned_partitions(&config)?;
+    let stop = signals.stop_flag();
+    let checked = {
+        let config = config.clone();
+        unless_stopped(&stop, "start-topics", move || owned_partitions(&config))
+            .context("starting the thread that checks the topics")?
+    };
+    let Some(checked) = checked else {
+        return Ok(stopped_while_starting("checking the topics"));
+    };
+    let (partitions, input_partitions) = checked?;
     let path = config.worker.data_dir.clone();
     std::fs::create_dir_all(&path).map_err(|e| data_dir_error(&path, e))?;
+    if signals.stop_requested() {
+        return Ok(stopped_while_starting("checking the topics"));
+    }
     let ledger =
         Arc::new(Ledger::open(&path, config.ledger.options()).context("opening the ledger")?);
+    if signals.stop_requested() {
+        close_ledger(ledger);
+        return Ok(stopped_while_starting("opening the ledger"));
+    }
     tracing::info!(
         ledger = %path.display(),
         partitions = %dedupe::config::PartitionSet(partitions.clone()),
@@ -252,9 +280,21 @@ pub fn run(config: Config, options: RunOptions, reload: Option<Reload>) -> anyho
             options,
         );
         if let Some(reload) = reload {
-            actix_rt::spawn(reload_on_hangup(reload, coordinator.source_modes()));
+            let hangups = signals.hangups();
+            actix_rt::spawn(reload_on_hangup(
+                reload,
+                coordinator.source_modes(),
+                hangups,
+            ));
         }
         let coordinator = coordinator.start();
+        // A stop that arrived while the ledger opened is in the flag `stopped` reads first.
+        let stopping = coordinator.clone();
+        actix_rt::spawn(async move {
+            signals.stopped().await;
+            tracing::info!("Received a stop signal.");
+            stopping.do_send(Shutdown);
+        });
         let targets = crate::http::admin::AdminTargets {
             coordinator: coordinator.clone(),
             ledger: admin_ledger,
@@ -272,19 +312,6 @@ pub fn run(config: Config, options: RunOptions, reload: Option<Reload>) -> anyho
         let server_handle = server.handle();
         actix_rt::spawn(server);
         tracing::info!(addr = %config.metrics.addr, "Serving /metrics, /healthz and /readyz.");
-        actix_rt::spawn(async move {
-            let mut term =
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(s) => s,
-                    Err(_) => return,
-                };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            tracing::info!("Received a stop signal.");
-            coordinator.do_send(Shutdown);
-        });
         let _ = server_handle;
         Ok::<_, anyhow::Error>(())
     });
@@ -294,17 +321,25 @@ pub fn run(config: Config, options: RunOptions, reload: Option<Reload>) -> anyho
     Ok(exit_code)
 }
 
-/// On each SIGHUP, reads the configuration again and applies what can change while the worker
-/// runs: `worker.source_modes`. A configuration that does not load changes nothing.
+/// The worker was asked to stop before it processed anything: logs it, and the exit code.
+fn stopped_while_starting(phase: &str) -> i32 {
+    tracing::info!(
+        phase,
+        "Received a stop signal while starting; stopped before processing anything."
+    );
+    exit::OK
+}
+
+/// On each SIGHUP (the first one at once if one arrived while the worker started), reads the
+/// configuration again and applies what can change while the worker runs: `worker.source_modes`.
+/// A configuration that does not load changes nothing.
 async fn reload_on_hangup(
     reload: Reload,
     modes: Arc<std::sync::RwLock<dedupe::config::SourceModes>>,
+    mut hangups: Hangups,
 ) {
-    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-    else {
-        return;
-    };
-    while hangups.recv().await.is_some() {
+    loop {
+        hangups.next().await;
         match reload() {
             Ok(config) => {
                 let new = config.worker.source_modes;

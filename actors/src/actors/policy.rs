@@ -1,7 +1,8 @@
 //! When a failed partition is taken over again and when the worker gives up instead: the retake
-//! and exit rules of the coordinator (`coordinator/retake.rs`), as plain state machines over `Instant`s. They decide; the
-//! coordinator acts (stops the partition, schedules the retake, emits the events, exits), so the
-//! rules are unit-tested without a broker, an actor system or a clock.
+//! and exit rules of the coordinator (`coordinator/retake.rs`), as plain state machines over
+//! `Instant`s; and when the worker stops and with which exit code ([`StopPolicy`]). They decide;
+//! the coordinator acts (stops the partition, schedules the retake, emits the events, exits), so
+//! the rules are unit-tested without a broker, an actor system or a clock.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -155,6 +156,58 @@ impl RestartPolicy {
     }
 }
 
+/// Why the worker stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// SIGTERM or SIGINT: a clean stop, exit 0.
+    Asked,
+    /// The group gave this worker's partitions away without its consent (its membership expired
+    /// while it was paused or cut off): another member may already publish them. The worker
+    /// stops them and exits with status 3 for its orchestrator to start it again, as a fenced
+    /// worker does; it takes no partition meanwhile.
+    MembershipLost,
+}
+
+/// Whether the worker runs or stops, and why. The first reason to stop is the one it exits with:
+/// a stop under way is never turned into another.
+#[derive(Debug, Default)]
+pub struct StopPolicy {
+    stopping: Option<StopReason>,
+}
+
+impl StopPolicy {
+    /// Stops the worker for `why`. True when this starts the stop (the caller stops the
+    /// partitions); false when it was already stopping (for the reason it keeps).
+    pub fn stop(&mut self, why: StopReason) -> bool {
+        if self.stopping.is_some() {
+            return false;
+        }
+        self.stopping = Some(why);
+        true
+    }
+
+    /// The group took partitions away, `lost` when without the worker's consent. True when the
+    /// worker must stop now; a revocation with consent is an ordinary rebalance.
+    pub fn revoked(&mut self, lost: bool) -> bool {
+        lost && self.stop(StopReason::MembershipLost)
+    }
+
+    /// Whether the worker is stopping.
+    pub fn stopping(&self) -> bool {
+        self.stopping.is_some()
+    }
+
+    /// Whether a partition the group assigns is taken over: not once the worker stops.
+    pub fn takes_assignments(&self) -> bool {
+        self.stopping.is_none()
+    }
+
+    /// Why the worker stops, if it does.
+    pub fn reason(&self) -> Option<StopReason> {
+        self.stopping
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,5 +354,33 @@ mod tests {
             delay(policy.failed(t0 + secs(i)));
         }
         delay(policy.failed(t0 + FAILURE_MEMORY + secs(MAX_RESTARTS as u64)));
+    }
+
+    #[test]
+    fn a_lost_membership_stops_the_worker_for_that_reason_and_takes_nothing_more() {
+        let mut policy = StopPolicy::default();
+        // A revocation with consent is a rebalance: the worker runs on and takes new partitions.
+        assert!(!policy.revoked(false));
+        assert!(!policy.stopping());
+        assert!(policy.takes_assignments());
+        // Lost partitions stop the worker, which takes no partition the group gives it back.
+        assert!(policy.revoked(true));
+        assert_eq!(policy.reason(), Some(StopReason::MembershipLost));
+        assert!(!policy.takes_assignments());
+        // A second loss, and a SIGTERM during the stop, start nothing and keep its reason.
+        assert!(!policy.revoked(true));
+        assert!(!policy.stop(StopReason::Asked));
+        assert_eq!(policy.reason(), Some(StopReason::MembershipLost));
+    }
+
+    #[test]
+    fn a_stop_asked_for_stays_a_clean_stop_when_partitions_are_lost_during_it() {
+        let mut policy = StopPolicy::default();
+        assert!(policy.takes_assignments());
+        assert!(policy.stop(StopReason::Asked));
+        assert!(!policy.takes_assignments());
+        // The group gives the partitions away while they finish: the stop stays the one asked for.
+        assert!(!policy.revoked(true));
+        assert_eq!(policy.reason(), Some(StopReason::Asked));
     }
 }

@@ -84,6 +84,27 @@ impl IngestSpec {
     }
 
     fn try_start(&self) -> Result<Ingest, String> {
+        let mut ingest = self.spawn();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = http::get(ingest.addr, "/healthz") {
+                assert_eq!(r.status, 200);
+                return Ok(ingest);
+            }
+            if let Ok(Some(status)) = ingest.child.try_wait() {
+                return Err(format!("exit {status}\n{}", ingest.log_text()));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dedupe ingest did not answer /healthz within 30 s:\n{}",
+                ingest.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts it without waiting for anything (the signal tests time their signals from here).
+    pub fn spawn(&self) -> Ingest {
         let mut keys = tempfile::NamedTempFile::new().expect("a write-keys file");
         writeln!(keys, "# test keys").unwrap();
         for (key, source) in &self.write_keys {
@@ -120,29 +141,13 @@ impl IngestSpec {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("start dedupe ingest");
-        let mut ingest = Ingest {
+        Ingest {
             child,
             addr,
             metrics,
             log,
             write_keys: self.write_keys.iter().map(|(k, _)| k.clone()).collect(),
             _keys: keys,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = http::get(addr, "/healthz") {
-                assert_eq!(r.status, 200);
-                return Ok(ingest);
-            }
-            if let Ok(Some(status)) = ingest.child.try_wait() {
-                return Err(format!("exit {status}\n{}", ingest.log_text()));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "dedupe ingest did not answer /healthz within 30 s:\n{}",
-                ingest.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -193,6 +198,26 @@ impl Ingest {
         let headers: Vec<(&str, &str)> =
             auth.iter().map(|a| ("Authorization", a.as_str())).collect();
         self.post(path, &headers, body.to_string().as_bytes())
+    }
+
+    /// Waits for the process to end: its status. Panics with its log, after killing it, if it
+    /// still runs after `timeout`.
+    pub fn wait_status(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        match crate::wait_for_exit(&mut self.child, timeout) {
+            Some(status) => status,
+            None => {
+                let _ = self.child.kill();
+                panic!(
+                    "dedupe ingest did not exit within {timeout:?}:\n{}",
+                    self.log_text()
+                );
+            }
+        }
+    }
+
+    /// Whether it answers /healthz.
+    pub fn healthy(&self) -> bool {
+        http::get(self.addr, "/healthz").is_ok_and(|r| r.status == 200)
     }
 
     /// Waits until /readyz answers `status`.

@@ -179,6 +179,70 @@ pub fn wait_until<T>(
     }
 }
 
+/// Sends `signal` to the process `pid`, a child this test started; panics if it cannot.
+pub fn send_signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let sent = unsafe { libc::kill(pid as i32, signal) };
+    assert_eq!(
+        sent,
+        0,
+        "kill({pid}, {signal}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Whether process `pid` catches `signal` now (its handler is installed: `SigCgt` in
+/// `/proc/PID/status`); false when it does not, or has ended.
+pub fn catches(pid: u32, signal: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+/// Makes `command`'s process start with SIGTERM, SIGINT and SIGHUP blocked, as a launcher does that
+/// must not lose a signal sent before the program has its handlers: one sent right after the
+/// spawn stays pending until the program unblocks it.
+pub fn hold_signals(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec, and only calls sigemptyset,
+    // sigaddset and pthread_sigmask, which are async-signal-safe and allocate nothing.
+    unsafe {
+        command.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                libc::sigaddset(&mut set, signal);
+            }
+            match libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) {
+                0 => Ok(()),
+                errno => Err(std::io::Error::from_raw_os_error(errno)),
+            }
+        });
+    }
+}
+
+/// Waits up to `timeout` for `child` to end: its status, or `None` if it still runs.
+pub fn wait_for_exit(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The last `lines` lines of `text`.
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();

@@ -78,7 +78,7 @@ impl RekeySpec {
 
 /// A running `dedupe rekey`; killed when dropped.
 pub struct Rekey {
-    child: Child,
+    pub child: Child,
     log: PathBuf,
     metrics_port: u16,
 }
@@ -93,6 +93,21 @@ impl Rekey {
         http_get(self.metrics_port, "/metrics")
             .and_then(|(_, page)| metric_value(&page, name, labels))
             .unwrap_or(0.0)
+    }
+
+    /// Waits for the process to end: its status. Panics with its log, after killing it, if it
+    /// still runs after `timeout`.
+    pub fn wait_status(&mut self, timeout: std::time::Duration) -> std::process::ExitStatus {
+        match crate::wait_for_exit(&mut self.child, timeout) {
+            Some(status) => status,
+            None => {
+                self.kill();
+                panic!(
+                    "dedupe rekey did not exit within {timeout:?}:\n{}",
+                    self.log_text()
+                );
+            }
+        }
     }
 
     pub fn kill(&mut self) {

@@ -63,6 +63,8 @@ pub struct WorkerSpec {
     pub wrapper: Vec<String>,
     /// The address its metrics listener binds (127.0.0.1 if None).
     pub metrics_host: Option<std::net::IpAddr>,
+    /// Start it with SIGTERM, SIGINT and SIGHUP blocked (see [`crate::hold_signals`]).
+    pub hold_signals: bool,
 }
 
 impl WorkerSpec {
@@ -87,6 +89,7 @@ impl WorkerSpec {
             brokers: None,
             wrapper: Vec::new(),
             metrics_host: None,
+            hold_signals: false,
         }
     }
 
@@ -145,6 +148,9 @@ impl WorkerSpec {
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
+        }
+        if self.hold_signals {
+            crate::hold_signals(&mut cmd);
         }
         let child = cmd.spawn().expect("spawn dedupe run");
         Worker {
@@ -272,19 +278,21 @@ impl Worker {
     }
 
     pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            if Instant::now() > deadline {
+        self.wait_status(timeout).code()
+    }
+
+    /// Waits for the process to end: its status (an exit code, or the signal that ended it).
+    /// Panics with its log, after killing it, if it still runs after `timeout`.
+    pub fn wait_status(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        match crate::wait_for_exit(&mut self.child, timeout) {
+            Some(status) => status,
+            None => {
                 self.kill();
                 panic!(
                     "the worker did not exit within {timeout:?}:\n{}",
                     self.log_text()
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }

@@ -107,8 +107,9 @@ fn ensure_file_limit(connections: usize) -> Result<(), LimitsError> {
     Ok(())
 }
 
-/// Serves the app that `factory` makes on `addr` under `limits`, until SIGINT or SIGTERM (then
-/// gracefully, within `limits.shutdown_timeout`).
+/// Serves the app that `factory` makes on `addr` under `limits`, until its handle stops it
+/// (gracefully, within `limits.shutdown_timeout`). It handles no signal itself: the binary
+/// catches them from its start (`dedupe_actors::signals`) and stops it.
 pub fn serve_http<F, A, B>(addr: SocketAddr, limits: Limits, factory: F) -> std::io::Result<Server>
 where
     F: Fn() -> actix_web::App<A> + Send + Clone + 'static,
@@ -125,6 +126,7 @@ where
         .workers(limits.workers)
         .max_concurrent_connections(limits.per_worker())
         .shutdown_timeout(limits.shutdown_timeout.as_secs().max(1))
+        .disable_signals()
         .bind("http", addr, move || {
             let http = HttpService::build()
                 .client_request_timeout(limits.request_timeout)

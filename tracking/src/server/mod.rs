@@ -103,6 +103,8 @@ pub enum IngestError {
     },
     #[error("the HTTP server failed: {0}")]
     Serve(std::io::Error),
+    #[error("checking the connection to the brokers failed: {0}")]
+    ConnectionCheck(String),
     #[error("ingest.{0} (raise `ulimit -n` or lower ingest.max_connections)")]
     Limits(#[from] LimitsError),
 }
@@ -420,9 +422,15 @@ fn warn_about(
     }
 }
 
-/// Runs the tracking API until the process is told to stop (SIGINT, SIGTERM), then lets requests
-/// in flight finish and flushes the producer.
-pub async fn serve(config: Config) -> Result<(), IngestError> {
+/// Runs the tracking API until `stop` resolves (the binary's SIGTERM or SIGINT), then lets requests
+/// in flight finish and flushes the producer. A `stop` that resolves while it starts (the
+/// connection check waits up to 15 s for brokers that do not answer) ends it there, before it
+/// listens: nothing was accepted, so nothing is left to deliver.
+pub async fn serve(
+    config: Config,
+    stop: impl std::future::Future<Output = ()> + 'static,
+) -> Result<(), IngestError> {
+    let mut stop = Box::pin(stop);
     let ingest_config = &config.ingest;
     let keys = WriteKeys::load(
         ingest_config.write_keys_file.as_deref(),
@@ -436,12 +444,24 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     let dead_letter_topic = ingest_config.dead_letter_topic();
     // Settings that can never connect end the process; unreachable brokers do not (the API
     // answers 503 until they are back).
-    dedupe::kafka::check_security(&config.kafka, Duration::from_secs(15)).map_err(|failure| {
-        IngestError::Security {
+    let kafka = config.kafka.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        dedupe::kafka::check_security(&kafka, Duration::from_secs(15))
+    });
+    let checked = tokio::select! {
+        checked = checked => checked,
+        () = &mut stop => {
+            info!("The tracking API stopped before it listened.");
+            return Ok(());
+        }
+    };
+    match checked {
+        Ok(result) => result.map_err(|failure| IngestError::Security {
             brokers: config.kafka.brokers.clone(),
             failure,
-        }
-    })?;
+        })?,
+        Err(e) => return Err(IngestError::ConnectionCheck(e.to_string())),
+    }
     let producer = producer(&config).map_err(|source| IngestError::CreateProducer {
         topic: topic.clone(),
         source,
@@ -495,6 +515,11 @@ pub async fn serve(config: Config) -> Result<(), IngestError> {
     })
     .map_err(|source| IngestError::Bind { addr, source })?;
     info!(addr = %addr, topic = %topic, max_connections = limits.max_connections, "The tracking API is listening.");
+    let handle = server.handle();
+    actix_web::rt::spawn(async move {
+        stop.await;
+        handle.stop(true).await;
+    });
     let result = server.await.map_err(IngestError::Serve);
     readiness.stop();
     if let Err(e) = producer.flush(FLUSH_TIMEOUT) {

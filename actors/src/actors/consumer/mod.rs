@@ -498,7 +498,17 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         let mut dead_letters = Vec::new();
         let mut audit = Vec::new();
         let now = Instant::now();
-        for (r, fate) in batch.into_iter().zip(&decision.fates) {
+        for (mut r, fate) in batch.into_iter().zip(&decision.fates) {
+            if fate.reaches_output() {
+                // Only the worker's own flag, added below, says on the output that a copy is a
+                // duplicate.
+                let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
+                if renamed > 0 {
+                    self.metrics
+                        .input_duplicate_headers
+                        .increment(renamed as u64);
+                }
+            }
             match *fate {
                 Fate::Publish => {
                     self.metrics

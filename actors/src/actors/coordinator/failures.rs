@@ -16,7 +16,7 @@ impl Handler<ConsumerFailed> for Coordinator {
 
     fn handle(&mut self, msg: ConsumerFailed, ctx: &mut Self::Context) {
         InputConsumerFailed { error: &msg.error }.emit();
-        if !self.shutting_down {
+        if !self.shutting_down() {
             self.restart(ctx);
         }
     }
@@ -48,7 +48,7 @@ impl Handler<PartitionStopped> for Coordinator {
                 partition = p,
                 "A partition pipeline that was replaced ended."
             ),
-            Err(e) if stopping || self.shutting_down => {
+            Err(e) if stopping || self.shutting_down() => {
                 tracing::warn!(partition = p, error = %e, "A stopping partition's last batch failed; the next owner re-reads it.");
             }
             Err(e) if e.is_fenced() => {
@@ -89,7 +89,7 @@ impl Handler<PartitionStopped> for Coordinator {
             self.forget(p);
         }
         self.publish_health();
-        if self.shutting_down && self.running.as_ref().is_none_or(|r| r.owned.is_empty()) {
+        if self.shutting_down() && self.running.as_ref().is_none_or(|r| r.owned.is_empty()) {
             ctx.notify(Finish);
         }
     }

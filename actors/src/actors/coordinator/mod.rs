@@ -29,7 +29,7 @@ use crate::actors::events::PipelineStartFailed;
 use crate::actors::handover::{TakeOverError, TakenOver};
 use crate::actors::ledger::LedgerActor;
 use crate::actors::membership::{Membership, MembershipError, Queue};
-use crate::actors::policy::{RestartPolicy, RetakePolicy, Verdict};
+use crate::actors::policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
 pub use crate::actors::snapshots::TakeSnapshot;
 pub use shutdown::Shutdown;
 
@@ -187,9 +187,8 @@ pub struct Coordinator {
     /// A restart of the pipeline is scheduled: further failures (of the pipelines it tears down)
     /// are covered by it.
     restart_pending: bool,
-    shutting_down: bool,
-    /// The group took partitions away without this worker's consent: exit once they stopped.
-    exit_when_revoked: Option<i32>,
+    /// Whether the worker stops, and why (its exit code).
+    stop: StopPolicy,
     last_stats_at: Option<Instant>,
     id_rate: IdRate,
     /// The id rate over the last hour, and whether the budget held the promise at it last time.
@@ -262,8 +261,7 @@ impl Coordinator {
             restart_policy: RestartPolicy::default(),
             retake_policy: RetakePolicy::default(),
             restart_pending: false,
-            shutting_down: false,
-            exit_when_revoked: None,
+            stop: StopPolicy::default(),
             last_stats_at: None,
             id_rate: IdRate::default(),
             hour_rate: HourRate::default(),
@@ -271,6 +269,11 @@ impl Coordinator {
             snapshot_running: false,
             snapshot_pace,
         }
+    }
+
+    /// The worker is stopping (a signal, or its membership lost): nothing new is started.
+    fn shutting_down(&self) -> bool {
+        self.stop.stopping()
     }
 
     fn group_mode(&self) -> bool {
@@ -320,7 +323,7 @@ impl Coordinator {
             again: e.is_retryable(),
         }
         .emit();
-        if e.is_retryable() && !self.shutting_down {
+        if e.is_retryable() && !self.shutting_down() {
             self.restart(ctx);
             return;
         }
@@ -399,7 +402,7 @@ impl Coordinator {
         self.restart_pending = true;
         ctx.run_later(backoff, |act, ctx| {
             act.restart_pending = false;
-            if !act.shutting_down {
+            if !act.shutting_down() {
                 act.start_pipeline(ctx);
             }
         });

@@ -69,7 +69,7 @@ impl Coordinator {
         .emit();
         self.publish_health();
         ctx.run_later(delay, move |act, ctx| {
-            if act.shutting_down || !act.still_assigned(p) {
+            if act.shutting_down() || !act.still_assigned(p) {
                 return;
             }
             // Before the first static assignment, the partition joins it like the others.
@@ -147,7 +147,7 @@ impl Handler<CallHung> for Coordinator {
             .as_ref()
             .and_then(|r| r.owned.get(&p))
             .is_some_and(|o| matches!(o.stage, Stage::Live { .. } | Stage::Stopping { .. }));
-        if live && !self.shutting_down {
+        if live && !self.shutting_down() {
             self.retake(p, Retake::Hung, ctx);
         }
     }

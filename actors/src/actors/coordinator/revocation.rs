@@ -1,10 +1,12 @@
 //! Partitions the group takes away: each stops after its batch in flight, its per-partition
-//! gauges go blank, and the rebalance is released once all of them stopped.
+//! gauges go blank, and the rebalance is released once all of them stopped. Partitions lost (the
+//! group gave them away without this worker's consent) stop the worker: it exits with status 3
+//! once they stopped (see `shutdown.rs`), taking no partition meanwhile.
 
 use actix::prelude::*;
 use dedupe::config::PartitionSet;
 
-use super::{exit, Coordinator, Owned, Stage};
+use super::{Coordinator, Owned, Stage};
 use crate::actors::events::coordinator::PartitionRevoked;
 use crate::actors::events::PartitionsLost;
 use crate::actors::membership::Revoking;
@@ -25,7 +27,7 @@ impl Coordinator {
         self.settle_revocations();
     }
 
-    /// Answers the revocations whose partitions have all stopped; exits if one of them asked to.
+    /// Answers the revocations whose partitions have all stopped.
     pub(super) fn settle_revocations(&mut self) {
         let Some(running) = self.running.as_mut() else {
             return;
@@ -38,19 +40,13 @@ impl Coordinator {
             }
             waiting
         });
-        if running.revocations.is_empty() {
-            if let Some(code) = self.exit_when_revoked.take() {
-                self.teardown();
-                System::current().stop_with_code(code);
-            }
-        }
     }
 }
 
 impl Handler<Revoking> for Coordinator {
     type Result = ();
 
-    fn handle(&mut self, msg: Revoking, _ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: Revoking, ctx: &mut Self::Context) {
         let reason = PartitionRevoked::reason(msg.lost);
         tracing::info!(partitions = %PartitionSet(msg.partitions.clone()), reason, "The group takes partitions away; stopping them.");
         let Some(running) = self.running.as_mut() else {
@@ -77,14 +73,19 @@ impl Handler<Revoking> for Coordinator {
                 }
             }
         }
-        if msg.lost {
-            // Another member may already be publishing them: this worker's membership expired.
-            PartitionsLost.emit();
-            self.exit_when_revoked = Some(exit::FENCED);
-        }
         running.revocations.push((msg.partitions, msg.done));
         // Answers at once when nothing was running.
         self.settle_revocations();
         self.publish_health();
+        if msg.lost {
+            // Another member may already be publishing them: this worker's membership expired.
+            // It stops whatever else it runs and exits (see `StopPolicy`); the partitions the
+            // group gives it meanwhile are not taken.
+            let exiting = self.stop.revoked(true);
+            PartitionsLost { exiting }.emit();
+            if exiting {
+                self.stop_partitions(ctx);
+            }
+        }
     }
 }

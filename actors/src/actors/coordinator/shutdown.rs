@@ -1,4 +1,6 @@
-//! Graceful shutdown: finish the batches in flight, close the membership, flush the ledger.
+//! Stopping: finish the batches in flight, close the membership, flush the ledger, exit with the
+//! code of the reason (see [`StopPolicy`](crate::actors::policy::StopPolicy)): 0 for a stop asked
+//! for (SIGTERM, SIGINT), 3 when the group gave the partitions away.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -8,6 +10,7 @@ use actix::prelude::*;
 use super::{exit, Coordinator, Stage};
 use crate::actors::events::coordinator::FinalFlushFailed;
 use crate::actors::ledger::Flush;
+use crate::actors::policy::StopReason;
 
 /// Stop gracefully: finish the batches in flight, flush the ledger, exit 0.
 #[derive(Message)]
@@ -18,16 +21,35 @@ pub struct Shutdown;
 #[rtype(result = "()")]
 pub(super) struct Finish;
 
+impl StopReason {
+    /// The worker's exit code once it stopped for this reason (and flushed its ledger).
+    pub(super) fn exit_code(self) -> i32 {
+        match self {
+            StopReason::Asked => exit::OK,
+            StopReason::MembershipLost => exit::FENCED,
+        }
+    }
+}
+
 impl Handler<Shutdown> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
-        if self.shutting_down {
-            return;
+        if self.stop.stop(StopReason::Asked) {
+            tracing::info!("Shutting down: finishing the batches in flight.");
+            self.stop_partitions(ctx);
         }
-        self.shutting_down = true;
+    }
+}
+
+impl Coordinator {
+    /// Stops every partition after its batch in flight (one being taken over at once), then
+    /// finishes: at once when none runs, else when the last one stopped (see `failures.rs`) or
+    /// after `worker.shutdown_timeout_ms`. Called once, when [`StopPolicy::stop`] starts the stop.
+    ///
+    /// [`StopPolicy::stop`]: crate::actors::policy::StopPolicy::stop
+    pub(super) fn stop_partitions(&mut self, ctx: &mut Context<Self>) {
         self.health.stopping.store(true, Ordering::Relaxed);
-        tracing::info!("Shutting down: finishing the batches in flight.");
         let mut waiting = false;
         if let Some(running) = self.running.as_mut() {
             running.owned.retain(|_, owned| {
@@ -46,6 +68,7 @@ impl Handler<Shutdown> for Coordinator {
             });
             waiting = !running.owned.is_empty();
         }
+        self.publish_health();
         if waiting {
             let timeout = Duration::from_millis(self.config.worker.shutdown_timeout_ms);
             ctx.run_later(timeout, |_, ctx| {
@@ -63,14 +86,15 @@ impl Handler<Finish> for Coordinator {
 
     fn handle(&mut self, _: Finish, ctx: &mut Self::Context) {
         self.teardown();
+        let code = self.stop.reason().unwrap_or(StopReason::Asked).exit_code();
         ctx.spawn(
             self.ledger
                 .send(Flush)
                 .into_actor(self)
-                .map(|res, _, _| match res {
+                .map(move |res, _, _| match res {
                     Ok(Ok(())) => {
-                        tracing::info!("The ledger is flushed; exiting.");
-                        System::current().stop_with_code(exit::OK)
+                        tracing::info!(code, "The ledger is flushed; exiting.");
+                        System::current().stop_with_code(code)
                     }
                     Ok(Err(e)) => {
                         FinalFlushFailed { error: &e }.emit();

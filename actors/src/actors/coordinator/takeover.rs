@@ -225,7 +225,9 @@ impl Handler<Assigned> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: Assigned, ctx: &mut Self::Context) {
-        if self.shutting_down {
+        if !self.stop.takes_assignments() {
+            // Stopping (a signal, or the membership lost): the queues are dropped and the
+            // partitions stay paused until the consumer leaves the group.
             return;
         }
         let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
@@ -258,7 +260,7 @@ impl Handler<Loaded> for Coordinator {
         };
         let taken = match msg.result {
             Ok(taken) => taken,
-            Err(source) if source.is_retryable() && !self.shutting_down => {
+            Err(source) if source.is_retryable() && !self.shutting_down() => {
                 // The brokers or the coordinator were away: the partition is taken over again.
                 tracing::warn!(partition = p, error = %source, "Taking the partition over failed; trying again.");
                 self.retake(p, Retake::Failed, ctx);

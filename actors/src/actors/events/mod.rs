@@ -42,13 +42,20 @@ impl PipelineStartFailed<'_> {
 }
 
 /// The group gave this worker's partitions away without its consent (its membership expired):
-/// another member may already be publishing them.
-pub struct PartitionsLost;
+/// another member may already be publishing them. `exiting`: the worker stops for it (exit 3);
+/// otherwise it was already stopping, and exits as that stop says.
+pub struct PartitionsLost {
+    pub exiting: bool,
+}
 
 impl PartitionsLost {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
-        tracing::error!("The group gave this worker's partitions away (its membership expired); exiting once they stopped.");
+        if self.exiting {
+            tracing::error!("The group gave this worker's partitions away (its membership expired); stopping them and exiting with status 3, for a restart to rejoin the group.");
+        } else {
+            tracing::error!("The group gave this worker's partitions away (its membership expired) while it was stopping; it exits as that stop says.");
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub(crate) struct PartitionMetrics {
     pub(crate) changelog_records: Counter,
     pub(crate) wakeups_recovered: Counter,
     pub(crate) misrouted: Counter,
+    /// `dedupe-duplicate` headers of input records, renamed on the output.
+    pub(crate) input_duplicate_headers: Counter,
     /// Ids forgotten, and forgotten ids published again.
     pub(crate) forgotten: Counter,
     pub(crate) resent: Counter,
@@ -87,6 +89,7 @@ impl PartitionMetrics {
             changelog_records: counter(m::CHANGELOG_RECORDS),
             wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
             misrouted: counter(m::MISROUTED_IDS),
+            input_duplicate_headers: counter(m::INPUT_DUPLICATE_HEADERS),
             forgotten: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "forgotten"),
             resent: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "resent"),
             batch_records: histogram(m::BATCH_RECORDS),
