@@ -213,11 +213,6 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
         }
     }
     let brokers = &config.kafka.brokers;
-    let reaching = |topic: &str| {
-        format!(
-            "reading the metadata of the topic {topic} from the brokers {brokers} (kafka.brokers)"
-        )
-    };
     // The topics' metadata, on a thread of its own: a stop while the brokers do not answer is
     // taken at once.
     let counted = {
@@ -228,7 +223,8 @@ pub fn run(config: &Config, options: &RekeyOptions, stop: &AtomicBool) -> anyhow
             w.dead_letter_topic.clone(),
         );
         unless_stopped(stop, "rekey-topics", move || {
-            let count = |topic: &str| dedupe::kafka::partition_count(&kafka, topic, METADATA_TIMEOUT);
+            let count =
+                |topic: &str| dedupe::kafka::partition_count(&kafka, topic, METADATA_TIMEOUT);
             let dlq = dlq.as_deref().map(count).transpose()?;
             Ok::<_, dedupe::kafka::ConnectError>((count(&source)?, count(&input)?, dlq))
         })
