@@ -17,7 +17,9 @@
 //! the first copy's first-seen time (the ledger's, or the earlier copy's in the same batch:
 //! `in_batch`); `verdict` is `retry` (the same content digest as the first copy), `reused_id`
 //! (another digest) or `unknown` (either copy has none; see [`crate::batch::Verdict`]);
-//! `payload` (base64 of the dropped copy's value) is there only with `worker.audit_payloads`.
+//! `payload` (base64 of the dropped copy's value) is there only with `worker.audit_payloads`;
+//! `"refreshed":true` only when the drop recorded its id again at its time
+//! (`ledger.refresh_on_duplicate`).
 //!
 //! Sampling is by id ([`Sampler`]): every drop of an id sampled in is audited, so an id's story is
 //! whole or absent. A cap per second per partition bounds the audit's write load in a retry storm;
@@ -58,6 +60,8 @@ pub struct DroppedCopy<'a> {
     /// The first copy was earlier in the same batch.
     pub in_batch: bool,
     pub verdict: Verdict,
+    /// The drop recorded the id again at its time (`ledger.refresh_on_duplicate`).
+    pub refreshed: bool,
 }
 
 #[derive(Serialize)]
@@ -73,6 +77,8 @@ struct Value<'a> {
     age_ms: i64,
     in_batch: bool,
     verdict: &'static str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    refreshed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     payload: Option<String>,
 }
@@ -92,6 +98,7 @@ pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
         age_ms: drop.age_ms,
         in_batch: drop.in_batch,
         verdict: drop.verdict.as_str(),
+        refreshed: drop.refreshed,
         payload: if with_payload {
             drop.record
                 .value
@@ -261,6 +268,7 @@ mod tests {
             age_ms: 4_000,
             in_batch: false,
             verdict: Verdict::ReusedId,
+            refreshed: false,
         };
         let out = encode(&drop, false);
         assert_eq!(
@@ -276,6 +284,16 @@ mod tests {
                 "input_partition": 3, "input_offset": 42, "timestamp_ms": 5000, "first_seen_ms": 1000, "age_ms": 4000,
                 "in_batch": false, "verdict": "reused_id"
             })
+        );
+        let refreshed = DroppedCopy {
+            refreshed: true,
+            ..drop
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(encode(&refreshed, false).value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            v["refreshed"], true,
+            "present only when the drop refreshed the id"
         );
         let with = encode(&drop, true);
         let v: serde_json::Value = serde_json::from_slice(with.value.as_deref().unwrap()).unwrap();
@@ -299,6 +317,7 @@ mod tests {
             age_ms: 0,
             in_batch: true,
             verdict: Verdict::Retry,
+            refreshed: false,
         };
         assert_eq!(
             encode(&drop, false).key.as_deref(),

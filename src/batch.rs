@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{ContentDigest, LedgerKey, Unkeyed};
-use crate::ledger::Held;
+use crate::ledger::{past_limit, Held};
 
 /// One input record, as far as the decision is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +140,8 @@ pub struct Seen {
     /// The first copy is earlier in this batch.
     pub in_batch: bool,
     pub verdict: Verdict,
+    /// The drop recorded the id again at this copy's time ([`Rules::refresh`]).
+    pub refreshed: bool,
 }
 
 /// What happens to one record.
@@ -184,6 +186,9 @@ pub struct BatchDecision {
     pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     /// The oldest timestamp among the published new ids (for the end-to-end latency).
     pub oldest_new_ms: Option<i64>,
+    /// How many of `new_ids` are refreshes: ids of dropped copies recorded again at the copy's
+    /// time (with [`Rules::refresh`]), not published records.
+    pub refreshed: usize,
 }
 
 impl BatchDecision {
@@ -227,6 +232,11 @@ pub struct Rules {
     pub reused_id: ReusedIdPolicy,
     /// Now, ms: no first-seen time is later.
     pub now_ms: i64,
+    /// The retention limit, ms (`ledger.max_window_secs`): a copy arriving more than this after
+    /// the sighting held is published as new ([`crate::ledger::past_limit`]).
+    pub limit_ms: Option<i64>,
+    /// `ledger.refresh_on_duplicate`: a dropped copy's id is recorded again at the copy's time.
+    pub refresh: bool,
 }
 
 /// Decides a batch. `found` holds the ledger's answer (what it holds, if anything) for each
@@ -238,11 +248,18 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
     let now_ms = rules.now_ms;
     let mut found = found.iter().copied();
     let mut seen_in_batch: HashMap<LedgerKey, Held> = HashMap::with_capacity(candidates.len());
+    // Where in `new_ids` each refreshed key is, so a later copy in the batch moves it on.
+    let mut refreshed_at: HashMap<LedgerKey, usize> = HashMap::new();
     let mut fates = Vec::with_capacity(candidates.len());
     let mut new_ids = Vec::with_capacity(candidates.len());
     let mut oldest_new_ms: Option<i64> = None;
     for candidate in candidates {
         let ts = candidate.timestamp_ms.unwrap_or(now_ms);
+        // The copy's time as the ledger records it: never later than now.
+        let arrival = ts.min(now_ms);
+        let live = |held: Option<Held>| {
+            held.filter(|h| !past_limit(rules.limit_ms, h.first_seen_ms, arrival))
+        };
         let seen = |first: Held, in_batch: bool| {
             let verdict = Verdict::of(first.digest, candidate.digest);
             let seen = Seen {
@@ -250,6 +267,7 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
                 age_ms: (ts - first.first_seen_ms).max(0),
                 in_batch,
                 verdict,
+                refreshed: false,
             };
             match (verdict, rules.reused_id) {
                 _ if candidate.mode != SourceMode::Drop => Fate::Passed(seen, candidate.mode),
@@ -261,22 +279,40 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
         };
         let fate = match candidate.id {
             Ok(key) => {
-                let in_ledger = found
-                    .next()
-                    .expect("the ledger answers once per keyed record");
+                let in_ledger = live(
+                    found
+                        .next()
+                        .expect("the ledger answers once per keyed record"),
+                );
                 if let Some(first) = in_ledger {
-                    seen(first, false)
+                    let mut fate = seen(first, false);
+                    if let (true, Fate::Duplicate(seen), true) =
+                        (rules.refresh, &mut fate, arrival > first.first_seen_ms)
+                    {
+                        seen.refreshed = true;
+                        let refresh = (key, arrival, first.digest);
+                        match refreshed_at.entry(key) {
+                            Entry::Occupied(at) => new_ids[*at.get()] = refresh,
+                            Entry::Vacant(slot) => {
+                                slot.insert(new_ids.len());
+                                new_ids.push(refresh);
+                            }
+                        }
+                    }
+                    fate
                 } else {
-                    match seen_in_batch.entry(key) {
-                        Entry::Occupied(first) => seen(*first.get(), true),
-                        Entry::Vacant(slot) => {
-                            let first_seen = ts.min(now_ms);
-                            slot.insert(Held {
-                                first_seen_ms: first_seen,
-                                digest: candidate.digest,
-                            });
+                    match live(seen_in_batch.get(&key).copied()) {
+                        Some(first) => seen(first, true),
+                        None => {
+                            seen_in_batch.insert(
+                                key,
+                                Held {
+                                    first_seen_ms: arrival,
+                                    digest: candidate.digest,
+                                },
+                            );
                             oldest_new_ms = Some(oldest_new_ms.map_or(ts, |o| o.min(ts)));
-                            new_ids.push((key, first_seen, candidate.digest));
+                            new_ids.push((key, arrival, candidate.digest));
                             Fate::Publish
                         }
                     }
@@ -294,6 +330,7 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
         fates,
         new_ids,
         oldest_new_ms,
+        refreshed: refreshed_at.len(),
     }
 }
 
@@ -359,6 +396,7 @@ mod tests {
             age_ms,
             in_batch,
             verdict,
+            refreshed: false,
         }
     }
 
@@ -367,7 +405,106 @@ mod tests {
         unkeyed: UnkeyedPolicy::Forward,
         reused_id: ReusedIdPolicy::Drop,
         now_ms: NOW,
+        limit_ms: None,
+        refresh: false,
     };
+
+    #[test]
+    fn a_copy_past_the_retention_limit_is_published_and_recorded_again_one_within_it_dropped() {
+        let rules = Rules {
+            limit_ms: Some(20_000),
+            ..FORWARD
+        };
+        let first = 900_000;
+        // 10 s after the first sighting: a duplicate; 20 s exactly: still one; 25 s: new.
+        for (at, published) in [
+            (first + 10_000, false),
+            (first + 20_000, false),
+            (first + 25_000, true),
+        ] {
+            let d = decide(&[keyed(1, at)], &[held(first)], rules);
+            assert_eq!(
+                d.fates[0] == Fate::Publish,
+                published,
+                "copy at +{} ms",
+                at - first
+            );
+            let recorded: Vec<_> = d.new_ids.iter().map(|(_, t, _)| *t).collect();
+            assert_eq!(recorded, if published { vec![at] } else { vec![] });
+        }
+        // Inside one batch too: the second copy is 25 s after the first, the third 5 s after it.
+        let d = decide(
+            &[keyed(2, 900_000), keyed(2, 925_000), keyed(2, 930_000)],
+            &[None, None, None],
+            rules,
+        );
+        assert!(
+            matches!(
+                d.fates[..],
+                [Fate::Publish, Fate::Publish, Fate::Duplicate(_)]
+            ),
+            "{:?}",
+            d.fates
+        );
+        // Without a limit nothing ever ages out of the decision.
+        let d = decide(&[keyed(1, NOW)], &[held(0)], FORWARD);
+        assert!(matches!(d.fates[0], Fate::Duplicate(_)));
+    }
+
+    #[test]
+    fn a_dropped_copy_refreshes_its_id_once_per_batch_at_its_latest_time_with_the_first_digest() {
+        let rules = Rules {
+            refresh: true,
+            ..FORWARD
+        };
+        let first = Some(Held {
+            first_seen_ms: 100_000,
+            digest: Some(ContentDigest::of_hash(7 << 48)),
+        });
+        let d = decide(
+            &[
+                digested(1, 200_000, 7),
+                keyed(2, 150_000),
+                digested(1, 300_000, 7),
+            ],
+            &[first, None, first],
+            rules,
+        );
+        assert!(matches!(
+            d.fates[..],
+            [Fate::Duplicate(_), Fate::Publish, Fate::Duplicate(_)]
+        ));
+        assert_eq!(d.refreshed, 1);
+        assert_eq!(
+            d.new_ids,
+            [
+                (key(1), 300_000, Some(ContentDigest::of_hash(7 << 48))),
+                (key(2), 150_000, None)
+            ]
+        );
+        // A copy from a pass-through source, or one whose clock is behind the sighting, refreshes
+        // nothing; neither does a drop without `refresh`.
+        let passed = Candidate {
+            mode: SourceMode::Flag,
+            ..keyed(1, 200_000)
+        };
+        assert_eq!(decide(&[passed], &[first], rules).refreshed, 0);
+        assert_eq!(decide(&[keyed(1, 50_000)], &[first], rules).new_ids, []);
+        assert_eq!(decide(&[keyed(1, 200_000)], &[first], FORWARD).new_ids, []);
+        // Refreshed past the limit: the refresh is what the limit counts from.
+        let both = Rules {
+            limit_ms: Some(20_000),
+            ..rules
+        };
+        let refreshed = Some(Held {
+            first_seen_ms: 300_000,
+            digest: None,
+        });
+        assert!(matches!(
+            decide(&[keyed(1, 315_000)], &[refreshed], both).fates[0],
+            Fate::Duplicate(_)
+        ));
+    }
 
     #[test]
     fn new_ids_are_published_once_and_repeats_in_the_batch_dropped() {

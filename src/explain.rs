@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{ledger_key, scoped_id, IdError, LedgerKey, SOURCE_SEPARATOR};
-use crate::ledger::{forgotten_since, Ledger, LedgerError, MarkKind, Sighting};
+use crate::ledger::{forgotten_since, past_limit, Ledger, LedgerError, MarkKind, Sighting};
 
 /// What is asked about one id.
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +62,9 @@ pub enum Reason {
     NotInWindow,
     /// An operator forgot it (`dedupe forget`): its next copy is published.
     Forgotten,
+    /// Its last sighting is older than the retention limit (`ledger.max_window_secs`): its next
+    /// copy is published, and its bytes go with their generation.
+    PastLimit,
 }
 
 /// A forget that still holds, written to `partition`'s changelog: the id's next copy, on any of
@@ -104,6 +107,10 @@ pub struct Answer {
     /// on any of the worker's partitions, is published. Empty once a copy went through.
     #[serde(default)]
     pub forgotten: Vec<ForgottenOn>,
+    /// With `ledger.refresh_on_duplicate` and more than one copy held: the newest copy's time,
+    /// recorded by a dropped copy that refreshed the id.
+    #[serde(default)]
+    pub last_refreshed_ms: Option<i64>,
     pub sentence: String,
 }
 
@@ -134,6 +141,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         window_start_ms: None,
         reason: None,
         forgotten: Vec::new(),
+        last_refreshed_ms: None,
         sentence: String::new(),
     };
     if q.owned == Some(false) {
@@ -148,10 +156,18 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         Some(p) => ledger.window(p, q.now_ms),
         None => ledger.window_overall(q.now_ms),
     };
+    let options = ledger.options();
+    let past = copies
+        .first()
+        .is_some_and(|s| past_limit(options.max_window_ms, s.first_seen_ms, q.now_ms));
     // The window is where every id is held from; an id held from before it (a partition's older
     // ids back-filling, or the ledger's overall window) moves the answer's start back to it, so
-    // that `held` and the window never disagree.
-    let first_seen_ms = copies.first().map(|s| s.first_seen_ms);
+    // that `held` and the window never disagree. One past the retention limit is not held.
+    let first_seen_ms = copies.first().map(|s| s.first_seen_ms).filter(|_| !past);
+    let last_refreshed_ms = match &copies[..] {
+        [newest, _, ..] if options.refresh_on_duplicate && !past => Some(newest.first_seen_ms),
+        _ => None,
+    };
     let window_start_ms = match (
         window.map(|w| q.now_ms - w.as_millis() as i64),
         first_seen_ms,
@@ -190,15 +206,40 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
                     .join(", ")
             ),
         ),
-        Some(s) => (
-            None,
+        Some(s) if past => (
+            Some(Reason::PastLimit),
             format!(
-                "Id {id} is in the window: first seen {} ({} ago), held in generation {}; {reach}. A copy arriving now is dropped.",
+                "Id {id} is forgotten: past the retention limit of {}: last seen {} ({} ago); {reach}. A copy arriving now is published.",
+                span(Duration::from_millis(options.max_window_ms.unwrap_or(0).max(0) as u64)),
                 when(s.first_seen_ms),
                 span(Duration::from_millis((q.now_ms - s.first_seen_ms).max(0) as u64)),
-                s.generation
             ),
         ),
+        Some(s) => {
+            let ago = |ms: i64| span(Duration::from_millis((q.now_ms - ms).max(0) as u64));
+            let seen = match (last_refreshed_ms, copies.last()) {
+                (Some(last), Some(oldest)) => format!(
+                    "first seen {} ({} ago), last refreshed {} ({} ago) by a dropped copy",
+                    when(oldest.first_seen_ms),
+                    ago(oldest.first_seen_ms),
+                    when(last),
+                    ago(last)
+                ),
+                _ if options.refresh_on_duplicate => format!(
+                    "last seen {} ({} ago: its first sighting, or the last dropped copy that refreshed it)",
+                    when(s.first_seen_ms),
+                    ago(s.first_seen_ms)
+                ),
+                _ => format!("first seen {} ({} ago)", when(s.first_seen_ms), ago(s.first_seen_ms)),
+            };
+            (
+                None,
+                format!(
+                    "Id {id} is in the window: {seen}, held in generation {}; {reach}. A copy arriving now is dropped.",
+                    s.generation
+                ),
+            )
+        }
         None => match (q.sent_at_ms, window_start_ms) {
             (Some(sent), Some(start)) if sent < start => (
                 Some(Reason::AgedOut),
@@ -216,7 +257,8 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
             ),
         },
     };
-    answer.held = !copies.is_empty() && forgotten.is_empty();
+    answer.held = !copies.is_empty() && forgotten.is_empty() && !past;
+    answer.last_refreshed_ms = last_refreshed_ms;
     answer.forgotten = forgotten;
     answer.first_seen_ms = first_seen_ms;
     answer.generation = copies.first().map(|s| s.generation);

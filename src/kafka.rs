@@ -354,12 +354,14 @@ pub async fn create_topic(
     Ok(())
 }
 
-/// The topic's `retention.ms` (-1: forever), or `None` when the broker does not say.
-pub async fn topic_retention_ms(
+/// One of the topic's millisecond settings (`retention.ms`, `segment.ms`), or `None` when the
+/// brokers do not say.
+pub async fn topic_setting_ms(
     kafka: &KafkaConfig,
     topic: &str,
+    name: &str,
 ) -> Result<Option<i64>, KafkaError> {
-    Ok(topic_setting(kafka, topic, "retention.ms")
+    Ok(topic_setting(kafka, topic, name)
         .await?
         .and_then(|v| v.parse().ok()))
 }

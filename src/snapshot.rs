@@ -218,14 +218,28 @@ pub fn taken_at_ms(dir: &Path) -> Option<i64> {
 }
 
 /// Removes all but the newest `keep` snapshots and, while none of those is older than
-/// [`OLD_SNAPSHOT_AGE`] at `now_ms` (Unix ms), the newest one that is. Returns what it removed.
-pub fn prune(root: &Path, keep: usize, now_ms: i64) -> Result<Vec<PathBuf>, SnapshotError> {
+/// [`OLD_SNAPSHOT_AGE`] at `now_ms` (Unix ms), the newest one that is. With a retention limit
+/// (`limit_ms`), every snapshot taken longer ago than the limit goes too, kept or not: it holds
+/// ids the ledger has let go of. Returns what it removed.
+pub fn prune(
+    root: &Path,
+    keep: usize,
+    now_ms: i64,
+    limit_ms: Option<i64>,
+) -> Result<Vec<PathBuf>, SnapshotError> {
     let dirs = list_snapshots(root).map_err(|source| SnapshotError::Prune {
         dir: root.to_path_buf(),
         source,
     })?;
     let mut removed = Vec::new();
-    for dir in prunable(&dirs, keep, now_ms) {
+    let past_limit = |dir: &&PathBuf| {
+        taken_at_ms(dir).is_some_and(|t| crate::ledger::past_limit(limit_ms, t, now_ms))
+    };
+    let by_count = prunable(&dirs, keep, now_ms);
+    let gone = dirs
+        .iter()
+        .filter(|d| by_count.contains(d) || past_limit(d));
+    for dir in gone {
         std::fs::remove_dir_all(dir).map_err(|source| SnapshotError::Prune {
             dir: dir.clone(),
             source,
@@ -323,7 +337,7 @@ mod tests {
         }
         std::fs::create_dir(root.path().join("unrelated")).unwrap();
         // `now` is a few ms on: nothing is an hour old, so only the count matters.
-        let removed = prune(root.path(), 2, 10).unwrap();
+        let removed = prune(root.path(), 2, 10, None).unwrap();
         assert_eq!(removed.len(), 2);
         let left: Vec<String> = list_snapshots(root.path())
             .unwrap()
@@ -408,9 +422,14 @@ mod tests {
         }
         // `ledger-copy` sorts last, so it is among the newest three; it has no time, so it is not
         // an old one, and the two-hour-old snapshot stays beside the three kept.
-        let removed = prune(root.path(), 3, now).unwrap();
+        let removed = prune(root.path(), 3, now, None).unwrap();
         assert_eq!(removed, [root.path().join(&names[1])]);
         assert_eq!(list_snapshots(root.path()).unwrap().len(), 4);
+        // With a 90-minute retention limit the two-hour-old one goes too, kept or not: it holds
+        // ids the ledger has let go of.
+        let removed = prune(root.path(), 3, now, Some(90 * MINUTE_MS)).unwrap();
+        assert_eq!(removed, [root.path().join(&names[0])]);
+        assert_eq!(list_snapshots(root.path()).unwrap().len(), 3);
     }
 
     #[test]

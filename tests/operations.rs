@@ -494,3 +494,245 @@ fn concurrent_admin_snapshots_run_one_at_a_time_and_need_the_token() {
         "the admin token was logged"
     );
 }
+
+/// Sleeps until `at` (the test's clock: the records' timestamps are the producer's wall clock).
+fn sleep_until(at: Instant) {
+    if let Some(left) = at.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left);
+    }
+}
+
+/// Produces `id` once, keyed by it, and waits until `worker` has published or dropped every record
+/// it read (`read` in all, this one included); returns whether it was published.
+fn send_once(input: &str, worker: &Worker, id: &String, read: usize) -> bool {
+    let before = worker.metric("dedupe_records_out_total", &[]);
+    produce_full(input, &keyed(&[id]));
+    worker.wait_settled(read, Duration::from_secs(60));
+    worker.metric("dedupe_records_out_total", &[]) > before
+}
+
+#[test]
+fn a_retention_limit_publishes_copies_past_it_fresh_across_a_restart_a_move_and_a_restore() {
+    const LIMIT_SECS: u64 = 20;
+    let input = TestTopic::create("limit-in", 1);
+    let output = TestTopic::create("limit-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    // The default configuration but for the limit, and a promise within it (a longer one is
+    // refused at start).
+    let spec = |ledger: &str| {
+        DEDUPE
+            .worker(&input.name, &output.name, &dir.path().join(ledger))
+            .env("DEDUPE_LEDGER_MAX_WINDOW_SECS", &LIMIT_SECS.to_string())
+            .env(
+                "DEDUPE_WORKER_PROMISED_WINDOW_SECS",
+                &LIMIT_SECS.to_string(),
+            )
+            .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
+    };
+    let [a, b, c]: [String; 3] = ids(3).try_into().unwrap();
+    let mut worker = spec("first").start();
+    worker.wait_ready(Duration::from_secs(60));
+    assert_eq!(
+        worker.metric("dedupe_retention_limit_seconds", &[]),
+        LIMIT_SECS as f64
+    );
+    // The changelog was created to keep no id past the limit plus a generation's span (20 s / 8).
+    let changelog = dedupe::changelog::default_topic(&output.name);
+    let setting = |key: &str| {
+        futures::executor::block_on(dedupe::kafka::topic_setting_ms(
+            &kafka_config(),
+            &changelog,
+            key,
+        ))
+        .unwrap()
+    };
+    assert_eq!(
+        (setting("retention.ms"), setting("segment.ms")),
+        (Some(20_000), Some(2_000))
+    );
+
+    // A fresh worker: a and b first seen at t0; a copy of a 10 s later is dropped.
+    let t0 = Instant::now();
+    assert!(send_once(&input.name, &worker, &a, 1));
+    assert!(send_once(&input.name, &worker, &b, 2));
+    sleep_until(t0 + Duration::from_secs(10));
+    assert!(
+        !send_once(&input.name, &worker, &a, 3),
+        "10 s after: dropped"
+    );
+    // Across a restart.
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let mut worker = spec("first").start();
+    worker.wait_ready(Duration::from_secs(60));
+    assert!(
+        !send_once(&input.name, &worker, &a, 1),
+        "after a restart: dropped"
+    );
+    // After a partition move: a new owner with an empty ledger loads the ids from the changelog.
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let mut worker = spec("second").start();
+    worker.wait_ready(Duration::from_secs(60));
+    assert!(
+        !send_once(&input.name, &worker, &b, 1),
+        "after a move: dropped"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(LIMIT_SECS),
+        "the checks above ran within the limit ({:?})",
+        t0.elapsed()
+    );
+    // c first seen now; a snapshot holds it, and is restored into a third ledger.
+    let t1 = Instant::now();
+    assert!(send_once(&input.name, &worker, &c, 2));
+    let snap = DEDUPE
+        .command()
+        .args(["ledger", "snapshot", "--metrics-addr"])
+        .arg(worker.metrics_addr().to_string())
+        .output()
+        .unwrap();
+    assert!(
+        snap.status.success(),
+        "{}",
+        String::from_utf8_lossy(&snap.stderr)
+    );
+    let snapshot: serde_json::Value = serde_json::from_slice(&snap.stdout).unwrap();
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    let restore = DEDUPE
+        .command()
+        .args(["ledger", "restore", "--from"])
+        .arg(snapshot["snapshot"].as_str().unwrap())
+        .arg("--data-dir")
+        .arg(dir.path().join("third"))
+        .output()
+        .unwrap();
+    assert!(
+        restore.status.success(),
+        "{}",
+        String::from_utf8_lossy(&restore.stderr)
+    );
+    let mut worker = spec("third").start();
+    worker.wait_ready(Duration::from_secs(60));
+    assert!(
+        !send_once(&input.name, &worker, &c, 1),
+        "after a restore: dropped"
+    );
+    assert!(t1.elapsed() < Duration::from_secs(LIMIT_SECS));
+
+    // 25 s after their first sighting, copies are published, and explain says why.
+    sleep_until(t0 + Duration::from_secs(25));
+    let metrics = worker.metrics_addr();
+    let ledger = dir.path().join("third");
+    let (answer, _) = DEDUPE.explain(&ledger, metrics, &b, &[]);
+    assert_eq!(answer["reason"], "past_limit", "{answer}");
+    assert!(
+        answer["sentence"]
+            .as_str()
+            .unwrap()
+            .contains("past the retention limit"),
+        "{answer}"
+    );
+    assert!(
+        send_once(&input.name, &worker, &a, 2),
+        "25 s after: published"
+    );
+    assert!(send_once(&input.name, &worker, &b, 3));
+    sleep_until(t1 + Duration::from_secs(25));
+    assert!(send_once(&input.name, &worker, &c, 4));
+    assert!(worker.metric("dedupe_window_seconds", &[("partition", "0")]) <= LIMIT_SECS as f64);
+
+    // Quiet now: the ledger shrinks to what its limit holds, nothing (the limit after the last
+    // sighting, plus a generation's span and the 5 s pass).
+    kit::wait_until(
+        "the quiet ledger holds no id",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || (worker.metric("dedupe_ledger_ids", &[]) == 0.0).then_some(()),
+        || worker.log_text(),
+    );
+    assert!(worker.metric("dedupe_ledger_expired_generations_total", &[]) >= 1.0);
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    // A new owner now loads nothing: every id in the changelog is past the limit.
+    let mut worker = spec("fourth").start();
+    worker.wait_ready(Duration::from_secs(60));
+    let held = kit::wait_until(
+        "the ledger's figures are exported",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            let page = worker.metrics()?;
+            metric_value(&page, "dedupe_ledger_generations", &[])?;
+            metric_value(&page, "dedupe_ledger_ids", &[])
+        },
+        || worker.log_text(),
+    );
+    assert_eq!(held, 0.0, "{}", worker.log_text());
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    // Every copy past the limit was published, and nothing else twice.
+    assert_eq!(consume_all(&output.name, true).len(), 6);
+}
+
+#[test]
+fn a_client_resending_one_event_is_caught_for_as_long_as_it_sends_with_refresh_and_once_per_window_without(
+) {
+    const LIMIT_SECS: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = |name: &str, refresh: bool| {
+        let input = TestTopic::create(&format!("refresh-{name}-in"), 1);
+        let output = TestTopic::create(&format!("refresh-{name}-out"), 1);
+        let mut worker = DEDUPE
+            .worker(&input.name, &output.name, &dir.path().join(name))
+            .env("DEDUPE_LEDGER_MAX_WINDOW_SECS", &LIMIT_SECS.to_string())
+            .env(
+                "DEDUPE_WORKER_PROMISED_WINDOW_SECS",
+                &LIMIT_SECS.to_string(),
+            )
+            .env("DEDUPE_LEDGER_REFRESH_ON_DUPLICATE", &refresh.to_string())
+            .start();
+        worker.wait_ready(Duration::from_secs(60));
+        (input, output, worker)
+    };
+    let (on_in, on_out, on) = pipeline("on", true);
+    let (off_in, off_out, off) = pipeline("off", false);
+    let id = ids(1).remove(0);
+    // One event, then a copy every 5 s for three times the limit.
+    let t0 = Instant::now();
+    let mut published = (0, 0);
+    for i in 0..=12u32 {
+        sleep_until(t0 + Duration::from_secs(5) * i);
+        published.0 += usize::from(send_once(&on_in.name, &on, &id, i as usize + 1));
+        published.1 += usize::from(send_once(&off_in.name, &off, &id, i as usize + 1));
+    }
+    // With refresh every copy is dropped; without, one copy per window goes through (at 25 s and
+    // 50 s: each more than 20 s after the last one recorded).
+    assert_eq!(published, (1, 3));
+    assert_eq!(consume_all(&on_out.name, true).len(), 1);
+    assert_eq!(consume_all(&off_out.name, true).len(), 3);
+    assert_eq!(on.metric("dedupe_refreshed_ids_total", &[]), 12.0);
+    assert_eq!(off.metric("dedupe_refreshed_ids_total", &[]), 0.0);
+    // The audit says each drop refreshed the id; explain says when it was last refreshed.
+    let audit = kit::exactly_once::audit_records(&format!("{}.duplicates", on_out.name));
+    assert_eq!(audit.len(), 12);
+    assert!(
+        audit.values().all(|(_, v)| v["refreshed"] == true),
+        "{audit:?}"
+    );
+    let (answer, _) = DEDUPE.explain(&dir.path().join("on"), on.metrics_addr(), &id, &[]);
+    assert_eq!(answer["held"], true, "{answer}");
+    assert!(
+        answer["sentence"].as_str().unwrap().contains("refreshed"),
+        "{answer}"
+    );
+    let refreshed = answer["last_refreshed_ms"]
+        .as_i64()
+        .or(answer["first_seen_ms"].as_i64());
+    let newest_ms = consume_all(&on_in.name, true)
+        .iter()
+        .filter_map(|r| r.timestamp)
+        .max()
+        .unwrap();
+    assert!(
+        refreshed.is_some_and(|ms| newest_ms - ms < 1_000),
+        "held from the last copy ({newest_ms}): {answer}"
+    );
+}

@@ -108,6 +108,8 @@ struct OwnTopic<'a> {
     what: &'a str,
     name: &'a str,
     retention_secs: u64,
+    /// `segment.ms` to create it with, if not the broker's default.
+    segment_secs: Option<u64>,
 }
 
 /// Makes sure `topic` has at least `partitions` partitions (its records go to the input
@@ -124,16 +126,21 @@ fn ensure_own_topic(
         what,
         name,
         retention_secs,
+        segment_secs,
     } = *topic;
     let existing = dedupe::kafka::partition_count(&config.kafka, name, Duration::from_secs(15))
         .with_context(|| format!("{key}: reading metadata of {name}"))?;
     match existing {
         None => {
             let retention_ms = (retention_secs * 1000).to_string();
-            let configs = [
+            let segment_ms = segment_secs.map(|s| (s * 1000).to_string());
+            let mut configs = vec![
                 ("cleanup.policy", "delete"),
                 ("retention.ms", retention_ms.as_str()),
             ];
+            if let Some(ms) = &segment_ms {
+                configs.push(("segment.ms", ms.as_str()));
+            }
             futures::executor::block_on(dedupe::kafka::create_topic(&config.kafka, name, partitions as i32, -1, &configs))
                 .with_context(|| format!("{key}: {what} {name} does not exist and could not be created; create it with {partitions} partitions{if_not_created}"))?;
             tracing::info!(topic = %name, partitions, retention_secs, "Created {what} topic.");
@@ -148,25 +155,32 @@ fn ensure_own_topic(
 
 /// Makes sure the id changelog exists with as many partitions as the input and keeps ids at
 /// least `worker.promised_window_secs`; creates it (with `worker.changelog_retention_secs`) when
-/// it is missing.
+/// it is missing. With a retention limit (`ledger.max_window_secs`), the changelog keeps no id
+/// longer than the limit plus one generation's span either: it is created with `retention.ms` at
+/// most the limit and `segment.ms` the span, and an existing one whose `retention.ms` plus
+/// `segment.ms` exceed the limit plus the span is refused.
 fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<()> {
     let w = &config.worker;
     let name = w.changelog_topic();
+    let limit = ChangelogLimit::of(config);
     let topic = OwnTopic {
         key: "worker.changelog_topic",
         what: "the id changelog",
         name: &name,
-        retention_secs: w.changelog_retention_secs,
+        retention_secs: limit.map_or(w.changelog_retention_secs, |l| {
+            w.changelog_retention_secs.min(l.limit_secs)
+        }),
+        segment_secs: limit.map(|l| l.span_secs),
     };
     let if_not_created = format!(" and retention.ms >= {} s", w.promised_window_secs);
     if !ensure_own_topic(config, &topic, input_partitions, &if_not_created)? {
         return Ok(());
     }
-    let retention =
-        futures::executor::block_on(dedupe::kafka::topic_retention_ms(&config.kafka, &name))
-            .with_context(|| {
-                format!("worker.changelog_topic: reading the configuration of {name}")
-            })?;
+    let setting = |key: &str| {
+        futures::executor::block_on(dedupe::kafka::topic_setting_ms(&config.kafka, &name, key))
+            .with_context(|| format!("worker.changelog_topic: reading the configuration of {name}"))
+    };
+    let retention = setting("retention.ms")?;
     if let Some(ms) = retention.filter(|&ms| ms >= 0) {
         if (ms as u64) < w.promised_window_secs * 1000 {
             bail!(
@@ -176,7 +190,67 @@ fn ensure_changelog(config: &Config, input_partitions: usize) -> anyhow::Result<
             );
         }
     }
+    if let Some(limit) = limit {
+        limit.check(&name, retention, setting("segment.ms")?)?;
+    }
     Ok(())
+}
+
+/// What the retention limit asks of the id changelog.
+#[derive(Clone, Copy)]
+struct ChangelogLimit {
+    limit_secs: u64,
+    /// One generation's span: the limit over `ledger.generations`, at least a second.
+    span_secs: u64,
+}
+
+impl ChangelogLimit {
+    fn of(config: &Config) -> Option<ChangelogLimit> {
+        let limit_secs = config.ledger.max_window_secs?;
+        let span_ms = dedupe::ledger::generation_span_ms(
+            (limit_secs as i64).saturating_mul(1000),
+            config.ledger.generations as u32,
+        );
+        Some(ChangelogLimit {
+            limit_secs,
+            span_secs: (span_ms / 1000).max(1) as u64,
+        })
+    }
+
+    /// Refuses a changelog that can keep a record longer than the limit plus the span: Kafka
+    /// deletes a segment once its newest record is `retention.ms` old, and a segment takes records
+    /// for up to `segment.ms` (the broker's default, a week, when the topic does not say).
+    fn check(
+        &self,
+        name: &str,
+        retention_ms: Option<i64>,
+        segment_ms: Option<i64>,
+    ) -> anyhow::Result<()> {
+        const BROKER_DEFAULT_SEGMENT_MS: i64 = 7 * 86_400_000;
+        let bound_ms = (self.limit_secs + self.span_secs) as i64 * 1000;
+        let segment = segment_ms
+            .filter(|&ms| ms > 0)
+            .unwrap_or(BROKER_DEFAULT_SEGMENT_MS);
+        let keeps = match retention_ms {
+            Some(ms) if ms >= 0 => ms.saturating_add(segment),
+            _ => i64::MAX,
+        };
+        if keeps > bound_ms {
+            let retention = retention_ms
+                .filter(|&ms| ms >= 0)
+                .map_or("forever (-1)".to_string(), |ms| format!("{} s", ms / 1000));
+            bail!(
+                "ledger.max_window_secs: the id changelog {name} can keep an id {} (retention.ms {retention} plus segment.ms {} s), longer than the retention limit of {} s plus a generation's span of {} s; set its retention.ms to at most {} and its segment.ms to at most {} (kafka-configs.sh --alter --entity-type topics --entity-name {name} --add-config retention.ms=...,segment.ms=...)",
+                if keeps == i64::MAX { "forever".to_string() } else { format!("up to {} s", keeps / 1000) },
+                segment / 1000,
+                self.limit_secs,
+                self.span_secs,
+                self.limit_secs * 1000,
+                self.span_secs * 1000,
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Makes sure the duplicate audit topic, when on, exists with as many partitions as the input;
@@ -191,6 +265,7 @@ fn ensure_audit(config: &Config, input_partitions: usize) -> anyhow::Result<()> 
         what: "the duplicate audit",
         name: &name,
         retention_secs: w.audit_retention_secs,
+        segment_secs: None,
     };
     ensure_own_topic(
         config,

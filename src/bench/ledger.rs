@@ -82,6 +82,8 @@ pub struct LedgerBenchConfig {
     /// Record each id with a content digest (what the worker does by default): the cost of
     /// telling retries from reused ids, against a run without.
     pub digests: bool,
+    /// `refresh_on_duplicate`: every re-sent copy records its id again at its time.
+    pub refresh: bool,
 }
 
 impl Default for LedgerBenchConfig {
@@ -100,6 +102,7 @@ impl Default for LedgerBenchConfig {
             seed: 42,
             progress: true,
             digests: false,
+            refresh: false,
         }
     }
 }
@@ -111,6 +114,8 @@ pub struct LedgerBenchReport {
     pub batch: usize,
     /// Ids recorded with content digests.
     pub digests: bool,
+    /// Re-sent copies refreshed their ids (`refresh_on_duplicate`).
+    pub refresh: bool,
     pub dup_ratio: f64,
     pub durability: String,
     pub generations_configured: u32,
@@ -344,6 +349,7 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         keys: config.keys,
         batch: config.batch,
         digests: config.digests,
+        refresh: config.refresh,
         dup_ratio: config.dup_ratio,
         durability: format!("{:?}", config.durability),
         generations_configured: config.generations,
@@ -394,6 +400,7 @@ fn bench_options(config: &LedgerBenchConfig) -> LedgerOptions {
         ),
         generations: config.generations,
         durability: config.durability,
+        refresh_on_duplicate: config.refresh || config.ledger.refresh_on_duplicate,
         ..config.ledger.clone()
     }
 }

@@ -34,6 +34,15 @@ pub struct LedgerConfig {
     /// id; two buffers' worth can be in memory, one filling and one being committed. With `no-wal`,
     /// a crash may lose up to both, which recovery replays from the output.
     pub write_buffer_bytes: ByteSize,
+    /// The retention limit, seconds (unset: none; the budget alone bounds the window). A copy
+    /// arriving more than this after its id's last recorded sighting is published as new; no id's
+    /// bytes stay in the ledger or the id changelog longer than this plus one generation's span
+    /// (`max_window_secs / generations`). At least `worker.promised_window_secs`.
+    pub max_window_secs: Option<u64>,
+    /// A dropped copy records its id again at its own time, so a client re-sending one event for
+    /// days keeps being caught while it keeps sending (`dedupe_refreshed_ids_total`). With a
+    /// retention limit, the limit then counts from the last copy. Default off.
+    pub refresh_on_duplicate: bool,
 }
 
 impl LedgerConfig {
@@ -45,6 +54,10 @@ impl LedgerConfig {
             durability: self.durability,
             block_cache_bytes: self.block_cache_bytes.0 as usize,
             write_buffer_bytes: self.write_buffer_bytes.0 as usize,
+            max_window_ms: self
+                .max_window_secs
+                .map(|s| (s as i64).saturating_mul(1000)),
+            refresh_on_duplicate: self.refresh_on_duplicate,
             ..LedgerOptions::default()
         }
     }
@@ -74,6 +87,8 @@ impl Default for LedgerConfig {
             durability: ledger.durability,
             block_cache_bytes: ByteSize(ledger.block_cache_bytes as u64),
             write_buffer_bytes: ByteSize(ledger.write_buffer_bytes as u64),
+            max_window_secs: None,
+            refresh_on_duplicate: ledger.refresh_on_duplicate,
         }
     }
 }

@@ -644,3 +644,44 @@ fn a_bad_source_mode_names_its_source_and_the_modes() {
     let c = load_str("", &[("DEDUPE_WORKER_SOURCE_MODES", "web=flag")]).unwrap();
     assert_eq!(c.worker.source_modes.of(Some(b"web")), SourceMode::Flag);
 }
+
+#[test]
+fn a_retention_limit_is_positive_never_below_the_promise_and_set_from_the_environment() {
+    let c = load_str(
+        "[worker]\npromised_window_secs = 3600\n",
+        &[("DEDUPE_LEDGER_MAX_WINDOW_SECS", "7200")],
+    )
+    .unwrap();
+    assert_eq!(c.ledger.max_window_secs, Some(7200));
+    assert_eq!(c.ledger.options().max_window_ms, Some(7_200_000));
+    assert_eq!(
+        load_str("", &[]).unwrap().ledger.options().max_window_ms,
+        None
+    );
+    let err = load_str("[ledger]\nmax_window_secs = 3600\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(
+            "ledger.max_window_secs: 3600 s is shorter than worker.promised_window_secs (86400 s)"
+        ),
+        "{err}"
+    );
+    let err = load_str("[ledger]\nmax_window_secs = 0\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("ledger.max_window_secs: must be positive"),
+        "{err}"
+    );
+    let err = load_str("", &[("DEDUPE_LEDGER_MAX_WINDOW_SECS", "-5")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ledger.max_window_secs"), "{err}");
+    let err = load_str("[ledger]\nmax_window_secs = 999999999999\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("largest limit"), "{err}");
+    let c = load_str("[ledger]\nrefresh_on_duplicate = true\n", &[]).unwrap();
+    assert!(c.ledger.options().refresh_on_duplicate);
+}

@@ -24,6 +24,7 @@ impl Config {
         check_worker_audit(&self.worker)?;
         check_worker_batches(&self.worker)?;
         check_ledger(&self.ledger)?;
+        check_retention_limit(&self.ledger, &self.worker)?;
         check_snapshots_and_ingest(self)?;
         if self.log.level.trim().is_empty() {
             return Err(bad("log.level", "must not be empty"));
@@ -278,6 +279,40 @@ fn check_ledger(l: &LedgerConfig) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+/// The retention limit: positive, and never below the promise (a limit shorter than the promised
+/// window would break the promise by design).
+fn check_retention_limit(l: &LedgerConfig, w: &WorkerConfig) -> Result<(), ConfigError> {
+    let Some(limit) = l.max_window_secs else {
+        return Ok(());
+    };
+    if limit == 0 {
+        return Err(bad(
+            "ledger.max_window_secs",
+            "must be positive (leave it unset for no retention limit)",
+        ));
+    }
+    if limit > MAX_RETENTION_LIMIT_SECS {
+        return Err(bad(
+            "ledger.max_window_secs",
+            format!("{limit} s is more than the largest limit, {MAX_RETENTION_LIMIT_SECS} s (10 years); leave it unset for none"),
+        ));
+    }
+    if limit < w.promised_window_secs {
+        return Err(bad(
+            "ledger.max_window_secs",
+            format!(
+                "{limit} s is shorter than worker.promised_window_secs ({} s): the retention limit would forget ids the promise says are held; raise the limit or lower the promise",
+                w.promised_window_secs
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The largest retention limit: ten years, far beyond any promise, and small enough that it stays
+/// exact in milliseconds.
+const MAX_RETENTION_LIMIT_SECS: u64 = 10 * 365 * 86_400;
 
 /// The snapshot and ingest checks, in their historical (interleaved) order.
 fn check_snapshots_and_ingest(c: &Config) -> Result<(), ConfigError> {

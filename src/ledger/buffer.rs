@@ -105,18 +105,26 @@ impl Ledger {
                     ids: 0,
                 });
                 let places: Vec<_> = new_ids.iter().map(|(key, ..)| index.place(key)).collect();
+                // Ids may be recorded again into the generation that holds them (a refresh, a
+                // copy past the retention limit): they take no second slot.
+                let again =
+                    self.options.refresh_on_duplicate || self.options.max_window_ms.is_some();
                 for (i, &(key, time_ms, digest)) in new_ids.iter().enumerate() {
                     index.prefetch_ahead(&places, i);
                     span.first_seen_ms = span.first_seen_ms.min(time_ms);
                     span.last_seen_ms = span.last_seen_ms.max(time_ms);
-                    pending.insert(
-                        key,
-                        Held {
-                            first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
-                            digest,
-                        },
-                    );
-                    index.insert(&places[i], tag);
+                    let held = Held {
+                        first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
+                        digest,
+                    };
+                    if pending.insert(key, held).is_some() {
+                        continue;
+                    }
+                    if again {
+                        index.insert_once(&places[i], tag);
+                    } else {
+                        index.insert(&places[i], tag);
+                    }
                 }
                 span.ids += new_ids.len() as u64;
                 meta.ids += new_ids.len() as u64;

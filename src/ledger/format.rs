@@ -19,6 +19,8 @@ pub(super) const META_FORMAT_VERSION: &[u8] = b"format_version";
 pub(super) const META_GENERATION_PREFIX: &[u8] = b"gen/";
 pub(super) const META_FORGOTTEN: &[u8] = b"forgotten";
 pub(super) const META_COMMIT_SEQ: &[u8] = b"commit_seq";
+/// The retention limit (JSON: ms, or null) the ledger was last opened for writing under.
+pub(super) const META_RETENTION_LIMIT: &[u8] = b"retention_limit_ms";
 /// Key of the commit record in a generation column family: longer than any id, and after every
 /// id in key order, so it is the last key of an ingested file and never answers a lookup.
 pub(super) const COMMIT_KEY: &[u8] =

@@ -194,7 +194,7 @@ impl Ledger {
     /// Seals the active generation (growing the id index to level `grow` first, if given),
     /// starts the next, forgets the oldest generations while the rest exceed the budget, and
     /// stores the index.
-    fn seal_active(&self, state: &mut State, grow: Option<u8>) -> Result<()> {
+    pub(super) fn seal_active(&self, state: &mut State, grow: Option<u8>) -> Result<()> {
         state.seal_requested = false;
         let started = std::time::Instant::now();
         // The sealed generation's buffered ids go in before it is sealed.
@@ -283,7 +283,20 @@ impl Ledger {
             total -= sizes[dropped];
             dropped += 1;
         }
-        for generation in state.generations.drain(..dropped).collect::<Vec<_>>() {
+        let oldest: Vec<usize> = (0..dropped).collect();
+        self.drop_generations(state, &oldest)
+    }
+
+    /// Drops the sealed generations at `positions` (in `state.generations`, ascending) whole:
+    /// their metadata, then their column families and their slots in the id index. The window
+    /// floor of each partition they held moves up to their newest id.
+    pub(super) fn drop_generations(&self, state: &mut State, positions: &[usize]) -> Result<()> {
+        let mut gone = Vec::with_capacity(positions.len());
+        for &position in positions.iter().rev() {
+            gone.push(state.generations.remove(position));
+        }
+        gone.reverse();
+        for generation in gone {
             for (p, span) in &generation.meta.partitions {
                 let f = state.forgotten.entry(*p).or_insert(span.last_seen_ms);
                 *f = (*f).max(span.last_seen_ms);
@@ -303,7 +316,7 @@ impl Ledger {
                 .map_err(rocks(Doing::Generation("drop", &generation.name)))?;
             state.index.forget(IdIndex::tag(generation.meta.id));
         }
-        if dropped > 0 {
+        if !positions.is_empty() {
             self.prune_marks(state)?;
         }
         Ok(())

@@ -202,7 +202,18 @@ impl Load<'_> {
     /// Adds ids with their first-seen times (ms). An id may come more than once (the changelog
     /// holds it again when it was published again after it left an earlier owner's window); the
     /// copy with the latest first-seen time is the one kept.
+    ///
+    /// With a retention limit, ids already older than it are left out: the new owner loads no id
+    /// a lookup would treat as unseen.
     pub fn add(&mut self, ids: &[(LedgerKey, i64)]) -> Result<()> {
+        let kept: Vec<(LedgerKey, i64)>;
+        let ids = match self.ledger.retention_floor(crate::clock::now_ms()) {
+            Some(floor) if ids.iter().any(|&(_, t)| t < floor) => {
+                kept = ids.iter().copied().filter(|&(_, t)| t >= floor).collect();
+                &kept[..]
+            }
+            _ => ids,
+        };
         let Some(&(_, first)) = ids.first() else {
             return Ok(());
         };

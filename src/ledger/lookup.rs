@@ -11,7 +11,7 @@ use super::{
     stored_first_seen_ms, Held, Ledger, LedgerError, Result, Sent, Sighting, State, Verdict,
     CF_PROGRESS,
 };
-use crate::identity::LedgerKey;
+use crate::identity::{ContentDigest, LedgerKey};
 use crate::Partition;
 
 impl Ledger {
@@ -174,9 +174,24 @@ impl Ledger {
     }
 }
 
+/// How a batch is judged besides what the ledger holds: the retention limit, the wall-clock floor
+/// below which nothing is recorded, and whether a dropped copy refreshes its id.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Judging {
+    pub(super) limit_ms: Option<i64>,
+    pub(super) floor_ms: Option<i64>,
+    pub(super) refresh: bool,
+}
+
 /// The verdict on each item of a batch, in input order, and the batch to record: the new ids, at
 /// the base the active generation has or takes with them. `slot` gives each item's distinct key,
 /// `found` what the ledger holds of each distinct key held.
+///
+/// With a retention limit, a held id whose sighting is past the limit at the item's time is
+/// judged new ([`super::past_limit`]), and an item older than the floor is not recorded (it is
+/// judged new all the same: nothing holds it). With `refresh`, a duplicate newer than the
+/// sighting held is recorded again at its time, with the held digest, and still judged a
+/// duplicate.
 pub(super) fn judge_batch<S: Sent>(
     state: &State,
     partition: Partition,
@@ -184,6 +199,7 @@ pub(super) fn judge_batch<S: Sent>(
     progress: &[u8],
     slot: &[usize],
     found: &[Option<Held>],
+    rules: Judging,
 ) -> (Vec<Verdict>, LoggedBatch) {
     let active_index = state.generations.len() - 1;
     let active = &state.generations[active_index];
@@ -192,24 +208,47 @@ pub(super) fn judge_batch<S: Sent>(
         .base_ms
         .or_else(|| items.first().map(Sent::time_ms))
         .unwrap_or(0);
-    // What each distinct key is recorded as in this batch, if it is new.
-    let mut recorded: Vec<Option<Held>> = vec![None; found.len()];
+    // What each distinct key is held or recorded as so far in this batch.
+    let mut held: Vec<Option<Held>> = found.to_vec();
+    // Position in `new_ids` of the key's record in this batch, so a refresh replaces it.
+    let mut recorded_at: Vec<Option<usize>> = vec![None; found.len()];
     let mut verdicts = Vec::with_capacity(items.len());
-    let mut new_ids = Vec::with_capacity(items.len());
+    let mut new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)> = Vec::with_capacity(items.len());
     for (item, &s) in items.iter().zip(slot) {
-        if let Some(held) = found[s].or(recorded[s]) {
+        let (time_ms, digest) = (item.time_ms(), item.digest());
+        let live = held[s].filter(|h| !super::past_limit(rules.limit_ms, h.first_seen_ms, time_ms));
+        if let Some(h) = live {
             verdicts.push(Verdict::Duplicate {
-                first_seen_ms: held.first_seen_ms,
-                digest: held.digest,
+                first_seen_ms: h.first_seen_ms,
+                digest: h.digest,
             });
+            let stored = stored_first_seen_ms(base_ms, time_ms);
+            if rules.refresh && stored > h.first_seen_ms {
+                let refreshed = (item.key(), time_ms, h.digest);
+                match recorded_at[s] {
+                    Some(at) => new_ids[at] = refreshed,
+                    None => {
+                        recorded_at[s] = Some(new_ids.len());
+                        new_ids.push(refreshed);
+                    }
+                }
+                held[s] = Some(Held {
+                    first_seen_ms: stored,
+                    digest: h.digest,
+                });
+            }
             continue;
         }
-        let (time_ms, digest) = (item.time_ms(), item.digest());
-        recorded[s] = Some(Held {
+        verdicts.push(Verdict::New);
+        held[s] = Some(Held {
             first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
             digest,
         });
-        verdicts.push(Verdict::New);
+        if rules.floor_ms.is_some_and(|floor| time_ms < floor) {
+            // Older than the limit already: judged new (once in the batch), recorded nowhere.
+            continue;
+        }
+        recorded_at[s] = Some(new_ids.len());
         new_ids.push((item.key(), time_ms, digest));
     }
     let batch = LoggedBatch {

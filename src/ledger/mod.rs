@@ -44,6 +44,8 @@
 //!   [`ContentDigest`] (2 bytes, little-endian, never 0) when it was recorded with one. Reported
 //!   first-seen times are therefore rounded down to the second relative to the generation's base.
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
+//!   `retention_limit_ms` = JSON ms or null: the retention limit last opened under (see
+//!   `retention.rs`; absent before any open recorded one, which reads as none),
 //!   `forgotten` = JSON map partition → last first-seen time (ms) of any id already forgotten.
 //!   `commit_seq` (u64 LE) = the last commit applied to this column family and [`CF_PROGRESS`].
 //! - [`CF_PROGRESS`]: key = partition (i32 BE; partitions are never negative), value = the caller's progress record.
@@ -145,6 +147,7 @@ mod open;
 mod options;
 mod rebuild;
 mod recover;
+mod retention;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -156,6 +159,7 @@ pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
 pub use index_file::{IndexSource, INDEX_FILE};
 pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
 pub use options::{Durability, LedgerOptions};
+pub use retention::{generation_span_ms, past_limit, Expired};
 pub use stats::{GenerationInfo, LedgerStats};
 
 use crate::Partition;
@@ -163,7 +167,7 @@ use batch_log::BatchLog;
 use buffer::IdBuffer;
 use commit::InFlight;
 use index::IdIndex;
-use lookup::{judge_batch, sort_distinct};
+use lookup::{judge_batch, sort_distinct, Judging};
 
 /// Column family holding format version and generation metadata.
 pub const CF_META: &str = "meta";
@@ -409,7 +413,14 @@ impl Ledger {
         }
         let mut found = self.lookup_sorted(&state, &sorted)?;
         forget::forget_override(&state, &sorted, &mut found);
-        let (verdicts, batch) = judge_batch(&state, partition, items, progress, &slot, &found);
+        let now_ms = crate::clock::now_ms();
+        let rules = Judging {
+            limit_ms: self.options.max_window_ms,
+            floor_ms: self.retention_floor(now_ms),
+            refresh: self.options.refresh_on_duplicate,
+        };
+        let (verdicts, batch) =
+            judge_batch(&state, partition, items, progress, &slot, &found, rules);
         self.apply_marks(&mut state, marks, MarkOrder::Newest)?;
         self.buffer_batch(&mut state, batch)?;
         self.maybe_seal(&mut state)?;
@@ -425,12 +436,18 @@ impl Ledger {
     /// How far back the ledger remembers one partition's ids: every id of `partition` first seen
     /// after `now_ms - window` is held. `None` when it holds none of that partition's ids.
     pub fn window(&self, partition: Partition, now_ms: i64) -> Option<Duration> {
-        self.lock().window(partition, now_ms)
+        State::capped(
+            self.lock().window(partition, now_ms),
+            self.options.max_window_ms,
+        )
     }
 
     /// The window that holds for every partition's ids (see [`Ledger::window`]).
     pub fn window_overall(&self, now_ms: i64) -> Option<Duration> {
-        self.lock().window_overall(now_ms)
+        State::capped(
+            self.lock().window_overall(now_ms),
+            self.options.max_window_ms,
+        )
     }
 
     /// Live generations, oldest first, with their sizes: ids per generation and their time

@@ -96,6 +96,9 @@ impl Ledger {
             self.start_generation(&mut state)?;
         }
         self.replay_log(&mut state)?;
+        drop(state);
+        self.record_limit()?;
+        let mut state = self.lock();
         if fresh && self.options.durability == Durability::NoWal {
             // Without a WAL the format marker and the first generation's metadata live only in
             // memtables until a flush: a crash before the first flush would leave column families

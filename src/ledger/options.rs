@@ -99,6 +99,16 @@ pub struct LedgerOptions {
     /// stats or take a checkpoint), opening is quick and takes no index memory, and every lookup
     /// goes to each generation on disk: answers stay exact, lookups are slow.
     pub build_index: bool,
+    /// The retention limit, ms (`None`: none, the budget alone bounds the window). A copy more
+    /// than this after its id's last recorded sighting is not a duplicate of it; no id older than
+    /// this is recorded or loaded; the active generation is sealed once it spans
+    /// `limit / generations`, and a sealed generation is dropped once its newest id is past the
+    /// limit ([`Ledger::expire`](super::Ledger::expire)). See `retention.rs`.
+    pub max_window_ms: Option<i64>,
+    /// A dropped copy records its id again at the copy's time, so an id stays held for as long as
+    /// its copies keep coming (the retention limit then counts from the last of them). Default
+    /// off: the window counts from an id's first sighting.
+    pub refresh_on_duplicate: bool,
 }
 
 impl Default for LedgerOptions {
@@ -116,6 +126,8 @@ impl Default for LedgerOptions {
             block_restart_interval: 64,
             index_capacity_ids: None,
             build_index: true,
+            max_window_ms: None,
+            refresh_on_duplicate: false,
         }
     }
 }

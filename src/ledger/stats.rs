@@ -49,6 +49,9 @@ pub struct LedgerStats {
     /// Id lookups that went to a generation on disk since the ledger was opened (the id index
     /// named that generation): duplicates, plus fingerprint collisions (about 6 in 10,000 ids).
     pub disk_lookups: u64,
+    /// The retention limit the ledger was last opened for writing under, ms (`None`: none). A
+    /// checkpoint carries it, so a snapshot says which limit it was taken under.
+    pub retention_limit_ms: Option<i64>,
 }
 
 /// Bytes per id assumed for ids not in SST files yet (buffered, or in memtables), before any SST
@@ -90,6 +93,7 @@ impl Ledger {
             index_ids: state.index.live_slots(),
             index_overflowed_buckets: state.index.overflowed_buckets(),
             disk_lookups: self.disk_lookups.load(std::sync::atomic::Ordering::Relaxed),
+            retention_limit_ms: self.recorded_limit()?,
         };
         let mut names: Vec<&str> = vec![CF_META, CF_PROGRESS];
         names.extend(state.generations.iter().map(|g| g.name.as_str()));

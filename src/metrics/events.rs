@@ -33,6 +33,25 @@ impl LedgerOpened<'_> {
     }
 }
 
+/// The ledger opened under another retention limit than it was last kept under (or its first).
+pub struct RetentionLimitChanged<'a> {
+    pub path: &'a Path,
+    pub before_ms: Option<i64>,
+    pub now_ms: Option<i64>,
+}
+
+impl RetentionLimitChanged<'_> {
+    pub fn emit(&self) {
+        let secs = |ms: Option<i64>| ms.map_or("none".to_string(), |ms| format!("{} s", ms / 1000));
+        tracing::info!(
+            path = %self.path.display(),
+            before = %secs(self.before_ms),
+            now = %secs(self.now_ms),
+            "The ledger now keeps ids under this retention limit: ids past it are not held from now on, and their generations go at the next pass."
+        );
+    }
+}
+
 /// A ledger's creation that a crash had interrupted is started again: nothing was in it yet.
 pub struct LedgerCreationRestarted<'a> {
     pub path: &'a Path,

@@ -45,6 +45,7 @@ pub const KIND_FENCED: &str = "fenced";
 pub const KIND_FATAL: &str = "fatal";
 pub const KIND_STUCK: &str = "stuck";
 pub const KIND_ADMIN_UNAUTHORIZED: &str = "admin_unauthorized";
+pub const KIND_RETENTION: &str = "retention";
 
 // The worker.
 pub const RECORDS_IN: &str = "dedupe_records_in_total";
@@ -60,6 +61,9 @@ pub const REKEY_TRANSACTIONS: &str = "dedupe_rekey_transactions_total";
 pub const REKEY_REWINDS: &str = "dedupe_rekey_rewinds_total";
 pub const CONFIG_RELOADS: &str = "dedupe_config_reloads_total";
 pub const FORGOTTEN_IDS: &str = "dedupe_forgotten_ids_total";
+pub const REFRESHED_IDS: &str = "dedupe_refreshed_ids_total";
+pub const RETENTION_LIMIT_SECONDS: &str = "dedupe_retention_limit_seconds";
+pub const EXPIRED_GENERATIONS: &str = "dedupe_ledger_expired_generations_total";
 pub const BATCH_RECORDS: &str = "dedupe_batch_records";
 pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
 pub const END_TO_END_SECONDS: &str = "dedupe_end_to_end_seconds";
@@ -225,6 +229,8 @@ pub const ALL: &[Metric] = &[
     m(REKEY_REWINDS, Counter, None, &[], "dedupe rekey: times the source partitions were sought back to the first record not committed (a rebalance, an aborted transaction)."),
     m(CONFIG_RELOADS, Counter, None, &[LABEL_OUTCOME], "Configuration reloads (SIGHUP) by outcome: applied (worker.source_modes taken), refused (the configuration did not load; nothing changed)."),
     m(FORGOTTEN_IDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Ids an operator asked to forget (dedupe forget, POST /admin/forget), by outcome: forgotten (the forget committed: the id answers not held), resent (a forgotten id's next copy was published and the id is held again)."),
+    m(REFRESHED_IDS, Counter, None, P, "Ids recorded again at a dropped copy's time (ledger.refresh_on_duplicate): a client that keeps re-sending an event keeps being caught, and the retention limit counts from its last copy."),
+    m(EXPIRED_GENERATIONS, Counter, None, &[], "Ledger generations dropped whole because their newest id was past the retention limit (ledger.max_window_secs)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
     m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),
     m(END_TO_END_SECONDS, Histogram, Some(Unit::Seconds), P, "Time from the timestamp of a batch's oldest new input record to its output transaction's commit."),
@@ -232,6 +238,7 @@ pub const ALL: &[Metric] = &[
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
     m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
     m(PROMISED_WINDOW_SECONDS, Gauge, Some(Unit::Seconds), &[LABEL_INPUT_TOPIC], "The window this pipeline promises (worker.promised_window_secs): the alerts compare dedupe_window_seconds and its forecast with it."),
+    m(RETENTION_LIMIT_SECONDS, Gauge, Some(Unit::Seconds), &[], "The retention limit (ledger.max_window_secs): no copy arriving later than this after its id's last sighting is dropped, and the window never exceeds it; absent without a limit."),
     m(BUDGET_HOLDS_PROMISE, Gauge, None, &[], "1 when the ledger's budget holds the promised window at the last hour's id rate and the bytes per id held now, 0 when it does not (the window will fall under the promise once the ledger is full); absent until an hour's rate is known (at least a minute of readings)."),
     m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
     m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
@@ -241,7 +248,7 @@ pub const ALL: &[Metric] = &[
     m(TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
-    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized)."),
+    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized, retention: the retention limit could not seal or drop a ledger generation)."),
     m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(AUDIT_RECORDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Dropped duplicates and their audit records, by outcome: written (in a committed transaction, with the batch's output), sampled_out (the id is outside worker.audit_sample), over_cap (past worker.audit_max_per_sec)."),
     m(SOURCE_RECORDS, Counter, None, &[LABEL_SOURCE, LABEL_OUTCOME], "Keyed input records by the front door's source (worker.sources; other, or none without the header) and outcome: published, duplicate (dropped), or a duplicate published by the source's mode (worker.source_modes): flagged, passed. The duplicate share per source is (duplicate + flagged + passed) / all."),

@@ -94,6 +94,20 @@ impl Handler<CheckAndRecord> for LedgerActor {
     }
 }
 
+/// Applies the retention limit at `now_ms` (see `dedupe::ledger::Ledger::expire`).
+#[derive(Message)]
+#[rtype(result = "Result<dedupe::ledger::Expired, LedgerError>")]
+pub struct Expire {
+    pub now_ms: i64,
+}
+
+impl Handler<Expire> for LedgerActor {
+    type Result = Result<dedupe::ledger::Expired, LedgerError>;
+    fn handle(&mut self, msg: Expire, _: &mut Self::Context) -> Self::Result {
+        self.ledger.expire(msg.now_ms)
+    }
+}
+
 /// The ledger's stats and, per partition, its window at `now_ms`.
 #[derive(Message)]
 #[rtype(result = "Result<StatsReport, LedgerError>")]

@@ -57,6 +57,7 @@ impl Handler<TakeSnapshot> for Coordinator {
         }
         self.snapshot_running = true;
         let ledger = self.ledger.clone();
+        let limit_ms = self.config.ledger.options().max_window_ms;
         let fut = async move {
             let slot = SnapshotSlot::reserve(&root)?;
             let checkpoint = ledger
@@ -82,7 +83,7 @@ impl Handler<TakeSnapshot> for Coordinator {
             let partitions: Vec<i32> = progress.keys().copied().collect();
             let dir = slot.dir.clone();
             actix_rt::task::spawn_blocking(move || -> Result<(), SnapshotError> {
-                prune(&root, snapshots.keep, now_ms())?;
+                prune(&root, snapshots.keep, now_ms(), limit_ms)?;
                 if let Some(hook) = &snapshots.hook {
                     let timeout = Duration::from_secs(snapshots.hook_timeout_secs);
                     run_hook(hook, &dir, &partitions, &snapshots.hook_env, timeout)?;

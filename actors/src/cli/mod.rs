@@ -486,6 +486,9 @@ pub struct LedgerBenchArgs {
     /// Record each id with a content digest, as the worker does by default.
     #[arg(long)]
     pub digests: bool,
+    /// Refresh ids on their re-sent copies (ledger.refresh_on_duplicate).
+    #[arg(long)]
+    pub refresh: bool,
 }
 
 #[cfg(feature = "tools")]
@@ -512,6 +515,7 @@ impl LedgerBenchArgs {
             generations: self.generations.unwrap_or(defaults.generations),
             ledger,
             digests: self.digests,
+            refresh: self.refresh,
             ..defaults
         }
     }

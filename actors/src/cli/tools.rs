@@ -192,7 +192,12 @@ fn ledger_snapshot_offline(config: &Config) -> anyhow::Result<serde_json::Value>
         }
     };
     slot.publish()?;
-    dedupe::snapshot::prune(&root, config.snapshots.keep, dedupe::clock::now_ms())?;
+    dedupe::snapshot::prune(
+        &root,
+        config.snapshots.keep,
+        dedupe::clock::now_ms(),
+        config.ledger.options().max_window_ms,
+    )?;
     if let Some(hook) = &config.snapshots.hook {
         let parts: Vec<i32> = progress.keys().copied().collect();
         let timeout = Duration::from_secs(config.snapshots.hook_timeout_secs);

@@ -353,6 +353,13 @@ impl IdIndex {
         self.store(place, tag, false)
     }
 
+    /// [`IdIndex::insert`], except that a bucket already holding the fingerprint with `tag`
+    /// takes no second slot: for an id recorded again into the generation that may hold it (a
+    /// refresh, a copy past the retention limit).
+    pub(crate) fn insert_once(&mut self, place: &Place, tag: u8) -> bool {
+        self.store(place, tag, true)
+    }
+
     /// Stores `place`'s fingerprint with `tag` for a bulk load, which inserts in the order of
     /// first buckets: the id goes into its first bucket when that has room, without reading the
     /// second, so the table is walked from one end to the other; only an id whose first bucket is

@@ -81,6 +81,10 @@ pub struct PipelineSettings {
     pub input_partitions: i32,
     /// `worker.source_modes`, replaced when the configuration is reloaded (SIGHUP).
     pub source_modes: Arc<RwLock<SourceModes>>,
+    /// The retention limit, ms (`ledger.max_window_secs`).
+    pub retention_limit_ms: Option<i64>,
+    /// `ledger.refresh_on_duplicate`.
+    pub refresh_on_duplicate: bool,
 }
 
 /// How dropped duplicates are audited (see `dedupe::audit`).
@@ -492,8 +496,13 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             unkeyed: self.settings.unkeyed_policy,
             reused_id: self.settings.reused_id,
             now_ms: now_ms(),
+            limit_ms: self.settings.retention_limit_ms,
+            refresh: self.settings.refresh_on_duplicate,
         };
         let decision = batch::decide(&candidates, found, rules);
+        if decision.refreshed > 0 {
+            self.metrics.refreshed.increment(decision.refreshed as u64);
+        }
         let mut records = Vec::with_capacity(batch.len());
         let mut dead_letters = Vec::new();
         let mut audit = Vec::new();
@@ -612,6 +621,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             age_ms: seen.age_ms,
             in_batch: seen.in_batch,
             verdict: seen.verdict,
+            refreshed: seen.refreshed,
         };
         audit::encode(
             &drop,

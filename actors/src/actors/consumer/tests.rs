@@ -165,6 +165,8 @@ fn settings(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> Arc<PipelineSe
         sources: Vec::new(),
         input_partitions: 1,
         source_modes: Default::default(),
+        retention_limit_ms: None,
+        refresh_on_duplicate: false,
     })
 }
 

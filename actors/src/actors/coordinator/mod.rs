@@ -24,7 +24,9 @@ use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
 use crate::actors::consumer::{AuditSettings, ForgetRequest, PipelineSettings};
-use crate::actors::events::coordinator::{LedgerBudget, PartitionCounts, PromiseDeclared};
+use crate::actors::events::coordinator::{
+    LedgerBudget, PartitionCounts, PromiseDeclared, RetentionLimit,
+};
 use crate::actors::events::PipelineStartFailed;
 use crate::actors::handover::{TakeOverError, TakenOver};
 use crate::actors::ledger::LedgerActor;
@@ -224,6 +226,9 @@ impl Coordinator {
             secs: config.worker.promised_window_secs,
         }
         .emit();
+        if let Some(secs) = config.ledger.max_window_secs {
+            RetentionLimit { secs }.emit();
+        }
         let w = &config.worker;
         let settings = Arc::new(PipelineSettings {
             id_source: w.id_source.clone(),
@@ -244,6 +249,8 @@ impl Coordinator {
             sources: counted_sources(&config),
             input_partitions,
             source_modes: Arc::new(std::sync::RwLock::new(w.source_modes.clone())),
+            retention_limit_ms: config.ledger.options().max_window_ms,
+            refresh_on_duplicate: config.ledger.refresh_on_duplicate,
         });
         let snapshot_pace =
             SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));

@@ -11,9 +11,9 @@ use rdkafka::Offset;
 
 use super::Coordinator;
 use crate::actors::events::coordinator::{
-    ConsumerLag, LedgerFigures, PartitionWindow, PromiseHeld,
+    ConsumerLag, LedgerFigures, LimitApplied, LimitFailed, PartitionWindow, PromiseHeld,
 };
-use crate::actors::ledger::Stats;
+use crate::actors::ledger::{Expire, Stats};
 use crate::actors::membership::Input;
 
 impl Coordinator {
@@ -24,6 +24,23 @@ impl Coordinator {
             .as_ref()
             .map(|r| r.owned.keys().copied().collect())
             .unwrap_or_default();
+        if let Some(limit_secs) = self.config.ledger.max_window_secs {
+            // Before the figures: the window they report is what the limit leaves.
+            ctx.spawn(
+                self.ledger
+                    .send(Expire { now_ms: now_ms() })
+                    .into_actor(self)
+                    .map(move |res, _, _| match res {
+                        Ok(Ok(expired)) => LimitApplied {
+                            expired,
+                            limit_secs,
+                        }
+                        .emit(),
+                        Ok(Err(e)) => LimitFailed { error: &e }.emit(),
+                        Err(_) => {}
+                    }),
+            );
+        }
         let msg = Stats {
             partitions: partitions.clone(),
             now_ms: now_ms(),

@@ -34,6 +34,51 @@ impl PromiseDeclared<'_> {
     }
 }
 
+/// The retention limit (`ledger.max_window_secs`), set once at start when there is one.
+pub struct RetentionLimit {
+    pub secs: u64,
+}
+
+impl RetentionLimit {
+    pub fn emit(&self) {
+        metrics::gauge!(m::RETENTION_LIMIT_SECONDS).set(self.secs as f64);
+    }
+}
+
+/// What the retention limit's periodic pass did to the ledger (see `dedupe::ledger::Expired`).
+pub struct LimitApplied {
+    pub expired: dedupe::ledger::Expired,
+    pub limit_secs: u64,
+}
+
+impl LimitApplied {
+    pub fn emit(&self) {
+        let dropped = self.expired.dropped;
+        if dropped > 0 {
+            metrics::counter!(m::EXPIRED_GENERATIONS).increment(dropped as u64);
+            tracing::info!(
+                generations = dropped,
+                limit_secs = self.limit_secs,
+                "Dropped ledger generations whose newest id is past the retention limit."
+            );
+        }
+    }
+}
+
+/// The retention limit's periodic pass failed (RocksDB could not seal or drop a generation): the
+/// ledger keeps what it holds, lookups still apply the limit exactly, and the next pass tries
+/// again.
+pub struct LimitFailed<'a> {
+    pub error: &'a dedupe::ledger::LedgerError,
+}
+
+impl LimitFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_RETENTION).increment(1);
+        tracing::warn!(error = %self.error, "Could not apply the retention limit to the ledger; the next pass tries again (lookups apply the limit all the same).");
+    }
+}
+
 /// Whether the ledger's budget holds the promised window at the last hour's id rate, exported
 /// every few seconds; logged when the answer changes (see `dedupe::window::budget_holds_promise`).
 pub struct PromiseHeld {

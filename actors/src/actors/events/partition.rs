@@ -27,6 +27,7 @@ pub(crate) struct PartitionMetrics {
     /// Ids forgotten, and forgotten ids published again.
     pub(crate) forgotten: Counter,
     pub(crate) resent: Counter,
+    pub(crate) refreshed: Counter,
     pub(crate) batch_records: Histogram,
     pub(crate) end_to_end: Histogram,
     pub(crate) duplicate_age: Histogram,
@@ -92,6 +93,7 @@ impl PartitionMetrics {
             input_duplicate_headers: counter(m::INPUT_DUPLICATE_HEADERS),
             forgotten: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "forgotten"),
             resent: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "resent"),
+            refreshed: metrics::counter!(m::REFRESHED_IDS, m::LABEL_PARTITION => label.clone()),
             batch_records: histogram(m::BATCH_RECORDS),
             end_to_end: histogram(m::END_TO_END_SECONDS),
             duplicate_age: metrics::histogram!(m::DUPLICATE_AGE_SECONDS),
