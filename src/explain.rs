@@ -390,6 +390,52 @@ mod tests {
     }
 
     #[test]
+    fn an_id_past_the_retention_limit_is_forgotten_and_a_refreshed_one_names_its_last_refresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = crate::clock::now_ms();
+        let options = |refresh| crate::ledger::LedgerOptions {
+            budget_bytes: 256 << 20,
+            write_buffer_bytes: 1 << 20,
+            max_window_ms: Some(20_000),
+            refresh_on_duplicate: refresh,
+            ..Default::default()
+        };
+        let key = |id: &str| ledger_key(id.as_bytes()).unwrap();
+        {
+            let ledger = Ledger::open(dir.path(), options(false)).unwrap();
+            ledger
+                .check_and_record(0, &[(key("old"), now - 15_000)], b"p")
+                .unwrap();
+            let a = explain(&ledger, &ask("old", None, now + 10_000)).unwrap();
+            assert!(!a.held, "{a:?}");
+            assert_eq!(a.reason, Some(Reason::PastLimit));
+            assert!(
+                a.sentence
+                    .contains("forgotten: past the retention limit of 20 s"),
+                "{}",
+                a.sentence
+            );
+            assert!(a.window_secs.unwrap() <= 20.0, "{a:?}");
+            let within = explain(&ledger, &ask("old", None, now)).unwrap();
+            assert!(within.held && within.reason.is_none(), "{within:?}");
+        }
+        let ledger = Ledger::open(dir.path(), options(true)).unwrap();
+        ledger
+            .check_and_record(0, &[(key("old"), now - 14_000)], b"p")
+            .unwrap();
+        // The first sighting's generation sealed, the refresh in the next: two copies.
+        ledger.expire(now + 3_000).unwrap();
+        ledger
+            .check_and_record(0, &[(key("old"), now - 2_000)], b"p")
+            .unwrap();
+        let a = explain(&ledger, &ask("old", None, now)).unwrap();
+        assert!(a.held, "{a:?}");
+        assert_eq!(a.copies.len(), 2, "{a:?}");
+        assert_eq!(a.last_refreshed_ms, Some(a.copies[0].first_seen_ms));
+        assert!(a.sentence.contains("last refreshed"), "{}", a.sentence);
+    }
+
+    #[test]
     fn an_id_of_a_partition_the_worker_does_not_own_names_that_partition() {
         let (_dir, ledger) = ledger_with(&[]);
         let q = Question {
