@@ -1,10 +1,10 @@
 //! The actix layer of dedupe, laid out as the service is:
 //!
-//! - [`actors`]: the worker's actors. [`actors::consumer::PartitionConsumer`], one per owned input
-//!   partition; [`actors::ledger::LedgerActor`], which owns the worker's one RocksDB ledger (on a
-//!   `SyncArbiter`); [`actors::producer::Publisher`], which writes the output topic, one
-//!   transactional producer per partition; [`actors::coordinator::Coordinator`]: recovery,
-//!   restarts, snapshots, stats, graceful shutdown; and the [`actors::events`] they emit.
+//! - the worker's actors: [`consumer::PartitionConsumer`], one per owned input partition;
+//!   [`ledger::LedgerActor`], which owns the worker's one RocksDB ledger (on a `SyncArbiter`);
+//!   [`producer::Publisher`], which writes the output topic, one transactional producer per
+//!   partition; [`coordinator::Coordinator`]: recovery, restarts, snapshots, stats, graceful
+//!   shutdown; [`membership`] and [`handover`]; and the [`events`] they emit.
 //! - [`http`]: the worker's HTTP server: metrics and health ([`http::telemetry`]), the admin
 //!   endpoints and their rules ([`http::admin`], [`http::forget`]). The tracking API is the front door's crate,
 //!   `dedupe-tracking`.
@@ -15,18 +15,16 @@
 //!   [`signals`]: the stop and reload signals of the long-running commands, caught from their start.
 //! - [`bench`]: the pipeline bench.
 
-pub mod actors {
-    //! The worker's actors and the events they emit.
-    pub mod consumer;
-    pub mod coordinator;
-    pub mod events;
-    pub mod handover;
-    pub mod ledger;
-    pub mod membership;
-    pub mod policy;
-    pub mod producer;
-    pub mod snapshots;
-}
+pub mod consumer;
+pub mod coordinator;
+pub mod events;
+pub mod handover;
+pub mod ledger;
+pub mod membership;
+pub mod policy;
+pub mod producer;
+pub mod snapshots;
+
 pub mod admin_client;
 #[cfg(feature = "tools")]
 pub mod bench {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use dedupe::config::Config;
-use dedupe_actors::actors::coordinator::RunOptions;
+use dedupe_actors::coordinator::RunOptions;
 use dedupe_actors::admin_client::{eprint_line, print_line};
 use dedupe_actors::cli::tools;
 #[cfg(feature = "tools")]

@@ -44,8 +44,8 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::actors::coordinator::exit;
-use crate::actors::events::rekey::{
+use crate::coordinator::exit;
+use crate::events::rekey::{
     RekeyAborted, RekeyBatch, RekeyDeadLettered, RekeyFenced, RekeyReadFailed, RekeyRecordTooLarge,
     RekeyRewound, RekeyStopped, SourceRecord,
 };
@@ -380,7 +380,7 @@ fn consumer(
     owned: &Owned,
     rebalanced: &Arc<AtomicBool>,
 ) -> anyhow::Result<SourceConsumer> {
-    let consumer: SourceConsumer = crate::actors::membership::exactly_once_reader(config, group)
+    let consumer: SourceConsumer = crate::membership::exactly_once_reader(config, group)
         .create_with_context(RebalanceFlag(Arc::clone(rebalanced)))
         .context("creating the rekey consumer")?;
     match owned {

@@ -8,9 +8,9 @@ use anyhow::{bail, Context as _};
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
 
-use crate::actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
-use crate::actors::events::{ConfigReloadRefused, ConfigReloaded};
-use crate::actors::ledger::LedgerActor;
+use crate::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
+use crate::events::{ConfigReloadRefused, ConfigReloaded};
+use crate::ledger::LedgerActor;
 use crate::signals::{unless_stopped, Hangups, Signals};
 
 /// Which input partitions this worker owns (in static mode; none up front in group mode), and how

@@ -331,7 +331,7 @@ mod tests {
     /// front door's. Everything else emits an event from one of them.
     const INSTRUMENTATION: [&str; 3] = [
         "src/metrics/",
-        "actors/src/actors/events/",
+        "actors/src/events/",
         "tracking/src/server/events.rs",
     ];
     const MACROS: [&str; 3] = ["counter!(", "gauge!(", "histogram!("];

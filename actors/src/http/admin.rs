@@ -12,8 +12,8 @@ use dedupe::snapshot::{SnapshotError, Trigger};
 use dedupe_tracking::rate_limit::retry_after_secs;
 use serde_json::json;
 
-use crate::actors::coordinator::{Coordinator, OwnedPartitions, TakeSnapshot};
-use crate::actors::events::AdminRefused;
+use crate::coordinator::{Coordinator, OwnedPartitions, TakeSnapshot};
+use crate::events::AdminRefused;
 
 /// What the admin endpoints reach: the coordinator, and for `GET /admin/ids/{id}` the ledger and
 /// how ids map to input partitions.

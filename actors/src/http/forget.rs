@@ -1,5 +1,5 @@
 //! `POST /admin/forget`: forget ids, so that each one's next copy is published (see
-//! `crate::actors::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
+//! `crate::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
 //!
 //! Body (JSON): `{"ids": ["..."], "by": "who asks", "reason": "...", "source": "web",
 //! "partition": 3}`; `id` may stand for a single id; `by` (the client's address when missing),
@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::admin::{id_of, refusal, Admin};
-use crate::actors::consumer::{ForgetId, ForgetReport, ForgetRequest};
-use crate::actors::coordinator::Forget;
+use crate::consumer::{ForgetId, ForgetReport, ForgetRequest};
+use crate::coordinator::Forget;
 
 /// Ids one request may forget.
 pub const MAX_IDS: usize = 10_000;

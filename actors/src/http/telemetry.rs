@@ -14,7 +14,7 @@ use tracing_subscriber::EnvFilter;
 
 use super::admin::{self, Admin, AdminTargets};
 use super::forget;
-use crate::actors::coordinator::Health;
+use crate::coordinator::Health;
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
 pub fn init_tracing(log: &LogConfig) {

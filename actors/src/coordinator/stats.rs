@@ -10,11 +10,11 @@ use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
 
 use super::Coordinator;
-use crate::actors::events::coordinator::{
+use crate::events::coordinator::{
     ConsumerLag, LedgerFigures, PartitionWindow, PromiseHeld,
 };
-use crate::actors::ledger::Stats;
-use crate::actors::membership::Input;
+use crate::ledger::Stats;
+use crate::membership::Input;
 
 impl Coordinator {
     pub(super) fn export_stats(&mut self, ctx: &mut Context<Self>) {

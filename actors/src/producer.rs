@@ -15,7 +15,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::actors::membership::Input;
+use crate::membership::Input;
 
 pub struct Publisher {
     writer: OutputWriter,

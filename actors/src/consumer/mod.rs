@@ -28,13 +28,13 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
-use crate::actors::events::partition::{source_header, PartitionMetrics, ReusedAction};
-use crate::actors::events::{
+use crate::events::partition::{source_header, PartitionMetrics, ReusedAction};
+use crate::events::{
     InputReadFailed, MisroutedIds, TransactionFailed, TransactionRetried, UnkeyedRecord,
 };
-use crate::actors::ledger::{LedgerActor, Looked};
-use crate::actors::membership::Queue;
-use crate::actors::producer::{Outgoing, Publisher};
+use crate::ledger::{LedgerActor, Looked};
+use crate::membership::Queue;
+use crate::producer::{Outgoing, Publisher};
 use seams::{IdStore, Sink};
 
 pub use forget::{ForgetId, ForgetReport, ForgetRequest};

@@ -13,8 +13,8 @@ use dedupe::output::{Committed, PublishError};
 use dedupe::progress::Progress;
 
 use super::{NewId, PipelineError};
-use crate::actors::ledger::{CheckAndRecord, LedgerActor, Looked, Lookup, MarkIds};
-use crate::actors::producer::{Outgoing, Publish, Publisher};
+use crate::ledger::{CheckAndRecord, LedgerActor, Looked, Lookup, MarkIds};
+use crate::producer::{Outgoing, Publish, Publisher};
 
 /// Where a partition's pipeline looks its ids up and records the new ones.
 pub(crate) trait IdStore {

@@ -1,4 +1,4 @@
-//! Taking partitions over (fence, load: see [`handover`](crate::actors::handover)) as they are
+//! Taking partitions over (fence, load: see [`handover`](crate::handover)) as they are
 //! assigned, and starting each one's publisher and consumer once it is loaded: in static mode all
 //! together, in group mode each as it comes.
 
@@ -12,12 +12,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use super::{Coordinator, Owned, Stage, StartError, StopOnDrop};
-use crate::actors::consumer::{PartitionConsumer, PartitionStopped};
-use crate::actors::events::coordinator::{PartitionAssigned, PartitionLive};
-use crate::actors::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
-use crate::actors::membership::{Assigned, Queue};
-use crate::actors::policy::Retake;
-use crate::actors::producer::Publisher;
+use crate::consumer::{PartitionConsumer, PartitionStopped};
+use crate::events::coordinator::{PartitionAssigned, PartitionLive};
+use crate::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
+use crate::membership::{Assigned, Queue};
+use crate::policy::Retake;
+use crate::producer::Publisher;
 
 /// A take-over finished.
 #[derive(Message)]

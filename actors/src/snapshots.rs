@@ -8,9 +8,9 @@ use actix::prelude::*;
 use dedupe::clock::now_ms;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
-use crate::actors::coordinator::Coordinator;
-use crate::actors::events::coordinator::SnapshotTaken;
-use crate::actors::events::SnapshotFailed;
+use crate::coordinator::Coordinator;
+use crate::events::coordinator::SnapshotTaken;
+use crate::events::SnapshotFailed;
 
 /// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
 /// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
@@ -60,7 +60,7 @@ impl Handler<TakeSnapshot> for Coordinator {
         let fut = async move {
             let slot = SnapshotSlot::reserve(&root)?;
             let checkpoint = ledger
-                .send(crate::actors::ledger::Checkpoint {
+                .send(crate::ledger::Checkpoint {
                     dir: slot.partial.clone(),
                 })
                 .await;

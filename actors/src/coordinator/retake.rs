@@ -4,29 +4,29 @@
 //! `transaction.timeout.ms` and bumps the producer's epoch, which reads exactly like a newer
 //! owner). The other partitions go on publishing.
 //!
-//! A retake is a take-over like any other (see [`handover`](crate::actors::handover)): a new
+//! A retake is a take-over like any other (see [`handover`](crate::handover)): a new
 //! producer with the partition's `transactional.id` fences the failed one (a call hung inside it
 //! included) and aborts its open transaction, the ledger catches up from the changelog's tail, and
 //! the input is rewound to the group's committed offset before it flows again. Nothing of the
 //! failed pipeline's last batch is visible, so nothing is lost or published twice.
 //!
-//! Limits (decided by [`crate::actors::policy`], which has their unit tests): a partition
+//! Limits (decided by [`crate::policy`], which has their unit tests): a partition
 //! retaken more than [`MAX_RETAKES`] times in ten minutes, a second fence within
 //! [`FENCE_MEMORY`] (another worker really writes the partition), or more than
 //! [`MAX_ABANDONED`] hung calls still holding their threads end the worker, for the orchestrator
 //! to restart or page.
 //!
-//! [`MAX_RETAKES`]: crate::actors::policy::MAX_RETAKES
-//! [`FENCE_MEMORY`]: crate::actors::policy::FENCE_MEMORY
-//! [`MAX_ABANDONED`]: crate::actors::policy::MAX_ABANDONED
+//! [`MAX_RETAKES`]: crate::policy::MAX_RETAKES
+//! [`FENCE_MEMORY`]: crate::policy::FENCE_MEMORY
+//! [`MAX_ABANDONED`]: crate::policy::MAX_ABANDONED
 
 use std::time::Instant;
 
 use actix::prelude::*;
 
 use super::{exit, Coordinator, Stage};
-use crate::actors::events::coordinator::{PartitionRetaken, WorkerGivesUp};
-use crate::actors::policy::{GiveUp, Retake, Verdict};
+use crate::events::coordinator::{PartitionRetaken, WorkerGivesUp};
+use crate::policy::{GiveUp, Retake, Verdict};
 
 impl GiveUp {
     /// The worker's exit code for it.

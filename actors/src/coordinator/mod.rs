@@ -1,5 +1,5 @@
 //! `Coordinator` supervises the worker: it owns the input consumer's membership, takes over each
-//! partition it is given (fence, load, then process: see [`handover`](crate::actors::handover)),
+//! partition it is given (fence, load, then process: see [`handover`](crate::handover)),
 //! starts one `Publisher` and one `PartitionConsumer` per partition, stops them when a partition
 //! is revoked, exports the ledger's window, restarts the pipeline when a partition fails, takes
 //! snapshots, and drives graceful shutdown. It keeps one guarantee above all: no input is
@@ -23,14 +23,14 @@ use dedupe::window::{HourRate, IdRate};
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
-use crate::actors::consumer::{AuditSettings, ForgetRequest, PipelineSettings};
-use crate::actors::events::coordinator::{LedgerBudget, PartitionCounts, PromiseDeclared};
-use crate::actors::events::PipelineStartFailed;
-use crate::actors::handover::{TakeOverError, TakenOver};
-use crate::actors::ledger::LedgerActor;
-use crate::actors::membership::{Membership, MembershipError, Queue};
-use crate::actors::policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
-pub use crate::actors::snapshots::TakeSnapshot;
+use crate::consumer::{AuditSettings, ForgetRequest, PipelineSettings};
+use crate::events::coordinator::{LedgerBudget, PartitionCounts, PromiseDeclared};
+use crate::events::PipelineStartFailed;
+use crate::handover::{TakeOverError, TakenOver};
+use crate::ledger::LedgerActor;
+use crate::membership::{Membership, MembershipError, Queue};
+use crate::policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
+pub use crate::snapshots::TakeSnapshot;
 pub use shutdown::Shutdown;
 
 // One file per concern; the state they share is declared here.
@@ -171,7 +171,7 @@ pub struct Coordinator {
     /// `static` assignment: the configured partitions.
     static_partitions: Vec<i32>,
     pub(crate) ledger: Addr<LedgerActor>,
-    /// The ledger itself, for take-overs' bulk loads (see [`handover`](crate::actors::handover)).
+    /// The ledger itself, for take-overs' bulk loads (see [`handover`](crate::handover)).
     store: Arc<Ledger>,
     /// Per partition, held by its take-over thread while it runs: one take-over at a time.
     takeover_turns: HashMap<i32, Arc<Mutex<()>>>,

@@ -6,10 +6,10 @@ use actix::prelude::*;
 
 use super::shutdown::Finish;
 use super::{exit, Coordinator, Stage};
-use crate::actors::consumer::PartitionStopped;
-use crate::actors::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
-use crate::actors::membership::ConsumerFailed;
-use crate::actors::policy::Retake;
+use crate::consumer::PartitionStopped;
+use crate::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
+use crate::membership::ConsumerFailed;
+use crate::policy::Retake;
 
 impl Handler<ConsumerFailed> for Coordinator {
     type Result = ();

@@ -15,7 +15,7 @@
 //! The poller thread is the only caller of the main queue, so the callback may block there
 //! without stalling any actor.
 //!
-//! [`Coordinator`]: crate::actors::coordinator::Coordinator
+//! [`Coordinator`]: crate::coordinator::Coordinator
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -7,9 +7,9 @@ use actix::prelude::*;
 use dedupe::config::PartitionSet;
 
 use super::{Coordinator, Owned, Stage};
-use crate::actors::events::coordinator::PartitionRevoked;
-use crate::actors::events::PartitionsLost;
-use crate::actors::membership::Revoking;
+use crate::events::coordinator::PartitionRevoked;
+use crate::events::PartitionsLost;
+use crate::membership::Revoking;
 
 impl Coordinator {
     /// Removes a stopped partition and answers the revocations that waited for it.

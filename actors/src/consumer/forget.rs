@@ -25,8 +25,8 @@ use tokio::sync::oneshot;
 
 use super::seams::{IdStore, Sink};
 use super::{Decided, Pipeline, PipelineError};
-use crate::actors::events::{ForgetFailed, IdsForgotten};
-use crate::actors::producer::Outgoing;
+use crate::events::{ForgetFailed, IdsForgotten};
+use crate::producer::Outgoing;
 
 /// Ids to forget, all of one partition, and where to answer.
 pub struct ForgetRequest {

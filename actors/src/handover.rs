@@ -34,8 +34,8 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::actors::events::{self, BackfillStopped};
-use crate::actors::membership::Input;
+use crate::events::{self, BackfillStopped};
+use crate::membership::Input;
 
 /// A partition ready to process: its fenced producer and what recovery found.
 pub struct TakenOver {

@@ -8,7 +8,7 @@ use dedupe::ledger::LedgerStats;
 use dedupe::metrics as m;
 use dedupe::recovery::RecoveryReport;
 
-use crate::actors::policy::{GiveUp, Retake};
+use crate::policy::{GiveUp, Retake};
 
 /// The ledger's disk budget, set once at start.
 pub struct LedgerBudget {
@@ -242,11 +242,11 @@ impl WorkerGivesUp {
             GiveUp::TooManyRetakes { partition } => tracing::error!(
                 partition,
                 "The partition was taken over again more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
-                crate::actors::policy::MAX_RETAKES
+                crate::policy::MAX_RETAKES
             ),
             GiveUp::TooManyRestarts => tracing::error!(
                 "The pipeline failed more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
-                crate::actors::policy::MAX_RESTARTS
+                crate::policy::MAX_RESTARTS
             ),
         }
     }

@@ -18,9 +18,9 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use super::seams::{IdStore, Sink};
 use super::{InRecord, NewId, Pipeline, PipelineError, PipelineSettings};
-use crate::actors::events::partition::PartitionMetrics;
-use crate::actors::ledger::Looked;
-use crate::actors::producer::Outgoing;
+use crate::events::partition::PartitionMetrics;
+use crate::ledger::Looked;
+use crate::producer::Outgoing;
 
 /// One call a double saw, in the order the pipeline made them.
 #[derive(Debug, Clone, PartialEq, Eq)]
