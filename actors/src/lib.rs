@@ -21,9 +21,7 @@ pub mod events;
 pub mod handover;
 pub mod ledger;
 pub mod membership;
-pub mod policy;
 pub mod producer;
-pub mod snapshots;
 
 pub mod admin_client;
 #[cfg(feature = "tools")]

@@ -9,7 +9,7 @@ use super::{exit, Coordinator, Stage};
 use crate::consumer::PartitionStopped;
 use crate::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
 use crate::membership::ConsumerFailed;
-use crate::policy::Retake;
+use crate::coordinator::policy::Retake;
 
 impl Handler<ConsumerFailed> for Coordinator {
     type Result = ();

@@ -29,15 +29,18 @@ use crate::events::PipelineStartFailed;
 use crate::handover::{TakeOverError, TakenOver};
 use crate::ledger::LedgerActor;
 use crate::membership::{Membership, MembershipError, Queue};
-use crate::policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
-pub use crate::snapshots::TakeSnapshot;
+use policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
 pub use shutdown::Shutdown;
+pub use snapshots::TakeSnapshot;
 
-// One file per concern; the state they share is declared here.
+// One file per concern; the state they share is declared here. `policy` holds the rules they act
+// on, as plain state machines.
 mod failures;
+pub mod policy;
 mod retake;
 mod revocation;
 mod shutdown;
+mod snapshots;
 mod stats;
 mod takeover;
 

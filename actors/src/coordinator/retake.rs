@@ -10,15 +10,15 @@
 //! the input is rewound to the group's committed offset before it flows again. Nothing of the
 //! failed pipeline's last batch is visible, so nothing is lost or published twice.
 //!
-//! Limits (decided by [`crate::policy`], which has their unit tests): a partition
+//! Limits (decided by [`crate::coordinator::policy`], which has their unit tests): a partition
 //! retaken more than [`MAX_RETAKES`] times in ten minutes, a second fence within
 //! [`FENCE_MEMORY`] (another worker really writes the partition), or more than
 //! [`MAX_ABANDONED`] hung calls still holding their threads end the worker, for the orchestrator
 //! to restart or page.
 //!
-//! [`MAX_RETAKES`]: crate::policy::MAX_RETAKES
-//! [`FENCE_MEMORY`]: crate::policy::FENCE_MEMORY
-//! [`MAX_ABANDONED`]: crate::policy::MAX_ABANDONED
+//! [`MAX_RETAKES`]: crate::coordinator::policy::MAX_RETAKES
+//! [`FENCE_MEMORY`]: crate::coordinator::policy::FENCE_MEMORY
+//! [`MAX_ABANDONED`]: crate::coordinator::policy::MAX_ABANDONED
 
 use std::time::Instant;
 
@@ -26,7 +26,7 @@ use actix::prelude::*;
 
 use super::{exit, Coordinator, Stage};
 use crate::events::coordinator::{PartitionRetaken, WorkerGivesUp};
-use crate::policy::{GiveUp, Retake, Verdict};
+use crate::coordinator::policy::{GiveUp, Retake, Verdict};
 
 impl GiveUp {
     /// The worker's exit code for it.

@@ -1,5 +1,5 @@
 //! Stopping: finish the batches in flight, close the membership, flush the ledger, exit with the
-//! code of the reason (see [`StopPolicy`](crate::policy::StopPolicy)): 0 for a stop asked
+//! code of the reason (see [`StopPolicy`](crate::coordinator::policy::StopPolicy)): 0 for a stop asked
 //! for (SIGTERM, SIGINT), 3 when the group gave the partitions away.
 
 use std::sync::atomic::Ordering;
@@ -10,7 +10,7 @@ use actix::prelude::*;
 use super::{exit, Coordinator, Stage};
 use crate::events::coordinator::FinalFlushFailed;
 use crate::ledger::Flush;
-use crate::policy::StopReason;
+use crate::coordinator::policy::StopReason;
 
 /// Stop gracefully: finish the batches in flight, flush the ledger, exit 0.
 #[derive(Message)]
@@ -47,7 +47,7 @@ impl Coordinator {
     /// finishes: at once when none runs, else when the last one stopped (see `failures.rs`) or
     /// after `worker.shutdown_timeout_ms`. Called once, when [`StopPolicy::stop`] starts the stop.
     ///
-    /// [`StopPolicy::stop`]: crate::policy::StopPolicy::stop
+    /// [`StopPolicy::stop`]: crate::coordinator::policy::StopPolicy::stop
     pub(super) fn stop_partitions(&mut self, ctx: &mut Context<Self>) {
         self.health.stopping.store(true, Ordering::Relaxed);
         let mut waiting = false;

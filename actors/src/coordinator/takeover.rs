@@ -16,7 +16,7 @@ use crate::consumer::{PartitionConsumer, PartitionStopped};
 use crate::events::coordinator::{PartitionAssigned, PartitionLive};
 use crate::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
 use crate::membership::{Assigned, Queue};
-use crate::policy::Retake;
+use crate::coordinator::policy::Retake;
 use crate::producer::Publisher;
 
 /// A take-over finished.

@@ -8,7 +8,7 @@ use dedupe::ledger::LedgerStats;
 use dedupe::metrics as m;
 use dedupe::recovery::RecoveryReport;
 
-use crate::policy::{GiveUp, Retake};
+use crate::coordinator::policy::{GiveUp, Retake};
 
 /// The ledger's disk budget, set once at start.
 pub struct LedgerBudget {
@@ -242,11 +242,11 @@ impl WorkerGivesUp {
             GiveUp::TooManyRetakes { partition } => tracing::error!(
                 partition,
                 "The partition was taken over again more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
-                crate::policy::MAX_RETAKES
+                crate::coordinator::policy::MAX_RETAKES
             ),
             GiveUp::TooManyRestarts => tracing::error!(
                 "The pipeline failed more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
-                crate::policy::MAX_RESTARTS
+                crate::coordinator::policy::MAX_RESTARTS
             ),
         }
     }

@@ -8,7 +8,7 @@ use actix::prelude::*;
 use dedupe::clock::now_ms;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
-use crate::coordinator::Coordinator;
+use super::Coordinator;
 use crate::events::coordinator::SnapshotTaken;
 use crate::events::SnapshotFailed;
 
