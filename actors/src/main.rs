@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::Parser;
 use dedupe::config::Config;
-use dedupe_actors::coordinator::RunOptions;
 use dedupe_actors::admin_client::{eprint_line, print_line};
 use dedupe_actors::cli::tools;
 #[cfg(feature = "tools")]
@@ -17,6 +16,7 @@ use dedupe_actors::cli::{
     Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, ForgetArgs, IngestArgs, LedgerCommand,
     RekeyArgs, RunArgs, VerifyArgs,
 };
+use dedupe_actors::coordinator::RunOptions;
 use dedupe_actors::http::telemetry;
 use dedupe_actors::run;
 use dedupe_actors::signals::{self, log_hangups, Signals};

@@ -333,7 +333,7 @@ async fn a_transaction_that_keeps_aborting_ends_the_pipeline_without_recording()
     p.publisher
         .failures
         .borrow_mut()
-        .extend((0..=super::ABORTED_BATCH_RETRIES_ALLOWED).map(|_| aborted()));
+        .extend((0..=super::protocol::ABORTED_BATCH_RETRIES_ALLOWED).map(|_| aborted()));
     let result = p.process(vec![record(0, Some(1), "a")]).await;
     assert!(
         matches!(result, Err(PipelineError::Publish { .. })),

@@ -7,9 +7,9 @@ use actix::prelude::*;
 use super::shutdown::Finish;
 use super::{exit, Coordinator, Stage};
 use crate::consumer::PartitionStopped;
+use crate::coordinator::policy::Retake;
 use crate::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
 use crate::membership::ConsumerFailed;
-use crate::coordinator::policy::Retake;
 
 impl Handler<ConsumerFailed> for Coordinator {
     type Result = ();

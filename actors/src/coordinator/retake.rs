@@ -25,8 +25,8 @@ use std::time::Instant;
 use actix::prelude::*;
 
 use super::{exit, Coordinator, Stage};
-use crate::events::coordinator::{PartitionRetaken, WorkerGivesUp};
 use crate::coordinator::policy::{GiveUp, Retake, Verdict};
+use crate::events::coordinator::{PartitionRetaken, WorkerGivesUp};
 
 impl GiveUp {
     /// The worker's exit code for it.

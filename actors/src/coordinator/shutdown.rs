@@ -8,9 +8,9 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::{exit, Coordinator, Stage};
+use crate::coordinator::policy::StopReason;
 use crate::events::coordinator::FinalFlushFailed;
 use crate::ledger::Flush;
-use crate::coordinator::policy::StopReason;
 
 /// Stop gracefully: finish the batches in flight, flush the ledger, exit 0.
 #[derive(Message)]

@@ -10,9 +10,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::Offset;
 
 use super::Coordinator;
-use crate::events::coordinator::{
-    ConsumerLag, LedgerFigures, PartitionWindow, PromiseHeld,
-};
+use crate::events::coordinator::{ConsumerLag, LedgerFigures, PartitionWindow, PromiseHeld};
 use crate::ledger::Stats;
 use crate::membership::Input;
 

@@ -13,10 +13,10 @@ use tokio::sync::watch;
 
 use super::{Coordinator, Owned, Stage, StartError, StopOnDrop};
 use crate::consumer::{PartitionConsumer, PartitionStopped};
+use crate::coordinator::policy::Retake;
 use crate::events::coordinator::{PartitionAssigned, PartitionLive};
 use crate::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
 use crate::membership::{Assigned, Queue};
-use crate::coordinator::policy::Retake;
 use crate::producer::Publisher;
 
 /// A take-over finished.
