@@ -38,7 +38,7 @@ mod audit_record;
 mod forget;
 mod intake;
 mod misrouted;
-#[cfg(feature = "tools")]
+#[cfg(feature = "passthrough")]
 mod passthrough;
 mod protocol;
 mod seams;
@@ -58,8 +58,8 @@ pub struct PipelineSettings {
     pub batch_max_bytes: usize,
     pub batch_linger: Duration,
     /// Bench baseline only: copy every record with the same consumer, producer and transactions,
-    /// without the ledger. Built with the `tools` feature only.
-    #[cfg(feature = "tools")]
+    /// without the ledger. Built with the `passthrough` feature only.
+    #[cfg(feature = "passthrough")]
     pub passthrough: bool,
     /// The input topic, named in audit records.
     pub input_topic: String,
@@ -251,7 +251,7 @@ impl Pipeline {
                 first_offset = first,
                 last_offset = last
             );
-            #[cfg(feature = "tools")]
+            #[cfg(feature = "passthrough")]
             if self.settings.passthrough {
                 self.copy_through(batch).instrument(span).await?;
                 continue;

@@ -158,7 +158,7 @@ fn settings(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> Arc<PipelineSe
         batch_max_records: 100,
         batch_max_bytes: 1 << 20,
         batch_linger: std::time::Duration::from_millis(1),
-        #[cfg(feature = "tools")]
+        #[cfg(feature = "passthrough")]
         passthrough: false,
         input_topic: "in".to_string(),
         audit: None,

@@ -96,8 +96,9 @@ impl StartError {
 pub struct RunOptions {
     /// Start even when the ledger is ahead of the output topic, trusting the ledger.
     pub accept_ledger_ahead: bool,
-    /// Bench baseline: copy every record without the ledger (the `tools` feature only).
-    #[cfg(feature = "tools")]
+    /// Bench baseline: copy every record without the ledger (the `passthrough` feature only,
+    /// which `dedupe-cli`'s `tools` enables).
+    #[cfg(feature = "passthrough")]
     pub passthrough: bool,
 }
 
@@ -236,7 +237,7 @@ impl Coordinator {
             batch_max_records: w.batch_max_records,
             batch_max_bytes: w.batch_max_bytes.0 as usize,
             batch_linger: Duration::from_millis(w.batch_linger_ms),
-            #[cfg(feature = "tools")]
+            #[cfg(feature = "passthrough")]
             passthrough: options.passthrough,
             input_topic: w.input_topic.clone(),
             audit: w.audit_topic().map(|_| AuditSettings {

@@ -2,13 +2,12 @@
 //! struct whose `emit` writes the log line and the count together, so they never drift apart.
 //! Log lines never carry payloads or secrets. Every `metrics` call of the worker is in this
 //! module and its children ([`coordinator`]: partitions, handovers, the ledger's figures, giving
-//! up; [`partition`]: one pipeline's cached handles; [`rekey`]: the rekey stage); the names and labels they use are declared
+//! up; [`partition`]: one pipeline's cached handles); the names and labels they use are declared
 //! once, in `dedupe::metrics`. A test of the core crate checks that no other module calls the
 //! `metrics` macros.
 
 pub mod coordinator;
 pub mod partition;
-pub mod rekey;
 
 use dedupe::config::UnkeyedPolicy;
 use dedupe::identity::Unkeyed;

@@ -1,5 +1,5 @@
 //! `dedupe forget ID... [--file FILE]`: asks the running worker (`POST /admin/forget` at its
-//! metrics address) to forget ids, [`crate::http::forget::MAX_IDS`] per request, and prints each
+//! metrics address) to forget ids, [`crate::http::forget_route::MAX_IDS`] per request, and prints each
 //! answer as one JSON line. Its exit code ([`Outcome::code`]) is what `dedupe forget --help`
 //! says: 0 when every id was forgotten on every partition it may be on, 2 when none was
 //! forgotten anywhere (or nothing could be asked), 1 otherwise.
@@ -12,8 +12,8 @@ use dedupe::config::Config;
 use serde_json::json;
 
 use crate::admin_client::{authorized, eprint_line, print_line, transport_error};
-use crate::cli::ForgetArgs;
-use crate::http::forget::MAX_IDS;
+use crate::args::ForgetArgs;
+use crate::http::forget_route::MAX_IDS;
 
 /// What a `dedupe forget` came to: the exit code and the last line (on standard output for 0,
 /// standard error otherwise).

@@ -13,8 +13,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use super::admin::{self, Admin, AdminTargets};
-use super::forget;
-use crate::coordinator::Health;
+use super::forget_route as forget;
+use dedupe_actors::coordinator::Health;
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
 pub fn init_tracing(log: &LogConfig) {

@@ -1,6 +1,6 @@
 //! The worker's admin endpoints and who may call them: `POST /admin/snapshot` (take a ledger
 //! snapshot now) and `GET /admin/ids/{id}` (explain one id) here, `POST /admin/forget` in
-//! [`super::forget`]; each admin request passes [`refusal`] first (see `authorize`).
+//! [`super::forget_route`]; each admin request passes [`refusal`] first (see `authorize`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use dedupe::snapshot::{SnapshotError, Trigger};
 use dedupe_tracking::rate_limit::retry_after_secs;
 use serde_json::json;
 
-use crate::coordinator::{Coordinator, OwnedPartitions, TakeSnapshot};
-use crate::events::AdminRefused;
+use dedupe_actors::coordinator::{Coordinator, OwnedPartitions, TakeSnapshot};
+use dedupe_actors::events::AdminRefused;
 
 /// What the admin endpoints reach: the coordinator, and for `GET /admin/ids/{id}` the ledger and
 /// how ids map to input partitions.
@@ -305,7 +305,7 @@ pub(crate) async fn admin_explain(
         None => id.clone(),
     };
     let t = &admin.targets;
-    let partition = crate::explain::partition_of_id(
+    let partition = crate::explain_client::partition_of_id(
         &t.id_source,
         t.partitioner,
         key.as_bytes(),

@@ -8,10 +8,10 @@ use anyhow::{bail, Context as _};
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
 
-use crate::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
-use crate::events::{ConfigReloadRefused, ConfigReloaded};
-use crate::ledger::LedgerActor;
 use crate::signals::{unless_stopped, Hangups, Signals};
+use dedupe_actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
+use dedupe_actors::events::{ConfigReloadRefused, ConfigReloaded};
+use dedupe_actors::ledger::LedgerActor;
 
 /// Which input partitions this worker owns (in static mode; none up front in group mode), and how
 /// many the input has, after checking the input and output topics and making sure the id

@@ -595,7 +595,7 @@ fn build_on_a(
         "bench: producing {ids} ids to {input}, stamped over the last {} s",
         span.as_secs()
     );
-    let load = crate::cli::loadgen::Load {
+    let load = crate::loadgen::Load {
         topic: input,
         count: ids,
         dup_ratio: 0.0,
@@ -608,7 +608,7 @@ fn build_on_a(
         // About 2,000 ids, spread over the span, to send again while the partition moves.
         sample_every: (ids / 2000).max(1),
     };
-    let load = crate::cli::loadgen::loadgen(config, load)?;
+    let load = crate::loadgen::loadgen(config, load)?;
     // A builds the partition with larger batches (fewer transactions: 4 a second at most on one
     // partition here); B, whose take-over is measured, runs the configuration as given.
     let mut a = Worker::start(
@@ -651,7 +651,7 @@ fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Resu
     let config = config.clone();
     let input = input.to_string();
     std::thread::spawn(move || {
-        let load = crate::cli::loadgen::Load {
+        let load = crate::loadgen::Load {
             topic: &input,
             count: 6000,
             dup_ratio: 0.0,
@@ -663,7 +663,7 @@ fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Resu
             spread_timestamps: None,
             sample_every: 0,
         };
-        crate::cli::loadgen::loadgen(&config, load).map(|s| s.distinct_ids)
+        crate::loadgen::loadgen(&config, load).map(|s| s.distinct_ids)
     })
 }
 

@@ -79,9 +79,9 @@ pub fn run(
         "bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}",
         dup_ratio * 100.0
     );
-    let load = crate::cli::loadgen::loadgen(
+    let load = crate::loadgen::loadgen(
         config,
-        crate::cli::loadgen::Load {
+        crate::loadgen::Load {
             topic: &input,
             count: messages,
             dup_ratio,
@@ -313,9 +313,9 @@ fn latency_phase(
     let in_start = dedupe::kafka::high_watermarks(&mode.config.kafka, mode.input)?;
     let out_start = dedupe::kafka::high_watermarks(&mode.config.kafka, mode.output)?;
     let before_out = worker.counter(dedupe::metrics::RECORDS_OUT);
-    let load = crate::cli::loadgen::loadgen(
+    let load = crate::loadgen::loadgen(
         mode.config,
-        crate::cli::loadgen::Load {
+        crate::loadgen::Load {
             topic: mode.input,
             count: latency_messages,
             dup_ratio: 0.0,

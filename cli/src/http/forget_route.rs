@@ -1,5 +1,5 @@
 //! `POST /admin/forget`: forget ids, so that each one's next copy is published (see
-//! `crate::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
+//! `dedupe_actors::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
 //!
 //! Body (JSON): `{"ids": ["..."], "by": "who asks", "reason": "...", "source": "web",
 //! "partition": 3}`; `id` may stand for a single id; `by` (the client's address when missing),
@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::admin::{id_of, refusal, Admin};
-use crate::consumer::{ForgetId, ForgetReport, ForgetRequest};
-use crate::coordinator::Forget;
+use dedupe_actors::consumer::{ForgetId, ForgetReport, ForgetRequest};
+use dedupe_actors::coordinator::Forget;
 
 /// Ids one request may forget.
 pub const MAX_IDS: usize = 10_000;
@@ -128,7 +128,7 @@ fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, Vec<usize>)
             None => [t.partitioner, t.partitioner.other()]
                 .into_iter()
                 .filter_map(|partitioner| {
-                    crate::explain::partition_of_id(
+                    crate::explain_client::partition_of_id(
                         &t.id_source,
                         partitioner,
                         id.as_bytes(),

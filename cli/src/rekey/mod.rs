@@ -29,6 +29,8 @@
 //! neighbours; without one, the records before it are committed and the stage stops at it (exit
 //! 2), naming it, so the committed offset points at it.
 
+mod events;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,12 +46,12 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::coordinator::exit;
-use crate::events::rekey::{
+use crate::signals::unless_stopped;
+use dedupe_actors::coordinator::exit;
+use events::{
     RekeyAborted, RekeyBatch, RekeyDeadLettered, RekeyFenced, RekeyReadFailed, RekeyRecordTooLarge,
     RekeyRewound, RekeyStopped, SourceRecord,
 };
-use crate::signals::unless_stopped;
 
 /// How `dedupe rekey` runs, beside the configuration's Kafka, topics and id source.
 #[derive(Debug, Clone)]
@@ -380,7 +382,7 @@ fn consumer(
     owned: &Owned,
     rebalanced: &Arc<AtomicBool>,
 ) -> anyhow::Result<SourceConsumer> {
-    let consumer: SourceConsumer = crate::membership::exactly_once_reader(config, group)
+    let consumer: SourceConsumer = dedupe_actors::membership::exactly_once_reader(config, group)
         .create_with_context(RebalanceFlag(Arc::clone(rebalanced)))
         .context("creating the rekey consumer")?;
     match owned {

@@ -6,20 +6,20 @@ use std::time::Duration;
 
 use clap::Parser;
 use dedupe::config::Config;
-use dedupe_actors::admin_client::{eprint_line, print_line};
-use dedupe_actors::cli::tools;
+use dedupe_actors::coordinator::RunOptions;
+use dedupe_cli::admin_client::{eprint_line, print_line};
 #[cfg(feature = "tools")]
-use dedupe_actors::cli::{
+use dedupe_cli::args::{
     BenchCommand, HandoffBenchArgs, LedgerBenchArgs, LoadgenArgs, OpenBenchArgs, PipelineBenchArgs,
 };
-use dedupe_actors::cli::{
+use dedupe_cli::args::{
     Cli, Command, ConfigArgs, ConfigCommand, ExplainArgs, ForgetArgs, IngestArgs, LedgerCommand,
     RekeyArgs, RunArgs, VerifyArgs,
 };
-use dedupe_actors::coordinator::RunOptions;
-use dedupe_actors::http::telemetry;
-use dedupe_actors::run;
-use dedupe_actors::signals::{self, log_hangups, Signals};
+use dedupe_cli::http::telemetry;
+use dedupe_cli::run;
+use dedupe_cli::signals::{self, log_hangups, Signals};
+use dedupe_cli::tools;
 use dedupe_tracking::server as ingest;
 
 /// jemalloc, for the C code too (the workspace enables tikv-jemallocator's unprefixed `malloc`, so
@@ -47,7 +47,7 @@ pub static malloc_conf: Option<&'static std::ffi::c_char> =
 /// the dynamic loader runs `.preinit_array` right after relocating the program, before every
 /// initializer (RocksDB's C++ statics and the Rust runtime take 20 to 60 ms on a loaded machine).
 /// `main` then hands them to the long-running commands or gives the others the default actions
-/// back (see `dedupe_actors::signals`).
+/// back (see `dedupe_cli::signals`).
 #[used]
 #[link_section = ".preinit_array"]
 static CATCH_SIGNALS_EARLY: extern "C" fn() = signals::catch_early;
@@ -82,7 +82,7 @@ fn one_shot(command: Command) -> ExitCode {
         Command::Explain(args) => explain(&args),
         Command::Forget(args) => forget(&args),
         Command::Ledger(command) => ledger(&command),
-        Command::Plan(args) => print_result(dedupe_actors::cli::plan::plan(&args)),
+        Command::Plan(args) => print_result(dedupe_cli::plan::plan(&args)),
         #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Ledger(args)) => bench_ledger(&args),
         #[cfg(feature = "tools")]
@@ -99,7 +99,7 @@ fn one_shot(command: Command) -> ExitCode {
         }
         #[cfg(feature = "tools")]
         Command::Bench(BenchCommand::Latency(args)) => with_config(&args.config, |config| {
-            let result = dedupe_actors::bench::latency::run(
+            let result = dedupe_cli::bench::latency::run(
                 &config,
                 &config.worker.output_topic,
                 Duration::from_secs(args.seconds),
@@ -176,7 +176,7 @@ fn rekey(args: &RekeyArgs, signals: Signals) -> ExitCode {
         Err(e) => return fail(e),
     };
     telemetry::init_tracing(&config.log);
-    let options = dedupe_actors::rekey::RekeyOptions {
+    let options = dedupe_cli::rekey::RekeyOptions {
         source_topic: args.source_topic.clone(),
         group_id: args.group_id.clone(),
         batch_max_records: args.batch_max_records.max(1),
@@ -204,7 +204,7 @@ fn rekey(args: &RekeyArgs, signals: Signals) -> ExitCode {
     if let Err(e) = serving {
         return fail(format!("starting the metrics thread: {e}"));
     }
-    match dedupe_actors::rekey::run(&config, &options, &stop) {
+    match dedupe_cli::rekey::run(&config, &options, &stop) {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) => fail(format!("{e:#}")),
     }
@@ -234,7 +234,7 @@ fn verify(args: &VerifyArgs) -> ExitCode {
 #[cfg(feature = "tools")]
 /// `dedupe loadgen`: its summary as JSON.
 fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
-    let load = dedupe_actors::cli::loadgen::Load {
+    let load = dedupe_cli::loadgen::Load {
         topic: &args.topic,
         count: args.count,
         dup_ratio: args.dup_ratio,
@@ -246,7 +246,7 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
         spread_timestamps: None,
         sample_every: 0,
     };
-    let summary = dedupe_actors::cli::loadgen::loadgen(config, load)?;
+    let summary = dedupe_cli::loadgen::loadgen(config, load)?;
     Ok(serde_json::to_string(&summary)?)
 }
 
@@ -258,7 +258,7 @@ fn forget(args: &ForgetArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let outcome = dedupe_actors::forget::forget(&config, args);
+    let outcome = dedupe_cli::forget_client::forget(&config, args);
     if outcome.code == 0 {
         if let Err(e) = print_line(&outcome.message) {
             return fail(format!("writing to standard output: {e}"));
@@ -276,7 +276,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     with_config(&args.config, |config| {
-        let answer = dedupe_actors::explain::explain(
+        let answer = dedupe_cli::explain_client::explain(
             &config,
             &args.id,
             args.source.as_deref(),
@@ -329,7 +329,7 @@ fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
 fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let result = dedupe_actors::bench::handoff::run(
+    let result = dedupe_cli::bench::handoff::run(
         config,
         args.ids,
         Duration::from_secs(args.span_secs),
@@ -380,7 +380,7 @@ fn bench_open(args: &OpenBenchArgs, config: &Config) -> anyhow::Result<String> {
 fn bench_pipeline(args: &PipelineBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let result = dedupe_actors::bench::pipeline::run(
+    let result = dedupe_cli::bench::pipeline::run(
         config,
         args.messages,
         args.dup_ratio,

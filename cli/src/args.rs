@@ -1,10 +1,5 @@
 //! The command line: every subcommand of `dedupe` and the flags that override the configuration.
 
-#[cfg(feature = "tools")]
-pub mod loadgen;
-pub mod plan;
-pub mod tools;
-
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -65,7 +60,7 @@ pub enum Command {
     /// budget, memory and disk, the id changelog's disk, the workers and partitions it takes and a
     /// partition's handover time, from the figures measured in docs/performance.md. Given a
     /// configuration file, says whether its budget holds the promise at that rate.
-    Plan(plan::PlanArgs),
+    Plan(crate::plan::PlanArgs),
     #[cfg(feature = "tools")]
     /// Benchmarks that print their figures (the last line is JSON).
     #[command(subcommand)]

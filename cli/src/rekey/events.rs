@@ -1,4 +1,4 @@
-//! The rekey stage's events (`crate::rekey`).
+//! The rekey stage's events (`super`).
 
 use dedupe::metrics as m;
 use rdkafka::error::KafkaError;
