@@ -30,12 +30,12 @@ use crate::membership::Queue;
 use crate::producer::{Outgoing, Publisher};
 
 pub use audit_record::AuditSettings;
-pub use forget::{ForgetId, ForgetReport, ForgetRequest};
+pub use forget_transaction::{ForgetId, ForgetReport, ForgetRequest};
 
 // The per-batch protocol's steps in `protocol`, what they read from the queue in `intake`, and
 // one file for each concern a batch may meet on the way.
 mod audit_record;
-mod forget;
+mod forget_transaction;
 mod intake;
 mod misrouted;
 #[cfg(feature = "passthrough")]

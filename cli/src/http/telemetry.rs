@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use super::admin::{self, Admin, AdminTargets};
-use super::forget_route as forget;
+use super::forget_route;
 use dedupe_actors::coordinator::Health;
 
 /// Starts logging to stderr. Log lines never carry message payloads or secrets.
@@ -69,12 +69,12 @@ pub fn serve(
             .route("/admin/ids/{id}", web::get().to(admin::admin_explain))
             .route(
                 "/admin/ids/{id}",
-                web::delete().to(forget::admin_forget_one),
+                web::delete().to(forget_route::admin_forget_one),
             )
             .service(
                 web::resource("/admin/forget")
-                    .app_data(web::JsonConfig::default().limit(forget::MAX_BODY_BYTES))
-                    .route(web::post().to(forget::admin_forget)),
+                    .app_data(web::JsonConfig::default().limit(forget_route::MAX_BODY_BYTES))
+                    .route(web::post().to(forget_route::admin_forget)),
             )
             .route("/metrics", metrics_route(handle))
             .route(
