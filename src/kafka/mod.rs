@@ -1,12 +1,12 @@
 //! Kafka client factories: every client the service makes starts from [`client_config`], so
 //! security settings and pass-through properties apply everywhere alike. The settings they read,
-//! the `[kafka]` section ([`KafkaConfig`]), are `settings.rs`.
+//! the `[kafka]` section ([`KafkaConfig`]), are `connection.rs`.
 
+mod connection;
 mod partitioner;
-mod settings;
 
+pub use connection::{is_secret_property, KafkaConfig, SecurityProtocol};
 pub use partitioner::{is_home, InputPartitioner};
-pub use settings::{is_secret_property, KafkaConfig, SecurityProtocol};
 
 use std::time::Duration;
 
