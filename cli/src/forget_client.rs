@@ -1,6 +1,6 @@
 //! `dedupe forget ID... [--file FILE]`: asks the running worker (`POST /admin/forget` at its
-//! metrics address) to forget ids, [`crate::http::forget_route::MAX_IDS`] per request, and prints each
-//! answer as one JSON line. Its exit code ([`Outcome::code`]) is what `dedupe forget --help`
+//! metrics address) to forget ids, [`crate::http::forget_route::MAX_IDS`] per request, and prints
+//! each answer as one JSON line. Its exit code ([`Outcome::code`]) is what `dedupe forget --help`
 //! says: 0 when every id was forgotten on every partition it may be on, 2 when none was
 //! forgotten anywhere (or nothing could be asked), 1 otherwise.
 

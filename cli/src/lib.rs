@@ -10,8 +10,8 @@
 //! - [`explain_client`]: `dedupe explain`, and where an id's partition is; [`forget_client`]:
 //!   `dedupe forget`; [`admin_client`]: what they share to call the admin endpoints and to print.
 //! - [`plan`]: `dedupe plan`; [`tools`]: `dedupe verify` and the ledger's tools.
-//! - Behind the `tools` feature (on by default, off in the image): [`loadgen`], and [`bench`],
-//!   the benches that run the real worker.
+//! - Behind the `tools` feature (on by default, off in the image): [`loadgen`], and
+//!   [`bench`](mod@bench), the benches that run the real worker.
 
 pub mod admin_client;
 pub mod args;

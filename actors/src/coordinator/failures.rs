@@ -4,10 +4,10 @@
 
 use actix::prelude::*;
 
+use super::policy::Retake;
 use super::shutdown::Finish;
 use super::{exit, Coordinator, Stage};
 use crate::consumer::PartitionStopped;
-use crate::coordinator::policy::Retake;
 use crate::events::{Fenced, InputConsumerFailed, PipelineFailed, PipelineFatal};
 use crate::membership::ConsumerFailed;
 

@@ -10,22 +10,22 @@
 //! the input is rewound to the group's committed offset before it flows again. Nothing of the
 //! failed pipeline's last batch is visible, so nothing is lost or published twice.
 //!
-//! Limits (decided by [`crate::coordinator::policy`], which has their unit tests): a partition
+//! Limits (decided by [`super::policy`], which has their unit tests): a partition
 //! retaken more than [`MAX_RETAKES`] times in ten minutes, a second fence within
 //! [`FENCE_MEMORY`] (another worker really writes the partition), or more than
 //! [`MAX_ABANDONED`] hung calls still holding their threads end the worker, for the orchestrator
 //! to restart or page.
 //!
-//! [`MAX_RETAKES`]: crate::coordinator::policy::MAX_RETAKES
-//! [`FENCE_MEMORY`]: crate::coordinator::policy::FENCE_MEMORY
-//! [`MAX_ABANDONED`]: crate::coordinator::policy::MAX_ABANDONED
+//! [`MAX_RETAKES`]: super::policy::MAX_RETAKES
+//! [`FENCE_MEMORY`]: super::policy::FENCE_MEMORY
+//! [`MAX_ABANDONED`]: super::policy::MAX_ABANDONED
 
 use std::time::Instant;
 
 use actix::prelude::*;
 
+use super::policy::{GiveUp, Retake, Verdict};
 use super::{exit, Coordinator, Stage};
-use crate::coordinator::policy::{GiveUp, Retake, Verdict};
 use crate::events::coordinator::{PartitionRetaken, WorkerGivesUp};
 
 impl GiveUp {

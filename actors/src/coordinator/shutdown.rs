@@ -1,5 +1,5 @@
 //! Stopping: finish the batches in flight, close the membership, flush the ledger, exit with the
-//! code of the reason (see [`StopPolicy`](crate::coordinator::policy::StopPolicy)): 0 for a stop asked
+//! code of the reason (see [`StopPolicy`](super::policy::StopPolicy)): 0 for a stop asked
 //! for (SIGTERM, SIGINT), 3 when the group gave the partitions away.
 
 use std::sync::atomic::Ordering;
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
+use super::policy::StopReason;
 use super::{exit, Coordinator, Stage};
-use crate::coordinator::policy::StopReason;
 use crate::events::coordinator::FinalFlushFailed;
 use crate::ledger::Flush;
 
@@ -47,7 +47,7 @@ impl Coordinator {
     /// finishes: at once when none runs, else when the last one stopped (see `failures.rs`) or
     /// after `worker.shutdown_timeout_ms`. Called once, when [`StopPolicy::stop`] starts the stop.
     ///
-    /// [`StopPolicy::stop`]: crate::coordinator::policy::StopPolicy::stop
+    /// [`StopPolicy::stop`]: super::policy::StopPolicy::stop
     pub(super) fn stop_partitions(&mut self, ctx: &mut Context<Self>) {
         self.health.stopping.store(true, Ordering::Relaxed);
         let mut waiting = false;

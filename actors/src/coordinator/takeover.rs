@@ -11,9 +11,9 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
+use super::policy::Retake;
 use super::{Coordinator, Owned, Stage, StartError, StopOnDrop};
 use crate::consumer::{PartitionConsumer, PartitionStopped};
-use crate::coordinator::policy::Retake;
 use crate::events::coordinator::{PartitionAssigned, PartitionLive};
 use crate::handover::{decode_progress, TakeOver, TakeOverError, TakenOver};
 use crate::membership::{Assigned, Queue};

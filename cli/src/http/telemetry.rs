@@ -48,10 +48,10 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` and the admin endpoints ([`admin`], [`forget`]) on
-/// `addr`, which is loopback unless configured otherwise. The admin endpoints need `Authorization:
-/// Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is, a loopback client that is not a
-/// web page.
+/// Serves `/metrics`, `/healthz`, `/readyz` and the admin endpoints ([`admin`],
+/// [`forget_route`]) on `addr`, which is loopback unless configured otherwise. The admin
+/// endpoints need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is,
+/// a loopback client that is not a web page.
 pub fn serve(
     addr: SocketAddr,
     admin_token: Option<Secret>,
