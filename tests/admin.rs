@@ -287,7 +287,7 @@ fn any_id_is_explained_by_the_running_worker_and_from_a_stopped_workers_ledger()
     let unknown_mine = (0..1000)
         .map(|_| uuid::Uuid::new_v4().to_string())
         .find(|u| {
-            let partition = dedupe_actors::explain::partition_of_id(
+            let partition = dedupe_cli::explain_client::partition_of_id(
                 &dedupe::config::IdSource::Key,
                 dedupe::config::InputPartitioner::ConsistentRandom,
                 u.as_bytes(),

@@ -868,7 +868,7 @@ fn image_builds_like_the_readme_and_runs_unprivileged() {
     for needle in [
         "FROM rust:1.95-bookworm AS build",
         "libclang-dev libssl-dev pkg-config",
-        "cargo build --release --locked -p dedupe-actors --bin dedupe",
+        "cargo build --release --locked -p dedupe-cli --bin dedupe",
         "FROM debian:bookworm-slim",
         "ca-certificates libssl3",
         "--uid 10001",

@@ -100,7 +100,7 @@ fn explain_puts_a_key_id_where_the_java_client_puts_its_record() {
         ("a", 3),
         ("messageId-7", 12),
     ] {
-        let p = dedupe_actors::explain::partition_of_id(
+        let p = dedupe_cli::explain_client::partition_of_id(
             &dedupe::config::IdSource::Key,
             dedupe::config::InputPartitioner::Murmur2Random,
             key.as_bytes(),
@@ -110,7 +110,7 @@ fn explain_puts_a_key_id_where_the_java_client_puts_its_record() {
     }
     let header = dedupe::config::IdSource::Header("message-id".into());
     assert_eq!(
-        dedupe_actors::explain::partition_of_id(
+        dedupe_cli::explain_client::partition_of_id(
             &header,
             dedupe::config::InputPartitioner::Murmur2Random,
             b"x",

@@ -1,49 +1,24 @@
-//! The actix layer of dedupe, laid out as the service is:
+//! The worker's actors, one module per actor, each with the messages it receives:
 //!
-//! - [`actors`]: the worker's actors. [`actors::consumer::PartitionConsumer`], one per owned input
-//!   partition; [`actors::ledger::LedgerActor`], which owns the worker's one RocksDB ledger (on a
-//!   `SyncArbiter`); [`actors::producer::Publisher`], which writes the output topic, one
-//!   transactional producer per partition; [`actors::coordinator::Coordinator`]: recovery,
-//!   restarts, snapshots, stats, graceful shutdown; and the [`actors::events`] they emit.
-//! - [`http`]: the worker's HTTP server: metrics and health ([`http::telemetry`]), the admin
-//!   endpoints and their rules ([`http::admin`], [`http::forget`]). The tracking API is the front door's crate,
-//!   `dedupe-tracking`.
-//! - [`cli`]: the command line and the operator's commands ([`cli::tools`]); [`explain`]: `dedupe
-//!   explain`, and where an id's partition is; [`forget`]: `dedupe forget`; [`admin_client`]: what
-//!   they share to call the admin endpoints and to print.
-//! - [`run`]: the worker, wired together; [`rekey`]: `dedupe rekey`, which keys a topic by id;
-//!   [`signals`]: the stop and reload signals of the long-running commands, caught from their start.
-//! - [`bench`]: the pipeline bench.
+//! - [`consumer`]: [`consumer::PartitionConsumer`], one per owned input partition, and its
+//!   pipeline: the per-batch protocol (look up, publish, record), split by concern.
+//! - [`ledger`]: [`ledger::LedgerActor`], which owns the worker's one RocksDB ledger (on a
+//!   `SyncArbiter`).
+//! - [`producer`]: [`producer::Publisher`], which writes the output topic, one transactional
+//!   producer per partition.
+//! - [`coordinator`]: [`coordinator::Coordinator`]: take-overs, revocations, restarts, snapshots,
+//!   stats and graceful shutdown, with the rules it acts on ([`coordinator::policy`]).
+//! - [`membership`]: the input consumer, its group and rebalance callback; [`handover`]: fence,
+//!   then load, one partition.
+//! - [`events`]: the worker's instrumentation, every metric and warning it emits.
+//!
+//! The `dedupe` binary that starts them, its commands and the worker's HTTP server are the
+//! `dedupe-cli` crate.
 
-pub mod actors {
-    //! The worker's actors and the events they emit.
-    pub mod consumer;
-    pub mod coordinator;
-    pub mod events;
-    pub mod handover;
-    pub mod ledger;
-    pub mod membership;
-    pub mod policy;
-    pub mod producer;
-    pub mod snapshots;
-}
-pub mod admin_client;
-#[cfg(feature = "tools")]
-pub mod bench {
-    //! Benches that run the real worker.
-    pub mod handoff;
-    pub mod latency;
-    pub mod pipeline;
-}
-pub mod cli;
-pub mod explain;
-pub mod forget;
-pub mod http {
-    //! The worker's HTTP server.
-    pub mod admin;
-    pub mod forget;
-    pub mod telemetry;
-}
-pub mod rekey;
-pub mod run;
-pub mod signals;
+pub mod consumer;
+pub mod coordinator;
+pub mod events;
+pub mod handover;
+pub mod ledger;
+pub mod membership;
+pub mod producer;

@@ -25,7 +25,7 @@ build() {
   git worktree add -f --detach "$tree" "$rev" >/dev/null 2>&1
   local start=$SECONDS
   echo "bench: building $name ($rev) from clean in $tree" >&2
-  (cd "$tree" && CARGO_TARGET_DIR="$tree/target" cargo build --release --locked -p dedupe-actors --bin dedupe --timings) \
+  (cd "$tree" && CARGO_TARGET_DIR="$tree/target" cargo build --release --locked -p dedupe-cli --bin dedupe --timings) \
     >"$dir/$name.log" 2>&1 || { tail -n 30 "$dir/$name.log" >&2; exit 1; }
   echo $((SECONDS - start)) >"$dir/$name.secs"
   cp "$tree/target/cargo-timings/cargo-timing.html" "$dir/$name-timing.html"

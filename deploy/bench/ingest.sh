@@ -45,7 +45,7 @@ e2e_rounds=${BENCH_E2E_ROUNDS:-1}
 
 die() { echo "bench: $*" >&2; exit 1; }
 deploy/local/install-deps.sh --tests
-[ -x "$dedupe" ] || die "no dedupe binary at $dedupe (cargo build --release -p dedupe-actors)"
+[ -x "$dedupe" ] || die "no dedupe binary at $dedupe (cargo build --release -p dedupe-cli)"
 command -v wrk >/dev/null || die "wrk is not installed"
 command -v kcat >/dev/null || die "kcat is not installed"
 

@@ -20,7 +20,7 @@ records=${BENCH_RECORDS:-1000000}
 rounds=${BENCH_ROUNDS:-3}
 partitions=${BENCH_PARTITIONS:-4}
 die() { echo "bench: $*" >&2; exit 1; }
-[ -x "$dedupe" ] || die "no dedupe binary at $dedupe (cargo build --release -p dedupe-actors)"
+[ -x "$dedupe" ] || die "no dedupe binary at $dedupe (cargo build --release -p dedupe-cli)"
 
 brokers=$(deploy/local/kafka.sh up | tail -n 1)
 cp=$(deploy/local/kafka.sh classpath)

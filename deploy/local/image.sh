@@ -64,13 +64,13 @@ build() {
   ensure_base
   # The release binary as the Dockerfile's build stage makes it (no failpoints, no tools: no
   # `bench`, no `loadgen`), stripped, in the build context where the `prebuilt` stage takes it.
-  cargo build --release --locked -p dedupe-actors --bin dedupe --no-default-features
+  cargo build --release --locked -p dedupe-cli --bin dedupe --no-default-features
   mkdir -p .image
   install -s -m 0755 "$CARGO_TARGET_DIR/release/dedupe" .image/dedupe
   echo "image.sh: the image's binary is $(stat -c %s .image/dedupe) bytes, stripped"
   # The checks below drive the image with this machine's loadgen: the default build again
   # (cargo keeps both builds' objects, so this only links).
-  cargo build --release --locked -p dedupe-actors --bin dedupe
+  cargo build --release --locked -p dedupe-cli --bin dedupe
   local started=$SECONDS
   # The docker format keeps the HEALTHCHECK (OCI images have none).
   pm build --format docker --pull=never --network host "${ulimits[@]}" --build-arg BINARY=prebuilt \

@@ -26,7 +26,7 @@ cargo fmt --all --check
 step "format"
 
 # Rust: every crate and test target, with failpoints compiled into the binary for the crash tests
-# (cargo builds the binary, with them, before the integration tests of dedupe-actors that start
+# (cargo builds the binary, with them, before the integration tests of dedupe-cli that start
 # it). .config/nextest.toml has the test groups and the timing summary.
 trap 'deploy/local/cluster.sh down >/dev/null || true' EXIT
 cargo nextest run --release --locked --workspace --features dedupe-actors/failpoints --no-fail-fast

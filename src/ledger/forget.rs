@@ -10,7 +10,7 @@
 //! records after newer ones never brings back a forget that a re-send already ended.
 //!
 //! Marks are stored per input partition, as their marker records are: a forget is written to the
-//! changelog of each partition the id may be on (see `dedupe_actors::http::forget`), and offsets
+//! changelog of each partition the id may be on (see `dedupe_cli::http::forget_route`), and offsets
 //! order the marks of one partition. They are **read per id**, because a worker's partitions share
 //! this one ledger (an id seen on one is dropped on the others): an id is forgotten, on every
 //! partition, while its newest forget is newer than its newest re-send on any partition

@@ -1,7 +1,7 @@
 //! The core's internal events: what the ledger, the output producer, recovery and the watchdog
 //! report, each one struct whose `emit` writes its log line and its count together, so the two
 //! never drift apart. The worker's and the front door's events live beside their code
-//! (`dedupe_actors::actors::events`, `dedupe_tracking::server::events`); every name and label
+//! (`dedupe_actors::events`, `dedupe_tracking::server::events`); every name and label
 //! they use is declared once, in [`crate::metrics`].
 //!
 //! The fields are plain values (no ledger or recovery types), so the modules that emit them

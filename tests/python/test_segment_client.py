@@ -49,7 +49,7 @@ def run(cmd, timeout=120, **kwargs):
 @pytest.fixture(scope="session")
 def dedupe_bin():
     if not os.access(DEDUPE, os.X_OK):
-        pytest.fail(f"the dedupe binary is not at {DEDUPE}: build it with `cargo build --release -p dedupe-actors`")
+        pytest.fail(f"the dedupe binary is not at {DEDUPE}: build it with `cargo build --release -p dedupe-cli`")
     return DEDUPE
 
 

@@ -5,8 +5,8 @@
 //! decoding ([`body`]), requests and their events ([`envelope`], [`event`]) over JSON kept as
 //! sent ([`json`]), the settings document analytics.js loads ([`settings`]), and the per-source
 //! token buckets ([`rate_limit`]). The pure modules know nothing of HTTP, Kafka or the core; only
-//! [`server`] does. The worker is another crate (`dedupe-actors`); the `dedupe` binary starts
-//! this crate's [`server::serve`] for `dedupe ingest`.
+//! [`server`] does. The worker is another crate (`dedupe-actors`); the `dedupe` binary
+//! (`dedupe-cli`) starts this crate's [`server::serve`] for `dedupe ingest`.
 //!
 //! Guarantee: a valid event is never lost or altered because of another event. A request whose
 //! body can be read (valid JSON, within the size limits) yields every valid event ready for Kafka

@@ -4,7 +4,7 @@
 //! cluster in [`cluster`]), one load generator ([`load`]) and one exactly-once checker
 //! ([`exactly_once`]), and [`wait_until`], the poll every wait is made of.
 //!
-//! The tests are integration tests of `dedupe-actors`, the package that owns the `dedupe`
+//! The tests are integration tests of `dedupe-cli`, the package that owns the `dedupe`
 //! binary, so cargo builds the binary (with the features the run asks for) before them and each
 //! test names it with `env!("CARGO_BIN_EXE_dedupe")`; see [`Dedupe`]. A test that cannot reach
 //! what it needs fails with a message saying what is missing; nothing here skips.

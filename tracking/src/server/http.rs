@@ -109,7 +109,7 @@ fn ensure_file_limit(connections: usize) -> Result<(), LimitsError> {
 
 /// Serves the app that `factory` makes on `addr` under `limits`, until its handle stops it
 /// (gracefully, within `limits.shutdown_timeout`). It handles no signal itself: the binary
-/// catches them from its start (`dedupe_actors::signals`) and stops it.
+/// catches them from its start (`dedupe_cli::signals`) and stops it.
 pub fn serve_http<F, A, B>(addr: SocketAddr, limits: Limits, factory: F) -> std::io::Result<Server>
 where
     F: Fn() -> actix_web::App<A> + Send + Clone + 'static,

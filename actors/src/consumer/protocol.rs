@@ -1,0 +1,326 @@
+//! One batch, in the order the guarantee needs: look its ids up in the ledger, decide each
+//! record's fate, publish the new records with the next input offset in one output transaction,
+//! then record the new ids with the progress that follows the batch (see the module above for why
+//! this order). Written against the seams (`seams.rs`), so `tests.rs` runs it over doubles.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedupe::audit::Admission;
+use dedupe::batch::{self, Candidate, Fate, Rules, SourceMode, Verdict, HEADER_DUPLICATE};
+use dedupe::clock::now_ms;
+use dedupe::config::{ReusedIdPolicy, UnkeyedPolicy};
+use dedupe::identity::LedgerKey;
+use dedupe::ledger::{Held, Mark};
+use dedupe::output::PublishError;
+use dedupe::progress::Progress;
+use dedupe::retry::Backoff;
+
+use super::seams::{IdStore, Sink};
+use super::{Decided, InRecord, NewId, Pipeline, PipelineError};
+use crate::events::partition::{source_header, ReusedAction};
+use crate::events::{TransactionFailed, TransactionRetried};
+use crate::ledger::Looked;
+use crate::producer::Outgoing;
+
+/// How often, and after how long, a batch whose output transaction was aborted is sent again
+/// (nothing of an aborted transaction is visible): 0.2, 0.4, 0.8, 1.6 and 3.2 s.
+pub(super) const ABORTED_BATCH_RETRIES_ALLOWED: u32 = 5;
+const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
+    Duration::from_millis(200),
+    Duration::from_millis(3200),
+    ABORTED_BATCH_RETRIES_ALLOWED,
+);
+
+impl<S: IdStore, K: Sink> Pipeline<S, K> {
+    /// One batch: look its ids up, decide, publish the new records with the next input offset in
+    /// one transaction, then record the new ids with the progress that follows the batch.
+    pub(super) async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
+        let n = batch.len();
+        let next_input_offset = batch[n - 1].offset + 1;
+        self.metrics.records_in.increment(n as u64);
+        self.metrics.batch_records.record(n as f64);
+        self.count_misrouted(&batch);
+        let started = Instant::now();
+        let looked = self.look_up(&batch).await?;
+        let looked_up = started.elapsed();
+        let mut decided = self.decide(batch, &looked.held);
+        let resent = self.resent(&mut decided, &looked.forgotten);
+        let (new_ids, committed) = self.publish_decided(decided, next_input_offset).await?;
+        let published = started.elapsed();
+        fail::fail_point!("worker-after-publish", |_| {
+            eprintln!("failpoint worker-after-publish: exiting");
+            std::process::exit(86)
+        });
+        let marks = resent.marks(committed.changelog_offset);
+        let resent_ids = marks.len() as u64;
+        self.record(new_ids, next_input_offset, marks).await?;
+        if resent_ids > 0 {
+            self.metrics.resent.increment(resent_ids);
+        }
+        fail::fail_point!("worker-after-record", |_| {
+            eprintln!("failpoint worker-after-record: exiting");
+            std::process::exit(86)
+        });
+        if let Some(live_since) = self.live_since.take() {
+            let ms = |d: Duration| d.as_millis() as u64;
+            tracing::info!(
+                partition = self.partition,
+                records = n,
+                waited_ms = ms(started.duration_since(live_since)),
+                lookup_ms = ms(looked_up),
+                publish_ms = ms(published - looked_up),
+                record_ms = ms(started.elapsed() - published),
+                "The partition's first batch is through."
+            );
+        }
+        Ok(())
+    }
+
+    /// Step 1: looks the batch's ids up in the ledger: what it holds of each keyed record's id (its
+    /// first-seen time and digest), if anything.
+    pub(super) async fn look_up(&self, batch: &[InRecord]) -> Result<Looked, PipelineError> {
+        let p = self.partition;
+        let t = Instant::now();
+        let keys: Vec<LedgerKey> = batch.iter().filter_map(|r| r.id.ok()).collect();
+        let found = if keys.is_empty() {
+            Looked::default()
+        } else {
+            self.ledger.look_up(p, keys).await?
+        };
+        self.metrics
+            .lookup_seconds
+            .record(t.elapsed().as_secs_f64());
+        Ok(found)
+    }
+
+    /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
+    /// without an id follow the unkeyed policy.
+    pub(super) fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
+        let candidates: Vec<Candidate> = {
+            let modes = self
+                .settings
+                .source_modes
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            batch
+                .iter()
+                .map(|r| Candidate {
+                    id: r.id,
+                    timestamp_ms: r.out.timestamp_ms,
+                    digest: r.digest,
+                    mode: modes.of(source_header(&r.out).flatten()),
+                })
+                .collect()
+        };
+        let rules = Rules {
+            unkeyed: self.settings.unkeyed_policy,
+            reused_id: self.settings.reused_id,
+            now_ms: now_ms(),
+            limit_ms: self.settings.retention_limit_ms,
+            refresh: self.settings.refresh_on_duplicate,
+        };
+        let decision = batch::decide(&candidates, found, rules);
+        if decision.refreshed > 0 {
+            self.metrics.refreshed.increment(decision.refreshed as u64);
+        }
+        let mut records = Vec::with_capacity(batch.len());
+        let mut dead_letters = Vec::new();
+        let mut audit = Vec::new();
+        let now = Instant::now();
+        for (mut r, fate) in batch.into_iter().zip(&decision.fates) {
+            if fate.reaches_output() {
+                // Only the worker's own flag, added below, says on the output that a copy is a
+                // duplicate.
+                let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
+                if renamed > 0 {
+                    self.metrics
+                        .input_duplicate_headers
+                        .increment(renamed as u64);
+                }
+            }
+            match *fate {
+                Fate::Publish => {
+                    self.metrics
+                        .of_source(source_header(&r.out))
+                        .published
+                        .increment(1);
+                    records.push(r.out);
+                }
+                Fate::Duplicate(seen) => {
+                    let source = source_header(&r.out);
+                    self.metrics.of_source(source).duplicate.increment(1);
+                    self.metrics
+                        .duplicate_age
+                        .record(seen.age_ms as f64 / 1000.0);
+                    self.metrics.dropped(seen.verdict).increment(1);
+                    if seen.verdict == Verdict::ReusedId {
+                        self.metrics.reused(ReusedAction::Dropped).increment(1);
+                        self.metrics.of_source(source).reused.increment(1);
+                    }
+                    if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
+                        match sampler.admit(&key, now) {
+                            Admission::Audited => {
+                                let source =
+                                    source.flatten().and_then(|v| std::str::from_utf8(v).ok());
+                                audit.push(self.audit_record(&r, key, source, seen));
+                            }
+                            Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
+                            Admission::OverCap => self.metrics.audit_over_cap.increment(1),
+                        }
+                    }
+                }
+                Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
+                    self.metrics.reused(ReusedAction::DeadLettered).increment(1);
+                    self.metrics
+                        .of_source(source_header(&r.out))
+                        .reused
+                        .increment(1);
+                    dead_letters.push(r.out);
+                }
+                Fate::Reused(..) => {
+                    self.metrics.reused(ReusedAction::Published).increment(1);
+                    let counters = self.metrics.of_source(source_header(&r.out));
+                    counters.published.increment(1);
+                    counters.reused.increment(1);
+                    records.push(r.out);
+                }
+                Fate::Passed(seen, mode) => {
+                    let counters = self.metrics.of_source(source_header(&r.out));
+                    let mut out = r.out;
+                    if mode == SourceMode::Flag {
+                        counters.flagged.increment(1);
+                        out.headers.push((
+                            HEADER_DUPLICATE.to_string(),
+                            Some(seen.verdict.as_str().as_bytes().to_vec()),
+                        ));
+                    } else {
+                        counters.passed.increment(1);
+                    }
+                    records.push(out);
+                }
+                Fate::Forward(reason) => {
+                    self.unkeyed(reason, UnkeyedPolicy::Forward);
+                    records.push(r.out);
+                }
+                Fate::DeadLetter(reason) => {
+                    self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
+                    dead_letters.push(r.out);
+                }
+                Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
+            }
+        }
+        Decided {
+            outgoing: Outgoing {
+                records,
+                dead_letters,
+                audit,
+                new_ids: decision.new_ids,
+                marks: Vec::new(),
+                other_marks: Vec::new(),
+            },
+            oldest_new_ms: decision.oldest_new_ms,
+        }
+    }
+
+    /// Step 3: publishes the new records and the input offset in one transaction; returns the new
+    /// ids, to record, and what the transaction committed.
+    pub(super) async fn publish_decided(
+        &mut self,
+        decided: Decided,
+        next_input_offset: i64,
+    ) -> Result<(Vec<NewId>, dedupe::output::Committed), PipelineError> {
+        let t = Instant::now();
+        let out_count = decided.outgoing.records.len() as u64;
+        let audited = decided.outgoing.audit.len() as u64;
+        let outgoing = Arc::new(decided.outgoing);
+        let committed = self.publish(&outgoing, next_input_offset).await?;
+        self.metrics
+            .publish_seconds
+            .record(t.elapsed().as_secs_f64());
+        self.metrics.committed.increment(1);
+        self.metrics.records_out.increment(out_count);
+        if audited > 0 {
+            self.metrics.audit_written.increment(audited);
+        }
+        if let Some(last) = committed.last_output_offset {
+            self.next_output_offset = last + 1;
+        }
+        if let Some(at) = committed.changelog_offset {
+            self.next_changelog_offset = at + 1;
+            self.metrics.changelog_records.increment(1);
+        }
+        if let Some(oldest) = decided.oldest_new_ms {
+            self.metrics
+                .end_to_end
+                .record(((now_ms() - oldest).max(0) as f64) / 1000.0);
+        }
+        // The publisher let go of the batch when it answered; a copy only if it still holds it.
+        let new_ids =
+            Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids);
+        Ok((new_ids, committed))
+    }
+
+    /// Step 4: records the new ids with the progress that follows this batch.
+    pub(super) async fn record(
+        &self,
+        new_ids: Vec<NewId>,
+        next_input_offset: i64,
+        marks: Vec<(LedgerKey, Mark)>,
+    ) -> Result<(), PipelineError> {
+        let p = self.partition;
+        let t = Instant::now();
+        let progress = Progress {
+            next_input_offset,
+            next_output_offset: self.next_output_offset,
+            next_changelog_offset: self.next_changelog_offset,
+        };
+        self.ledger.record(p, new_ids, progress, marks).await?;
+        self.metrics
+            .record_seconds
+            .record(t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Publishes, retrying aborted transactions a few times (nothing of an aborted one is
+    /// visible). Every attempt sends the same shared batch: nothing is copied.
+    pub(super) async fn publish(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        next_input_offset: i64,
+    ) -> Result<dedupe::output::Committed, PipelineError> {
+        let p = self.partition;
+        let mut backoff = ABORTED_BATCH_RETRIES;
+        loop {
+            let result = self
+                .publisher
+                .publish(p, Arc::clone(outgoing), next_input_offset)
+                .await?;
+            match result {
+                Ok(c) => return Ok(c),
+                Err(PublishError::Aborted { source })
+                    if backoff.retries() < ABORTED_BATCH_RETRIES_ALLOWED =>
+                {
+                    let delay = backoff.next_delay().unwrap_or_default();
+                    TransactionRetried {
+                        partition: p,
+                        attempt: backoff.retries(),
+                        error: &source,
+                    }
+                    .emit();
+                    tokio::time::sleep(delay).await;
+                }
+                Err(source) => {
+                    TransactionFailed {
+                        fenced: source.is_fenced(),
+                    }
+                    .emit();
+                    return Err(PipelineError::Publish {
+                        partition: p,
+                        source,
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,531 @@
+//! The per-batch protocol against in-memory doubles of its seams: a map for the ledger and a list
+//! of committed transactions for the output. What they check is the design's core: look up, then
+//! publish, then record; nothing recorded that was not committed; duplicates dropped; the
+//! progress that follows each batch; aborted transactions sent again, whole.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use dedupe::clock::now_ms;
+use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
+use dedupe::identity::{ContentDigest, LedgerKey, Unkeyed, LEDGER_KEY_BYTES};
+use dedupe::ledger::{Forgotten, Held, Mark, MarkKind};
+use dedupe::output::{Committed, OutRecord, PublishError};
+use dedupe::progress::Progress;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+use super::seams::{IdStore, Sink};
+use super::{InRecord, NewId, Pipeline, PipelineError, PipelineSettings};
+use crate::events::partition::PartitionMetrics;
+use crate::ledger::Looked;
+use crate::producer::Outgoing;
+
+/// One call a double saw, in the order the pipeline made them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    LookUp(usize),
+    Publish {
+        records: usize,
+        next_input_offset: i64,
+    },
+    Record {
+        ids: usize,
+        progress: Progress,
+    },
+    Forget(usize),
+}
+
+type Log = std::rc::Rc<RefCell<Vec<Step>>>;
+
+/// The ledger: the ids it holds, and the progress last recorded.
+#[derive(Default)]
+struct MemoryIds {
+    held: RefCell<HashMap<LedgerKey, Held>>,
+    marks: RefCell<HashMap<LedgerKey, Mark>>,
+    progress: RefCell<Option<Progress>>,
+    log: Log,
+}
+
+impl IdStore for MemoryIds {
+    async fn look_up(
+        &self,
+        _partition: i32,
+        keys: Vec<LedgerKey>,
+    ) -> Result<Looked, PipelineError> {
+        self.log.borrow_mut().push(Step::LookUp(keys.len()));
+        let held = self.held.borrow();
+        let marks = self.marks.borrow();
+        let forgotten = |k: &LedgerKey| marks.get(k).is_some_and(|m| m.kind == MarkKind::Forgotten);
+        Ok(Looked {
+            held: keys
+                .iter()
+                .map(|k| held.get(k).copied().filter(|_| !forgotten(k)))
+                .collect(),
+            forgotten: keys
+                .iter()
+                .filter(|k| forgotten(k))
+                .map(|k| Forgotten {
+                    key: *k,
+                    at_ms: marks[k].at_ms,
+                    partitions: vec![marks[k].partition],
+                })
+                .collect(),
+        })
+    }
+
+    async fn record(
+        &self,
+        _partition: i32,
+        items: Vec<NewId>,
+        progress: Progress,
+        marks: Vec<(LedgerKey, Mark)>,
+    ) -> Result<(), PipelineError> {
+        self.log.borrow_mut().push(Step::Record {
+            ids: items.len(),
+            progress,
+        });
+        self.marks.borrow_mut().extend(marks);
+        let mut held = self.held.borrow_mut();
+        for (key, first_seen_ms, digest) in items {
+            held.insert(
+                key,
+                Held {
+                    first_seen_ms,
+                    digest,
+                },
+            );
+        }
+        *self.progress.borrow_mut() = Some(progress);
+        Ok(())
+    }
+
+    async fn forget(
+        &self,
+        _partition: i32,
+        marks: Vec<(LedgerKey, Mark)>,
+    ) -> Result<(), PipelineError> {
+        self.log.borrow_mut().push(Step::Forget(marks.len()));
+        self.marks.borrow_mut().extend(marks);
+        Ok(())
+    }
+}
+
+/// The output: the transactions committed, and the failures the next attempts meet.
+#[derive(Default)]
+struct MemorySink {
+    committed: RefCell<Vec<Arc<Outgoing>>>,
+    failures: RefCell<VecDeque<PublishError>>,
+    next_offset: RefCell<i64>,
+    log: Log,
+}
+
+impl Sink for MemorySink {
+    async fn publish(
+        &self,
+        _partition: i32,
+        outgoing: Arc<Outgoing>,
+        next_input_offset: i64,
+    ) -> Result<Result<Committed, PublishError>, PipelineError> {
+        self.log.borrow_mut().push(Step::Publish {
+            records: outgoing.records.len(),
+            next_input_offset,
+        });
+        if let Some(failure) = self.failures.borrow_mut().pop_front() {
+            return Ok(Err(failure));
+        }
+        let written = outgoing.records.len() as i64;
+        let mut next = self.next_offset.borrow_mut();
+        let last_output_offset = (written > 0).then(|| *next + written - 1);
+        *next += written;
+        let changelog_offset =
+            (!outgoing.new_ids.is_empty() || !outgoing.marks.is_empty()).then_some(0);
+        self.committed.borrow_mut().push(outgoing);
+        Ok(Ok(Committed {
+            last_output_offset,
+            changelog_offset,
+        }))
+    }
+}
+
+fn settings(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> Arc<PipelineSettings> {
+    Arc::new(PipelineSettings {
+        id_source: IdSource::Key,
+        unkeyed_policy: unkeyed,
+        content_digest: DigestSource::HeaderOrValue,
+        reused_id,
+        batch_max_records: 100,
+        batch_max_bytes: 1 << 20,
+        batch_linger: std::time::Duration::from_millis(1),
+        #[cfg(feature = "passthrough")]
+        passthrough: false,
+        input_topic: "in".to_string(),
+        audit: None,
+        sources: Vec::new(),
+        input_partitions: 1,
+        source_modes: Default::default(),
+        retention_limit_ms: None,
+        refresh_on_duplicate: false,
+    })
+}
+
+fn pipeline(
+    unkeyed: UnkeyedPolicy,
+    reused_id: ReusedIdPolicy,
+) -> (Pipeline<MemoryIds, MemorySink>, Log) {
+    let log = Log::default();
+    let settings = settings(unkeyed, reused_id);
+    let pipeline = Pipeline {
+        partition: 0,
+        ledger: MemoryIds {
+            log: log.clone(),
+            ..MemoryIds::default()
+        },
+        publisher: MemorySink {
+            log: log.clone(),
+            ..MemorySink::default()
+        },
+        metrics: PartitionMetrics::new(0, &settings.sources),
+        settings,
+        next_output_offset: 0,
+        next_changelog_offset: 0,
+        unkeyed_warned_at: None,
+        misrouted_warned_at: None,
+        misrouted_since_warned: 0,
+        live_since: None,
+        sampler: None,
+    };
+    (pipeline, log)
+}
+
+fn key(n: u8) -> LedgerKey {
+    LedgerKey([n; LEDGER_KEY_BYTES])
+}
+
+/// A record at `offset` with id `n` (or none) and the given value.
+fn record(offset: i64, id: Option<u8>, value: &str) -> InRecord {
+    InRecord {
+        offset,
+        id: id.map(key).ok_or(Unkeyed::Missing),
+        misrouted: false,
+        digest: Some(ContentDigest::of_value(value.as_bytes())),
+        out: OutRecord {
+            key: id.map(|n| vec![n]),
+            value: Some(value.as_bytes().to_vec()),
+            headers: Vec::new(),
+            timestamp_ms: Some(1_000 + offset),
+        },
+    }
+}
+
+fn values(records: &[OutRecord]) -> Vec<&str> {
+    records
+        .iter()
+        .map(|r| std::str::from_utf8(r.value.as_deref().unwrap_or_default()).unwrap_or("?"))
+        .collect()
+}
+
+fn aborted() -> PublishError {
+    PublishError::Aborted {
+        source: KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_is_looked_up_then_published_then_recorded_with_the_progress_after_it() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(10, Some(1), "a"), record(11, Some(2), "b")])
+        .await
+        .expect("processed");
+    let progress = Progress {
+        next_input_offset: 12,
+        next_output_offset: 2,
+        next_changelog_offset: 1,
+    };
+    assert_eq!(
+        *log.borrow(),
+        vec![
+            Step::LookUp(2),
+            Step::Publish {
+                records: 2,
+                next_input_offset: 12
+            },
+            Step::Record { ids: 2, progress },
+        ]
+    );
+    assert_eq!(*p.ledger.progress.borrow(), Some(progress));
+    assert_eq!(p.ledger.held.borrow().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeats_are_dropped_within_a_batch_and_across_batches() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![
+        record(0, Some(1), "a"),
+        record(1, Some(1), "a"),
+        record(2, Some(2), "b"),
+    ])
+    .await
+    .expect("first batch");
+    p.process(vec![record(3, Some(2), "b"), record(4, Some(3), "c")])
+        .await
+        .expect("second batch");
+    let committed = p.publisher.committed.borrow();
+    assert_eq!(values(&committed[0].records), ["a", "b"]);
+    assert_eq!(values(&committed[1].records), ["c"]);
+    assert_eq!(committed[0].new_ids.len(), 2);
+    assert_eq!(committed[1].new_ids.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_recorded_when_the_transaction_fails() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.publisher
+        .failures
+        .borrow_mut()
+        .push_back(PublishError::Fenced {
+            transactional_id: "t".to_string(),
+            source: KafkaError::MessageProduction(RDKafkaErrorCode::Fenced),
+        });
+    let result = p.process(vec![record(0, Some(1), "a")]).await;
+    assert!(matches!(result, Err(ref e) if e.is_fenced()), "{result:?}");
+    assert!(p.ledger.held.borrow().is_empty());
+    assert_eq!(*p.ledger.progress.borrow(), None);
+    assert!(!log
+        .borrow()
+        .iter()
+        .any(|s| matches!(s, Step::Record { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_aborted_transaction_is_sent_again_whole_and_recorded_once() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.publisher
+        .failures
+        .borrow_mut()
+        .extend([aborted(), aborted()]);
+    p.process(vec![record(5, Some(1), "a"), record(6, Some(2), "b")])
+        .await
+        .expect("processed after two aborts");
+    let publishes: Vec<Step> = log
+        .borrow()
+        .iter()
+        .filter(|s| matches!(s, Step::Publish { .. }))
+        .cloned()
+        .collect();
+    let attempt = Step::Publish {
+        records: 2,
+        next_input_offset: 7,
+    };
+    assert_eq!(publishes, vec![attempt.clone(), attempt.clone(), attempt]);
+    let records: Vec<Step> = log
+        .borrow()
+        .iter()
+        .filter(|s| matches!(s, Step::Record { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(records.len(), 1);
+    assert_eq!(p.publisher.committed.borrow().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transaction_that_keeps_aborting_ends_the_pipeline_without_recording() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.publisher
+        .failures
+        .borrow_mut()
+        .extend((0..=super::protocol::ABORTED_BATCH_RETRIES_ALLOWED).map(|_| aborted()));
+    let result = p.process(vec![record(0, Some(1), "a")]).await;
+    assert!(
+        matches!(result, Err(PipelineError::Publish { .. })),
+        "{result:?}"
+    );
+    assert!(result.as_ref().is_err_and(|e| e.is_retryable()));
+    assert!(p.ledger.held.borrow().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_without_an_id_follow_the_unkeyed_policy() {
+    for (policy, published, dead) in [
+        (UnkeyedPolicy::Forward, vec!["a", "x"], vec![]),
+        (UnkeyedPolicy::Drop, vec!["a"], vec![]),
+        (UnkeyedPolicy::DeadLetter, vec!["a"], vec!["x"]),
+    ] {
+        let (mut p, _) = pipeline(policy, ReusedIdPolicy::Drop);
+        p.process(vec![record(0, Some(1), "a"), record(1, None, "x")])
+            .await
+            .expect("processed");
+        let committed = p.publisher.committed.borrow();
+        assert_eq!(values(&committed[0].records), published, "{policy:?}");
+        assert_eq!(values(&committed[0].dead_letters), dead, "{policy:?}");
+        // Only the keyed record's id is looked up and recorded.
+        assert_eq!(committed[0].new_ids.len(), 1, "{policy:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reused_id_follows_its_policy() {
+    for (policy, published, dead) in [
+        (ReusedIdPolicy::Drop, vec!["a"], vec![]),
+        (ReusedIdPolicy::Publish, vec!["a", "other"], vec![]),
+        (ReusedIdPolicy::DeadLetter, vec!["a"], vec!["other"]),
+    ] {
+        let (mut p, _) = pipeline(UnkeyedPolicy::Forward, policy);
+        p.process(vec![record(0, Some(1), "a")])
+            .await
+            .expect("first");
+        p.process(vec![record(1, Some(1), "other")])
+            .await
+            .expect("second");
+        let committed = p.publisher.committed.borrow();
+        let all: Vec<&str> = committed.iter().flat_map(|o| values(&o.records)).collect();
+        let dead_letters: Vec<&str> = committed
+            .iter()
+            .flat_map(|o| values(&o.dead_letters))
+            .collect();
+        assert_eq!(all, published, "{policy:?}");
+        assert_eq!(dead_letters, dead, "{policy:?}");
+        // The id is recorded once, with its first content.
+        assert_eq!(p.ledger.held.borrow().len(), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_of_repeats_publishes_nothing_but_still_moves_the_progress() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("first");
+    p.process(vec![record(1, Some(1), "a"), record(2, Some(1), "a")])
+        .await
+        .expect("second");
+    let last = log.borrow().last().cloned();
+    assert_eq!(
+        last,
+        Some(Step::Record {
+            ids: 0,
+            progress: Progress {
+                next_input_offset: 3,
+                next_output_offset: 1,
+                next_changelog_offset: 1,
+            }
+        })
+    );
+    // The input offset is committed with the (empty) transaction: the repeats are not read again.
+    assert!(log.borrow().contains(&Step::Publish {
+        records: 0,
+        next_input_offset: 3
+    }));
+}
+
+/// A forget to send the pipeline, and where its answer comes.
+fn forget_request(
+    ids: &[u8],
+) -> (
+    super::ForgetRequest,
+    tokio::sync::oneshot::Receiver<Result<super::ForgetReport, String>>,
+) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let request = super::ForgetRequest {
+        ids: ids
+            .iter()
+            .map(|&n| super::ForgetId {
+                id: n.to_string(),
+                key: key(n),
+                // Id 1 is recorded by the test's first batch; 9 never is.
+                held_by_worker: n == 1,
+            })
+            .collect(),
+        by: "alice".to_string(),
+        reason: Some("ticket 7".to_string()),
+        at_ms: 1_000,
+        reply,
+    };
+    (request, answer)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forgotten_id_is_published_once_more_then_held_again() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a"), record(1, Some(2), "b")])
+        .await
+        .expect("first batch");
+    let (request, answer) = forget_request(&[1, 9]);
+    p.forget(request).await.expect("forget");
+    let report = answer.await.expect("answered").expect("done");
+    assert_eq!((report.ids, report.held_by_worker), (2, 1), "{report:?}");
+    {
+        // The forget's own transaction: a marker record, no input offset, no records.
+        let committed = p.publisher.committed.borrow();
+        let forget = committed.last().unwrap();
+        assert!(forget.records.is_empty() && forget.new_ids.is_empty());
+        let marker = dedupe::changelog::decode_mark(&forget.marks[0]).expect("a marker");
+        assert_eq!(marker.kind, MarkKind::Forgotten);
+        assert_eq!(marker.keys, [key(1), key(9)]);
+        assert!(log.borrow().contains(&Step::Publish {
+            records: 0,
+            next_input_offset: -1
+        }));
+        assert_eq!(log.borrow().last(), Some(&Step::Forget(2)));
+    }
+    // Its next copy is published, with a resent marker in the same transaction; the copy
+    // after that is dropped, and an id never forgotten stays dropped.
+    p.process(vec![record(2, Some(1), "a"), record(3, Some(2), "b")])
+        .await
+        .expect("second batch");
+    p.process(vec![record(4, Some(1), "a")])
+        .await
+        .expect("third batch");
+    let committed = p.publisher.committed.borrow();
+    let resent = &committed[committed.len() - 2];
+    assert_eq!(values(&resent.records), ["a"]);
+    let marker = dedupe::changelog::decode_mark(&resent.marks[0]).expect("a marker");
+    assert_eq!(
+        (marker.kind, marker.keys.as_slice()),
+        (MarkKind::Resent, &[key(1)][..])
+    );
+    assert!(committed.last().unwrap().records.is_empty(), "held again");
+    let marks = p.ledger.marks.borrow();
+    assert_eq!(marks[&key(1)].kind, MarkKind::Resent);
+    assert_eq!(marks[&key(9)].kind, MarkKind::Forgotten);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resend_ends_the_forget_in_the_changelog_of_each_partition_it_was_written_to() {
+    let (mut p, _log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("first batch");
+    // Id 1 forgotten on partition 0 (this pipeline's) and on partition 3 (the id's other
+    // partitioner's), at a time ahead of this machine's clock (another worker's, or a clock
+    // stepped back since).
+    let ahead = now_ms() + 3_600_000;
+    p.ledger.marks.borrow_mut().insert(
+        key(1),
+        Mark {
+            partition: 3,
+            kind: MarkKind::Forgotten,
+            changelog_offset: 40,
+            at_ms: ahead,
+        },
+    );
+    p.process(vec![record(1, Some(1), "a")])
+        .await
+        .expect("the copy after the forget");
+    let committed = p.publisher.committed.borrow();
+    let resent = committed.last().unwrap();
+    assert_eq!(values(&resent.records), ["a"], "published once more");
+    // The re-send's marker, in this partition's changelog and in partition 3's, is not older
+    // than the forget it ends.
+    let own = dedupe::changelog::decode_mark(&resent.marks[0]).expect("a marker");
+    assert_eq!((own.kind, own.at_ms), (MarkKind::Resent, ahead));
+    let [(3, other)] = resent.other_marks.as_slice() else {
+        panic!("one marker for partition 3: {:?}", resent.other_marks.len());
+    };
+    let other = dedupe::changelog::decode_mark(other).expect("a marker");
+    assert_eq!(
+        (other.kind, other.at_ms, other.keys.as_slice()),
+        (MarkKind::Resent, ahead, &[key(1)][..])
+    );
+}
