@@ -26,6 +26,7 @@ pub mod snapshot;
 mod tests;
 pub mod watchdog;
 pub mod window;
+pub mod wire;
 
 /// A Kafka partition number, typed as Kafka's clients type it, everywhere: the ledger's API and
 /// records, progress, recovery and the actors. Partitions are never negative; on disk the ledger

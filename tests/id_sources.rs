@@ -687,15 +687,15 @@ fn a_record_larger_than_the_input_accepts_goes_to_the_dead_letter_topic_and_its_
             .map(|v| String::from_utf8(v).unwrap())
     };
     assert_eq!(
-        header(dedupe_actors::rekey::HEADER_REKEY_REASON).as_deref(),
+        header(dedupe::wire::HEADER_REKEY_REASON).as_deref(),
         Some("too_large")
     );
     assert_eq!(
-        header(dedupe_actors::rekey::HEADER_REKEY_SOURCE),
+        header(dedupe::wire::HEADER_REKEY_SOURCE),
         Some(format!("{}:0:10", source.name))
     );
     assert_eq!(
-        header(dedupe_actors::rekey::HEADER_REKEY_BYTES),
+        header(dedupe::wire::HEADER_REKEY_BYTES),
         Some(big.to_string())
     );
     assert!(

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::audit::{self, Admission, DroppedCopy, Sampler};
-use dedupe::batch::{self, Candidate, Fate, Rules, Seen, SourceMode, Verdict, HEADER_DUPLICATE};
+use dedupe::batch::{self, Candidate, Fate, Rules, Seen, SourceMode, Verdict};
 use dedupe::clock::now_ms;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, SourceModes, UnkeyedPolicy};
 use dedupe::identity::{identify, ContentDigest, LedgerKey, RecordView, Unkeyed};
@@ -24,6 +24,7 @@ use dedupe::ledger::{Held, LedgerError, Mark};
 use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
+use dedupe::wire::HEADER_DUPLICATE;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
