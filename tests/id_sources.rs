@@ -1034,9 +1034,13 @@ fn a_producers_own_duplicate_header_never_reaches_the_output_as_a_duplicate_clai
             ),
         ],
     );
+    // The front door's write keys in the worker's environment too (one configuration for both):
+    // the worker does not read them. It counts apart the sources its own settings name, here
+    // `worker.source_modes`' (no `worker.sources`), so "web" counts as `other`.
     let mut worker = DEDUPE
         .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_SOURCE_MODES", "import=flag")
+        .env("DEDUPE_WRITE_KEYS", "claim-key=web")
         .start();
     worker.wait_ready(Duration::from_secs(60));
     let out = wait_for_records(&output.name, 4, Duration::from_secs(60));
@@ -1069,5 +1073,20 @@ fn a_producers_own_duplicate_header_never_reaches_the_output_as_a_duplicate_clai
         3.0,
         "each renamed header is counted"
     );
+    let by_source = |source, outcome| {
+        worker.metric(
+            "dedupe_source_records_total",
+            &[("source", source), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(by_source("import", "published"), 1.0);
+    assert_eq!(by_source("import", "flagged"), 1.0);
+    assert_eq!(
+        by_source("web", "published"),
+        0.0,
+        "not from the write keys"
+    );
+    assert_eq!(by_source("other", "published"), 2.0);
+    assert_eq!(by_source("none", "published"), 1.0);
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }

@@ -428,25 +428,14 @@ impl Actor for Coordinator {
     }
 }
 
-/// The sources counted apart per record: `worker.sources`, or else those of the front door's write
-/// keys when this worker can read them (the same configuration file and environment).
+/// The sources counted apart per record: `worker.sources`, or else those `worker.source_modes`
+/// names as the worker starts. Both are the worker's own settings: the front door's write keys
+/// are its secret, which the worker never reads.
 fn counted_sources(config: &Config) -> Vec<String> {
     if !config.worker.sources.is_empty() {
         return config.worker.sources.clone();
     }
-    let env = std::env::var(dedupe_tracking::auth::ENV_WRITE_KEYS).ok();
-    match dedupe_tracking::auth::WriteKeys::load(
-        config.ingest.write_keys_file.as_deref(),
-        env.as_deref(),
-    ) {
-        Ok(keys) => {
-            let mut sources: Vec<String> = keys.sources().map(str::to_string).collect();
-            sources.sort_unstable();
-            sources.dedup();
-            sources
-        }
-        Err(_) => Vec::new(),
-    }
+    config.worker.source_modes.0.keys().cloned().collect()
 }
 
 /// Ids of one partition to forget: handed to its pipeline, which answers on the request's reply;
