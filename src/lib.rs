@@ -22,8 +22,6 @@ pub mod recovery;
 pub mod retry;
 pub mod secret;
 pub mod snapshot;
-#[cfg(test)]
-mod tests;
 pub mod watchdog;
 pub mod window;
 pub mod wire;

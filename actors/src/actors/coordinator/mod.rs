@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
-use dedupe::snapshot::{SnapshotPace, Trigger};
+use dedupe::snapshot::{SnapshotError, SnapshotPace, Trigger};
 use dedupe::window::{HourRate, IdRate};
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
@@ -30,7 +30,6 @@ use crate::actors::handover::{TakeOverError, TakenOver};
 use crate::actors::ledger::LedgerActor;
 use crate::actors::membership::{Membership, MembershipError, Queue};
 use crate::actors::policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
-pub use crate::actors::snapshots::TakeSnapshot;
 pub use shutdown::Shutdown;
 
 // One file per concern; the state they share is declared here.
@@ -436,6 +435,21 @@ fn counted_sources(config: &Config) -> Vec<String> {
         return config.worker.sources.clone();
     }
     config.worker.source_modes.0.keys().cloned().collect()
+}
+
+/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook (handled in
+/// `actors::snapshots`). One at a time: a request while one is under way is refused with
+/// [`SnapshotError::Busy`] (a scheduled one is skipped), so no prune ever runs under a running
+/// hook. One started per `snapshots.min_interval_secs`: a request sooner is refused with
+/// [`SnapshotError::TooSoon`] (a scheduled one is skipped). Failures are counted and logged and
+/// never stop the pipeline.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TakeSnapshot {
+    /// Who asks: an operator's request, or the schedule.
+    pub trigger: Trigger,
+    /// Where to send the snapshot's directory, or why there is none.
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<std::path::PathBuf, SnapshotError>>>,
 }
 
 /// Ids of one partition to forget: handed to its pipeline, which answers on the request's reply;
