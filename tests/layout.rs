@@ -584,7 +584,8 @@ fn split_modules(
             continue;
         }
         let name = tokens[i + 1].text.clone();
-        let child = [module.as_slice(), &[name.clone()]].concat();
+        let mut child = module.clone();
+        child.push(name.clone());
         let folder = children.join(&name);
         match tokens.get(i + 2).map(|t| t.text.as_str()) {
             Some("{") => {
