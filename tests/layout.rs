@@ -320,7 +320,7 @@ impl Workspace {
         for (name, dir, manifest) in &self.packages {
             graph.entry(name.clone()).or_default();
             // The dependency's package and the name the code calls it by.
-            let mut deps: Vec<(String, String, &str)> = Vec::new();
+            let mut deps: Vec<(String, &str, &str)> = Vec::new();
             for table in ["dependencies", "build-dependencies", "dev-dependencies"] {
                 let Some(entries) = manifest.get(table).and_then(|t| t.as_table()) else {
                     continue;
@@ -333,7 +333,7 @@ impl Workspace {
                         .find_map(|p| p.as_str())
                         .unwrap_or(key);
                     if package != name && members.contains(package) {
-                        deps.push((package.to_owned(), key.replace('-', "_"), table));
+                        deps.push((package.to_owned(), key.as_str(), table));
                     }
                 }
             }
@@ -343,7 +343,8 @@ impl Workspace {
                 .flat_map(|c| read_crate(&self.root, &c.root))
                 .collect();
             let manifest_file = relative(&self.root, &dir.join("Cargo.toml"));
-            for (package, code_name, table) in deps {
+            for (package, key, table) in deps {
+                let code_name = key.replace('-', "_");
                 let found = sources.iter().find_map(|f| {
                     let at = f
                         .tokens
@@ -378,7 +379,7 @@ impl Workspace {
                     .entry((name.clone(), package.clone()))
                     .or_insert_with(|| {
                         found.unwrap_or_else(|| {
-                            format!("{manifest_file} declares `{code_name}` in [{table}]")
+                            format!("{manifest_file} declares `{key}` in [{table}]")
                         })
                     });
             }
