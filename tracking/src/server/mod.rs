@@ -3,12 +3,12 @@
 //! them with a write key, and logs every valid event to the input topic and every invalid one to
 //! the dead-letter topic, with an idempotent, `acks=all` producer. It owns the HTTP listener, the
 //! producer and the readiness probe; the parsing and validation live in the crate's pure modules,
-//! the record key and headers in the core's wire contract (`dedupe::wire`). One file per concern,
-//! each below the ones it names: [`admission`] (what a request may hold, and when), [`producer`]
-//! (the producer, its settings and the acknowledgements it counts), `topic` (a topic's handle and
-//! the send through it), [`delivery`] (a request's records and the wait for their
-//! acknowledgements), [`outcome`] (answers), [`events`] (metrics and logs), [`readiness`],
-//! [`settings`] (the document analytics.js loads).
+//! the record key and headers in the core's wire contract (`dedupe::wire`). One file per concern:
+//! [`admission`] (what a request may hold, and when), [`producer`](mod@producer) (the producer,
+//! its settings and the acknowledgements it counts, below the topic handle and the delivery),
+//! `topic` (a topic's handle and the send through it), [`delivery`] (a request's records and the
+//! wait for their acknowledgements), [`outcome`] (answers), [`events`] (metrics and logs),
+//! [`readiness`], [`settings`] (the document analytics.js loads).
 //!
 //! Guarantee: never 200 for an event that is not in Kafka, and never a valid event lost or
 //! altered because of another. A request is answered 200 only after Kafka acknowledged every

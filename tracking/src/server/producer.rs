@@ -1,6 +1,6 @@
 //! The input and dead-letter topics' producer: idempotent, `acks=all`, the Java client's
 //! partitioner, its defaults (linger, compression), and the acknowledgements it counts per request
-//! ([`Acks`]), handed to it with each record ([`super::topic::Topic::send`]).
+//! ([`Acks`]), handed to it with each record (`topic::Topic::send`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
