@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::identity::{ContentDigest, LedgerKey, Unkeyed};
 use crate::ledger::{past_limit, Held};
+use crate::wire::{HEADER_DUPLICATE, HEADER_INPUT_DUPLICATE};
 
 /// One input record, as far as the decision is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,14 +37,6 @@ pub struct Candidate {
     /// What its source's copies of seen ids get (`worker.source_modes`).
     pub mode: SourceMode,
 }
-
-/// The header a copy published under [`SourceMode::Flag`] carries: its verdict. On the output only
-/// the worker sets it, once per flagged copy (see [`rename_input_duplicate_headers`]).
-pub const HEADER_DUPLICATE: &str = "dedupe-duplicate";
-
-/// The name under which an input record's own [`HEADER_DUPLICATE`] headers (a producer's, or the
-/// flag of a dedupe pipeline upstream) reach the output, their values kept.
-pub const HEADER_INPUT_DUPLICATE: &str = "dedupe-input-duplicate";
 
 /// Renames the [`HEADER_DUPLICATE`] headers a record came in with to [`HEADER_INPUT_DUPLICATE`]
 /// (same values, same places), so that a record published as a first copy carries no header

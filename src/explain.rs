@@ -4,7 +4,7 @@
 //! (asking the worker, or reading a stopped worker's ledger).
 //!
 //! Ids the front door writes are scoped by source: its records are keyed `<source>:<messageId>`
-//! and the ledger holds that whole key ([`crate::identity::scoped_id`]). A question names the
+//! and the ledger holds that whole key ([`crate::wire::scoped_id`]). A question names the
 //! source, or asks about the id as the worker read it; an answer about a bare id that is not held
 //! says how to ask with a source.
 //!
@@ -16,8 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::{ledger_key, scoped_id, IdError, LedgerKey, SOURCE_SEPARATOR};
+use crate::identity::{ledger_key, IdError, LedgerKey};
 use crate::ledger::{forgotten_since, past_limit, Ledger, LedgerError, MarkKind, Sighting};
+use crate::wire::{scoped_id, SOURCE_SEPARATOR};
 
 /// What is asked about one id.
 #[derive(Debug, Clone, Copy)]

@@ -22,10 +22,9 @@ pub mod recovery;
 pub mod retry;
 pub mod secret;
 pub mod snapshot;
-#[cfg(test)]
-mod tests;
 pub mod watchdog;
 pub mod window;
+pub mod wire;
 
 /// A Kafka partition number, typed as Kafka's clients type it, everywhere: the ledger's API and
 /// records, progress, recovery and the actors. Partitions are never negative; on disk the ledger

@@ -687,15 +687,15 @@ fn a_record_larger_than_the_input_accepts_goes_to_the_dead_letter_topic_and_its_
             .map(|v| String::from_utf8(v).unwrap())
     };
     assert_eq!(
-        header(dedupe_cli::rekey::HEADER_REKEY_REASON).as_deref(),
+        header(dedupe::wire::HEADER_REKEY_REASON).as_deref(),
         Some("too_large")
     );
     assert_eq!(
-        header(dedupe_cli::rekey::HEADER_REKEY_SOURCE),
+        header(dedupe::wire::HEADER_REKEY_SOURCE),
         Some(format!("{}:0:10", source.name))
     );
     assert_eq!(
-        header(dedupe_cli::rekey::HEADER_REKEY_BYTES),
+        header(dedupe::wire::HEADER_REKEY_BYTES),
         Some(big.to_string())
     );
     assert!(
@@ -1034,9 +1034,13 @@ fn a_producers_own_duplicate_header_never_reaches_the_output_as_a_duplicate_clai
             ),
         ],
     );
+    // The front door's write keys in the worker's environment too (one configuration for both):
+    // the worker does not read them. It counts apart the sources its own settings name, here
+    // `worker.source_modes`' (no `worker.sources`), so "web" counts as `other`.
     let mut worker = DEDUPE
         .worker(&input.name, &output.name, &dir.path().join("ledger"))
         .env("DEDUPE_WORKER_SOURCE_MODES", "import=flag")
+        .env("DEDUPE_WRITE_KEYS", "claim-key=web")
         .start();
     worker.wait_ready(Duration::from_secs(60));
     let out = wait_for_records(&output.name, 4, Duration::from_secs(60));
@@ -1068,6 +1072,24 @@ fn a_producers_own_duplicate_header_never_reaches_the_output_as_a_duplicate_clai
         worker.metric("dedupe_input_duplicate_headers_total", &[]),
         3.0,
         "each renamed header is counted"
+    );
+    let by_source = |source, outcome| {
+        worker.metric(
+            "dedupe_source_records_total",
+            &[("source", source), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(by_source("import", "published"), 1.0);
+    assert_eq!(by_source("import", "flagged"), 1.0);
+    assert_eq!(
+        by_source("web", "published"),
+        0.0,
+        "not from the write keys"
+    );
+    assert_eq!(
+        by_source("other", "published"),
+        2.0,
+        "web's two first copies"
     );
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }

@@ -21,7 +21,7 @@
 //! the `[kafka]` section ([`KafkaConfig`]) in `kafka`, [`Secret`] in `secret`, the id's source
 //! ([`IdSource`], [`DigestSource`]) in `identity`, the policies ([`UnkeyedPolicy`],
 //! [`ReusedIdPolicy`]) in `batch`. Configuration depends on the domain, never the reverse: the
-//! module graph test (`src/tests.rs`) holds the core's modules to no circle.
+//! module graph test (`tests/layout.rs`) holds the core's modules to no circle.
 //!
 //! Defaults live in each section's `Default` impl, each with a comment on where it comes from;
 //! `config/dedupe.toml` documents every key and must stay in step (a test parses it).

@@ -93,9 +93,9 @@ pub struct WorkerConfig {
     /// retry storm cannot double the output's write load.
     pub audit_max_per_sec: u32,
     /// The sources counted apart in `dedupe_source_records_total` (the front door's write keys'
-    /// sources: its `dedupe-source` header). Empty: the sources of `ingest.write_keys_file` and
-    /// `DEDUPE_WRITE_KEYS` when the worker can read them. Any other source counts as `other`, a
-    /// record without the header as `none`, so the series stay few.
+    /// sources: its `dedupe-source` header). Empty: the sources `source_modes` names, as the
+    /// worker starts (the worker never reads the front door's write keys). Any other source counts
+    /// as `other`, a record without the header as `none`, so the series stay few.
     pub sources: Vec<String>,
     /// What a source's copies of ids already seen get, by the source's name (the records'
     /// `dedupe-source` header, which the front door writes): `drop` (every source not named),

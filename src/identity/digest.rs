@@ -9,12 +9,12 @@
 //! [`CONTENT_DIGEST_BYTES`] of it with each id: two bytes tell a changed event from a retry but for
 //! one reused id in 65,535, and cost 2 bytes per id on disk (the measurement is in
 //! docs/performance.md). Part of the ledger's format (version 3).
+//!
+//! [`HEADER_CONTENT_DIGEST`]: crate::wire::HEADER_CONTENT_DIGEST
 
 use std::num::NonZeroU16;
 
-/// The record header the front door writes the event's 64-bit content hash into, as 16 lower-case
-/// hex digits.
-pub const HEADER_CONTENT_DIGEST: &str = "dedupe-content-digest";
+use crate::wire::read_content_digest_header;
 
 /// Bytes of a digest the ledger stores with an id.
 pub const CONTENT_DIGEST_BYTES: usize = 2;
@@ -41,11 +41,10 @@ impl ContentDigest {
         ))
     }
 
-    /// The digest a [`HEADER_CONTENT_DIGEST`] header's value stands for; `None` if it is not 16
-    /// hex digits.
+    /// The digest a [`HEADER_CONTENT_DIGEST`](crate::wire::HEADER_CONTENT_DIGEST) header's value
+    /// stands for; `None` if it is not 16 hex digits.
     pub fn of_header(value: &[u8]) -> Option<ContentDigest> {
-        let text = std::str::from_utf8(value).ok().filter(|t| t.len() == 16)?;
-        u64::from_str_radix(text, 16).ok().map(Self::of_hash)
+        read_content_digest_header(value).map(Self::of_hash)
     }
 
     /// The stored bytes (little-endian).
@@ -74,9 +73,9 @@ impl std::fmt::Debug for ContentDigest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DigestSource {
-    /// The [`HEADER_CONTENT_DIGEST`] header when the record has one (the front door's records),
-    /// else what makes the record's id (a fingerprint's or a composite's fields), or the value's
-    /// canonical JSON text (its bytes if it is not JSON).
+    /// The `dedupe-content-digest` header ([`crate::wire::HEADER_CONTENT_DIGEST`]) when the record
+    /// has one (the front door's records), else what makes the record's id (a fingerprint's or a
+    /// composite's fields), or the value's canonical JSON text (its bytes if it is not JSON).
     #[default]
     HeaderOrValue,
     /// Only the header: a record without one keeps no digest (its copies get the verdict
@@ -126,6 +125,17 @@ mod tests {
             std::mem::size_of::<Option<ContentDigest>>(),
             CONTENT_DIGEST_BYTES
         );
+    }
+
+    #[test]
+    fn the_digest_of_the_header_the_front_door_writes_is_the_digest_of_its_hash() {
+        for hash in [0x1234_5678_9abc_def0, 0, u64::MAX] {
+            let header = crate::wire::content_digest_header(hash);
+            assert_eq!(
+                ContentDigest::of_header(&header),
+                Some(ContentDigest::of_hash(hash))
+            );
+        }
     }
 
     #[test]

@@ -24,25 +24,11 @@ use std::fmt;
 
 mod digest;
 mod record;
-pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES, HEADER_CONTENT_DIGEST};
+pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES};
 pub use record::{
     identify, message_id, message_key, Fingerprint, IdSource, Identity, MessageId, RecordView,
     Unkeyed, NUMBER_ID_TAG,
 };
-
-/// Separates a source's name from the client's message id in the ids the front door writes
-/// (`<source>:<messageId>`, its records' key): ids are scoped by source, so two sources' same
-/// `messageId` are two ids. Source names cannot contain it.
-pub const SOURCE_SEPARATOR: char = ':';
-
-/// The id the front door writes for `message_id` from `source`: `<source>:<message_id>`.
-pub fn scoped_id(source: &str, message_id: &str) -> String {
-    let mut id = String::with_capacity(source.len() + 1 + message_id.len());
-    id.push_str(source);
-    id.push(SOURCE_SEPARATOR);
-    id.push_str(message_id);
-    id
-}
 
 /// Longest message id accepted, in bytes.
 pub const MAX_ID_BYTES: usize = 1024;

@@ -7,10 +7,11 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use super::digest::{ContentDigest, DigestSource, HEADER_CONTENT_DIGEST};
+use super::digest::{ContentDigest, DigestSource};
 use super::{hashed_key, ledger_key, IdError, LedgerKey};
 use crate::json::document::{id_writer, Scalar};
 use crate::json::{Document, Unreadable};
+use crate::wire::HEADER_CONTENT_DIGEST;
 
 /// Where a record's message id is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+use dedupe::wire::SOURCE_SEPARATOR;
 
-use super::{KEY_SEPARATOR, MAX_SOURCE_BYTES};
+use super::MAX_SOURCE_BYTES;
 
 /// The environment variable holding write keys as `KEY=SOURCE,KEY2=SOURCE2`.
 pub const ENV_WRITE_KEYS: &str = "DEDUPE_WRITE_KEYS";
@@ -138,11 +139,11 @@ impl WriteKeys {
                 format!("the source must be 1 to {MAX_SOURCE_BYTES} bytes"),
             ));
         }
-        if source.contains(KEY_SEPARATOR) || source.chars().any(char::is_control) {
+        if source.contains(SOURCE_SEPARATOR) || source.chars().any(char::is_control) {
             return Err(invalid(
                 origin,
                 entry,
-                format!("the source must not contain `{KEY_SEPARATOR}` or control characters"),
+                format!("the source must not contain `{SOURCE_SEPARATOR}` or control characters"),
             ));
         }
         if self

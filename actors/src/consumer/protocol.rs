@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupe::audit::Admission;
-use dedupe::batch::{self, Candidate, Fate, Rules, SourceMode, Verdict, HEADER_DUPLICATE};
+use dedupe::batch::{self, Candidate, Fate, Rules, SourceMode, Verdict};
 use dedupe::clock::now_ms;
 use dedupe::config::{ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
@@ -15,6 +15,7 @@ use dedupe::ledger::{Held, Mark};
 use dedupe::output::PublishError;
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
+use dedupe::wire::HEADER_DUPLICATE;
 
 use super::seams::{IdStore, Sink};
 use super::{Decided, InRecord, NewId, Pipeline, PipelineError};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
-use dedupe::snapshot::{SnapshotPace, Trigger};
+use dedupe::snapshot::{SnapshotError, SnapshotPace, Trigger};
 use dedupe::window::{HourRate, IdRate};
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
@@ -31,7 +31,6 @@ use crate::ledger::LedgerActor;
 use crate::membership::{Membership, MembershipError, Queue};
 use policy::{RestartPolicy, RetakePolicy, StopPolicy, Verdict};
 pub use shutdown::Shutdown;
-pub use snapshots::TakeSnapshot;
 
 // One file per concern; the state they share is declared here. `policy` holds the rules they act
 // on, as plain state machines.
@@ -437,25 +436,29 @@ impl Actor for Coordinator {
     }
 }
 
-/// The sources counted apart per record: `worker.sources`, or else those of the front door's write
-/// keys when this worker can read them (the same configuration file and environment).
+/// The sources counted apart per record: `worker.sources`, or else those `worker.source_modes`
+/// names as the worker starts. Both are the worker's own settings: the front door's write keys
+/// are its secret, which the worker never reads.
 fn counted_sources(config: &Config) -> Vec<String> {
     if !config.worker.sources.is_empty() {
         return config.worker.sources.clone();
     }
-    let env = std::env::var(dedupe_tracking::auth::ENV_WRITE_KEYS).ok();
-    match dedupe_tracking::auth::WriteKeys::load(
-        config.ingest.write_keys_file.as_deref(),
-        env.as_deref(),
-    ) {
-        Ok(keys) => {
-            let mut sources: Vec<String> = keys.sources().map(str::to_string).collect();
-            sources.sort_unstable();
-            sources.dedup();
-            sources
-        }
-        Err(_) => Vec::new(),
-    }
+    config.worker.source_modes.0.keys().cloned().collect()
+}
+
+/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook (handled in
+/// `actors::snapshots`). One at a time: a request while one is under way is refused with
+/// [`SnapshotError::Busy`] (a scheduled one is skipped), so no prune ever runs under a running
+/// hook. One started per `snapshots.min_interval_secs`: a request sooner is refused with
+/// [`SnapshotError::TooSoon`] (a scheduled one is skipped). Failures are counted and logged and
+/// never stop the pipeline.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TakeSnapshot {
+    /// Who asks: an operator's request, or the schedule.
+    pub trigger: Trigger,
+    /// Where to send the snapshot's directory, or why there is none.
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<std::path::PathBuf, SnapshotError>>>,
 }
 
 /// Ids of one partition to forget: handed to its pipeline, which answers on the request's reply;

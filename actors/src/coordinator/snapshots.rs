@@ -8,23 +8,9 @@ use actix::prelude::*;
 use dedupe::clock::now_ms;
 use dedupe::snapshot::{prune, run_hook, SnapshotError, SnapshotSlot, Trigger};
 
-use super::Coordinator;
+use super::{Coordinator, TakeSnapshot};
 use crate::events::coordinator::SnapshotTaken;
 use crate::events::SnapshotFailed;
-
-/// Take a ledger snapshot now: checkpoint, prune to `snapshots.keep`, run the hook. One at a
-/// time: a request while one is under way is refused with [`SnapshotError::Busy`] (a scheduled
-/// one is skipped), so no prune ever runs under a running hook. One started per
-/// `snapshots.min_interval_secs`: a request sooner is refused with [`SnapshotError::TooSoon`]
-/// (a scheduled one is skipped). Failures are counted and logged and never stop the pipeline.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct TakeSnapshot {
-    /// Who asks: an operator's request, or the schedule.
-    pub trigger: Trigger,
-    /// Where to send the snapshot's directory, or why there is none.
-    pub reply: Option<tokio::sync::oneshot::Sender<Result<PathBuf, SnapshotError>>>,
-}
 
 impl Handler<TakeSnapshot> for Coordinator {
     type Result = ();

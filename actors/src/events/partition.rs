@@ -4,7 +4,7 @@
 use dedupe::batch::Verdict;
 use dedupe::metrics as m;
 use dedupe::output::OutRecord;
-use dedupe_tracking::HEADER_SOURCE;
+use dedupe::wire::HEADER_SOURCE;
 use metrics::{Counter, Histogram, SharedString};
 
 /// The metric handles of one partition's pipeline, registered once when it starts, so a batch

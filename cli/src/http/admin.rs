@@ -301,7 +301,7 @@ pub(crate) async fn admin_explain(
     };
     let query = query.into_inner();
     let key = match &query.source {
-        Some(source) => dedupe::identity::scoped_id(source, &id),
+        Some(source) => dedupe::wire::scoped_id(source, &id),
         None => id.clone(),
     };
     let t = &admin.targets;

@@ -22,7 +22,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use dedupe::identity::{ledger_key, scoped_id};
+use dedupe::identity::ledger_key;
+use dedupe::wire::scoped_id;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

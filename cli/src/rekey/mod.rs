@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use dedupe::config::{Assignment, Config, InputPartitioner};
 use dedupe::identity::{message_id, RecordView};
+use dedupe::wire::{HEADER_REKEY_BYTES, HEADER_REKEY_REASON, HEADER_REKEY_SOURCE};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
@@ -69,13 +70,6 @@ pub struct RekeyOptions {
 /// dead-letter topic: like a configuration error, it cannot go on until a setting changes.
 pub const EXIT_RECORD_TOO_LARGE: i32 = 2;
 
-/// Headers of the record written to `worker.dead_letter_topic` for a source record larger than
-/// the input topic accepts (beside the source record's own headers and key; its value is not
-/// written, being what is too large): why, where it is (`<topic>:<partition>:<offset>`; topic
-/// names hold no `:`) and its size in bytes (key, value and headers).
-pub const HEADER_REKEY_REASON: &str = "dedupe-rekey-reason";
-pub const HEADER_REKEY_SOURCE: &str = "dedupe-rekey-source";
-pub const HEADER_REKEY_BYTES: &str = "dedupe-rekey-bytes";
 /// The value of [`HEADER_REKEY_REASON`] for a record larger than the input topic accepts.
 pub const REASON_TOO_LARGE: &str = "too_large";
 

@@ -2,10 +2,12 @@
 //! requests (`/v1/track`, `identify`, `page`, `screen`, `group`, `alias`, `batch`), authenticates
 //! them with a write key, and logs every valid event to the input topic and every invalid one to
 //! the dead-letter topic, with an idempotent, `acks=all` producer. It owns the HTTP listener, the
-//! producer and the readiness probe; the parsing, validation and key rules live in the core's
-//! `dedupe_tracking`. One file per concern: [`admission`] (what a request may hold, and when),
-//! [`delivery`] (the producer and its acknowledgements), [`outcome`] (answers), [`events`]
-//! (metrics and logs),
+//! producer and the readiness probe; the parsing and validation live in the crate's pure modules,
+//! the record key and headers in the core's wire contract (`dedupe::wire`). One file per concern:
+//! [`admission`] (what a request may hold, and when), [`producer`](mod@producer) (the producer,
+//! its settings and the acknowledgements it counts, below the topic handle and the delivery),
+//! `topic` (a topic's handle and the send through it), [`delivery`] (a request's records and the
+//! wait for their acknowledgements), [`outcome`] (answers), [`events`] (metrics and logs),
 //! [`readiness`], [`settings`] (the document analytics.js loads).
 //!
 //! Guarantee: never 200 for an event that is not in Kafka, and never a valid event lost or
@@ -45,6 +47,7 @@ pub mod events;
 pub mod guarded_stream;
 pub mod http;
 pub mod outcome;
+pub mod producer;
 pub mod readiness;
 pub mod settings;
 mod topic;
@@ -77,7 +80,7 @@ use http::{serve_http, Limits, LimitsError};
 use outcome::{error_body, Outcome, RefusedEvent};
 use readiness::Readiness;
 
-pub use delivery::{producer, IngestProducer, COMPRESSION, LINGER_MS, PARTITIONER};
+pub use producer::{producer, IngestProducer, COMPRESSION, LINGER_MS, PARTITIONER};
 
 /// How long the producer may take to deliver what is in flight when the server stops.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(10);

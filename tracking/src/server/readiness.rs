@@ -12,7 +12,7 @@ use dedupe::config::KafkaConfig;
 use rdkafka::producer::Producer;
 use tracing::{info, warn};
 
-use super::delivery::IngestProducer;
+use super::producer::IngestProducer;
 
 /// How often the readiness probe asks the broker for the topics' metadata.
 const READINESS_INTERVAL: Duration = Duration::from_secs(2);

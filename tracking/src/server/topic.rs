@@ -14,7 +14,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::Producer;
 use rdkafka::util::IntoOpaque;
 
-use super::delivery::{Acks, IngestProducer};
+use super::producer::{Acks, IngestProducer};
 
 /// One topic of the ingest producer. It keeps the producer alive: librdkafka's topic handles
 /// must be destroyed before their client.

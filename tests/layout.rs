@@ -1,19 +1,27 @@
-//! The core's modules depend on each other without a circle: each top-level module (`ledger`,
-//! `config`, `batch`, …) and, inside a folder module, each of its child modules among its siblings
-//! (`ledger::load` beside `ledger::commit`). A circle hides which module is the lower one, and it
-//! is how the pure domain code ends up depending on the serde layer; this test reads the crate's
-//! own sources so that a new circle fails here, naming it, rather than in a review.
+//! The workspace's layout has no circle: not between its crates, and not between the modules of
+//! any crate. Inside a crate a node is a top-level module (`ledger`, `config`, `server`, …) or,
+//! inside a folder module, one of its child modules among its siblings (`ledger::load` beside
+//! `ledger::commit`, `server::delivery` beside `server::topic`). A circle hides which module is
+//! the lower one, and it is how the pure domain code ends up depending on the serde layer, or a
+//! server's parts on each other; this test reads every crate's sources so that a new circle fails
+//! here, naming it, the files and the lines that make it, rather than in a review. Between crates,
+//! a node is a package and an edge any dependency a manifest declares on another member (a
+//! dev-dependency too: cargo builds such a circle, but it inverts the layers all the same).
+//!
+//! The crates are found, not listed: the members of the root `Cargo.toml`, each package's library
+//! and binaries (its manifest's `[lib]` and `[[bin]]`, or cargo's defaults), and each crate's
+//! modules by following its `mod` declarations from the crate root, inline `mod x { … }` blocks
+//! included. A `#[path]` attribute is refused (the module would not be where its name says).
 //!
 //! The scanner is deliberately small. It blanks comments and string and character literals, drops
-//! every item under `#[cfg(test)]` and every `tests.rs` / `*_tests.rs` file (test code may reach
-//! anywhere), then reads the paths that start with `crate::`, `super::` or `self::` and the `use`
-//! trees, with their `{…}` groups. What it does not model it rejects or ignores openly: an inline
-//! `mod x { … }` outside test code fails the test (its `super` would mean something else), and a
-//! glob import (`use x::*`) names nothing, so a name re-exported through one is not followed.
+//! every item under `#[cfg(test)]` (test code may reach anywhere, and the test modules it declares
+//! are not followed), then reads the paths that start with `crate::`, `super::` or `self::` and the
+//! `use` trees, with their `{…}` groups. A glob import (`use x::*`) names nothing, so a name
+//! re-exported through one is not followed.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A module's path below the crate root: `[]` is the root, `["ledger", "load"]` is `ledger::load`.
 type ModPath = Vec<String>;
@@ -21,31 +29,377 @@ type ModPath = Vec<String>;
 /// The module graph: each node's dependencies. A node is a module path joined with `::`.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
-#[test]
-fn no_module_circles() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files = read_sources(&src);
-    let (graph, evidence) = module_graph(&files);
-    // A scan that found nothing would pass vacuously; the core's modules do depend on each other.
-    assert!(
-        graph.values().map(BTreeSet::len).sum::<usize>() > 10,
-        "no edges found: {graph:?}"
-    );
+/// Why each edge of a graph is there: the first file and line that makes it.
+type Evidence = BTreeMap<(String, String), String>;
 
-    let circles = circles(&graph);
+#[test]
+fn no_module_circles_in_any_crate() {
+    let workspace = Workspace::read(&kit::repo_root());
     let mut report = String::new();
-    for circle in &circles {
-        report.push_str(&format!("\n  {}", circle.join(" -> ")));
+    let mut edges = 0;
+    for krate in workspace.crates() {
+        let files = read_crate(&workspace.root, &krate.root);
+        let (graph, evidence) = module_graph(&files);
+        edges += graph.values().map(BTreeSet::len).sum::<usize>();
+        report.push_str(&circles_report(&krate.name, &graph, &evidence));
+    }
+    // A scan that found nothing would pass vacuously; the crates' modules do depend on each other.
+    assert!(edges > 50, "only {edges} edges found in {workspace:?}");
+    assert!(
+        report.is_empty(),
+        "modules depend on each other in a circle (a node is a top-level module, or a child module \
+         among its folder's siblings):{report}"
+    );
+}
+
+#[test]
+fn no_circle_between_the_crates() {
+    let workspace = Workspace::read(&kit::repo_root());
+    let (graph, evidence) = workspace.crate_graph();
+    // The core, the front door, the worker and the kit, at least; the core is below them all.
+    assert!(graph.len() >= 4, "{graph:?}");
+    for package in graph.keys().filter(|p| *p != "dedupe") {
+        assert!(
+            depends_on(&graph, package, "dedupe"),
+            "{package} does not stand on the core: {graph:?}"
+        );
+    }
+    let report = circles_report("the workspace", &graph, &evidence);
+    assert!(
+        report.is_empty(),
+        "the workspace's packages depend on each other in a circle:{report}"
+    );
+}
+
+/// Whether `to` is reachable from `from` in `graph`.
+fn depends_on(graph: &Graph, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut queue = VecDeque::from([from.to_owned()]);
+    while let Some(node) = queue.pop_front() {
+        if node == to {
+            return true;
+        }
+        for next in graph.get(&node).into_iter().flatten() {
+            if seen.insert(next.clone()) {
+                queue.push_back(next.clone());
+            }
+        }
+    }
+    false
+}
+
+/// Each circle of `graph`, each step with the file and line that makes it; empty without one.
+fn circles_report(name: &str, graph: &Graph, evidence: &Evidence) -> String {
+    let mut report = String::new();
+    for circle in circles(graph) {
+        report.push_str(&format!("\n  in {name}: {}", circle.join(" -> ")));
         for step in circle.windows(2) {
             let why = &evidence[&(step[0].clone(), step[1].clone())];
             report.push_str(&format!("\n      {} -> {}: {why}", step[0], step[1]));
         }
     }
-    assert!(
-        circles.is_empty(),
-        "the core's modules depend on each other in a circle (a node is a top-level module, or a \
-         child module among its folder's siblings):{report}"
+    report
+}
+
+#[test]
+fn a_circle_fails_naming_its_files_and_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |file: &str, code: &str| {
+        let path = dir.path().join(file);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, code).unwrap();
+    };
+    write(
+        "Cargo.toml",
+        "[workspace]\nmembers = [\".\", \"door\"]\n[package]\nname = \"low\"\n\
+         [dev-dependencies]\ndoor = { path = \"door\" }\n",
     );
+    write(
+        "src/lib.rs",
+        "pub mod a;\npub mod outer {\n    pub mod b;\n    pub mod c;\n}\n\
+         #[cfg(test)]\nmod tests;\n",
+    );
+    write("src/a.rs", "use crate::outer::b::B;\npub struct A(B);\n");
+    // `b` is a file of the inline module `outer`; its `super` is `outer`.
+    write(
+        "src/outer/b.rs",
+        "pub struct B;\npub fn f() -> super::c::C { super::c::C(crate::a::A(B)) }\n",
+    );
+    write("src/outer/c.rs", "pub struct C(pub crate::a::A);\n");
+    // Test code is no edge, and the test module is not followed.
+    write("src/tests.rs", "use crate::outer::b::B;\n");
+    write(
+        "door/Cargo.toml",
+        "[package]\nname = \"door\"\n[dependencies]\nlow = { path = \"..\" }\n",
+    );
+    write("door/src/main.rs", "fn main() { low::a::f(); }\n");
+
+    let workspace = Workspace::read(dir.path());
+    let crates: Vec<String> = workspace.crates().map(|c| c.name).collect();
+    assert_eq!(crates, ["low (lib)", "door (bin door)"]);
+
+    let files = read_crate(&workspace.root, &dir.path().join("src/lib.rs"));
+    let modules: Vec<String> = files.iter().map(|f| f.module.join("::")).collect();
+    assert_eq!(modules, ["", "a", "outer", "outer::b", "outer::c"]);
+    let (graph, evidence) = module_graph(&files);
+    // `b`'s and `c`'s files are siblings inside `outer`; from outside, both are `outer`.
+    assert_eq!(
+        graph,
+        graph_of(&[("a", "outer"), ("outer", "a"), ("outer::b", "outer::c")])
+    );
+    let report = circles_report("low", &graph, &evidence);
+    assert_eq!(
+        report,
+        "\n  in low: a -> outer -> a\
+         \n      a -> outer: src/a.rs:1 crate::outer::b::B in `use crate::outer::b::B;`\
+         \n      outer -> a: src/outer/b.rs:2 crate::a::A in \
+         `pub fn f() -> super::c::C { super::c::C(crate::a::A(B)) }`"
+    );
+
+    // Between the packages: the door's main names the low crate; the low one's dev-dependency on
+    // the door closes a circle.
+    let (graph, evidence) = workspace.crate_graph();
+    assert_eq!(
+        circles_report("the workspace", &graph, &evidence),
+        "\n  in the workspace: door -> low -> door\
+         \n      door -> low: door/src/main.rs:1 low::a::f in `fn main() { low::a::f(); }`\
+         \n      low -> door: Cargo.toml declares `door` in [dev-dependencies]"
+    );
+}
+
+#[test]
+fn a_path_attribute_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("src")).unwrap();
+    fs::write(
+        dir.path().join("src/lib.rs"),
+        "#[path = \"elsewhere.rs\"]\nmod a;\n",
+    )
+    .unwrap();
+    let refused =
+        std::panic::catch_unwind(|| read_crate(dir.path(), &dir.path().join("src/lib.rs")));
+    let message = *refused
+        .err()
+        .expect("refused")
+        .downcast::<String>()
+        .unwrap();
+    assert!(message.contains("src/lib.rs:1"), "{message}");
+}
+
+/// The workspace: its root and its members' manifests.
+#[derive(Debug)]
+struct Workspace {
+    root: PathBuf,
+    /// Each member's package name, folder and manifest, in the members' order.
+    packages: Vec<(String, PathBuf, toml::Table)>,
+    /// `[workspace.dependencies]`, for the dependencies that say `workspace = true`.
+    shared: toml::Table,
+}
+
+/// One crate: a package's library or one of its binaries.
+struct CrateRoot {
+    /// `dedupe-tracking (lib)`, `dedupe-actors (bin dedupe)`.
+    name: String,
+    root: PathBuf,
+}
+
+impl Workspace {
+    fn read(root: &Path) -> Workspace {
+        let manifest = read_toml(&root.join("Cargo.toml"));
+        let members = manifest["workspace"]["members"]
+            .as_array()
+            .expect("[workspace] members");
+        let mut dirs = Vec::new();
+        for member in members {
+            let member = member.as_str().expect("a member is a path");
+            match member.strip_suffix("/*") {
+                Some(parent) => {
+                    let mut found: Vec<PathBuf> = fs::read_dir(root.join(parent))
+                        .unwrap()
+                        .map(|e| e.unwrap().path())
+                        .filter(|p| p.join("Cargo.toml").is_file())
+                        .collect();
+                    found.sort();
+                    dirs.extend(found);
+                }
+                None => dirs.push(root.join(member)),
+            }
+        }
+        let packages = dirs
+            .into_iter()
+            .map(|dir| {
+                let manifest = read_toml(&dir.join("Cargo.toml"));
+                let name = manifest["package"]["name"]
+                    .as_str()
+                    .expect("[package] name")
+                    .to_owned();
+                (name, dir, manifest)
+            })
+            .collect();
+        let shared = manifest
+            .get("workspace")
+            .and_then(|w| w.get("dependencies"))
+            .and_then(|d| d.as_table())
+            .cloned()
+            .unwrap_or_default();
+        Workspace {
+            root: root.to_owned(),
+            packages,
+            shared,
+        }
+    }
+
+    /// Every crate of every member: its library, then its binaries, in the members' order.
+    fn crates(&self) -> impl Iterator<Item = CrateRoot> + '_ {
+        self.packages.iter().flat_map(|(name, dir, manifest)| {
+            let mut roots = Vec::new();
+            let lib = manifest
+                .get("lib")
+                .and_then(|l| l.get("path"))
+                .and_then(|p| p.as_str())
+                .unwrap_or("src/lib.rs");
+            if dir.join(lib).is_file() {
+                roots.push(CrateRoot {
+                    name: format!("{name} (lib)"),
+                    root: dir.join(lib),
+                });
+            }
+            let bins = manifest
+                .get("bin")
+                .and_then(|b| b.as_array())
+                .cloned()
+                .unwrap_or_default();
+            let mut declared = BTreeSet::new();
+            for bin in &bins {
+                let bin_name = bin["name"].as_str().expect("[[bin]] name");
+                let path = bin
+                    .get("path")
+                    .and_then(|p| p.as_str())
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("src/bin/{bin_name}.rs"));
+                declared.insert(dir.join(&path));
+                roots.push(CrateRoot {
+                    name: format!("{name} (bin {bin_name})"),
+                    root: dir.join(path),
+                });
+            }
+            // Cargo's defaults: `src/main.rs` is a binary of the package's name, `src/bin/x.rs`
+            // one named `x`.
+            let main = dir.join("src/main.rs");
+            if main.is_file() && !declared.contains(&main) {
+                roots.push(CrateRoot {
+                    name: format!("{name} (bin {name})"),
+                    root: main,
+                });
+            }
+            let mut others: Vec<PathBuf> = fs::read_dir(dir.join("src/bin"))
+                .into_iter()
+                .flatten()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "rs") && !declared.contains(p))
+                .collect();
+            others.sort();
+            for path in others {
+                let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+                roots.push(CrateRoot {
+                    name: format!("{name} (bin {stem})"),
+                    root: path,
+                });
+            }
+            roots
+        })
+    }
+
+    /// The packages and their dependencies on each other (normal, build and dev), each edge with
+    /// the first line of the package's code outside its tests that names the other crate, or the
+    /// manifest table that declares it.
+    fn crate_graph(&self) -> (Graph, Evidence) {
+        let mut graph = Graph::new();
+        let mut evidence = Evidence::new();
+        let members: BTreeSet<&str> = self.packages.iter().map(|p| p.0.as_str()).collect();
+        for (name, dir, manifest) in &self.packages {
+            graph.entry(name.clone()).or_default();
+            // The dependency's package and the name the code calls it by.
+            let mut deps: Vec<(String, &str, &str)> = Vec::new();
+            for table in ["dependencies", "build-dependencies", "dev-dependencies"] {
+                let Some(entries) = manifest.get(table).and_then(|t| t.as_table()) else {
+                    continue;
+                };
+                for (key, spec) in entries {
+                    let shared = self.shared.get(key);
+                    let package = [spec.get("package"), shared.and_then(|s| s.get("package"))]
+                        .into_iter()
+                        .flatten()
+                        .find_map(|p| p.as_str())
+                        .unwrap_or(key);
+                    if package != name && members.contains(package) {
+                        deps.push((package.to_owned(), key.as_str(), table));
+                    }
+                }
+            }
+            let sources: Vec<Source> = self
+                .crates()
+                .filter(|c| c.name.starts_with(&format!("{name} (")))
+                .flat_map(|c| read_crate(&self.root, &c.root))
+                .collect();
+            let manifest_file = relative(&self.root, &dir.join("Cargo.toml"));
+            for (package, key, table) in deps {
+                let code_name = key.replace('-', "_");
+                let found = sources.iter().find_map(|f| {
+                    let at = f
+                        .tokens
+                        .windows(2)
+                        .position(|w| w[0].text == code_name && w[1].text == "::")?;
+                    let before = at.checked_sub(1).map(|b| f.tokens[b].text.as_str());
+                    if before == Some("::") {
+                        return None;
+                    }
+                    let mut segments = Vec::new();
+                    for t in f.tokens[at..].iter() {
+                        if is_ident(&t.text) {
+                            segments.push(t.text.clone());
+                        } else if t.text != "::" {
+                            break;
+                        }
+                    }
+                    let line = f.tokens[at].line;
+                    Some(format!(
+                        "{}:{line} {} in `{}`",
+                        f.file,
+                        segments.join("::"),
+                        f.line(line)
+                    ))
+                });
+                graph.entry(package.clone()).or_default();
+                graph
+                    .entry(name.clone())
+                    .or_default()
+                    .insert(package.clone());
+                evidence
+                    .entry((name.clone(), package.clone()))
+                    .or_insert_with(|| {
+                        found.unwrap_or_else(|| {
+                            format!("{manifest_file} declares `{key}` in [{table}]")
+                        })
+                    });
+            }
+        }
+        (graph, evidence)
+    }
+}
+
+fn read_toml(path: &Path) -> toml::Table {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.parse()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `path` below `root`, with `/`, for messages.
+fn relative(root: &Path, path: &Path) -> String {
+    path.strip_prefix(root)
+        .unwrap_or(path)
+        .to_string_lossy()
+        .replace('\\', "/")
 }
 
 #[test]
@@ -119,6 +473,7 @@ fn graph_follows_super_and_a_parent_s_re_exports() {
         file: file.to_owned(),
         module: module.iter().map(|m| m.to_string()).collect(),
         tokens: tokenize(code),
+        text: code.to_owned(),
     };
     let files = [
         source("lib.rs", &[], "mod a; mod b;"),
@@ -139,7 +494,7 @@ fn graph_follows_super_and_a_parent_s_re_exports() {
     );
     assert_eq!(
         evidence[&("a::y".into(), "a::x".into())],
-        "a/y.rs:1 super::X"
+        "a/y.rs:1 super::X in `use super::X; pub struct Y;`"
     );
     assert_eq!(circles(&graph), [["a::x", "a::y", "a::x"]]);
 }
@@ -156,65 +511,113 @@ fn graph_of(edges: &[(&str, &str)]) -> Graph {
     graph
 }
 
-/// One source file of the crate: the module it is and its tokens, test code dropped.
+/// One module of a crate: the file it is in, and its own tokens (an inline module's are its own
+/// module's, not the file's), test code dropped.
 struct Source {
-    /// Relative to the crate, for the failure message.
+    /// Relative to the workspace, for the failure message.
     file: String,
     module: ModPath,
     tokens: Vec<Token>,
+    /// The file's text, for the lines a failure quotes.
+    text: String,
 }
 
-/// Every `.rs` file under `src`, but the test files.
-fn read_sources(src: &Path) -> Vec<Source> {
-    let mut files = Vec::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
+impl Source {
+    /// Line `line` (from 1) of the file, trimmed.
+    fn line(&self, line: usize) -> &str {
+        self.text.lines().nth(line - 1).unwrap_or("").trim()
+    }
+}
+
+/// The modules of the crate whose root file is `root`, found by following its `mod` declarations
+/// (test code dropped, so its test modules are not followed), sorted by module path.
+fn read_crate(workspace: &Path, root: &Path) -> Vec<Source> {
+    let mut found = Vec::new();
+    // A module file, its module path, and the folder its child modules' files are in.
+    let mut queue = vec![(
+        root.to_path_buf(),
+        ModPath::new(),
+        root.parent().unwrap().to_path_buf(),
+    )];
+    while let Some((path, module, children)) = queue.pop() {
+        let text = fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (module `{}`)", path.display(), module.join("::")));
+        let file = relative(workspace, &path);
+        let tokens = without_test_code(tokenize(&strip_comments_and_literals(&text)));
+        if let Some(at) = tokens
+            .windows(3)
+            .position(|w| w[0].text == "#" && w[1].text == "[" && w[2].text == "path")
+        {
+            panic!(
+                "{file}:{}: a #[path] attribute; this scan takes a module to be where its name \
+                 says",
+                tokens[at].line
+            );
+        }
+        split_modules(
+            &file, &text, module, &children, tokens, &mut found, &mut queue,
+        );
+    }
+    found.sort_by(|a, b| a.module.cmp(&b.module));
+    found
+}
+
+/// The module `module` of file `file` from its `tokens`: each inline `mod x { … }` split off as a
+/// module of its own, each `mod x;` queued as a file (`x.rs` or `x/mod.rs` in `children`).
+fn split_modules(
+    file: &str,
+    text: &str,
+    module: ModPath,
+    children: &Path,
+    tokens: Vec<Token>,
+    found: &mut Vec<Source>,
+    queue: &mut Vec<(PathBuf, ModPath, PathBuf)>,
+) {
+    let mut kept = Vec::with_capacity(tokens.len());
+    let mut i = 0;
+    while i < tokens.len() {
+        let declares = tokens[i].text == "mod"
+            && tokens.get(i + 1).is_some_and(|t| is_ident(&t.text))
+            && (i == 0 || tokens[i - 1].text != "::");
+        if !declares {
+            kept.push(tokens[i].clone());
+            i += 1;
+            continue;
+        }
+        let name = tokens[i + 1].text.clone();
+        let mut child = module.clone();
+        child.push(name.clone());
+        let folder = children.join(&name);
+        match tokens.get(i + 2).map(|t| t.text.as_str()) {
+            Some("{") => {
+                let end = closing(&tokens, i + 2);
+                let body = tokens[i + 3..end - 1].to_vec();
+                split_modules(file, text, child, &folder, body, found, queue);
+                i = end;
             }
-            if !name.ends_with(".rs") || name == "tests.rs" || name.ends_with("_tests.rs") {
-                continue;
+            _ => {
+                let flat = children.join(format!("{name}.rs"));
+                let path = if flat.is_file() {
+                    flat
+                } else {
+                    folder.join("mod.rs")
+                };
+                queue.push((path, child, folder));
+                // The declaration stays: `mod x;` names nothing another module depends on.
+                i += 2;
             }
-            let relative = path.strip_prefix(src).unwrap();
-            let mut module: ModPath = relative
-                .iter()
-                .map(|c| c.to_str().unwrap().to_owned())
-                .collect();
-            let stem = module.pop().unwrap().trim_end_matches(".rs").to_owned();
-            // `lib.rs` is the root and `x/mod.rs` is `x`; any other file is a module of its name.
-            if stem != "lib" && stem != "mod" {
-                module.push(stem);
-            }
-            let text = fs::read_to_string(&path).unwrap();
-            let tokens = without_test_code(tokenize(&strip_comments_and_literals(&text)));
-            let file = format!("src/{}", relative.display());
-            if let Some(at) = tokens
-                .windows(3)
-                .position(|w| w[0].text == "mod" && is_ident(&w[1].text) && w[2].text == "{")
-            {
-                panic!(
-                    "{file}:{}: an inline module outside test code; this scanner takes a module \
-                     to be a file",
-                    tokens[at].line
-                );
-            }
-            files.push(Source {
-                file,
-                module,
-                tokens,
-            });
         }
     }
-    files.sort_by(|a, b| a.file.cmp(&b.file));
-    files
+    found.push(Source {
+        file: file.to_owned(),
+        module,
+        tokens: kept,
+        text: text.to_owned(),
+    });
 }
 
 /// The dependency graph between the modules, and for each edge the first path that makes it.
-fn module_graph(files: &[Source]) -> (Graph, BTreeMap<(String, String), String>) {
+fn module_graph(files: &[Source]) -> (Graph, Evidence) {
     let modules: BTreeSet<ModPath> = files.iter().map(|f| f.module.clone()).collect();
     // What each module's `use` declarations name, by the name they bring into scope: a child that
     // reaches an item through its parent (`super::Result`) reaches whichever sibling the parent
@@ -255,9 +658,15 @@ fn module_graph(files: &[Source]) -> (Graph, BTreeMap<(String, String), String>)
             let to = target[..=common].join("::");
             graph.entry(to.clone()).or_default();
             graph.entry(from.clone()).or_default().insert(to.clone());
-            evidence
-                .entry((from, to))
-                .or_insert_with(|| format!("{}:{} {}", f.file, p.line, p.segments.join("::")));
+            evidence.entry((from, to)).or_insert_with(|| {
+                format!(
+                    "{}:{} {} in `{}`",
+                    f.file,
+                    p.line,
+                    p.segments.join("::"),
+                    f.line(p.line)
+                )
+            });
         }
     }
     (graph, evidence)
