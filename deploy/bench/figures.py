@@ -301,7 +301,7 @@ def digests(s: Source) -> Figure:
         f"{num(with_['bytes_per_key'], 1)} bytes per id with digests against "
         f"{num(without['bytes_per_key'], 1)} without; {millions(with_['ids_per_sec'])} against "
         f"{millions(without['ids_per_sec'])} ids/s",
-        readme=f"(content digests add {num(with_['bytes_per_key'] - without['bytes_per_key'], 1)})",
+        readme=f"({num(with_['bytes_per_key'] - without['bytes_per_key'], 1)} more with content digests)",
     )
 
 
