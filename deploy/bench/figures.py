@@ -842,7 +842,10 @@ def check_prose(headline: list, problems: list):
         for claim in (c for c in CLAIMS if c.doc == doc):
             try:
                 phrase = claim.phrase()
-            except (Missing, KeyError, StopIteration, ValueError) as e:
+            except KeyError as e:
+                problems.append(f"{doc}, {claim.what}: no field {e} in its JSON")
+                continue
+            except (Missing, StopIteration, ValueError, TypeError) as e:
                 problems.append(f"{doc}, {claim.what}: {e}")
                 continue
             if phrase not in whole_page:
