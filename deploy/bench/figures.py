@@ -28,7 +28,13 @@ script owns what is between them.
   word for word, every phrase the rows render for it (so a run that changes a figure fails the
   check until the README says the same), and every number in that section must stand inside one
   of those phrases (so a figure edited in the README alone, or added there without a row, fails).
-  Line breaks count as spaces there, and link targets are left out of the count.
+  Line breaks count as spaces there, and link targets are left out of the count;
+- README.md, docs/operations.md or docs/architecture.md states a measured figure that is not what
+  docs/bench/ renders: each such figure is a CLAIMS phrase the page must contain word for word, and
+  every other number with a measurement's unit in those pages' prose (bytes per id, ids/s, msgs/s,
+  seconds, minutes, MB...) must stand inside a claim, a headline phrase, or a NOT_MEASURED phrase
+  (a setting, a default or arithmetic on them, each with its reason). Figures with no bench to
+  run them (the demo's and the build's minutes) are measurements recorded in docs/bench/build.json.
 Python 3.11, standard library only.
 """
 
@@ -295,8 +301,7 @@ def digests(s: Source) -> Figure:
         f"{num(with_['bytes_per_key'], 1)} bytes per id with digests against "
         f"{num(without['bytes_per_key'], 1)} without; {millions(with_['ids_per_sec'])} against "
         f"{millions(without['ids_per_sec'])} ids/s",
-        readme=f"{num(without['bytes_per_key'], 1)} bytes per id ({num(with_['bytes_per_key'], 1)} "
-        "with content digests)",
+        readme=f"({num(with_['bytes_per_key'] - without['bytes_per_key'], 1)} more with content digests)",
     )
 
 
@@ -538,7 +543,8 @@ ROWS = [
     Row("performance", "ledger, 100M ids", "the same, the baselines on the first 10M ids", "the-ledger",
         "ledger-100m.json", "≥ 1M ids/s; ≥ 5×; ≤ 20 bytes per id; peak RSS ≤ 2 GiB",
         ledger(True, lambda r: f"{millions(r['ids_per_sec'])} ids/s at {millions(r['keys'], 0)} ids, "
-               f"{num(r['ratio_vs_segment'], 1)}× Segment's design in the same run")),
+               f"{num(r['ratio_vs_segment'], 1)}× Segment's design in the same run, at "
+               f"{num(r['bytes_per_key'], 1)} bytes per id")),
     Row("performance", "ledger, aging", "20M ids into a 300 MB budget: the oldest generations dropped as ids arrive", "aging",
         "ledger-aging.json", "aged ≥ 90% of un-aged; disk within the budget, one generation and twice the id index", aging),
     Row("performance", "ledger, 1B ids", "a billion ids, no baselines", "at-a-billion-ids",
@@ -580,8 +586,9 @@ ROWS = [
     Row("testing", "pause, 65 s", "a transaction coordinator (the active controller when it coordinates one) paused with SIGSTOP", "a-paused-node",
         "faults.json", "≤ 25 s",
         stalls("pause", "alone_secs", "full_suite_secs",
-               lambda alone, suite: f"within {num(statistics.median(alone + suite), 1)} s (the median) of a node paused "
-               f"for 65 s, {num(max(alone), 1)} s at most alone and {num(max(suite), 1)} s in the worst of {len(suite)} full suites"),
+               lambda alone, suite: f"within a median {num(statistics.median(alone), 1)} s alone and "
+               f"{num(statistics.median(suite), 1)} s in full suites of a node paused for 65 s, "
+               f"{num(max(alone), 1)} s at most alone and {num(max(suite), 1)} s in the worst of {len(suite)} full suites"),
         command=f"{CLUSTER} 'test(paused)'"),
     Row("testing", "cut, 60 s", "an output leader cut off from the worker by a blackhole route", "a-node-cut-off",
         "faults.json", "≤ 25 s", cut, command=f"{CLUSTER} 'test(cut_off)'"),
@@ -600,6 +607,265 @@ ROWS = [
         "faults.json", "≤ 25 s", long_variant("long_pause", lambda f: f"paused {f['pause_secs']} s"),
         command=f"DEDUPE_CLUSTER_LONG=1 {CLUSTER} 'test(paused)'"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures in the prose of README.md, docs/operations.md and docs/architecture.md
+#
+# Each measured figure those pages state is a Claim: a phrase rendered from docs/bench/ that the
+# page must contain word for word (line breaks count as spaces, link targets are left out). Every
+# number with a measurement's unit in their prose (outside fenced code and inline code) must stand
+# inside a claim's phrase, a README headline phrase, or a phrase of NOT_MEASURED: a setting, a
+# default, a design constant or arithmetic on them, each listed with the reason it is not a
+# measurement. So a figure typed into one of those pages alone, or left behind by a new run, fails.
+
+PROSE_DOCS = ("README.md", "docs/operations.md", "docs/architecture.md")
+
+# A number, or a range of two, with a unit that measurements carry.
+MEASURED = re.compile(
+    r"(?<![A-Za-z_\d.])~?\d[\d,]*(?:\.\d+)?(?:(?:-| to )\d[\d,]*(?:\.\d+)?)?\s?[kMG]?\s?"
+    r"(?:bytes per id|bytes each|bytes|ids/s|msgs/s|events/s|records/s|s per million ids"
+    r"|minutes?|min|hours?|h|s|ms|µs|MB|GB|MiB|GiB|×)(?![A-Za-z\d])"
+)
+
+
+def minutes_seconds(secs) -> str:
+    secs = int(Decimal(repr(float(secs))).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    return f"{secs // 60} min {secs % 60} s"
+
+
+def ledger_bytes() -> tuple:
+    """Bytes per id at 100M ids, and with content digests (the digests bench's difference added,
+    as `dedupe plan` does)."""
+    plain = source("ledger-100m.json").result()["bytes_per_key"]
+    with_, without = source("digests.json").result("with"), source("digests.json").result("without")
+    return plain, plain + with_["bytes_per_key"] - without["bytes_per_key"]
+
+
+def handover_runs() -> list:
+    """(ids, first publish secs) of every handoff run of the table: 50M three times, 200M once."""
+    runs = [source("handoff-50m.json").result(n) for n in ("1", "2", "3")]
+    runs.append(source("handoff-200m.json").result("1"))
+    return [(r["ids"], r["handover_ready_secs"]) for r in runs]
+
+
+def per_million() -> str:
+    return span([secs / ids * 1e6 for ids, secs in handover_runs()], lambda v: num(v, 2))
+
+
+def changelog_bytes_per_id() -> float:
+    r = source("handoff-50m.json").result("1")
+    return r["changelog_bytes"] / r["ids"]
+
+
+def budget_hours(rate: float, generations: int = 8) -> tuple:
+    """What the default 16 GiB budget holds at `rate` ids/s with digests: hours, and hours just
+    after a generation was dropped."""
+    ids = 16 * 2**30 / ledger_bytes()[1]
+    full = ids / rate / 3600
+    return ids, whole(full), whole(full * (generations - 1) / generations)
+
+
+def pause_medians() -> tuple:
+    f = fault(source("faults.json"), "pause")
+    return f["alone_secs"], f["full_suite_secs"]
+
+
+def build(key: str) -> float:
+    return source("build.json").result()[key]
+
+
+@dataclass
+class Claim:
+    doc: str
+    what: str
+    phrase: Callable[[], str]
+
+
+def _empty_ledger() -> dict:
+    sizes = source("open.json").result()
+    sizes = sizes["sizes"] if isinstance(sizes, dict) else sizes
+    return next(r for r in sizes if r["ids"] == 0)
+
+
+def _billion() -> dict:
+    return source("billion.json").result("1b")
+
+
+def _hours_claim() -> str:
+    ids, h5, dip5 = budget_hours(5000)
+    _, h10, dip10 = budget_hours(10000)
+    return (f"holds about {int(round(ids / 1e7)) * 10}M ids at that size: {h5} hours at 5,000 ids/s per "
+            f"worker, dipping to {dip5} when a generation is dropped; at 10,000 ids/s, {h10} hours "
+            f"dipping to {dip10}")
+
+
+def _no_wal_claim() -> str:
+    rate = source("pipeline.json").result()["dedupe_msgs_per_sec"]
+    # Two commits' worth of ids at the default 64 MiB write buffer, 24 bytes an entry.
+    return f"about {whole(2 * 64 * 2**20 / 24 / rate)} s at {thousands(rate)} msgs/s"
+
+
+CLAIMS = [
+    Claim("README.md", "the demo on a fresh machine (build.json)",
+          lambda: f"{minutes_seconds(build('demo_secs'))} on a fresh 2-core machine, "
+          f"{minutes_seconds(build('build_secs'))} of it the build"),
+    Claim("README.md", "a clean build inside the demo (build.json)",
+          lambda: f"about {whole(build('build_secs') / 60)} minutes on a fresh 2-core machine "
+          f"({minutes_seconds(build('build_secs'))} inside the demo"),
+    Claim("README.md", "a move's load per million ids (handoff-50m.json, handoff-200m.json)",
+          lambda: f"{per_million()} s per million ids"),
+    Claim("README.md", "the default budget's hours at 5,000 ids/s (ledger-100m.json, digests.json)",
+          lambda: f"~{budget_hours(5000)[1]} h of ids at 5,000 ids/s per worker"),
+    Claim("README.md", "bytes per id with digests (ledger-100m.json, digests.json)",
+          lambda: f"about {whole(ledger_bytes()[1])} bytes"),
+    Claim("docs/operations.md", "what digests add (ledger-100m.json, digests.json)",
+          lambda: f"cost about {whole(ledger_bytes()[1] - ledger_bytes()[0])} bytes per id on top of "
+          f"the ledger's {num(ledger_bytes()[0], 1)}"),
+    Claim("docs/operations.md", "what the default budget holds (ledger-100m.json, digests.json)",
+          _hours_claim),
+    Claim("docs/operations.md", "an empty ledger's open (open.json)",
+          lambda: f"opens in {num(_empty_ledger()['first_open_secs'])} s with "
+          f"{mb(_empty_ledger()['rss_after_open_bytes'])} resident"),
+    Claim("docs/operations.md", "a billion ids' reopen (billion.json)",
+          lambda: f"({num(_billion()['reopen_secs'])} s for a billion ids)"),
+    Claim("docs/operations.md", "a billion ids' rebuild (billion.json)",
+          lambda: f"{whole(_billion()['rebuild_secs'])} s for a billion ids"),
+    Claim("docs/operations.md", "a move's pause (handoff-50m.json, handoff-200m.json)",
+          lambda: f"about {per_million()} s per million ids on the project's machine, so a partition "
+          f"with 50M ids pauses about {whole(max(s for i, s in handover_runs() if i == 50e6))} s and one "
+          f"with 200M about {whole(max(s for i, s in handover_runs() if i == 200e6))} s"),
+    Claim("docs/operations.md", "the pause under Kafka's default request timeout (faults.json)",
+          lambda: f"a paused node cost {whole(max(pause_medians()[1]))} s once in the test suite with 30 s"),
+    Claim("docs/architecture.md", "the changelog's bytes per id, in the picture (handoff-50m.json)",
+          lambda: f"~{whole(changelog_bytes_per_id())} bytes per published id"),
+    Claim("docs/architecture.md", "the changelog's bytes per id (handoff-50m.json)",
+          lambda: f"about {whole(changelog_bytes_per_id())} bytes each"),
+    Claim("docs/architecture.md", "the ledger's bytes per id (ledger-100m.json)",
+          lambda: f"about {whole(ledger_bytes()[0] - 16)} bytes per id: about "
+          f"{whole(ledger_bytes()[0])} bytes per id in all"),
+    Claim("docs/architecture.md", "what a crash costs without a WAL (pipeline.json)", _no_wal_claim),
+]
+
+# Figures with a measurement's unit that are not measurements, per page: the phrase, and why.
+NOT_MEASURED = {
+    "README.md": [
+        ("24 hours by default", "the promise's default"),
+        ("clients give up on a silent broker after 10 s", "the clients' socket timeout"),
+        ("about 9 s of them the cluster's failover", "the brokers' broker.session.timeout.ms"),
+        ("about 25 GiB for the default 16 GiB budget", "the budget's arithmetic"),
+        ("24 hours", "the promise's default"),
+    ],
+    "docs/operations.md": [
+        ("(default 86400: **24 hours**", "the promise's default"),
+        ("stays under it for 10 minutes", "the page's `for:`"),
+        ("For 5,000 ids/s and the default promise", "the sizing example's rate"),
+        ("The default budget, 16 GiB,", "the budget's default"),
+        ("a page under the 24-hour", "the promise's default"),
+        ("starts at 54 MiB and doubles", "the id index's first size, a constant"),
+        ("at about 3.4 bytes each", "the id index's entry: a 16-bit fingerprint and its share of a bucket"),
+        ("(3.4 GiB for 16 GiB;", "the id index's arithmetic at the default budget"),
+        ("request 5 GiB for the default budget", "the manifests' request"),
+        ("hung 30 s past its own timeout", "the watchdog's setting"),
+        ("waited 10 ms for room", "the worker's wait, a constant"),
+        ("at most one line per 10 s", "the log limiter's interval"),
+        ("for 10 min", "alert rules' `for:`"),
+        ("for 30 min", "alert rules' `for:`"),
+        ("for 15 min", "alert rules' `for:`"),
+        ("for 5 min", "alert rules' `for:`"),
+        ("under 1.5 × its", "the forecast rule's factor"),
+        ("more than 3 h old", "the snapshot rule's threshold"),
+        ("silent at 9 minutes of a low window", "the promtool test's evaluation time"),
+        ("ask for 32 GiB for a 16 GiB budget", "the manifests' volume at the default budget"),
+        ("(36 h for the default 24 h)", "the forecast rule's arithmetic"),
+        ("none succeeded for 3 hours", "the snapshot rule's threshold"),
+        ("within 5 minutes", "the retake policy's fence memory"),
+        ("more than 10 minutes ago", "the handover rule's threshold"),
+        ("16 bytes of the SHA-256", "the fingerprint's length"),
+        ("20 ms after", "the batch linger's default"),
+        ("keeps 2 bytes of the digest", "the digest's length"),
+        ("about 45 bytes each", "a forget mark's record: the key and two timestamps"),
+        ("first 8 bytes of its ledger key", "the audit sample's key prefix"),
+        ("(1 s, 10 s, 1 min, 5 min, 15 min, 1 h, 3 h, 6 h, 12 h, 24 h,", "the histogram's buckets"),
+        ("`dedupe_ledger_index_bytes`: 3.4 GiB", "the id index's arithmetic at the default budget"),
+        ("(45 s by default;", "Kafka's group.consumer.session.timeout.ms"),
+        ("sets 6 s)", "the local broker's setting"),
+        ("(2, 4, 8 s…)", "the join backoff"),
+        ("the promised window, 24 hours)", "the promise's default"),
+        ("leaderships after about 9 s", "the brokers' broker.session.timeout.ms"),
+        ("give up on a silent node after 10 s", "the clients' socket timeout"),
+        ("look the leaders up every 3 s", "the clients' metadata refresh"),
+        ("10 s recommended** (Kafka's default is 30 s)", "the brokers' request.timeout.ms"),
+        ("`deploy/local/cluster.sh`) sets 10 s", "the test cluster's setting"),
+        ("naming the brokers after 15 s", "the start's broker timeout"),
+        ("unreachable brokers (15 s)", "the start's broker timeout"),
+    ],
+    "docs/architecture.md": [
+        ("The ledger key is 16 bytes", "the key's length"),
+        ("a flush may take 5 s more", "the flush's grace, a constant"),
+        ("within 5 minutes", "the retake policy's fence memory"),
+        ("(less 5 minutes for clock skew)", "the window floor's allowance"),
+        ("a backoff of 0.1 to 4 s", "the retake backoff"),
+        ("Every client waits 10 s for a broker's answer", "the clients' socket timeout"),
+        ("and 3 s for a new connection", "the clients' connection setup timeout"),
+        ("librdkafka's defaults are 60 s and 30 s", "librdkafka's defaults"),
+        ("looks the leaders up every 3 s", "the clients' metadata refresh"),
+        ("librdkafka's default is 10 s", "librdkafka's default"),
+        ("(between 10 and 15 s)", "the call budget's bounds"),
+        ("at about 3.4 bytes each", "the id index's entry: a 16-bit fingerprint and its share of a bucket"),
+        ("8 MiB piece", "the index file's piece size"),
+        ("the default 64 MiB", "the write buffer's default"),
+        ("16 + 2 + 6.8 ≈ 25 GiB for the default 16 GiB budget", "the budget's arithmetic"),
+        ("the manifests' volume is 32 GiB", "the manifests' volume"),
+    ],
+}
+
+
+def flatten(text: str, fenced: bool) -> str:
+    """The page as one line: link targets left out, fenced code kept or left out."""
+    lines = text.splitlines() if fenced else [line for _, line in prose(text)]
+    return re.sub(r"\]\([^)]*\)", "]", " ".join(" ".join(lines).split()))
+
+
+def occurrences(text: str, phrase: str):
+    start = text.find(phrase)
+    while start >= 0:
+        yield start, start + len(phrase)
+        start = text.find(phrase, start + 1)
+
+
+def check_prose(headline: list, problems: list):
+    for doc in PROSE_DOCS:
+        text = (ROOT / doc).read_text()
+        whole_page, page = flatten(text, True), flatten(text, False)
+        allowed = []
+        for claim in (c for c in CLAIMS if c.doc == doc):
+            try:
+                phrase = claim.phrase()
+            except KeyError as e:
+                problems.append(f"{doc}, {claim.what}: no field {e} in its JSON")
+                continue
+            except (Missing, StopIteration, ValueError, TypeError) as e:
+                problems.append(f"{doc}, {claim.what}: {e}")
+                continue
+            if phrase not in whole_page:
+                problems.append(f"{doc} does not say what docs/bench/ renders for {claim.what}: {phrase!r}")
+            allowed.append(phrase)
+        if doc == "README.md":
+            allowed += [phrase for _, phrase in headline]
+        for phrase, _why in NOT_MEASURED[doc]:
+            if phrase not in page:
+                problems.append(f"{doc} no longer says {phrase!r}: take it out of NOT_MEASURED")
+            allowed.append(phrase)
+        covered = [span for phrase in allowed for span in occurrences(page, phrase)]
+        covered += [m.span() for m in re.finditer(r"`[^`]*`", page)]
+        for m in MEASURED.finditer(page):
+            if not any(a <= m.start() and m.end() <= b for a, b in covered):
+                context = page[max(0, m.start() - 60): m.end() + 20]
+                problems.append(
+                    f"{doc} states {m.group(0)!r} (…{context}…) neither rendered from docs/bench/ (a CLAIMS "
+                    "entry) nor listed in NOT_MEASURED as a setting"
+                )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,6 +1003,7 @@ def main(argv: list) -> int:
         check_readme(phrases, problems)
     except Missing as e:
         problems.append(str(e))
+    check_prose(phrases, problems)
     for problem in problems:
         print(f"figures: {problem}", file=sys.stderr)
     if not problems:

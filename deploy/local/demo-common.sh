@@ -24,7 +24,7 @@ demo_setup() {
   deploy/local/install-deps.sh ${2:-}
   demo_phase 2/6 "starting a local Apache Kafka broker (the first time, Maven gathers its jars: about a minute)"
   brokers=$(deploy/local/kafka.sh up | tail -n 1)
-  demo_phase 3/6 "building dedupe (a clean release build compiles RocksDB's C++: about 15 minutes on 2 cores; cargo's progress follows)"
+  demo_phase 3/6 "building dedupe (a clean release build compiles RocksDB's C++: about 20 minutes on 2 cores; cargo's progress follows)"
   cargo build --release --locked -p dedupe-cli --bin dedupe
   dedupe=$CARGO_TARGET_DIR/release/dedupe
   deploy/local/kafka.sh create-topic "$input" "$partitions" 2>/dev/null

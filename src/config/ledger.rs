@@ -75,8 +75,8 @@ impl LedgerConfig {
 
 impl Default for LedgerConfig {
     /// The ledger's own defaults ([`LedgerOptions::default`]), stated there once: a 16 GiB budget
-    /// (about 950M ids at ~18 bytes per id, 17.7-17.8 measured; about 53 hours of ids at 5k ids/s
-    /// per worker) in 8 generations (forgetting 1/8 of the window at a time), `wal` (a process
+    /// (about 830M ids at ~21 bytes per id with content digests, as `dedupe plan` counts them;
+    /// about 46 hours of ids at 5k ids/s per worker) in 8 generations (forgetting 1/8 of the window at a time), `wal` (a process
     /// crash loses nothing; within a few percent of `no-wal`), a 64 MiB block cache (what the
     /// ledger bench measured with) and 64 MiB write buffers (about 2.8M ids per commit).
     fn default() -> Self {

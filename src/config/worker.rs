@@ -133,7 +133,7 @@ impl Default for WorkerConfig {
             changelog_retention_secs: 7 * 86_400,
             // The alerts page when the window falls under 24 hours.
             promised_window_secs: 86_400,
-            // The promised window: a bulk load takes about a second per 5M ids
+            // The promised window: a bulk load takes 0.13-0.17 s per million ids
             // (docs/performance.md, the handoff bench).
             handover_min_window_secs: None,
             // One worker owning every partition, unless told otherwise.

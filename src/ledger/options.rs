@@ -52,7 +52,7 @@ impl std::str::FromStr for Durability {
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {
     /// Disk budget for ids, in bytes. Disk use stays within this plus one generation.
-    /// Default 16 GiB: about 950M ids at ~18 bytes each.
+    /// Default 16 GiB: about 950M ids at ~18 bytes each without content digests, 830M with.
     pub budget_bytes: u64,
     /// Number of generations the budget is split into (G). More generations make forgetting
     /// finer-grained (disk ≤ budget × (1 + 1/G)); they cost a lookup nothing, since the id index

@@ -9,7 +9,7 @@
 //! its progress record says where the tail it has not seen begins.
 //!
 //! Which log is replayed ([`Source`]): the **id changelog** ([`crate::changelog`]), written in the
-//! same transactions as the output and about 18 bytes per id; or, for a partition whose progress
+//! same transactions as the output and about 19 bytes per id; or, for a partition whose progress
 //! record predates the changelog, the **output** itself, once (its ids are read from the records).
 //! Replay reads `read_committed`, after `init_transactions` fenced any older producer, so nothing
 //! is pending.
