@@ -10,7 +10,9 @@
 //!   stats and graceful shutdown, with the rules it acts on ([`coordinator::policy`]).
 //! - [`membership`]: the input consumer, its group and rebalance callback; [`handover`]: fence,
 //!   then load, one partition.
-//! - [`events`]: the worker's instrumentation, every metric and warning it emits.
+//! - [`events`]: the worker's instrumentation, every metric and warning it emits; [`reasons`]:
+//!   why the coordinator takes a partition over again or gives up, the words its policy and its
+//!   events share.
 //!
 //! The `dedupe` binary that starts them, its commands and the worker's HTTP server are the
 //! `dedupe-cli` crate.
@@ -22,3 +24,4 @@ pub mod handover;
 pub mod ledger;
 pub mod membership;
 pub mod producer;
+pub mod reasons;

@@ -31,29 +31,7 @@ pub const MAX_RESTARTS: usize = 5;
 /// Waits before the whole pipeline starts again: 2, 4, 8 ... up to 32 s.
 const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(32), 5);
 
-/// Why a partition is taken over again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Retake {
-    /// Its pipeline failed (a retryable error).
-    Failed,
-    /// Its producer was fenced.
-    Fenced,
-    /// A transactional call of its producer hung past its timeout.
-    Hung,
-}
-
-/// Why the worker gives up and exits for the orchestrator to restart it or page.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GiveUp {
-    /// Fenced again within [`FENCE_MEMORY`] of a fence: another worker writes the partition.
-    FencedAgain { partition: i32 },
-    /// More than [`MAX_ABANDONED`] hung client calls still hold their threads.
-    TooManyHungCalls { abandoned: usize },
-    /// The partition was taken over again more than [`MAX_RETAKES`] times in ten minutes.
-    TooManyRetakes { partition: i32 },
-    /// The pipeline failed more than [`MAX_RESTARTS`] times in ten minutes.
-    TooManyRestarts,
-}
+pub use crate::reasons::{GiveUp, Retake};
 
 /// What to do about a failed partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

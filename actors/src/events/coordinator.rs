@@ -8,7 +8,7 @@ use dedupe::ledger::LedgerStats;
 use dedupe::metrics as m;
 use dedupe::recovery::RecoveryReport;
 
-use crate::coordinator::policy::{GiveUp, Retake};
+use crate::reasons::{GiveUp, Retake};
 
 /// The ledger's disk budget, set once at start.
 pub struct LedgerBudget {
