@@ -30,6 +30,10 @@ pub struct PlanArgs {
     /// worker.promised_window_secs, else 24h).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub promise: Option<Duration>,
+    /// The retention limit, e.g. 30d (default: the configuration's ledger.max_window_secs, else
+    /// none): the id changelog keeps ids no longer, as the worker creates it. At least the promise.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub limit: Option<Duration>,
     /// The id changelog's replication factor.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub replication: u32,
@@ -101,13 +105,28 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<String> {
         .promise
         .or_else(|| w.map(|w| Duration::from_secs(w.promised_window_secs)))
         .unwrap_or(Duration::from_secs(86_400));
+    let limit = args.limit.or_else(|| {
+        config
+            .as_ref()
+            .and_then(|c| c.ledger.max_window_secs)
+            .map(Duration::from_secs)
+    });
+    if let Some(limit) = limit.filter(|&l| l < promise) {
+        bail!(
+            "a retention limit of {} is shorter than the promise of {}: it would forget ids the promise says are held",
+            humantime::format_duration(limit),
+            humantime::format_duration(promise)
+        );
+    }
+    let retention = w
+        .map(|w| Duration::from_secs(w.changelog_retention_secs))
+        .unwrap_or(Duration::from_secs(7 * 86_400))
+        .max(promise);
     let ask = Ask {
         ids_per_sec,
         promise,
-        changelog_retention: w
-            .map(|w| Duration::from_secs(w.changelog_retention_secs))
-            .unwrap_or(Duration::from_secs(7 * 86_400))
-            .max(promise),
+        // With a limit the worker creates the changelog to keep ids no longer than it.
+        changelog_retention: limit.map_or(retention, |l| retention.min(l)),
         replication: args.replication,
         generations: config.as_ref().map_or(8, |c| c.ledger.generations as u32),
         digests: w.is_none_or(|w| w.content_digest != DigestSource::None),
@@ -321,6 +340,41 @@ mod tests {
         assert_eq!(duration("1h 30m"), Ok(Duration::from_secs(5_400)));
         assert!(duration("0s").is_err());
         assert!(duration("soon").unwrap_err().contains("`soon`"));
+    }
+
+    fn args(limit: Option<&str>) -> PlanArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            plan: PlanArgs,
+        }
+        let mut argv = vec![
+            "plan",
+            "--ids-per-sec",
+            "5000",
+            "--promise",
+            "24h",
+            "--json",
+        ];
+        if let Some(l) = limit {
+            argv.extend(["--limit", l]);
+        }
+        Cli::parse_from(argv).plan
+    }
+
+    #[test]
+    fn a_retention_limit_bounds_the_changelog_and_is_never_below_the_promise() {
+        let json = |limit| -> serde_json::Value {
+            let out = plan(&args(limit)).unwrap();
+            serde_json::from_str(out.lines().last().unwrap()).unwrap()
+        };
+        let week = json(None)["changelog_bytes"].as_f64().unwrap();
+        let two_days = json(Some("2d"))["changelog_bytes"].as_f64().unwrap();
+        assert!((week / two_days - 3.5).abs() < 1e-9, "{week} {two_days}");
+        assert_eq!(json(Some("30d"))["changelog_bytes"].as_f64().unwrap(), week);
+        let err = plan(&args(Some("12h"))).unwrap_err().to_string();
+        assert!(err.contains("shorter than the promise"), "{err}");
     }
 
     #[test]

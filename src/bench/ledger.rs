@@ -551,7 +551,17 @@ fn reopen_all(
         let source = reopened.open_report().index.label().to_string();
         let ids = reopened.stats()?.index_ids;
         reopened.drop_without_closing();
-        if ids != index_ids {
+        // With refresh, an id recorded again into a generation that holds it takes no second
+        // slot when its bucket already holds its fingerprint for that generation, which another
+        // id's equal fingerprint can be too: the reopened index may merge a few more or fewer such
+        // pairs than the live one did (each still answers "perhaps", and the disk answers). A
+        // difference of one in ten thousand is that; more is a lost id.
+        let tolerance = if options.refresh_on_duplicate {
+            index_ids / 10_000
+        } else {
+            0
+        };
+        if ids.abs_diff(index_ids) > tolerance {
             return Err(BenchError::Wrong(format!(
                 "the index reopened {what} holds {ids} ids, not {index_ids}"
             )));

@@ -131,6 +131,9 @@ impl Ledger {
             .map_or(1, |n| n.get())
             .min(generations.len());
         let placer = index.placer();
+        // A generation holds an id twice only when ids are recorded again into it (a refresh, a
+        // copy past the retention limit): then one slot each.
+        let again = self.options.refresh_on_duplicate || self.options.max_window_ms.is_some();
         let mut ids = 0u64;
         let mut failed = None;
         std::thread::scope(|scope| {
@@ -157,7 +160,11 @@ impl Ledger {
                                 index.prefetch(place);
                             }
                             for place in run {
-                                index.insert(place, tag);
+                                if again {
+                                    index.insert_once(place, tag);
+                                } else {
+                                    index.insert(place, tag);
+                                }
                             }
                         }
                     }
