@@ -305,6 +305,18 @@ def digests(s: Source) -> Figure:
     )
 
 
+def refresh(s: Source) -> Figure:
+    """Refresh on against off at 1% and 10% re-sent: each round's ids/s, the ids refreshed, and
+    the ledger's files."""
+    def at(dup: str) -> str:
+        off, on = s.data["runs"][f"off-{dup}"], s.data["runs"][f"on-{dup}"]
+        rate = lambda run: span([r["ids_per_sec"] for r in run["rounds"]], lambda v: millions(v))
+        return (f"at {dup} re-sent, {rate(on)} ids/s with refresh ({whole(on['result']['refreshed_ids'])} ids "
+                f"refreshed) against {rate(off)} without, {mb(on['result']['live_sst_bytes'])} against "
+                f"{mb(off['result']['live_sst_bytes'])} of files")
+    return Figure(f"{at('1%')}; {at('10%')}")
+
+
 def rekey(s: Source) -> Figure:
     r = s.result()
     return Figure(
@@ -554,6 +566,8 @@ ROWS = [
         "billion.json", "aged ≥ 90% of un-aged; disk within its bound", billion_aging, run="1b-aging"),
     Row("performance", "content digests, 20M ids", "the same ids without and with a 2-byte digest each", "content-digests",
         "digests.json", "—", digests, run="with"),
+    Row("performance", "refreshing ids, 5M ids", "the same ids with refresh off and on, at 1% and 10% re-sent, alternately, two rounds", "refreshing-ids",
+        "refresh.json", "—", refresh, run="on-10%"),
     Row("performance", "opening a ledger", "the service's default budget: open empty, record, close, reopen", "opening-a-ledger",
         "open.json", "empty: open ≤ 1 s, ≤ 300 MB, close ≤ 1 s, ≤ 50 MB on disk; 10M: close ≤ 2 s, index file ≤ 200 MB, reopen ≤ 1 s",
         opening),
