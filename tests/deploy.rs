@@ -1077,6 +1077,32 @@ fn measured_figures_in_the_docs_are_rendered_from_the_bench_json() {
 /// read again from its bench's raw JSON in docs/bench/, so a new run that moves one fails here
 /// until `dedupe::plan::FIGURES` follows.
 #[test]
+fn the_plan_agrees_with_a_measured_ten_minute_ledger_run_within_ten_percent() {
+    let run: serde_json::Value = serde_json::from_str(&read("docs/bench/plan-run.json")).unwrap();
+    let r = &run["result"];
+    assert!(r["seconds"].as_f64().unwrap() >= 600.0, "a ten-minute run: {r}");
+    let rate = r["ids_per_sec"].as_f64().unwrap();
+    let plan = dedupe::plan::Ask {
+        ids_per_sec: rate,
+        promise: std::time::Duration::from_secs(86_400),
+        changelog_retention: std::time::Duration::from_secs(7 * 86_400),
+        replication: 3,
+        generations: 8,
+        digests: true,
+    }
+    .plan();
+    let measured = r["ledger_bytes"].as_f64().unwrap() / r["ledger_ids"].as_f64().unwrap();
+    assert!(
+        (plan.bytes_per_id / measured - 1.0).abs() <= 0.10,
+        "the plan's {} bytes per id against {measured} measured",
+        plan.bytes_per_id
+    );
+    // The ids a day at the run's rate, in the plan and as the run's ledger grew.
+    let held_a_day = r["ledger_ids"].as_f64().unwrap() * 86_400.0 / r["seconds"].as_f64().unwrap();
+    assert!((plan.ids_held / held_a_day - 1.0).abs() <= 0.10, "{} against {held_a_day}", plan.ids_held);
+}
+
+#[test]
 fn the_plan_starts_from_the_measured_figures() {
     let json = |file: &str| -> serde_json::Value {
         serde_json::from_str(&read(&format!("docs/bench/{file}")))

@@ -16,8 +16,6 @@ const RETAKE_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(100), Duration::from_secs(4), 10);
 /// How far back retakes and pipeline restarts are counted.
 pub const FAILURE_MEMORY: Duration = Duration::from_secs(600);
-/// Retakes of one partition within [`FAILURE_MEMORY`] before the worker gives up.
-pub const MAX_RETAKES: usize = 10;
 /// A fence after a retake that followed a fence, within this long, is another writer's.
 pub const FENCE_MEMORY: Duration = Duration::from_secs(300);
 /// In group mode, how long a fenced partition waits before it is taken over again: long enough
@@ -26,12 +24,10 @@ pub const GROUP_FENCE_WAIT: Duration = Duration::from_secs(5);
 /// Hung client calls left to their threads (and not returned since) before the worker exits
 /// instead.
 pub const MAX_ABANDONED: usize = 3;
-/// Pipeline restarts within [`FAILURE_MEMORY`] before the worker gives up.
-pub const MAX_RESTARTS: usize = 5;
 /// Waits before the whole pipeline starts again: 2, 4, 8 ... up to 32 s.
 const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(32), 5);
 
-pub use crate::reasons::{GiveUp, Retake};
+pub use crate::reasons::{GiveUp, Retake, MAX_RESTARTS, MAX_RETAKES};
 
 /// What to do about a failed partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -287,11 +287,11 @@ impl WorkerGivesUp {
             GiveUp::TooManyRetakes { partition } => tracing::error!(
                 partition,
                 "The partition was taken over again more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
-                crate::coordinator::policy::MAX_RETAKES
+                crate::reasons::MAX_RETAKES
             ),
             GiveUp::TooManyRestarts => tracing::error!(
                 "The pipeline failed more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
-                crate::coordinator::policy::MAX_RESTARTS
+                crate::reasons::MAX_RESTARTS
             ),
         }
     }
