@@ -1080,7 +1080,10 @@ fn measured_figures_in_the_docs_are_rendered_from_the_bench_json() {
 fn the_plan_agrees_with_a_measured_ten_minute_ledger_run_within_ten_percent() {
     let run: serde_json::Value = serde_json::from_str(&read("docs/bench/plan-run.json")).unwrap();
     let r = &run["result"];
-    assert!(r["seconds"].as_f64().unwrap() >= 600.0, "a ten-minute run: {r}");
+    assert!(
+        r["seconds"].as_f64().unwrap() >= 600.0,
+        "a ten-minute run: {r}"
+    );
     let rate = r["ids_per_sec"].as_f64().unwrap();
     let plan = dedupe::plan::Ask {
         ids_per_sec: rate,
@@ -1099,7 +1102,11 @@ fn the_plan_agrees_with_a_measured_ten_minute_ledger_run_within_ten_percent() {
     );
     // The ids a day at the run's rate, in the plan and as the run's ledger grew.
     let held_a_day = r["ledger_ids"].as_f64().unwrap() * 86_400.0 / r["seconds"].as_f64().unwrap();
-    assert!((plan.ids_held / held_a_day - 1.0).abs() <= 0.10, "{} against {held_a_day}", plan.ids_held);
+    assert!(
+        (plan.ids_held / held_a_day - 1.0).abs() <= 0.10,
+        "{} against {held_a_day}",
+        plan.ids_held
+    );
 }
 
 #[test]
