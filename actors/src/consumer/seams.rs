@@ -75,6 +75,12 @@ impl IdStore for Addr<LedgerActor> {
         .await
         .map_err(|source| PipelineError::Mailbox { partition, source })?
         .map_err(|source| PipelineError::Ledger { partition, source })?;
+        // The ledger judges the ids again as it records them, and its verdicts are not needed:
+        // the batch was decided on the look-up, and only the ids it published or refreshed come
+        // here. The second judgement is what records them by the same rules (a refresh only
+        // forward in time, a copy past the retention limit as a new sighting) and keeps a record
+        // from counting an id twice when a copy on another of the worker's partitions recorded it
+        // in between.
         Ok(())
     }
 
