@@ -137,7 +137,8 @@ impl Default for IngestConfig {
             // Segment's clients time out at 10-15 s; answer before they give up.
             ack_timeout_ms: 10_000,
             // actix-web's default client_request_timeout, which times only a connection's first
-            // request head; the service times every request (tracking/src/server/guarded_stream.rs).
+            // request head; the service times every request
+            // (tracking/src/server/guarded_stream.rs).
             request_timeout_ms: 5_000,
             // Well within the 1,024 files Debian and most container runtimes allow by default;
             // at a few ms per request this serves tens of thousands of requests per second.
