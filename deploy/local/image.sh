@@ -62,15 +62,19 @@ ensure_base() {
 build() {
   need
   ensure_base
+  # The checks drive the image with this machine's dedupe (its loadgen and verify, which the
+  # image leaves out): the binary already built here (the test suite's) is kept aside and put
+  # back after the image's build replaced it, so that build is the only one. Built when missing.
+  local built=$CARGO_TARGET_DIR/release/dedupe kept=$CARGO_TARGET_DIR/dedupe-tools
+  "$built" loadgen --help >/dev/null 2>&1 || cargo build --release --locked -p dedupe-cli --bin dedupe
+  cp "$built" "$kept"
   # The release binary as the Dockerfile's build stage makes it (no failpoints, no tools: no
   # `bench`, no `loadgen`), stripped, in the build context where the `prebuilt` stage takes it.
   cargo build --release --locked -p dedupe-cli --bin dedupe --no-default-features
   mkdir -p .image
-  install -s -m 0755 "$CARGO_TARGET_DIR/release/dedupe" .image/dedupe
+  install -s -m 0755 "$built" .image/dedupe
   echo "image.sh: the image's binary is $(stat -c %s .image/dedupe) bytes, stripped"
-  # The checks below drive the image with this machine's loadgen: the default build again
-  # (cargo keeps both builds' objects, so this only links).
-  cargo build --release --locked -p dedupe-cli --bin dedupe
+  mv "$kept" "$built"
   local started=$SECONDS
   # The docker format keeps the HEALTHCHECK (OCI images have none).
   pm build --format docker --pull=never --network host "${ulimits[@]}" --build-arg BINARY=prebuilt \
