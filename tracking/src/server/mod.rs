@@ -141,34 +141,10 @@ impl Ingest {
         req: &HttpRequest,
         payload: web::Payload,
     ) -> (Outcome, Option<String>) {
-        let content_type = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .map(|h| h.to_str().unwrap_or("unreadable"));
-        if let Err(r) = tracking::check_content_type(content_type) {
-            return (Outcome::Rejected(r), None);
-        }
-        let authorization = req
-            .headers()
-            .get(AUTHORIZATION)
-            .map(|h| h.to_str().unwrap_or(""));
-        // A header with a wrong key is refused before the body is even read; one with a known
-        // key gets the full deadline and is not counted among the keyless reads.
-        let (read, deadline) = match authorization {
-            Some(header) => match self.keys.authenticate(Some(header), None) {
-                Ok(_) => (self.body_reads.keyed(), self.request_timeout),
-                Err(e) => return (Outcome::Unauthorized(e), None),
-            },
-            None => match self.body_reads.keyless(req.peer_addr().map(|a| a.ip())) {
-                Ok(read) => (read, self.keyless_body_timeout),
-                Err(refused) => return (refused, None),
-            },
-        };
-        let raw = match read_body(req, payload, deadline).await {
-            Ok(raw) => raw.freeze(),
+        let (raw, authorization) = match self.receive(req, payload).await {
+            Ok(received) => received,
             Err(outcome) => return (outcome, None),
         };
-        drop(read);
         let _place = match self.in_flight.admit() {
             Ok(place) => place,
             Err(overloaded) => return (overloaded, None),
@@ -197,21 +173,8 @@ impl Ingest {
             Ok(decoded) => decoded,
             Err(refused) => return refused,
         };
-        if let Some(limiter) = &self.limiter {
-            // Every event is charged, valid or not: each becomes a record.
-            match limiter.take(&source, events.len(), Instant::now()) {
-                Ok(()) => {}
-                Err(RateLimited::Wait(wait)) => return (Outcome::RateLimited(wait), Some(source)),
-                Err(RateLimited::OverBurst { burst, full_in }) => {
-                    return (
-                        Outcome::OverBurst {
-                            burst,
-                            wait: full_in,
-                        },
-                        Some(source),
-                    )
-                }
-            }
+        if let Err(limited) = self.charge(&source, events.len()) {
+            return (limited, Some(source));
         }
         if let (OnInvalidEvent::RefuseRequest, Some(first)) =
             (self.on_invalid_event, events.refused.first())
@@ -232,20 +195,59 @@ impl Ingest {
             )
             .await
         {
-            Ok(()) => Outcome::Accepted {
-                types: events.messages.iter().map(|m| m.event_type).collect(),
-                assigned: IdOrigin::ASSIGNED.map(|origin| {
-                    events
-                        .messages
-                        .iter()
-                        .filter(|m| m.id_origin == origin)
-                        .count() as u64
-                }),
-                refused: events.refused.iter().map(RefusedEvent::from).collect(),
-            },
+            Ok(()) => accepted(&events),
             Err(e) => Outcome::Unavailable(e),
         };
         (outcome, Some(source))
+    }
+
+    /// Checks the `Content-Type` and the write key in the `Authorization` header, then reads
+    /// the body within its deadline: the body and the header, or the refusal.
+    async fn receive<'r>(
+        &self,
+        req: &'r HttpRequest,
+        payload: web::Payload,
+    ) -> Result<(web::Bytes, Option<&'r str>), Outcome> {
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|h| h.to_str().unwrap_or("unreadable"));
+        tracking::check_content_type(content_type).map_err(Outcome::Rejected)?;
+        let authorization = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|h| h.to_str().unwrap_or(""));
+        // A header with a wrong key is refused before the body is even read; one with a known
+        // key gets the full deadline and is not counted among the keyless reads.
+        let (_read, deadline) = match authorization {
+            Some(header) => match self.keys.authenticate(Some(header), None) {
+                Ok(_) => (self.body_reads.keyed(), self.request_timeout),
+                Err(e) => return Err(Outcome::Unauthorized(e)),
+            },
+            None => (
+                self.body_reads.keyless(req.peer_addr().map(|a| a.ip()))?,
+                self.keyless_body_timeout,
+            ),
+        };
+        let raw = read_body(req, payload, deadline).await?;
+        // The place among the body reads is given back here, before the request asks for one
+        // in flight.
+        Ok((raw.freeze(), authorization))
+    }
+
+    /// Charges the source's rate limit for every event, valid or not: each becomes a record.
+    fn charge(&self, source: &str, events: usize) -> Result<(), Outcome> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        match limiter.take(source, events, Instant::now()) {
+            Ok(()) => Ok(()),
+            Err(RateLimited::Wait(wait)) => Err(Outcome::RateLimited(wait)),
+            Err(RateLimited::OverBurst { burst, full_in }) => Err(Outcome::OverBurst {
+                burst,
+                wait: full_in,
+            }),
+        }
     }
 
     /// Decodes, parses, authenticates and validates a request. Decoding and validating cost
@@ -287,6 +289,21 @@ impl Ingest {
                 None,
             )),
         }
+    }
+}
+
+/// The answer to a request whose records Kafka all acknowledged.
+fn accepted(events: &Events) -> Outcome {
+    Outcome::Accepted {
+        types: events.messages.iter().map(|m| m.event_type).collect(),
+        assigned: IdOrigin::ASSIGNED.map(|origin| {
+            events
+                .messages
+                .iter()
+                .filter(|m| m.id_origin == origin)
+                .count() as u64
+        }),
+        refused: events.refused.iter().map(RefusedEvent::from).collect(),
     }
 }
 
