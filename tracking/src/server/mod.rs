@@ -135,6 +135,36 @@ pub struct Ingest {
 type Decoded = Result<(String, Events), (Outcome, Option<String>)>;
 
 impl Ingest {
+    /// What the handlers share, from `ingest`'s settings.
+    fn new(
+        config: &dedupe::config::IngestConfig,
+        delivery: Delivery,
+        keys: WriteKeys,
+        readiness: Arc<Readiness>,
+        limiter: Option<RateLimiter>,
+    ) -> Self {
+        Self {
+            delivery,
+            keys: Arc::new(keys),
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
+            keyless_body_timeout: Duration::from_millis(config.keyless_body_timeout_ms()),
+            readiness,
+            limiter,
+            in_flight: InFlight::new(config.max_in_flight_requests),
+            body_reads: BodyReads::new(
+                config.keyless_body_reads(),
+                config.keyless_body_reads_per_client(),
+            ),
+            on_invalid_event: config.on_invalid_event,
+            missing_id: match config.missing_message_id {
+                MissingMessageId::Derive => MissingId::Derive,
+                MissingMessageId::Random => MissingId::Random,
+            },
+            logs: LogLimiter::new(LOG_INTERVAL),
+            api_base: settings::ApiBase::of(config.public_url.as_deref(), config.listen),
+        }
+    }
+
     async fn handle(
         &self,
         endpoint: Endpoint,
@@ -442,6 +472,31 @@ fn warn_about(
     }
 }
 
+/// Checks the Kafka settings against the brokers: settings that can never connect end the
+/// process; unreachable brokers do not (the API answers 503 until they are back). False when
+/// `stop` resolved first.
+async fn check_brokers(
+    config: &Config,
+    stop: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<bool, IngestError> {
+    let kafka = config.kafka.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        dedupe::kafka::check_security(&kafka, Duration::from_secs(15))
+    });
+    let checked = tokio::select! {
+        checked = checked => checked,
+        () = stop => return Ok(false),
+    };
+    match checked {
+        Ok(result) => result.map_err(|failure| IngestError::Security {
+            brokers: config.kafka.brokers.clone(),
+            failure,
+        })?,
+        Err(e) => return Err(IngestError::ConnectionCheck(e.to_string())),
+    }
+    Ok(true)
+}
+
 /// Runs the tracking API until `stop` resolves (the binary's SIGTERM or SIGINT), then lets requests
 /// in flight finish and flushes the producer. A `stop` that resolves while it starts (the
 /// connection check waits up to 15 s for brokers that do not answer) ends it there, before it
@@ -462,25 +517,9 @@ pub async fn serve(
     let limiter = rate.map(|rate| RateLimiter::new(rate, keys.sources(), Instant::now()));
     let topic = ingest_config.topic.clone();
     let dead_letter_topic = ingest_config.dead_letter_topic();
-    // Settings that can never connect end the process; unreachable brokers do not (the API
-    // answers 503 until they are back).
-    let kafka = config.kafka.clone();
-    let checked = tokio::task::spawn_blocking(move || {
-        dedupe::kafka::check_security(&kafka, Duration::from_secs(15))
-    });
-    let checked = tokio::select! {
-        checked = checked => checked,
-        () = &mut stop => {
-            info!("The tracking API stopped before it listened.");
-            return Ok(());
-        }
-    };
-    match checked {
-        Ok(result) => result.map_err(|failure| IngestError::Security {
-            brokers: config.kafka.brokers.clone(),
-            failure,
-        })?,
-        Err(e) => return Err(IngestError::ConnectionCheck(e.to_string())),
+    if !check_brokers(&config, &mut stop).await? {
+        info!("The tracking API stopped before it listened.");
+        return Ok(());
     }
     let producer = producer(&config).map_err(|source| IngestError::CreateProducer {
         topic: topic.clone(),
@@ -503,26 +542,13 @@ pub async fn serve(
         topic: topic.clone(),
         source,
     })?;
-    let ingest = web::Data::new(Ingest {
+    let ingest = web::Data::new(Ingest::new(
+        ingest_config,
         delivery,
-        keys: Arc::new(keys),
-        request_timeout: Duration::from_millis(ingest_config.request_timeout_ms),
-        keyless_body_timeout: Duration::from_millis(ingest_config.keyless_body_timeout_ms()),
-        readiness: Arc::clone(&readiness),
+        keys,
+        Arc::clone(&readiness),
         limiter,
-        in_flight: InFlight::new(ingest_config.max_in_flight_requests),
-        body_reads: BodyReads::new(
-            ingest_config.keyless_body_reads(),
-            ingest_config.keyless_body_reads_per_client(),
-        ),
-        on_invalid_event: ingest_config.on_invalid_event,
-        missing_id: match ingest_config.missing_message_id {
-            MissingMessageId::Derive => MissingId::Derive,
-            MissingMessageId::Random => MissingId::Random,
-        },
-        logs: LogLimiter::new(LOG_INTERVAL),
-        api_base: settings::ApiBase::of(ingest_config.public_url.as_deref(), ingest_config.listen),
-    });
+    ));
     let cors_policy = web::Data::new(cors_policy);
     let addr = ingest_config.listen;
     let limits = Limits::from_ingest(ingest_config)?;
