@@ -240,25 +240,9 @@ impl Stage<'_> {
                 Ok(true) => rekeyed += 1,
                 Ok(false) => unkeyed += 1,
                 Err(e) if is_too_large(&e) => {
-                    if let Some(dlq) = dead_letter_topic {
-                        let source =
-                            format!("{}:{}:{}", self.options.source_topic, r.partition, r.offset);
-                        let bytes = r.bytes().to_string();
-                        let extra = [
-                            (HEADER_REKEY_REASON, REASON_TOO_LARGE.as_bytes()),
-                            (HEADER_REKEY_SOURCE, source.as_bytes()),
-                            (HEADER_REKEY_BYTES, bytes.as_bytes()),
-                        ];
-                        let record = copied(dlq, i, r, r.key.as_deref(), None, &extra);
-                        match self.send(record) {
-                            Ok(()) => {
-                                dead_lettered.push(i);
-                                continue;
-                            }
-                            // Its key and headers alone are too large: it has nowhere to go.
-                            Err(e) if is_too_large(&e) => {}
-                            Err(e) => return Err(e),
-                        }
+                    if self.dead_letter(i, r)? {
+                        dead_lettered.push(i);
+                        continue;
                     }
                     end = i;
                     break;
@@ -271,19 +255,7 @@ impl Stage<'_> {
             self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT)?;
             return Ok(Transacted::StoppedAt(end));
         }
-        let mut offsets = TopicPartitionList::new();
-        for (p, o) in offsets_after(&batch[start..end]) {
-            offsets.add_partition_offset(&self.options.source_topic, p, Offset::Offset(o))?;
-        }
-        // The group's current metadata: a member that lost these partitions in a rebalance
-        // (a stale generation or member epoch) cannot commit them.
-        let metadata = self
-            .consumer
-            .group_metadata()
-            .ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::State))?;
-        self.producer
-            .send_offsets_to_transaction(&offsets, &metadata, TRANSACTION_CALL_TIMEOUT)?;
-        self.commit()?;
+        self.commit_with_offsets(&batch[start..end])?;
         RekeyBatch { rekeyed, unkeyed }.emit();
         for &i in &dead_lettered {
             RekeyDeadLettered {
@@ -298,6 +270,45 @@ impl Stage<'_> {
         } else {
             Transacted::Through(end)
         })
+    }
+
+    /// Sends record `i` of the batch, larger than the input accepts, to the dead-letter topic:
+    /// its key and headers, and headers naming its position and size. False when there is no
+    /// dead-letter topic, or its key and headers alone are too large: it has nowhere to go.
+    fn dead_letter(&self, i: usize, r: &Polled) -> Result<bool, KafkaError> {
+        let Some(dlq) = self.config.worker.dead_letter_topic.as_deref() else {
+            return Ok(false);
+        };
+        let source = format!("{}:{}:{}", self.options.source_topic, r.partition, r.offset);
+        let bytes = r.bytes().to_string();
+        let extra = [
+            (HEADER_REKEY_REASON, REASON_TOO_LARGE.as_bytes()),
+            (HEADER_REKEY_SOURCE, source.as_bytes()),
+            (HEADER_REKEY_BYTES, bytes.as_bytes()),
+        ];
+        let record = copied(dlq, i, r, r.key.as_deref(), None, &extra);
+        match self.send(record) {
+            Ok(()) => Ok(true),
+            Err(e) if is_too_large(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds the source offsets after `records` to the open transaction and commits it.
+    fn commit_with_offsets(&self, records: &[Polled]) -> Result<(), KafkaError> {
+        let mut offsets = TopicPartitionList::new();
+        for (p, o) in offsets_after(records) {
+            offsets.add_partition_offset(&self.options.source_topic, p, Offset::Offset(o))?;
+        }
+        // The group's current metadata: a member that lost these partitions in a rebalance
+        // (a stale generation or member epoch) cannot commit them.
+        let metadata = self
+            .consumer
+            .group_metadata()
+            .ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::State))?;
+        self.producer
+            .send_offsets_to_transaction(&offsets, &metadata, TRANSACTION_CALL_TIMEOUT)?;
+        self.commit()
     }
 
     /// Commits the open transaction, trying again while librdkafka says the commit may still
