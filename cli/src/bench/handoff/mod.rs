@@ -26,6 +26,7 @@ mod worker;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -161,6 +162,90 @@ fn measure(
         output,
         group,
     )?;
+    let old: HashSet<String> = built.samples.iter().map(|(id, _)| id.clone()).collect();
+    let window_before = built.window_before;
+    let build_ids_per_sec = built.ids_per_sec;
+    let moved = hand_over(config, built, work_dir, input, output, group)?;
+    let b = moved.b;
+    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
+    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
+    let load_breakdown_secs = load_breakdown(&b);
+    let _ = moved.trickler.join();
+    let old_duplicates_sent = moved
+        .old_copies
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
+    let old_duplicates_published =
+        published_again(config, input, output, moved.b_output_from, &old)?;
+    let b_exit = b.terminate(Duration::from_secs(120))?;
+    if b_exit != Some(0) {
+        bail!("worker B exited with {b_exit:?} on SIGTERM");
+    }
+    let handover_ready_secs = moved.published.duration_since(moved.assigned).as_secs_f64();
+    let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
+    let phases = phase_table(
+        moved.assigned.duration_since(moved.stopping).as_secs_f64(),
+        &load_breakdown_secs,
+        handover_ready_secs - handover_duration_secs,
+    );
+    let changelog = dedupe::changelog::default_topic(output);
+    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
+    let mb = changelog_bytes as f64 / 1e6;
+    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
+    let result = HandoffBench {
+        ids,
+        handover_ready_secs,
+        window_restored_secs: moved.restored.duration_since(moved.assigned).as_secs_f64(),
+        window_before_secs: window_before,
+        window_after_secs: moved.window_after,
+        handover_duration_secs,
+        ids_loaded,
+        build_ids_per_sec,
+        span_secs: span.as_secs(),
+        value_bytes,
+        handover_window_secs: config.worker.handover_window().as_secs(),
+        old_duplicates_sent,
+        old_duplicates_published,
+        load_breakdown_secs,
+        phases,
+        changelog_bytes,
+        changelog_mb_per_sec: mb / read_secs.max(1e-9),
+        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
+        window_samples: moved.window_samples,
+    };
+    print_phases(&result);
+    Ok(result)
+}
+
+/// The partition moved from A to B, with B's window back: B still running, and what the move's
+/// figures are made of.
+struct Moved {
+    b: Worker,
+    /// When A was asked to stop.
+    stopping: Instant,
+    /// B's assignment, its first publish, and its window back.
+    assigned: Instant,
+    published: Instant,
+    restored: Instant,
+    window_after: f64,
+    window_samples: Vec<WindowSample>,
+    /// Where B's output starts: the end of A's.
+    b_output_from: i64,
+    /// The threads sending new ids and copies of old ones (each returns how many it sent).
+    trickler: JoinHandle<anyhow::Result<u64>>,
+    old_copies: JoinHandle<anyhow::Result<u64>>,
+}
+
+/// Starts worker B, stops A so the partition moves to B while new ids trickle in and old ones
+/// are sent again, and waits for B's first publish and for its window to come back.
+fn hand_over(
+    config: &Config,
+    built: Built,
+    work_dir: &Path,
+    input: &str,
+    output: &str,
+    group: &str,
+) -> anyhow::Result<Moved> {
     let a = built.worker;
     let mut b = Worker::start(
         config,
@@ -186,7 +271,7 @@ fn measure(
     let old_copies = send_again(
         config,
         input,
-        built.samples.iter().map(|(id, _)| id.clone()).collect(),
+        built.samples.into_iter().map(|(id, _)| id).collect(),
     );
     let assigned = b.wait_until(
         "the partition's assignment to worker B",
@@ -213,53 +298,18 @@ fn measure(
             window_after >= 0.95 * target
         },
     )?;
-    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
-    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
-    let load_breakdown_secs = load_breakdown(&b);
-    let _ = trickler.join();
-    let old_duplicates_sent = old_copies
-        .join()
-        .map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
-    let old: HashSet<String> = built.samples.into_iter().map(|(id, _)| id).collect();
-    let old_duplicates_published = published_again(config, input, output, b_output_from, &old)?;
-    let b_exit = b.terminate(Duration::from_secs(120))?;
-    if b_exit != Some(0) {
-        bail!("worker B exited with {b_exit:?} on SIGTERM");
-    }
-    let handover_ready_secs = published.duration_since(assigned).as_secs_f64();
-    let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
-    let phases = phase_table(
-        assigned.duration_since(stopping).as_secs_f64(),
-        &load_breakdown_secs,
-        handover_ready_secs - handover_duration_secs,
-    );
-    let changelog = dedupe::changelog::default_topic(output);
-    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
-    let mb = changelog_bytes as f64 / 1e6;
-    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
-    let result = HandoffBench {
-        ids,
-        handover_ready_secs,
-        window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
-        window_before_secs: built.window_before,
-        window_after_secs: window_after,
-        handover_duration_secs,
-        ids_loaded,
-        build_ids_per_sec: built.ids_per_sec,
-        span_secs: span.as_secs(),
-        value_bytes,
-        handover_window_secs: config.worker.handover_window().as_secs(),
-        old_duplicates_sent,
-        old_duplicates_published,
-        load_breakdown_secs,
-        phases,
-        changelog_bytes,
-        changelog_mb_per_sec: mb / read_secs.max(1e-9),
-        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
+    Ok(Moved {
+        b,
+        stopping,
+        assigned,
+        published,
+        restored,
+        window_after,
         window_samples: samples.taken,
-    };
-    print_phases(&result);
-    Ok(result)
+        b_output_from,
+        trickler,
+        old_copies,
+    })
 }
 
 /// The move's phases in order: the assignment, the load's phases (`load`, by name), the first
