@@ -29,11 +29,12 @@ use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use dedupe::config::Config;
 use dedupe::metrics as m;
 use serde::Serialize;
 
+use super::topics::BenchTopics;
 use traffic::{output_end, published_again, read_whole, send_again, trickle};
 use worker::{WindowSamples, Worker};
 
@@ -103,13 +104,7 @@ pub fn run(
         format!("handoff-out-{id}"),
         format!("handoff-{id}"),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    for topic in [&input, &output] {
-        rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[]))
-            .with_context(|| format!("creating {topic}"))?;
-    }
+    let topics = BenchTopics::create(config, &[&input, &output], 1, &[])?;
     let dir = work_dir.join(format!("handoff-{id}"));
     let result = measure(
         config,
@@ -124,20 +119,7 @@ pub fn run(
     let _ = std::fs::remove_dir_all(&dir);
     let changelog = dedupe::changelog::default_topic(&output);
     let audit = dedupe::audit::default_topic(&output);
-    let cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
-        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-            dedupe::kafka::client_config(&config.kafka).create()?;
-        admin
-            .delete_topics(
-                &[&input, &output, &changelog, &audit],
-                &rdkafka::admin::AdminOptions::new(),
-            )
-            .await?;
-        Ok(())
-    });
-    if let Err(e) = cleanup {
-        eprintln!("bench: could not delete the bench topics: {e}");
-    }
+    topics.delete(&[&changelog, &audit]);
     result
 }
 
