@@ -196,6 +196,19 @@ fn measure(
 }
 
 fn table(plan: &Plan, check: Option<&ConfigCheck>) -> String {
+    let rows = rows(plan, check);
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        out.push_str(&format!("{k:<width$}  {v}\n"));
+    }
+    out.push_str("\nFrom the figures measured in docs/performance.md:\n");
+    out.push_str(&figures());
+    out
+}
+
+/// The table's rows: the plan's figures, and what the configuration's budget holds.
+fn rows(plan: &Plan, check: Option<&ConfigCheck>) -> Vec<(String, String)> {
     let w = &plan.per_worker;
     let mut rows = vec![
         ("ids per second".to_string(), count(plan.ids_per_sec)),
@@ -244,12 +257,12 @@ fn table(plan: &Plan, check: Option<&ConfigCheck>) -> String {
             ),
         ));
     }
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows
+}
+
+/// The measured figures the plan rests on, one line each with its source.
+fn figures() -> String {
     let mut out = String::new();
-    for (k, v) in rows {
-        out.push_str(&format!("{k:<width$}  {v}\n"));
-    }
-    out.push_str("\nFrom the figures measured in docs/performance.md:\n");
     let f = FIGURES;
     for (what, value, figure) in [
         (
