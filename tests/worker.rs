@@ -39,12 +39,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     let phase2: Vec<&String> = all[..50].iter().chain(&all[300..400]).collect();
     produce_full(&input.name, &keyed(&phase2));
     wait_for_records(&output.name, 400, Duration::from_secs(60));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "SIGTERM exits 0:\n{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
 
     // Phase 3: while the worker is down, ids 50..100 again and 200 new; then a restart.
     let phase3: Vec<&String> = all[50..100].iter().chain(&all[400..600]).collect();
@@ -53,7 +48,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 600, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
 
     // Each id exactly once.
@@ -149,12 +144,12 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
     produce_full(&input.name, &with_repeats(&all[..40], |_| 0));
     wait_for_records(&audit, 60 + 40, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     produce_full(&input.name, &with_repeats(&all[40..60], |_| 0));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&audit, 60 + 40 + 20, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
 
     let written = metric_value(
         &page,
@@ -319,12 +314,7 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     wait_for_records(&dead.name, 10, Duration::from_secs(60));
     wait_for_records(&audit, 20, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let count = |name, labels: &[(&str, &str)]| metric_value(&page, name, labels).unwrap_or(0.0);
     assert_eq!(
         count("dedupe_duplicates_dropped_total", &[("verdict", "retry")]),
@@ -384,12 +374,7 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&audit, 35, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let counted: Vec<&str> = page
         .lines()
         .filter(|l| {
@@ -460,7 +445,7 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     let count = |outcome| {
         metric_value(&page, "dedupe_audit_records_total", &[("outcome", outcome)]).unwrap_or(0.0)
             as usize
@@ -503,7 +488,7 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
         .start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     let kafka = dedupe::config::KafkaConfig {
         brokers: brokers(),
         ..Default::default()
@@ -566,12 +551,7 @@ fn run_bad_input(policy: &str) {
     };
     wait_for_records(&output.name, expected_out, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics");
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
 
     assert_eq!(out.len(), expected_out, "policy {policy}");
@@ -651,12 +631,7 @@ fn aborted_transactions_are_retried_without_loss() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 200, Duration::from_secs(60));
     let page = worker.metrics().unwrap();
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
     assert_eq!(
@@ -694,12 +669,7 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, all.len(), Duration::from_secs(90));
     let page = worker.metrics().unwrap();
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let waits = metric_value(&page, "dedupe_output_queue_full_waits_total", &[]).unwrap_or(0.0);
     assert!(
         waits > 0.0,
@@ -770,12 +740,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
         None,
         "partition 1 left alone:\n{page}"
     );
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(
         out.len(),
@@ -856,12 +821,7 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
         None,
         "{page}"
     );
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     assert_eq!(
         consume_all(&output.name, true).len(),
         first.len() + second.len(),
@@ -987,37 +947,17 @@ fn two_pipelines_on_one_input_each_publish_all_of_it_and_never_share_offsets() {
     // ledger, still publishes the whole input, not only what arrives after it.
     let mut worker = a.start();
     wait_for_records(&out_a.name, 200, Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let mut worker = b.start();
     wait_for_records(&out_b.name, 200, Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     // More input; both run side by side and each resumes at its own position.
     produce_full(&input.name, &keyed(&all[200..].iter().collect::<Vec<_>>()));
     let (mut wa, mut wb) = (a.start(), b.start());
     wait_for_records(&out_a.name, 300, Duration::from_secs(90));
     wait_for_records(&out_b.name, 300, Duration::from_secs(90));
-    assert_eq!(
-        wa.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        wa.log_text()
-    );
-    assert_eq!(
-        wb.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        wb.log_text()
-    );
+    wa.stop_cleanly();
+    wb.stop_cleanly();
     for out in [&out_a, &out_b] {
         let (code, summary) = DEDUPE.verify(&input.name, &out.name);
         assert_eq!(code, 0, "{}: {summary}", out.name);
@@ -1094,7 +1034,7 @@ fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 10, Duration::from_secs(60));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    w.stop_cleanly();
     // ...then its CURRENT file is overwritten with garbage.
     std::fs::write(ledger.join("CURRENT"), b"garbage\n").unwrap();
     let files_before: Vec<_> = std::fs::read_dir(&ledger)
@@ -1216,12 +1156,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(120));
     wait_for_records(&output.name, distinct, Duration::from_secs(240));
-    assert_eq!(
-        w.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.log_text()
-    );
+    w.stop_cleanly();
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
@@ -1237,7 +1172,7 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    w.stop_cleanly();
 
     // `dedupe ledger stats` reads the stopped worker's ledger: 50 ids, and partition 0's progress.
     let stats = DEDUPE
@@ -1281,7 +1216,7 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     w.wait_ready(Duration::from_secs(60));
     produce_full(&input.name, &keyed(&ids(5).iter().collect::<Vec<_>>()));
     wait_for_records(&output.name, 5, Duration::from_secs(60));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    w.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 5, "only the new ids are published");
 }

@@ -172,12 +172,7 @@ fn through_the_front_door_a_retry_and_a_reused_id_get_their_verdicts() {
     let audit = dedupe::audit::default_topic(&output.name);
     kit::wait_for_records(&audit, 3, std::time::Duration::from_secs(90));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(
-        worker.terminate(std::time::Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     // By input offset: the retry's two copies, then the reused id.
     let verdicts: Vec<String> = kit::exactly_once::audit_records(&audit)
         .values()
@@ -252,12 +247,7 @@ fn a_load_with_retries_and_reused_ids_keeps_its_verdicts_and_its_audit_through_a
     kit::wait_for_records(&output.name, 200, std::time::Duration::from_secs(90));
     let audit = dedupe::audit::default_topic(&output.name);
     kit::wait_for_records(&audit, 13, std::time::Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(std::time::Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
 
     // The audit holds exactly the dropped copies, with their verdicts.
     kit::exactly_once::assert_audit_holds_the_drops(&input.name, &output.name, "after a kill");
@@ -367,12 +357,7 @@ fn an_id_less_retry_with_another_page_url_is_a_retry_under_either_reused_id_poli
         let audit = dedupe::audit::default_topic(&output.name);
         kit::wait_for_records(&audit, 1, std::time::Duration::from_secs(90));
         let page = worker.metrics().expect("metrics page");
-        assert_eq!(
-            worker.terminate(std::time::Duration::from_secs(30)),
-            Some(0),
-            "{}",
-            worker.log_text()
-        );
+        worker.stop_cleanly();
         let verdicts: Vec<String> = kit::exactly_once::audit_records(&audit)
             .values()
             .map(|(_, v)| v["verdict"].as_str().unwrap().to_string())
@@ -467,10 +452,5 @@ fn explain_with_the_source_finds_what_the_front_door_wrote_on_its_partition() {
         sentence.contains("scoped by source") && sentence.contains("--source"),
         "{sentence}"
     );
-    assert_eq!(
-        worker.terminate(std::time::Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
 }

@@ -257,6 +257,17 @@ impl Worker {
         self.wait(timeout)
     }
 
+    /// Sends SIGTERM and asserts that the worker exits 0 within 30 s (its log otherwise).
+    pub fn stop_cleanly(&mut self) {
+        let code = self.terminate(Duration::from_secs(30));
+        assert_eq!(
+            code,
+            Some(0),
+            "SIGTERM should end the worker with exit 0:\n{}",
+            self.log_text()
+        );
+    }
+
     /// SIGKILL: the crash case.
     /// The process id.
     pub fn pid(&self) -> u32 {
