@@ -18,8 +18,7 @@ const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     let input = TestTopic::create("golden-in", 2);
     let output = TestTopic::create("golden-out", 2);
-    let dir = tempfile::tempdir().unwrap();
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let spec = DEDUPE.worker_in_temp_dir(&input.name, &output.name);
     let all = ids(600);
 
     // Phase 1: 300 ids; every tenth is re-sent right away, so the repeat lands in the same batch.
@@ -127,9 +126,8 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
     let input = TestTopic::create("audit-in", 2);
     let output = TestTopic::create("audit-out", 2);
     let audit = dedupe::audit::default_topic(&output.name);
-    let dir = tempfile::tempdir().unwrap();
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_SOURCES", "web");
     let all = ids(300);
     // Every fifth id sent twice in a row (the copy lands in the same batch), then ids 0..40
@@ -422,12 +420,11 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     let input = TestTopic::create("audit-sampled-in", 1);
     let output = TestTopic::create("audit-sampled-out", 1);
     let audit = dedupe::audit::default_topic(&output.name);
-    let dir = tempfile::tempdir().unwrap();
     let all = ids(400);
     let records = with_repeats(&all, |_| 1);
     produce_full(&input.name, &records);
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_AUDIT_SAMPLE", "0.5")
         .env("DEDUPE_WORKER_AUDIT_MAX_PER_SEC", "50")
         .env("DEDUPE_WORKER_AUDIT_PAYLOADS", "true");
@@ -481,9 +478,8 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     let input = TestTopic::create("audit-off-in", 1);
     let output = TestTopic::create("audit-off-out", 1);
     produce_full(&input.name, &with_repeats(&all[..50], |_| 1));
-    let dir = tempfile::tempdir().unwrap();
     let mut worker = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_AUDIT_TOPIC", "")
         .start();
     worker.wait_ready(Duration::from_secs(60));
@@ -534,12 +530,11 @@ fn run_bad_input(policy: &str) {
     let input = TestTopic::create("bad-in", 1);
     let output = TestTopic::create("bad-out", 1);
     let dlq = TestTopic::create("bad-dlq", 1);
-    let dir = tempfile::tempdir().unwrap();
     let (keyed_unique, records) = bad_input();
     let unkeyed = 7; // 2 null keys, 2 empty, 2 too long, 1 keyless tombstone
     produce_full(&input.name, &records);
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_UNKEYED_POLICY", policy)
         .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dlq.name);
     let mut worker = spec.start();
@@ -619,13 +614,12 @@ fn bad_input_can_go_to_a_dead_letter_topic() {
 fn aborted_transactions_are_retried_without_loss() {
     let input = TestTopic::create("abort-in", 1);
     let output = TestTopic::create("abort-out", 1);
-    let dir = tempfile::tempdir().unwrap();
     let all = ids(200);
     let refs: Vec<&String> = all.iter().chain(&all[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
     // The first two transactions fail before anything is produced, and are aborted.
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("FAILPOINTS", "output-before-produce=2*return->off");
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
@@ -696,7 +690,6 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
     // publishes meanwhile.
     let input = TestTopic::create("retake-in", 2);
     let output = TestTopic::create("retake-out", 2);
-    let dir = tempfile::tempdir().unwrap();
     let first = ids(50);
     produce_full_to(
         &input.name,
@@ -704,7 +697,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
         &keyed(&first.iter().collect::<Vec<_>>()),
     );
     let mut spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("FAILPOINTS", "output-before-produce=6*return->off");
     spec.partitions = Some("0,1".into());
     let mut worker = spec.start();
@@ -761,11 +754,10 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
     // nothing, and the worker never exits.
     let input = TestTopic::create("hung-in", 1);
     let output = TestTopic::create("hung-out", 1);
-    let dir = tempfile::tempdir().unwrap();
     let first = ids(30);
     produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
     let mut worker = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_TRANSACTION_TIMEOUT_MS", "20000")
         .env("FAILPOINTS", "output-commit-hangs=1*sleep(30000)->off")
         .start();

@@ -547,9 +547,8 @@ pub(super) fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) 
         &format!("{}-out", &input.name[..input.name.len().min(24)]),
         input.partitions,
     );
-    let dir = tempfile::tempdir().unwrap();
     let mut worker = super::DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .start();
     wait_for_records(&output.name, expected.len(), Duration::from_secs(90));
     worker.stop_cleanly();

@@ -163,9 +163,8 @@ fn through_the_front_door_a_retry_and_a_reused_id_get_their_verdicts() {
         .iter()
         .all(|r| header(r, "dedupe-content-digest").is_some_and(|d| d.len() == 16)));
 
-    let dir = tempfile::tempdir().unwrap();
     let mut worker = super::DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .start();
     worker.wait_ready(std::time::Duration::from_secs(60));
     kit::wait_for_records(&output.name, 2, std::time::Duration::from_secs(90));
@@ -238,8 +237,7 @@ fn a_load_with_retries_and_reused_ids_keeps_its_verdicts_and_its_audit_through_a
     );
 
     // The worker is killed once some of it is through, then finishes.
-    let dir = tempfile::tempdir().unwrap();
-    let spec = super::DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let spec = super::DEDUPE.worker_in_temp_dir(&input.name, &output.name);
     let mut worker = spec.start();
     kit::wait_for_records(&output.name, 50, std::time::Duration::from_secs(90));
     worker.kill();
@@ -348,9 +346,8 @@ fn an_id_less_retry_with_another_page_url_is_a_retry_under_either_reused_id_poli
             ),
         );
         post_text(&ingest, "/v1/page", &view("/b"));
-        let dir = tempfile::tempdir().unwrap();
         let mut worker = super::DEDUPE
-            .worker(&input.name, &output.name, &dir.path().join("ledger"))
+            .worker_in_temp_dir(&input.name, &output.name)
             .env("DEDUPE_WORKER_ON_REUSED_ID", policy)
             .start();
         worker.wait_ready(std::time::Duration::from_secs(60));

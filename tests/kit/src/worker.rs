@@ -45,6 +45,8 @@ pub struct Worker {
     pub metrics_host: std::net::IpAddr,
     pub data_dir: PathBuf,
     pub log: PathBuf,
+    /// The temporary directory its ledger is in, when the spec made one: kept while it runs.
+    _temp: Option<Arc<tempfile::TempDir>>,
 }
 
 /// How to start a worker.
@@ -65,6 +67,10 @@ pub struct WorkerSpec {
     pub metrics_host: Option<std::net::IpAddr>,
     /// Start it with SIGTERM, SIGINT and SIGHUP blocked (see [`crate::hold_signals`]).
     pub hold_signals: bool,
+    /// The temporary directory `data_dir` is in, when the spec made one (see
+    /// [`WorkerSpec::in_temp_dir`]): removed once the spec and every worker started from it are
+    /// gone.
+    temp: Option<Arc<tempfile::TempDir>>,
 }
 
 impl WorkerSpec {
@@ -90,7 +96,17 @@ impl WorkerSpec {
             wrapper: Vec::new(),
             metrics_host: None,
             hold_signals: false,
+            temp: None,
         }
+    }
+
+    /// Like [`WorkerSpec::new`], with the ledger in a temporary directory of its own, removed
+    /// once the spec and every worker started from it are dropped.
+    pub fn in_temp_dir(bin: Dedupe, input: &str, output: &str) -> Self {
+        let temp = tempfile::tempdir().expect("a temporary directory for the ledger");
+        let mut spec = Self::new(bin, input, output, &temp.path().join("ledger"));
+        spec.temp = Some(Arc::new(temp));
+        spec
     }
 
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -159,6 +175,7 @@ impl WorkerSpec {
             metrics_host,
             data_dir: self.data_dir.clone(),
             log,
+            _temp: self.temp.clone(),
         }
     }
 }
