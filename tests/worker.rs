@@ -16,8 +16,7 @@ const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 #[test]
 fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
-    let input = TestTopic::create("golden-in", 2);
-    let output = TestTopic::create("golden-out", 2);
+    let (input, output) = TestTopic::pair("golden", 2);
     let spec = DEDUPE.worker_in_temp_dir(&input.name, &output.name);
     let all = ids(600);
 
@@ -91,8 +90,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
 
 #[test]
 fn verify_fails_on_a_duplicate_and_on_a_missing_id() {
-    let input = TestTopic::create("verify-in", 1);
-    let output = TestTopic::create("verify-out", 1);
+    let (input, output) = TestTopic::pair("verify", 1);
     let [a, b, c] = [ids(1), ids(1), ids(1)].map(|mut v| v.remove(0));
     produce_full(&input.name, &keyed(&[&a, &b, &c]));
     // The output repeats a and lacks c.
@@ -123,8 +121,7 @@ fn with_repeats(all: &[String], extra: impl Fn(usize) -> usize) -> Vec<Outgoing>
 
 #[test]
 fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
-    let input = TestTopic::create("audit-in", 2);
-    let output = TestTopic::create("audit-out", 2);
+    let (input, output) = TestTopic::pair("audit", 2);
     let audit = dedupe::audit::default_topic(&output.name);
     let spec = DEDUPE
         .worker_in_temp_dir(&input.name, &output.name)
@@ -261,8 +258,7 @@ fn with_content(ids: &[String], content: &str) -> Vec<Outgoing> {
 
 #[test]
 fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
-    let input = TestTopic::create("reused-in", 1);
-    let output = TestTopic::create("reused-out", 1);
+    let (input, output) = TestTopic::pair("reused", 1);
     let dead = TestTopic::create("reused-dead", 1);
     let audit = dedupe::audit::default_topic(&output.name);
     let dir = tempfile::tempdir().unwrap();
@@ -417,8 +413,7 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
 
 #[test]
 fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_and_turns_off() {
-    let input = TestTopic::create("audit-sampled-in", 1);
-    let output = TestTopic::create("audit-sampled-out", 1);
+    let (input, output) = TestTopic::pair("audit-sampled", 1);
     let audit = dedupe::audit::default_topic(&output.name);
     let all = ids(400);
     let records = with_repeats(&all, |_| 1);
@@ -475,8 +470,7 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     }
 
     // Off: no audit topic at all.
-    let input = TestTopic::create("audit-off-in", 1);
-    let output = TestTopic::create("audit-off-out", 1);
+    let (input, output) = TestTopic::pair("audit-off", 1);
     produce_full(&input.name, &with_repeats(&all[..50], |_| 1));
     let mut worker = DEDUPE
         .worker_in_temp_dir(&input.name, &output.name)
@@ -527,8 +521,7 @@ fn bad_input() -> (usize, Vec<Outgoing>) {
 }
 
 fn run_bad_input(policy: &str) {
-    let input = TestTopic::create("bad-in", 1);
-    let output = TestTopic::create("bad-out", 1);
+    let (input, output) = TestTopic::pair("bad", 1);
     let dlq = TestTopic::create("bad-dlq", 1);
     let (keyed_unique, records) = bad_input();
     let unkeyed = 7; // 2 null keys, 2 empty, 2 too long, 1 keyless tombstone
@@ -612,8 +605,7 @@ fn bad_input_can_go_to_a_dead_letter_topic() {
 
 #[test]
 fn aborted_transactions_are_retried_without_loss() {
-    let input = TestTopic::create("abort-in", 1);
-    let output = TestTopic::create("abort-out", 1);
+    let (input, output) = TestTopic::pair("abort", 1);
     let all = ids(200);
     let refs: Vec<&String> = all.iter().chain(&all[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
@@ -645,8 +637,7 @@ fn aborted_transactions_are_retried_without_loss() {
 fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     // The producers' queues hold 16 records and a batch has up to 500: each transaction's records
     // find the queue full again and again, and wait for room (counted) instead of being dropped.
-    let input = TestTopic::create("qfull-in", 2);
-    let output = TestTopic::create("qfull-out", 2);
+    let (input, output) = TestTopic::pair("qfull", 2);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("dedupe.toml");
     std::fs::write(
@@ -688,8 +679,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
     // Input in both partitions; the first six transactions abort (partition 0's, whose input is
     // there first): its pipeline gives up, and only partition 0 is taken over again. Partition 1
     // publishes meanwhile.
-    let input = TestTopic::create("retake-in", 2);
-    let output = TestTopic::create("retake-out", 2);
+    let (input, output) = TestTopic::pair("retake", 2);
     let first = ids(50);
     produce_full_to(
         &input.name,
@@ -752,8 +742,7 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
     // the partition is taken over again with a new producer, which fences the hung one. When the
     // hung call returns, its pipeline ends (fenced) long after it was replaced: that changes
     // nothing, and the worker never exits.
-    let input = TestTopic::create("hung-in", 1);
-    let output = TestTopic::create("hung-out", 1);
+    let (input, output) = TestTopic::pair("hung", 1);
     let first = ids(30);
     produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
     let mut worker = DEDUPE
@@ -826,8 +815,7 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
 
 #[test]
 fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
-    let input = TestTopic::create("zombie-in", 1);
-    let output = TestTopic::create("zombie-out", 1);
+    let (input, output) = TestTopic::pair("zombie", 1);
     let dir = tempfile::tempdir().unwrap();
     let spec_a = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger-a"));
     // Same group, same partition, another ledger: a copy of the worker left running elsewhere.
@@ -1016,8 +1004,7 @@ fn an_unreachable_broker_is_a_clear_error() {
 
 #[test]
 fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
-    let input = TestTopic::create("corrupt-in", 1);
-    let output = TestTopic::create("corrupt-out", 1);
+    let (input, output) = TestTopic::pair("corrupt", 1);
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
     // A ledger that worked once...
@@ -1097,8 +1084,7 @@ impl Drop for SmallDisk {
 
 #[test]
 fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
-    let input = TestTopic::create("diskfull-in", 2);
-    let output = TestTopic::create("diskfull-out", 2);
+    let (input, output) = TestTopic::pair("diskfull", 2);
     let dir = tempfile::tempdir().unwrap();
     let disk = SmallDisk::mount(&dir.path().join("disk"), "12m");
     let summary = DEDUPE
@@ -1155,8 +1141,7 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
 
 #[test]
 fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
-    let input = TestTopic::create("ahead-in", 1);
-    let output = TestTopic::create("ahead-out", 1);
+    let (input, output) = TestTopic::pair("ahead", 1);
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
     produce_full(&input.name, &keyed(&ids(50).iter().collect::<Vec<_>>()));
