@@ -479,12 +479,8 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
     worker.stop_cleanly();
-    let kafka = dedupe::config::KafkaConfig {
-        brokers: brokers(),
-        ..Default::default()
-    };
     let exists = dedupe::kafka::partition_count(
-        &kafka,
+        &kafka_config(),
         &dedupe::audit::default_topic(&output.name),
         Duration::from_secs(10),
     )
