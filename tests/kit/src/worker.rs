@@ -458,3 +458,29 @@ impl Drop for Supervised {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spec's temporary ledger directory outlives the spec while a worker started from it
+    /// runs (a test may start one straight from a spec it does not keep), and goes with both.
+    #[test]
+    fn a_temporary_ledger_directory_lives_while_its_spec_or_a_worker_from_it_does() {
+        // `true` stands for the binary: it takes any arguments and exits 0; no broker is asked.
+        let mut spec = WorkerSpec::in_temp_dir(Dedupe::at("/bin/true"), "in", "out");
+        spec.brokers = Some("127.0.0.1:1".into());
+        let dir = spec
+            .data_dir
+            .parent()
+            .expect("the ledger's parent")
+            .to_path_buf();
+        assert!(dir.is_dir(), "made with the spec");
+        let mut worker = spec.start();
+        drop(spec);
+        assert!(dir.is_dir(), "kept while the worker lives");
+        assert_eq!(worker.wait(Duration::from_secs(10)), Some(0));
+        drop(worker);
+        assert!(!dir.exists(), "removed with the last of them");
+    }
+}
