@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _};
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
 
-use crate::signals::{unless_stopped, Hangups, Signals};
+use crate::signals::{stopped_while_starting, unless_stopped, Hangups, Signals};
 use dedupe_actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
 use dedupe_actors::events::{ConfigReloadRefused, ConfigReloaded};
 use dedupe_actors::ledger::LedgerActor;
@@ -403,21 +403,21 @@ fn check_and_open(config: &Config, signals: &Signals) -> anyhow::Result<Option<S
             .context("starting the thread that checks the topics")?
     };
     let Some(checked) = checked else {
-        stopped_while_starting("checking the topics");
+        stopped_while_starting("checking the topics", "processing");
         return Ok(None);
     };
     let (partitions, input_partitions) = checked?;
     let path = &config.worker.data_dir;
     std::fs::create_dir_all(path).map_err(|e| data_dir_error(path, e))?;
     if signals.stop_requested() {
-        stopped_while_starting("checking the topics");
+        stopped_while_starting("checking the topics", "processing");
         return Ok(None);
     }
     let ledger =
         Arc::new(Ledger::open(path, config.ledger.options()).context("opening the ledger")?);
     if signals.stop_requested() {
         close_ledger(ledger);
-        stopped_while_starting("opening the ledger");
+        stopped_while_starting("opening the ledger", "processing");
         return Ok(None);
     }
     Ok(Some(Started {
@@ -425,14 +425,6 @@ fn check_and_open(config: &Config, signals: &Signals) -> anyhow::Result<Option<S
         input_partitions,
         ledger,
     }))
-}
-
-/// The worker was asked to stop before it processed anything: logs it.
-fn stopped_while_starting(phase: &str) {
-    tracing::info!(
-        phase,
-        "Received a stop signal while starting; stopped before processing anything."
-    );
 }
 
 /// On each SIGHUP (the first one at once if one arrived while the worker started), reads the

@@ -16,7 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::clients::{Deliveries, InputProducer, RebalanceFlag, SourceConsumer};
 use super::{RekeyOptions, Stage, TRANSACTION_CALL_TIMEOUT};
-use crate::signals::unless_stopped;
+use crate::signals::{stopped_while_starting, unless_stopped};
 
 /// How long reading the topics' metadata and settings may take at start.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,7 +68,7 @@ pub(super) fn start<'a>(
     let transactional_id = format!("dedupe-rekey.{}.{}", w.input_topic, owned.member());
     let producer = producer(config, &transactional_id, limit_bytes)?;
     if stop.load(Ordering::Relaxed) {
-        stopped_while_starting("making its producer");
+        stopped_while_starting("making its producer", "copying");
         return Ok(None);
     }
     // Not abandoned on a stop: it fences the previous instance and waits for its transaction to
@@ -79,7 +79,7 @@ pub(super) fn start<'a>(
             format!("initializing the rekey producer's transactions ({transactional_id}) with the brokers {brokers}")
         })?;
     if stop.load(Ordering::Relaxed) {
-        stopped_while_starting("initializing its transactions");
+        stopped_while_starting("initializing its transactions", "copying");
         return Ok(None);
     }
     let rebalanced = Arc::new(AtomicBool::new(false));
@@ -133,7 +133,7 @@ fn check_topics(
         .context("starting the thread that checks the topics")?
     };
     let Some(counted) = counted else {
-        stopped_while_starting("checking the topics");
+        stopped_while_starting("checking the topics", "copying");
         return Ok(None);
     };
     let (source_partitions, input_partitions, dlq_partitions) = counted.with_context(|| {
@@ -147,14 +147,6 @@ fn check_topics(
         partitions.with_context(|| format!("the dead-letter topic {dlq} does not exist"))?;
     }
     Ok(Some(source_partitions))
-}
-
-/// The stage was asked to stop before it copied anything: logs it.
-fn stopped_while_starting(phase: &str) {
-    tracing::info!(
-        phase,
-        "Received a stop signal while starting; stopped before copying anything."
-    );
 }
 
 /// The largest record the input topic takes: the producer's `message.max.bytes` (librdkafka's
