@@ -16,10 +16,8 @@ const DEDUPE: Dedupe = Dedupe::at(env!("CARGO_BIN_EXE_dedupe"));
 
 #[test]
 fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
-    let input = TestTopic::create("golden-in", 2);
-    let output = TestTopic::create("golden-out", 2);
-    let dir = tempfile::tempdir().unwrap();
-    let spec = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let (input, output) = TestTopic::pair("golden", 2);
+    let spec = DEDUPE.worker_in_temp_dir(&input.name, &output.name);
     let all = ids(600);
 
     // Phase 1: 300 ids; every tenth is re-sent right away, so the repeat lands in the same batch.
@@ -39,12 +37,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     let phase2: Vec<&String> = all[..50].iter().chain(&all[300..400]).collect();
     produce_full(&input.name, &keyed(&phase2));
     wait_for_records(&output.name, 400, Duration::from_secs(60));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "SIGTERM exits 0:\n{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
 
     // Phase 3: while the worker is down, ids 50..100 again and 200 new; then a restart.
     let phase3: Vec<&String> = all[50..100].iter().chain(&all[400..600]).collect();
@@ -53,7 +46,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 600, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
 
     // Each id exactly once.
@@ -97,8 +90,7 @@ fn golden_path_removes_duplicates_in_order_across_batches_and_restarts() {
 
 #[test]
 fn verify_fails_on_a_duplicate_and_on_a_missing_id() {
-    let input = TestTopic::create("verify-in", 1);
-    let output = TestTopic::create("verify-out", 1);
+    let (input, output) = TestTopic::pair("verify", 1);
     let [a, b, c] = [ids(1), ids(1), ids(1)].map(|mut v| v.remove(0));
     produce_full(&input.name, &keyed(&[&a, &b, &c]));
     // The output repeats a and lacks c.
@@ -129,12 +121,10 @@ fn with_repeats(all: &[String], extra: impl Fn(usize) -> usize) -> Vec<Outgoing>
 
 #[test]
 fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
-    let input = TestTopic::create("audit-in", 2);
-    let output = TestTopic::create("audit-out", 2);
+    let (input, output) = TestTopic::pair("audit", 2);
     let audit = dedupe::audit::default_topic(&output.name);
-    let dir = tempfile::tempdir().unwrap();
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_SOURCES", "web");
     let all = ids(300);
     // Every fifth id sent twice in a row (the copy lands in the same batch), then ids 0..40
@@ -149,12 +139,12 @@ fn every_dropped_copy_is_in_the_duplicate_audit_once_with_its_story() {
     produce_full(&input.name, &with_repeats(&all[..40], |_| 0));
     wait_for_records(&audit, 60 + 40, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     produce_full(&input.name, &with_repeats(&all[40..60], |_| 0));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&audit, 60 + 40 + 20, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
 
     let written = metric_value(
         &page,
@@ -268,8 +258,7 @@ fn with_content(ids: &[String], content: &str) -> Vec<Outgoing> {
 
 #[test]
 fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
-    let input = TestTopic::create("reused-in", 1);
-    let output = TestTopic::create("reused-out", 1);
+    let (input, output) = TestTopic::pair("reused", 1);
     let dead = TestTopic::create("reused-dead", 1);
     let audit = dedupe::audit::default_topic(&output.name);
     let dir = tempfile::tempdir().unwrap();
@@ -319,12 +308,7 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     wait_for_records(&dead.name, 10, Duration::from_secs(60));
     wait_for_records(&audit, 20, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let count = |name, labels: &[(&str, &str)]| metric_value(&page, name, labels).unwrap_or(0.0);
     assert_eq!(
         count("dedupe_duplicates_dropped_total", &[("verdict", "retry")]),
@@ -384,12 +368,7 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&audit, 35, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let counted: Vec<&str> = page
         .lines()
         .filter(|l| {
@@ -434,15 +413,13 @@ fn a_retry_is_told_from_a_reused_id_and_a_reused_id_follows_its_policy() {
 
 #[test]
 fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_and_turns_off() {
-    let input = TestTopic::create("audit-sampled-in", 1);
-    let output = TestTopic::create("audit-sampled-out", 1);
+    let (input, output) = TestTopic::pair("audit-sampled", 1);
     let audit = dedupe::audit::default_topic(&output.name);
-    let dir = tempfile::tempdir().unwrap();
     let all = ids(400);
     let records = with_repeats(&all, |_| 1);
     produce_full(&input.name, &records);
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_AUDIT_SAMPLE", "0.5")
         .env("DEDUPE_WORKER_AUDIT_MAX_PER_SEC", "50")
         .env("DEDUPE_WORKER_AUDIT_PAYLOADS", "true");
@@ -460,7 +437,7 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    worker.stop_cleanly();
     let count = |outcome| {
         metric_value(&page, "dedupe_audit_records_total", &[("outcome", outcome)]).unwrap_or(0.0)
             as usize
@@ -493,23 +470,17 @@ fn the_duplicate_audit_samples_by_id_caps_its_rate_carries_payloads_on_request_a
     }
 
     // Off: no audit topic at all.
-    let input = TestTopic::create("audit-off-in", 1);
-    let output = TestTopic::create("audit-off-out", 1);
+    let (input, output) = TestTopic::pair("audit-off", 1);
     produce_full(&input.name, &with_repeats(&all[..50], |_| 1));
-    let dir = tempfile::tempdir().unwrap();
     let mut worker = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_AUDIT_TOPIC", "")
         .start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
-    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    let kafka = dedupe::config::KafkaConfig {
-        brokers: brokers(),
-        ..Default::default()
-    };
+    worker.stop_cleanly();
     let exists = dedupe::kafka::partition_count(
-        &kafka,
+        &kafka_config(),
         &dedupe::audit::default_topic(&output.name),
         Duration::from_secs(10),
     )
@@ -546,15 +517,13 @@ fn bad_input() -> (usize, Vec<Outgoing>) {
 }
 
 fn run_bad_input(policy: &str) {
-    let input = TestTopic::create("bad-in", 1);
-    let output = TestTopic::create("bad-out", 1);
+    let (input, output) = TestTopic::pair("bad", 1);
     let dlq = TestTopic::create("bad-dlq", 1);
-    let dir = tempfile::tempdir().unwrap();
     let (keyed_unique, records) = bad_input();
     let unkeyed = 7; // 2 null keys, 2 empty, 2 too long, 1 keyless tombstone
     produce_full(&input.name, &records);
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_UNKEYED_POLICY", policy)
         .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dlq.name);
     let mut worker = spec.start();
@@ -566,12 +535,7 @@ fn run_bad_input(policy: &str) {
     };
     wait_for_records(&output.name, expected_out, Duration::from_secs(60));
     let page = worker.metrics().expect("metrics");
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
 
     assert_eq!(out.len(), expected_out, "policy {policy}");
@@ -637,26 +601,19 @@ fn bad_input_can_go_to_a_dead_letter_topic() {
 
 #[test]
 fn aborted_transactions_are_retried_without_loss() {
-    let input = TestTopic::create("abort-in", 1);
-    let output = TestTopic::create("abort-out", 1);
-    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = TestTopic::pair("abort", 1);
     let all = ids(200);
     let refs: Vec<&String> = all.iter().chain(&all[..20]).collect();
     produce_full(&input.name, &keyed(&refs));
     // The first two transactions fail before anything is produced, and are aborted.
     let spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("FAILPOINTS", "output-before-produce=2*return->off");
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 200, Duration::from_secs(60));
     let page = worker.metrics().unwrap();
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 200);
     assert_eq!(
@@ -676,8 +633,7 @@ fn aborted_transactions_are_retried_without_loss() {
 fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     // The producers' queues hold 16 records and a batch has up to 500: each transaction's records
     // find the queue full again and again, and wait for room (counted) instead of being dropped.
-    let input = TestTopic::create("qfull-in", 2);
-    let output = TestTopic::create("qfull-out", 2);
+    let (input, output) = TestTopic::pair("qfull", 2);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("dedupe.toml");
     std::fs::write(
@@ -694,12 +650,7 @@ fn a_full_output_producer_queue_makes_records_wait_not_vanish() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, all.len(), Duration::from_secs(90));
     let page = worker.metrics().unwrap();
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let waits = metric_value(&page, "dedupe_output_queue_full_waits_total", &[]).unwrap_or(0.0);
     assert!(
         waits > 0.0,
@@ -724,9 +675,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
     // Input in both partitions; the first six transactions abort (partition 0's, whose input is
     // there first): its pipeline gives up, and only partition 0 is taken over again. Partition 1
     // publishes meanwhile.
-    let input = TestTopic::create("retake-in", 2);
-    let output = TestTopic::create("retake-out", 2);
-    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = TestTopic::pair("retake", 2);
     let first = ids(50);
     produce_full_to(
         &input.name,
@@ -734,7 +683,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
         &keyed(&first.iter().collect::<Vec<_>>()),
     );
     let mut spec = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("FAILPOINTS", "output-before-produce=6*return->off");
     spec.partitions = Some("0,1".into());
     let mut worker = spec.start();
@@ -770,12 +719,7 @@ fn a_partition_whose_transactions_keep_aborting_is_taken_over_again_while_the_ot
         None,
         "partition 1 left alone:\n{page}"
     );
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(
         out.len(),
@@ -794,13 +738,11 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
     // the partition is taken over again with a new producer, which fences the hung one. When the
     // hung call returns, its pipeline ends (fenced) long after it was replaced: that changes
     // nothing, and the worker never exits.
-    let input = TestTopic::create("hung-in", 1);
-    let output = TestTopic::create("hung-out", 1);
-    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = TestTopic::pair("hung", 1);
     let first = ids(30);
     produce_full(&input.name, &keyed(&first.iter().collect::<Vec<_>>()));
     let mut worker = DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .env("DEDUPE_WORKER_TRANSACTION_TIMEOUT_MS", "20000")
         .env("FAILPOINTS", "output-commit-hangs=1*sleep(30000)->off")
         .start();
@@ -856,12 +798,7 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
         None,
         "{page}"
     );
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     assert_eq!(
         consume_all(&output.name, true).len(),
         first.len() + second.len(),
@@ -874,8 +811,7 @@ fn a_hung_commit_is_left_behind_and_its_late_end_changes_nothing() {
 
 #[test]
 fn a_zombie_worker_is_fenced_and_the_output_has_no_duplicates() {
-    let input = TestTopic::create("zombie-in", 1);
-    let output = TestTopic::create("zombie-out", 1);
+    let (input, output) = TestTopic::pair("zombie", 1);
     let dir = tempfile::tempdir().unwrap();
     let spec_a = DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger-a"));
     // Same group, same partition, another ledger: a copy of the worker left running elsewhere.
@@ -987,37 +923,17 @@ fn two_pipelines_on_one_input_each_publish_all_of_it_and_never_share_offsets() {
     // ledger, still publishes the whole input, not only what arrives after it.
     let mut worker = a.start();
     wait_for_records(&out_a.name, 200, Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let mut worker = b.start();
     wait_for_records(&out_b.name, 200, Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     // More input; both run side by side and each resumes at its own position.
     produce_full(&input.name, &keyed(&all[200..].iter().collect::<Vec<_>>()));
     let (mut wa, mut wb) = (a.start(), b.start());
     wait_for_records(&out_a.name, 300, Duration::from_secs(90));
     wait_for_records(&out_b.name, 300, Duration::from_secs(90));
-    assert_eq!(
-        wa.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        wa.log_text()
-    );
-    assert_eq!(
-        wb.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        wb.log_text()
-    );
+    wa.stop_cleanly();
+    wb.stop_cleanly();
     for out in [&out_a, &out_b] {
         let (code, summary) = DEDUPE.verify(&input.name, &out.name);
         assert_eq!(code, 0, "{}: {summary}", out.name);
@@ -1084,8 +1000,7 @@ fn an_unreachable_broker_is_a_clear_error() {
 
 #[test]
 fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
-    let input = TestTopic::create("corrupt-in", 1);
-    let output = TestTopic::create("corrupt-out", 1);
+    let (input, output) = TestTopic::pair("corrupt", 1);
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
     // A ledger that worked once...
@@ -1094,7 +1009,7 @@ fn a_corrupt_ledger_is_refused_and_left_as_it_is() {
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 10, Duration::from_secs(60));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    w.stop_cleanly();
     // ...then its CURRENT file is overwritten with garbage.
     std::fs::write(ledger.join("CURRENT"), b"garbage\n").unwrap();
     let files_before: Vec<_> = std::fs::read_dir(&ledger)
@@ -1165,8 +1080,7 @@ impl Drop for SmallDisk {
 
 #[test]
 fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
-    let input = TestTopic::create("diskfull-in", 2);
-    let output = TestTopic::create("diskfull-out", 2);
+    let (input, output) = TestTopic::pair("diskfull", 2);
     let dir = tempfile::tempdir().unwrap();
     let disk = SmallDisk::mount(&dir.path().join("disk"), "12m");
     let summary = DEDUPE
@@ -1216,20 +1130,14 @@ fn a_full_disk_stops_the_worker_without_losing_or_repeating_anything() {
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(120));
     wait_for_records(&output.name, distinct, Duration::from_secs(240));
-    assert_eq!(
-        w.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.log_text()
-    );
+    w.stop_cleanly();
     let (code, summary) = DEDUPE.verify(&input.name, &output.name);
     assert_eq!(code, 0, "{summary}");
 }
 
 #[test]
 fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
-    let input = TestTopic::create("ahead-in", 1);
-    let output = TestTopic::create("ahead-out", 1);
+    let (input, output) = TestTopic::pair("ahead", 1);
     let dir = tempfile::tempdir().unwrap();
     let ledger = dir.path().join("ledger");
     produce_full(&input.name, &keyed(&ids(50).iter().collect::<Vec<_>>()));
@@ -1237,7 +1145,7 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     let mut w = spec.start();
     w.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 50, Duration::from_secs(60));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    w.stop_cleanly();
 
     // `dedupe ledger stats` reads the stopped worker's ledger: 50 ids, and partition 0's progress.
     let stats = DEDUPE
@@ -1281,7 +1189,7 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     w.wait_ready(Duration::from_secs(60));
     produce_full(&input.name, &keyed(&ids(5).iter().collect::<Vec<_>>()));
     wait_for_records(&output.name, 5, Duration::from_secs(60));
-    assert_eq!(w.terminate(Duration::from_secs(30)), Some(0));
+    w.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 5, "only the new ids are published");
 }

@@ -21,6 +21,7 @@ pub mod bench {
     pub mod handoff;
     pub mod latency;
     pub mod pipeline;
+    mod topics;
 }
 pub mod explain_client;
 pub mod forget_client;

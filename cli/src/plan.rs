@@ -8,7 +8,6 @@ use clap::Args;
 use dedupe::config::{Assignment, Config, DigestSource};
 use dedupe::plan::{Ask, Plan, FIGURES};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
 
 /// Flags of `dedupe plan`.
 #[derive(Debug, Args)]
@@ -80,34 +79,58 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<String> {
     let ids_per_sec = match (args.ids_per_sec, &args.topic) {
         (Some(rate), _) => rate,
         (None, Some(topic)) => {
-            // The configuration's client settings (security included), its brokers overridden by
-            // --brokers; or only --brokers.
-            let mut client = match &config {
-                Some(c) => dedupe::kafka::client_config(&c.kafka),
-                None => ClientConfig::new(),
-            };
-            if let Some(brokers) = &args.brokers {
-                client.set("bootstrap.servers", brokers);
-            }
-            let brokers = client
-                .get("bootstrap.servers")
-                .map(str::to_string)
-                .context("--topic needs --brokers or a --config naming kafka.brokers")?;
-            measure(&client, &brokers, topic, args.measure)?
+            let kafka = measuring_kafka(args, config.as_ref())?;
+            measure(&kafka, topic, args.measure)?
         }
         (None, None) => bail!("give --ids-per-sec or --topic"),
     };
     if !ids_per_sec.is_finite() || ids_per_sec <= 0.0 {
         bail!("--ids-per-sec must be a positive number, not {ids_per_sec}");
     }
-    let w = config.as_ref().map(|c| &c.worker);
+    let ask = ask(args, config.as_ref(), ids_per_sec)?;
+    let plan = ask.plan();
+    let check = config
+        .as_ref()
+        .zip(args.config.as_ref())
+        .map(|(c, path)| config_check(&ask, &plan, c, path));
+    if args.json {
+        let mut json = serde_json::to_value(&plan)?;
+        json["figures_from"] = serde_json::json!("docs/performance.md");
+        if let Some(check) = &check {
+            json["config"] = serde_json::to_value(check)?;
+        }
+        return Ok(json.to_string());
+    }
+    Ok(table(&plan, check.as_ref()))
+}
+
+/// The Kafka settings --topic is measured with: the configuration's (security included), its
+/// brokers overridden by --brokers; or only --brokers.
+fn measuring_kafka(
+    args: &PlanArgs,
+    config: Option<&Config>,
+) -> anyhow::Result<dedupe::kafka::KafkaConfig> {
+    let mut kafka = match (config, &args.brokers) {
+        (Some(c), _) => c.kafka.clone(),
+        (None, Some(_)) => dedupe::kafka::KafkaConfig::default(),
+        (None, None) => bail!("--topic needs --brokers or a --config naming kafka.brokers"),
+    };
+    if let Some(brokers) = &args.brokers {
+        kafka.brokers.clone_from(brokers);
+    }
+    Ok(kafka)
+}
+
+/// What is asked of the plan: the rate, and the promise, the retention limit, the changelog's
+/// retention and the ledger's shape from the flags, else the configuration, else the defaults.
+fn ask(args: &PlanArgs, config: Option<&Config>, ids_per_sec: f64) -> anyhow::Result<Ask> {
+    let w = config.map(|c| &c.worker);
     let promise = args
         .promise
         .or_else(|| w.map(|w| Duration::from_secs(w.promised_window_secs)))
         .unwrap_or(Duration::from_secs(86_400));
     let limit = args.limit.or_else(|| {
         config
-            .as_ref()
             .and_then(|c| c.ledger.max_window_secs)
             .map(Duration::from_secs)
     });
@@ -122,63 +145,45 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<String> {
         .map(|w| Duration::from_secs(w.changelog_retention_secs))
         .unwrap_or(Duration::from_secs(7 * 86_400))
         .max(promise);
-    let ask = Ask {
+    Ok(Ask {
         ids_per_sec,
         promise,
         // With a limit the worker creates the changelog to keep ids no longer than it.
         changelog_retention: limit.map_or(retention, |l| retention.min(l)),
         replication: args.replication,
-        generations: config.as_ref().map_or(8, |c| c.ledger.generations as u32),
+        generations: config.map_or(8, |c| c.ledger.generations as u32),
         digests: w.is_none_or(|w| w.content_digest != DigestSource::None),
+    })
+}
+
+/// What the configuration file at `path`'s budget holds at the plan's rate.
+fn config_check(ask: &Ask, plan: &Plan, c: &Config, path: &std::path::Path) -> ConfigCheck {
+    let workers = match (c.worker.assignment, c.worker.worker_count) {
+        (Assignment::Static, Some(n)) => n.max(1),
+        _ => plan.workers,
     };
-    let plan = ask.plan();
-    let check = config.as_ref().zip(args.config.as_ref()).map(|(c, path)| {
-        let workers = match (c.worker.assignment, c.worker.worker_count) {
-            (Assignment::Static, Some(n)) => n.max(1),
-            _ => plan.workers,
-        };
-        let rate = ids_per_sec / f64::from(workers);
-        let window = ask.window_of(c.ledger.budget_bytes.0 as f64, rate);
-        ConfigCheck {
-            file: path.display().to_string(),
-            budget_bytes: c.ledger.budget_bytes.0,
-            workers,
-            ids_per_sec_per_worker: rate,
-            window_secs: window.as_secs_f64(),
-            holds_promise: window >= promise,
-        }
-    });
-    if args.json {
-        let mut json = serde_json::to_value(&plan)?;
-        json["figures_from"] = serde_json::json!("docs/performance.md");
-        if let Some(check) = &check {
-            json["config"] = serde_json::to_value(check)?;
-        }
-        return Ok(json.to_string());
+    let rate = ask.ids_per_sec / f64::from(workers);
+    let window = ask.window_of(c.ledger.budget_bytes.0 as f64, rate);
+    ConfigCheck {
+        file: path.display().to_string(),
+        budget_bytes: c.ledger.budget_bytes.0,
+        workers,
+        ids_per_sec_per_worker: rate,
+        window_secs: window.as_secs_f64(),
+        holds_promise: window >= ask.promise,
     }
-    Ok(table(&plan, check.as_ref()))
 }
 
 /// Appended records per second on `topic`, over `span`.
-fn measure(
-    client: &ClientConfig,
-    brokers: &str,
-    topic: &str,
-    span: Duration,
-) -> anyhow::Result<f64> {
-    let consumer: BaseConsumer = client
+fn measure(kafka: &dedupe::kafka::KafkaConfig, topic: &str, span: Duration) -> anyhow::Result<f64> {
+    let brokers = &kafka.brokers;
+    let consumer: BaseConsumer = dedupe::kafka::client_config(kafka)
         .create()
         .context("making a Kafka client to measure the topic")?;
+    let partitions = dedupe::kafka::partition_count(kafka, topic, Duration::from_secs(10))
+        .with_context(|| format!("reading topic {topic}'s partitions from {brokers}"))?
+        .with_context(|| format!("topic {topic} has no partitions at {brokers}"))?;
     let total = |consumer: &BaseConsumer| -> anyhow::Result<i64> {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .with_context(|| format!("reading topic {topic}'s partitions from {brokers}"))?;
-        let partitions = metadata
-            .topics()
-            .first()
-            .map(|t| t.partitions().len())
-            .filter(|&n| n > 0)
-            .with_context(|| format!("topic {topic} has no partitions at {brokers}"))?;
         let mut sum = 0;
         for p in 0..partitions as i32 {
             let (_, high) = consumer
@@ -196,6 +201,19 @@ fn measure(
 }
 
 fn table(plan: &Plan, check: Option<&ConfigCheck>) -> String {
+    let rows = rows(plan, check);
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        out.push_str(&format!("{k:<width$}  {v}\n"));
+    }
+    out.push_str("\nFrom the figures measured in docs/performance.md:\n");
+    out.push_str(&figures());
+    out
+}
+
+/// The table's rows: the plan's figures, and what the configuration's budget holds.
+fn rows(plan: &Plan, check: Option<&ConfigCheck>) -> Vec<(String, String)> {
     let w = &plan.per_worker;
     let mut rows = vec![
         ("ids per second".to_string(), count(plan.ids_per_sec)),
@@ -244,12 +262,12 @@ fn table(plan: &Plan, check: Option<&ConfigCheck>) -> String {
             ),
         ));
     }
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    rows
+}
+
+/// The measured figures the plan rests on, one line each with its source.
+fn figures() -> String {
     let mut out = String::new();
-    for (k, v) in rows {
-        out.push_str(&format!("{k:<width$}  {v}\n"));
-    }
-    out.push_str("\nFrom the figures measured in docs/performance.md:\n");
     let f = FIGURES;
     for (what, value, figure) in [
         (

@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _};
 use dedupe::config::{Assignment, Config};
 use dedupe::ledger::Ledger;
 
-use crate::signals::{unless_stopped, Hangups, Signals};
+use crate::signals::{stopped_while_starting, unless_stopped, Hangups, Signals};
 use dedupe_actors::coordinator::{exit, Coordinator, Health, RunOptions, Shutdown};
 use dedupe_actors::events::{ConfigReloadRefused, ConfigReloaded};
 use dedupe_actors::ledger::LedgerActor;
@@ -309,29 +309,16 @@ pub fn run(
     signals: Signals,
 ) -> anyhow::Result<i32> {
     let handle = crate::http::telemetry::init_metrics()?;
-    let stop = signals.stop_flag();
-    let checked = {
-        let config = config.clone();
-        unless_stopped(&stop, "start-topics", move || owned_partitions(&config))
-            .context("starting the thread that checks the topics")?
+    let Some(Started {
+        partitions,
+        input_partitions,
+        ledger,
+    }) = check_and_open(&config, &signals)?
+    else {
+        return Ok(exit::OK);
     };
-    let Some(checked) = checked else {
-        return Ok(stopped_while_starting("checking the topics"));
-    };
-    let (partitions, input_partitions) = checked?;
-    let path = config.worker.data_dir.clone();
-    std::fs::create_dir_all(&path).map_err(|e| data_dir_error(&path, e))?;
-    if signals.stop_requested() {
-        return Ok(stopped_while_starting("checking the topics"));
-    }
-    let ledger =
-        Arc::new(Ledger::open(&path, config.ledger.options()).context("opening the ledger")?);
-    if signals.stop_requested() {
-        close_ledger(ledger);
-        return Ok(stopped_while_starting("opening the ledger"));
-    }
     tracing::info!(
-        ledger = %path.display(),
+        ledger = %config.worker.data_dir.display(),
         partitions = %dedupe::config::PartitionSet(partitions.clone()),
         input = %config.worker.input_topic,
         output = %config.worker.output_topic,
@@ -396,13 +383,48 @@ pub fn run(
     Ok(exit_code)
 }
 
-/// The worker was asked to stop before it processed anything: logs it, and the exit code.
-fn stopped_while_starting(phase: &str) -> i32 {
-    tracing::info!(
-        phase,
-        "Received a stop signal while starting; stopped before processing anything."
-    );
-    exit::OK
+/// What the start's phases before the actors leave.
+struct Started {
+    /// The input partitions this worker owns (none up front in group mode).
+    partitions: Vec<i32>,
+    /// How many partitions the input has.
+    input_partitions: usize,
+    ledger: Arc<Ledger>,
+}
+
+/// The start's phases before the actors: the topics checked (on a thread of its own, so a stop
+/// while the brokers do not answer is taken at once), then the ledger opened; None when a stop
+/// came first (logged).
+fn check_and_open(config: &Config, signals: &Signals) -> anyhow::Result<Option<Started>> {
+    let stop = signals.stop_flag();
+    let checked = {
+        let config = config.clone();
+        unless_stopped(&stop, "start-topics", move || owned_partitions(&config))
+            .context("starting the thread that checks the topics")?
+    };
+    let Some(checked) = checked else {
+        stopped_while_starting("checking the topics", "processing");
+        return Ok(None);
+    };
+    let (partitions, input_partitions) = checked?;
+    let path = &config.worker.data_dir;
+    std::fs::create_dir_all(path).map_err(|e| data_dir_error(path, e))?;
+    if signals.stop_requested() {
+        stopped_while_starting("checking the topics", "processing");
+        return Ok(None);
+    }
+    let ledger =
+        Arc::new(Ledger::open(path, config.ledger.options()).context("opening the ledger")?);
+    if signals.stop_requested() {
+        close_ledger(ledger);
+        stopped_while_starting("opening the ledger", "processing");
+        return Ok(None);
+    }
+    Ok(Some(Started {
+        partitions,
+        input_partitions,
+        ledger,
+    }))
 }
 
 /// On each SIGHUP (the first one at once if one arrived while the worker started), reads the

@@ -203,6 +203,15 @@ impl Hangups {
     }
 }
 
+/// A long-running command asked to stop while it started, before it did any of its work (`work`:
+/// processing, copying): logs the phase it was in.
+pub fn stopped_while_starting(phase: &str, work: &str) {
+    tracing::info!(
+        phase,
+        "Received a stop signal while starting; stopped before {work} anything."
+    );
+}
+
 /// For a command with nothing to reload (`what`: the tracking API, the rekey stage): logs each
 /// SIGHUP, for ever.
 pub async fn log_hangups(mut hangups: Hangups, what: &'static str) {

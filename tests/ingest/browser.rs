@@ -547,17 +547,11 @@ pub(super) fn dedupe_and_verify(input: &TestTopic, expected: &BTreeSet<String>) 
         &format!("{}-out", &input.name[..input.name.len().min(24)]),
         input.partitions,
     );
-    let dir = tempfile::tempdir().unwrap();
     let mut worker = super::DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .start();
     wait_for_records(&output.name, expected.len(), Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     let mut copies: BTreeMap<String, usize> = BTreeMap::new();
     for r in consume_all(&output.name, true) {
         let value: Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();

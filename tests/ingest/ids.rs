@@ -163,21 +163,15 @@ fn through_the_front_door_a_retry_and_a_reused_id_get_their_verdicts() {
         .iter()
         .all(|r| header(r, "dedupe-content-digest").is_some_and(|d| d.len() == 16)));
 
-    let dir = tempfile::tempdir().unwrap();
     let mut worker = super::DEDUPE
-        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .worker_in_temp_dir(&input.name, &output.name)
         .start();
     worker.wait_ready(std::time::Duration::from_secs(60));
     kit::wait_for_records(&output.name, 2, std::time::Duration::from_secs(90));
     let audit = dedupe::audit::default_topic(&output.name);
     kit::wait_for_records(&audit, 3, std::time::Duration::from_secs(90));
     let page = worker.metrics().expect("metrics page");
-    assert_eq!(
-        worker.terminate(std::time::Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
     // By input offset: the retry's two copies, then the reused id.
     let verdicts: Vec<String> = kit::exactly_once::audit_records(&audit)
         .values()
@@ -243,8 +237,7 @@ fn a_load_with_retries_and_reused_ids_keeps_its_verdicts_and_its_audit_through_a
     );
 
     // The worker is killed once some of it is through, then finishes.
-    let dir = tempfile::tempdir().unwrap();
-    let spec = super::DEDUPE.worker(&input.name, &output.name, &dir.path().join("ledger"));
+    let spec = super::DEDUPE.worker_in_temp_dir(&input.name, &output.name);
     let mut worker = spec.start();
     kit::wait_for_records(&output.name, 50, std::time::Duration::from_secs(90));
     worker.kill();
@@ -252,12 +245,7 @@ fn a_load_with_retries_and_reused_ids_keeps_its_verdicts_and_its_audit_through_a
     kit::wait_for_records(&output.name, 200, std::time::Duration::from_secs(90));
     let audit = dedupe::audit::default_topic(&output.name);
     kit::wait_for_records(&audit, 13, std::time::Duration::from_secs(90));
-    assert_eq!(
-        worker.terminate(std::time::Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
 
     // The audit holds exactly the dropped copies, with their verdicts.
     kit::exactly_once::assert_audit_holds_the_drops(&input.name, &output.name, "after a kill");
@@ -358,21 +346,15 @@ fn an_id_less_retry_with_another_page_url_is_a_retry_under_either_reused_id_poli
             ),
         );
         post_text(&ingest, "/v1/page", &view("/b"));
-        let dir = tempfile::tempdir().unwrap();
         let mut worker = super::DEDUPE
-            .worker(&input.name, &output.name, &dir.path().join("ledger"))
+            .worker_in_temp_dir(&input.name, &output.name)
             .env("DEDUPE_WORKER_ON_REUSED_ID", policy)
             .start();
         worker.wait_ready(std::time::Duration::from_secs(60));
         let audit = dedupe::audit::default_topic(&output.name);
         kit::wait_for_records(&audit, 1, std::time::Duration::from_secs(90));
         let page = worker.metrics().expect("metrics page");
-        assert_eq!(
-            worker.terminate(std::time::Duration::from_secs(30)),
-            Some(0),
-            "{}",
-            worker.log_text()
-        );
+        worker.stop_cleanly();
         let verdicts: Vec<String> = kit::exactly_once::audit_records(&audit)
             .values()
             .map(|(_, v)| v["verdict"].as_str().unwrap().to_string())
@@ -467,10 +449,5 @@ fn explain_with_the_source_finds_what_the_front_door_wrote_on_its_partition() {
         sentence.contains("scoped by source") && sentence.contains("--source"),
         "{sentence}"
     );
-    assert_eq!(
-        worker.terminate(std::time::Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        worker.log_text()
-    );
+    worker.stop_cleanly();
 }

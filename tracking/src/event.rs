@@ -353,74 +353,82 @@ impl<'a> Making<'a> {
         event_type: EventType,
         assigned_id: Option<&str>,
     ) -> Result<Vec<u8>, JsonError> {
-        let shared = self.shared;
-        let mut out = Vec::with_capacity(sent + shared.bytes() + SERVICE_FIELDS_BYTES);
-        out.push(b'{');
-        let put = |out: &mut Vec<u8>, key_text: &str| {
-            if out.len() > 1 {
-                out.push(b',');
-            }
-            out.extend_from_slice(key_text.as_bytes());
-            out.push(b':');
-        };
-        let put_type = |out: &mut Vec<u8>| {
-            out.push(b'"');
-            out.extend_from_slice(event_type.as_str().as_bytes());
-            out.push(b'"');
-        };
-        // An assigned id is a UUID: its text needs no escape.
-        let put_id = |out: &mut Vec<u8>, id: &str| {
-            out.push(b'"');
-            out.extend_from_slice(id.as_bytes());
-            out.push(b'"');
-        };
+        let mut out = RecordText::with_capacity(sent + self.shared.bytes() + SERVICE_FIELDS_BYTES);
         for f in fields.iter() {
-            match f.key.as_ref() {
-                "writeKey" => continue,
-                "type" if self.path_type.is_some() => {
-                    put(&mut out, f.key_text);
-                    put_type(&mut out);
-                }
-                "receivedAt" => {
-                    put(&mut out, f.key_text);
-                    out.extend_from_slice(self.received_at.as_bytes());
-                }
-                "messageId" if assigned_id.is_some() => {
-                    put(&mut out, f.key_text);
-                    put_id(&mut out, assigned_id.unwrap_or_default());
-                }
-                key @ ("context" | "integrations") => {
-                    put(&mut out, f.key_text);
-                    let defaults = if key == "context" {
-                        &shared.context
-                    } else {
-                        &shared.integrations
-                    };
-                    match defaults {
-                        Some((_, defaults)) if json::is_object(f.value) => {
-                            json::merge_into(&mut out, &Fields::skim(f.value)?, defaults)?
-                        }
-                        _ => out.extend_from_slice(f.value.as_bytes()),
+            self.put_sent(&mut out, f, event_type, assigned_id)?;
+        }
+        self.put_missing(&mut out, fields, event_type, assigned_id);
+        Ok(out.finish())
+    }
+
+    /// One field the event was sent with, as the record holds it: dropped (`writeKey`), replaced
+    /// (`type` on a single-event route, `receivedAt`, an assigned `messageId`), merged with the
+    /// batch's defaults (`context`, `integrations`) or as sent.
+    fn put_sent(
+        &self,
+        out: &mut RecordText,
+        f: &Field<'_>,
+        event_type: EventType,
+        assigned_id: Option<&str>,
+    ) -> Result<(), JsonError> {
+        match f.key.as_ref() {
+            "writeKey" => {}
+            "type" if self.path_type.is_some() => {
+                out.key(f.key_text);
+                out.plain_string(event_type.as_str());
+            }
+            "receivedAt" => {
+                out.key(f.key_text);
+                out.raw(self.received_at);
+            }
+            "messageId" if assigned_id.is_some() => {
+                out.key(f.key_text);
+                out.plain_string(assigned_id.unwrap_or_default());
+            }
+            key @ ("context" | "integrations") => {
+                out.key(f.key_text);
+                let defaults = if key == "context" {
+                    &self.shared.context
+                } else {
+                    &self.shared.integrations
+                };
+                match defaults {
+                    Some((_, defaults)) if json::is_object(f.value) => {
+                        json::merge_into(&mut out.0, &Fields::skim(f.value)?, defaults)?
                     }
+                    _ => out.raw(f.value),
                 }
-                _ => {
-                    put(&mut out, f.key_text);
-                    out.extend_from_slice(f.value.as_bytes());
-                }
+            }
+            _ => {
+                out.key(f.key_text);
+                out.raw(f.value);
             }
         }
+        Ok(())
+    }
+
+    /// The fields this service adds where the event lacks them: `type` from the path, an
+    /// assigned `messageId`, `receivedAt`, and the batch's `context`, `integrations` and `sentAt`.
+    fn put_missing(
+        &self,
+        out: &mut RecordText,
+        fields: &Fields<'_>,
+        event_type: EventType,
+        assigned_id: Option<&str>,
+    ) {
+        let shared = self.shared;
         let lacks = |name: Name| fields.named(name).is_none();
         if self.path_type.is_some() && lacks(Name::Type) {
-            put(&mut out, "\"type\"");
-            put_type(&mut out);
+            out.key("\"type\"");
+            out.plain_string(event_type.as_str());
         }
         if let (Some(id), true) = (assigned_id, lacks(Name::MessageId)) {
-            put(&mut out, "\"messageId\"");
-            put_id(&mut out, id);
+            out.key("\"messageId\"");
+            out.plain_string(id);
         }
         if lacks(Name::ReceivedAt) {
-            put(&mut out, "\"receivedAt\"");
-            out.extend_from_slice(self.received_at.as_bytes());
+            out.key("\"receivedAt\"");
+            out.raw(self.received_at);
         }
         for (name, key_text, value) in [
             (
@@ -436,12 +444,47 @@ impl<'a> Making<'a> {
             (Name::SentAt, "\"sentAt\"", shared.sent_at),
         ] {
             if let (Some(value), true) = (value, lacks(name)) {
-                put(&mut out, key_text);
-                out.extend_from_slice(value.as_bytes());
+                out.key(key_text);
+                out.raw(value);
             }
         }
-        out.push(b'}');
-        Ok(out)
+    }
+}
+
+/// A record's text as it is written: an object whose members are put one after another.
+struct RecordText(Vec<u8>);
+
+impl RecordText {
+    fn with_capacity(bytes: usize) -> Self {
+        let mut out = Vec::with_capacity(bytes);
+        out.push(b'{');
+        Self(out)
+    }
+
+    /// Starts a member: the comma before every member but the first, the key's text, the colon.
+    fn key(&mut self, key_text: &str) {
+        if self.0.len() > 1 {
+            self.0.push(b',');
+        }
+        self.0.extend_from_slice(key_text.as_bytes());
+        self.0.push(b':');
+    }
+
+    /// A string whose text needs no escape: an event type's name, or an assigned id (a UUID).
+    fn plain_string(&mut self, text: &str) {
+        self.0.push(b'"');
+        self.0.extend_from_slice(text.as_bytes());
+        self.0.push(b'"');
+    }
+
+    /// A value's JSON text as it is.
+    fn raw(&mut self, json_text: &str) {
+        self.0.extend_from_slice(json_text.as_bytes());
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.0.push(b'}');
+        self.0
     }
 }
 

@@ -142,6 +142,27 @@ struct Owned {
     stop: StopOnDrop,
 }
 
+impl Owned {
+    /// Tells a live partition's pipeline to stop after its batch in flight (a revocation, or
+    /// the shutdown): true while it still runs, now `Stopping`; false for a partition still
+    /// being taken over, which the caller drops (the take-over's result is ignored when it
+    /// arrives, its producer dropped).
+    fn stop(&mut self) -> bool {
+        match std::mem::replace(&mut self.stage, Stage::Loading { queue: None }) {
+            Stage::Live { stop, arbiter, .. } => {
+                let _ = stop.send(true);
+                self.stage = Stage::Stopping { arbiter };
+                true
+            }
+            Stage::Stopping { arbiter } => {
+                self.stage = Stage::Stopping { arbiter };
+                true
+            }
+            Stage::Loading { .. } | Stage::Loaded { .. } => false,
+        }
+    }
+}
+
 /// A flag a take-over thread reads, set when this is dropped.
 #[derive(Default)]
 struct StopOnDrop(Arc<AtomicBool>);

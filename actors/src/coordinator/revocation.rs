@@ -61,16 +61,9 @@ impl Handler<Revoking> for Coordinator {
             let Some(owned) = running.owned.get_mut(&p) else {
                 continue;
             };
-            match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                Stage::Live { stop, arbiter, .. } => {
-                    let _ = stop.send(true);
-                    owned.stage = Stage::Stopping { arbiter };
-                }
-                Stage::Stopping { arbiter } => owned.stage = Stage::Stopping { arbiter },
-                // Loading: the take-over's result is ignored when it arrives (its producer dropped).
-                Stage::Loading { .. } | Stage::Loaded { .. } => {
-                    running.owned.remove(&p);
-                }
+            // Loading: the take-over's result is ignored when it arrives (its producer dropped).
+            if !owned.stop() {
+                running.owned.remove(&p);
             }
         }
         running.revocations.push((msg.partitions, msg.done));

@@ -8,7 +8,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::policy::StopReason;
-use super::{exit, Coordinator, Stage};
+use super::{exit, Coordinator};
 use crate::events::coordinator::FinalFlushFailed;
 use crate::ledger::Flush;
 
@@ -52,20 +52,7 @@ impl Coordinator {
         self.health.stopping.store(true, Ordering::Relaxed);
         let mut waiting = false;
         if let Some(running) = self.running.as_mut() {
-            running.owned.retain(|_, owned| {
-                match std::mem::replace(&mut owned.stage, Stage::Loading { queue: None }) {
-                    Stage::Live { stop, arbiter, .. } => {
-                        let _ = stop.send(true);
-                        owned.stage = Stage::Stopping { arbiter };
-                        true
-                    }
-                    Stage::Stopping { arbiter } => {
-                        owned.stage = Stage::Stopping { arbiter };
-                        true
-                    }
-                    Stage::Loading { .. } | Stage::Loaded { .. } => false,
-                }
-            });
+            running.owned.retain(|_, owned| owned.stop());
             waiting = !running.owned.is_empty();
         }
         self.publish_health();

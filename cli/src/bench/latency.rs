@@ -40,18 +40,9 @@ pub fn run(config: &Config, topic: &str, duration: Duration) -> anyhow::Result<L
         .set("fetch.min.bytes", "1")
         .create()
         .context("creating the reader")?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .context("reading the topic's metadata")?;
-    let partitions = metadata
-        .topics()
-        .first()
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
-    anyhow::ensure!(
-        partitions > 0,
-        "topic {topic} has no partitions (does it exist?)"
-    );
+    let partitions = dedupe::kafka::partition_count(&config.kafka, topic, Duration::from_secs(10))
+        .context("reading the topic's metadata")?
+        .with_context(|| format!("topic {topic} has no partitions (does it exist?)"))?;
     let mut assignment = TopicPartitionList::new();
     for p in 0..partitions as i32 {
         assignment.add_partition_offset(topic, p, Offset::End)?;

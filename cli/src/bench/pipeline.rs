@@ -17,6 +17,8 @@ use dedupe::config::Config;
 use rdkafka::message::Message;
 use serde::Serialize;
 
+use super::topics::BenchTopics;
+
 const PARTITIONS: i32 = 4;
 /// Pause between the backlog and the latency phase.
 const SETTLE: Duration = Duration::from_secs(5);
@@ -62,19 +64,12 @@ pub fn run(
     let input = format!("bench-in-{id}");
     let out_pass = format!("bench-out-pass-{id}");
     let out_dedupe = format!("bench-out-dedupe-{id}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    for topic in [&input, &out_pass, &out_dedupe] {
-        rt.block_on(dedupe::kafka::create_topic(
-            &config.kafka,
-            topic,
-            PARTITIONS,
-            1,
-            &[("message.timestamp.type", "LogAppendTime")],
-        ))
-        .with_context(|| format!("creating {topic}"))?;
-    }
+    let topics = BenchTopics::create(
+        config,
+        &[&input, &out_pass, &out_dedupe],
+        PARTITIONS,
+        &[("message.timestamp.type", "LogAppendTime")],
+    )?;
     eprintln!(
         "bench: producing {messages} messages of ~{value_bytes} bytes ({:.1}% re-sent) to {input}",
         dup_ratio * 100.0
@@ -111,20 +106,7 @@ pub fn run(
     let dedupe = run_mode(&mode("dedupe", &out_dedupe, load.distinct_ids))?;
     eprintln!("bench: {}", serde_json::to_string(&dedupe)?);
 
-    let rt_cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
-        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-            dedupe::kafka::client_config(&config.kafka).create()?;
-        admin
-            .delete_topics(
-                &[&input, &out_pass, &out_dedupe],
-                &rdkafka::admin::AdminOptions::new(),
-            )
-            .await?;
-        Ok(())
-    });
-    if let Err(e) = rt_cleanup {
-        eprintln!("bench: could not delete the bench topics: {e}");
-    }
+    topics.delete(&[]);
     Ok(PipelineBench {
         messages,
         dup_ratio,

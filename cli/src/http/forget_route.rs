@@ -220,39 +220,10 @@ async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpRespo
         Ok(found) => found,
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
-    // One time for every partition of the request, later than any re-send of its ids: a re-send
-    // on one partition then ends the forget on all of them, and an earlier re-send ends none.
-    let keys: Vec<dedupe::identity::LedgerKey> =
-        groups.values().flatten().map(|(_, id)| id.key).collect();
-    // And which ids the worker holds now, before any partition forgets them, for the audit.
-    let ledger = admin.targets.ledger.clone();
-    let looked = web::block(move || {
-        let held = ledger.held_in(&keys)?.0;
-        let resent = ledger.newest_resent_ms(&keys);
-        Ok::<_, dedupe::ledger::LedgerError>((keys, held, resent))
-    })
-    .await;
-    let (keys, held, resent) = match looked {
-        Ok(Ok(looked)) => looked,
-        Ok(Err(e)) => {
-            return HttpResponse::InternalServerError()
-                .json(json!({ "error": format!("looking the ids up: {e}") }))
-        }
-        Err(_) => {
-            return HttpResponse::ServiceUnavailable()
-                .json(json!({ "error": "the worker is stopping" }))
-        }
+    let at_ms = match look_up(admin, &mut groups).await {
+        Ok(at_ms) => at_ms,
+        Err(refused) => return refused,
     };
-    let at_ms = dedupe::clock::now_ms().max(resent.map_or(i64::MIN, |r| r + 1));
-    let held: std::collections::HashSet<_> = keys
-        .iter()
-        .zip(&held)
-        .filter(|(_, h)| h.is_some())
-        .map(|(k, _)| *k)
-        .collect();
-    for (_, id) in groups.values_mut().flatten() {
-        id.held_by_worker = held.contains(&id.key);
-    }
     let by = body.by.clone().unwrap_or_else(|| match req.peer_addr() {
         Some(peer) => format!("an admin client at {}", peer.ip()),
         None => "an admin client".to_string(),
@@ -262,34 +233,19 @@ async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpRespo
     // Per id of the request: on how many of its partitions it was forgotten.
     let mut forgotten_on = vec![0usize; wanted.len()];
     for (partition, group) in groups {
-        let count = group.len();
         let (which, ids): (Vec<usize>, Vec<ForgetId>) = group.into_iter().unzip();
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        admin.targets.coordinator.do_send(Forget {
-            partition,
-            request: ForgetRequest {
-                ids,
-                by: by.clone(),
-                reason: body.reason.clone(),
-                at_ms,
-                reply,
-            },
-        });
-        let error = match tokio::time::timeout(FORGET_WAIT, answer).await {
-            Ok(Ok(Ok(report))) => {
+        let asked = forget_on(admin, partition, ids, &by, body.reason.as_deref(), at_ms);
+        match asked.await {
+            Ok(report) => {
                 which.iter().for_each(|&n| forgotten_on[n] += 1);
                 done.push(report);
-                continue;
             }
-            Ok(Ok(Err(e))) => e,
-            Ok(Err(_)) => format!("partition {partition}: its pipeline stopped before the forget was done; ask again"),
-            Err(_) => format!("partition {partition}: no answer within {} s; ask again (a forget done twice is harmless)", FORGET_WAIT.as_secs()),
-        };
-        not_done.push(Failed {
-            partition,
-            ids: count,
-            error,
-        });
+            Err(error) => not_done.push(Failed {
+                partition,
+                ids: which.len(),
+                error,
+            }),
+        }
     }
     let tally = Tally::of(&forgotten_on, &wanted);
     let answer = json!({
@@ -303,6 +259,73 @@ async fn forget(req: &HttpRequest, admin: &Admin, body: ForgetBody) -> HttpRespo
         HttpResponse::Ok().json(answer)
     } else {
         HttpResponse::Conflict().json(answer)
+    }
+}
+
+/// Looks the request's ids up in the ledger before any partition forgets them: marks those the
+/// worker holds now (for the audit), and returns the forget's time, one for every partition of
+/// the request and later than any re-send of its ids (a re-send on one partition then ends the
+/// forget on all of them, and an earlier re-send ends none). The answer when the lookup fails.
+async fn look_up(admin: &Admin, groups: &mut Groups) -> Result<i64, HttpResponse> {
+    let keys: Vec<dedupe::identity::LedgerKey> =
+        groups.values().flatten().map(|(_, id)| id.key).collect();
+    let ledger = admin.targets.ledger.clone();
+    let looked = web::block(move || {
+        let held = ledger.held_in(&keys)?.0;
+        let resent = ledger.newest_resent_ms(&keys);
+        Ok::<_, dedupe::ledger::LedgerError>((keys, held, resent))
+    })
+    .await;
+    let (keys, held, resent) = match looked {
+        Ok(Ok(looked)) => looked,
+        Ok(Err(e)) => {
+            return Err(HttpResponse::InternalServerError()
+                .json(json!({ "error": format!("looking the ids up: {e}") })))
+        }
+        Err(_) => {
+            return Err(HttpResponse::ServiceUnavailable()
+                .json(json!({ "error": "the worker is stopping" })))
+        }
+    };
+    let at_ms = dedupe::clock::now_ms().max(resent.map_or(i64::MIN, |r| r + 1));
+    let held: std::collections::HashSet<_> = keys
+        .iter()
+        .zip(&held)
+        .filter(|(_, h)| h.is_some())
+        .map(|(k, _)| *k)
+        .collect();
+    for (_, id) in groups.values_mut().flatten() {
+        id.held_by_worker = held.contains(&id.key);
+    }
+    Ok(at_ms)
+}
+
+/// Has `partition`'s pipeline forget `ids` and waits for its report, at most [`FORGET_WAIT`]:
+/// the report, or why the forget is not done there.
+async fn forget_on(
+    admin: &Admin,
+    partition: i32,
+    ids: Vec<ForgetId>,
+    by: &str,
+    reason: Option<&str>,
+    at_ms: i64,
+) -> Result<ForgetReport, String> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    admin.targets.coordinator.do_send(Forget {
+        partition,
+        request: ForgetRequest {
+            ids,
+            by: by.to_string(),
+            reason: reason.map(str::to_string),
+            at_ms,
+            reply,
+        },
+    });
+    match tokio::time::timeout(FORGET_WAIT, answer).await {
+        Ok(Ok(Ok(report))) => Ok(report),
+        Ok(Ok(Err(e))) => Err(e),
+        Ok(Err(_)) => Err(format!("partition {partition}: its pipeline stopped before the forget was done; ask again")),
+        Err(_) => Err(format!("partition {partition}: no answer within {} s; ask again (a forget done twice is harmless)", FORGET_WAIT.as_secs())),
     }
 }
 

@@ -87,6 +87,15 @@ impl TestTopic {
         Self::create_with(prefix, partitions, &[])
     }
 
+    /// A worker's input and output topics, `<prefix>-in-<uuid>` and `<prefix>-out-<uuid>`, each
+    /// with `partitions` partitions.
+    pub fn pair(prefix: &str, partitions: i32) -> (Self, Self) {
+        (
+            Self::create(&format!("{prefix}-in"), partitions),
+            Self::create(&format!("{prefix}-out"), partitions),
+        )
+    }
+
     /// [`TestTopic::create`] with topic settings (e.g. `max.message.bytes`).
     pub fn create_with(prefix: &str, partitions: i32, configs: &[(&str, &str)]) -> Self {
         let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());

@@ -61,6 +61,12 @@ impl Dedupe {
         WorkerSpec::new(*self, input, output, data_dir)
     }
 
+    /// [`Dedupe::worker`] with the ledger in a temporary directory of its own (see
+    /// [`WorkerSpec::in_temp_dir`]); its path is the spec's `data_dir`.
+    pub fn worker_in_temp_dir(&self, input: &str, output: &str) -> WorkerSpec {
+        WorkerSpec::in_temp_dir(*self, input, output)
+    }
+
     /// How to start `dedupe ingest` in front of `topic`.
     pub fn ingest(&self, topic: &str) -> IngestSpec {
         IngestSpec::new(*self, topic)

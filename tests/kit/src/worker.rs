@@ -45,6 +45,8 @@ pub struct Worker {
     pub metrics_host: std::net::IpAddr,
     pub data_dir: PathBuf,
     pub log: PathBuf,
+    /// The temporary directory its ledger is in, when the spec made one: kept while it runs.
+    _temp: Option<Arc<tempfile::TempDir>>,
 }
 
 /// How to start a worker.
@@ -65,6 +67,10 @@ pub struct WorkerSpec {
     pub metrics_host: Option<std::net::IpAddr>,
     /// Start it with SIGTERM, SIGINT and SIGHUP blocked (see [`crate::hold_signals`]).
     pub hold_signals: bool,
+    /// The temporary directory `data_dir` is in, when the spec made one (see
+    /// [`WorkerSpec::in_temp_dir`]): removed once the spec and every worker started from it are
+    /// gone.
+    temp: Option<Arc<tempfile::TempDir>>,
 }
 
 impl WorkerSpec {
@@ -90,7 +96,17 @@ impl WorkerSpec {
             wrapper: Vec::new(),
             metrics_host: None,
             hold_signals: false,
+            temp: None,
         }
+    }
+
+    /// Like [`WorkerSpec::new`], with the ledger in a temporary directory of its own, removed
+    /// once the spec and every worker started from it are dropped.
+    pub fn in_temp_dir(bin: Dedupe, input: &str, output: &str) -> Self {
+        let temp = tempfile::tempdir().expect("a temporary directory for the ledger");
+        let mut spec = Self::new(bin, input, output, &temp.path().join("ledger"));
+        spec.temp = Some(Arc::new(temp));
+        spec
     }
 
     pub fn env(mut self, k: &str, v: &str) -> Self {
@@ -159,6 +175,7 @@ impl WorkerSpec {
             metrics_host,
             data_dir: self.data_dir.clone(),
             log,
+            _temp: self.temp.clone(),
         }
     }
 }
@@ -255,6 +272,17 @@ impl Worker {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.wait(timeout)
+    }
+
+    /// Sends SIGTERM and asserts that the worker exits 0 within 30 s (its log otherwise).
+    pub fn stop_cleanly(&mut self) {
+        let code = self.terminate(Duration::from_secs(30));
+        assert_eq!(
+            code,
+            Some(0),
+            "SIGTERM should end the worker with exit 0:\n{}",
+            self.log_text()
+        );
     }
 
     /// SIGKILL: the crash case.
@@ -428,5 +456,31 @@ impl Drop for Supervised {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A spec's temporary ledger directory outlives the spec while a worker started from it
+    /// runs (a test may start one straight from a spec it does not keep), and goes with both.
+    #[test]
+    fn a_temporary_ledger_directory_lives_while_its_spec_or_a_worker_from_it_does() {
+        // `true` stands for the binary: it takes any arguments and exits 0; no broker is asked.
+        let mut spec = WorkerSpec::in_temp_dir(Dedupe::at("/bin/true"), "in", "out");
+        spec.brokers = Some("127.0.0.1:1".into());
+        let dir = spec
+            .data_dir
+            .parent()
+            .expect("the ledger's parent")
+            .to_path_buf();
+        assert!(dir.is_dir(), "made with the spec");
+        let mut worker = spec.start();
+        drop(spec);
+        assert!(dir.is_dir(), "kept while the worker lives");
+        assert_eq!(worker.wait(Duration::from_secs(10)), Some(0));
+        drop(worker);
+        assert!(!dir.exists(), "removed with the last of them");
     }
 }

@@ -2,6 +2,7 @@
 //! key and headers (`dedupe::wire`), and the wait until Kafka acknowledged every one, so a request
 //! is answered 200 only once Kafka holds every record it made.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate as tracking;
@@ -82,6 +83,26 @@ impl Delivery {
         let (acks, answered) = Acks::new(events.len());
         // Records already handed over may still land; the client's retry makes duplicates of
         // them, which the worker removes (and the dead-letter topic keeps, keyed alike).
+        self.send_valid(source, events, received_at_ms, &acks)?;
+        self.send_refused(source, endpoint, events, received_at_ms, &acks)?;
+        let answer = tokio::time::timeout(self.ack_timeout, answered)
+            .await
+            .map_err(|_| DeliveryError::Timeout(self.ack_timeout))?;
+        match answer {
+            Ok(None) => Ok(()),
+            Ok(Some(e)) => Err(DeliveryError::Delivery(e)),
+            Err(oneshot::Canceled) => Err(DeliveryError::Dropped),
+        }
+    }
+
+    /// Hands every valid event to the input topic, keyed by its scoped id.
+    fn send_valid(
+        &self,
+        source: &str,
+        events: &Events,
+        received_at_ms: i64,
+        acks: &Arc<Acks>,
+    ) -> Result<(), DeliveryError> {
         // One key buffer for the request: librdkafka copies the key, so it is reused.
         let mut key = String::with_capacity(source.len() + 1 + 64);
         for m in &events.messages {
@@ -107,46 +128,53 @@ impl Delivery {
                     &m.value,
                     headers,
                     received_at_ms,
-                    &acks,
+                    acks,
                 )
                 .map_err(DeliveryError::Enqueue)?;
         }
-        if !events.refused.is_empty() {
-            let received_at = tracking::rfc3339_millis(
-                std::time::UNIX_EPOCH + Duration::from_millis(received_at_ms.max(0) as u64),
-            );
-            for r in &events.refused {
-                let key = r.message_id.as_deref().map(|id| scoped_id(source, id));
-                let error = r.sentence();
-                let index = r.at.0.map(|i| i.to_string());
-                let mut headers: Vec<(&str, &[u8])> = vec![
-                    (HEADER_SOURCE, source.as_bytes()),
-                    (HEADER_REASON, r.problem.reason().as_bytes()),
-                    (HEADER_ERROR, error.as_bytes()),
-                    (HEADER_RECEIVED_AT, received_at.as_bytes()),
-                    (HEADER_ENDPOINT, endpoint.as_str().as_bytes()),
-                ];
-                if let Some(index) = &index {
-                    headers.push((HEADER_INDEX, index.as_bytes()));
-                }
-                self.dead_letter
-                    .send(
-                        key.as_deref().map(str::as_bytes),
-                        &r.value,
-                        &headers,
-                        received_at_ms,
-                        &acks,
-                    )
-                    .map_err(DeliveryError::Enqueue)?;
+        Ok(())
+    }
+
+    /// Hands every refused event to the dead-letter topic, keyed alike when it has a usable id,
+    /// with headers naming the reason.
+    fn send_refused(
+        &self,
+        source: &str,
+        endpoint: Endpoint,
+        events: &Events,
+        received_at_ms: i64,
+        acks: &Arc<Acks>,
+    ) -> Result<(), DeliveryError> {
+        if events.refused.is_empty() {
+            return Ok(());
+        }
+        let received_at = tracking::rfc3339_millis(
+            std::time::UNIX_EPOCH + Duration::from_millis(received_at_ms.max(0) as u64),
+        );
+        for r in &events.refused {
+            let key = r.message_id.as_deref().map(|id| scoped_id(source, id));
+            let error = r.sentence();
+            let index = r.at.0.map(|i| i.to_string());
+            let mut headers: Vec<(&str, &[u8])> = vec![
+                (HEADER_SOURCE, source.as_bytes()),
+                (HEADER_REASON, r.problem.reason().as_bytes()),
+                (HEADER_ERROR, error.as_bytes()),
+                (HEADER_RECEIVED_AT, received_at.as_bytes()),
+                (HEADER_ENDPOINT, endpoint.as_str().as_bytes()),
+            ];
+            if let Some(index) = &index {
+                headers.push((HEADER_INDEX, index.as_bytes()));
             }
+            self.dead_letter
+                .send(
+                    key.as_deref().map(str::as_bytes),
+                    &r.value,
+                    &headers,
+                    received_at_ms,
+                    acks,
+                )
+                .map_err(DeliveryError::Enqueue)?;
         }
-        let answer = tokio::time::timeout(self.ack_timeout, answered)
-            .await
-            .map_err(|_| DeliveryError::Timeout(self.ack_timeout))?;
-        match answer {
-            Ok(None) => Ok(()),
-            Ok(Some(e)) => Err(DeliveryError::Delivery(e)),
-            Err(oneshot::Canceled) => Err(DeliveryError::Dropped),
-        }
+        Ok(())
     }
 }

@@ -135,40 +135,46 @@ pub struct Ingest {
 type Decoded = Result<(String, Events), (Outcome, Option<String>)>;
 
 impl Ingest {
+    /// What the handlers share, from `ingest`'s settings.
+    fn new(
+        config: &dedupe::config::IngestConfig,
+        delivery: Delivery,
+        keys: WriteKeys,
+        readiness: Arc<Readiness>,
+        limiter: Option<RateLimiter>,
+    ) -> Self {
+        Self {
+            delivery,
+            keys: Arc::new(keys),
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
+            keyless_body_timeout: Duration::from_millis(config.keyless_body_timeout_ms()),
+            readiness,
+            limiter,
+            in_flight: InFlight::new(config.max_in_flight_requests),
+            body_reads: BodyReads::new(
+                config.keyless_body_reads(),
+                config.keyless_body_reads_per_client(),
+            ),
+            on_invalid_event: config.on_invalid_event,
+            missing_id: match config.missing_message_id {
+                MissingMessageId::Derive => MissingId::Derive,
+                MissingMessageId::Random => MissingId::Random,
+            },
+            logs: LogLimiter::new(LOG_INTERVAL),
+            api_base: settings::ApiBase::of(config.public_url.as_deref(), config.listen),
+        }
+    }
+
     async fn handle(
         &self,
         endpoint: Endpoint,
         req: &HttpRequest,
         payload: web::Payload,
     ) -> (Outcome, Option<String>) {
-        let content_type = req
-            .headers()
-            .get(CONTENT_TYPE)
-            .map(|h| h.to_str().unwrap_or("unreadable"));
-        if let Err(r) = tracking::check_content_type(content_type) {
-            return (Outcome::Rejected(r), None);
-        }
-        let authorization = req
-            .headers()
-            .get(AUTHORIZATION)
-            .map(|h| h.to_str().unwrap_or(""));
-        // A header with a wrong key is refused before the body is even read; one with a known
-        // key gets the full deadline and is not counted among the keyless reads.
-        let (read, deadline) = match authorization {
-            Some(header) => match self.keys.authenticate(Some(header), None) {
-                Ok(_) => (self.body_reads.keyed(), self.request_timeout),
-                Err(e) => return (Outcome::Unauthorized(e), None),
-            },
-            None => match self.body_reads.keyless(req.peer_addr().map(|a| a.ip())) {
-                Ok(read) => (read, self.keyless_body_timeout),
-                Err(refused) => return (refused, None),
-            },
-        };
-        let raw = match read_body(req, payload, deadline).await {
-            Ok(raw) => raw.freeze(),
+        let (raw, authorization) = match self.receive(req, payload).await {
+            Ok(received) => received,
             Err(outcome) => return (outcome, None),
         };
-        drop(read);
         let _place = match self.in_flight.admit() {
             Ok(place) => place,
             Err(overloaded) => return (overloaded, None),
@@ -197,21 +203,8 @@ impl Ingest {
             Ok(decoded) => decoded,
             Err(refused) => return refused,
         };
-        if let Some(limiter) = &self.limiter {
-            // Every event is charged, valid or not: each becomes a record.
-            match limiter.take(&source, events.len(), Instant::now()) {
-                Ok(()) => {}
-                Err(RateLimited::Wait(wait)) => return (Outcome::RateLimited(wait), Some(source)),
-                Err(RateLimited::OverBurst { burst, full_in }) => {
-                    return (
-                        Outcome::OverBurst {
-                            burst,
-                            wait: full_in,
-                        },
-                        Some(source),
-                    )
-                }
-            }
+        if let Err(limited) = self.charge(&source, events.len()) {
+            return (limited, Some(source));
         }
         if let (OnInvalidEvent::RefuseRequest, Some(first)) =
             (self.on_invalid_event, events.refused.first())
@@ -232,20 +225,59 @@ impl Ingest {
             )
             .await
         {
-            Ok(()) => Outcome::Accepted {
-                types: events.messages.iter().map(|m| m.event_type).collect(),
-                assigned: IdOrigin::ASSIGNED.map(|origin| {
-                    events
-                        .messages
-                        .iter()
-                        .filter(|m| m.id_origin == origin)
-                        .count() as u64
-                }),
-                refused: events.refused.iter().map(RefusedEvent::from).collect(),
-            },
+            Ok(()) => accepted(&events),
             Err(e) => Outcome::Unavailable(e),
         };
         (outcome, Some(source))
+    }
+
+    /// Checks the `Content-Type` and the write key in the `Authorization` header, then reads
+    /// the body within its deadline: the body and the header, or the refusal.
+    async fn receive<'r>(
+        &self,
+        req: &'r HttpRequest,
+        payload: web::Payload,
+    ) -> Result<(web::Bytes, Option<&'r str>), Outcome> {
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .map(|h| h.to_str().unwrap_or("unreadable"));
+        tracking::check_content_type(content_type).map_err(Outcome::Rejected)?;
+        let authorization = req
+            .headers()
+            .get(AUTHORIZATION)
+            .map(|h| h.to_str().unwrap_or(""));
+        // A header with a wrong key is refused before the body is even read; one with a known
+        // key gets the full deadline and is not counted among the keyless reads.
+        let (_read, deadline) = match authorization {
+            Some(header) => match self.keys.authenticate(Some(header), None) {
+                Ok(_) => (self.body_reads.keyed(), self.request_timeout),
+                Err(e) => return Err(Outcome::Unauthorized(e)),
+            },
+            None => (
+                self.body_reads.keyless(req.peer_addr().map(|a| a.ip()))?,
+                self.keyless_body_timeout,
+            ),
+        };
+        let raw = read_body(req, payload, deadline).await?;
+        // The place among the body reads is given back here, before the request asks for one
+        // in flight.
+        Ok((raw.freeze(), authorization))
+    }
+
+    /// Charges the source's rate limit for every event, valid or not: each becomes a record.
+    fn charge(&self, source: &str, events: usize) -> Result<(), Outcome> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        match limiter.take(source, events, Instant::now()) {
+            Ok(()) => Ok(()),
+            Err(RateLimited::Wait(wait)) => Err(Outcome::RateLimited(wait)),
+            Err(RateLimited::OverBurst { burst, full_in }) => Err(Outcome::OverBurst {
+                burst,
+                wait: full_in,
+            }),
+        }
     }
 
     /// Decodes, parses, authenticates and validates a request. Decoding and validating cost
@@ -287,6 +319,21 @@ impl Ingest {
                 None,
             )),
         }
+    }
+}
+
+/// The answer to a request whose records Kafka all acknowledged.
+fn accepted(events: &Events) -> Outcome {
+    Outcome::Accepted {
+        types: events.messages.iter().map(|m| m.event_type).collect(),
+        assigned: IdOrigin::ASSIGNED.map(|origin| {
+            events
+                .messages
+                .iter()
+                .filter(|m| m.id_origin == origin)
+                .count() as u64
+        }),
+        refused: events.refused.iter().map(RefusedEvent::from).collect(),
     }
 }
 
@@ -425,6 +472,31 @@ fn warn_about(
     }
 }
 
+/// Checks the Kafka settings against the brokers: settings that can never connect end the
+/// process; unreachable brokers do not (the API answers 503 until they are back). False when
+/// `stop` resolved first.
+async fn check_brokers(
+    config: &Config,
+    stop: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<bool, IngestError> {
+    let kafka = config.kafka.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        dedupe::kafka::check_security(&kafka, Duration::from_secs(15))
+    });
+    let checked = tokio::select! {
+        checked = checked => checked,
+        () = stop => return Ok(false),
+    };
+    match checked {
+        Ok(result) => result.map_err(|failure| IngestError::Security {
+            brokers: config.kafka.brokers.clone(),
+            failure,
+        })?,
+        Err(e) => return Err(IngestError::ConnectionCheck(e.to_string())),
+    }
+    Ok(true)
+}
+
 /// Runs the tracking API until `stop` resolves (the binary's SIGTERM or SIGINT), then lets requests
 /// in flight finish and flushes the producer. A `stop` that resolves while it starts (the
 /// connection check waits up to 15 s for brokers that do not answer) ends it there, before it
@@ -445,25 +517,9 @@ pub async fn serve(
     let limiter = rate.map(|rate| RateLimiter::new(rate, keys.sources(), Instant::now()));
     let topic = ingest_config.topic.clone();
     let dead_letter_topic = ingest_config.dead_letter_topic();
-    // Settings that can never connect end the process; unreachable brokers do not (the API
-    // answers 503 until they are back).
-    let kafka = config.kafka.clone();
-    let checked = tokio::task::spawn_blocking(move || {
-        dedupe::kafka::check_security(&kafka, Duration::from_secs(15))
-    });
-    let checked = tokio::select! {
-        checked = checked => checked,
-        () = &mut stop => {
-            info!("The tracking API stopped before it listened.");
-            return Ok(());
-        }
-    };
-    match checked {
-        Ok(result) => result.map_err(|failure| IngestError::Security {
-            brokers: config.kafka.brokers.clone(),
-            failure,
-        })?,
-        Err(e) => return Err(IngestError::ConnectionCheck(e.to_string())),
+    if !check_brokers(&config, &mut stop).await? {
+        info!("The tracking API stopped before it listened.");
+        return Ok(());
     }
     let producer = producer(&config).map_err(|source| IngestError::CreateProducer {
         topic: topic.clone(),
@@ -486,26 +542,13 @@ pub async fn serve(
         topic: topic.clone(),
         source,
     })?;
-    let ingest = web::Data::new(Ingest {
+    let ingest = web::Data::new(Ingest::new(
+        ingest_config,
         delivery,
-        keys: Arc::new(keys),
-        request_timeout: Duration::from_millis(ingest_config.request_timeout_ms),
-        keyless_body_timeout: Duration::from_millis(ingest_config.keyless_body_timeout_ms()),
-        readiness: Arc::clone(&readiness),
+        keys,
+        Arc::clone(&readiness),
         limiter,
-        in_flight: InFlight::new(ingest_config.max_in_flight_requests),
-        body_reads: BodyReads::new(
-            ingest_config.keyless_body_reads(),
-            ingest_config.keyless_body_reads_per_client(),
-        ),
-        on_invalid_event: ingest_config.on_invalid_event,
-        missing_id: match ingest_config.missing_message_id {
-            MissingMessageId::Derive => MissingId::Derive,
-            MissingMessageId::Random => MissingId::Random,
-        },
-        logs: LogLimiter::new(LOG_INTERVAL),
-        api_base: settings::ApiBase::of(ingest_config.public_url.as_deref(), ingest_config.listen),
-    });
+    ));
     let cors_policy = web::Data::new(cors_policy);
     let addr = ingest_config.listen;
     let limits = Limits::from_ingest(ingest_config)?;

@@ -21,17 +21,22 @@
 //! for the same partition, read right after the move. The workers log at `warn` (`DEDUPE_BENCH_WORKER_LOG=info` shows
 //! the take-over's phases).
 
+mod traffic;
+mod worker;
+
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use dedupe::config::Config;
 use dedupe::metrics as m;
 use serde::Serialize;
 
-use super::pipeline::{http_get, sum_metric};
+use super::topics::BenchTopics;
+use traffic::{output_end, published_again, read_whole, send_again, trickle};
+use worker::{WindowSamples, Worker};
 
 /// The bench's last line.
 #[derive(Debug, Serialize)]
@@ -86,102 +91,6 @@ pub struct Phase {
     pub what: &'static str,
 }
 
-/// A worker child, killed if the bench ends early.
-struct Worker {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Worker {
-    fn start(
-        config: &Config,
-        input: &str,
-        output: &str,
-        group: &str,
-        member: &str,
-        dir: &Path,
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Worker> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args([
-            "run",
-            "--brokers",
-            &config.kafka.brokers,
-            "--input-topic",
-            input,
-            "--output-topic",
-            output,
-        ])
-        .args(["--assignment", "group", "--member-id", member])
-        .arg("--data-dir")
-        .arg(dir)
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .env("DEDUPE_WORKER_GROUP_ID", group)
-        .env(
-            "DEDUPE_LOG_LEVEL",
-            std::env::var("DEDUPE_BENCH_WORKER_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .envs(env.iter().copied())
-        .stdout(Stdio::null());
-        Ok(Worker {
-            child: cmd.spawn().context("starting a worker")?,
-            port,
-        })
-    }
-
-    /// The sum of a metric's series whose labels contain `labels`; 0 when absent or unreachable.
-    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        http_get(self.port, "/metrics")
-            .map(|(_, page)| sum_metric(&page, name, labels))
-            .unwrap_or(0.0)
-    }
-
-    /// Polls until `done` holds, failing after `timeout` or if the worker exits.
-    fn wait_until(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        mut done: impl FnMut(&Worker) -> bool,
-    ) -> anyhow::Result<Instant> {
-        let started = Instant::now();
-        loop {
-            if done(self) {
-                return Ok(Instant::now());
-            }
-            if let Some(status) = self.child.try_wait()? {
-                bail!("a worker exited ({status}) while the bench waited for {what}");
-            }
-            if started.elapsed() > timeout {
-                bail!("{what} did not happen within {timeout:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn terminate(mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let started = Instant::now();
-        while started.elapsed() < timeout {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status.code());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("a worker did not stop within {timeout:?} of SIGTERM")
-    }
-}
-
 pub fn run(
     config: &Config,
     ids: u64,
@@ -195,13 +104,7 @@ pub fn run(
         format!("handoff-out-{id}"),
         format!("handoff-{id}"),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    for topic in [&input, &output] {
-        rt.block_on(dedupe::kafka::create_topic(&config.kafka, topic, 1, 1, &[]))
-            .with_context(|| format!("creating {topic}"))?;
-    }
+    let topics = BenchTopics::create(config, &[&input, &output], 1, &[])?;
     let dir = work_dir.join(format!("handoff-{id}"));
     let result = measure(
         config,
@@ -216,20 +119,7 @@ pub fn run(
     let _ = std::fs::remove_dir_all(&dir);
     let changelog = dedupe::changelog::default_topic(&output);
     let audit = dedupe::audit::default_topic(&output);
-    let cleanup: Result<(), rdkafka::error::KafkaError> = rt.block_on(async {
-        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-            dedupe::kafka::client_config(&config.kafka).create()?;
-        admin
-            .delete_topics(
-                &[&input, &output, &changelog, &audit],
-                &rdkafka::admin::AdminOptions::new(),
-            )
-            .await?;
-        Ok(())
-    });
-    if let Err(e) = cleanup {
-        eprintln!("bench: could not delete the bench topics: {e}");
-    }
+    topics.delete(&[&changelog, &audit]);
     result
 }
 
@@ -254,6 +144,90 @@ fn measure(
         output,
         group,
     )?;
+    let old: HashSet<String> = built.samples.iter().map(|(id, _)| id.clone()).collect();
+    let window_before = built.window_before;
+    let build_ids_per_sec = built.ids_per_sec;
+    let moved = hand_over(config, built, work_dir, input, output, group)?;
+    let b = moved.b;
+    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
+    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
+    let load_breakdown_secs = load_breakdown(&b);
+    let _ = moved.trickler.join();
+    let old_duplicates_sent = moved
+        .old_copies
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
+    let old_duplicates_published =
+        published_again(config, input, output, moved.b_output_from, &old)?;
+    let b_exit = b.terminate(Duration::from_secs(120))?;
+    if b_exit != Some(0) {
+        bail!("worker B exited with {b_exit:?} on SIGTERM");
+    }
+    let handover_ready_secs = moved.published.duration_since(moved.assigned).as_secs_f64();
+    let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
+    let phases = phase_table(
+        moved.assigned.duration_since(moved.stopping).as_secs_f64(),
+        &load_breakdown_secs,
+        handover_ready_secs - handover_duration_secs,
+    );
+    let changelog = dedupe::changelog::default_topic(output);
+    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
+    let mb = changelog_bytes as f64 / 1e6;
+    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
+    let result = HandoffBench {
+        ids,
+        handover_ready_secs,
+        window_restored_secs: moved.restored.duration_since(moved.assigned).as_secs_f64(),
+        window_before_secs: window_before,
+        window_after_secs: moved.window_after,
+        handover_duration_secs,
+        ids_loaded,
+        build_ids_per_sec,
+        span_secs: span.as_secs(),
+        value_bytes,
+        handover_window_secs: config.worker.handover_window().as_secs(),
+        old_duplicates_sent,
+        old_duplicates_published,
+        load_breakdown_secs,
+        phases,
+        changelog_bytes,
+        changelog_mb_per_sec: mb / read_secs.max(1e-9),
+        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
+        window_samples: moved.window_samples,
+    };
+    print_phases(&result);
+    Ok(result)
+}
+
+/// The partition moved from A to B, with B's window back: B still running, and what the move's
+/// figures are made of.
+struct Moved {
+    b: Worker,
+    /// When A was asked to stop.
+    stopping: Instant,
+    /// B's assignment, its first publish, and its window back.
+    assigned: Instant,
+    published: Instant,
+    restored: Instant,
+    window_after: f64,
+    window_samples: Vec<WindowSample>,
+    /// Where B's output starts: the end of A's.
+    b_output_from: i64,
+    /// The threads sending new ids and copies of old ones (each returns how many it sent).
+    trickler: JoinHandle<anyhow::Result<u64>>,
+    old_copies: JoinHandle<anyhow::Result<u64>>,
+}
+
+/// Starts worker B, stops A so the partition moves to B while new ids trickle in and old ones
+/// are sent again, and waits for B's first publish and for its window to come back.
+fn hand_over(
+    config: &Config,
+    built: Built,
+    work_dir: &Path,
+    input: &str,
+    output: &str,
+    group: &str,
+) -> anyhow::Result<Moved> {
     let a = built.worker;
     let mut b = Worker::start(
         config,
@@ -279,7 +253,7 @@ fn measure(
     let old_copies = send_again(
         config,
         input,
-        built.samples.iter().map(|(id, _)| id.clone()).collect(),
+        built.samples.into_iter().map(|(id, _)| id).collect(),
     );
     let assigned = b.wait_until(
         "the partition's assignment to worker B",
@@ -306,53 +280,18 @@ fn measure(
             window_after >= 0.95 * target
         },
     )?;
-    let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
-    let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
-    let load_breakdown_secs = load_breakdown(&b);
-    let _ = trickler.join();
-    let old_duplicates_sent = old_copies
-        .join()
-        .map_err(|_| anyhow::anyhow!("the thread sending old ids again panicked"))??;
-    let old: HashSet<String> = built.samples.into_iter().map(|(id, _)| id).collect();
-    let old_duplicates_published = published_again(config, input, output, b_output_from, &old)?;
-    let b_exit = b.terminate(Duration::from_secs(120))?;
-    if b_exit != Some(0) {
-        bail!("worker B exited with {b_exit:?} on SIGTERM");
-    }
-    let handover_ready_secs = published.duration_since(assigned).as_secs_f64();
-    let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
-    let phases = phase_table(
-        assigned.duration_since(stopping).as_secs_f64(),
-        &load_breakdown_secs,
-        handover_ready_secs - handover_duration_secs,
-    );
-    let changelog = dedupe::changelog::default_topic(output);
-    let (changelog_bytes, broker_read_secs) = read_whole(config, &changelog)?;
-    let mb = changelog_bytes as f64 / 1e6;
-    let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
-    let result = HandoffBench {
-        ids,
-        handover_ready_secs,
-        window_restored_secs: restored.duration_since(assigned).as_secs_f64(),
-        window_before_secs: built.window_before,
-        window_after_secs: window_after,
-        handover_duration_secs,
-        ids_loaded,
-        build_ids_per_sec: built.ids_per_sec,
-        span_secs: span.as_secs(),
-        value_bytes,
-        handover_window_secs: config.worker.handover_window().as_secs(),
-        old_duplicates_sent,
-        old_duplicates_published,
-        load_breakdown_secs,
-        phases,
-        changelog_bytes,
-        changelog_mb_per_sec: mb / read_secs.max(1e-9),
-        broker_changelog_read_mb_per_sec: mb / broker_read_secs.max(1e-9),
+    Ok(Moved {
+        b,
+        stopping,
+        assigned,
+        published,
+        restored,
+        window_after,
         window_samples: samples.taken,
-    };
-    print_phases(&result);
-    Ok(result)
+        b_output_from,
+        trickler,
+        old_copies,
+    })
 }
 
 /// The move's phases in order: the assignment, the load's phases (`load`, by name), the first
@@ -429,24 +368,6 @@ fn print_phases(r: &HandoffBench) {
     );
 }
 
-/// Reads every record of `topic` (`read_committed`) with a plain consumer: its bytes (keys and
-/// values) and the seconds it took.
-fn read_whole(config: &Config, topic: &str) -> anyhow::Result<(u64, f64)> {
-    let mut bytes = 0u64;
-    let started = Instant::now();
-    dedupe::kafka::read_to_end(
-        &config.kafka,
-        topic,
-        true,
-        Duration::from_secs(600),
-        &mut |m| {
-            bytes += (m.key_len() + m.payload_len()) as u64;
-        },
-    )
-    .with_context(|| format!("reading {topic}"))?;
-    Ok((bytes, started.elapsed().as_secs_f64()))
-}
-
 /// B's take-over of partition 0, phase by phase.
 fn load_breakdown(b: &Worker) -> BTreeMap<String, f64> {
     [
@@ -469,104 +390,6 @@ fn load_breakdown(b: &Worker) -> BTreeMap<String, f64> {
         )
     })
     .collect()
-}
-
-/// The end (high watermark) of the output's only partition.
-fn output_end(config: &Config, output: &str) -> anyhow::Result<i64> {
-    let reader: dedupe::kafka::Reader = dedupe::kafka::client_config(&config.kafka)
-        .set(
-            "group.id",
-            format!("dedupe-reader-{}", uuid::Uuid::new_v4().simple()),
-        )
-        .create_with_context(dedupe::kafka::ReaderContext)?;
-    let (_, high) =
-        rdkafka::consumer::Consumer::fetch_watermarks(&reader, output, 0, Duration::from_secs(30))?;
-    Ok(high)
-}
-
-/// Sends each of `ids` again, 200 a second, on a thread; returns how many were sent.
-fn send_again(
-    config: &Config,
-    input: &str,
-    ids: Vec<String>,
-) -> std::thread::JoinHandle<anyhow::Result<u64>> {
-    let (config, input) = (config.clone(), input.to_string());
-    std::thread::spawn(move || {
-        let started = Instant::now();
-        let producer = bench_producer(&config)?;
-        for (i, id) in ids.iter().enumerate() {
-            produce_one(&producer, &input, id)?;
-            let due = started + Duration::from_millis(5 * (i as u64 + 1));
-            std::thread::sleep(due.saturating_duration_since(Instant::now()));
-        }
-        rdkafka::producer::Producer::flush(&producer, Duration::from_secs(60))?;
-        Ok(ids.len() as u64)
-    })
-}
-
-fn bench_producer(config: &Config) -> anyhow::Result<rdkafka::producer::BaseProducer> {
-    Ok(dedupe::kafka::client_config(&config.kafka)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()?)
-}
-
-fn produce_one(
-    producer: &rdkafka::producer::BaseProducer,
-    topic: &str,
-    id: &str,
-) -> anyhow::Result<()> {
-    let value = format!(r#"{{"messageId":"{id}","type":"track"}}"#);
-    producer
-        .send(
-            rdkafka::producer::BaseRecord::to(topic)
-                .key(id)
-                .payload(&value),
-        )
-        .map_err(|(e, _)| e)?;
-    producer.poll(Duration::ZERO);
-    Ok(())
-}
-
-/// How many records B wrote (the output from `from` on) carry one of the `old` ids, once B has
-/// processed the whole input: a last new id is sent, and B's output is read until it holds it.
-fn published_again(
-    config: &Config,
-    input: &str,
-    output: &str,
-    from: i64,
-    old: &HashSet<String>,
-) -> anyhow::Result<u64> {
-    let last = uuid::Uuid::new_v4().to_string();
-    let producer = bench_producer(config)?;
-    produce_one(&producer, input, &last)?;
-    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(60))?;
-    let started = Instant::now();
-    loop {
-        let (mut found, mut again) = (false, 0u64);
-        let start = std::collections::HashMap::from([(0, from)]);
-        dedupe::kafka::read_from(
-            &config.kafka,
-            output,
-            true,
-            &start,
-            Duration::from_secs(120),
-            &mut |m| {
-                let key = rdkafka::Message::key(m)
-                    .map(String::from_utf8_lossy)
-                    .unwrap_or_default();
-                found |= key == last;
-                again += u64::from(old.contains(key.as_ref()));
-            },
-        )?;
-        if found {
-            return Ok(again);
-        }
-        if started.elapsed() > Duration::from_secs(300) {
-            bail!("worker B did not publish the bench's last id within 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// Worker A once it has published every id and reported its window.
@@ -644,61 +467,6 @@ fn build_on_a(
         noted_at: Instant::now(),
         samples: load.samples,
     })
-}
-
-/// A trickle of new ids during the take-over, 200 a second, so B has something to publish.
-fn trickle(config: &Config, input: &str) -> std::thread::JoinHandle<anyhow::Result<u64>> {
-    let config = config.clone();
-    let input = input.to_string();
-    std::thread::spawn(move || {
-        let load = crate::loadgen::Load {
-            topic: &input,
-            count: 6000,
-            dup_ratio: 0.0,
-            reused_ratio: 0.0,
-            dup_delay: Duration::ZERO,
-            value_bytes: 64,
-            rate_per_sec: Some(200.0),
-            show_progress: false,
-            spread_timestamps: None,
-            sample_every: 0,
-        };
-        crate::loadgen::loadgen(&config, load).map(|s| s.distinct_ids)
-    })
-}
-
-/// B's window for the partition from its assignment until it is back, a reading at most every
-/// [`WindowSamples::EVERY`]: what docs/performance.md plots.
-struct WindowSamples {
-    assigned: Instant,
-    /// A's window when it was noted, at `noted_at`.
-    window_before: f64,
-    noted_at: Instant,
-    taken: Vec<WindowSample>,
-}
-
-impl WindowSamples {
-    const EVERY: Duration = Duration::from_millis(250);
-
-    /// B's window now and what it must come back to (A's window, aged since it was noted); kept
-    /// as a sample when one is due or the window changed, so the reading that ends the wait is
-    /// the last sample.
-    fn take(&mut self, worker: &Worker) -> (f64, f64) {
-        let window = worker.metric(m::WINDOW_SECONDS, &[("partition", "0")]);
-        let target = self.window_before + self.noted_at.elapsed().as_secs_f64();
-        let at_secs = self.assigned.elapsed().as_secs_f64();
-        let keep = self.taken.last().is_none_or(|last| {
-            at_secs - last.at_secs >= Self::EVERY.as_secs_f64() || last.window_secs != window
-        });
-        if keep {
-            self.taken.push(WindowSample {
-                at_secs,
-                window_secs: window,
-                target_secs: target,
-            });
-        }
-        (window, target)
-    }
 }
 
 /// One reading of B's window.
