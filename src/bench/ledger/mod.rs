@@ -5,30 +5,28 @@
 //! Only the time spent inside the store calls is counted (id generation is excluded for all three
 //! stores alike). `peak_rss_bytes` is read right after the ledger phase, before the baselines run,
 //! so it is the ledger's peak.
+//!
+//! Here the configuration, the report and the run; `insert` the ledger phase, `reopen` its
+//! reopens, `baselines` the two baselines, `ids` the id stream they share, `disk` the sizes.
 
-use std::collections::{HashSet, VecDeque};
+mod baselines;
+mod disk;
+mod ids;
+mod insert;
+mod reopen;
+
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::segment_baseline::SegmentLedger;
-use crate::identity::{ContentDigest, LedgerKey};
-use crate::ledger::{Durability, Ledger, LedgerError, LedgerOptions, Verdict, INDEX_FILE};
+pub use disk::peak_rss_bytes;
+pub use ids::IdStream;
 
-/// Batches a re-sent id may reach back over (client retries re-send recent messages).
-const RETRY_HORIZON_BATCHES: usize = 16;
-/// Simulated stream rate used to give ids event times.
-const SIMULATED_IDS_PER_MS: u64 = 100;
+use crate::ledger::{Durability, Ledger, LedgerError, LedgerOptions};
+
 /// Budget per id when no budget is given: comfortably more than an id takes, so nothing ages.
 const UNAGED_BUDGET_BYTES_PER_KEY: u64 = 24;
-/// How often (in batches) disk use and generations are sampled.
-const SAMPLE_EVERY_BATCHES: u64 = 32;
-/// A `check_and_record` call slower than this is logged with the ids recorded so far: what the
-/// ledger logged just before it (a seal, a doubling of the index) tells the stall's cause.
-const SLOW_BATCH: Duration = Duration::from_secs(1);
 
 /// Errors of the bench.
 #[derive(Debug, thiserror::Error)]
@@ -170,54 +168,6 @@ pub struct LedgerBenchReport {
     pub ratio_vs_segment: Option<f64>,
 }
 
-/// A deterministic stream of random UUIDv4 ids with re-sent recent ids mixed in.
-pub struct IdStream {
-    rng: SmallRng,
-    dup_ratio: f64,
-    recent: VecDeque<LedgerKey>,
-    recent_cap: usize,
-    emitted: u64,
-}
-
-impl IdStream {
-    /// A stream; the same seed gives the same ids.
-    pub fn new(seed: u64, dup_ratio: f64, batch: usize) -> IdStream {
-        IdStream {
-            rng: SmallRng::seed_from_u64(seed),
-            dup_ratio,
-            recent: VecDeque::new(),
-            recent_cap: batch * RETRY_HORIZON_BATCHES,
-            emitted: 0,
-        }
-    }
-
-    /// Fills `out` with the next `n` ids; returns how many are re-sent.
-    pub fn next_batch(&mut self, n: usize, out: &mut Vec<(LedgerKey, i64)>) -> u64 {
-        out.clear();
-        let mut resent = 0;
-        for _ in 0..n {
-            let time_ms = (self.emitted / SIMULATED_IDS_PER_MS) as i64;
-            self.emitted += 1;
-            if !self.recent.is_empty() && self.rng.random_bool(self.dup_ratio) {
-                let i = self.rng.random_range(0..self.recent.len());
-                out.push((self.recent[i], time_ms));
-                resent += 1;
-                continue;
-            }
-            let mut bytes = self.rng.random::<u128>().to_be_bytes();
-            bytes[6] = (bytes[6] & 0x0f) | 0x40;
-            bytes[8] = (bytes[8] & 0x3f) | 0x80;
-            let key = LedgerKey(bytes);
-            if self.recent.len() == self.recent_cap {
-                self.recent.pop_front();
-            }
-            self.recent.push_back(key);
-            out.push((key, time_ms));
-        }
-        resent
-    }
-}
-
 fn progress_bar(config: &LedgerBenchConfig, len: u64, what: &str) -> indicatif::ProgressBar {
     if !config.progress {
         return indicatif::ProgressBar::hidden();
@@ -230,59 +180,6 @@ fn progress_bar(config: &LedgerBenchConfig, len: u64, what: &str) -> indicatif::
     }
     bar.set_message(what.to_string());
     bar
-}
-
-/// Peak resident set size of this process (VmHWM).
-pub fn peak_rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
-/// What the files under `path` take, recursively.
-fn dir_bytes(path: &Path) -> DiskUse {
-    let mut used = DiskUse::default();
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return used;
-    };
-    for entry in entries.filter_map(|e| e.ok()) {
-        match entry.metadata() {
-            Ok(m) if m.is_dir() => {
-                let below = dir_bytes(&entry.path());
-                used.all += below.all;
-                used.index_files += below.index_files;
-            }
-            Ok(m) => {
-                used.all += m.len();
-                if entry.file_name().to_string_lossy().starts_with(INDEX_FILE) {
-                    used.index_files += m.len();
-                }
-            }
-            Err(_) => {}
-        }
-    }
-    used
-}
-
-/// Bytes under a directory: everything, and the id index's files among them (the stored file and
-/// any being written).
-#[derive(Debug, Default, Clone, Copy)]
-struct DiskUse {
-    all: u64,
-    index_files: u64,
-}
-
-impl DiskUse {
-    /// The larger of each figure: what two samples of one directory peaked at.
-    fn peak(self, other: Self) -> Self {
-        Self {
-            all: self.all.max(other.all),
-            index_files: self.index_files.max(other.index_files),
-        }
-    }
 }
 
 /// Runs the bench.
@@ -302,49 +199,28 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
     let options = bench_options(config);
     let ledger_dir = root.join("ledger");
     let ledger = Ledger::open(&ledger_dir, options.clone())?;
-    let run = insert_all(config, &ledger, root, &ledger_dir)?;
+    let run = insert::insert_all(config, &ledger, root, &ledger_dir)?;
     ledger.flush()?;
-    let max_disk = run.max_disk.peak(dir_bytes(&ledger_dir));
+    let max_disk = run.max_disk.peak(disk::dir_bytes(&ledger_dir));
     let stats = ledger.stats()?;
     let peak_rss = peak_rss_bytes();
     let close = Instant::now();
     ledger.close()?;
     let close_secs = close.elapsed().as_secs_f64();
     drop(ledger);
-    let reopens = reopen_all(
+    let reopens = reopen::reopen_all(
         &ledger_dir,
         &options,
         root,
         run.crash_index.as_deref(),
         stats.index_ids,
     )?;
-
+    run.check(config)?;
     let ids_per_sec = config.keys as f64 / run.timed.as_secs_f64();
-    let (unaged, aged) = match run.aging_started {
-        Some((ids, at)) if run.done > ids => (
-            Some(ids as f64 / at.as_secs_f64()),
-            Some((run.done - ids) as f64 / (run.timed - at).as_secs_f64()),
-        ),
-        _ => (None, None),
-    };
-    if config.budget_bytes.is_none() && run.duplicates_found != run.duplicates_expected {
-        return Err(BenchError::Wrong(format!(
-            "{} duplicates found, {} re-sent",
-            run.duplicates_found, run.duplicates_expected
-        )));
-    }
-
+    let (unaged, aged) = run.aging_rates();
     let baseline_keys = config.baseline_keys.unwrap_or(config.keys).min(config.keys);
-    let (segment, segment_bytes, hashset) = if config.skip_baselines {
-        (None, None, None)
-    } else {
-        let (rate, bytes) = run_segment(config, baseline_keys, &root.join("segment"))?;
-        (
-            Some(rate),
-            Some(bytes),
-            Some(run_hashset(config, baseline_keys)),
-        )
-    };
+    let baselines = baselines::run_both(config, baseline_keys, root)?;
+    let segment = baselines.segment.map(|(rate, _)| rate);
     Ok(LedgerBenchReport {
         keys: config.keys,
         batch: config.batch,
@@ -382,8 +258,8 @@ fn run_in(config: &LedgerBenchConfig, root: &Path) -> Result<LedgerBenchReport, 
         duplicates_expected: run.duplicates_expected,
         baseline_keys,
         baseline_segment_design_ids_per_sec: segment,
-        baseline_segment_bytes: segment_bytes,
-        baseline_hashset_ids_per_sec: hashset,
+        baseline_segment_bytes: baselines.segment.map(|(_, bytes)| bytes),
+        baseline_hashset_ids_per_sec: baselines.hashset,
         ratio_vs_segment: segment.map(|s| ids_per_sec / s),
     })
 }
@@ -403,254 +279,6 @@ fn bench_options(config: &LedgerBenchConfig) -> LedgerOptions {
         refresh_on_duplicate: config.refresh || config.ledger.refresh_on_duplicate,
         ..config.ledger.clone()
     }
-}
-
-/// What inserting the ids measured.
-struct InsertRun {
-    /// Time inside `check_and_record`, and its slowest call.
-    timed: Duration,
-    slowest: Duration,
-    wall_secs: f64,
-    done: u64,
-    duplicates_found: u64,
-    duplicates_expected: u64,
-    max_disk: DiskUse,
-    /// Ids done, and time taken, when the oldest generation was first dropped.
-    aging_started: Option<(u64, Duration)>,
-    /// The index file a checkpoint at 90% of the ids carried.
-    crash_index: Option<PathBuf>,
-}
-
-/// Inserts the run's ids in batches, timing each call, sampling the directory, and keeping the
-/// index file a checkpoint at 90% of the ids carries.
-fn insert_all(
-    config: &LedgerBenchConfig,
-    ledger: &Ledger,
-    root: &Path,
-    ledger_dir: &Path,
-) -> Result<InsertRun, BenchError> {
-    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
-    let mut items = Vec::with_capacity(config.batch);
-    let mut digested: Vec<(LedgerKey, i64, Option<ContentDigest>)> =
-        Vec::with_capacity(config.batch);
-    let bar = progress_bar(config, config.keys, "ledger");
-    let wall = Instant::now();
-    let mut run = InsertRun {
-        timed: Duration::ZERO,
-        slowest: Duration::ZERO,
-        wall_secs: 0.0,
-        done: 0,
-        duplicates_found: 0,
-        duplicates_expected: 0,
-        max_disk: DiskUse::default(),
-        aging_started: None,
-        crash_index: None,
-    };
-    let mut batches = 0u64;
-    let mut first_generation = None;
-    let checkpoint_at = config.keys / 10 * 9;
-    while run.done < config.keys {
-        if run.crash_index.is_none() && run.done >= checkpoint_at && run.done > 0 {
-            run.crash_index = Some(keep_checkpoint_index(ledger, root, ledger_dir)?);
-        }
-        let n = (config.keys - run.done).min(config.batch as u64) as usize;
-        run.duplicates_expected += stream.next_batch(n, &mut items);
-        let progress = (batches + 1).to_le_bytes();
-        let started = Instant::now();
-        let verdicts = if config.digests {
-            // A digest per id, the same for its re-sent copies (retries).
-            digested.clear();
-            digested.extend(
-                items
-                    .iter()
-                    .map(|&(key, t)| (key, t, Some(ContentDigest::of_value(key.as_bytes())))),
-            );
-            ledger.check_and_record(0, &digested, &progress)?
-        } else {
-            ledger.check_and_record(0, &items, &progress)?
-        };
-        let took = started.elapsed();
-        run.timed += took;
-        run.slowest = run.slowest.max(took);
-        if took > SLOW_BATCH {
-            tracing::info!(
-                ids = run.done,
-                took_ms = took.as_millis() as u64,
-                "A batch was slow."
-            );
-        }
-        run.duplicates_found += verdicts
-            .iter()
-            .filter(|v| matches!(v, Verdict::Duplicate { .. }))
-            .count() as u64;
-        run.done += n as u64;
-        batches += 1;
-        if batches.is_multiple_of(SAMPLE_EVERY_BATCHES) {
-            run.max_disk = run.max_disk.peak(dir_bytes(ledger_dir));
-            if run.aging_started.is_none() && config.budget_bytes.is_some() {
-                let oldest = ledger.generations()?.first().map(|g| g.meta.id);
-                if first_generation.is_none() {
-                    first_generation = oldest;
-                } else if oldest != first_generation {
-                    run.aging_started = Some((run.done, run.timed));
-                }
-            }
-            bar.set_position(run.done);
-        }
-    }
-    bar.finish_and_clear();
-    run.wall_secs = wall.elapsed().as_secs_f64();
-    Ok(run)
-}
-
-/// A snapshot late in the run: it carries the index file stored after the last seal, as a crash
-/// from here on would find it. Keeps that file (returned) and drops the rest. Not timed.
-fn keep_checkpoint_index(
-    ledger: &Ledger,
-    root: &Path,
-    ledger_dir: &Path,
-) -> Result<PathBuf, BenchError> {
-    let checkpoint_dir = root.join("checkpoint-at-90pct");
-    ledger.checkpoint(&checkpoint_dir)?;
-    let kept = root.join("index-at-90pct");
-    std::fs::hard_link(ledger_dir.join(INDEX_FILE), &kept)
-        .or_else(|_| std::fs::copy(ledger_dir.join(INDEX_FILE), &kept).map(|_| ()))
-        .map_err(|source| BenchError::Dir {
-            path: kept.clone(),
-            source,
-        })?;
-    std::fs::remove_dir_all(&checkpoint_dir).map_err(|source| BenchError::Dir {
-        path: checkpoint_dir.clone(),
-        source,
-    })?;
-    Ok(kept)
-}
-
-/// How long each reopen took, and where its index came from.
-struct Reopens {
-    clean_secs: f64,
-    clean_index: String,
-    /// With the index file of the checkpoint at 90%, if one was taken.
-    crash: Option<(f64, String)>,
-    rebuild_secs: f64,
-}
-
-/// Reopens the closed ledger three ways: after the clean close, with the index file a crash late
-/// in the run would find, and with no index file. Each must hold exactly `index_ids` ids.
-fn reopen_all(
-    ledger_dir: &Path,
-    options: &LedgerOptions,
-    root: &Path,
-    crash_index: Option<&Path>,
-    index_ids: u64,
-) -> Result<Reopens, BenchError> {
-    let reopen_timed = |what: &str| -> Result<(f64, String), BenchError> {
-        let started = Instant::now();
-        let reopened = Ledger::open(ledger_dir, options.clone())?;
-        let secs = started.elapsed().as_secs_f64();
-        let source = reopened.open_report().index.label().to_string();
-        let ids = reopened.stats()?.index_ids;
-        reopened.drop_without_closing();
-        // With refresh, an id recorded again into a generation that holds it takes no second
-        // slot when its bucket already holds its fingerprint for that generation, which another
-        // id's equal fingerprint can be too: the reopened index may merge a few more or fewer such
-        // pairs than the live one did (each still answers "perhaps", and the disk answers). A
-        // difference of one in ten thousand is that; more is a lost id.
-        let tolerance = if options.refresh_on_duplicate {
-            index_ids / 10_000
-        } else {
-            0
-        };
-        if ids.abs_diff(index_ids) > tolerance {
-            return Err(BenchError::Wrong(format!(
-                "the index reopened {what} holds {ids} ids, not {index_ids}"
-            )));
-        }
-        Ok((secs, source))
-    };
-    let (clean_secs, clean_index) = reopen_timed("after a clean close")?;
-    let index_at_close = root.join("index-at-close");
-    std::fs::rename(ledger_dir.join(INDEX_FILE), &index_at_close).map_err(|source| {
-        BenchError::Dir {
-            path: index_at_close.clone(),
-            source,
-        }
-    })?;
-    let crash = match crash_index {
-        Some(kept) => {
-            std::fs::rename(kept, ledger_dir.join(INDEX_FILE)).map_err(|source| {
-                BenchError::Dir {
-                    path: kept.to_path_buf(),
-                    source,
-                }
-            })?;
-            let reopened = reopen_timed("as after a crash")?;
-            std::fs::remove_file(ledger_dir.join(INDEX_FILE)).map_err(|source| {
-                BenchError::Dir {
-                    path: ledger_dir.to_path_buf(),
-                    source,
-                }
-            })?;
-            Some(reopened)
-        }
-        None => None,
-    };
-    let (rebuild_secs, _) = reopen_timed("without an index file")?;
-    let _ = std::fs::remove_file(&index_at_close);
-    Ok(Reopens {
-        clean_secs,
-        clean_index,
-        crash,
-        rebuild_secs,
-    })
-}
-
-fn run_segment(
-    config: &LedgerBenchConfig,
-    keys: u64,
-    dir: &Path,
-) -> Result<(f64, u64), BenchError> {
-    let mut store = SegmentLedger::open(dir, config.budget_bytes)?;
-    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
-    let mut items = Vec::with_capacity(config.batch);
-    let mut raw = Vec::with_capacity(config.batch);
-    let bar = progress_bar(config, keys, "segment");
-    let mut timed = Duration::ZERO;
-    let mut done = 0u64;
-    while done < keys {
-        let n = (keys - done).min(config.batch as u64) as usize;
-        stream.next_batch(n, &mut items);
-        raw.clear();
-        raw.extend(items.iter().map(|(k, _)| k.0));
-        let started = Instant::now();
-        store.check_and_record(&raw)?;
-        timed += started.elapsed();
-        done += n as u64;
-        bar.set_position(done);
-    }
-    bar.finish_and_clear();
-    let bytes = store.size_bytes()?;
-    Ok((keys as f64 / timed.as_secs_f64(), bytes))
-}
-
-fn run_hashset(config: &LedgerBenchConfig, keys: u64) -> f64 {
-    let mut set: HashSet<[u8; 16]> = HashSet::new();
-    let mut stream = IdStream::new(config.seed, config.dup_ratio, config.batch);
-    let mut items = Vec::with_capacity(config.batch);
-    let mut dups = Vec::with_capacity(config.batch);
-    let mut timed = Duration::ZERO;
-    let mut done = 0u64;
-    while done < keys {
-        let n = (keys - done).min(config.batch as u64) as usize;
-        stream.next_batch(n, &mut items);
-        let started = Instant::now();
-        dups.clear();
-        dups.extend(items.iter().map(|(k, _)| !set.insert(k.0)));
-        timed += started.elapsed();
-        done += n as u64;
-    }
-    std::hint::black_box(&dups);
-    keys as f64 / timed.as_secs_f64()
 }
 
 #[cfg(test)]
