@@ -551,21 +551,11 @@ impl Ledger {
         let epoch = state.index_epoch;
         let shared = Arc::clone(&self.state);
         let dir = self.path.clone();
-        let spawned = std::thread::Builder::new()
-            .name("index-store".into())
-            .spawn(move || index_file::store_in_background(&shared, &dir, epoch));
-        match spawned {
-            Ok(handle) => {
-                let mut stores = self
-                    .index_stores
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                stores.retain(|h| !h.is_finished());
-                stores.push(handle);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it.")
-            }
+        let spawned = self.spawn_tracked("index-store", move || {
+            index_file::store_in_background(&shared, &dir, epoch)
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it.")
         }
     }
 
@@ -578,33 +568,38 @@ impl Ledger {
             return;
         }
         let shared = Arc::clone(&self.state);
-        let spawned = std::thread::Builder::new()
-            .name("index-grow".into())
-            .spawn(move || loop {
-                let done = shared
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .index
-                    .split_some(STEP);
-                if done {
-                    return;
-                }
-                std::thread::yield_now();
-            });
-        match spawned {
-            Ok(handle) => {
-                let mut stores = self
-                    .index_stores
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                stores.retain(|h| !h.is_finished());
-                stores.push(handle);
+        let spawned = self.spawn_tracked("index-grow", move || loop {
+            let done = shared
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .index
+                .split_some(STEP);
+            if done {
+                return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "Could not start a thread to grow the id index; growing it at once.");
-                state.index.finish_growth();
-            }
+            std::thread::yield_now();
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "Could not start a thread to grow the id index; growing it at once.");
+            state.index.finish_growth();
         }
+    }
+
+    /// Runs `work` on a thread named `name`, kept among the index's background threads: joined
+    /// when the ledger is dropped (the finished ones are let go as new ones start).
+    fn spawn_tracked(
+        &self,
+        name: &str,
+        work: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
+        let handle = std::thread::Builder::new().name(name.into()).spawn(work)?;
+        let mut stores = self
+            .index_stores
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        stores.retain(|h| !h.is_finished());
+        stores.push(handle);
+        Ok(())
     }
 
     /// Makes any background store of the id index give up, and waits for it.
