@@ -238,92 +238,125 @@ pub struct Rules {
 /// # Panics
 /// If `found` has fewer entries than the batch has keyed candidates: the ledger answers one per id.
 pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) -> BatchDecision {
-    let now_ms = rules.now_ms;
     let mut found = found.iter().copied();
-    let mut seen_in_batch: HashMap<LedgerKey, Held> = HashMap::with_capacity(candidates.len());
-    // Where in `new_ids` each refreshed key is, so a later copy in the batch moves it on.
-    let mut refreshed_at: HashMap<LedgerKey, usize> = HashMap::new();
-    let mut fates = Vec::with_capacity(candidates.len());
-    let mut new_ids = Vec::with_capacity(candidates.len());
-    let mut oldest_new_ms: Option<i64> = None;
-    for candidate in candidates {
-        let ts = candidate.timestamp_ms.unwrap_or(now_ms);
-        // The copy's time as the ledger records it: never later than now.
-        let arrival = ts.min(now_ms);
-        let live = |held: Option<Held>| {
-            held.filter(|h| !past_limit(rules.limit_ms, h.first_seen_ms, arrival))
-        };
-        let seen = |first: Held, in_batch: bool| {
-            let verdict = Verdict::of(first.digest, candidate.digest);
-            let seen = Seen {
-                first_seen_ms: first.first_seen_ms,
-                age_ms: (ts - first.first_seen_ms).max(0),
-                in_batch,
-                verdict,
-                refreshed: false,
-            };
-            match (verdict, rules.reused_id) {
-                _ if candidate.mode != SourceMode::Drop => Fate::Passed(seen, candidate.mode),
-                (Verdict::ReusedId, ReusedIdPolicy::Publish | ReusedIdPolicy::DeadLetter) => {
-                    Fate::Reused(seen, rules.reused_id)
-                }
-                _ => Fate::Duplicate(seen),
-            }
-        };
-        let fate = match candidate.id {
+    let mut decided = Decided::with_capacity(candidates.len());
+    let fates = candidates
+        .iter()
+        .map(|candidate| match candidate.id {
             Ok(key) => {
-                let in_ledger = live(
-                    found
-                        .next()
-                        .expect("the ledger answers once per keyed record"),
-                );
-                if let Some(first) = in_ledger {
-                    let mut fate = seen(first, false);
-                    if let (true, Fate::Duplicate(seen), true) =
-                        (rules.refresh, &mut fate, arrival > first.first_seen_ms)
-                    {
-                        seen.refreshed = true;
-                        let refresh = (key, arrival, first.digest);
-                        match refreshed_at.entry(key) {
-                            Entry::Occupied(at) => new_ids[*at.get()] = refresh,
-                            Entry::Vacant(slot) => {
-                                slot.insert(new_ids.len());
-                                new_ids.push(refresh);
-                            }
-                        }
-                    }
-                    fate
-                } else {
-                    match live(seen_in_batch.get(&key).copied()) {
-                        Some(first) => seen(first, true),
-                        None => {
-                            seen_in_batch.insert(
-                                key,
-                                Held {
-                                    first_seen_ms: arrival,
-                                    digest: candidate.digest,
-                                },
-                            );
-                            oldest_new_ms = Some(oldest_new_ms.map_or(ts, |o| o.min(ts)));
-                            new_ids.push((key, arrival, candidate.digest));
-                            Fate::Publish
-                        }
-                    }
-                }
+                let in_ledger = found
+                    .next()
+                    .expect("the ledger answers once per keyed record");
+                decided.keyed(candidate, key, in_ledger, rules)
             }
             Err(reason) => match rules.unkeyed {
                 UnkeyedPolicy::Forward => Fate::Forward(reason),
                 UnkeyedPolicy::DeadLetter => Fate::DeadLetter(reason),
                 UnkeyedPolicy::Drop => Fate::Drop(reason),
             },
-        };
-        fates.push(fate);
-    }
+        })
+        .collect();
     BatchDecision {
         fates,
-        new_ids,
-        oldest_new_ms,
-        refreshed: refreshed_at.len(),
+        new_ids: decided.new_ids,
+        oldest_new_ms: decided.oldest_new_ms,
+        refreshed: decided.refreshed_at.len(),
+    }
+}
+
+/// What a batch's decision has gathered so far, record by record.
+struct Decided {
+    /// The first copy in the batch of each id the ledger did not hold.
+    seen_in_batch: HashMap<LedgerKey, Held>,
+    /// Where in `new_ids` each refreshed key is, so a later copy in the batch moves it on.
+    refreshed_at: HashMap<LedgerKey, usize>,
+    new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
+    oldest_new_ms: Option<i64>,
+}
+
+impl Decided {
+    fn with_capacity(records: usize) -> Self {
+        Self {
+            seen_in_batch: HashMap::with_capacity(records),
+            refreshed_at: HashMap::new(),
+            new_ids: Vec::with_capacity(records),
+            oldest_new_ms: None,
+        }
+    }
+
+    /// The fate of a keyed record, given what the ledger holds of its id. A sighting past the
+    /// retention limit counts as none. A record whose id the ledger holds is a copy of that
+    /// sighting (and, dropped with [`Rules::refresh`], records its id again at its own time);
+    /// else one whose id an earlier record of the batch holds is a copy of that; else it is new:
+    /// published, its id recorded at its time.
+    fn keyed(
+        &mut self,
+        candidate: &Candidate,
+        key: LedgerKey,
+        in_ledger: Option<Held>,
+        rules: Rules,
+    ) -> Fate {
+        let ts = candidate.timestamp_ms.unwrap_or(rules.now_ms);
+        // The copy's time as the ledger records it: never later than now.
+        let arrival = ts.min(rules.now_ms);
+        let live = |held: Option<Held>| {
+            held.filter(|h| !past_limit(rules.limit_ms, h.first_seen_ms, arrival))
+        };
+        if let Some(first) = live(in_ledger) {
+            let mut fate = copy_of(first, false, candidate, ts, rules);
+            if let (true, Fate::Duplicate(seen), true) =
+                (rules.refresh, &mut fate, arrival > first.first_seen_ms)
+            {
+                seen.refreshed = true;
+                self.refresh((key, arrival, first.digest));
+            }
+            return fate;
+        }
+        if let Some(first) = live(self.seen_in_batch.get(&key).copied()) {
+            return copy_of(first, true, candidate, ts, rules);
+        }
+        self.seen_in_batch.insert(
+            key,
+            Held {
+                first_seen_ms: arrival,
+                digest: candidate.digest,
+            },
+        );
+        self.oldest_new_ms = Some(self.oldest_new_ms.map_or(ts, |o| o.min(ts)));
+        self.new_ids.push((key, arrival, candidate.digest));
+        Fate::Publish
+    }
+
+    /// Records a dropped copy's id again at its time: once per id, a later copy moving it on.
+    fn refresh(&mut self, refresh: (LedgerKey, i64, Option<ContentDigest>)) {
+        match self.refreshed_at.entry(refresh.0) {
+            Entry::Occupied(at) => self.new_ids[*at.get()] = refresh,
+            Entry::Vacant(slot) => {
+                slot.insert(self.new_ids.len());
+                self.new_ids.push(refresh);
+            }
+        }
+    }
+}
+
+/// The fate of a record, stamped `ts`, whose id is held by `first` (in the ledger, or earlier
+/// `in_batch`): dropped as a duplicate, unless its source passes it or its content differs and
+/// the reused-id policy publishes it.
+fn copy_of(first: Held, in_batch: bool, candidate: &Candidate, ts: i64, rules: Rules) -> Fate {
+    let verdict = Verdict::of(first.digest, candidate.digest);
+    let seen = Seen {
+        first_seen_ms: first.first_seen_ms,
+        age_ms: (ts - first.first_seen_ms).max(0),
+        in_batch,
+        verdict,
+        refreshed: false,
+    };
+    match (verdict, rules.reused_id) {
+        _ if candidate.mode != SourceMode::Drop => Fate::Passed(seen, candidate.mode),
+        (Verdict::ReusedId, ReusedIdPolicy::Publish | ReusedIdPolicy::DeadLetter) => {
+            Fate::Reused(seen, rules.reused_id)
+        }
+        _ => Fate::Duplicate(seen),
     }
 }
 

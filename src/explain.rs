@@ -17,7 +17,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::identity::{ledger_key, IdError, LedgerKey};
-use crate::ledger::{forgotten_since, past_limit, Ledger, LedgerError, MarkKind, Sighting};
+use crate::ledger::{
+    forgotten_since, past_limit, Ledger, LedgerError, LedgerOptions, MarkKind, Sighting,
+};
 use crate::wire::{scoped_id, SOURCE_SEPARATOR};
 
 /// What is asked about one id.
@@ -157,45 +159,100 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         Some(p) => ledger.window(p, q.now_ms),
         None => ledger.window_overall(q.now_ms),
     };
-    let options = ledger.options();
-    let past = copies
-        .first()
-        .is_some_and(|s| past_limit(options.max_window_ms, s.first_seen_ms, q.now_ms));
-    // The window is where every id is held from; an id held from before it (a partition's older
-    // ids back-filling, or the ledger's overall window) moves the answer's start back to it, so
-    // that `held` and the window never disagree. One past the retention limit is not held.
-    let first_seen_ms = copies.first().map(|s| s.first_seen_ms).filter(|_| !past);
-    let last_refreshed_ms = match &copies[..] {
-        [newest, _, ..] if options.refresh_on_duplicate && !past => Some(newest.first_seen_ms),
-        _ => None,
-    };
-    let window_start_ms = match (
-        window.map(|w| q.now_ms - w.as_millis() as i64),
-        first_seen_ms,
-    ) {
-        (Some(start), Some(seen)) => Some(start.min(seen)),
-        (start, seen) => start.or(seen),
-    };
-    let window =
-        window_start_ms.map(|start| Duration::from_millis((q.now_ms - start).max(0) as u64));
-    let whose = q
-        .partition
-        .map_or("the ledger's".to_string(), |p| format!("partition {p}'s"));
-    let reach = match (window, window_start_ms) {
-        (Some(w), Some(start)) => format!(
-            "{whose} window reaches back {} (to {})",
-            span(w),
-            when(start)
-        ),
-        _ => format!("{whose} window is empty: the ledger holds none of its ids"),
-    };
-    // A bare id not held may be one the front door wrote under its source.
-    let scoped_hint = if q.source.is_none() && !id.contains(SOURCE_SEPARATOR) {
-        " Ids the front door (dedupe ingest) writes are scoped by source and held as <source>:<messageId>: ask with --source NAME (the write key's source)."
-    } else {
-        ""
-    };
-    let (reason, sentence) = match copies.first() {
+    let standing = Standing::of(q, &copies, window, ledger.options());
+    let (reason, sentence) = verdict(&id, q, &copies, &forgotten, &standing);
+    answer.held = !copies.is_empty() && forgotten.is_empty() && !standing.past;
+    answer.last_refreshed_ms = standing.last_refreshed_ms;
+    answer.forgotten = forgotten;
+    answer.first_seen_ms = standing.first_seen_ms;
+    answer.generation = copies.first().map(|s| s.generation);
+    answer.window_secs = standing.window.map(|w| w.as_secs_f64());
+    answer.window_start_ms = standing.window_start_ms;
+    answer.copies = copies;
+    answer.reason = reason;
+    answer.sentence = sentence;
+    Ok(answer)
+}
+
+/// Where an id stands against the retention limit and the window, read from its copies (newest
+/// first) before it is put in words.
+struct Standing {
+    /// Its last sighting is past the retention limit: it is not held.
+    past: bool,
+    /// The retention limit, ms (0 when there is none).
+    max_window_ms: i64,
+    refresh_on_duplicate: bool,
+    first_seen_ms: Option<i64>,
+    last_refreshed_ms: Option<i64>,
+    window_start_ms: Option<i64>,
+    window: Option<Duration>,
+}
+
+impl Standing {
+    fn of(
+        q: &Question<'_>,
+        copies: &[Sighting],
+        window: Option<Duration>,
+        options: &LedgerOptions,
+    ) -> Self {
+        let past = copies
+            .first()
+            .is_some_and(|s| past_limit(options.max_window_ms, s.first_seen_ms, q.now_ms));
+        // The window is where every id is held from; an id held from before it (a partition's
+        // older ids back-filling, or the ledger's overall window) moves the answer's start back
+        // to it, so that `held` and the window never disagree. One past the retention limit is
+        // not held.
+        let first_seen_ms = copies.first().map(|s| s.first_seen_ms).filter(|_| !past);
+        let last_refreshed_ms = match copies {
+            [newest, _, ..] if options.refresh_on_duplicate && !past => Some(newest.first_seen_ms),
+            _ => None,
+        };
+        let window_start_ms = match (
+            window.map(|w| q.now_ms - w.as_millis() as i64),
+            first_seen_ms,
+        ) {
+            (Some(start), Some(seen)) => Some(start.min(seen)),
+            (start, seen) => start.or(seen),
+        };
+        let window =
+            window_start_ms.map(|start| Duration::from_millis((q.now_ms - start).max(0) as u64));
+        Self {
+            past,
+            max_window_ms: options.max_window_ms.unwrap_or(0),
+            refresh_on_duplicate: options.refresh_on_duplicate,
+            first_seen_ms,
+            last_refreshed_ms,
+            window_start_ms,
+            window,
+        }
+    }
+
+    /// How far back the window reaches, in words.
+    fn reach(&self, q: &Question<'_>) -> String {
+        let whose = q
+            .partition
+            .map_or("the ledger's".to_string(), |p| format!("partition {p}'s"));
+        match (self.window, self.window_start_ms) {
+            (Some(w), Some(start)) => format!(
+                "{whose} window reaches back {} (to {})",
+                span(w),
+                when(start)
+            ),
+            _ => format!("{whose} window is empty: the ledger holds none of its ids"),
+        }
+    }
+}
+
+/// Why `id` is not held (or `None` when it is), and the answer's sentence.
+fn verdict(
+    id: &str,
+    q: &Question<'_>,
+    copies: &[Sighting],
+    forgotten: &[ForgottenOn],
+    standing: &Standing,
+) -> (Option<Reason>, String) {
+    let reach = standing.reach(q);
+    match copies.first() {
         Some(_) if !forgotten.is_empty() => (
             Some(Reason::Forgotten),
             format!(
@@ -207,68 +264,78 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
                     .join(", ")
             ),
         ),
-        Some(s) if past => (
+        Some(s) if standing.past => (
             Some(Reason::PastLimit),
             format!(
                 "Id {id} is forgotten: past the retention limit of {}: last seen {} ({} ago); {reach}. A copy arriving now is published.",
-                span(Duration::from_millis(options.max_window_ms.unwrap_or(0).max(0) as u64)),
+                span(Duration::from_millis(standing.max_window_ms.max(0) as u64)),
                 when(s.first_seen_ms),
                 span(Duration::from_millis((q.now_ms - s.first_seen_ms).max(0) as u64)),
             ),
         ),
-        Some(s) => {
-            let ago = |ms: i64| span(Duration::from_millis((q.now_ms - ms).max(0) as u64));
-            let seen = match (last_refreshed_ms, copies.last()) {
-                (Some(last), Some(oldest)) => format!(
-                    "first seen {} ({} ago), last refreshed {} ({} ago) by a dropped copy",
-                    when(oldest.first_seen_ms),
-                    ago(oldest.first_seen_ms),
-                    when(last),
-                    ago(last)
-                ),
-                _ if options.refresh_on_duplicate => format!(
-                    "last seen {} ({} ago: its first sighting, or the last dropped copy that refreshed it)",
-                    when(s.first_seen_ms),
-                    ago(s.first_seen_ms)
-                ),
-                _ => format!("first seen {} ({} ago)", when(s.first_seen_ms), ago(s.first_seen_ms)),
-            };
-            (
-                None,
-                format!(
-                    "Id {id} is in the window: {seen}, held in generation {}; {reach}. A copy arriving now is dropped.",
-                    s.generation
-                ),
-            )
-        }
-        None => match (q.sent_at_ms, window_start_ms) {
-            (Some(sent), Some(start)) if sent < start => (
-                Some(Reason::AgedOut),
-                format!("Id {id} is not held: sent at {}, before the window's start, so it aged out; {reach}. A copy arriving now is published.", when(sent)),
+        Some(s) => (
+            None,
+            format!(
+                "Id {id} is in the window: {}, held in generation {}; {reach}. A copy arriving now is dropped.",
+                seen(q, copies, standing),
+                s.generation
             ),
-            (Some(sent), _) => (
-                Some(Reason::NeverSeen),
-                format!("Id {id} is not held: sent at {}, inside the window, and never seen here; {reach}. A copy arriving now is published.{scoped_hint}", when(sent)),
-            ),
-            (None, _) => (
-                Some(Reason::NotInWindow),
-                format!(
-                    "Id {id} is not held: never seen here, or first seen before the window's start and aged out (give the time it was sent to tell which); {reach}. A copy arriving now is published.{scoped_hint}"
-                ),
-            ),
-        },
+        ),
+        None => not_held(id, q, standing.window_start_ms, &reach),
+    }
+}
+
+/// When a held id was seen (its copies newest first, at least one), in words.
+fn seen(q: &Question<'_>, copies: &[Sighting], standing: &Standing) -> String {
+    let ago = |ms: i64| span(Duration::from_millis((q.now_ms - ms).max(0) as u64));
+    let newest = copies[0].first_seen_ms;
+    match (standing.last_refreshed_ms, copies.last()) {
+        (Some(last), Some(oldest)) => format!(
+            "first seen {} ({} ago), last refreshed {} ({} ago) by a dropped copy",
+            when(oldest.first_seen_ms),
+            ago(oldest.first_seen_ms),
+            when(last),
+            ago(last)
+        ),
+        _ if standing.refresh_on_duplicate => format!(
+            "last seen {} ({} ago: its first sighting, or the last dropped copy that refreshed it)",
+            when(newest),
+            ago(newest)
+        ),
+        _ => format!("first seen {} ({} ago)", when(newest), ago(newest)),
+    }
+}
+
+/// Why an id the ledger holds no copy of is not held: aged out or never seen, as far as the time
+/// it was sent tells.
+fn not_held(
+    id: &str,
+    q: &Question<'_>,
+    window_start_ms: Option<i64>,
+    reach: &str,
+) -> (Option<Reason>, String) {
+    // A bare id not held may be one the front door wrote under its source.
+    let scoped_hint = if q.source.is_none() && !id.contains(SOURCE_SEPARATOR) {
+        " Ids the front door (dedupe ingest) writes are scoped by source and held as <source>:<messageId>: ask with --source NAME (the write key's source)."
+    } else {
+        ""
     };
-    answer.held = !copies.is_empty() && forgotten.is_empty() && !past;
-    answer.last_refreshed_ms = last_refreshed_ms;
-    answer.forgotten = forgotten;
-    answer.first_seen_ms = first_seen_ms;
-    answer.generation = copies.first().map(|s| s.generation);
-    answer.window_secs = window.map(|w| w.as_secs_f64());
-    answer.window_start_ms = window_start_ms;
-    answer.copies = copies;
-    answer.reason = reason;
-    answer.sentence = sentence;
-    Ok(answer)
+    match (q.sent_at_ms, window_start_ms) {
+        (Some(sent), Some(start)) if sent < start => (
+            Some(Reason::AgedOut),
+            format!("Id {id} is not held: sent at {}, before the window's start, so it aged out; {reach}. A copy arriving now is published.", when(sent)),
+        ),
+        (Some(sent), _) => (
+            Some(Reason::NeverSeen),
+            format!("Id {id} is not held: sent at {}, inside the window, and never seen here; {reach}. A copy arriving now is published.{scoped_hint}", when(sent)),
+        ),
+        (None, _) => (
+            Some(Reason::NotInWindow),
+            format!(
+                "Id {id} is not held: never seen here, or first seen before the window's start and aged out (give the time it was sent to tell which); {reach}. A copy arriving now is published.{scoped_hint}"
+            ),
+        ),
+    }
 }
 
 /// The forgets of `key` in force: none once a copy was published after the newest (see
@@ -312,7 +379,6 @@ fn span(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::LedgerOptions;
 
     const HOUR: i64 = 3_600_000;
     const ID: &str = "6ba7b810-9dad-41d1-80b4-00c04fd430c8";

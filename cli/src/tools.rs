@@ -7,8 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use dedupe::config::{Config, IdSource};
 use dedupe::identity::LedgerKey;
-use dedupe::identity::{message_key, RecordView};
-use rdkafka::message::{Headers, Message};
+use dedupe::identity::{message_key, message_view};
 use serde::Serialize;
 
 /// What `dedupe verify` found.
@@ -26,15 +25,7 @@ pub struct VerifySummary {
 }
 
 fn key_of(m: &rdkafka::message::BorrowedMessage<'_>, source: &IdSource) -> Option<LedgerKey> {
-    let headers = m.headers();
-    let view = RecordView {
-        key: m.key(),
-        header: |name: &str| {
-            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-        },
-        value: m.payload(),
-    };
-    message_key(&view, source).ok()
+    message_key(&message_view(m), source).ok()
 }
 
 /// Reads both topics fully (`read_committed`) and compares their ids.

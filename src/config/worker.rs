@@ -164,7 +164,7 @@ impl Default for WorkerConfig {
             sources: Vec::new(),
             // Every source's duplicates dropped.
             source_modes: SourceModes::default(),
-            // The ledger bench's batch size (src/bench/ledger.rs), at which the ledger figures of
+            // The ledger bench's batch size (src/bench/ledger/), at which the ledger figures of
             // docs/performance.md were measured.
             batch_max_records: 4096,
             // librdkafka's default message.max.bytes is 1 MB; a few of those per transaction.

@@ -16,9 +16,10 @@
 //!
 //! Where a record's id is read from (its key, a header, a JSON field, a composite of those, or a
 //! fingerprint of its value), and why a record has none, is the `record` submodule's part:
-//! [`identify`], [`message_id`], [`message_key`], [`IdSource`], [`RecordView`], [`Unkeyed`]; a
-//! value is read as JSON by the one exact reader ([`crate::json`]). What tells a retry from a
-//! reused id is the `digest` submodule's: [`ContentDigest`], [`DigestSource`].
+//! [`identify`], [`message_id`], [`message_key`], [`IdSource`], [`RecordView`] (of a Kafka
+//! message: [`message_view`]), [`Unkeyed`]; a value is read as JSON by the one exact reader
+//! ([`crate::json`]). What tells a retry from a reused id is the `digest` submodule's:
+//! [`ContentDigest`], [`DigestSource`].
 
 use std::fmt;
 
@@ -26,8 +27,8 @@ mod digest;
 mod record;
 pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES};
 pub use record::{
-    identify, message_id, message_key, Fingerprint, IdSource, Identity, MessageId, RecordView,
-    Unkeyed, NUMBER_ID_TAG,
+    copied_view, identify, message_id, message_key, message_view, Fingerprint, IdSource, Identity,
+    MessageId, RecordView, Unkeyed, NUMBER_ID_TAG,
 };
 
 /// Longest message id accepted, in bytes.

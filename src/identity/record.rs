@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use rdkafka::message::{Headers, Message};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
@@ -224,11 +225,46 @@ pub const NUMBER_ID_TAG: u8 = 0xff;
 const PART_SEPARATOR: u8 = b':';
 const NUMBER_PART_SEPARATOR: u8 = b'#';
 
-/// The parts of a record an id can come from.
+/// The parts of a record an id can come from: of a Kafka message by [`message_view`], of its copy
+/// by [`copied_view`].
 pub struct RecordView<'a, H: Fn(&str) -> Option<&'a [u8]>> {
     pub key: Option<&'a [u8]>,
     pub header: H,
     pub value: Option<&'a [u8]>,
+}
+
+/// The parts of a Kafka message an id can come from. A header named twice is read from its
+/// first occurrence, as [`copied_view`] reads it.
+pub fn message_view<'a, M: Message>(
+    message: &'a M,
+) -> RecordView<'a, impl Fn(&str) -> Option<&'a [u8]> + 'a> {
+    let headers = message.headers();
+    RecordView {
+        key: message.key(),
+        header: move |name: &str| {
+            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+        },
+        value: message.payload(),
+    }
+}
+
+/// The parts of a copied Kafka message (its key, its headers in order, its value) an id can come
+/// from, read as [`message_view`] reads the message.
+pub fn copied_view<'a>(
+    key: Option<&'a [u8]>,
+    headers: &'a [(String, Option<Vec<u8>>)],
+    value: Option<&'a [u8]>,
+) -> RecordView<'a, impl Fn(&str) -> Option<&'a [u8]> + 'a> {
+    RecordView {
+        key,
+        header: move |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.as_deref())
+        },
+        value,
+    }
 }
 
 /// A record's id and content digest, read once (see [`identify`]).

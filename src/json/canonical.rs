@@ -250,58 +250,76 @@ impl<'a> Writer<'a, '_> {
         let body = out.len();
         let from = self.buffers.members.len();
         let keys_from = self.buffers.keys.len();
-        let decoded = self.buffers.strings == Strings::Decoded;
         self.skip_space();
         if self.text.get(self.at) == Some(&b'}') {
             self.at += 1;
         } else {
-            loop {
-                self.skip_space();
-                let before = out.len();
-                if out.len() > body {
-                    out.push(b',');
-                }
-                let start = out.len();
-                let sent = self.string()?;
-                self.put_string(sent, out)?;
-                let key_end = out.len();
-                let (key_from, key_to) = if decoded {
-                    // Ordered by the key's decoded text, kept aside.
-                    let keys = &mut self.buffers.keys;
-                    let key_from = keys.len();
-                    let inner = std::str::from_utf8(&sent[1..sent.len() - 1]).ok()?;
-                    if inner.contains('\\') {
-                        keys.extend_from_slice(reader::unescape(inner).as_bytes());
-                    } else {
-                        keys.extend_from_slice(inner.as_bytes());
-                    }
-                    (key_from, keys.len())
-                } else {
-                    (start, key_end)
-                };
-                if self.next_byte()? != b':' {
-                    return None;
-                }
-                out.push(b':');
-                let removed = self.is_removed();
-                self.value(out, depth)?;
-                if removed {
-                    out.truncate(before);
-                } else {
-                    self.buffers.members.push(Member {
-                        start,
-                        end: out.len(),
-                        key_from,
-                        key_to,
-                    });
-                }
-                match self.next_byte()? {
-                    b',' => {}
-                    b'}' => break,
-                    _ => return None,
-                }
-            }
+            while self.member(out, body, depth)? {}
         }
+        self.order_members(out, body, from);
+        self.buffers.members.truncate(from);
+        self.buffers.keys.truncate(keys_from);
+        out.push(b'}');
+        Some(())
+    }
+
+    /// Writes the member here (after a comma unless it is the object's first, written from
+    /// `body`) and keeps where it is, unless it is left out; whether another member follows.
+    fn member(&mut self, out: &mut Vec<u8>, body: usize, depth: usize) -> Option<bool> {
+        self.skip_space();
+        let before = out.len();
+        if out.len() > body {
+            out.push(b',');
+        }
+        let start = out.len();
+        let sent = self.string()?;
+        self.put_string(sent, out)?;
+        let (key_from, key_to) = self.sort_key(sent, start, out.len())?;
+        if self.next_byte()? != b':' {
+            return None;
+        }
+        out.push(b':');
+        let removed = self.is_removed();
+        self.value(out, depth)?;
+        if removed {
+            out.truncate(before);
+        } else {
+            self.buffers.members.push(Member {
+                start,
+                end: out.len(),
+                key_from,
+                key_to,
+            });
+        }
+        match self.next_byte()? {
+            b',' => Some(true),
+            b'}' => Some(false),
+            _ => None,
+        }
+    }
+
+    /// What a member's key (`sent`, its text as sent, written to the output at `start..end`) is
+    /// ordered by: with decoded strings its decoded text, kept aside in the key buffer; else the
+    /// text written. Where that is, in the one or the other.
+    fn sort_key(&mut self, sent: &[u8], start: usize, end: usize) -> Option<(usize, usize)> {
+        if self.buffers.strings != Strings::Decoded {
+            return Some((start, end));
+        }
+        let keys = &mut self.buffers.keys;
+        let key_from = keys.len();
+        let inner = std::str::from_utf8(&sent[1..sent.len() - 1]).ok()?;
+        if inner.contains('\\') {
+            keys.extend_from_slice(reader::unescape(inner).as_bytes());
+        } else {
+            keys.extend_from_slice(inner.as_bytes());
+        }
+        Some((key_from, keys.len()))
+    }
+
+    /// Rewrites the members written from `body` (kept from `from` on) in their keys' order,
+    /// unless they came in that order.
+    fn order_members(&mut self, out: &mut Vec<u8>, body: usize, from: usize) {
+        let decoded = self.buffers.strings == Strings::Decoded;
         let buffers = &mut *self.buffers;
         let members = &mut buffers.members[from..];
         let keys = &buffers.keys;
@@ -314,30 +332,27 @@ impl<'a> Writer<'a, '_> {
                 .windows(2)
                 .all(|w| out[w[0].key_from..w[0].key_to] <= out[w[1].key_from..w[1].key_to])
         };
-        if !in_order {
-            let copy = &mut buffers.copy;
-            copy.clear();
-            copy.extend_from_slice(&out[body..]);
-            if decoded {
-                members.sort_by(|a, b| keys[a.key_from..a.key_to].cmp(&keys[b.key_from..b.key_to]));
-            } else {
-                members.sort_by(|a, b| {
-                    copy[a.key_from - body..a.key_to - body]
-                        .cmp(&copy[b.key_from - body..b.key_to - body])
-                });
-            }
-            out.truncate(body);
-            for (i, m) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(&copy[m.start - body..m.end - body]);
-            }
+        if in_order {
+            return;
         }
-        buffers.members.truncate(from);
-        buffers.keys.truncate(keys_from);
-        out.push(b'}');
-        Some(())
+        let copy = &mut buffers.copy;
+        copy.clear();
+        copy.extend_from_slice(&out[body..]);
+        if decoded {
+            members.sort_by(|a, b| keys[a.key_from..a.key_to].cmp(&keys[b.key_from..b.key_to]));
+        } else {
+            members.sort_by(|a, b| {
+                copy[a.key_from - body..a.key_to - body]
+                    .cmp(&copy[b.key_from - body..b.key_to - body])
+            });
+        }
+        out.truncate(body);
+        for (i, m) in members.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&copy[m.start - body..m.end - body]);
+        }
     }
 }
 

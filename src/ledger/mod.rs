@@ -41,7 +41,7 @@
 //! - `gen-<12 digit id>` column families: key = the 16-byte [`LedgerKey`], value = zigzag varint
 //!   of `(first_seen_ms - generation.base_ms)` in whole seconds ([`FIRST_SEEN_RESOLUTION_MS`]), so
 //!   1-3 bytes for ids within ~12 days of the generation's base, followed by the first copy's
-//!   [`ContentDigest`] (2 bytes, little-endian, never 0) when it was recorded with one. Reported
+//!   [`ContentDigest`](crate::identity::ContentDigest) (2 bytes, little-endian, never 0) when it was recorded with one. Reported
 //!   first-seen times are therefore rounded down to the second relative to the generation's base.
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
 //!   `retention_limit_ms` = JSON ms or null: the retention limit last opened under (see
@@ -101,6 +101,10 @@
 //! # Where the code is
 //! - `mod.rs`: [`Ledger`] and its public methods, each a short entry point into the files below;
 //!   the in-memory state they share; the public constants.
+//! - `answers.rs`: what a batch sends ([`Sent`]) and what the ledger answers ([`Verdict`],
+//!   [`Held`], [`Sighting`]).
+//! - `background.rs`: the id index's background threads (storing it after a seal, growing it),
+//!   each tracked until the ledger is dropped.
 //! - `options.rs`: [`LedgerOptions`], [`Durability`].
 //! - `error.rs`: [`LedgerError`], and the one place RocksDB and I/O errors are converted.
 //! - `format.rs`: the on-disk format above: keys, first-seen encoding, metadata, commit records.
@@ -128,8 +132,10 @@ use std::time::Duration;
 
 use rocksdb::{Cache, DBWithThreadMode, MultiThreaded};
 
-use crate::identity::{ContentDigest, LedgerKey};
+use crate::identity::LedgerKey;
 
+mod answers;
+mod background;
 mod batch_log;
 mod buffer;
 mod checkpoint;
@@ -153,6 +159,7 @@ mod stats;
 mod tests;
 mod tuning;
 
+pub use answers::{Held, Sent, Sighting, Verdict};
 pub use error::{LedgerError, Result};
 pub use forget::{forgotten_since, Forgotten, Mark, MarkKind, MarkOrder};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
@@ -189,70 +196,6 @@ pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;
 
 /// A file present in the ledger directory only while the ledger is being created.
 pub const CREATING_MARKER: &str = "CREATING";
-
-/// One copy of an id the ledger holds: the generation it is in and its first-seen time. An id has
-/// one copy, or two while a load's newer copy and the older one both live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Sighting {
-    pub generation: u64,
-    pub first_seen_ms: i64,
-}
-
-/// What the ledger holds for an id: when it was first seen (rounded down to
-/// [`FIRST_SEEN_RESOLUTION_MS`] relative to its generation's base) and the digest of its first
-/// copy's content, when it was recorded with one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
-    /// Event time of the first sighting, ms.
-    pub first_seen_ms: i64,
-    pub digest: Option<ContentDigest>,
-}
-
-/// The answer for one id of a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Not held before: now recorded.
-    New,
-    /// Held already; first seen at this time (rounded down to [`FIRST_SEEN_RESOLUTION_MS`]
-    /// relative to its generation's base), with the first copy's digest if it was kept.
-    Duplicate {
-        /// Event time of the first sighting, ms.
-        first_seen_ms: i64,
-        digest: Option<ContentDigest>,
-    },
-}
-
-/// One id of a batch to check and record: its key, its event time (ms) and, when the caller
-/// has one, the digest of its content. `(key, time)` records no digest.
-pub trait Sent {
-    fn key(&self) -> LedgerKey;
-    fn time_ms(&self) -> i64;
-    fn digest(&self) -> Option<ContentDigest>;
-}
-
-impl Sent for (LedgerKey, i64) {
-    fn key(&self) -> LedgerKey {
-        self.0
-    }
-    fn time_ms(&self) -> i64 {
-        self.1
-    }
-    fn digest(&self) -> Option<ContentDigest> {
-        None
-    }
-}
-
-impl Sent for (LedgerKey, i64, Option<ContentDigest>) {
-    fn key(&self) -> LedgerKey {
-        self.0
-    }
-    fn time_ms(&self) -> i64 {
-        self.1
-    }
-    fn digest(&self) -> Option<ContentDigest> {
-        self.2
-    }
-}
 
 struct Generation {
     name: String,
@@ -526,110 +469,6 @@ impl Ledger {
         index_file::write(&self.path, &state, true)?;
         state.index_stored_at = Some(state.commit_seq);
         Ok(())
-    }
-
-    /// Starts storing the id index right after a seal, in the background (see `index_file.rs`);
-    /// a failure only costs the next open time.
-    fn store_index_after_seal(&self, state: &mut State) {
-        // While the table doubles it is not read whole: the next seal or the close stores it.
-        if !state.index.knows()
-            || !state.pending.is_empty()
-            || state.in_flight.is_some()
-            || state.index.growing()
-        {
-            return;
-        }
-        if self.options.durability == Durability::NoWal {
-            // Without a WAL the seal reaches the disk only with the flush: a file stamped with a
-            // seal that a crash then lost would vouch for a generation that takes more ids.
-            if let Err(e) = self.flush_all(state, true) {
-                tracing::warn!(error = %e, "Could not flush the sealed generation; the id index is not stored after this seal.");
-                return;
-            }
-        }
-        state.index_epoch += 1;
-        let epoch = state.index_epoch;
-        let shared = Arc::clone(&self.state);
-        let dir = self.path.clone();
-        let spawned = std::thread::Builder::new()
-            .name("index-store".into())
-            .spawn(move || index_file::store_in_background(&shared, &dir, epoch));
-        match spawned {
-            Ok(handle) => {
-                let mut stores = self
-                    .index_stores
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                stores.retain(|h| !h.is_finished());
-                stores.push(handle);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it.")
-            }
-        }
-    }
-
-    /// Splits the buckets of a doubling of the id index on a thread of its own, taking the lock
-    /// for a short step at a time (see `index/grow.rs`); done at once where no thread can be had.
-    fn grow_in_background(&self, state: &mut State) {
-        /// Buckets split per step: about a millisecond and a half under the lock.
-        const STEP: usize = 32 << 10;
-        if !state.index.growing() {
-            return;
-        }
-        let shared = Arc::clone(&self.state);
-        let spawned = std::thread::Builder::new()
-            .name("index-grow".into())
-            .spawn(move || loop {
-                let done = shared
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .index
-                    .split_some(STEP);
-                if done {
-                    return;
-                }
-                std::thread::yield_now();
-            });
-        match spawned {
-            Ok(handle) => {
-                let mut stores = self
-                    .index_stores
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                stores.retain(|h| !h.is_finished());
-                stores.push(handle);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "Could not start a thread to grow the id index; growing it at once.");
-                state.index.finish_growth();
-            }
-        }
-    }
-
-    /// Makes any background store of the id index give up, and waits for it.
-    fn stop_index_stores(&self) {
-        self.lock().index_epoch += 1;
-        self.join_index_stores();
-    }
-
-    /// Waits for the background stores of the id index to finish (or give up).
-    fn join_index_stores(&self) {
-        let stores = std::mem::take(
-            &mut *self
-                .index_stores
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
-        for handle in stores {
-            let _ = handle.join();
-        }
-    }
-
-    /// Waits until the id index stored after the last seal is in its file (tests).
-    #[cfg(test)]
-    fn wait_for_index_store(&self) {
-        self.join_index_stores();
     }
 
     /// Drops the ledger without closing it, as a crash would leave it: nothing buffered is

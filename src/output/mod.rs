@@ -16,6 +16,7 @@
 //! All calls block; the actor layer runs this on a thread of its own.
 
 mod delivery;
+mod error;
 pub mod owner;
 
 use std::sync::atomic::Ordering;
@@ -28,6 +29,8 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use delivery::DeliveryTracker;
+pub use error::PublishError;
+use error::{classify, timed_out};
 
 use crate::identity::{ContentDigest, LedgerKey};
 use crate::kafka::{client_config, KafkaConfig};
@@ -73,30 +76,6 @@ pub struct Batch<'a> {
     pub input_partition: i32,
     /// The input offset committed with the batch; negative: none (a transaction of its own).
     pub next_input_offset: i64,
-}
-
-/// Why a transaction did not commit, and what the caller must do.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    /// The producer was fenced: another worker took over the partition, or the broker aborted a
-    /// transaction that outlived `transaction.timeout.ms` and bumped the epoch. Stop; never retry.
-    #[error("the producer with transactional.id {transactional_id} is fenced (another worker took over, or the broker aborted a transaction that outlived transaction.timeout.ms): {source}")]
-    Fenced {
-        transactional_id: String,
-        source: KafkaError,
-    },
-    /// The transaction was aborted; nothing of it is visible. Retrying the same batch is safe.
-    #[error("the transaction was aborted and can be retried: {source}")]
-    Aborted { source: KafkaError },
-    /// The producer is unusable. Make a new one (which aborts whatever was open) and recover.
-    #[error("the output producer failed fatally: {source}")]
-    Fatal { source: KafkaError },
-}
-
-impl PublishError {
-    pub fn is_fenced(&self) -> bool {
-        matches!(self, Self::Fenced { .. })
-    }
 }
 
 /// The topics one output producer writes.
@@ -294,40 +273,7 @@ impl OutputWriter {
         fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
             source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
         }));
-        for r in batch.records {
-            self.send(&self.topic.clone(), Some(self.partition), r)?;
-        }
-        if let Some(dlq) = self.dead_letter_topic.clone() {
-            for r in batch.dead_letters {
-                self.send(&dlq, None, r)?;
-            }
-        }
-        if let Some(audit) = self.audit_topic.clone() {
-            for r in batch.audit {
-                self.send(&audit, Some(batch.input_partition), r)?;
-            }
-        }
-        if let Some(value) = crate::changelog::encode(batch.new_ids) {
-            let r = OutRecord {
-                value: Some(value),
-                ..OutRecord::default()
-            };
-            self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
-        }
-        for mark in batch.marks {
-            let r = OutRecord {
-                value: Some(mark.clone()),
-                ..OutRecord::default()
-            };
-            self.send(&self.changelog_topic.clone(), Some(self.partition), &r)?;
-        }
-        for (partition, mark) in batch.other_marks {
-            let r = OutRecord {
-                value: Some(mark.clone()),
-                ..OutRecord::default()
-            };
-            self.send(&self.changelog_topic.clone(), Some(*partition), &r)?;
-        }
+        self.produce(batch)?;
         // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
         // node just killed, each step can use most of its own timeout in turn (seen in the kill
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
@@ -335,23 +281,87 @@ impl OutputWriter {
         let mut budget = TransactionBudget::new(self.timeout);
         self.flush(&mut budget)
             .map_err(|e| classify(e, &self.transactional_id))?;
-        if self.producer.context().failures.load(Ordering::Relaxed) > 0 {
-            // The abort names why: the first failed record's topic and its error.
-            let (topic, code) = self
-                .producer
-                .context()
-                .take_first_failure()
-                .unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
-            tracing::warn!(topic = %topic, error = %code, "A record of the output transaction was not delivered; aborting the transaction.");
-            return Err(PublishError::Aborted {
-                source: KafkaError::MessageProduction(code),
+        self.all_delivered()?;
+        // A transaction of its own (a forget) commits no input offset.
+        if batch.next_input_offset >= 0 {
+            self.send_offsets(batch, group, &budget)?;
+            fail::fail_point!("output-before-commit", |_| {
+                eprintln!("failpoint output-before-commit: exiting");
+                std::process::exit(86)
             });
         }
-        // A transaction of its own (a forget) commits no input offset.
-        if batch.next_input_offset < 0 {
-            self.commit_with_retries(&budget)?;
-            return Ok(self.committed());
+        self.commit_with_retries(&budget)?;
+        Ok(self.committed())
+    }
+
+    /// Sends every record of the batch into the open transaction: its output records, dead
+    /// letters, audit records, new ids and marks.
+    fn produce(&self, batch: &Batch<'_>) -> Result<(), PublishError> {
+        for r in batch.records {
+            self.send(&self.topic, Some(self.partition), r)?;
         }
+        if let Some(dlq) = &self.dead_letter_topic {
+            for r in batch.dead_letters {
+                self.send(dlq, None, r)?;
+            }
+        }
+        if let Some(audit) = &self.audit_topic {
+            for r in batch.audit {
+                self.send(audit, Some(batch.input_partition), r)?;
+            }
+        }
+        let changelog = |value: Vec<u8>| OutRecord {
+            value: Some(value),
+            ..OutRecord::default()
+        };
+        if let Some(value) = crate::changelog::encode(batch.new_ids) {
+            self.send(
+                &self.changelog_topic,
+                Some(self.partition),
+                &changelog(value),
+            )?;
+        }
+        for mark in batch.marks {
+            self.send(
+                &self.changelog_topic,
+                Some(self.partition),
+                &changelog(mark.clone()),
+            )?;
+        }
+        for (partition, mark) in batch.other_marks {
+            self.send(
+                &self.changelog_topic,
+                Some(*partition),
+                &changelog(mark.clone()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Refuses the transaction when one of its records was not delivered; the abort names the
+    /// first failed record's topic and its error.
+    fn all_delivered(&self) -> Result<(), PublishError> {
+        if self.producer.context().failures.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let (topic, code) = self
+            .producer
+            .context()
+            .take_first_failure()
+            .unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
+        tracing::warn!(topic = %topic, error = %code, "A record of the output transaction was not delivered; aborting the transaction.");
+        Err(PublishError::Aborted {
+            source: KafkaError::MessageProduction(code),
+        })
+    }
+
+    /// Adds the batch's next input offset, naming this pipeline, to the transaction.
+    fn send_offsets(
+        &self,
+        batch: &Batch<'_>,
+        group: &ConsumerGroupMetadata,
+        budget: &TransactionBudget,
+    ) -> Result<(), PublishError> {
         let mut offsets = TopicPartitionList::new();
         offsets
             .add_partition_offset(
@@ -373,12 +383,7 @@ impl OutputWriter {
             .send_offsets_to_transaction(&offsets, group, wait)
             .map_err(|e| classify(e, &self.transactional_id))?;
         drop(watched);
-        fail::fail_point!("output-before-commit", |_| {
-            eprintln!("failpoint output-before-commit: exiting");
-            std::process::exit(86)
-        });
-        self.commit_with_retries(&budget)?;
-        Ok(self.committed())
+        Ok(())
     }
 
     /// What the transaction just committed wrote last.
@@ -538,54 +543,6 @@ const LEADER_MOVE_GRACE: Duration = Duration::from_secs(5);
 /// Retries of a commit refused for now (a retriable error other than a timeout): at once, five
 /// times.
 const COMMIT_RETRIES: Backoff = Backoff::new(Duration::ZERO, Duration::ZERO, 5);
-
-/// Whether a call gave up waiting for an answer (librdkafka's local timeout).
-fn timed_out(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::OperationTimedOut
-                | RDKafkaErrorCode::MessageTimedOut
-                | RDKafkaErrorCode::RequestTimedOut
-        )
-    )
-}
-
-/// Sorts a transactional error into fenced / abortable / fatal.
-fn classify(e: KafkaError, transactional_id: &str) -> PublishError {
-    if let KafkaError::Transaction(ref t) = e {
-        let code = t.code();
-        if matches!(
-            code,
-            RDKafkaErrorCode::Fenced
-                | RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-        ) {
-            return PublishError::Fenced {
-                transactional_id: transactional_id.to_string(),
-                source: e,
-            };
-        }
-        if t.txn_requires_abort() {
-            return PublishError::Aborted { source: e };
-        }
-        if t.is_fatal() {
-            return PublishError::Fatal { source: e };
-        }
-        // Retriable errors that ran out of retries: abort and try the batch again.
-        return PublishError::Aborted { source: e };
-    }
-    if matches!(
-        e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced)
-    ) {
-        return PublishError::Fenced {
-            transactional_id: transactional_id.to_string(),
-            source: e,
-        };
-    }
-    PublishError::Aborted { source: e }
-}
 
 #[cfg(test)]
 mod tests {

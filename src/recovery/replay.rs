@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{
@@ -20,7 +20,7 @@ use super::{
 };
 use crate::changelog;
 use crate::clock::now_ms;
-use crate::identity::{message_key, IdSource, LedgerKey, RecordView};
+use crate::identity::{message_key, message_view, IdSource, LedgerKey};
 use crate::kafka::{client_config, Reader, ReaderContext};
 use crate::ledger::{Ledger, LedgerError, Load, LoadTimes, Mark, MarkOrder, WindowFloor};
 use crate::progress::Progress;
@@ -597,15 +597,7 @@ fn output_record_key(
     m: &BorrowedMessage<'_>,
     id_source: &IdSource,
 ) -> Result<LedgerKey, crate::identity::Unkeyed> {
-    let headers = m.headers();
-    let view = RecordView {
-        key: m.key(),
-        header: |name: &str| {
-            headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-        },
-        value: m.payload(),
-    };
-    message_key(&view, id_source)
+    message_key(&message_view(m), id_source)
 }
 
 #[cfg(test)]

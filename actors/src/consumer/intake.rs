@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dedupe::identity::{identify, RecordView};
+use dedupe::identity::{identify, message_view};
 use dedupe::output::OutRecord;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 
@@ -83,13 +83,7 @@ impl Pipeline {
 
     pub(super) fn copy(&self, msg: &BorrowedMessage<'_>) -> InRecord {
         let headers = msg.headers();
-        let view = RecordView {
-            key: msg.key(),
-            header: |name: &str| {
-                headers.and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-            },
-            value: msg.payload(),
-        };
+        let view = message_view(msg);
         // The id and the content digest, from one strict read of the value.
         let identity = identify(
             &view,

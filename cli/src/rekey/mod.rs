@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use dedupe::config::Config;
-use dedupe::identity::{message_id, RecordView};
+use dedupe::identity::{copied_view, message_id};
 use dedupe::wire::{HEADER_REKEY_BYTES, HEADER_REKEY_REASON, HEADER_REKEY_SOURCE};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
@@ -220,16 +220,7 @@ impl Stage<'_> {
                     RDKafkaErrorCode::MessageSizeTooLarge,
                 ))
             } else {
-                let view = RecordView {
-                    key: r.key.as_deref(),
-                    header: |name: &str| {
-                        r.headers
-                            .iter()
-                            .find(|(k, _)| k == name)
-                            .and_then(|(_, v)| v.as_deref())
-                    },
-                    value: r.value.as_deref(),
-                };
+                let view = copied_view(r.key.as_deref(), &r.headers, r.value.as_deref());
                 let id = message_id(&view, &self.config.worker.id_source).ok();
                 let keyed = id.is_some();
                 let key = id.as_deref().or(r.key.as_deref());

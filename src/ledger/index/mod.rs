@@ -42,12 +42,15 @@
 //! cannot vouch for.
 
 mod grow;
+mod insert;
 mod place;
 mod region;
+mod stored;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use place::{BulkPlace, Geometry, Place, Placer};
+pub(crate) use stored::Header;
 
 use grow::Splitting;
 use place::{fingerprint, Choice};
@@ -325,148 +328,6 @@ impl IdIndex {
         }
     }
 
-    /// One bucket as an insert sees it: `None` when a slot holds `held` (a fingerprint and its
-    /// tag), else its live slots and its first free one.
-    fn scan(&self, b: usize, held: Option<(u8, u16)>) -> Option<BucketScan> {
-        let bucket = self.bucket(b);
-        let mut scan = BucketScan {
-            live: 0,
-            free: None,
-        };
-        for i in 0..SLOTS {
-            let (t, f) = Self::slot(bucket, i);
-            if held == Some((t, f)) {
-                return None;
-            }
-            if f != 0 && self.live[usize::from(t)] {
-                scan.live += 1;
-            } else if scan.free.is_none() {
-                scan.free = Some(i);
-            }
-        }
-        Some(scan)
-    }
-
-    /// Stores `place`'s fingerprint with `tag` (which must be live, and started at the current
-    /// level). Returns false when both buckets were full: the first one is then marked overflowed.
-    pub(crate) fn insert(&mut self, place: &Place, tag: u8) -> bool {
-        self.store(place, tag, false)
-    }
-
-    /// [`IdIndex::insert`], except that a bucket already holding the fingerprint with `tag`
-    /// takes no second slot: for an id recorded again into the generation that may hold it (a
-    /// refresh, a copy past the retention limit).
-    pub(crate) fn insert_once(&mut self, place: &Place, tag: u8) -> bool {
-        self.store(place, tag, true)
-    }
-
-    /// Stores `place`'s fingerprint with `tag` for a bulk load, which inserts in the order of
-    /// first buckets: the id goes into its first bucket when that has room, without reading the
-    /// second, so the table is walked from one end to the other; only an id whose first bucket is
-    /// full reads both and goes to the emptier. Lookups read both buckets either way. A load may
-    /// meet an id twice (a changelog that holds an id again after it left an earlier owner's
-    /// window, a load that a crash interrupted and that runs again): a bucket that already holds
-    /// the fingerprint with `tag` takes no second slot, since the index only ever says "perhaps in
-    /// this generation".
-    pub(crate) fn insert_bulk(&mut self, place: &Place, tag: u8) -> bool {
-        let base = self.geometry.base;
-        let buckets = place.choices.map(|c| c.bucket(base, self.level));
-        let fingerprints = place.choices.map(|c| fingerprint(c, self.level));
-        self.insert_bulk_at(buckets, fingerprints, tag)
-    }
-
-    /// [`IdIndex::insert_bulk`] of a place computed at the current level; cheapest when the
-    /// places come in the order of their first buckets.
-    pub(crate) fn insert_bulk_place(&mut self, place: &BulkPlace, tag: u8) -> bool {
-        let buckets = [place.first as usize, place.second as usize];
-        self.insert_bulk_at(buckets, place.fingerprints, tag)
-    }
-
-    /// A bulk insert of an id whose buckets and fingerprints at the current level are `buckets`
-    /// and `fingerprints`: into the first bucket when it has room, else into the emptier.
-    fn insert_bulk_at(&mut self, buckets: [usize; 2], fingerprints: [u16; 2], tag: u8) -> bool {
-        debug_assert_eq!(
-            self.level_of[usize::from(tag)],
-            self.level,
-            "insert into a tag of another level"
-        );
-        let first = self.split_for_insert(buckets[0]);
-        let f = fingerprints[0];
-        match self.scan(first, Some((tag, f))) {
-            None => true,
-            Some(BucketScan { free: Some(i), .. }) => {
-                self.put(first, i, tag, f);
-                true
-            }
-            Some(BucketScan { free: None, .. }) => {
-                let second = self.split_for_insert(buckets[1]);
-                self.store_in([first, second], fingerprints, tag, true)
-            }
-        }
-    }
-
-    /// Prefetches the bucket a bulk insert of `place` reads first.
-    pub(crate) fn prefetch_bulk_place(&self, place: &BulkPlace) {
-        self.prefetch_bucket(place.first as usize);
-    }
-
-    /// Writes `tag` and `f` into slot `i` of bucket `b`.
-    fn put(&mut self, b: usize, i: usize, tag: u8, f: u16) {
-        let bucket = self.bucket_mut(b);
-        let (old_tag, old_fingerprint) = Self::slot(bucket, i);
-        let [lo, hi] = f.to_le_bytes();
-        bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES].copy_from_slice(&[tag, lo, hi]);
-        if old_fingerprint != 0 {
-            self.slots_by_tag[usize::from(old_tag)] -= 1;
-        }
-        self.slots_by_tag[usize::from(tag)] += 1;
-    }
-
-    fn store(&mut self, place: &Place, tag: u8, once: bool) -> bool {
-        debug_assert!(self.live[usize::from(tag)], "insert into a dead tag");
-        debug_assert_eq!(
-            self.level_of[usize::from(tag)],
-            self.level,
-            "insert into a tag of another level"
-        );
-        let [c0, c1] = place.choices;
-        let buckets = [self.bucket_for_insert(c0), self.bucket_for_insert(c1)];
-        let fingerprints = [fingerprint(c0, self.level), fingerprint(c1, self.level)];
-        self.store_in(buckets, fingerprints, tag, once)
-    }
-
-    /// Stores an id in the emptier of its two `buckets` (at the current level, split), with the
-    /// fingerprint of that bucket.
-    fn store_in(
-        &mut self,
-        buckets: [usize; 2],
-        fingerprints: [u16; 2],
-        tag: u8,
-        once: bool,
-    ) -> bool {
-        // Only a held fingerprint makes a scan `None`, and only an insert-once looks for one.
-        let scan = |i: usize| self.scan(buckets[i], once.then_some((tag, fingerprints[i])));
-        let (Some(first), Some(second)) = (scan(0), scan(1)) else {
-            return true;
-        };
-        let (target, free, f) = if second.live < first.live {
-            (buckets[1], second.free, fingerprints[1])
-        } else {
-            (buckets[0], first.free, fingerprints[0])
-        };
-        let Some(i) = free else {
-            // Both buckets are full of live slots.
-            let bucket = self.bucket_mut(buckets[0]);
-            if bucket[FLAGS_BYTE] & OVERFLOW == 0 {
-                bucket[FLAGS_BYTE] |= OVERFLOW;
-                self.overflowed += 1;
-            }
-            return false;
-        };
-        self.put(target, i, tag, f);
-        true
-    }
-
     /// Makes `tag` live for a new generation, stored at the current level, first clearing any slot
     /// a dead generation with the same tag left behind.
     pub(crate) fn start(&mut self, tag: u8) {
@@ -546,72 +407,5 @@ impl IdIndex {
     /// holds at most [`GROW_NOW_AT`] of its current level's capacity.
     pub(crate) fn growth_can_wait(&self) -> bool {
         (self.live_slots() as f64) <= GROW_NOW_AT * self.geometry.capacity(self.level) as f64
-    }
-}
-
-/// What one pass over a bucket found: its live slots, and its first free one.
-struct BucketScan {
-    live: usize,
-    free: Option<usize>,
-}
-
-/// The parts of an index that its file stores beside the table (see `index_file.rs`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) seed: u64,
-    pub(crate) geometry: Geometry,
-    pub(crate) level: u8,
-    pub(crate) overflowed: u64,
-    pub(crate) slots_by_tag: Vec<u64>,
-    pub(crate) level_of: Vec<u8>,
-}
-
-impl IdIndex {
-    /// Whether the index holds anything (false for one opened without `build_index`).
-    pub(crate) fn knows(&self) -> bool {
-        self.knows
-    }
-
-    /// What the file stores beside the table.
-    pub(crate) fn header(&self) -> Header {
-        Header {
-            seed: self.seed,
-            geometry: self.geometry,
-            level: self.level,
-            overflowed: self.overflowed,
-            slots_by_tag: self.slots_by_tag.to_vec(),
-            level_of: self.level_of.to_vec(),
-        }
-    }
-
-    /// The table's bytes (no doubling under way: see [`IdIndex::finish_growth`]).
-    pub(crate) fn table(&self) -> &[u8] {
-        debug_assert!(!self.growing(), "the table is read whole while it doubles");
-        self.region.bytes(self.table_len())
-    }
-
-    /// An index of `header`'s sizes and seed whose table `fill` writes, with every tag dead (the
-    /// caller makes the generations it trusts live again with [`IdIndex::revive`]). `None` if
-    /// `header` does not describe a table of `geometry`.
-    pub(crate) fn from_parts(
-        header: &Header,
-        geometry: Geometry,
-        fill: impl FnOnce(&mut [u8]) -> std::io::Result<()>,
-    ) -> std::io::Result<Option<IdIndex>> {
-        let sound = header.geometry == geometry
-            && header.level <= geometry.max_level
-            && header.slots_by_tag.len() == TAGS
-            && header.level_of.len() == TAGS
-            && header.level_of.iter().all(|&l| l <= header.level);
-        if !sound {
-            return Ok(None);
-        }
-        let mut index = IdIndex::allocate(geometry, header.level, header.seed);
-        let len = index.table_len();
-        fill(index.region.bytes_mut(len))?;
-        index.overflowed = header.overflowed;
-        index.slots_by_tag.copy_from_slice(&header.slots_by_tag);
-        index.level_of.copy_from_slice(&header.level_of);
-        Ok(Some(index))
     }
 }
