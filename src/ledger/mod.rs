@@ -162,6 +162,7 @@ pub use options::{Durability, LedgerOptions};
 pub use retention::{generation_span_ms, past_limit, Expired};
 pub use stats::{GenerationInfo, LedgerStats};
 
+use crate::metrics::events::{IdIndexNotStored, IdIndexStored, IndexStore};
 use crate::Partition;
 use batch_log::BatchLog;
 use buffer::IdBuffer;
@@ -543,7 +544,12 @@ impl Ledger {
             // Without a WAL the seal reaches the disk only with the flush: a file stamped with a
             // seal that a crash then lost would vouch for a generation that takes more ids.
             if let Err(e) = self.flush_all(state, true) {
-                tracing::warn!(error = %e, "Could not flush the sealed generation; the id index is not stored after this seal.");
+                IdIndexNotStored {
+                    path: &self.path,
+                    when: IndexStore::SealNotFlushed,
+                    error: &e,
+                }
+                .emit();
                 return;
             }
         }
@@ -564,7 +570,12 @@ impl Ledger {
                 stores.push(handle);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it.")
+                IdIndexNotStored {
+                    path: &self.path,
+                    when: IndexStore::NoThread,
+                    error: &e,
+                }
+                .emit();
             }
         }
     }
@@ -601,7 +612,7 @@ impl Ledger {
                 stores.push(handle);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "Could not start a thread to grow the id index; growing it at once.");
+                crate::metrics::events::IndexGrownAtOnce { error: &e }.emit();
                 state.index.finish_growth();
             }
         }
@@ -676,12 +687,18 @@ impl Drop for Ledger {
                 // open would replay it) and stores the id index for the next open.
                 let started = std::time::Instant::now();
                 match self.close() {
-                    Ok(()) => {
-                        tracing::info!(path = %self.path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "Stored the ledger's id index for the next open.")
+                    Ok(()) => IdIndexStored {
+                        path: &self.path,
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                        at_close: true,
                     }
-                    Err(e) => {
-                        tracing::warn!(path = %self.path.display(), error = %e, "Could not store the ledger's id index; the next open rebuilds it from the generations.")
+                    .emit(),
+                    Err(e) => IdIndexNotStored {
+                        path: &self.path,
+                        when: IndexStore::AtClose,
+                        error: &e,
                     }
+                    .emit(),
                 }
             } else if self.options.durability == Durability::NoWal {
                 // Without a WAL, buffered and unflushed batches would be lost on a clean close.
