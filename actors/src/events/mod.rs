@@ -395,3 +395,42 @@ impl AdminRefused<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use actix::prelude::*;
+    use dedupe::metrics::recorder;
+
+    struct Emitter;
+
+    impl Actor for Emitter {
+        type Context = Context<Self>;
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Emit;
+
+    impl Handler<Emit> for Emitter {
+        type Result = ();
+
+        fn handle(&mut self, _: Emit, _: &mut Self::Context) {
+            super::group::CoordinatorGone.emit();
+        }
+    }
+
+    #[test]
+    fn an_actor_s_events_are_recorded_on_the_thread_that_runs_its_system_only() {
+        let recording = recorder::record();
+        System::new().block_on(async {
+            // An actor of the test's own System runs on the test's thread: its event is seen.
+            Emitter.start().send(Emit).await.expect("handled");
+            // One on an arbiter of its own runs on another thread: its event is not.
+            let arbiter = Arbiter::new();
+            let elsewhere = Emitter::start_in_arbiter(&arbiter.handle(), |_| Emitter);
+            elsewhere.send(Emit).await.expect("handled");
+            arbiter.stop();
+        });
+        assert_eq!(recording.count("CoordinatorGone"), 1);
+    }
+}
