@@ -465,3 +465,90 @@ impl PartitionRebuilt<'_> {
         );
     }
 }
+
+/// The id index was loaded from its file and vouches for every generation: nothing was read.
+pub struct IdIndexLoaded {
+    pub ids: u64,
+    pub elapsed_ms: u64,
+}
+
+impl IdIndexLoaded {
+    pub fn emit(&self) {
+        tracing::info!(
+            event = "IdIndexLoaded",
+            elapsed_ms = self.elapsed_ms,
+            ids = self.ids,
+            "loaded the ledger's id index from its file"
+        );
+    }
+}
+
+/// The id index was rebuilt, whole or in part, from the generations it could not vouch for.
+pub struct IdIndexRebuilt {
+    pub ids_read: u64,
+    pub generations_read: usize,
+    /// [`crate::ledger::IndexSource`]'s label.
+    pub index: &'static str,
+    pub elapsed_ms: u64,
+    pub overflowed_buckets: u64,
+}
+
+impl IdIndexRebuilt {
+    pub fn emit(&self) {
+        tracing::info!(
+            event = "IdIndexRebuilt",
+            ids_read = self.ids_read,
+            generations_read = self.generations_read,
+            index = self.index,
+            elapsed_ms = self.elapsed_ms,
+            overflowed_buckets = self.overflowed_buckets,
+            "rebuilt the ledger's id index"
+        );
+    }
+}
+
+/// The id index doubled (to `level`), for the ids the ledger is about to hold.
+pub struct IdIndexGrown {
+    pub level: u8,
+    pub bytes: u64,
+    pub capacity_ids: u64,
+    pub ids: u64,
+    pub elapsed_ms: u64,
+}
+
+impl IdIndexGrown {
+    pub fn emit(&self) {
+        tracing::info!(
+            event = "IdIndexGrown",
+            level = self.level,
+            bytes = self.bytes,
+            capacity_ids = self.capacity_ids,
+            ids = self.ids,
+            elapsed_ms = self.elapsed_ms,
+            "Grew the id index."
+        );
+    }
+}
+
+/// The active generation was sealed and the next one started: each step's time.
+pub struct GenerationSealed<'a> {
+    pub generation: &'a str,
+    pub commit_ms: u64,
+    pub flush_ms: u64,
+    pub age_ms: u64,
+    pub elapsed_ms: u64,
+}
+
+impl GenerationSealed<'_> {
+    pub fn emit(&self) {
+        tracing::info!(
+            event = "GenerationSealed",
+            generation = %self.generation,
+            commit_ms = self.commit_ms,
+            flush_ms = self.flush_ms,
+            age_ms = self.age_ms,
+            elapsed_ms = self.elapsed_ms,
+            "Sealed the active generation."
+        );
+    }
+}
