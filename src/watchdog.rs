@@ -56,14 +56,20 @@ pub fn set_rescue(rescue: Rescue) {
 fn watchdog() -> &'static Watchdog {
     static WATCHDOG: OnceLock<Watchdog> = OnceLock::new();
     WATCHDOG.get_or_init(|| {
-        let started = std::thread::Builder::new().name("call-watchdog".into()).spawn(|| loop {
-            std::thread::sleep(Duration::from_secs(1));
-            check(Instant::now());
-        });
+        let started = std::thread::Builder::new()
+            .name("call-watchdog".into())
+            .spawn(|| loop {
+                std::thread::sleep(Duration::from_secs(1));
+                check(Instant::now());
+            });
         if let Err(e) = started {
-            tracing::error!(error = %e, "Cannot start the watchdog thread; hung client calls will not end the process.");
+            crate::metrics::events::WatchdogNotStarted { error: &e }.emit();
         }
-        Watchdog { armed: Mutex::new(HashMap::new()), next: AtomicU64::new(0), rescue: Mutex::new(None) }
+        Watchdog {
+            armed: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+            rescue: Mutex::new(None),
+        }
     })
 }
 

@@ -34,6 +34,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 
+use crate::events::coordinator::BackfillEnded;
 use crate::events::{self, BackfillStopped};
 use crate::membership::Input;
 
@@ -223,15 +224,20 @@ fn run_backfill(input: &RecoveryInput<'_>, ledger: &Ledger, rest: Backfill) {
     match backfill(input, ledger, rest, &mut on_backfill) {
         Ok(ids) => {
             ids_loaded.increment(ids.saturating_sub(loaded_before));
-            tracing::info!(
-                partition = p,
-                ids,
-                seconds = backfill_started.elapsed().as_secs_f64(),
-                "Back-filled the partition's older ids."
-            );
+            BackfillEnded {
+                partition: p,
+                ids: Some(ids),
+                seconds: backfill_started.elapsed().as_secs_f64(),
+            }
+            .emit();
         }
         Err(RecoveryError::Stopped { .. }) => {
-            tracing::info!(partition = p, "The back-fill of older ids stopped with the partition (the window is what was loaded).");
+            BackfillEnded {
+                partition: p,
+                ids: None,
+                seconds: backfill_started.elapsed().as_secs_f64(),
+            }
+            .emit();
         }
         Err(error) => BackfillStopped {
             partition: p,

@@ -30,6 +30,12 @@ use rdkafka::error::KafkaError;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::watch;
 
+use crate::events::group::{
+    AssignedNotPaused, CoordinatorGone, InputCloseSlow, InputCloseThreadNotStarted, InputClosed,
+    InputConsumerError, InputPollerNotStarted, QueueNotSplit, RebalanceError, RecordOnMainQueue,
+    RevokeTimedOut,
+};
+
 /// The input consumer.
 pub type Input = StreamConsumer<GroupContext>;
 /// One input partition's queue, split from the input consumer.
@@ -60,6 +66,8 @@ pub struct Revoking {
 #[rtype(result = "()")]
 pub struct ConsumerFailed {
     pub error: KafkaError,
+    /// The client's fatal error: its code and reason.
+    pub fatal: String,
 }
 
 /// Why the input consumer could not start or do what it was asked.
@@ -113,10 +121,7 @@ impl ConsumerContext for GroupContext {
                         Some(q) => {
                             split.insert(p, q);
                         }
-                        None => tracing::error!(
-                            partition = p,
-                            "Could not split the queue of an assigned input partition."
-                        ),
+                        None => QueueNotSplit { partition: p }.emit(),
                     }
                 }
             }
@@ -150,14 +155,15 @@ impl ConsumerContext for GroupContext {
                         break;
                     }
                     if std::time::Instant::now() > deadline {
-                        tracing::warn!(?partitions, "Revoked partitions did not stop in time; letting the rebalance go on (the next owner fences their producers).");
+                        RevokeTimedOut {
+                            partitions: &partitions,
+                        }
+                        .emit();
                         break;
                     }
                 }
             }
-            Rebalance::Error(e) => {
-                tracing::warn!(error = %e, "The consumer group reported a rebalance error.")
-            }
+            Rebalance::Error(e) => RebalanceError { error: e }.emit(),
         }
     }
 
@@ -171,7 +177,7 @@ impl ConsumerContext for GroupContext {
         }
         // Nothing is fetched for them until the coordinator resumes them, after the handover.
         if let Err(e) = base.pause(tpl) {
-            tracing::error!(error = %e, "Pausing newly assigned partitions failed.");
+            AssignedNotPaused { error: &e }.emit();
         }
         let mut split = self.split.lock().unwrap_or_else(|e| e.into_inner());
         let queues: Vec<(i32, Queue)> = partitions
@@ -184,7 +190,7 @@ impl ConsumerContext for GroupContext {
             .try_send(Assigned { partitions: queues })
             .is_err()
         {
-            tracing::error!("The coordinator is gone; newly assigned partitions stay paused.");
+            CoordinatorGone.emit();
         }
     }
 }
@@ -366,24 +372,22 @@ fn close_consumer(consumer: Arc<Input>, wait: Duration) {
             drop(consumer);
             let _ = done.send(());
             if started.elapsed() > wait {
-                tracing::info!(
-                    seconds = started.elapsed().as_secs(),
-                    "The input consumer closed."
-                );
+                InputClosed {
+                    seconds: started.elapsed().as_secs(),
+                }
+                .emit();
             }
         });
     match spawned {
         Ok(_) => {
             if closed.recv_timeout(wait).is_err() {
-                tracing::warn!(
-                    wait_secs = wait.as_secs(),
-                    "Closing the input consumer takes longer than this (its brokers or group coordinator are unreachable); it goes on in the background while a new consumer starts."
-                );
+                InputCloseSlow {
+                    wait_secs: wait.as_secs(),
+                }
+                .emit();
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot start a thread to close the input consumer; it closes when its last user lets go.")
-        }
+        Err(e) => InputCloseThreadNotStarted { error: &e }.emit(),
     }
 }
 
@@ -410,7 +414,7 @@ fn poll_main_queue(
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!(error = %e, "Cannot start the input poller's runtime.");
+            InputPollerNotStarted { error: &e }.emit();
             return;
         }
     };
@@ -421,14 +425,17 @@ fn poll_main_queue(
             tokio::select! {
                 _ = stop.changed() => break,
                 got = consumer.recv() => match got {
-                    Ok(_) => tracing::warn!("A record arrived on the main queue of the input consumer; it is not processed here."),
+                    Ok(_) => RecordOnMainQueue.emit(),
                     Err(e) => {
                         if let Some((code, reason)) = consumer.client().fatal_error() {
-                            tracing::error!(?code, reason, "The input consumer failed fatally.");
-                            failed.do_send(ConsumerFailed { error: e });
+                            // The coordinator reports it (`InputConsumerFailed`), with this cause.
+                            failed.do_send(ConsumerFailed {
+                                error: e,
+                                fatal: format!("{code:?}: {reason}"),
+                            });
                             break;
                         }
-                        tracing::warn!(error = %e, "The input consumer reported an error.");
+                        InputConsumerError { error: &e }.emit();
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 },

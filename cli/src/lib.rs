@@ -2,6 +2,7 @@
 //! contents; the worker's actors are the `dedupe-actors` crate, the front door `dedupe-tracking`):
 //!
 //! - [`args`]: the command line, every subcommand and the flags that override the configuration.
+//! - [`events`]: the binary's own events (the rekey stage's are in `rekey/events.rs`).
 //! - [`run`]: `dedupe run`, the worker wired together; [`http`]: its HTTP server: metrics and
 //!   health ([`http::telemetry`]), the admin endpoints and their rules ([`http::admin`],
 //!   [`http::forget_route`]); [`signals`]: the stop and reload signals of the long-running
@@ -15,6 +16,7 @@
 
 pub mod admin_client;
 pub mod args;
+pub mod events;
 #[cfg(feature = "tools")]
 pub mod bench {
     //! Benches that run the real worker.

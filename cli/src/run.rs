@@ -464,7 +464,7 @@ fn close_ledger(mut ledger: Arc<Ledger>) {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(_) => {
-                tracing::warn!("The ledger is still in use 10 s after the actors stopped; exiting without closing it (it was flushed; the next start recovers).");
+                crate::events::LedgerStillInUse.emit();
                 return;
             }
         }

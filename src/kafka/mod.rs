@@ -159,23 +159,18 @@ impl SecurityWatch {
 
 impl rdkafka::ClientContext for SecurityWatch {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
         if closed_during_first_request(message) {
             self.closed_early
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get_or_insert_with(|| message.to_string());
         }
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        crate::metrics::events::KafkaClientLog {
+            level,
+            facility: fac,
+            message,
         }
+        .emit();
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -189,7 +184,12 @@ impl rdkafka::ClientContext for SecurityWatch {
             self.all_brokers_down
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        tracing::warn!(error = %error, reason, "The Kafka client reported an error.");
+        crate::metrics::events::KafkaClientError {
+            role: crate::metrics::events::ClientRole::Client,
+            error: &error,
+            reason,
+        }
+        .emit();
     }
 }
 
@@ -209,7 +209,12 @@ impl rdkafka::ClientContext for ReaderContext {
         if is_partition_eof(&error) {
             tracing::debug!(reason, "A reader reached the end of a partition.");
         } else {
-            tracing::warn!(error = %error, reason, "A reader's Kafka client reported an error.");
+            crate::metrics::events::KafkaClientError {
+                role: crate::metrics::events::ClientRole::Reader,
+                error: &error,
+                reason,
+            }
+            .emit();
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::{index_file, Durability, Ledger, State};
+use crate::metrics::events::{IdIndexNotStored, IndexGrownAtOnce, IndexStore};
 
 impl Ledger {
     /// Starts storing the id index right after a seal, in the background (see `index_file.rs`);
@@ -21,7 +22,12 @@ impl Ledger {
             // Without a WAL the seal reaches the disk only with the flush: a file stamped with a
             // seal that a crash then lost would vouch for a generation that takes more ids.
             if let Err(e) = self.flush_all(state, true) {
-                tracing::warn!(error = %e, "Could not flush the sealed generation; the id index is not stored after this seal.");
+                IdIndexNotStored {
+                    path: &self.path,
+                    when: IndexStore::SealNotFlushed,
+                    error: &e,
+                }
+                .emit();
                 return;
             }
         }
@@ -33,7 +39,12 @@ impl Ledger {
             index_file::store_in_background(&shared, &dir, epoch)
         });
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "Could not start storing the ledger's id index after a seal; a crash now rebuilds more of it.")
+            IdIndexNotStored {
+                path: &self.path,
+                when: IndexStore::NoThread,
+                error: &e,
+            }
+            .emit();
         }
     }
 
@@ -58,7 +69,7 @@ impl Ledger {
             std::thread::yield_now();
         });
         if let Err(e) = spawned {
-            tracing::warn!(error = %e, "Could not start a thread to grow the id index; growing it at once.");
+            IndexGrownAtOnce { error: &e }.emit();
             state.index.finish_growth();
         }
     }

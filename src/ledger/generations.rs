@@ -181,14 +181,14 @@ impl Ledger {
         }
         self.grow_in_background(state);
         let (geometry, level) = state.index.geometry();
-        tracing::info!(
+        crate::metrics::events::IdIndexGrown {
             level,
-            bytes = state.index.table_bytes(),
-            capacity_ids = geometry.capacity(level),
-            ids = state.index.live_slots(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "Grew the id index."
-        );
+            bytes: state.index.table_bytes(),
+            capacity_ids: geometry.capacity(level),
+            ids: state.index.live_slots(),
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        }
+        .emit();
     }
 
     /// Seals the active generation (growing the id index to level `grow` first, if given),
@@ -237,14 +237,14 @@ impl Ledger {
         // Everything is committed and the new generation is empty: store the index, so that a
         // crash from here on reads only the generation now active (see `index_file.rs`).
         self.store_index_after_seal(state);
-        tracing::info!(
-            generation = %sealed_name,
-            commit_ms = committed.as_millis() as u64,
-            flush_ms = (flushed - committed).as_millis() as u64,
-            age_ms = (aged - flushed).as_millis() as u64,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "Sealed the active generation."
-        );
+        crate::metrics::events::GenerationSealed {
+            generation: &sealed_name,
+            commit_ms: committed.as_millis() as u64,
+            flush_ms: (flushed - committed).as_millis() as u64,
+            age_ms: (aged - flushed).as_millis() as u64,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        }
+        .emit();
         Ok(())
     }
 

@@ -59,6 +59,9 @@ use super::direct_io::{align_up, read_pieces, table_pieces, DirectWriter, CHUNK}
 use super::error::io_error;
 use super::index::{Geometry, Header, IdIndex};
 use super::{Result, State};
+use crate::metrics::events::{
+    IdIndexNotStored, IdIndexStored, IndexStore, StoredIndex, StoredIndexNotUsed,
+};
 
 /// The index file's name in a ledger (or checkpoint) directory.
 pub const INDEX_FILE: &str = "id-index";
@@ -174,17 +177,24 @@ pub(super) fn store_in_background(state: &Mutex<State>, dir: &Path, epoch: u64) 
     let started = std::time::Instant::now();
     let temporary = dir.join(format!("{STORING}{epoch}"));
     match store(state, dir, &temporary, epoch) {
-        Ok(true) => tracing::info!(
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "Stored the ledger's id index after sealing a generation (in the background)."
-        ),
+        Ok(true) => IdIndexStored {
+            path: dir,
+            elapsed_ms: started.elapsed().as_millis() as u64,
+            at_close: false,
+        }
+        .emit(),
         Ok(false) => {
             let _ = std::fs::remove_file(&temporary);
             tracing::debug!("Gave up storing the id index: the ledger sealed, closed or checkpointed meanwhile.");
         }
         Err(e) => {
             let _ = std::fs::remove_file(&temporary);
-            tracing::warn!(error = %e, "Could not store the ledger's id index after a seal; a crash now rebuilds more of it.");
+            IdIndexNotStored {
+                path: dir,
+                when: IndexStore::AfterSeal,
+                error: &e,
+            }
+            .emit();
         }
     }
 }
@@ -282,11 +292,11 @@ pub(super) fn read(
     let file = match std::fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::info!(path = %path.display(), "No stored id index; rebuilding it from the generations.");
+            not_used(&path, StoredIndex::Missing, None);
             return None;
         }
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "Cannot open the stored id index; rebuilding it from the generations.");
+            not_used(&path, StoredIndex::Unopenable, Some(&e));
             return None;
         }
     };
@@ -304,11 +314,11 @@ pub(super) fn read(
             Some(Loaded { index, trusted })
         }
         Ok(None) => {
-            tracing::info!(path = %path.display(), "The stored id index was made for another index size; rebuilding it from the generations.");
+            not_used(&path, StoredIndex::OtherSize, None);
             None
         }
         Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "The stored id index is unusable (corrupt, truncated or of another version); rebuilding it from the generations.");
+            not_used(&path, StoredIndex::Unusable, Some(&e));
             None
         }
     }
@@ -339,6 +349,11 @@ pub(super) fn link_into(from: &Path, to: &Path) -> Result<()> {
     std::fs::File::open(to)
         .and_then(|d| d.sync_all())
         .map_err(io_error("sync", to))
+}
+
+/// The open does not use the stored index at `path`, for `why`.
+fn not_used(path: &Path, why: StoredIndex, error: Option<&dyn std::fmt::Display>) {
+    StoredIndexNotUsed { path, why, error }.emit();
 }
 
 fn invalid(what: impl Into<String>) -> std::io::Error {

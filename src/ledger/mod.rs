@@ -169,6 +169,7 @@ pub use options::{Durability, LedgerOptions};
 pub use retention::{generation_span_ms, past_limit, Expired};
 pub use stats::{GenerationInfo, LedgerStats};
 
+use crate::metrics::events::{IdIndexNotStored, IdIndexStored, IndexStore};
 use crate::Partition;
 use batch_log::BatchLog;
 use buffer::IdBuffer;
@@ -515,12 +516,18 @@ impl Drop for Ledger {
                 // open would replay it) and stores the id index for the next open.
                 let started = std::time::Instant::now();
                 match self.close() {
-                    Ok(()) => {
-                        tracing::info!(path = %self.path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "Stored the ledger's id index for the next open.")
+                    Ok(()) => IdIndexStored {
+                        path: &self.path,
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                        at_close: true,
                     }
-                    Err(e) => {
-                        tracing::warn!(path = %self.path.display(), error = %e, "Could not store the ledger's id index; the next open rebuilds it from the generations.")
+                    .emit(),
+                    Err(e) => IdIndexNotStored {
+                        path: &self.path,
+                        when: IndexStore::AtClose,
+                        error: &e,
                     }
+                    .emit(),
                 }
             } else if self.options.durability == Durability::NoWal {
                 // Without a WAL, buffered and unflushed batches would be lost on a clean close.

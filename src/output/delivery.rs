@@ -85,7 +85,12 @@ impl ClientContext for DeliveryTracker {
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
         }
         // As rdkafka's default: every global error is logged.
-        tracing::error!("librdkafka: {error}: {reason}");
+        crate::metrics::events::KafkaClientError {
+            role: crate::metrics::events::ClientRole::Output,
+            error: &error,
+            reason,
+        }
+        .emit();
     }
 }
 

@@ -349,7 +349,11 @@ impl OutputWriter {
             .context()
             .take_first_failure()
             .unwrap_or_else(|| (String::new(), RDKafkaErrorCode::Fail));
-        tracing::warn!(topic = %topic, error = %code, "A record of the output transaction was not delivered; aborting the transaction.");
+        crate::metrics::events::OutputRecordUndelivered {
+            topic: &topic,
+            code: &code,
+        }
+        .emit();
         Err(PublishError::Aborted {
             source: KafkaError::MessageProduction(code),
         })
@@ -492,7 +496,11 @@ impl OutputWriter {
                     let retriable = matches!(&e, KafkaError::Transaction(t) if t.is_retriable());
                     match backoff.next_delay().filter(|_| retriable) {
                         Some(delay) => {
-                            tracing::warn!(retries = backoff.retries(), error = %e, "Committing the output transaction failed for now; retrying the commit.");
+                            crate::metrics::events::CommitRetried {
+                                retries: backoff.retries(),
+                                error: &e,
+                            }
+                            .emit();
                             std::thread::sleep(delay);
                         }
                         None => return Err(classify(e, &self.transactional_id)),

@@ -321,33 +321,34 @@ pub fn plan_recovery(facts: &RecoveryFacts) -> Result<RecoveryPlan, PlanRefusal>
 impl RecoveryPlan {
     /// Logs what the plan means for the dedupe window, once, when it is not the plain case.
     pub(crate) fn warn(&self, partition: i32, facts: &RecoveryFacts) {
+        use crate::metrics::events::{LedgerAheadTrusted, PartitionRebuilt, RetentionGap};
         if let Some(ledger_next_output) = self.ledger_ahead_accepted {
-            tracing::warn!(
+            LedgerAheadTrusted {
                 partition,
                 ledger_next_output,
-                end = facts.log_high,
-                source = %facts.source,
-                "The ledger is ahead of the log it recovers from; trusting the ledger as --accept-ledger-ahead asks."
-            );
+                end: facts.log_high,
+                source: &facts.source,
+            }
+            .emit();
         }
-        if let Some((from, first_retained)) = self.retention_gap {
-            tracing::warn!(
+        if let Some((ledger_next, first_retained)) = self.retention_gap {
+            RetentionGap {
                 partition,
-                ledger_next = from,
+                ledger_next,
                 first_retained,
-                source = %facts.source,
-                "Records the ledger had not recorded were deleted by retention before recovery; ids in that gap cannot be recovered."
-            );
+                source: &facts.source,
+            }
+            .emit();
         }
         if self.rebuild && self.replay_to > self.replay_from {
-            tracing::info!(
+            PartitionRebuilt {
                 partition,
-                from = self.replay_from,
-                to = self.replay_to,
-                backfill = ?self.backfill,
-                source = %facts.source,
-                "The ledger holds nothing for this partition: loading its ids before it resumes. The dedupe window is at most the log's retention."
-            );
+                from: self.replay_from,
+                to: self.replay_to,
+                backfill: self.backfill,
+                source: &facts.source,
+            }
+            .emit();
         }
     }
 }

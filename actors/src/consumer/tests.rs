@@ -11,10 +11,12 @@ use dedupe::clock::now_ms;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::{ContentDigest, LedgerKey, Unkeyed, LEDGER_KEY_BYTES};
 use dedupe::ledger::{Forgotten, Held, Mark, MarkKind};
+use dedupe::metrics::recorder;
 use dedupe::output::{Committed, OutRecord, PublishError};
 use dedupe::progress::Progress;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use tracing::Level;
 
 use super::seams::{IdStore, Sink};
 use super::{InRecord, NewId, Pipeline, PipelineError, PipelineSettings};
@@ -528,4 +530,139 @@ async fn a_resend_ends_the_forget_in_the_changelog_of_each_partition_it_was_writ
         (other.kind, other.at_ms, other.keys.as_slice()),
         (MarkKind::Resent, ahead, &[key(1)][..])
     );
+}
+
+// What the pipeline reports: the events its instrumentation emits, recorded on the test's thread
+// (the pipeline runs on it), by name and by the level of their log line.
+
+fn fenced() -> PublishError {
+    PublishError::Fenced {
+        transactional_id: "t".to_string(),
+        source: KafkaError::MessageProduction(RDKafkaErrorCode::Fenced),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_aborted_transaction_reports_each_retry_and_no_failure() {
+    let recording = recorder::record();
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.publisher
+        .failures
+        .borrow_mut()
+        .extend([aborted(), aborted()]);
+    p.process(vec![record(5, Some(1), "a")])
+        .await
+        .expect("processed after two aborts");
+    // Each abort is warned about once; the third attempt commits, so nothing failed for good.
+    assert_eq!(recording.count_at("TransactionRetried", Level::WARN), 2);
+    assert_eq!(recording.count("TransactionFailed"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transaction_that_keeps_aborting_reports_its_retries_then_one_failure() {
+    let recording = recorder::record();
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    let allowed = super::protocol::ABORTED_BATCH_RETRIES_ALLOWED;
+    p.publisher
+        .failures
+        .borrow_mut()
+        .extend((0..=allowed).map(|_| aborted()));
+    let result = p.process(vec![record(0, Some(1), "a")]).await;
+    assert!(result.is_err(), "{result:?}");
+    assert_eq!(recording.count("TransactionRetried"), allowed as usize);
+    assert_eq!(recording.count("TransactionFailed"), 1);
+    // The failure comes last: nothing is retried after it.
+    assert_eq!(
+        recording.names().last().map(String::as_str),
+        Some("TransactionFailed")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_transaction_is_one_failure_and_never_retried() {
+    let recording = recorder::record();
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.publisher.failures.borrow_mut().push_back(fenced());
+    let result = p.process(vec![record(0, Some(1), "a")]).await;
+    assert!(matches!(result, Err(ref e) if e.is_fenced()), "{result:?}");
+    assert_eq!(recording.count("TransactionFailed"), 1);
+    assert_eq!(recording.count("TransactionRetried"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_unkeyed_record_is_reported_and_warned_about_once_a_minute() {
+    let recording = recorder::record();
+    let (mut p, _) = pipeline(UnkeyedPolicy::DeadLetter, ReusedIdPolicy::Drop);
+    // Two records without an id in the first batch, one in the second.
+    p.process(vec![
+        record(0, None, "x"),
+        record(1, Some(1), "a"),
+        record(2, None, "y"),
+    ])
+    .await
+    .expect("first batch");
+    p.process(vec![record(3, None, "z")])
+        .await
+        .expect("second batch");
+    assert_eq!(recording.count("UnkeyedRecord"), 3);
+    // Only the first is warned about: the others come within the minute.
+    assert_eq!(recording.count_at("UnkeyedRecord", Level::WARN), 1);
+    // A batch where every record has its id reports none.
+    recording.clear();
+    p.process(vec![record(4, Some(2), "b")])
+        .await
+        .expect("keyed batch");
+    assert_eq!(recording.count("UnkeyedRecord"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn misrouted_records_are_reported_per_batch_warned_about_once_and_still_deduplicated() {
+    let recording = recorder::record();
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    let misrouted = |offset, id, value| InRecord {
+        misrouted: true,
+        ..record(offset, Some(id), value)
+    };
+    // The first batch holds two misrouted records and a home one; the second repeats one of
+    // them; the third holds none.
+    p.process(vec![
+        misrouted(0, 1, "m"),
+        record(1, Some(2), "b"),
+        misrouted(2, 3, "n"),
+    ])
+    .await
+    .expect("first batch");
+    p.process(vec![misrouted(3, 1, "m")])
+        .await
+        .expect("second batch");
+    p.process(vec![record(4, Some(4), "c")])
+        .await
+        .expect("third batch");
+    assert_eq!(recording.count("MisroutedIds"), 2);
+    assert_eq!(recording.count_at("MisroutedIds", Level::WARN), 1);
+    // Misrouted or not, a repeat is dropped.
+    let committed = p.publisher.committed.borrow();
+    let all: Vec<&str> = committed.iter().flat_map(|o| values(&o.records)).collect();
+    assert_eq!(all, ["m", "b", "n", "c"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forget_reports_what_it_forgot_or_why_it_failed() {
+    let recording = recorder::record();
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("first batch");
+    let (request, answer) = forget_request(&[1, 9]);
+    p.forget(request).await.expect("forget");
+    answer.await.expect("answered").expect("done");
+    assert_eq!(recording.count_at("IdsForgotten", Level::INFO), 1);
+    assert_eq!(recording.count("ForgetFailed"), 0);
+    // A forget whose transaction is fenced takes no effect, and says so.
+    p.publisher.failures.borrow_mut().push_back(fenced());
+    let (request, answer) = forget_request(&[2]);
+    assert!(p.forget(request).await.is_err());
+    assert!(answer.await.expect("answered").is_err());
+    assert_eq!(recording.count_at("ForgetFailed", Level::WARN), 1);
+    assert_eq!(recording.count("IdsForgotten"), 1);
 }

@@ -334,7 +334,11 @@ impl Coordinator {
         });
         if self.group_mode() {
             self.health.idle_ok.store(true, Ordering::Relaxed);
-            tracing::info!(group = %self.config.worker.group_id(), member = ?self.config.worker.member_id(), "Joined the consumer group; waiting for partitions.");
+            crate::events::coordinator::GroupJoined {
+                group: &self.config.worker.group_id(),
+                member: self.config.worker.member_id().as_deref(),
+            }
+            .emit();
         } else {
             let partitions: Vec<(i32, Option<Queue>)> =
                 self.static_partitions.iter().map(|&p| (p, None)).collect();

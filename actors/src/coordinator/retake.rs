@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use actix::prelude::*;
 
-use super::policy::{GiveUp, Retake, Verdict};
+use super::policy::{GiveUp, Retake, RetakePolicy, Verdict};
 use super::{exit, Coordinator, Stage};
 use crate::events::coordinator::{PartitionRetaken, WorkerGivesUp};
 
@@ -39,6 +39,29 @@ impl GiveUp {
     }
 }
 
+/// Asks the retake policy about partition `p`'s failure (see [`RetakePolicy::failed`]) and
+/// reports its answer: the retake (`PartitionRetaken`) or the worker giving up (`WorkerGivesUp`).
+pub(super) fn judge(
+    policy: &mut RetakePolicy,
+    p: i32,
+    why: Retake,
+    hung_epoch: Option<u64>,
+    group_mode: bool,
+    now: Instant,
+) -> Verdict {
+    let verdict = policy.failed(p, why, hung_epoch, group_mode, now);
+    match verdict {
+        Verdict::Retake(delay) => PartitionRetaken {
+            partition: p,
+            why,
+            delay_ms: delay.as_millis() as u64,
+        }
+        .emit(),
+        Verdict::Exit(give_up) => WorkerGivesUp { why: give_up }.emit(),
+    }
+    verdict
+}
+
 impl Coordinator {
     /// Stops what is left of partition `p`'s pipeline and, after a backoff, takes it over again.
     /// Returns false when the worker exits instead (see the module docs and [`super::policy`]).
@@ -50,23 +73,22 @@ impl Coordinator {
             .map(|o| o.epoch)
             .filter(|_| why == Retake::Hung);
         let group_mode = self.group_mode();
-        let delay = match self
-            .retake_policy
-            .failed(p, why, hung_epoch, group_mode, Instant::now())
-        {
+        let verdict = judge(
+            &mut self.retake_policy,
+            p,
+            why,
+            hung_epoch,
+            group_mode,
+            Instant::now(),
+        );
+        let delay = match verdict {
             Verdict::Retake(delay) => delay,
             Verdict::Exit(why) => {
-                self.give_up(why);
+                self.exit_for(why);
                 return false;
             }
         };
         self.stop_partition(p);
-        PartitionRetaken {
-            partition: p,
-            why,
-            delay_ms: delay.as_millis() as u64,
-        }
-        .emit();
         self.publish_health();
         ctx.run_later(delay, move |act, ctx| {
             if act.shutting_down() || !act.still_assigned(p) {
@@ -82,6 +104,11 @@ impl Coordinator {
     /// Ends the worker for `why`: counted, logged, everything stopped, the exit code set.
     pub(super) fn give_up(&mut self, why: GiveUp) {
         WorkerGivesUp { why }.emit();
+        self.exit_for(why);
+    }
+
+    /// Ends the worker for `why`, already reported: everything stopped, the exit code set.
+    fn exit_for(&mut self, why: GiveUp) {
         self.teardown();
         System::current().stop_with_code(why.exit_code());
     }
@@ -106,7 +133,11 @@ impl Coordinator {
         }
         if running.assigned {
             if let Err(e) = running.membership.pause(&self.config.worker.input_topic, p) {
-                tracing::warn!(partition = p, error = %e, "Could not pause the input partition; it is rewound when taken over again.");
+                crate::events::coordinator::PauseFailed {
+                    partition: p,
+                    error: &e,
+                }
+                .emit();
             }
         }
     }

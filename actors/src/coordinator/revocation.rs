@@ -4,10 +4,10 @@
 //! once they stopped (see `shutdown.rs`), taking no partition meanwhile.
 
 use actix::prelude::*;
-use dedupe::config::PartitionSet;
 
 use super::{Coordinator, Owned, Stage};
 use crate::events::coordinator::PartitionRevoked;
+use crate::events::group::PartitionsTaken;
 use crate::events::PartitionsLost;
 use crate::membership::Revoking;
 
@@ -47,8 +47,11 @@ impl Handler<Revoking> for Coordinator {
     type Result = ();
 
     fn handle(&mut self, msg: Revoking, ctx: &mut Self::Context) {
-        let reason = PartitionRevoked::reason(msg.lost);
-        tracing::info!(partitions = %PartitionSet(msg.partitions.clone()), reason, "The group takes partitions away; stopping them.");
+        PartitionsTaken {
+            partitions: &msg.partitions,
+            lost: msg.lost,
+        }
+        .emit();
         let Some(running) = self.running.as_mut() else {
             return;
         };
@@ -66,6 +69,7 @@ impl Handler<Revoking> for Coordinator {
                 running.owned.remove(&p);
             }
         }
+        let lost = msg.partitions.clone();
         running.revocations.push((msg.partitions, msg.done));
         // Answers at once when nothing was running.
         self.settle_revocations();
@@ -75,7 +79,11 @@ impl Handler<Revoking> for Coordinator {
             // It stops whatever else it runs and exits (see `StopPolicy`); the partitions the
             // group gives it meanwhile are not taken.
             let exiting = self.stop.revoked(true);
-            PartitionsLost { exiting }.emit();
+            PartitionsLost {
+                partitions: &lost,
+                exiting,
+            }
+            .emit();
             if exiting {
                 self.stop_partitions(ctx);
             }

@@ -36,7 +36,7 @@ impl Handler<Shutdown> for Coordinator {
 
     fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
         if self.stop.stop(StopReason::Asked) {
-            tracing::info!("Shutting down: finishing the batches in flight.");
+            crate::events::coordinator::ShutdownStarted.emit();
             self.stop_partitions(ctx);
         }
     }
@@ -59,7 +59,7 @@ impl Coordinator {
         if waiting {
             let timeout = Duration::from_millis(self.config.worker.shutdown_timeout_ms);
             ctx.run_later(timeout, |_, ctx| {
-                tracing::warn!("Shutdown timed out; exiting with batches in flight (their transactions are aborted when the next worker starts).");
+                crate::events::coordinator::ShutdownTimedOut.emit();
                 ctx.notify(Finish);
             });
         } else {
@@ -80,7 +80,7 @@ impl Handler<Finish> for Coordinator {
                 .into_actor(self)
                 .map(move |res, _, _| match res {
                     Ok(Ok(())) => {
-                        tracing::info!(code, "The ledger is flushed; exiting.");
+                        crate::events::coordinator::WorkerExiting { code }.emit();
                         System::current().stop_with_code(code)
                     }
                     Ok(Err(e)) => {

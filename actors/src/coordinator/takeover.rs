@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use actix::prelude::*;
-use dedupe::config::PartitionSet;
 use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
@@ -216,7 +215,10 @@ impl Coordinator {
         for (p, taken, queue) in ready {
             self.go_live(p, *taken, queue, report_to.clone());
         }
-        tracing::info!(partitions = %PartitionSet(self.static_partitions.clone()), "Every owned partition is recovered; processing input.");
+        crate::events::coordinator::StaticPartitionsLive {
+            partitions: &self.static_partitions,
+        }
+        .emit();
         Ok(())
     }
 }
@@ -231,7 +233,10 @@ impl Handler<Assigned> for Coordinator {
             return;
         }
         let partitions: Vec<i32> = msg.partitions.iter().map(|(p, _)| *p).collect();
-        tracing::info!(partitions = %PartitionSet(partitions), "The group assigned partitions; taking them over.");
+        crate::events::group::PartitionsAssigned {
+            partitions: &partitions,
+        }
+        .emit();
         self.take_over(
             msg.partitions
                 .into_iter()
@@ -262,7 +267,11 @@ impl Handler<Loaded> for Coordinator {
             Ok(taken) => taken,
             Err(source) if source.is_retryable() && !self.shutting_down() => {
                 // The brokers or the coordinator were away: the partition is taken over again.
-                tracing::warn!(partition = p, error = %source, "Taking the partition over failed; trying again.");
+                crate::events::coordinator::TakeOverRetried {
+                    partition: p,
+                    error: &source,
+                }
+                .emit();
                 self.retake(p, Retake::Failed, ctx);
                 return;
             }

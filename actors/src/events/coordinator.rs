@@ -57,6 +57,7 @@ impl LimitApplied {
         if dropped > 0 {
             metrics::counter!(m::EXPIRED_GENERATIONS).increment(dropped as u64);
             tracing::info!(
+                event = "LimitApplied",
                 generations = dropped,
                 limit_secs = self.limit_secs,
                 "Dropped ledger generations whose newest id is past the retention limit."
@@ -75,7 +76,7 @@ pub struct LimitFailed<'a> {
 impl LimitFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_RETENTION).increment(1);
-        tracing::warn!(error = %self.error, "Could not apply the retention limit to the ledger; the next pass tries again (lookups apply the limit all the same).");
+        tracing::warn!(event = "LimitFailed", error = %self.error, "Could not apply the retention limit to the ledger; the next pass tries again (lookups apply the limit all the same).");
     }
 }
 
@@ -99,6 +100,7 @@ impl PromiseHeld {
         }
         if self.holds {
             tracing::info!(
+                event = "PromiseHeld",
                 ids_per_sec = self.ids_per_sec,
                 promise_secs = self.promise_secs,
                 budget_bytes = self.budget_bytes,
@@ -106,6 +108,7 @@ impl PromiseHeld {
             );
         } else {
             tracing::warn!(
+                event = "PromiseHeld",
                 ids_per_sec = self.ids_per_sec,
                 promise_secs = self.promise_secs,
                 budget_bytes = self.budget_bytes,
@@ -204,6 +207,7 @@ impl PartitionLive {
         metrics::gauge!(m::HANDOVER_SECONDS, m::LABEL_PARTITION => self.partition.to_string())
             .set(self.seconds);
         tracing::info!(
+            event = "PartitionLive",
             partition = self.partition,
             seconds = self.seconds,
             "The partition is live: processing input."
@@ -228,6 +232,7 @@ impl PartitionRetaken {
         metrics::counter!(m::PARTITION_RETAKES, m::LABEL_PARTITION => self.partition.to_string(), m::LABEL_REASON => reason)
             .increment(1);
         tracing::warn!(
+            event = "PartitionRetaken",
             partition = self.partition,
             reason,
             delay_ms = self.delay_ms,
@@ -277,19 +282,23 @@ impl WorkerGivesUp {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
         match self.why {
             GiveUp::FencedAgain { partition } => tracing::error!(
+                event = "WorkerGivesUp",
                 partition,
                 "Fenced again soon after a fence: another worker writes this partition; exiting."
             ),
             GiveUp::TooManyHungCalls { abandoned } => tracing::error!(
+                event = "WorkerGivesUp",
                 abandoned,
                 "Too many hung client calls hold their threads; exiting so that a restart recovers."
             ),
             GiveUp::TooManyRetakes { partition } => tracing::error!(
+                event = "WorkerGivesUp",
                 partition,
                 "The partition was taken over again more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
                 crate::reasons::MAX_RETAKES
             ),
             GiveUp::TooManyRestarts => tracing::error!(
+                event = "WorkerGivesUp",
                 "The pipeline failed more than {} times in 10 minutes; exiting so the orchestrator restarts the worker.",
                 crate::reasons::MAX_RESTARTS
             ),
@@ -306,7 +315,11 @@ pub struct FinalFlushFailed<'a> {
 impl FinalFlushFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
-        tracing::error!("Flushing the ledger failed: {}", self.error);
+        tracing::error!(
+            event = "FinalFlushFailed",
+            "Flushing the ledger failed: {}",
+            self.error
+        );
     }
 }
 
@@ -342,6 +355,7 @@ impl TakenOver<'_> {
             metrics::gauge!(m::HANDOVER_LOAD_SECONDS, m::LABEL_PARTITION => label.clone(), m::LABEL_PHASE => phase).set(seconds);
         }
         tracing::info!(
+            event = "TakenOver",
             partition = report.partition,
             source = %report.source,
             records = report.replayed_records,
@@ -379,6 +393,153 @@ pub struct SnapshotTaken<'a> {
 impl SnapshotTaken<'_> {
     pub fn emit(&self) {
         metrics::gauge!(m::SNAPSHOT_LAST_SUCCESS).set(self.at_ms as f64 / 1000.0);
-        tracing::info!(dir = %self.dir.display(), "Took a ledger snapshot.");
+        tracing::info!(event = "SnapshotTaken", dir = %self.dir.display(), "Took a ledger snapshot.");
+    }
+}
+
+/// Taking a partition over failed in a way another attempt may mend (the brokers or the group
+/// coordinator were away): it is taken over again (`PartitionRetaken`).
+pub struct TakeOverRetried<'a> {
+    pub partition: i32,
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl TakeOverRetried<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
+        tracing::warn!(event = "TakeOverRetried", partition = self.partition, error = %self.error, "Taking the partition over failed; trying again.");
+    }
+}
+
+/// A partition's pipeline ended while it stopped (revoked, or the worker shutting down): its last
+/// batch failed, and the next owner reads it again.
+pub struct StoppingBatchFailed<'a> {
+    pub partition: i32,
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl StoppingBatchFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
+        tracing::warn!(event = "StoppingBatchFailed", partition = self.partition, error = %self.error, "A stopping partition's last batch failed; the next owner re-reads it.");
+    }
+}
+
+/// A pipeline that a retake, a restart or a new take-over had replaced ended: whatever its end,
+/// the partition is another pipeline's now, so nothing is counted.
+pub struct ReplacedPipelineEnded<'a> {
+    pub partition: i32,
+    pub error: Option<&'a dyn std::fmt::Display>,
+}
+
+impl ReplacedPipelineEnded<'_> {
+    pub fn emit(&self) {
+        match self.error {
+            Some(error) => {
+                tracing::info!(event = "ReplacedPipelineEnded", partition = self.partition, error = %error, "A partition pipeline that was replaced ended with an error.")
+            }
+            None => tracing::info!(
+                event = "ReplacedPipelineEnded",
+                partition = self.partition,
+                "A partition pipeline that was replaced ended."
+            ),
+        }
+    }
+}
+
+/// A stopped partition's input could not be paused: it is rewound when taken over again.
+pub struct PauseFailed<'a> {
+    pub partition: i32,
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl PauseFailed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
+        tracing::warn!(event = "PauseFailed", partition = self.partition, error = %self.error, "Could not pause the input partition; it is rewound when taken over again.");
+    }
+}
+
+/// The worker's stop outlasted `worker.shutdown_timeout_ms`: it exits with batches in flight.
+pub struct ShutdownTimedOut;
+
+impl ShutdownTimedOut {
+    pub fn emit(&self) {
+        metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_SHUTDOWN).increment(1);
+        tracing::warn!(event = "ShutdownTimedOut", "Shutdown timed out; exiting with batches in flight (their transactions are aborted when the next worker starts).");
+    }
+}
+
+/// The worker joined its consumer group (`worker.assignment = "group"`); partitions come with the
+/// group's assignments.
+pub struct GroupJoined<'a> {
+    pub group: &'a str,
+    pub member: Option<&'a str>,
+}
+
+impl GroupJoined<'_> {
+    pub fn emit(&self) {
+        tracing::info!(event = "GroupJoined", group = %self.group, member = ?self.member, "Joined the consumer group; waiting for partitions.");
+    }
+}
+
+/// Every configured partition is taken over (`worker.assignment = "static"`): input flows.
+pub struct StaticPartitionsLive<'a> {
+    pub partitions: &'a [i32],
+}
+
+impl StaticPartitionsLive<'_> {
+    pub fn emit(&self) {
+        tracing::info!(event = "StaticPartitionsLive", partitions = %dedupe::config::PartitionSet(self.partitions.to_vec()), "Every owned partition is recovered; processing input.");
+    }
+}
+
+/// A stop was asked for: the batches in flight finish first.
+pub struct ShutdownStarted;
+
+impl ShutdownStarted {
+    pub fn emit(&self) {
+        tracing::info!(
+            event = "ShutdownStarted",
+            "Shutting down: finishing the batches in flight."
+        );
+    }
+}
+
+/// The ledger is flushed after the stop: the worker exits with `code`.
+pub struct WorkerExiting {
+    pub code: i32,
+}
+
+impl WorkerExiting {
+    pub fn emit(&self) {
+        tracing::info!(
+            event = "WorkerExiting",
+            code = self.code,
+            "The ledger is flushed; exiting."
+        );
+    }
+}
+
+/// A partition's back-fill of older ids ended: all of them loaded (`ids`, in `seconds`), or
+/// stopped with the partition (`ids` None: the window is what was loaded).
+pub struct BackfillEnded {
+    pub partition: i32,
+    pub ids: Option<u64>,
+    pub seconds: f64,
+}
+
+impl BackfillEnded {
+    pub fn emit(&self) {
+        match self.ids {
+            Some(ids) => tracing::info!(
+                event = "BackfillEnded",
+                partition = self.partition,
+                ids,
+                seconds = self.seconds,
+                "Back-filled the partition's older ids."
+            ),
+            None => tracing::info!(event = "BackfillEnded", partition = self.partition, "The back-fill of older ids stopped with the partition (the window is what was loaded)."),
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! `metrics` macros.
 
 pub mod coordinator;
+pub mod group;
 pub mod partition;
 
 use dedupe::config::UnkeyedPolicy;
@@ -30,12 +31,17 @@ impl PipelineStartFailed<'_> {
         if self.again {
             metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
             tracing::warn!(
+                event = "PipelineStartFailed",
                 "Starting the pipeline failed; starting it again after a backoff: {}",
                 self.error
             );
         } else {
             metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
-            tracing::error!("Starting the pipeline failed; exiting: {}", self.error);
+            tracing::error!(
+                event = "PipelineStartFailed",
+                "Starting the pipeline failed; exiting: {}",
+                self.error
+            );
         }
     }
 }
@@ -43,30 +49,34 @@ impl PipelineStartFailed<'_> {
 /// The group gave this worker's partitions away without its consent (its membership expired):
 /// another member may already be publishing them. `exiting`: the worker stops for it (exit 3);
 /// otherwise it was already stopping, and exits as that stop says.
-pub struct PartitionsLost {
+pub struct PartitionsLost<'a> {
+    pub partitions: &'a [i32],
     pub exiting: bool,
 }
 
-impl PartitionsLost {
+impl PartitionsLost<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
+        let partitions = dedupe::config::PartitionSet(self.partitions.to_vec());
         if self.exiting {
-            tracing::error!("The group gave this worker's partitions away (its membership expired); stopping them and exiting with status 3, for a restart to rejoin the group.");
+            tracing::error!(event = "PartitionsLost", partitions = %partitions, "The group gave this worker's partitions away (its membership expired); stopping them and exiting with status 3, for a restart to rejoin the group.");
         } else {
-            tracing::error!("The group gave this worker's partitions away (its membership expired) while it was stopping; it exits as that stop says.");
+            tracing::error!(event = "PartitionsLost", partitions = %partitions, "The group gave this worker's partitions away (its membership expired) while it was stopping; it exits as that stop says.");
         }
     }
 }
 
-/// The input consumer failed fatally; a new one starts after a backoff.
+/// The input consumer failed fatally (`fatal`: the client's code and reason); a new one starts
+/// after a backoff.
 pub struct InputConsumerFailed<'a> {
     pub error: &'a KafkaError,
+    pub fatal: &'a str,
 }
 
 impl InputConsumerFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
-        tracing::error!(error = %self.error, "The input consumer failed; starting a new one after a backoff.");
+        tracing::error!(event = "InputConsumerFailed", error = %self.error, fatal = self.fatal, "The input consumer failed; starting a new one after a backoff.");
     }
 }
 
@@ -80,6 +90,7 @@ impl BackfillStopped<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
         tracing::warn!(
+            event = "BackfillStopped",
             partition = self.partition,
             error = %self.error,
             "Back-filling the partition's older ids stopped; its window is what was loaded, and grows with new traffic."
@@ -97,7 +108,7 @@ pub struct TransactionRetried<'a> {
 impl TransactionRetried<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_ABORTED).increment(1);
-        tracing::warn!(partition = self.partition, attempt = self.attempt, error = %self.error, "The output transaction was aborted; retrying the batch.");
+        tracing::warn!(event = "TransactionRetried", partition = self.partition, attempt = self.attempt, error = %self.error, "The output transaction was aborted; retrying the batch.");
     }
 }
 
@@ -115,6 +126,13 @@ impl TransactionFailed {
             m::OUTCOME_ABORTED
         };
         metrics::counter!(m::TRANSACTIONS, m::LABEL_OUTCOME => outcome).increment(1);
+        // Logged at debug only: the coordinator reports the pipeline's end (`Fenced`,
+        // `PipelineFailed`).
+        tracing::debug!(
+            event = "TransactionFailed",
+            fenced = self.fenced,
+            "The output transaction failed for good; the pipeline ends with its error."
+        );
     }
 }
 
@@ -140,10 +158,19 @@ impl UnkeyedRecord<'_> {
             .increment(1);
         if log {
             tracing::warn!(
+                event = "UnkeyedRecord",
                 partition = self.partition,
                 reason,
                 policy,
                 "A record has no usable message id; applying the unkeyed policy (further ones are counted, and warned about once a minute)."
+            );
+        } else {
+            tracing::trace!(
+                event = "UnkeyedRecord",
+                partition = self.partition,
+                reason,
+                policy,
+                "A record has no usable message id."
             );
         }
     }
@@ -164,9 +191,17 @@ impl MisroutedIds<'_> {
         self.counter.increment(self.records);
         if let Some(since) = self.warn {
             tracing::warn!(
+                event = "MisroutedIds",
                 partition = self.partition,
                 records = since,
                 "Records arrive on a partition their id does not belong in: the input is not partitioned by the id, so a copy on another partition passes unseen. Key the input by the id (dedupe rekey); see docs/operations.md, \"Misrouted ids\" (counted in dedupe_misrouted_ids_total, warned about once a minute)."
+            );
+        } else {
+            tracing::trace!(
+                event = "MisroutedIds",
+                partition = self.partition,
+                records = self.records,
+                "Records arrive on a partition their id does not belong in."
             );
         }
     }
@@ -186,6 +221,7 @@ impl IdsForgotten<'_> {
     pub fn emit(&self) {
         self.counter.increment(self.ids as u64);
         tracing::info!(
+            event = "IdsForgotten",
             partition = self.partition,
             ids = self.ids,
             held_by_worker = self.held_by_worker,
@@ -206,6 +242,7 @@ pub struct ForgetFailed<'a> {
 impl ForgetFailed<'_> {
     pub fn emit(&self) {
         tracing::warn!(
+            event = "ForgetFailed",
             partition = self.partition,
             ids = self.ids,
             error = %self.error,
@@ -229,6 +266,7 @@ impl ConfigReloaded<'_> {
             .map(|(source, mode)| format!("{source}={}", mode.as_str()))
             .collect();
         tracing::info!(
+            event = "ConfigReloaded",
             source_modes = %modes.join(","),
             "Reloaded the configuration: worker.source_modes applied (other settings take effect at the next start)."
         );
@@ -244,6 +282,7 @@ impl ConfigReloadRefused<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::CONFIG_RELOADS, m::LABEL_OUTCOME => m::OUTCOME_REFUSED).increment(1);
         tracing::error!(
+            event = "ConfigReloadRefused",
             "The configuration could not be reloaded; the worker goes on as it was: {:#}",
             self.error
         );
@@ -259,6 +298,7 @@ impl SnapshotFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::SNAPSHOT_FAILURES, m::LABEL_STAGE => self.error.stage()).increment(1);
         tracing::error!(
+            event = "SnapshotFailed",
             "A ledger snapshot failed; the pipeline goes on: {}",
             self.error
         );
@@ -279,6 +319,7 @@ impl Fenced<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FENCED).increment(1);
         tracing::error!(
+            event = "Fenced",
             partition = self.partition,
             "Partition {}'s producer was fenced (the broker aborted a transaction older than worker.transaction_timeout_ms, or another worker took the partition over): {}",
             self.partition,
@@ -297,6 +338,7 @@ impl PipelineFatal<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_FATAL).increment(1);
         tracing::error!(
+            event = "PipelineFatal",
             partition = self.partition,
             "A partition pipeline failed in a way a restart cannot mend; exiting: {}",
             self.error
@@ -314,6 +356,7 @@ impl PipelineFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_PIPELINE).increment(1);
         tracing::error!(
+            event = "PipelineFailed",
             partition = self.partition,
             "A partition pipeline failed; taking the partition over again: {}",
             self.error
@@ -330,7 +373,7 @@ pub struct InputReadFailed<'a> {
 impl InputReadFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
-        tracing::warn!(partition = self.partition, error = %self.error, "Reading the input partition failed; librdkafka retries.");
+        tracing::warn!(event = "InputReadFailed", partition = self.partition, error = %self.error, "Reading the input partition failed; librdkafka retries.");
     }
 }
 
@@ -348,7 +391,46 @@ impl AdminRefused<'_> {
         if let dedupe::log_limit::LogVerdict::Log { suppressed } =
             logs.check(m::KIND_ADMIN_UNAUTHORIZED, std::time::Instant::now())
         {
-            tracing::warn!(peer = ?self.peer, suppressed, "Refused an admin request: {}.", self.why);
+            tracing::warn!(event = "AdminRefused", peer = ?self.peer, suppressed, "Refused an admin request: {}.", self.why);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use actix::prelude::*;
+    use dedupe::metrics::recorder;
+
+    struct Emitter;
+
+    impl Actor for Emitter {
+        type Context = Context<Self>;
+    }
+
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Emit;
+
+    impl Handler<Emit> for Emitter {
+        type Result = ();
+
+        fn handle(&mut self, _: Emit, _: &mut Self::Context) {
+            super::group::CoordinatorGone.emit();
+        }
+    }
+
+    #[test]
+    fn an_actor_s_events_are_recorded_on_the_thread_that_runs_its_system_only() {
+        let recording = recorder::record();
+        System::new().block_on(async {
+            // An actor of the test's own System runs on the test's thread: its event is seen.
+            Emitter.start().send(Emit).await.expect("handled");
+            // One on an arbiter of its own runs on another thread: its event is not.
+            let arbiter = Arbiter::new();
+            let elsewhere = Emitter::start_in_arbiter(&arbiter.handle(), |_| Emitter);
+            elsewhere.send(Emit).await.expect("handled");
+            arbiter.stop();
+        });
+        assert_eq!(recording.count("CoordinatorGone"), 1);
     }
 }

@@ -21,6 +21,7 @@ impl RekeyBatch {
             metrics::counter!(m::REKEY_RECORDS, m::LABEL_OUTCOME => m::OUTCOME_UNKEYED)
                 .increment(self.unkeyed);
             tracing::warn!(
+                event = "RekeyBatch",
                 records = self.unkeyed,
                 "Records without a usable id were copied with their own key (they reach the worker unkeyed)."
             );
@@ -52,6 +53,7 @@ impl RekeyDeadLettered<'_> {
         metrics::counter!(m::REKEY_RECORDS, m::LABEL_OUTCOME => m::OUTCOME_DEAD_LETTERED)
             .increment(1);
         tracing::warn!(
+            event = "RekeyDeadLettered",
             topic = r.topic,
             partition = r.partition,
             offset = r.offset,
@@ -77,6 +79,7 @@ impl RekeyRecordTooLarge<'_> {
         let r = &self.record;
         metrics::counter!(m::REKEY_RECORDS, m::LABEL_OUTCOME => m::OUTCOME_TOO_LARGE).increment(1);
         tracing::error!(
+            event = "RekeyRecordTooLarge",
             topic = r.topic,
             partition = r.partition,
             offset = r.offset,
@@ -97,7 +100,7 @@ impl RekeyAborted<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::REKEY_TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_ABORTED)
             .increment(1);
-        tracing::warn!(error = %self.error, "A rekey transaction failed; aborting it and reading its records again from the first one not committed.");
+        tracing::warn!(event = "RekeyAborted", error = %self.error, "A rekey transaction failed; aborting it and reading its records again from the first one not committed.");
     }
 }
 
@@ -111,7 +114,7 @@ impl RekeyFenced<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::REKEY_TRANSACTIONS, m::LABEL_OUTCOME => m::OUTCOME_FENCED)
             .increment(1);
-        tracing::error!(error = %self.error, "The rekey producer was fenced: another instance took its place; exiting without committing anything more.");
+        tracing::error!(event = "RekeyFenced", error = %self.error, "The rekey producer was fenced: another instance took its place; exiting without committing anything more.");
     }
 }
 
@@ -125,6 +128,7 @@ impl RekeyRewound {
     pub fn emit(&self) {
         metrics::counter!(m::REKEY_REWINDS).increment(1);
         tracing::info!(
+            event = "RekeyRewound",
             partitions = self.partitions,
             "Rewound the rekey consumer to the first source record not committed."
         );
@@ -138,7 +142,7 @@ pub struct RekeyReadFailed<'a> {
 
 impl RekeyReadFailed<'_> {
     pub fn emit(&self) {
-        tracing::warn!(error = %self.error, "Reading the source topic failed; retrying.");
+        tracing::warn!(event = "RekeyReadFailed", error = %self.error, "Reading the source topic failed; retrying.");
     }
 }
 
@@ -152,9 +156,12 @@ pub struct RekeyStopped {
 impl RekeyStopped {
     pub fn emit(&self) {
         if self.all_committed {
-            tracing::info!("Received a stop signal; every record read is committed. Exiting.");
+            tracing::info!(
+                event = "RekeyStopped",
+                "Received a stop signal; every record read is committed. Exiting."
+            );
         } else {
-            tracing::warn!("Received a stop signal; the last batch was aborted, not committed: the next run copies it again from the committed offsets. Exiting.");
+            tracing::warn!(event = "RekeyStopped", "Received a stop signal; the last batch was aborted, not committed: the next run copies it again from the committed offsets. Exiting.");
         }
     }
 }

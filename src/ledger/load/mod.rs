@@ -384,7 +384,7 @@ impl Drop for Load<'_> {
         state.reserved = state.reserved.saturating_sub(pinned.expected_ids);
         // A seal the load held back happens now.
         if let Err(e) = self.ledger.maybe_seal(&mut state) {
-            tracing::warn!(error = %e, "Could not seal the active generation after a load; the next batch tries again.");
+            crate::metrics::events::LedgerSealFailed { error: &e }.emit();
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod kafka;
 pub mod load;
 pub mod rekey;
+pub mod source;
 pub mod worker;
 
 pub use exactly_once::Count;

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use crate::{EventType, IdOrigin};
 use dedupe::log_limit::{LogLimiter, LogVerdict};
 use dedupe::metrics::{
-    INGEST_ASSIGNED_IDS, INGEST_BODY_READS, INGEST_EVENTS, INGEST_IN_FLIGHT, INGEST_LOG_SUPPRESSED,
-    INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS, KEY_KEYED, KEY_KEYLESS,
-    LABEL_ENDPOINT, LABEL_KEY, LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
+    ERRORS, INGEST_ASSIGNED_IDS, INGEST_BODY_READS, INGEST_EVENTS, INGEST_IN_FLIGHT,
+    INGEST_LOG_SUPPRESSED, INGEST_READY, INGEST_REJECTED, INGEST_REQUESTS, INGEST_REQUEST_SECONDS,
+    KEY_KEYED, KEY_KEYLESS, KIND_KAFKA, KIND_THREAD, LABEL_ENDPOINT, LABEL_KEY, LABEL_KIND,
+    LABEL_ORIGIN, LABEL_REASON, LABEL_STATUS, LABEL_TYPE,
 };
 use tracing::{debug, info, warn};
 
@@ -77,6 +78,7 @@ impl RequestFinished<'_> {
             }
             match refused.first() {
                 None => debug!(
+                    event = "RequestFinished",
                     endpoint = self.endpoint,
                     source,
                     events = types.len(),
@@ -85,6 +87,7 @@ impl RequestFinished<'_> {
                 Some(first) => {
                     if let Some(suppressed) = log_now(logs, "dead_lettered") {
                         info!(
+                            event = "RequestFinished",
                             endpoint = self.endpoint, source, valid = types.len(), refused = refused.len(),
                             first = first.code, suppressed,
                             "Logged a request's valid events to the input topic and its invalid ones to the dead-letter topic."
@@ -101,18 +104,21 @@ impl RequestFinished<'_> {
         };
         match self.outcome {
             Outcome::Overloaded { .. } => warn!(
+                event = "RequestFinished",
                 endpoint = self.endpoint, suppressed,
                 "Answered 503: too many requests in flight (ingest.max_in_flight_requests)."
             ),
             Outcome::TooManyKeylessReads { .. } => warn!(
+                event = "RequestFinished",
                 endpoint = self.endpoint, suppressed,
                 "Answered 503: too many bodies without a known write key are arriving (ingest.max_keyless_body_reads)."
             ),
             Outcome::Unavailable(e) => warn!(
+                event = "RequestFinished",
                 endpoint = self.endpoint, source, error = %e, suppressed,
                 "Answered 503: the request's messages are not confirmed in Kafka."
             ),
-            _ => info!(endpoint = self.endpoint, source, status, reason, suppressed, "Refused a request."),
+            _ => info!(event = "RequestFinished", endpoint = self.endpoint, source, status, reason, suppressed, "Refused a request."),
         }
     }
 }
@@ -134,6 +140,7 @@ impl SettingsAnswered {
         if let Some(reason) = self.refused {
             metrics::counter!(INGEST_REJECTED, LABEL_REASON => reason).increment(1);
             info!(
+                event = "SettingsAnswered",
                 endpoint = Self::ENDPOINT,
                 status = self.status,
                 reason,
@@ -193,8 +200,99 @@ impl CorsPreflightRefused {
     pub fn emit(&self) {
         metrics::counter!(INGEST_REJECTED, LABEL_REASON => self.reason).increment(1);
         info!(
+            event = "CorsPreflightRefused",
             reason = self.reason,
             "Refused a CORS preflight from an origin that is not allowed."
         );
+    }
+}
+
+/// What the readiness probe found, when it differs from the probe before.
+pub enum ReadinessFound<'a> {
+    Ready,
+    /// The input topic does not exist.
+    NoTopic,
+    /// The dead-letter topic does not exist, and creating it failed with this.
+    NoDeadLetterTopic(&'a str),
+    NoAnswer(&'a str),
+}
+
+/// The readiness probe's finding changed: logged once per change, and exported as
+/// `dedupe_ingest_ready`.
+pub struct ReadinessChanged<'a> {
+    pub topic: &'a str,
+    pub dead_letter_topic: &'a str,
+    pub found: ReadinessFound<'a>,
+}
+
+impl ReadinessChanged<'_> {
+    pub fn emit(&self) {
+        let ready = matches!(self.found, ReadinessFound::Ready);
+        metrics::gauge!(INGEST_READY).set(if ready { 1.0 } else { 0.0 });
+        let (topic, dead_letter_topic) = (self.topic, self.dead_letter_topic);
+        match self.found {
+            ReadinessFound::Ready => {
+                info!(event = "ReadinessChanged", topic = %topic, dead_letter_topic = %dead_letter_topic, "The input and dead-letter topics are in the brokers' metadata: ready.")
+            }
+            ReadinessFound::NoTopic => warn!(
+                event = "ReadinessChanged",
+                topic = %topic,
+                "The input topic does not exist on the brokers (this service does not create it): /readyz answers 503, and so does every request, after ingest.ack_timeout_ms, until it does."
+            ),
+            ReadinessFound::NoDeadLetterTopic(error) => warn!(
+                event = "ReadinessChanged",
+                dead_letter_topic = %dead_letter_topic, error = %error,
+                "The dead-letter topic does not exist and could not be created (create it, or grant this service Create on it): /readyz answers 503 until it exists."
+            ),
+            ReadinessFound::NoAnswer(error) => warn!(
+                event = "ReadinessChanged",
+                topic = %topic, error = %error,
+                "The brokers did not answer a metadata request for the input topic: /readyz answers 503 until they do."
+            ),
+        }
+    }
+}
+
+/// The readiness probe's thread could not be started: the API never says it is ready.
+pub struct ReadinessProbeNotStarted<'a> {
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl ReadinessProbeNotStarted<'_> {
+    pub fn emit(&self) {
+        metrics::gauge!(INGEST_READY).set(0.0);
+        metrics::counter!(ERRORS, LABEL_KIND => KIND_THREAD).increment(1);
+        warn!(event = "ReadinessProbeNotStarted", error = %self.error, "Cannot start the readiness probe; /readyz will say not ready.");
+    }
+}
+
+/// What the configuration leaves to chance, said once at start. Logged only: a setting does not
+/// change while the process runs, so a count would say nothing the log line does not.
+pub enum ConfigCaveat {
+    /// `ingest.cors_origins` is `"*"`.
+    AnyOrigin,
+    /// `ingest.public_url` is not set.
+    NoPublicUrl,
+}
+
+impl ConfigCaveat {
+    pub fn emit(&self) {
+        match self {
+            Self::AnyOrigin => warn!(event = "ConfigCaveat", "ingest.cors_origins allows every origin (\"*\"): any page on the web can post with a write key it has seen and read the answers; list your sites' origins instead."),
+            Self::NoPublicUrl => warn!(event = "ConfigCaveat", "ingest.public_url is not set: the settings document points browsers at the listen address over http (or, listening on every address, is refused), which pages served over HTTPS refuse to call (mixed content); set it to the https:// address browsers reach this API at."),
+        }
+    }
+}
+
+/// The producer did not flush before shutdown: requests it had not acknowledged were answered
+/// with an error, and their clients send them again.
+pub struct ProducerNotFlushed<'a> {
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl ProducerNotFlushed<'_> {
+    pub fn emit(&self) {
+        metrics::counter!(ERRORS, LABEL_KIND => KIND_KAFKA).increment(1);
+        warn!(event = "ProducerNotFlushed", error = %self.error, "The producer did not flush before shutdown.");
     }
 }

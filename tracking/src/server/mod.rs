@@ -70,7 +70,7 @@ use dedupe::log_limit::{LogLimiter, LOG_INTERVAL};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::info;
 
 use admission::{read_body, BodyReads, InFlight};
 use cors::CorsPolicy;
@@ -462,10 +462,10 @@ fn warn_about(
     limiter: Option<Rate>,
 ) {
     if cors_policy.allows_any() {
-        warn!("ingest.cors_origins allows every origin (\"*\"): any page on the web can post with a write key it has seen and read the answers; list your sites' origins instead.");
+        events::ConfigCaveat::AnyOrigin.emit();
     }
     if config.public_url.is_none() {
-        warn!("ingest.public_url is not set: the settings document points browsers at the listen address over http (or, listening on every address, is refused), which pages served over HTTPS refuse to call (mixed content); set it to the https:// address browsers reach this API at.");
+        events::ConfigCaveat::NoPublicUrl.emit();
     }
     if let Some(rate) = limiter {
         info!(events_per_sec = rate.events_per_sec.get(), burst = rate.burst.get(), "Each source is rate limited; a request of more events than the burst is refused (429, over_burst).");
@@ -569,7 +569,7 @@ pub async fn serve(
     let result = server.await.map_err(IngestError::Serve);
     readiness.stop();
     if let Err(e) = producer.flush(FLUSH_TIMEOUT) {
-        warn!(error = %e, "The producer did not flush before shutdown.");
+        events::ProducerNotFlushed { error: &e }.emit();
     }
     info!("The tracking API stopped.");
     result

@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use crate as tracking;
 use dedupe::config::KafkaConfig;
 use rdkafka::producer::Producer;
-use tracing::{info, warn};
+use tracing::info;
 
+use super::events::{ReadinessChanged, ReadinessFound, ReadinessProbeNotStarted};
 use super::producer::IngestProducer;
 
 /// How often the readiness probe asks the broker for the topics' metadata.
@@ -49,37 +50,40 @@ impl Readiness {
             stop: AtomicBool::new(false),
         });
         let probe = Arc::clone(&readiness);
-        let spawned = std::thread::Builder::new().name("ingest-readiness".into()).spawn(move || {
-            // What the previous probe found: a change is logged, a repeat is not.
-            let mut last: Option<Probed> = None;
-            while !probe.stop.load(Ordering::Relaxed) {
-                let now = probe_once(&producer, &kafka, &topic, &dead_letter_topic);
-                if now == Probed::Ready {
-                    probe.last_ok_ms.store(tracking::unix_millis(SystemTime::now()), Ordering::Relaxed);
-                }
-                if last.as_ref() != Some(&now) {
-                    match &now {
-                        Probed::Ready => info!(topic = %topic, dead_letter_topic = %dead_letter_topic, "The input and dead-letter topics are in the brokers' metadata: ready."),
-                        Probed::NoTopic => warn!(
-                            topic = %topic,
-                            "The input topic does not exist on the brokers (this service does not create it): /readyz answers 503, and so does every request, after ingest.ack_timeout_ms, until it does."
-                        ),
-                        Probed::NoDeadLetterTopic(error) => warn!(
-                            dead_letter_topic = %dead_letter_topic, error = %error,
-                            "The dead-letter topic does not exist and could not be created (create it, or grant this service Create on it): /readyz answers 503 until it exists."
-                        ),
-                        Probed::NoAnswer(error) => warn!(
-                            topic = %topic, error = %error,
-                            "The brokers did not answer a metadata request for the input topic: /readyz answers 503 until they do."
-                        ),
+        let spawned = std::thread::Builder::new()
+            .name("ingest-readiness".into())
+            .spawn(move || {
+                // What the previous probe found: a change is logged, a repeat is not.
+                let mut last: Option<Probed> = None;
+                while !probe.stop.load(Ordering::Relaxed) {
+                    let now = probe_once(&producer, &kafka, &topic, &dead_letter_topic);
+                    if now == Probed::Ready {
+                        probe
+                            .last_ok_ms
+                            .store(tracking::unix_millis(SystemTime::now()), Ordering::Relaxed);
                     }
-                    last = Some(now);
+                    if last.as_ref() != Some(&now) {
+                        let found = match &now {
+                            Probed::Ready => ReadinessFound::Ready,
+                            Probed::NoTopic => ReadinessFound::NoTopic,
+                            Probed::NoDeadLetterTopic(error) => {
+                                ReadinessFound::NoDeadLetterTopic(error)
+                            }
+                            Probed::NoAnswer(error) => ReadinessFound::NoAnswer(error),
+                        };
+                        ReadinessChanged {
+                            topic: &topic,
+                            dead_letter_topic: &dead_letter_topic,
+                            found,
+                        }
+                        .emit();
+                        last = Some(now);
+                    }
+                    std::thread::sleep(READINESS_INTERVAL);
                 }
-                std::thread::sleep(READINESS_INTERVAL);
-            }
-        });
+            });
         if let Err(e) = spawned {
-            warn!(error = %e, "Cannot start the readiness probe; /readyz will say not ready.");
+            ReadinessProbeNotStarted { error: &e }.emit();
         }
         readiness
     }
