@@ -17,6 +17,9 @@
 
 mod delivery;
 pub mod owner;
+mod sink;
+
+pub use sink::{MemorySink, Published, Sink};
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! One batch, in the order the guarantee needs: look its ids up in the ledger, decide each
 //! record's fate, publish the new records with the next input offset in one output transaction,
 //! then record the new ids with the progress that follows the batch (see the module above for why
-//! this order). Written against the seams (`seams.rs`), so `tests.rs` runs it over doubles.
+//! this order). Written against the seams (`seams.rs`), so `tests.rs` runs it over the core's
+//! doubles.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,13 +16,13 @@ use dedupe::ledger::{Held, Mark};
 use dedupe::output::PublishError;
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
+use dedupe::store::Looked;
 use dedupe::wire::HEADER_DUPLICATE;
 
-use super::seams::{IdStore, Sink};
+use super::seams::{SinkAccess, StoreAccess};
 use super::{Decided, InRecord, NewId, Pipeline, PipelineError};
 use crate::events::partition::{source_header, ReusedAction};
-use crate::events::{TransactionFailed, TransactionRetried};
-use crate::ledger::Looked;
+use crate::events::{PublishedTwice, TransactionFailed, TransactionRetried};
 use crate::producer::Outgoing;
 
 /// How often, and after how long, a batch whose output transaction was aborted is sent again
@@ -33,7 +34,7 @@ const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
     ABORTED_BATCH_RETRIES_ALLOWED,
 );
 
-impl<S: IdStore, K: Sink> Pipeline<S, K> {
+impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// One batch: look its ids up, decide, publish the new records with the next input offset in
     /// one transaction, then record the new ids with the progress that follows the batch.
     pub(super) async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
@@ -47,6 +48,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         let looked_up = started.elapsed();
         let mut decided = self.decide(batch, &looked.held);
         let resent = self.resent(&mut decided, &looked.forgotten);
+        let refreshes = std::mem::take(&mut decided.refreshes);
         let (new_ids, committed) = self.publish_decided(decided, next_input_offset).await?;
         let published = started.elapsed();
         fail::fail_point!("worker-after-publish", |_| {
@@ -55,7 +57,8 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         });
         let marks = resent.marks(committed.changelog_offset);
         let resent_ids = marks.len() as u64;
-        self.record(new_ids, next_input_offset, marks).await?;
+        self.record(new_ids, &refreshes, next_input_offset, marks)
+            .await?;
         if resent_ids > 0 {
             self.metrics.resent.increment(resent_ids);
         }
@@ -122,8 +125,10 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             refresh: self.settings.refresh_on_duplicate,
         };
         let decision = batch::decide(&candidates, found, rules);
-        if decision.refreshed > 0 {
-            self.metrics.refreshed.increment(decision.refreshed as u64);
+        if !decision.refreshes.is_empty() {
+            self.metrics
+                .refreshed
+                .increment(decision.refreshes.len() as u64);
         }
         let mut records = Vec::with_capacity(batch.len());
         let mut dead_letters = Vec::new();
@@ -220,6 +225,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
                 marks: Vec::new(),
                 other_marks: Vec::new(),
             },
+            refreshes: decision.refreshes,
             oldest_new_ms: decision.oldest_new_ms,
         }
     }
@@ -262,10 +268,14 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         Ok((new_ids, committed))
     }
 
-    /// Step 4: records the new ids with the progress that follows this batch.
+    /// Step 4: records the new ids with the progress that follows this batch. The ledger judges
+    /// them again as it records them (by the same rules: a refresh only forward in time, a copy
+    /// past the retention limit as a new sighting); an id published as new that it finds held
+    /// was published by another of the worker's partitions meanwhile, and is counted.
     pub(super) async fn record(
-        &self,
+        &mut self,
         new_ids: Vec<NewId>,
+        refreshes: &[usize],
         next_input_offset: i64,
         marks: Vec<(LedgerKey, Mark)>,
     ) -> Result<(), PipelineError> {
@@ -276,11 +286,35 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             next_output_offset: self.next_output_offset,
             next_changelog_offset: self.next_changelog_offset,
         };
-        self.ledger.record(p, new_ids, progress, marks).await?;
+        let verdicts = self.ledger.record(p, new_ids, progress, marks).await?;
         self.metrics
             .record_seconds
             .record(t.elapsed().as_secs_f64());
+        let twice = batch::published_twice(refreshes, &verdicts);
+        if twice > 0 {
+            self.count_published_twice(twice);
+        }
         Ok(())
+    }
+
+    /// Counts ids published twice, and warns at most once a minute per partition.
+    fn count_published_twice(&mut self, ids: usize) {
+        self.twice_since_warned += ids as u64;
+        let warn = self
+            .twice_warned_at
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(60));
+        let since = warn.then_some(self.twice_since_warned);
+        if warn {
+            self.twice_warned_at = Some(Instant::now());
+            self.twice_since_warned = 0;
+        }
+        PublishedTwice {
+            partition: self.partition,
+            counter: &self.metrics.published_twice,
+            ids,
+            warn: since,
+        }
+        .emit();
     }
 
     /// Publishes, retrying aborted transactions a few times (nothing of an aborted one is
