@@ -93,3 +93,87 @@ impl Sink for MemorySink {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    use super::*;
+    use crate::identity::ledger_key;
+
+    fn record(value: &str) -> OutRecord {
+        OutRecord {
+            value: Some(value.as_bytes().to_vec()),
+            ..OutRecord::default()
+        }
+    }
+
+    fn batch<'a>(
+        records: &'a [OutRecord],
+        new_ids: &'a [NewId],
+        marks: &'a [Vec<u8>],
+        next_input_offset: i64,
+    ) -> Batch<'a> {
+        Batch {
+            records,
+            dead_letters: &[],
+            audit: &[],
+            new_ids,
+            marks,
+            other_marks: &[],
+            input_topic: "in",
+            input_partition: 0,
+            next_input_offset,
+        }
+    }
+
+    /// What any sink answers for a run of batches on one fresh partition: the offset of the
+    /// last record written (none for a batch without records), ever higher; the changelog's
+    /// offset when the batch wrote ids or marks, ever higher; an aborted transaction changes
+    /// neither. Kafka gives no contiguous offsets (transaction markers take one each), so only
+    /// the order is checked.
+    fn keeps_the_sink_rules<K: Sink>(sink: &mut K, group: &K::Group) {
+        let id = [(ledger_key(b"a").unwrap(), 1_000, None)];
+        let two = [record("a"), record("b")];
+        let first = sink.publish(&batch(&two, &id, &[], 10), group).unwrap();
+        let (Some(out), Some(changelog)) = (first.last_output_offset, first.changelog_offset)
+        else {
+            panic!("records and ids written: {first:?}");
+        };
+        let empty = sink.publish(&batch(&[], &[], &[], 11), group).unwrap();
+        assert_eq!(
+            (empty.last_output_offset, empty.changelog_offset),
+            (None, None)
+        );
+        let marks = [b"mark".to_vec()];
+        let next = sink
+            .publish(&batch(&two[..1], &[], &marks, 12), group)
+            .unwrap();
+        assert!(next.last_output_offset.is_some_and(|o| o > out), "{next:?}");
+        assert!(
+            next.changelog_offset.is_some_and(|o| o > changelog),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn the_memory_sink_keeps_the_sink_rules_and_what_it_committed() {
+        let mut sink = MemorySink::default();
+        keeps_the_sink_rules(&mut sink, &());
+        assert_eq!(
+            sink.committed
+                .iter()
+                .map(|p| p.next_input_offset)
+                .collect::<Vec<_>>(),
+            [10, 11, 12]
+        );
+        // An aborted transaction leaves nothing.
+        sink.failures.push_back(PublishError::Aborted {
+            source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
+        });
+        let failed = sink.publish(&batch(&[record("c")], &[], &[], 13), &());
+        assert!(matches!(failed, Err(PublishError::Aborted { .. })));
+        assert_eq!(sink.committed.len(), 3);
+    }
+}

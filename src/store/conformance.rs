@@ -306,3 +306,64 @@ fn the_ledger_keeps_everything_across_a_restart() {
         Some(&b"p2-2"[..])
     );
 }
+
+mod random {
+    //! The double against the ledger over random batches: the same verdicts, the same ids held,
+    //! the same progress, with and without refresh and a retention limit.
+
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A second on either side of the wall-clock floor is left out: the two stores read the clock
+    /// a moment apart.
+    fn time_s(s: i64) -> i64 {
+        if (298..=302).contains(&s) {
+            s + 10
+        } else {
+            s
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        #[test]
+        fn the_double_answers_as_the_ledger_does(
+            refresh in any::<bool>(),
+            limited in any::<bool>(),
+            batches in vec(vec((0u8..12, 0i64..600, 0u8..3), 0..24), 1..8),
+        ) {
+            // Ten minutes ago; with a limit of five, the first half of the times are older than
+            // it, and a copy more than five minutes after its sighting is past it.
+            let base = now_ms() / 1000 * 1000 - 600_000;
+            let limit = limited.then_some(300_000);
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let ledger = open_ledger(dir.path(), limit, refresh);
+            let memory = memory_store(dir.path(), limit, refresh);
+            for (n, batch) in batches.iter().enumerate() {
+                let items: Vec<NewId> = batch
+                    .iter()
+                    .map(|&(k, s, d)| {
+                        let digest = (d > 0).then(|| ContentDigest::of_value(&[d]));
+                        (key(&format!("id-{k}")), base + time_s(s) * SECOND, digest)
+                    })
+                    .collect();
+                let partition = (n % 2) as i32;
+                let progress = (n as u64).to_le_bytes();
+                let real = ledger.record(partition, &items, &progress, &[]).unwrap();
+                let double = memory.record(partition, &items, &progress, &[]).unwrap();
+                prop_assert_eq!(real, double, "batch {}", n);
+            }
+            let keys: Vec<LedgerKey> = (0..12).map(|k| key(&format!("id-{k}"))).collect();
+            prop_assert_eq!(ledger.look_up(&keys).unwrap(), memory.look_up(&keys).unwrap());
+            for partition in 0..2 {
+                prop_assert_eq!(
+                    IdStore::progress(&ledger, partition).unwrap(),
+                    memory.progress(partition).unwrap()
+                );
+            }
+        }
+    }
+}
