@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupe::audit::Admission;
-use dedupe::batch::{self, Candidate, Fate, Rules, SourceMode, Verdict};
+use dedupe::batch::{self, Candidate, Fate, Rules, Seen, SourceMode, Verdict};
 use dedupe::clock::now_ms;
 use dedupe::config::{ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
 use dedupe::ledger::{Held, Mark};
-use dedupe::output::PublishError;
+use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
 use dedupe::store::Looked;
@@ -101,22 +101,7 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy.
     pub(super) fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
-        let candidates: Vec<Candidate> = {
-            let modes = self
-                .settings
-                .source_modes
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            batch
-                .iter()
-                .map(|r| Candidate {
-                    id: r.id,
-                    timestamp_ms: r.out.timestamp_ms,
-                    digest: r.digest,
-                    mode: modes.of(source_header(&r.out).flatten()),
-                })
-                .collect()
-        };
+        let candidates = self.candidates(&batch);
         let rules = Rules {
             unkeyed: self.settings.unkeyed_policy,
             reused_id: self.settings.reused_id,
@@ -130,103 +115,133 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
                 .refreshed
                 .increment(decision.refreshes.len() as u64);
         }
-        let mut records = Vec::with_capacity(batch.len());
-        let mut dead_letters = Vec::new();
-        let mut audit = Vec::new();
+        let mut outgoing = Outgoing {
+            records: Vec::with_capacity(batch.len()),
+            dead_letters: Vec::new(),
+            audit: Vec::new(),
+            new_ids: decision.new_ids,
+            marks: Vec::new(),
+            other_marks: Vec::new(),
+        };
         let now = Instant::now();
-        for (mut r, fate) in batch.into_iter().zip(&decision.fates) {
-            if fate.reaches_output() {
-                // Only the worker's own flag, added below, says on the output that a copy is a
-                // duplicate.
-                let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
-                if renamed > 0 {
-                    self.metrics
-                        .input_duplicate_headers
-                        .increment(renamed as u64);
-                }
-            }
-            match *fate {
-                Fate::Publish => {
-                    self.metrics
-                        .of_source(source_header(&r.out))
-                        .published
-                        .increment(1);
-                    records.push(r.out);
-                }
-                Fate::Duplicate(seen) => {
-                    let source = source_header(&r.out);
-                    self.metrics.of_source(source).duplicate.increment(1);
-                    self.metrics
-                        .duplicate_age
-                        .record(seen.age_ms as f64 / 1000.0);
-                    self.metrics.dropped(seen.verdict).increment(1);
-                    if seen.verdict == Verdict::ReusedId {
-                        self.metrics.reused(ReusedAction::Dropped).increment(1);
-                        self.metrics.of_source(source).reused.increment(1);
-                    }
-                    if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
-                        match sampler.admit(&key, now) {
-                            Admission::Audited => {
-                                let source =
-                                    source.flatten().and_then(|v| std::str::from_utf8(v).ok());
-                                audit.push(self.audit_record(&r, key, source, seen));
-                            }
-                            Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
-                            Admission::OverCap => self.metrics.audit_over_cap.increment(1),
-                        }
-                    }
-                }
-                Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
-                    self.metrics.reused(ReusedAction::DeadLettered).increment(1);
-                    self.metrics
-                        .of_source(source_header(&r.out))
-                        .reused
-                        .increment(1);
-                    dead_letters.push(r.out);
-                }
-                Fate::Reused(..) => {
-                    self.metrics.reused(ReusedAction::Published).increment(1);
-                    let counters = self.metrics.of_source(source_header(&r.out));
-                    counters.published.increment(1);
-                    counters.reused.increment(1);
-                    records.push(r.out);
-                }
-                Fate::Passed(seen, mode) => {
-                    let counters = self.metrics.of_source(source_header(&r.out));
-                    let mut out = r.out;
-                    if mode == SourceMode::Flag {
-                        counters.flagged.increment(1);
-                        out.headers.push((
-                            HEADER_DUPLICATE.to_string(),
-                            Some(seen.verdict.as_str().as_bytes().to_vec()),
-                        ));
-                    } else {
-                        counters.passed.increment(1);
-                    }
-                    records.push(out);
-                }
-                Fate::Forward(reason) => {
-                    self.unkeyed(reason, UnkeyedPolicy::Forward);
-                    records.push(r.out);
-                }
-                Fate::DeadLetter(reason) => {
-                    self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
-                    dead_letters.push(r.out);
-                }
-                Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
-            }
+        for (r, fate) in batch.into_iter().zip(&decision.fates) {
+            self.route(r, fate, now, &mut outgoing);
         }
         Decided {
-            outgoing: Outgoing {
-                records,
-                dead_letters,
-                audit,
-                new_ids: decision.new_ids,
-                marks: Vec::new(),
-                other_marks: Vec::new(),
-            },
+            outgoing,
             refreshes: decision.refreshes,
             oldest_new_ms: decision.oldest_new_ms,
+        }
+    }
+
+    /// The batch as the decision reads it: each record's id, time, digest and its source's mode.
+    fn candidates(&self, batch: &[InRecord]) -> Vec<Candidate> {
+        let modes = self
+            .settings
+            .source_modes
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        batch
+            .iter()
+            .map(|r| Candidate {
+                id: r.id,
+                timestamp_ms: r.out.timestamp_ms,
+                digest: r.digest,
+                mode: modes.of(source_header(&r.out).flatten()),
+            })
+            .collect()
+    }
+
+    /// Puts one record where its fate sends it (the output, the dead letters, nowhere but the
+    /// audit), counted.
+    fn route(&mut self, mut r: InRecord, fate: &Fate, now: Instant, outgoing: &mut Outgoing) {
+        if fate.reaches_output() {
+            // Only the worker's own flag, added below, says on the output that a copy is a
+            // duplicate.
+            let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
+            if renamed > 0 {
+                self.metrics
+                    .input_duplicate_headers
+                    .increment(renamed as u64);
+            }
+        }
+        match *fate {
+            Fate::Publish => {
+                self.metrics
+                    .of_source(source_header(&r.out))
+                    .published
+                    .increment(1);
+                outgoing.records.push(r.out);
+            }
+            Fate::Duplicate(seen) => self.drop_duplicate(&r, seen, now, &mut outgoing.audit),
+            Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
+                self.metrics.reused(ReusedAction::DeadLettered).increment(1);
+                self.metrics
+                    .of_source(source_header(&r.out))
+                    .reused
+                    .increment(1);
+                outgoing.dead_letters.push(r.out);
+            }
+            Fate::Reused(..) => {
+                self.metrics.reused(ReusedAction::Published).increment(1);
+                let counters = self.metrics.of_source(source_header(&r.out));
+                counters.published.increment(1);
+                counters.reused.increment(1);
+                outgoing.records.push(r.out);
+            }
+            Fate::Passed(seen, mode) => {
+                let counters = self.metrics.of_source(source_header(&r.out));
+                let mut out = r.out;
+                if mode == SourceMode::Flag {
+                    counters.flagged.increment(1);
+                    out.headers.push((
+                        HEADER_DUPLICATE.to_string(),
+                        Some(seen.verdict.as_str().as_bytes().to_vec()),
+                    ));
+                } else {
+                    counters.passed.increment(1);
+                }
+                outgoing.records.push(out);
+            }
+            Fate::Forward(reason) => {
+                self.unkeyed(reason, UnkeyedPolicy::Forward);
+                outgoing.records.push(r.out);
+            }
+            Fate::DeadLetter(reason) => {
+                self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
+                outgoing.dead_letters.push(r.out);
+            }
+            Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
+        }
+    }
+
+    /// Counts a dropped duplicate, and audits it if the sampler admits it.
+    fn drop_duplicate(
+        &mut self,
+        r: &InRecord,
+        seen: Seen,
+        now: Instant,
+        audit: &mut Vec<OutRecord>,
+    ) {
+        let source = source_header(&r.out);
+        self.metrics.of_source(source).duplicate.increment(1);
+        self.metrics
+            .duplicate_age
+            .record(seen.age_ms as f64 / 1000.0);
+        self.metrics.dropped(seen.verdict).increment(1);
+        if seen.verdict == Verdict::ReusedId {
+            self.metrics.reused(ReusedAction::Dropped).increment(1);
+            self.metrics.of_source(source).reused.increment(1);
+        }
+        if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
+            match sampler.admit(&key, now) {
+                Admission::Audited => {
+                    let source = source.flatten().and_then(|v| std::str::from_utf8(v).ok());
+                    audit.push(self.audit_record(r, key, source, seen));
+                }
+                Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
+                Admission::OverCap => self.metrics.audit_over_cap.increment(1),
+            }
         }
     }
 
