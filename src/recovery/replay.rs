@@ -16,7 +16,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::ends::{replay_consumer, LogEnds};
 use super::{
-    plan_recovery, PlanRefusal, RecoveryError, RecoveryInput, RecoveryReport, ReplayTimes, Source,
+    plan_recovery, PlanRefusal, RecoveryError, RecoveryInput, RecoveryPlan, RecoveryReport,
+    ReplayTimes, Source,
 };
 use crate::changelog;
 use crate::clock::now_ms;
@@ -68,45 +69,10 @@ pub fn recover_partition(
 ) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
     let ends = LogEnds::read(input)?;
-    let plan = plan_recovery(&ends.facts).map_err(
-        |PlanRefusal::LedgerAhead {
-             log,
-             ledger_next_output,
-             output_end,
-         }| {
-            RecoveryError::LedgerAhead {
-                log,
-                partition: p,
-                ledger_next_output,
-                output_end,
-            }
-        },
-    )?;
+    let plan = plan_for(&ends, p)?;
     plan.warn(p, &ends.facts);
     let source = ends.facts.source;
-    // Done: the ledger holds every id of the partition's log from the replayed range's start
-    // on. From here on every transaction writes the changelog, so its position is its end.
-    let progress = Progress {
-        next_input_offset: plan.resume_input_at.unwrap_or(-1),
-        next_output_offset: ends.facts.output_high.max(if source == Source::Output {
-            plan.replay_to
-        } else {
-            -1
-        }),
-        next_changelog_offset: ends.changelog_high,
-    };
-    let backfill = match plan.backfill {
-        Some(range) => Backfill {
-            range: Some(range),
-            floor_ms: ends.window_start_ms - CLOCK_SKEW_MS,
-        },
-        None => Backfill::default(),
-    };
-    let floor = if backfill.is_empty() {
-        WindowFloor::Keep
-    } else {
-        WindowFloor::Raise(backfill.floor_ms)
-    };
+    let (progress, backfill, floor) = resume_point(&plan, &ends);
     let total = plan.replay_to - plan.replay_from;
     let mut read = RangeRead::new(input, ends.topic(input), source);
     let record_error = |source| RecoveryError::Record {
@@ -157,6 +123,54 @@ pub fn recover_partition(
         times,
     };
     Ok((report, backfill))
+}
+
+/// The recovery plan for the partition's logs, or the refusal of a ledger ahead of them.
+fn plan_for(ends: &LogEnds, partition: i32) -> Result<RecoveryPlan, RecoveryError> {
+    plan_recovery(&ends.facts).map_err(
+        |PlanRefusal::LedgerAhead {
+             log,
+             ledger_next_output,
+             output_end,
+         }| {
+            RecoveryError::LedgerAhead {
+                log,
+                partition,
+                ledger_next_output,
+                output_end,
+            }
+        },
+    )
+}
+
+/// Where the partition stands once the plan's range is replayed (its progress record), what a
+/// rebuild leaves to back-fill, and the window floor the load sets meanwhile.
+fn resume_point(plan: &RecoveryPlan, ends: &LogEnds) -> (Progress, Backfill, WindowFloor) {
+    let source = ends.facts.source;
+    // Done: the ledger holds every id of the partition's log from the replayed range's start
+    // on. From here on every transaction writes the changelog, so its position is its end.
+    let progress = Progress {
+        next_input_offset: plan.resume_input_at.unwrap_or(-1),
+        next_output_offset: ends.facts.output_high.max(if source == Source::Output {
+            plan.replay_to
+        } else {
+            -1
+        }),
+        next_changelog_offset: ends.changelog_high,
+    };
+    let backfill = match plan.backfill {
+        Some(range) => Backfill {
+            range: Some(range),
+            floor_ms: ends.window_start_ms - CLOCK_SKEW_MS,
+        },
+        None => Backfill::default(),
+    };
+    let floor = if backfill.is_empty() {
+        WindowFloor::Keep
+    } else {
+        WindowFloor::Raise(backfill.floor_ms)
+    };
+    (progress, backfill, floor)
 }
 
 /// Loads what a rebuild left (the changelog's records older than the handover window) in one bulk
