@@ -353,18 +353,7 @@ impl<'i, 'a> RangeRead<'i, 'a> {
         let mut next = from;
         let mut metered = Instant::now();
         while next < to {
-            if self.input.stop.load(Ordering::Relaxed) {
-                return Err(RecoveryError::Stopped { partition: p });
-            }
-            if self.started.elapsed() > self.input.timeout {
-                let seconds = self.input.timeout.as_secs();
-                return Err(RecoveryError::Timeout {
-                    partition: p,
-                    target: to,
-                    at: next,
-                    seconds,
-                });
-            }
+            self.may_go_on(next, to)?;
             let polled = Instant::now();
             let message = consumer.poll(Duration::from_millis(500));
             self.fetch_secs += polled.elapsed().as_secs_f64();
@@ -401,16 +390,7 @@ impl<'i, 'a> RangeRead<'i, 'a> {
                 Some(Ok(m)) if m.offset() >= to => break,
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
-                    self.records += 1;
-                    let decoding = Instant::now();
-                    self.take_ids(&m)?;
-                    self.decode_secs += decoding.elapsed().as_secs_f64();
-                    let done = (next - from) as f64 / (to - from) as f64;
-                    sink.add(&self.batch, self.records, done)
-                        .map_err(|source| RecoveryError::Record {
-                            partition: p,
-                            source,
-                        })?;
+                    self.add(&m, (next - from) as f64 / (to - from) as f64, sink)?;
                     if metered.elapsed() >= Duration::from_millis(250) {
                         meter(self.ids, next - from);
                         metered = Instant::now();
@@ -419,6 +399,41 @@ impl<'i, 'a> RangeRead<'i, 'a> {
             }
         }
         Ok(())
+    }
+
+    /// Ends the read if the take-over is stopped or its time is up (at `next`, short of `to`).
+    fn may_go_on(&self, next: i64, to: i64) -> Result<(), RecoveryError> {
+        let partition = self.input.partition;
+        if self.input.stop.load(Ordering::Relaxed) {
+            return Err(RecoveryError::Stopped { partition });
+        }
+        if self.started.elapsed() > self.input.timeout {
+            return Err(RecoveryError::Timeout {
+                partition,
+                target: to,
+                at: next,
+                seconds: self.input.timeout.as_secs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds the ids of record `m` to `sink`, `done` of the range read with it (0..=1).
+    fn add(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        done: f64,
+        sink: &mut Sink<'_>,
+    ) -> Result<(), RecoveryError> {
+        self.records += 1;
+        let decoding = Instant::now();
+        self.take_ids(m)?;
+        self.decode_secs += decoding.elapsed().as_secs_f64();
+        sink.add(&self.batch, self.records, done)
+            .map_err(|source| RecoveryError::Record {
+                partition: self.input.partition,
+                source,
+            })
     }
 
     /// The ids a log record holds, in `self.batch`.
