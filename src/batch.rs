@@ -319,14 +319,18 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
         };
         fates.push(fate);
     }
-    let mut refreshes: Vec<usize> = refreshed_at.into_values().collect();
-    refreshes.sort_unstable();
     BatchDecision {
         fates,
         new_ids,
         oldest_new_ms,
-        refreshes,
+        refreshes: ascending(refreshed_at.into_values()),
     }
+}
+
+fn ascending(positions: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut positions: Vec<usize> = positions.collect();
+    positions.sort_unstable();
+    positions
 }
 
 /// How many ids a batch published as new the store then recorded as duplicates: `verdicts` are
