@@ -189,7 +189,7 @@ impl PublishedTwice<'_> {
             tracing::warn!(
                 partition = self.partition,
                 ids = since,
-                "Ids this partition published were published by another of the worker's partitions at the same time: both copies reached the output. Copies of an id meet on two partitions only when the input is not partitioned by the id; key it by the id (dedupe rekey); see docs/operations.md, \"Misrouted ids\" (counted in dedupe_published_twice_ids_total, warned about once a minute)."
+                "Ids this partition published were published by another of the worker's partitions at the same time: both copies reached the output. Copies of an id meet on two partitions only when the input is not partitioned by the id; key it by the id (dedupe rekey); see docs/operations.md, \"Where the id comes from\" (counted in dedupe_published_twice_ids_total, warned about once a minute)."
             );
         }
     }
