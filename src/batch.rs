@@ -179,9 +179,9 @@ pub struct BatchDecision {
     pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
     /// The oldest timestamp among the published new ids (for the end-to-end latency).
     pub oldest_new_ms: Option<i64>,
-    /// How many of `new_ids` are refreshes: ids of dropped copies recorded again at the copy's
-    /// time (with [`Rules::refresh`]), not published records.
-    pub refreshed: usize,
+    /// Where in `new_ids` the refreshes are, ascending: ids of dropped copies recorded again at
+    /// the copy's time (with [`Rules::refresh`]), not published records.
+    pub refreshes: Vec<usize>,
 }
 
 impl BatchDecision {
@@ -260,7 +260,7 @@ pub fn decide(candidates: &[Candidate], found: &[Option<Held>], rules: Rules) ->
         fates,
         new_ids: decided.new_ids,
         oldest_new_ms: decided.oldest_new_ms,
-        refreshed: decided.refreshed_at.len(),
+        refreshes: ascending(decided.refreshed_at.into_values()),
     }
 }
 
@@ -358,6 +358,30 @@ fn copy_of(first: Held, in_batch: bool, candidate: &Candidate, ts: i64, rules: R
         }
         _ => Fate::Duplicate(seen),
     }
+}
+
+fn ascending(positions: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut positions: Vec<usize> = positions.collect();
+    positions.sort_unstable();
+    positions
+}
+
+/// How many ids a batch published as new the store then recorded as duplicates: `verdicts` are
+/// the store's answers on the batch's `new_ids` as it recorded them, `refreshes` where in them the
+/// refreshes are (a refresh is a duplicate by design). A published id held already by the time
+/// it is recorded was recorded in between by a copy on another of the worker's partitions, which
+/// published it too: both copies reached the output. A refresh found not held (forgotten, or
+/// dropped with its generation, in between) is recorded as a new sighting, which is what a copy
+/// of an id not held is; it is not counted.
+pub fn published_twice(refreshes: &[usize], verdicts: &[crate::ledger::Verdict]) -> usize {
+    verdicts
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| {
+            matches!(v, crate::ledger::Verdict::Duplicate { .. })
+                && refreshes.binary_search(i).is_err()
+        })
+        .count()
 }
 
 #[cfg(test)]
@@ -500,7 +524,7 @@ mod tests {
             d.fates[..],
             [Fate::Duplicate(_), Fate::Publish, Fate::Duplicate(_)]
         ));
-        assert_eq!(d.refreshed, 1);
+        assert_eq!(d.refreshes, [0]);
         assert_eq!(
             d.new_ids,
             [
@@ -514,7 +538,7 @@ mod tests {
             mode: SourceMode::Flag,
             ..keyed(1, 200_000)
         };
-        assert_eq!(decide(&[passed], &[first], rules).refreshed, 0);
+        assert!(decide(&[passed], &[first], rules).refreshes.is_empty());
         assert_eq!(decide(&[keyed(1, 50_000)], &[first], rules).new_ids, []);
         assert_eq!(decide(&[keyed(1, 200_000)], &[first], FORWARD).new_ids, []);
         // Refreshed past the limit: the refresh is what the limit counts from.
@@ -756,5 +780,26 @@ mod tests {
         // Each id recorded once, by its first copy, whatever the source's mode.
         assert_eq!(d.new_ids, [(key(1), 100, None), (key(2), 120, None)]);
         assert_eq!(d.duplicates(), 1);
+    }
+
+    #[test]
+    fn an_id_published_then_recorded_as_a_duplicate_was_published_twice() {
+        use crate::ledger::Verdict as Recorded;
+        let dup = Recorded::Duplicate {
+            first_seen_ms: 5,
+            digest: None,
+        };
+        // Ids 0 and 2 were published, id 1 is a refresh.
+        let refreshes = [1];
+        assert_eq!(
+            published_twice(&refreshes, &[Recorded::New, dup, Recorded::New]),
+            0
+        );
+        // Id 2 was recorded by another partition in between; a refresh found gone is no error.
+        assert_eq!(
+            published_twice(&refreshes, &[Recorded::New, Recorded::New, dup]),
+            1
+        );
+        assert_eq!(published_twice(&[], &[dup, dup]), 2);
     }
 }

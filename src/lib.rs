@@ -22,6 +22,7 @@ pub mod recovery;
 pub mod retry;
 pub mod secret;
 pub mod snapshot;
+pub mod store;
 pub mod watchdog;
 pub mod window;
 pub mod wire;

@@ -102,6 +102,18 @@ fn a_topic_keyed_by_user_id_counts_misrouted_ids_and_lets_copies_on_other_partit
             .contains("Records arrive on a partition their id does not belong in"),
         "the worker warns"
     );
+    // Each of the 20 ids published on two partitions is found held by the second record of it:
+    // the race is counted, and warned about.
+    assert_eq!(
+        worker.metric("dedupe_published_twice_ids_total", &[]) as usize,
+        20
+    );
+    assert!(
+        worker
+            .log_text()
+            .contains("were published by another of the worker's partitions at the same time"),
+        "the worker warns"
+    );
     worker.terminate(Duration::from_secs(30));
 }
 

@@ -1,15 +1,19 @@
 //! `LedgerActor` owns the worker's one RocksDB ledger. It runs on a `SyncArbiter`, so blocking
 //! RocksDB calls never run on the async executor; its mailbox is actix's crossbeam channel, and
-//! callers bound what is in flight (one batch per partition).
+//! callers bound what is in flight (one batch per partition). The pipeline's messages
+//! ([`Lookup`], [`CheckAndRecord`], [`MarkIds`]) are answered through the core's
+//! [`dedupe::store::IdStore`]; the rest are the ledger's own (retention, stats, checkpoints).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dedupe::identity::{ContentDigest, LedgerKey};
-use dedupe::ledger::{Forgotten, Held, Ledger, LedgerError, LedgerStats, Mark, MarkOrder, Verdict};
+use dedupe::identity::LedgerKey;
+use dedupe::ledger::{Ledger, LedgerError, LedgerStats, Mark, MarkOrder, Verdict};
 use dedupe::progress::Progress;
+pub use dedupe::store::Looked;
+use dedupe::store::{IdStore, NewId};
 
 pub struct LedgerActor {
     ledger: Arc<Ledger>,
@@ -33,21 +37,10 @@ pub struct Lookup {
     pub keys: Vec<LedgerKey>,
 }
 
-/// What a [`Lookup`] found.
-#[derive(Debug, Default)]
-pub struct Looked {
-    /// Per key, in order: what the ledger holds of it.
-    pub held: Vec<Option<Held>>,
-    /// The keys forgotten, since when and where (see `dedupe::ledger::Mark`): published again,
-    /// they are marked resent.
-    pub forgotten: Vec<Forgotten>,
-}
-
 impl Handler<Lookup> for LedgerActor {
     type Result = Result<Looked, LedgerError>;
     fn handle(&mut self, msg: Lookup, _: &mut Self::Context) -> Self::Result {
-        let (held, forgotten) = self.ledger.held_in(&msg.keys)?;
-        Ok(Looked { held, forgotten })
+        self.ledger.look_up(&msg.keys)
     }
 }
 
@@ -61,7 +54,7 @@ pub struct MarkIds {
 impl Handler<MarkIds> for LedgerActor {
     type Result = Result<(), LedgerError>;
     fn handle(&mut self, msg: MarkIds, _: &mut Self::Context) -> Self::Result {
-        self.ledger.mark(&msg.marks, MarkOrder::Newest)
+        IdStore::mark(&*self.ledger, &msg.marks, MarkOrder::Newest)
     }
 }
 
@@ -71,7 +64,7 @@ impl Handler<MarkIds> for LedgerActor {
 #[rtype(result = "Result<Vec<Verdict>, LedgerError>")]
 pub struct CheckAndRecord {
     pub partition: i32,
-    pub items: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
+    pub items: Vec<NewId>,
     /// `None` leaves the partition's progress record as it is (a background load of older ids).
     pub progress: Option<Progress>,
     /// Marks that take effect with the batch (forgotten ids published again: resent).
@@ -90,7 +83,7 @@ impl Handler<CheckAndRecord> for LedgerActor {
             .map(|p| p.encode().to_vec())
             .unwrap_or_default();
         self.ledger
-            .check_and_record_marked(msg.partition, &msg.items, &progress, &msg.marks)
+            .record(msg.partition, &msg.items, &progress, &msg.marks)
     }
 }
 

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use dedupe::identity::{ContentDigest, LedgerKey};
-use dedupe::output::{Batch, Committed, OutRecord, OutputWriter, PublishError};
+use dedupe::output::{Batch, Committed, OutRecord, OutputWriter, PublishError, Sink};
+use dedupe::store::NewId;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -52,11 +52,33 @@ pub struct Outgoing {
     /// Audit records of the batch's dropped duplicates (see `dedupe::audit`).
     pub audit: Vec<OutRecord>,
     /// With their first-seen times and content digests.
-    pub new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)>,
+    pub new_ids: Vec<NewId>,
     /// Marker records for the id changelog (forgets, and re-sends after them).
     pub marks: Vec<Vec<u8>>,
     /// Re-send markers for other partitions' changelogs (see `dedupe::output::Batch::other_marks`).
     pub other_marks: Vec<(i32, Vec<u8>)>,
+}
+
+impl Outgoing {
+    /// The batch to commit, with the input position that follows it.
+    pub fn batch<'a>(
+        &'a self,
+        input_topic: &'a str,
+        input_partition: i32,
+        next_input_offset: i64,
+    ) -> Batch<'a> {
+        Batch {
+            records: &self.records,
+            dead_letters: &self.dead_letters,
+            audit: &self.audit,
+            new_ids: &self.new_ids,
+            marks: &self.marks,
+            other_marks: &self.other_marks,
+            input_topic,
+            input_partition,
+            next_input_offset,
+        }
+    }
 }
 
 /// Publish a batch with the input offset that follows it. The batch is shared, so an attempt
@@ -76,18 +98,9 @@ impl Handler<Publish> for Publisher {
                 source: KafkaError::MessageProduction(RDKafkaErrorCode::State),
             });
         };
-        let outgoing = &msg.outgoing;
-        let batch = Batch {
-            records: &outgoing.records,
-            dead_letters: &outgoing.dead_letters,
-            audit: &outgoing.audit,
-            new_ids: &outgoing.new_ids,
-            marks: &outgoing.marks,
-            other_marks: &outgoing.other_marks,
-            input_topic: &self.input_topic,
-            input_partition: self.partition,
-            next_input_offset: msg.next_input_offset,
-        };
-        self.writer.publish(&batch, &group)
+        let batch = msg
+            .outgoing
+            .batch(&self.input_topic, self.partition, msg.next_input_offset);
+        Sink::publish(&mut self.writer, &batch, &group)
     }
 }

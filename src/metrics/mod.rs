@@ -74,6 +74,7 @@ pub const REUSED_IDS: &str = "dedupe_reused_ids_total";
 pub const SOURCE_REUSED_IDS: &str = "dedupe_source_reused_ids_total";
 pub const UNKEYED: &str = "dedupe_unkeyed_records_total";
 pub const MISROUTED_IDS: &str = "dedupe_misrouted_ids_total";
+pub const PUBLISHED_TWICE_IDS: &str = "dedupe_published_twice_ids_total";
 pub const INPUT_DUPLICATE_HEADERS: &str = "dedupe_input_duplicate_headers_total";
 pub const REKEY_RECORDS: &str = "dedupe_rekey_records_total";
 pub const REKEY_TRANSACTIONS: &str = "dedupe_rekey_transactions_total";
@@ -244,6 +245,7 @@ pub const ALL: &[Metric] = &[
     m(SOURCE_REUSED_IDS, Counter, None, &[LABEL_SOURCE], "Records whose id the ledger holds for other content, by the front door's source (as dedupe_source_records_total counts sources): the clients that reuse ids."),
     m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable, repeated_key) and the policy applied (forward, drop, dead-letter)."),
     m(MISROUTED_IDS, Counter, None, P, "Records whose id is on a partition neither common partitioner (the Java client's murmur2, librdkafka's crc32) would key it to: the input is not partitioned by the id, so copies of an id may reach other partitions, owned by workers whose ledgers do not see each other (a worker's partitions share its one ledger); dedupe rekey keys a topic by the id."),
+    m(PUBLISHED_TWICE_IDS, Counter, None, P, "Ids a batch published as new that the ledger, recording them after the commit, found held already: a copy on another of the worker's partitions was published and recorded in between, so both copies reached the output. Only an input not partitioned by the id (dedupe_misrouted_ids_total) lets copies race so."),
     m(INPUT_DUPLICATE_HEADERS, Counter, None, P, "dedupe-duplicate headers that input records came with (set by a producer, or by a dedupe pipeline upstream), published renamed to dedupe-input-duplicate with their values: on the output only this worker's flag says a copy is a duplicate."),
     m(REKEY_RECORDS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: source records by outcome: rekeyed (copied into the input topic keyed by their id), unkeyed (no usable id: copied with their own key), dead_lettered (larger than the input topic accepts: their position and size written to worker.dead_letter_topic), too_large (larger than the input topic accepts, no dead-letter topic: the stage stopped at it)."),
     m(REKEY_TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: transactions (a batch and its source offsets) by outcome: committed, aborted, fenced (another instance with the same transactional id took over; this one exits)."),

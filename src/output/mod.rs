@@ -18,6 +18,9 @@
 mod delivery;
 mod error;
 pub mod owner;
+mod sink;
+
+pub use sink::{MemorySink, Published, Sink};
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

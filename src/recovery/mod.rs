@@ -33,6 +33,7 @@
 //! never at a stale progress record's: a partition that comes back cannot skip what another owner
 //! published meanwhile.
 
+mod ends;
 mod replay;
 
 pub use replay::{backfill, recover_partition, Backfill, LoadMeter};

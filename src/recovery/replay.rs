@@ -14,14 +14,15 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::ends::{replay_consumer, LogEnds};
 use super::{
-    plan_recovery, PlanRefusal, RecoveryError, RecoveryFacts, RecoveryInput, RecoveryReport,
+    plan_recovery, PlanRefusal, RecoveryError, RecoveryInput, RecoveryPlan, RecoveryReport,
     ReplayTimes, Source,
 };
 use crate::changelog;
 use crate::clock::now_ms;
 use crate::identity::{message_key, message_view, IdSource, LedgerKey};
-use crate::kafka::{client_config, Reader, ReaderContext};
+use crate::kafka::Reader;
 use crate::ledger::{Ledger, LedgerError, Load, LoadTimes, Mark, MarkOrder, WindowFloor};
 use crate::progress::Progress;
 
@@ -36,31 +37,6 @@ const TAIL_BATCH: usize = 16_384;
 /// producer's clock) may be ahead of the time the worker published it. Records published before a
 /// load's start hold ids first seen up to this much later.
 const CLOCK_SKEW_MS: i64 = 5 * 60 * 1000;
-
-/// How long the log's ends are asked for while leaderships move (a node killed or restarted): a
-/// transient refusal is asked again, each attempt waiting at most [`LOOKUP_ATTEMPT`].
-const LOOKUP_PATIENCE: Duration = Duration::from_secs(60);
-const LOOKUP_ATTEMPT: Duration = Duration::from_secs(5);
-const LOOKUP_PAUSE: Duration = Duration::from_millis(250);
-
-/// Runs `ask` (given the time it may wait) until it answers or fails with more than a passing
-/// cluster state (see [`crate::kafka::is_transient`]), for at most [`LOOKUP_PATIENCE`]. A failed
-/// take-over would instead start again from the fence, after a backoff.
-fn ask_patiently<T>(
-    mut ask: impl FnMut(Duration) -> Result<T, KafkaError>,
-) -> Result<T, KafkaError> {
-    let deadline = Instant::now() + LOOKUP_PATIENCE;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match ask(left.min(LOOKUP_ATTEMPT).max(Duration::from_millis(100))) {
-            Err(e) if crate::kafka::is_transient(&e) && left > LOOKUP_PAUSE => {
-                tracing::debug!(error = %e, "A log's ends could not be read for now; asking again.");
-                std::thread::sleep(LOOKUP_PAUSE);
-            }
-            answer => return answer,
-        }
-    }
-}
 
 /// Reports a load's headway: ids loaded so far, records read, records in all.
 pub type LoadMeter<'a> = dyn FnMut(u64, i64, i64) + 'a;
@@ -93,45 +69,10 @@ pub fn recover_partition(
 ) -> Result<(RecoveryReport, Backfill), RecoveryError> {
     let p = input.partition;
     let ends = LogEnds::read(input)?;
-    let plan = plan_recovery(&ends.facts).map_err(
-        |PlanRefusal::LedgerAhead {
-             log,
-             ledger_next_output,
-             output_end,
-         }| {
-            RecoveryError::LedgerAhead {
-                log,
-                partition: p,
-                ledger_next_output,
-                output_end,
-            }
-        },
-    )?;
+    let plan = plan_for(&ends, p)?;
     plan.warn(p, &ends.facts);
     let source = ends.facts.source;
-    // Done: the ledger holds every id of the partition's log from the replayed range's start
-    // on. From here on every transaction writes the changelog, so its position is its end.
-    let progress = Progress {
-        next_input_offset: plan.resume_input_at.unwrap_or(-1),
-        next_output_offset: ends.facts.output_high.max(if source == Source::Output {
-            plan.replay_to
-        } else {
-            -1
-        }),
-        next_changelog_offset: ends.changelog_high,
-    };
-    let backfill = match plan.backfill {
-        Some(range) => Backfill {
-            range: Some(range),
-            floor_ms: ends.window_start_ms - CLOCK_SKEW_MS,
-        },
-        None => Backfill::default(),
-    };
-    let floor = if backfill.is_empty() {
-        WindowFloor::Keep
-    } else {
-        WindowFloor::Raise(backfill.floor_ms)
-    };
+    let (progress, backfill, floor) = resume_point(&plan, &ends);
     let total = plan.replay_to - plan.replay_from;
     let mut read = RangeRead::new(input, ends.topic(input), source);
     let record_error = |source| RecoveryError::Record {
@@ -184,6 +125,54 @@ pub fn recover_partition(
     Ok((report, backfill))
 }
 
+/// The recovery plan for the partition's logs, or the refusal of a ledger ahead of them.
+fn plan_for(ends: &LogEnds, partition: i32) -> Result<RecoveryPlan, RecoveryError> {
+    plan_recovery(&ends.facts).map_err(
+        |PlanRefusal::LedgerAhead {
+             log,
+             ledger_next_output,
+             output_end,
+         }| {
+            RecoveryError::LedgerAhead {
+                log,
+                partition,
+                ledger_next_output,
+                output_end,
+            }
+        },
+    )
+}
+
+/// Where the partition stands once the plan's range is replayed (its progress record), what a
+/// rebuild leaves to back-fill, and the window floor the load sets meanwhile.
+fn resume_point(plan: &RecoveryPlan, ends: &LogEnds) -> (Progress, Backfill, WindowFloor) {
+    let source = ends.facts.source;
+    // Done: the ledger holds every id of the partition's log from the replayed range's start
+    // on. From here on every transaction writes the changelog, so its position is its end.
+    let progress = Progress {
+        next_input_offset: plan.resume_input_at.unwrap_or(-1),
+        next_output_offset: ends.facts.output_high.max(if source == Source::Output {
+            plan.replay_to
+        } else {
+            -1
+        }),
+        next_changelog_offset: ends.changelog_high,
+    };
+    let backfill = match plan.backfill {
+        Some(range) => Backfill {
+            range: Some(range),
+            floor_ms: ends.window_start_ms - CLOCK_SKEW_MS,
+        },
+        None => Backfill::default(),
+    };
+    let floor = if backfill.is_empty() {
+        WindowFloor::Keep
+    } else {
+        WindowFloor::Raise(backfill.floor_ms)
+    };
+    (progress, backfill, floor)
+}
+
 /// Loads what a rebuild left (the changelog's records older than the handover window) in one bulk
 /// load, leaving the partition's progress record to its running pipeline, and lowers the window
 /// floor the first load raised. Returns the ids loaded. A stop or a crash part way leaves the
@@ -221,114 +210,6 @@ pub fn backfill(
             source,
         })?;
     Ok(ids)
-}
-
-/// Where the partition's logs end, and the facts recovery is planned on.
-struct LogEnds {
-    facts: RecoveryFacts,
-    changelog_high: i64,
-    /// The time the handover window starts at (ms), when it was looked up.
-    window_start_ms: i64,
-}
-
-impl LogEnds {
-    /// Reads both logs' watermarks (one client for both) and picks the log to replay; for a
-    /// partition the ledger holds nothing for, also the first changelog offset published within
-    /// the handover window.
-    fn read(input: &RecoveryInput<'_>) -> Result<Self, RecoveryError> {
-        let p = input.partition;
-        let kerr = |topic: &str| {
-            let topic = topic.to_string();
-            move |source| RecoveryError::Kafka {
-                topic,
-                partition: p,
-                source,
-            }
-        };
-        let consumer = replay_consumer(input).map_err(kerr(input.changelog_topic))?;
-        let watermarks = |topic: &str| {
-            ask_patiently(|wait| consumer.fetch_watermarks(topic, p, wait)).map_err(kerr(topic))
-        };
-        let source = Source::for_progress(input.ledger_progress);
-        let (output_low, output_high) = watermarks(input.output_topic)?;
-        let (changelog_low, changelog_high) = watermarks(input.changelog_topic)?;
-        let (log_low, log_high) = match source {
-            Source::Changelog => (changelog_low, changelog_high),
-            Source::Output => (output_low, output_high),
-        };
-        let window_start_ms = now_ms().saturating_sub(input.ready_window.as_millis() as i64);
-        let holds_nothing = input
-            .ledger_progress
-            .is_none_or(|pr| pr.next_changelog_offset < 0);
-        let window_start = if source == Source::Changelog && holds_nothing && log_high > log_low {
-            first_offset_since(&consumer, input.changelog_topic, p, window_start_ms)
-                .map_err(kerr(input.changelog_topic))?
-        } else {
-            None
-        };
-        let facts = RecoveryFacts {
-            ledger_progress: input.ledger_progress,
-            committed_input: input.committed_input,
-            source,
-            log_low,
-            log_high,
-            output_high,
-            accept_ledger_ahead: input.accept_ledger_ahead,
-            window_start,
-        };
-        Ok(LogEnds {
-            facts,
-            changelog_high,
-            window_start_ms,
-        })
-    }
-
-    /// The topic of the log replayed.
-    fn topic<'a>(&self, input: &RecoveryInput<'a>) -> &'a str {
-        match self.facts.source {
-            Source::Changelog => input.changelog_topic,
-            Source::Output => input.output_topic,
-        }
-    }
-}
-
-/// The first offset of `topic`'s partition whose record was written at `since_ms` or later
-/// (`None`: Kafka does not say, so everything is loaded first).
-fn first_offset_since(
-    consumer: &Reader,
-    topic: &str,
-    partition: i32,
-    since_ms: i64,
-) -> Result<Option<i64>, KafkaError> {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Offset(since_ms))?;
-    let found = ask_patiently(|wait| consumer.offsets_for_times(tpl.clone(), wait))?;
-    Ok(found
-        .find_partition(topic, partition)
-        .and_then(|e| match e.offset() {
-            Offset::Offset(o) => Some(o),
-            // No record that recent: everything is older than the window.
-            Offset::End => Some(i64::MAX),
-            _ => None,
-        }))
-}
-
-fn replay_consumer(input: &RecoveryInput<'_>) -> Result<Reader, KafkaError> {
-    client_config(input.kafka)
-        .set(
-            "group.id",
-            format!("dedupe-recovery-{}", input.output_topic),
-        )
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
-        // Large fetches and a deep queue: the changelog is read as fast as the broker sends it.
-        .set("fetch.max.bytes", "104857600")
-        .set("max.partition.fetch.bytes", "52428800")
-        .set("queued.max.messages.kbytes", "262144")
-        // The end of the range is found by an empty fetch: do not let the broker hold it.
-        .set("fetch.wait.max.ms", "10")
-        .create_with_context(ReaderContext)
 }
 
 /// Where the ids read go: the ledger, batch by batch for a short tail, else in bulk.
@@ -472,18 +353,7 @@ impl<'i, 'a> RangeRead<'i, 'a> {
         let mut next = from;
         let mut metered = Instant::now();
         while next < to {
-            if self.input.stop.load(Ordering::Relaxed) {
-                return Err(RecoveryError::Stopped { partition: p });
-            }
-            if self.started.elapsed() > self.input.timeout {
-                let seconds = self.input.timeout.as_secs();
-                return Err(RecoveryError::Timeout {
-                    partition: p,
-                    target: to,
-                    at: next,
-                    seconds,
-                });
-            }
+            self.may_go_on(next, to)?;
             let polled = Instant::now();
             let message = consumer.poll(Duration::from_millis(500));
             self.fetch_secs += polled.elapsed().as_secs_f64();
@@ -520,16 +390,7 @@ impl<'i, 'a> RangeRead<'i, 'a> {
                 Some(Ok(m)) if m.offset() >= to => break,
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
-                    self.records += 1;
-                    let decoding = Instant::now();
-                    self.take_ids(&m)?;
-                    self.decode_secs += decoding.elapsed().as_secs_f64();
-                    let done = (next - from) as f64 / (to - from) as f64;
-                    sink.add(&self.batch, self.records, done)
-                        .map_err(|source| RecoveryError::Record {
-                            partition: p,
-                            source,
-                        })?;
+                    self.add(&m, (next - from) as f64 / (to - from) as f64, sink)?;
                     if metered.elapsed() >= Duration::from_millis(250) {
                         meter(self.ids, next - from);
                         metered = Instant::now();
@@ -538,6 +399,41 @@ impl<'i, 'a> RangeRead<'i, 'a> {
             }
         }
         Ok(())
+    }
+
+    /// Ends the read if the take-over is stopped or its time is up (at `next`, short of `to`).
+    fn may_go_on(&self, next: i64, to: i64) -> Result<(), RecoveryError> {
+        let partition = self.input.partition;
+        if self.input.stop.load(Ordering::Relaxed) {
+            return Err(RecoveryError::Stopped { partition });
+        }
+        if self.started.elapsed() > self.input.timeout {
+            return Err(RecoveryError::Timeout {
+                partition,
+                target: to,
+                at: next,
+                seconds: self.input.timeout.as_secs(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds the ids of record `m` to `sink`, `done` of the range read with it (0..=1).
+    fn add(
+        &mut self,
+        m: &BorrowedMessage<'_>,
+        done: f64,
+        sink: &mut Sink<'_>,
+    ) -> Result<(), RecoveryError> {
+        self.records += 1;
+        let decoding = Instant::now();
+        self.take_ids(m)?;
+        self.decode_secs += decoding.elapsed().as_secs_f64();
+        sink.add(&self.batch, self.records, done)
+            .map_err(|source| RecoveryError::Record {
+                partition: self.input.partition,
+                source,
+            })
     }
 
     /// The ids a log record holds, in `self.batch`.
@@ -609,6 +505,7 @@ mod tests {
 
     use super::*;
     use crate::config::KafkaConfig;
+    use crate::kafka::client_config;
     use crate::ledger::{Ledger, LedgerOptions};
 
     #[test]

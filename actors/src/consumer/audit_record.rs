@@ -7,7 +7,7 @@ use dedupe::batch::Seen;
 use dedupe::identity::LedgerKey;
 use dedupe::output::OutRecord;
 
-use super::seams::{IdStore, Sink};
+use super::seams::{SinkAccess, StoreAccess};
 use super::{InRecord, Pipeline};
 
 /// How dropped duplicates are audited (see `dedupe::audit`).
@@ -18,7 +18,7 @@ pub struct AuditSettings {
     pub max_per_sec: u32,
 }
 
-impl<S: IdStore, K: Sink> Pipeline<S, K> {
+impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// The audit record of a dropped copy from `source`.
     pub(super) fn audit_record(
         &self,

@@ -23,7 +23,7 @@ use dedupe::ledger::{Forgotten, Mark, MarkKind};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use super::seams::{IdStore, Sink};
+use super::seams::{SinkAccess, StoreAccess};
 use super::{Decided, Pipeline, PipelineError};
 use crate::events::{ForgetFailed, IdsForgotten};
 use crate::producer::Outgoing;
@@ -86,7 +86,7 @@ impl Resent {
     }
 }
 
-impl<S: IdStore, K: Sink> Pipeline<S, K> {
+impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// Which of the batch's new ids were forgotten: their resent marker joins the transaction,
     /// in this partition's changelog and in the changelog of each other partition their forget
     /// was written to (so that partition, loaded alone, reads the forget ended). Its time is

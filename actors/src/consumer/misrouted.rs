@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::seams::{IdStore, Sink};
+use super::seams::{SinkAccess, StoreAccess};
 use super::{InRecord, Pipeline};
 use crate::events::MisroutedIds;
 
-impl<S: IdStore, K: Sink> Pipeline<S, K> {
+impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// Counts the batch's records whose id belongs on another partition, and warns at most once a
     /// minute per partition.
     pub(super) fn count_misrouted(&mut self, batch: &[InRecord]) {

@@ -158,6 +158,8 @@ impl Actor for PartitionConsumer {
             unkeyed_warned_at: None,
             misrouted_warned_at: None,
             misrouted_since_warned: 0,
+            twice_warned_at: None,
+            twice_since_warned: 0,
             live_since: Some(Instant::now()),
             sampler: self
                 .settings
@@ -179,7 +181,7 @@ impl Actor for PartitionConsumer {
 }
 
 /// One partition's per-batch protocol, over its id store (the ledger actor in the worker) and its
-/// sink (the producer actor).
+/// sink (the producer actor): see `seams.rs`.
 struct Pipeline<S = Addr<LedgerActor>, K = Addr<Publisher>> {
     partition: i32,
     ledger: S,
@@ -192,6 +194,9 @@ struct Pipeline<S = Addr<LedgerActor>, K = Addr<Publisher>> {
     /// When misrouted ids were last warned about, and how many came since.
     misrouted_warned_at: Option<Instant>,
     misrouted_since_warned: u64,
+    /// When ids published twice were last warned about, and how many came since.
+    twice_warned_at: Option<Instant>,
+    twice_since_warned: u64,
     /// When the pipeline started, until its first batch is through (logged with its steps' times:
     /// what a partition's resume after a take-over costs).
     live_since: Option<Instant>,
@@ -209,12 +214,13 @@ struct InRecord {
     out: OutRecord,
 }
 
-/// A new id as recorded: its key, first-seen time and content digest.
-pub(crate) type NewId = (LedgerKey, i64, Option<ContentDigest>);
+pub(crate) use dedupe::store::NewId;
 
 /// What a batch publishes, decided: its new records, its dead letters, its new ids.
 struct Decided {
     outgoing: Outgoing,
+    /// Where in the new ids the refreshes are (see `dedupe::batch::BatchDecision::refreshes`).
+    refreshes: Vec<usize>,
     /// The timestamp of the oldest new record, for the end-to-end latency.
     oldest_new_ms: Option<i64>,
 }

@@ -1,27 +1,28 @@
 //! One batch, in the order the guarantee needs: look its ids up in the ledger, decide each
 //! record's fate, publish the new records with the next input offset in one output transaction,
 //! then record the new ids with the progress that follows the batch (see the module above for why
-//! this order). Written against the seams (`seams.rs`), so `tests.rs` runs it over doubles.
+//! this order). Written against the seams (`seams.rs`), so `tests.rs` runs it over the core's
+//! doubles.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupe::audit::Admission;
-use dedupe::batch::{self, Candidate, Fate, Rules, SourceMode, Verdict};
+use dedupe::batch::{self, Candidate, Fate, Rules, Seen, SourceMode, Verdict};
 use dedupe::clock::now_ms;
 use dedupe::config::{ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
 use dedupe::ledger::{Held, Mark};
-use dedupe::output::PublishError;
+use dedupe::output::{OutRecord, PublishError};
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
+use dedupe::store::Looked;
 use dedupe::wire::HEADER_DUPLICATE;
 
-use super::seams::{IdStore, Sink};
+use super::seams::{SinkAccess, StoreAccess};
 use super::{Decided, InRecord, NewId, Pipeline, PipelineError};
 use crate::events::partition::{source_header, ReusedAction};
-use crate::events::{TransactionFailed, TransactionRetried};
-use crate::ledger::Looked;
+use crate::events::{PublishedTwice, TransactionFailed, TransactionRetried};
 use crate::producer::Outgoing;
 
 /// How often, and after how long, a batch whose output transaction was aborted is sent again
@@ -33,7 +34,7 @@ const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
     ABORTED_BATCH_RETRIES_ALLOWED,
 );
 
-impl<S: IdStore, K: Sink> Pipeline<S, K> {
+impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// One batch: look its ids up, decide, publish the new records with the next input offset in
     /// one transaction, then record the new ids with the progress that follows the batch.
     pub(super) async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
@@ -47,6 +48,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         let looked_up = started.elapsed();
         let mut decided = self.decide(batch, &looked.held);
         let resent = self.resent(&mut decided, &looked.forgotten);
+        let refreshes = std::mem::take(&mut decided.refreshes);
         let (new_ids, committed) = self.publish_decided(decided, next_input_offset).await?;
         let published = started.elapsed();
         fail::fail_point!("worker-after-publish", |_| {
@@ -55,7 +57,8 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         });
         let marks = resent.marks(committed.changelog_offset);
         let resent_ids = marks.len() as u64;
-        self.record(new_ids, next_input_offset, marks).await?;
+        self.record(new_ids, &refreshes, next_input_offset, marks)
+            .await?;
         if resent_ids > 0 {
             self.metrics.resent.increment(resent_ids);
         }
@@ -98,22 +101,7 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy.
     pub(super) fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
-        let candidates: Vec<Candidate> = {
-            let modes = self
-                .settings
-                .source_modes
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            batch
-                .iter()
-                .map(|r| Candidate {
-                    id: r.id,
-                    timestamp_ms: r.out.timestamp_ms,
-                    digest: r.digest,
-                    mode: modes.of(source_header(&r.out).flatten()),
-                })
-                .collect()
-        };
+        let candidates = self.candidates(&batch);
         let rules = Rules {
             unkeyed: self.settings.unkeyed_policy,
             reused_id: self.settings.reused_id,
@@ -122,105 +110,138 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             refresh: self.settings.refresh_on_duplicate,
         };
         let decision = batch::decide(&candidates, found, rules);
-        if decision.refreshed > 0 {
-            self.metrics.refreshed.increment(decision.refreshed as u64);
+        if !decision.refreshes.is_empty() {
+            self.metrics
+                .refreshed
+                .increment(decision.refreshes.len() as u64);
         }
-        let mut records = Vec::with_capacity(batch.len());
-        let mut dead_letters = Vec::new();
-        let mut audit = Vec::new();
+        let mut outgoing = Outgoing {
+            records: Vec::with_capacity(batch.len()),
+            dead_letters: Vec::new(),
+            audit: Vec::new(),
+            new_ids: decision.new_ids,
+            marks: Vec::new(),
+            other_marks: Vec::new(),
+        };
         let now = Instant::now();
-        for (mut r, fate) in batch.into_iter().zip(&decision.fates) {
-            if fate.reaches_output() {
-                // Only the worker's own flag, added below, says on the output that a copy is a
-                // duplicate.
-                let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
-                if renamed > 0 {
-                    self.metrics
-                        .input_duplicate_headers
-                        .increment(renamed as u64);
-                }
-            }
-            match *fate {
-                Fate::Publish => {
-                    self.metrics
-                        .of_source(source_header(&r.out))
-                        .published
-                        .increment(1);
-                    records.push(r.out);
-                }
-                Fate::Duplicate(seen) => {
-                    let source = source_header(&r.out);
-                    self.metrics.of_source(source).duplicate.increment(1);
-                    self.metrics
-                        .duplicate_age
-                        .record(seen.age_ms as f64 / 1000.0);
-                    self.metrics.dropped(seen.verdict).increment(1);
-                    if seen.verdict == Verdict::ReusedId {
-                        self.metrics.reused(ReusedAction::Dropped).increment(1);
-                        self.metrics.of_source(source).reused.increment(1);
-                    }
-                    if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
-                        match sampler.admit(&key, now) {
-                            Admission::Audited => {
-                                let source =
-                                    source.flatten().and_then(|v| std::str::from_utf8(v).ok());
-                                audit.push(self.audit_record(&r, key, source, seen));
-                            }
-                            Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
-                            Admission::OverCap => self.metrics.audit_over_cap.increment(1),
-                        }
-                    }
-                }
-                Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
-                    self.metrics.reused(ReusedAction::DeadLettered).increment(1);
-                    self.metrics
-                        .of_source(source_header(&r.out))
-                        .reused
-                        .increment(1);
-                    dead_letters.push(r.out);
-                }
-                Fate::Reused(..) => {
-                    self.metrics.reused(ReusedAction::Published).increment(1);
-                    let counters = self.metrics.of_source(source_header(&r.out));
-                    counters.published.increment(1);
-                    counters.reused.increment(1);
-                    records.push(r.out);
-                }
-                Fate::Passed(seen, mode) => {
-                    let counters = self.metrics.of_source(source_header(&r.out));
-                    let mut out = r.out;
-                    if mode == SourceMode::Flag {
-                        counters.flagged.increment(1);
-                        out.headers.push((
-                            HEADER_DUPLICATE.to_string(),
-                            Some(seen.verdict.as_str().as_bytes().to_vec()),
-                        ));
-                    } else {
-                        counters.passed.increment(1);
-                    }
-                    records.push(out);
-                }
-                Fate::Forward(reason) => {
-                    self.unkeyed(reason, UnkeyedPolicy::Forward);
-                    records.push(r.out);
-                }
-                Fate::DeadLetter(reason) => {
-                    self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
-                    dead_letters.push(r.out);
-                }
-                Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
-            }
+        for (r, fate) in batch.into_iter().zip(&decision.fates) {
+            self.route(r, fate, now, &mut outgoing);
         }
         Decided {
-            outgoing: Outgoing {
-                records,
-                dead_letters,
-                audit,
-                new_ids: decision.new_ids,
-                marks: Vec::new(),
-                other_marks: Vec::new(),
-            },
+            outgoing,
+            refreshes: decision.refreshes,
             oldest_new_ms: decision.oldest_new_ms,
+        }
+    }
+
+    /// The batch as the decision reads it: each record's id, time, digest and its source's mode.
+    fn candidates(&self, batch: &[InRecord]) -> Vec<Candidate> {
+        let modes = self
+            .settings
+            .source_modes
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        batch
+            .iter()
+            .map(|r| Candidate {
+                id: r.id,
+                timestamp_ms: r.out.timestamp_ms,
+                digest: r.digest,
+                mode: modes.of(source_header(&r.out).flatten()),
+            })
+            .collect()
+    }
+
+    /// Puts one record where its fate sends it (the output, the dead letters, nowhere but the
+    /// audit), counted.
+    fn route(&mut self, mut r: InRecord, fate: &Fate, now: Instant, outgoing: &mut Outgoing) {
+        if fate.reaches_output() {
+            // Only the worker's own flag, added below, says on the output that a copy is a
+            // duplicate.
+            let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
+            if renamed > 0 {
+                self.metrics
+                    .input_duplicate_headers
+                    .increment(renamed as u64);
+            }
+        }
+        match *fate {
+            Fate::Publish => {
+                self.metrics
+                    .of_source(source_header(&r.out))
+                    .published
+                    .increment(1);
+                outgoing.records.push(r.out);
+            }
+            Fate::Duplicate(seen) => self.drop_duplicate(&r, seen, now, &mut outgoing.audit),
+            Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
+                self.metrics.reused(ReusedAction::DeadLettered).increment(1);
+                self.metrics
+                    .of_source(source_header(&r.out))
+                    .reused
+                    .increment(1);
+                outgoing.dead_letters.push(r.out);
+            }
+            Fate::Reused(..) => {
+                self.metrics.reused(ReusedAction::Published).increment(1);
+                let counters = self.metrics.of_source(source_header(&r.out));
+                counters.published.increment(1);
+                counters.reused.increment(1);
+                outgoing.records.push(r.out);
+            }
+            Fate::Passed(seen, mode) => {
+                let counters = self.metrics.of_source(source_header(&r.out));
+                let mut out = r.out;
+                if mode == SourceMode::Flag {
+                    counters.flagged.increment(1);
+                    out.headers.push((
+                        HEADER_DUPLICATE.to_string(),
+                        Some(seen.verdict.as_str().as_bytes().to_vec()),
+                    ));
+                } else {
+                    counters.passed.increment(1);
+                }
+                outgoing.records.push(out);
+            }
+            Fate::Forward(reason) => {
+                self.unkeyed(reason, UnkeyedPolicy::Forward);
+                outgoing.records.push(r.out);
+            }
+            Fate::DeadLetter(reason) => {
+                self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
+                outgoing.dead_letters.push(r.out);
+            }
+            Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
+        }
+    }
+
+    /// Counts a dropped duplicate, and audits it if the sampler admits it.
+    fn drop_duplicate(
+        &mut self,
+        r: &InRecord,
+        seen: Seen,
+        now: Instant,
+        audit: &mut Vec<OutRecord>,
+    ) {
+        let source = source_header(&r.out);
+        self.metrics.of_source(source).duplicate.increment(1);
+        self.metrics
+            .duplicate_age
+            .record(seen.age_ms as f64 / 1000.0);
+        self.metrics.dropped(seen.verdict).increment(1);
+        if seen.verdict == Verdict::ReusedId {
+            self.metrics.reused(ReusedAction::Dropped).increment(1);
+            self.metrics.of_source(source).reused.increment(1);
+        }
+        if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
+            match sampler.admit(&key, now) {
+                Admission::Audited => {
+                    let source = source.flatten().and_then(|v| std::str::from_utf8(v).ok());
+                    audit.push(self.audit_record(r, key, source, seen));
+                }
+                Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
+                Admission::OverCap => self.metrics.audit_over_cap.increment(1),
+            }
         }
     }
 
@@ -262,10 +283,14 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
         Ok((new_ids, committed))
     }
 
-    /// Step 4: records the new ids with the progress that follows this batch.
+    /// Step 4: records the new ids with the progress that follows this batch. The ledger judges
+    /// them again as it records them (by the same rules: a refresh only forward in time, a copy
+    /// past the retention limit as a new sighting); an id published as new that it finds held
+    /// was published by another of the worker's partitions meanwhile, and is counted.
     pub(super) async fn record(
-        &self,
+        &mut self,
         new_ids: Vec<NewId>,
+        refreshes: &[usize],
         next_input_offset: i64,
         marks: Vec<(LedgerKey, Mark)>,
     ) -> Result<(), PipelineError> {
@@ -276,11 +301,35 @@ impl<S: IdStore, K: Sink> Pipeline<S, K> {
             next_output_offset: self.next_output_offset,
             next_changelog_offset: self.next_changelog_offset,
         };
-        self.ledger.record(p, new_ids, progress, marks).await?;
+        let verdicts = self.ledger.record(p, new_ids, progress, marks).await?;
         self.metrics
             .record_seconds
             .record(t.elapsed().as_secs_f64());
+        let twice = batch::published_twice(refreshes, &verdicts);
+        if twice > 0 {
+            self.count_published_twice(twice);
+        }
         Ok(())
+    }
+
+    /// Counts ids published twice, and warns at most once a minute per partition.
+    fn count_published_twice(&mut self, ids: usize) {
+        self.twice_since_warned += ids as u64;
+        let warn = self
+            .twice_warned_at
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(60));
+        let since = warn.then_some(self.twice_since_warned);
+        if warn {
+            self.twice_warned_at = Some(Instant::now());
+            self.twice_since_warned = 0;
+        }
+        PublishedTwice {
+            partition: self.partition,
+            counter: &self.metrics.published_twice,
+            ids,
+            warn: since,
+        }
+        .emit();
     }
 
     /// Publishes, retrying aborted transactions a few times (nothing of an aborted one is

@@ -1,28 +1,29 @@
-//! The per-batch protocol against in-memory doubles of its seams: a map for the ledger and a list
-//! of committed transactions for the output. What they check is the design's core: look up, then
-//! publish, then record; nothing recorded that was not committed; duplicates dropped; the
-//! progress that follows each batch; aborted transactions sent again, whole.
+//! The per-batch protocol against the core's in-memory doubles of its seams
+//! (`dedupe::store::MemoryStore` for the ledger, `dedupe::output::MemorySink` for the output),
+//! called in place and logged in the order the pipeline calls them. What they check is the
+//! design's core: look up, then publish, then record; nothing recorded that was not committed;
+//! duplicates dropped; the progress that follows each batch; aborted transactions sent again,
+//! whole.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::cell::{Ref, RefCell};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use dedupe::clock::now_ms;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::{ContentDigest, LedgerKey, Unkeyed, LEDGER_KEY_BYTES};
-use dedupe::ledger::{Forgotten, Held, Mark, MarkKind};
+use dedupe::ledger::{Held, Mark, MarkKind, MarkOrder, Result as LedgerResult, Verdict};
+use dedupe::output::{Batch, Committed, MemorySink, OutRecord, PublishError, Published, Sink};
 use dedupe::metrics::recorder;
-use dedupe::output::{Committed, OutRecord, PublishError};
 use dedupe::progress::Progress;
+use dedupe::store::{IdStore, Looked, MemoryStore, NewId};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::Level;
 
-use super::seams::{IdStore, Sink};
-use super::{InRecord, NewId, Pipeline, PipelineError, PipelineSettings};
+use super::seams::InPlace;
+use super::{InRecord, Pipeline, PipelineError, PipelineSettings};
 use crate::events::partition::PartitionMetrics;
-use crate::ledger::Looked;
-use crate::producer::Outgoing;
 
 /// One call a double saw, in the order the pipeline made them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,113 +42,84 @@ enum Step {
 
 type Log = std::rc::Rc<RefCell<Vec<Step>>>;
 
-/// The ledger: the ids it holds, and the progress last recorded.
-#[derive(Default)]
-struct MemoryIds {
-    held: RefCell<HashMap<LedgerKey, Held>>,
-    marks: RefCell<HashMap<LedgerKey, Mark>>,
-    progress: RefCell<Option<Progress>>,
+/// A double that logs each call, then passes it on.
+struct Logged<T> {
+    inner: T,
     log: Log,
 }
 
-impl IdStore for MemoryIds {
-    async fn look_up(
-        &self,
-        _partition: i32,
-        keys: Vec<LedgerKey>,
-    ) -> Result<Looked, PipelineError> {
+impl<S: IdStore> IdStore for Logged<S> {
+    fn look_up(&self, keys: &[LedgerKey]) -> LedgerResult<Looked> {
         self.log.borrow_mut().push(Step::LookUp(keys.len()));
-        let held = self.held.borrow();
-        let marks = self.marks.borrow();
-        let forgotten = |k: &LedgerKey| marks.get(k).is_some_and(|m| m.kind == MarkKind::Forgotten);
-        Ok(Looked {
-            held: keys
-                .iter()
-                .map(|k| held.get(k).copied().filter(|_| !forgotten(k)))
-                .collect(),
-            forgotten: keys
-                .iter()
-                .filter(|k| forgotten(k))
-                .map(|k| Forgotten {
-                    key: *k,
-                    at_ms: marks[k].at_ms,
-                    partitions: vec![marks[k].partition],
-                })
-                .collect(),
-        })
+        self.inner.look_up(keys)
     }
 
-    async fn record(
+    fn record(
         &self,
-        _partition: i32,
-        items: Vec<NewId>,
-        progress: Progress,
-        marks: Vec<(LedgerKey, Mark)>,
-    ) -> Result<(), PipelineError> {
+        partition: i32,
+        items: &[NewId],
+        progress: &[u8],
+        marks: &[(LedgerKey, Mark)],
+    ) -> LedgerResult<Vec<Verdict>> {
         self.log.borrow_mut().push(Step::Record {
             ids: items.len(),
-            progress,
+            progress: Progress::decode(progress).expect("a progress record"),
         });
-        self.marks.borrow_mut().extend(marks);
-        let mut held = self.held.borrow_mut();
-        for (key, first_seen_ms, digest) in items {
-            held.insert(
-                key,
-                Held {
-                    first_seen_ms,
-                    digest,
-                },
-            );
-        }
-        *self.progress.borrow_mut() = Some(progress);
-        Ok(())
+        self.inner.record(partition, items, progress, marks)
     }
 
-    async fn forget(
-        &self,
-        _partition: i32,
-        marks: Vec<(LedgerKey, Mark)>,
-    ) -> Result<(), PipelineError> {
+    fn mark(&self, marks: &[(LedgerKey, Mark)], order: MarkOrder) -> LedgerResult<()> {
         self.log.borrow_mut().push(Step::Forget(marks.len()));
-        self.marks.borrow_mut().extend(marks);
-        Ok(())
+        self.inner.mark(marks, order)
+    }
+
+    fn progress(&self, partition: i32) -> LedgerResult<Option<Vec<u8>>> {
+        self.inner.progress(partition)
     }
 }
 
-/// The output: the transactions committed, and the failures the next attempts meet.
-#[derive(Default)]
-struct MemorySink {
-    committed: RefCell<Vec<Arc<Outgoing>>>,
-    failures: RefCell<VecDeque<PublishError>>,
-    next_offset: RefCell<i64>,
-    log: Log,
+impl<K: Sink<Group = ()>> Sink for Logged<K> {
+    type Group = ();
+
+    fn publish(&mut self, batch: &Batch<'_>, group: &()) -> Result<Committed, PublishError> {
+        self.log.borrow_mut().push(Step::Publish {
+            records: batch.records.len(),
+            next_input_offset: batch.next_input_offset,
+        });
+        self.inner.publish(batch, group)
+    }
 }
 
-impl Sink for MemorySink {
-    async fn publish(
-        &self,
-        _partition: i32,
-        outgoing: Arc<Outgoing>,
-        next_input_offset: i64,
-    ) -> Result<Result<Committed, PublishError>, PipelineError> {
-        self.log.borrow_mut().push(Step::Publish {
-            records: outgoing.records.len(),
-            next_input_offset,
-        });
-        if let Some(failure) = self.failures.borrow_mut().pop_front() {
-            return Ok(Err(failure));
-        }
-        let written = outgoing.records.len() as i64;
-        let mut next = self.next_offset.borrow_mut();
-        let last_output_offset = (written > 0).then(|| *next + written - 1);
-        *next += written;
-        let changelog_offset =
-            (!outgoing.new_ids.is_empty() || !outgoing.marks.is_empty()).then_some(0);
-        self.committed.borrow_mut().push(outgoing);
-        Ok(Ok(Committed {
-            last_output_offset,
-            changelog_offset,
-        }))
+type TestPipeline<S = MemoryStore> = Pipeline<InPlace<Logged<S>>, InPlace<Logged<MemorySink>>>;
+
+impl<S: IdStore> TestPipeline<S> {
+    /// The store's double.
+    fn store(&self) -> Ref<'_, S> {
+        Ref::map(self.ledger.inner.borrow(), |l| &l.inner)
+    }
+
+    /// The progress last recorded for the pipeline's partition.
+    fn progress(&self) -> Option<Progress> {
+        let bytes = self.store().progress(self.partition).expect("read");
+        bytes.map(|b| Progress::decode(&b).expect("a progress record"))
+    }
+
+    /// The transactions committed, in order.
+    fn committed(&self) -> Ref<'_, Vec<Published>> {
+        Ref::map(self.publisher.inner.borrow(), |l| &l.inner.committed)
+    }
+
+    /// Makes the next publishes fail, in order.
+    fn fail_publishes(&self, failures: impl IntoIterator<Item = PublishError>) {
+        let mut sink = self.publisher.inner.borrow_mut();
+        sink.inner.failures.extend(failures);
+    }
+}
+
+impl TestPipeline {
+    /// The ids held.
+    fn held(&self) -> HashMap<LedgerKey, Held> {
+        self.store().held_ids()
     }
 }
 
@@ -172,22 +144,24 @@ fn settings(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> Arc<PipelineSe
     })
 }
 
-fn pipeline(
+/// A pipeline of partition 0 over `store`, and the log of the calls its doubles see.
+fn pipeline_over<S: IdStore>(
+    store: S,
     unkeyed: UnkeyedPolicy,
     reused_id: ReusedIdPolicy,
-) -> (Pipeline<MemoryIds, MemorySink>, Log) {
+) -> (TestPipeline<S>, Log) {
     let log = Log::default();
     let settings = settings(unkeyed, reused_id);
     let pipeline = Pipeline {
         partition: 0,
-        ledger: MemoryIds {
+        ledger: InPlace::new(Logged {
+            inner: store,
             log: log.clone(),
-            ..MemoryIds::default()
-        },
-        publisher: MemorySink {
+        }),
+        publisher: InPlace::new(Logged {
+            inner: MemorySink::default(),
             log: log.clone(),
-            ..MemorySink::default()
-        },
+        }),
         metrics: PartitionMetrics::new(0, &settings.sources),
         settings,
         next_output_offset: 0,
@@ -195,10 +169,16 @@ fn pipeline(
         unkeyed_warned_at: None,
         misrouted_warned_at: None,
         misrouted_since_warned: 0,
+        twice_warned_at: None,
+        twice_since_warned: 0,
         live_since: None,
         sampler: None,
     };
     (pipeline, log)
+}
+
+fn pipeline(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> (TestPipeline, Log) {
+    pipeline_over(MemoryStore::default(), unkeyed, reused_id)
 }
 
 fn key(n: u8) -> LedgerKey {
@@ -256,8 +236,8 @@ async fn a_batch_is_looked_up_then_published_then_recorded_with_the_progress_aft
             Step::Record { ids: 2, progress },
         ]
     );
-    assert_eq!(*p.ledger.progress.borrow(), Some(progress));
-    assert_eq!(p.ledger.held.borrow().len(), 2);
+    assert_eq!(p.progress(), Some(progress));
+    assert_eq!(p.held().len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -273,7 +253,7 @@ async fn repeats_are_dropped_within_a_batch_and_across_batches() {
     p.process(vec![record(3, Some(2), "b"), record(4, Some(3), "c")])
         .await
         .expect("second batch");
-    let committed = p.publisher.committed.borrow();
+    let committed = p.committed();
     assert_eq!(values(&committed[0].records), ["a", "b"]);
     assert_eq!(values(&committed[1].records), ["c"]);
     assert_eq!(committed[0].new_ids.len(), 2);
@@ -283,17 +263,14 @@ async fn repeats_are_dropped_within_a_batch_and_across_batches() {
 #[tokio::test(start_paused = true)]
 async fn nothing_is_recorded_when_the_transaction_fails() {
     let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
-    p.publisher
-        .failures
-        .borrow_mut()
-        .push_back(PublishError::Fenced {
-            transactional_id: "t".to_string(),
-            source: KafkaError::MessageProduction(RDKafkaErrorCode::Fenced),
-        });
+    p.fail_publishes([PublishError::Fenced {
+        transactional_id: "t".to_string(),
+        source: KafkaError::MessageProduction(RDKafkaErrorCode::Fenced),
+    }]);
     let result = p.process(vec![record(0, Some(1), "a")]).await;
     assert!(matches!(result, Err(ref e) if e.is_fenced()), "{result:?}");
-    assert!(p.ledger.held.borrow().is_empty());
-    assert_eq!(*p.ledger.progress.borrow(), None);
+    assert!(p.held().is_empty());
+    assert_eq!(p.progress(), None);
     assert!(!log
         .borrow()
         .iter()
@@ -303,10 +280,7 @@ async fn nothing_is_recorded_when_the_transaction_fails() {
 #[tokio::test(start_paused = true)]
 async fn an_aborted_transaction_is_sent_again_whole_and_recorded_once() {
     let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
-    p.publisher
-        .failures
-        .borrow_mut()
-        .extend([aborted(), aborted()]);
+    p.fail_publishes([aborted(), aborted()]);
     p.process(vec![record(5, Some(1), "a"), record(6, Some(2), "b")])
         .await
         .expect("processed after two aborts");
@@ -328,23 +302,20 @@ async fn an_aborted_transaction_is_sent_again_whole_and_recorded_once() {
         .cloned()
         .collect();
     assert_eq!(records.len(), 1);
-    assert_eq!(p.publisher.committed.borrow().len(), 1);
+    assert_eq!(p.committed().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_transaction_that_keeps_aborting_ends_the_pipeline_without_recording() {
     let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
-    p.publisher
-        .failures
-        .borrow_mut()
-        .extend((0..=super::protocol::ABORTED_BATCH_RETRIES_ALLOWED).map(|_| aborted()));
+    p.fail_publishes((0..=super::protocol::ABORTED_BATCH_RETRIES_ALLOWED).map(|_| aborted()));
     let result = p.process(vec![record(0, Some(1), "a")]).await;
     assert!(
         matches!(result, Err(PipelineError::Publish { .. })),
         "{result:?}"
     );
     assert!(result.as_ref().is_err_and(|e| e.is_retryable()));
-    assert!(p.ledger.held.borrow().is_empty());
+    assert!(p.held().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -358,7 +329,7 @@ async fn records_without_an_id_follow_the_unkeyed_policy() {
         p.process(vec![record(0, Some(1), "a"), record(1, None, "x")])
             .await
             .expect("processed");
-        let committed = p.publisher.committed.borrow();
+        let committed = p.committed();
         assert_eq!(values(&committed[0].records), published, "{policy:?}");
         assert_eq!(values(&committed[0].dead_letters), dead, "{policy:?}");
         // Only the keyed record's id is looked up and recorded.
@@ -380,7 +351,7 @@ async fn a_reused_id_follows_its_policy() {
         p.process(vec![record(1, Some(1), "other")])
             .await
             .expect("second");
-        let committed = p.publisher.committed.borrow();
+        let committed = p.committed();
         let all: Vec<&str> = committed.iter().flat_map(|o| values(&o.records)).collect();
         let dead_letters: Vec<&str> = committed
             .iter()
@@ -389,7 +360,7 @@ async fn a_reused_id_follows_its_policy() {
         assert_eq!(all, published, "{policy:?}");
         assert_eq!(dead_letters, dead, "{policy:?}");
         // The id is recorded once, with its first content.
-        assert_eq!(p.ledger.held.borrow().len(), 1);
+        assert_eq!(p.held().len(), 1);
     }
 }
 
@@ -459,7 +430,7 @@ async fn a_forgotten_id_is_published_once_more_then_held_again() {
     assert_eq!((report.ids, report.held_by_worker), (2, 1), "{report:?}");
     {
         // The forget's own transaction: a marker record, no input offset, no records.
-        let committed = p.publisher.committed.borrow();
+        let committed = p.committed();
         let forget = committed.last().unwrap();
         assert!(forget.records.is_empty() && forget.new_ids.is_empty());
         let marker = dedupe::changelog::decode_mark(&forget.marks[0]).expect("a marker");
@@ -479,7 +450,7 @@ async fn a_forgotten_id_is_published_once_more_then_held_again() {
     p.process(vec![record(4, Some(1), "a")])
         .await
         .expect("third batch");
-    let committed = p.publisher.committed.borrow();
+    let committed = p.committed();
     let resent = &committed[committed.len() - 2];
     assert_eq!(values(&resent.records), ["a"]);
     let marker = dedupe::changelog::decode_mark(&resent.marks[0]).expect("a marker");
@@ -488,9 +459,10 @@ async fn a_forgotten_id_is_published_once_more_then_held_again() {
         (MarkKind::Resent, &[key(1)][..])
     );
     assert!(committed.last().unwrap().records.is_empty(), "held again");
-    let marks = p.ledger.marks.borrow();
-    assert_eq!(marks[&key(1)].kind, MarkKind::Resent);
-    assert_eq!(marks[&key(9)].kind, MarkKind::Forgotten);
+    let kinds =
+        |n| -> Vec<MarkKind> { p.store().marks_of(&key(n)).iter().map(|m| m.kind).collect() };
+    assert_eq!(kinds(1), [MarkKind::Resent]);
+    assert_eq!(kinds(9), [MarkKind::Forgotten]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -503,19 +475,19 @@ async fn a_resend_ends_the_forget_in_the_changelog_of_each_partition_it_was_writ
     // partitioner's), at a time ahead of this machine's clock (another worker's, or a clock
     // stepped back since).
     let ahead = now_ms() + 3_600_000;
-    p.ledger.marks.borrow_mut().insert(
-        key(1),
-        Mark {
-            partition: 3,
-            kind: MarkKind::Forgotten,
-            changelog_offset: 40,
-            at_ms: ahead,
-        },
-    );
+    let forget = Mark {
+        partition: 3,
+        kind: MarkKind::Forgotten,
+        changelog_offset: 40,
+        at_ms: ahead,
+    };
+    p.store()
+        .mark(&[(key(1), forget)], MarkOrder::Newest)
+        .expect("marked");
     p.process(vec![record(1, Some(1), "a")])
         .await
         .expect("the copy after the forget");
-    let committed = p.publisher.committed.borrow();
+    let committed = p.committed();
     let resent = committed.last().unwrap();
     assert_eq!(values(&resent.records), ["a"], "published once more");
     // The re-send's marker, in this partition's changelog and in partition 3's, is not older
@@ -532,6 +504,107 @@ async fn a_resend_ends_the_forget_in_the_changelog_of_each_partition_it_was_writ
     );
 }
 
+/// A store where another of the worker's partitions records every id right after it is looked
+/// up: copies of one id on two partitions, racing.
+struct Racing(MemoryStore);
+
+impl IdStore for Racing {
+    fn look_up(&self, keys: &[LedgerKey]) -> LedgerResult<Looked> {
+        let looked = self.0.look_up(keys)?;
+        let other: Vec<NewId> = keys.iter().map(|k| (*k, 1_000, None)).collect();
+        self.0.record(1, &other, b"", &[])?;
+        Ok(looked)
+    }
+
+    fn record(
+        &self,
+        partition: i32,
+        items: &[NewId],
+        progress: &[u8],
+        marks: &[(LedgerKey, Mark)],
+    ) -> LedgerResult<Vec<Verdict>> {
+        self.0.record(partition, items, progress, marks)
+    }
+
+    fn mark(&self, marks: &[(LedgerKey, Mark)], order: MarkOrder) -> LedgerResult<()> {
+        self.0.mark(marks, order)
+    }
+
+    fn progress(&self, partition: i32) -> LedgerResult<Option<Vec<u8>>> {
+        self.0.progress(partition)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_id_the_ledger_holds_by_the_time_it_is_recorded_is_counted_as_published_twice() {
+    // The copy is published (the look-up found nothing), and the other partition's copy was
+    // published too: the record finds the id held, and says so.
+    let (mut p, _) = pipeline_over(
+        Racing(MemoryStore::default()),
+        UnkeyedPolicy::Forward,
+        ReusedIdPolicy::Drop,
+    );
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("processed");
+    assert_eq!(values(&p.committed()[0].records), ["a"]);
+    assert!(p.twice_warned_at.is_some(), "the race was reported");
+    // Without a race, repeats and new ids are no such thing.
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a"), record(1, Some(1), "a")])
+        .await
+        .expect("first");
+    p.process(vec![record(2, Some(1), "a"), record(3, Some(2), "b")])
+        .await
+        .expect("second");
+    assert!(p.twice_warned_at.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refresh_is_recorded_as_a_duplicate_and_is_not_published_twice() {
+    let mut refreshing = (*settings(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop)).clone();
+    refreshing.refresh_on_duplicate = true;
+    let (mut p, _) = pipeline_over(
+        MemoryStore::new(None, true),
+        UnkeyedPolicy::Forward,
+        ReusedIdPolicy::Drop,
+    );
+    p.settings = Arc::new(refreshing);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("first");
+    // Five seconds on, the copy is dropped and refreshes its id.
+    p.process(vec![record(5_000, Some(1), "a")])
+        .await
+        .expect("second");
+    assert!(p.committed()[1].records.is_empty());
+    assert_eq!(p.held()[&key(1)].first_seen_ms, 6_000);
+    assert!(p.twice_warned_at.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_ledger_that_fails_ends_the_pipeline_before_anything_is_published() {
+    let (mut p, log) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("first");
+    p.process(vec![record(1, Some(2), "b")])
+        .await
+        .expect("second");
+    // The look-up of the third batch fails: nothing is published.
+    p.store()
+        .fail_next(dedupe::ledger::LedgerError::CorruptMetadata {
+            what: "a test's fault".to_string(),
+        });
+    let result = p.process(vec![record(2, Some(3), "c")]).await;
+    assert!(
+        matches!(result, Err(PipelineError::Ledger { partition: 0, .. })),
+        "{result:?}"
+    );
+    assert_eq!(p.committed().len(), 2);
+    assert_eq!(log.borrow().last(), Some(&Step::LookUp(1)));
+}
+
 // What the pipeline reports: the events its instrumentation emits, recorded on the test's thread
 // (the pipeline runs on it), by name and by the level of their log line.
 
@@ -546,10 +619,7 @@ fn fenced() -> PublishError {
 async fn an_aborted_transaction_reports_each_retry_and_no_failure() {
     let recording = recorder::record();
     let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
-    p.publisher
-        .failures
-        .borrow_mut()
-        .extend([aborted(), aborted()]);
+    p.fail_publishes([aborted(), aborted()]);
     p.process(vec![record(5, Some(1), "a")])
         .await
         .expect("processed after two aborts");
@@ -563,10 +633,7 @@ async fn a_transaction_that_keeps_aborting_reports_its_retries_then_one_failure(
     let recording = recorder::record();
     let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
     let allowed = super::protocol::ABORTED_BATCH_RETRIES_ALLOWED;
-    p.publisher
-        .failures
-        .borrow_mut()
-        .extend((0..=allowed).map(|_| aborted()));
+    p.fail_publishes((0..=allowed).map(|_| aborted()));
     let result = p.process(vec![record(0, Some(1), "a")]).await;
     assert!(result.is_err(), "{result:?}");
     assert_eq!(recording.count("TransactionRetried"), allowed as usize);
@@ -582,7 +649,7 @@ async fn a_transaction_that_keeps_aborting_reports_its_retries_then_one_failure(
 async fn a_fenced_transaction_is_one_failure_and_never_retried() {
     let recording = recorder::record();
     let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
-    p.publisher.failures.borrow_mut().push_back(fenced());
+    p.fail_publishes([fenced()]);
     let result = p.process(vec![record(0, Some(1), "a")]).await;
     assert!(matches!(result, Err(ref e) if e.is_fenced()), "{result:?}");
     assert_eq!(recording.count("TransactionFailed"), 1);
@@ -641,7 +708,7 @@ async fn misrouted_records_are_reported_per_batch_warned_about_once_and_still_de
     assert_eq!(recording.count("MisroutedIds"), 2);
     assert_eq!(recording.count_at("MisroutedIds", Level::WARN), 1);
     // Misrouted or not, a repeat is dropped.
-    let committed = p.publisher.committed.borrow();
+    let committed = p.committed();
     let all: Vec<&str> = committed.iter().flat_map(|o| values(&o.records)).collect();
     assert_eq!(all, ["m", "b", "n", "c"]);
 }
@@ -659,7 +726,7 @@ async fn a_forget_reports_what_it_forgot_or_why_it_failed() {
     assert_eq!(recording.count_at("IdsForgotten", Level::INFO), 1);
     assert_eq!(recording.count("ForgetFailed"), 0);
     // A forget whose transaction is fenced takes no effect, and says so.
-    p.publisher.failures.borrow_mut().push_back(fenced());
+    p.fail_publishes([fenced()]);
     let (request, answer) = forget_request(&[2]);
     assert!(p.forget(request).await.is_err());
     assert!(answer.await.expect("answered").is_err());

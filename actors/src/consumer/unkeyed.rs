@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use dedupe::config::UnkeyedPolicy;
 use dedupe::identity::Unkeyed;
 
-use super::seams::{IdStore, Sink};
+use super::seams::{SinkAccess, StoreAccess};
 use super::Pipeline;
 use crate::events::UnkeyedRecord;
 
-impl<S: IdStore, K: Sink> Pipeline<S, K> {
+impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// Counts a record without a usable id, and warns at most once a minute per partition.
     pub(super) fn unkeyed(&mut self, reason: Unkeyed, policy: UnkeyedPolicy) {
         let warn = self

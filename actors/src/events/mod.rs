@@ -207,6 +207,29 @@ impl MisroutedIds<'_> {
     }
 }
 
+/// Ids a batch published as new were found held when it recorded them: a copy on another of the
+/// worker's partitions was published in between (see `dedupe::batch::published_twice`).
+pub struct PublishedTwice<'a> {
+    pub partition: i32,
+    pub counter: &'a metrics::Counter,
+    pub ids: usize,
+    /// When it is time to warn again: such ids since the last warning, this batch's included.
+    pub warn: Option<u64>,
+}
+
+impl PublishedTwice<'_> {
+    pub fn emit(&self) {
+        self.counter.increment(self.ids as u64);
+        if let Some(since) = self.warn {
+            tracing::warn!(
+                partition = self.partition,
+                ids = since,
+                "Ids this partition published were published by another of the worker's partitions at the same time: both copies reached the output. Copies of an id meet on two partitions only when the input is not partitioned by the id; key it by the id (dedupe rekey); see docs/operations.md, \"Where the id comes from\" (counted in dedupe_published_twice_ids_total, warned about once a minute)."
+            );
+        }
+    }
+}
+
 /// An operator's forget committed: the ids answer "not held" until their next copy.
 pub struct IdsForgotten<'a> {
     pub partition: i32,

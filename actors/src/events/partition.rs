@@ -22,6 +22,7 @@ pub(crate) struct PartitionMetrics {
     pub(crate) changelog_records: Counter,
     pub(crate) wakeups_recovered: Counter,
     pub(crate) misrouted: Counter,
+    pub(crate) published_twice: Counter,
     /// `dedupe-duplicate` headers of input records, renamed on the output.
     pub(crate) input_duplicate_headers: Counter,
     /// Ids forgotten, and forgotten ids published again.
@@ -90,6 +91,7 @@ impl PartitionMetrics {
             changelog_records: counter(m::CHANGELOG_RECORDS),
             wakeups_recovered: counter(m::INPUT_WAKEUPS_RECOVERED),
             misrouted: counter(m::MISROUTED_IDS),
+            published_twice: counter(m::PUBLISHED_TWICE_IDS),
             input_duplicate_headers: counter(m::INPUT_DUPLICATE_HEADERS),
             forgotten: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "forgotten"),
             resent: metrics::counter!(m::FORGOTTEN_IDS, m::LABEL_PARTITION => label.clone(), m::LABEL_OUTCOME => "resent"),
