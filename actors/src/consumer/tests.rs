@@ -539,6 +539,7 @@ impl IdStore for Racing {
 async fn an_id_the_ledger_holds_by_the_time_it_is_recorded_is_counted_as_published_twice() {
     // The copy is published (the look-up found nothing), and the other partition's copy was
     // published too: the record finds the id held, and says so.
+    let recording = recorder::record();
     let (mut p, _) = pipeline_over(
         Racing(MemoryStore::default()),
         UnkeyedPolicy::Forward,
@@ -549,7 +550,9 @@ async fn an_id_the_ledger_holds_by_the_time_it_is_recorded_is_counted_as_publish
         .expect("processed");
     assert_eq!(values(&p.committed()[0].records), ["a"]);
     assert!(p.twice_warned_at.is_some(), "the race was reported");
+    assert_eq!(recording.count_at("PublishedTwice", Level::WARN), 1);
     // Without a race, repeats and new ids are no such thing.
+    recording.clear();
     let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
     p.process(vec![record(0, Some(1), "a"), record(1, Some(1), "a")])
         .await
@@ -558,10 +561,12 @@ async fn an_id_the_ledger_holds_by_the_time_it_is_recorded_is_counted_as_publish
         .await
         .expect("second");
     assert!(p.twice_warned_at.is_none());
+    assert_eq!(recording.count("PublishedTwice"), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_refresh_is_recorded_as_a_duplicate_and_is_not_published_twice() {
+    let recording = recorder::record();
     let mut refreshing = (*settings(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop)).clone();
     refreshing.refresh_on_duplicate = true;
     let (mut p, _) = pipeline_over(
@@ -580,6 +585,7 @@ async fn a_refresh_is_recorded_as_a_duplicate_and_is_not_published_twice() {
     assert!(p.committed()[1].records.is_empty());
     assert_eq!(p.held()[&key(1)].first_seen_ms, 6_000);
     assert!(p.twice_warned_at.is_none());
+    assert_eq!(recording.count("PublishedTwice"), 0);
 }
 
 #[tokio::test(start_paused = true)]

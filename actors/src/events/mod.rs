@@ -194,7 +194,7 @@ impl MisroutedIds<'_> {
                 event = "MisroutedIds",
                 partition = self.partition,
                 records = since,
-                "Records arrive on a partition their id does not belong in: the input is not partitioned by the id, so a copy on another partition passes unseen. Key the input by the id (dedupe rekey); see docs/operations.md, \"Misrouted ids\" (counted in dedupe_misrouted_ids_total, warned about once a minute)."
+                "Records arrive on a partition their id does not belong in: the input is not partitioned by the id, so a copy on another partition passes unseen. Key the input by the id (dedupe rekey); see docs/operations.md, \"DedupeMisroutedIds\" (counted in dedupe_misrouted_ids_total, warned about once a minute)."
             );
         } else {
             tracing::trace!(
@@ -222,9 +222,17 @@ impl PublishedTwice<'_> {
         self.counter.increment(self.ids as u64);
         if let Some(since) = self.warn {
             tracing::warn!(
+                event = "PublishedTwice",
                 partition = self.partition,
                 ids = since,
                 "Ids this partition published were published by another of the worker's partitions at the same time: both copies reached the output. Copies of an id meet on two partitions only when the input is not partitioned by the id; key it by the id (dedupe rekey); see docs/operations.md, \"Where the id comes from\" (counted in dedupe_published_twice_ids_total, warned about once a minute)."
+            );
+        } else {
+            tracing::trace!(
+                event = "PublishedTwice",
+                partition = self.partition,
+                ids = self.ids,
+                "Ids this partition published were published by another of the worker's partitions at the same time."
             );
         }
     }
