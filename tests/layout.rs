@@ -18,6 +18,10 @@
 //! are not followed), then reads the paths that start with `crate::`, `super::` or `self::` and the
 //! `use` trees, with their `{…}` groups. A glob import (`use x::*`) names nothing, so a name
 //! re-exported through one is not followed.
+//!
+//! The same reading holds the production code to its sizes: no function over 80 lines and no file
+//! whose code (its test modules left out) runs past 600, but those named in this file with the
+//! reason they read better whole; a name that no longer needs its place fails too.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
@@ -920,4 +924,113 @@ fn use_tree(
         });
     }
     i
+}
+
+// ---- sizes ---------------------------------------------------------------------------------
+
+/// A production function longer than this many lines (from its `fn` to its closing brace) is
+/// listed in [`LONG_FUNCTIONS`] with the reason it reads better whole.
+const FUNCTION_LINES: usize = 80;
+/// A file whose production code (test modules left out) runs past this line is listed in
+/// [`LONG_FILES`] with its reason.
+const FILE_LINES: usize = 600;
+
+/// The production functions over [`FUNCTION_LINES`], as `file:name`, and why each stays whole.
+const LONG_FUNCTIONS: &[(&str, &str)] = &[];
+
+/// The production files over [`FILE_LINES`], and why each stays one file.
+const LONG_FILES: &[(&str, &str)] = &[];
+
+#[test]
+fn no_production_function_or_file_is_longer_than_the_limits_but_the_named_ones() {
+    let workspace = Workspace::read(&kit::repo_root());
+    let mut files: BTreeMap<String, Vec<Token>> = BTreeMap::new();
+    for krate in workspace.crates() {
+        // The test kit is test code.
+        if krate.root.starts_with(workspace.root.join("tests")) {
+            continue;
+        }
+        for source in read_crate(&workspace.root, &krate.root) {
+            files.entry(source.file).or_default().extend(source.tokens);
+        }
+    }
+    assert!(files.len() > 100, "only {} files read", files.len());
+    let (mut functions, mut long_files, mut counted) = (BTreeMap::new(), BTreeMap::new(), 0);
+    for (file, tokens) in &files {
+        let last = tokens.iter().map(|t| t.line).max().unwrap_or(0);
+        if last > FILE_LINES {
+            long_files.insert(file.clone(), last);
+        }
+        for (name, lines) in function_lengths(tokens) {
+            counted += 1;
+            if lines > FUNCTION_LINES {
+                let key = format!("{file}:{name}");
+                let longest = functions.entry(key).or_insert(0);
+                *longest = lines.max(*longest);
+            }
+        }
+    }
+    // The scan is not blind.
+    assert!(counted > 1_000, "only {counted} functions found");
+    let report = |found: &BTreeMap<String, usize>, named: &[(&str, &str)], limit: usize| {
+        let mut report = String::new();
+        for (key, lines) in found {
+            if !named.iter().any(|(n, _)| n == key) {
+                report.push_str(&format!("\n  {key}: {lines} lines, over {limit} and not named"));
+            }
+        }
+        for (key, reason) in named {
+            assert!(!reason.is_empty(), "{key} is named without a reason");
+            if !found.contains_key(*key) {
+                report.push_str(&format!(
+                    "\n  {key}: named as over {limit} lines, and it is not (take it off the list)"
+                ));
+            }
+        }
+        report
+    };
+    let report = report(&functions, LONG_FUNCTIONS, FUNCTION_LINES)
+        + &report(&long_files, LONG_FILES, FILE_LINES);
+    assert!(
+        report.is_empty(),
+        "split these, or name them with the reason they read better whole:{report}"
+    );
+}
+
+/// Each function's name and length in lines, from its `fn` to its body's closing brace; a
+/// function without a body (a trait's declaration) has none.
+fn function_lengths(tokens: &[Token]) -> Vec<(String, usize)> {
+    let mut found = Vec::new();
+    for (at, window) in tokens.windows(2).enumerate() {
+        if window[0].text != "fn" || !is_ident(&window[1].text) {
+            continue;
+        }
+        let mut i = at + 2;
+        while i < tokens.len() {
+            match tokens[i].text.as_str() {
+                ";" => break,
+                "{" => {
+                    let end = closing(tokens, i);
+                    found.push((
+                        window[1].text.clone(),
+                        tokens[end - 1].line - window[0].line + 1,
+                    ));
+                    break;
+                }
+                "(" | "[" => i = closing(tokens, i),
+                _ => i += 1,
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn function_lengths_run_from_fn_to_the_closing_brace_and_skip_declarations() {
+    let code = "trait T {\n    fn declared(&self);\n}\nfn f(x: [u8; 2]) -> u8\nwhere\n    u8: Copy,\n{\n    let g = |y: u8| { y };\n    fn inner() {}\n    g(x[0])\n}\n";
+    let tokens = tokenize(&strip_comments_and_literals(code));
+    assert_eq!(
+        function_lengths(&tokens),
+        vec![("f".to_owned(), 8), ("inner".to_owned(), 1)]
+    );
 }
