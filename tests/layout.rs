@@ -976,7 +976,9 @@ fn no_production_function_or_file_is_longer_than_the_limits_but_the_named_ones()
         let mut report = String::new();
         for (key, lines) in found {
             if !named.iter().any(|(n, _)| n == key) {
-                report.push_str(&format!("\n  {key}: {lines} lines, over {limit} and not named"));
+                report.push_str(&format!(
+                    "\n  {key}: {lines} lines, over {limit} and not named"
+                ));
             }
         }
         for (key, reason) in named {
