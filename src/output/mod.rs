@@ -15,8 +15,11 @@
 //!
 //! All calls block; the actor layer runs this on a thread of its own.
 
+#[doc(hidden)]
+pub mod conformance;
 mod delivery;
 mod error;
+mod init;
 pub mod owner;
 mod sink;
 
@@ -28,12 +31,13 @@ use std::time::Duration;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
 use rdkafka::{Offset, TopicPartitionList};
 
 use delivery::DeliveryTracker;
 pub use error::PublishError;
 use error::{classify, timed_out};
+use init::init_transactions;
 
 use crate::identity::{ContentDigest, LedgerKey};
 use crate::kafka::{client_config, KafkaConfig};
@@ -117,57 +121,9 @@ pub fn call_timeout(transaction_timeout_ms: u64) -> Duration {
         .clamp(Duration::from_secs(10), Duration::from_secs(15))
 }
 
-/// How long `init_transactions` is asked again while its refusal is a passing one: the
-/// coordinator still completing the previous producer's transaction (it writes that
-/// transaction's markers, which waits for the leaders of its partitions when a node just died),
-/// loading, or moving.
-const INIT_PATIENCE: Duration = Duration::from_secs(45);
-
 /// The longest a new producer waits for its first broker connection before init_transactions
 /// (see [`OutputWriter::open`]).
 const CONNECT_WAIT: Duration = Duration::from_secs(2);
-
-/// Calls `init_transactions` until it succeeds, fails for good, or [`INIT_PATIENCE`] runs out.
-/// librdkafka documents a timed-out or retriable `init_transactions` as resumable by calling it
-/// again on the same producer; asking again at once saves a new producer, a new coordinator
-/// lookup and the take-over's backoff.
-fn init_transactions(
-    producer: &BaseProducer<DeliveryTracker>,
-    transactional_id: &str,
-    timeout: Duration,
-) -> Result<(), PublishError> {
-    let deadline = std::time::Instant::now() + INIT_PATIENCE;
-    loop {
-        let watched = crate::watchdog::arm("init_transactions", transactional_id, timeout);
-        let result = producer.init_transactions(timeout);
-        drop(watched);
-        let e = match result {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        let passing = match &e {
-            KafkaError::Transaction(t) => {
-                !t.is_fatal()
-                    && (t.is_retriable()
-                        || matches!(
-                            t.code(),
-                            RDKafkaErrorCode::ConcurrentTransactions
-                                | RDKafkaErrorCode::CoordinatorLoadInProgress
-                                | RDKafkaErrorCode::CoordinatorNotAvailable
-                                | RDKafkaErrorCode::NotCoordinator
-                                | RDKafkaErrorCode::OperationTimedOut
-                                | RDKafkaErrorCode::RequestTimedOut
-                        ))
-            }
-            other => timed_out(other),
-        };
-        if !passing || std::time::Instant::now() >= deadline {
-            return Err(classify(e, transactional_id));
-        }
-        tracing::info!(transactional_id, error = %e, "The transaction coordinator refused the producer id for now; asking again.");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The transactional producer of one output partition.
 pub struct OutputWriter {
@@ -179,6 +135,12 @@ pub struct OutputWriter {
     audit_topic: Option<String>,
     transactional_id: String,
     timeout: Duration,
+    /// What [`OutputWriter::renew`] opens a new producer with.
+    kafka: KafkaConfig,
+    transaction_timeout_ms: u64,
+    /// The open transaction aborts because a record of it was refused (as it was sent, or in its
+    /// delivery report).
+    records_refused: bool,
 }
 
 impl OutputWriter {
@@ -221,6 +183,9 @@ impl OutputWriter {
             audit_topic: topics.audit.map(str::to_string),
             transactional_id,
             timeout,
+            kafka: kafka.clone(),
+            transaction_timeout_ms,
+            records_refused: false,
         })
     }
 
@@ -238,6 +203,7 @@ impl OutputWriter {
         group: &ConsumerGroupMetadata,
     ) -> Result<Committed, PublishError> {
         self.producer.context().reset();
+        self.records_refused = false;
         self.producer
             .begin_transaction()
             .map_err(|e| classify(e, &self.transactional_id))?;
@@ -252,20 +218,56 @@ impl OutputWriter {
             Err(PublishError::Aborted { source }) if timed_out(&source) => {
                 Err(PublishError::Fatal { source })
             }
-            Err(PublishError::Aborted { source }) => {
-                // Abort so the next batch starts clean; if even that fails the producer is unusable.
-                let watched =
-                    crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
-                let aborted = self.producer.abort_transaction(self.timeout);
-                drop(watched);
-                match aborted {
-                    Ok(()) => Err(PublishError::Aborted { source }),
-                    Err(e) if timed_out(&e) => Err(PublishError::Fatal { source: e }),
-                    Err(e) => Err(classify(e, &self.transactional_id)),
-                }
-            }
+            Err(PublishError::Aborted { source }) => Err(self.abort(source)),
             Err(e) => Err(e),
         }
+    }
+
+    /// Aborts the open transaction so the next batch starts clean, and answers why the batch was
+    /// not committed: `source`, or what made the producer unusable.
+    fn abort(&mut self, source: KafkaError) -> PublishError {
+        // Records sent before a record the producer refused itself wait in its queue, and the
+        // abort waits for their delivery reports, which only a poll serves: purged and served
+        // here, the abort finds none (unserved, it timed out after 10 s and the producer was lost).
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight());
+        let _ = self.producer.flush(self.timeout);
+        let watched =
+            crate::watchdog::arm("abort_transaction", &self.transactional_id, self.timeout);
+        let aborted = self.producer.abort_transaction(self.timeout);
+        drop(watched);
+        match aborted {
+            Ok(()) if std::mem::take(&mut self.records_refused) => match self.renew() {
+                Ok(()) => PublishError::Aborted { source },
+                Err(e) => e,
+            },
+            Ok(()) => PublishError::Aborted { source },
+            Err(e) if timed_out(&e) => PublishError::Fatal { source: e },
+            Err(e) => classify(e, &self.transactional_id),
+        }
+    }
+
+    /// Puts a new producer of this partition in place of this one, after a transaction that a
+    /// record's refusal aborted. The records refused or purged took sequence numbers the broker
+    /// never wrote, and librdkafka does not bump the epoch on that abort: this producer's next
+    /// transaction would fail on the gap (OUT_OF_ORDER_SEQUENCE_NUMBER, its records purged) and
+    /// only its abort would bump the epoch. A new producer starts on a new epoch, fencing this
+    /// one, whose transaction is already aborted.
+    fn renew(&mut self) -> Result<(), PublishError> {
+        let topics = OutputTopics {
+            output: &self.topic,
+            changelog: &self.changelog_topic,
+            dead_letter: self.dead_letter_topic.as_deref(),
+            audit: self.audit_topic.as_deref(),
+        };
+        let fresh = Self::open(
+            &self.kafka,
+            &topics,
+            self.partition,
+            self.transaction_timeout_ms,
+        )?;
+        *self = fresh;
+        Ok(())
     }
 
     fn fill_and_commit(
@@ -276,7 +278,9 @@ impl OutputWriter {
         fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
             source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
         }));
-        self.produce(batch)?;
+        let sent = self.produce(batch);
+        self.records_refused = sent.is_err();
+        sent?;
         // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
         // node just killed, each step can use most of its own timeout in turn (seen in the kill
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
@@ -284,7 +288,9 @@ impl OutputWriter {
         let mut budget = TransactionBudget::new(self.timeout);
         self.flush(&mut budget)
             .map_err(|e| classify(e, &self.transactional_id))?;
-        self.all_delivered()?;
+        let delivered = self.all_delivered();
+        self.records_refused = delivered.is_err();
+        delivered?;
         // A transaction of its own (a forget) commits no input offset.
         if batch.next_input_offset >= 0 {
             self.send_offsets(batch, group, &budget)?;

@@ -1,6 +1,7 @@
 //! The output's seam: [`Sink`], where a batch is published with the input offset that follows
 //! it in one transaction. Implemented by [`OutputWriter`] (the transactional producer) and by
-//! [`MemorySink`], a double that keeps the committed batches in memory for tests.
+//! [`MemorySink`], a double that keeps the committed batches in memory for tests. Both are held
+//! to one run of checks, `conformance.rs`.
 
 use std::collections::VecDeque;
 
@@ -100,80 +101,38 @@ mod tests {
     use rdkafka::types::RDKafkaErrorCode;
 
     use super::*;
-    use crate::identity::ledger_key;
-
-    fn record(value: &str) -> OutRecord {
-        OutRecord {
-            value: Some(value.as_bytes().to_vec()),
-            ..OutRecord::default()
-        }
-    }
-
-    fn batch<'a>(
-        records: &'a [OutRecord],
-        new_ids: &'a [NewId],
-        marks: &'a [Vec<u8>],
-        next_input_offset: i64,
-    ) -> Batch<'a> {
-        Batch {
-            records,
-            dead_letters: &[],
-            audit: &[],
-            new_ids,
-            marks,
-            other_marks: &[],
-            input_topic: "in",
-            input_partition: 0,
-            next_input_offset,
-        }
-    }
-
-    /// What any sink answers for a run of batches on one fresh partition: the offset of the
-    /// last record written (none for a batch without records), ever higher; the changelog's
-    /// offset when the batch wrote ids or marks, ever higher; an aborted transaction changes
-    /// neither. Kafka gives no contiguous offsets (transaction markers take one each), so only
-    /// the order is checked.
-    fn keeps_the_sink_rules<K: Sink>(sink: &mut K, group: &K::Group) {
-        let id = [(ledger_key(b"a").unwrap(), 1_000, None)];
-        let two = [record("a"), record("b")];
-        let first = sink.publish(&batch(&two, &id, &[], 10), group).unwrap();
-        let (Some(out), Some(changelog)) = (first.last_output_offset, first.changelog_offset)
-        else {
-            panic!("records and ids written: {first:?}");
-        };
-        let empty = sink.publish(&batch(&[], &[], &[], 11), group).unwrap();
-        assert_eq!(
-            (empty.last_output_offset, empty.changelog_offset),
-            (None, None)
-        );
-        let marks = [b"mark".to_vec()];
-        let next = sink
-            .publish(&batch(&two[..1], &[], &marks, 12), group)
-            .unwrap();
-        assert!(next.last_output_offset.is_some_and(|o| o > out), "{next:?}");
-        assert!(
-            next.changelog_offset.is_some_and(|o| o > changelog),
-            "{next:?}"
-        );
-    }
+    use crate::output::conformance::{self, Expected};
 
     #[test]
     fn the_memory_sink_keeps_the_sink_rules_and_what_it_committed() {
         let mut sink = MemorySink::default();
-        keeps_the_sink_rules(&mut sink, &());
+        let expected = conformance::run(&mut sink, &(), "in", |sink, _| {
+            sink.failures.push_back(PublishError::Aborted {
+                source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
+            })
+        });
+        // The aborted attempt left nothing: four batches committed, in order.
         assert_eq!(
             sink.committed
                 .iter()
                 .map(|p| p.next_input_offset)
                 .collect::<Vec<_>>(),
-            [10, 11, 12]
+            [10, 11, 12, 13]
         );
-        // An aborted transaction leaves nothing.
-        sink.failures.push_back(PublishError::Aborted {
-            source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
-        });
-        let failed = sink.publish(&batch(&[record("c")], &[], &[], 13), &());
-        assert!(matches!(failed, Err(PublishError::Aborted { .. })));
-        assert_eq!(sink.committed.len(), 3);
+        let held = Expected {
+            output_values: sink
+                .committed
+                .iter()
+                .flat_map(|p| &p.records)
+                .map(|r| r.value.clone().unwrap_or_default())
+                .collect(),
+            changelog_records: sink
+                .committed
+                .iter()
+                .map(|p| usize::from(!p.new_ids.is_empty()) + p.marks.len())
+                .sum(),
+            next_input_offset: sink.committed.last().map_or(-1, |p| p.next_input_offset),
+        };
+        assert_eq!(held, expected);
     }
 }
