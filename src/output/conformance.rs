@@ -1,7 +1,7 @@
 //! The rules every [`Sink`] keeps, as one run of batches generic over the sink: run against
-//! [`MemorySink`](super::MemorySink) by the unit tests and against [`OutputWriter`](super::OutputWriter)
-//! on a real broker by the workspace's `tests/sink.rs`, so the double cannot promise what the
-//! transactional producer does not keep.
+//! [`MemorySink`](super::MemorySink) by the unit tests and against
+//! [`OutputWriter`](super::OutputWriter) on a real broker by the workspace's `tests/sink.rs`, so
+//! the double cannot promise what the transactional producer does not keep.
 
 use super::{Batch, OutRecord, PublishError, Sink};
 use crate::identity::ledger_key;
