@@ -135,12 +135,6 @@ pub struct OutputWriter {
     audit_topic: Option<String>,
     transactional_id: String,
     timeout: Duration,
-    /// What [`OutputWriter::renew`] opens a new producer with.
-    kafka: KafkaConfig,
-    transaction_timeout_ms: u64,
-    /// The open transaction aborts because a record of it was refused (as it was sent, or in its
-    /// delivery report).
-    records_refused: bool,
 }
 
 impl OutputWriter {
@@ -183,9 +177,6 @@ impl OutputWriter {
             audit_topic: topics.audit.map(str::to_string),
             transactional_id,
             timeout,
-            kafka: kafka.clone(),
-            transaction_timeout_ms,
-            records_refused: false,
         })
     }
 
@@ -203,7 +194,6 @@ impl OutputWriter {
         group: &ConsumerGroupMetadata,
     ) -> Result<Committed, PublishError> {
         self.producer.context().reset();
-        self.records_refused = false;
         self.producer
             .begin_transaction()
             .map_err(|e| classify(e, &self.transactional_id))?;
@@ -225,7 +215,7 @@ impl OutputWriter {
 
     /// Aborts the open transaction so the next batch starts clean, and answers why the batch was
     /// not committed: `source`, or what made the producer unusable.
-    fn abort(&mut self, source: KafkaError) -> PublishError {
+    fn abort(&self, source: KafkaError) -> PublishError {
         // Records sent before a record the producer refused itself wait in its queue, and the
         // abort waits for their delivery reports, which only a poll serves: purged and served
         // here, the abort finds none (unserved, it timed out after 10 s and the producer was lost).
@@ -237,37 +227,10 @@ impl OutputWriter {
         let aborted = self.producer.abort_transaction(self.timeout);
         drop(watched);
         match aborted {
-            Ok(()) if std::mem::take(&mut self.records_refused) => match self.renew() {
-                Ok(()) => PublishError::Aborted { source },
-                Err(e) => e,
-            },
             Ok(()) => PublishError::Aborted { source },
             Err(e) if timed_out(&e) => PublishError::Fatal { source: e },
             Err(e) => classify(e, &self.transactional_id),
         }
-    }
-
-    /// Puts a new producer of this partition in place of this one, after a transaction that a
-    /// record's refusal aborted. The records refused or purged took sequence numbers the broker
-    /// never wrote, and librdkafka does not bump the epoch on that abort: this producer's next
-    /// transaction would fail on the gap (OUT_OF_ORDER_SEQUENCE_NUMBER, its records purged) and
-    /// only its abort would bump the epoch. A new producer starts on a new epoch, fencing this
-    /// one, whose transaction is already aborted.
-    fn renew(&mut self) -> Result<(), PublishError> {
-        let topics = OutputTopics {
-            output: &self.topic,
-            changelog: &self.changelog_topic,
-            dead_letter: self.dead_letter_topic.as_deref(),
-            audit: self.audit_topic.as_deref(),
-        };
-        let fresh = Self::open(
-            &self.kafka,
-            &topics,
-            self.partition,
-            self.transaction_timeout_ms,
-        )?;
-        *self = fresh;
-        Ok(())
     }
 
     fn fill_and_commit(
@@ -278,9 +241,7 @@ impl OutputWriter {
         fail::fail_point!("output-before-produce", |_| Err(PublishError::Aborted {
             source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
         }));
-        let sent = self.produce(batch);
-        self.records_refused = sent.is_err();
-        sent?;
+        self.produce(batch)?;
         // One budget for the transaction's waits (flush, offsets, commit), not one each: with a
         // node just killed, each step can use most of its own timeout in turn (seen in the kill
         // test: a flush that waited 9 s for the leader to move, then a commit that timed out
@@ -288,9 +249,7 @@ impl OutputWriter {
         let mut budget = TransactionBudget::new(self.timeout);
         self.flush(&mut budget)
             .map_err(|e| classify(e, &self.transactional_id))?;
-        let delivered = self.all_delivered();
-        self.records_refused = delivered.is_err();
-        delivered?;
+        self.all_delivered()?;
         // A transaction of its own (a forget) commits no input offset.
         if batch.next_input_offset >= 0 {
             self.send_offsets(batch, group, &budget)?;

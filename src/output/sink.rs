@@ -111,7 +111,8 @@ mod tests {
                 source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
             })
         });
-        // The aborted attempt left nothing: four batches committed, in order.
+        // The aborted attempt left nothing, and the double commits the batch at its first
+        // attempt again: four batches committed, in order.
         assert_eq!(
             sink.committed
                 .iter()
