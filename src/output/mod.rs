@@ -218,7 +218,7 @@ impl OutputWriter {
     fn abort(&self, source: KafkaError) -> PublishError {
         // Records sent before a record the producer refused itself wait in its queue, and the
         // abort waits for their delivery reports, which only a poll serves: purged and served
-        // here, the abort finds none (unserved, it timed out after 10 s and the producer was lost).
+        // here, the abort finds none (unserved, the abort would time out and lose the producer).
         self.producer
             .purge(PurgeConfig::default().queue().inflight());
         let _ = self.producer.flush(self.timeout);
