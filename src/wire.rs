@@ -48,6 +48,16 @@ pub const HEADER_REKEY_REASON: &str = "dedupe-rekey-reason";
 pub const HEADER_REKEY_SOURCE: &str = "dedupe-rekey-source";
 pub const HEADER_REKEY_BYTES: &str = "dedupe-rekey-bytes";
 
+/// Headers of the dead letter the worker writes for a record its output topic refused for good
+/// (too large, invalid, a timestamp out of range), beside the record's own key and headers and
+/// the front door's [`HEADER_REASON`] (`too_large`, `invalid_record`, `invalid_timestamp`) and
+/// [`HEADER_ERROR`] (the broker's words): where it was read (`<topic>:<partition>:<offset>`;
+/// topic names hold no `:`), its size in bytes (key, value and headers) and the topic that
+/// refused it.
+pub const HEADER_REFUSED_SOURCE: &str = "dedupe-refused-source";
+pub const HEADER_REFUSED_BYTES: &str = "dedupe-refused-bytes";
+pub const HEADER_REFUSED_BY: &str = "dedupe-refused-by";
+
 /// Separates a source's name from the client's message id in a scoped id. Source names cannot
 /// contain it.
 pub const SOURCE_SEPARATOR: char = ':';

@@ -3,7 +3,7 @@
 //! [`OutputWriter`](super::OutputWriter) on a real broker by the workspace's `tests/sink.rs`, so
 //! the double cannot promise what the transactional producer does not keep.
 
-use super::{Batch, OutRecord, PublishError, Sink};
+use super::{Batch, OutRecord, PublishError, RefusedIn, Sink};
 use crate::identity::ledger_key;
 use crate::store::NewId;
 
@@ -52,14 +52,14 @@ pub fn batch<'a>(
 
 /// Publishes a run of batches on one fresh partition and checks what the sink answers: the
 /// offset of the last record written (none for a batch without records), ever higher; the
-/// changelog's offset when the batch wrote ids or marks, ever higher; a batch `poison` makes
-/// fail is refused as aborted, changes neither, and is committed when sent again without what
-/// `poison` added, at the latest at its second attempt: after a record the broker refused, the
+/// changelog's offset when the batch wrote ids or marks, ever higher; a batch with a record
+/// `poison` adds that the sink cannot write is refused naming that record, changes neither, and
+/// is committed when sent again without it, at the latest at its second attempt: after a record the broker refused, the
 /// transactional producer's next transaction fails on the sequence numbers the refused records
 /// took, and only its abort bumps the producer's epoch (librdkafka's way). Kafka gives no
 /// contiguous offsets (transaction markers take one each), so only the order is checked.
-/// `poison` either arms the sink's next failure or adds a record the sink cannot write to the
-/// batch's records.
+/// `poison` adds a record the sink cannot write to the batch's records (and may set the sink up
+/// to refuse it).
 pub fn run<K: Sink>(
     sink: &mut K,
     group: &K::Group,
@@ -94,10 +94,18 @@ pub fn run<K: Sink>(
     let mut poisoned = vec![record(b"c")];
     poison(sink, &mut poisoned);
     let refused = sink.publish(&batch(input_topic, &poisoned, &[], &[], 13), group);
-    assert!(
-        matches!(refused, Err(PublishError::Aborted { .. })),
-        "a batch that cannot be written is aborted: {refused:?}"
-    );
+    let last = poisoned.len() - 1;
+    match &refused {
+        // The record that cannot be written is named, by its place in the batch (the records
+        // that shared its request with the broker may be named too).
+        Err(PublishError::Refused { refused, .. }) => assert!(
+            refused
+                .iter()
+                .any(|r| r.topic == RefusedIn::Output && r.index == last),
+            "the refusal names record {last}: {refused:?}"
+        ),
+        other => panic!("a batch with a record that cannot be written is refused: {other:?}"),
+    }
     let resent = batch(input_topic, &poisoned[..1], &[], &[], 13);
     let again = match sink.publish(&resent, group) {
         Err(PublishError::Aborted { .. }) => publish(sink, &resent, group),

@@ -9,6 +9,9 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::ClientContext;
 
+use super::error::{RefusedIn, RefusedRecord};
+use super::refused::is_refusal;
+
 /// Counts delivery results so a transaction knows where its output records and its changelog
 /// record landed, and why one was not delivered.
 pub(super) struct DeliveryTracker {
@@ -26,6 +29,39 @@ pub(super) struct DeliveryTracker {
     /// When a node last closed or refused this producer's connection ([`node_gone`]): it died or
     /// stops, and the cluster moves its leaderships soon.
     last_node_lost: Mutex<Option<Instant>>,
+    /// The records of the open transaction refused for good ([`is_refusal`]), by their place in
+    /// the batch ([`Slot`]).
+    refused: Mutex<Vec<RefusedRecord>>,
+}
+
+/// A record's place in its batch, carried as its delivery opaque: an output record's index, a
+/// dead letter's index with [`Slot::DEAD_LETTER`] set, or [`Slot::UNTRACKED`] (changelog and
+/// audit records, whose refusal is not one record's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot(pub(super) usize);
+
+impl Slot {
+    const DEAD_LETTER: usize = 1 << (usize::BITS - 2);
+    pub(super) const UNTRACKED: Slot = Slot(usize::MAX);
+
+    pub(super) fn of(topic: RefusedIn, index: usize) -> Self {
+        match topic {
+            RefusedIn::Output => Self(index),
+            RefusedIn::DeadLetter => Self(index | Self::DEAD_LETTER),
+        }
+    }
+
+    fn refused(self, code: RDKafkaErrorCode) -> Option<RefusedRecord> {
+        if self == Self::UNTRACKED {
+            return None;
+        }
+        let (topic, index) = if self.0 & Self::DEAD_LETTER != 0 {
+            (RefusedIn::DeadLetter, self.0 & !Self::DEAD_LETTER)
+        } else {
+            (RefusedIn::Output, self.0)
+        };
+        Some(RefusedRecord { topic, index, code })
+    }
 }
 
 impl DeliveryTracker {
@@ -39,7 +75,32 @@ impl DeliveryTracker {
             failures: AtomicU64::new(0),
             first_failure: Mutex::new(None),
             last_node_lost: Mutex::new(None),
+            refused: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Notes that the record in `slot` was refused for good with `code`, if it is one the batch
+    /// tracks and the code is a refusal.
+    pub(super) fn note_refused(&self, slot: Slot, code: RDKafkaErrorCode) {
+        if let Some(r) = slot.refused(code).filter(|_| is_refusal(code)) {
+            self.refused
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .push(r);
+        }
+    }
+
+    /// The records of the transaction refused for good, in batch order, each once.
+    pub(super) fn take_refused(&self) -> Vec<RefusedRecord> {
+        let mut refused = std::mem::take(
+            &mut *self
+                .refused
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        refused.sort_by_key(|r| (r.topic, r.index));
+        refused.dedup_by_key(|r| (r.topic, r.index));
+        refused
     }
 
     /// Whether a node closed or refused this producer's connection within `within`.
@@ -56,6 +117,7 @@ impl DeliveryTracker {
         self.last_changelog.store(-1, Ordering::Relaxed);
         self.failures.store(0, Ordering::Relaxed);
         self.take_first_failure();
+        self.take_refused();
     }
 
     pub(super) fn take_first_failure(&self) -> Option<(String, RDKafkaErrorCode)> {
@@ -95,9 +157,9 @@ impl ClientContext for DeliveryTracker {
 }
 
 impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, slot: usize) {
         match result {
             Ok(m) => {
                 let topic = rdkafka::Message::topic(m);
@@ -111,8 +173,9 @@ impl ProducerContext for DeliveryTracker {
                 }
             }
             Err((e, m)) => {
+                let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
+                self.note_refused(Slot(slot), code);
                 if self.failures.fetch_add(1, Ordering::Relaxed) == 0 {
-                    let code = e.rdkafka_error_code().unwrap_or(RDKafkaErrorCode::Fail);
                     let topic = rdkafka::Message::topic(m).to_string();
                     *self
                         .first_failure

@@ -19,6 +19,43 @@ pub enum PublishError {
     /// The producer is unusable. Make a new one (which aborts whatever was open) and recover.
     #[error("the output producer failed fatally: {source}")]
     Fatal { source: KafkaError },
+    /// The transaction was aborted because the broker or the producer refused records of it for
+    /// good (see [`is_refusal`]): sent again as they are, they are refused again. Nothing of the
+    /// transaction is visible. A refused record may have shared a request with records that are
+    /// fine (the broker refuses a whole request batch for one record over its limit), so the
+    /// records named are suspects: only a record refused when sent alone is the cause.
+    #[error("the transaction was aborted: the broker or the producer refused {} of its records for good: {source}", .refused.len())]
+    Refused {
+        refused: Vec<RefusedRecord>,
+        source: KafkaError,
+    },
+}
+
+/// Which list of a batch a refused record was in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RefusedIn {
+    /// [`super::Batch::records`], for the output topic.
+    Output,
+    /// [`super::Batch::dead_letters`], for the dead-letter topic.
+    DeadLetter,
+}
+
+impl RefusedIn {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Output => "output topic",
+            Self::DeadLetter => "dead-letter topic",
+        }
+    }
+}
+
+/// A record of a batch the broker or the producer refused, by its place in the batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefusedRecord {
+    pub topic: RefusedIn,
+    /// Its index in the batch's list ([`RefusedIn`]).
+    pub index: usize,
+    pub code: RDKafkaErrorCode,
 }
 
 impl PublishError {

@@ -21,6 +21,7 @@ mod delivery;
 mod error;
 mod init;
 pub mod owner;
+mod refused;
 mod sink;
 
 pub use sink::{MemorySink, Published, Sink};
@@ -34,10 +35,14 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, PurgeConfig};
 use rdkafka::{Offset, TopicPartitionList};
 
-use delivery::DeliveryTracker;
-pub use error::PublishError;
+use delivery::{DeliveryTracker, Slot};
 use error::{classify, timed_out};
+pub use error::{PublishError, RefusedIn, RefusedRecord};
 use init::init_transactions;
+pub use refused::{
+    is_refusal, refusal_reason, refused_dead_letter, ReadAt, REASON_INVALID_RECORD,
+    REASON_INVALID_TIMESTAMP, REASON_TOO_LARGE,
+};
 
 use crate::identity::{ContentDigest, LedgerKey};
 use crate::kafka::{client_config, KafkaConfig};
@@ -50,6 +55,19 @@ pub struct OutRecord {
     pub value: Option<Vec<u8>>,
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     pub timestamp_ms: Option<i64>,
+}
+
+impl OutRecord {
+    /// Its size as the broker counts it against a topic's limit, less the batch's framing: key,
+    /// value and headers.
+    pub fn size(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+            .sum();
+        self.key.as_ref().map_or(0, Vec::len) + self.value.as_ref().map_or(0, Vec::len) + headers
+    }
 }
 
 /// What one committed transaction wrote.
@@ -208,8 +226,19 @@ impl OutputWriter {
             Err(PublishError::Aborted { source }) if timed_out(&source) => {
                 Err(PublishError::Fatal { source })
             }
-            Err(PublishError::Aborted { source }) => Err(self.abort(source)),
+            Err(PublishError::Aborted { source }) => Err(self.refused(self.abort(source))),
             Err(e) => Err(e),
+        }
+    }
+
+    /// An aborted transaction's error, naming the records refused for good if any were.
+    fn refused(&self, aborted: PublishError) -> PublishError {
+        let refused = self.producer.context().take_refused();
+        match aborted {
+            PublishError::Aborted { source } if !refused.is_empty() => {
+                PublishError::Refused { refused, source }
+            }
+            other => other,
         }
     }
 
@@ -263,19 +292,36 @@ impl OutputWriter {
     }
 
     /// Sends every record of the batch into the open transaction: its output records, dead
-    /// letters, audit records, new ids and marks.
+    /// letters, audit records, new ids and marks. A record the producer refuses for good (over
+    /// its own `message.max.bytes`) is noted and the rest sent on, so one attempt names every
+    /// such record; the transaction is then aborted.
     fn produce(&self, batch: &Batch<'_>) -> Result<(), PublishError> {
-        for r in batch.records {
-            self.send(&self.topic, Some(self.partition), r)?;
+        let mut refused = None;
+        let mut tracked = |sent: Result<(), PublishError>| match sent {
+            Err(PublishError::Aborted { source })
+                if source.rdkafka_error_code().is_some_and(is_refusal) =>
+            {
+                refused.get_or_insert(source);
+                Ok(())
+            }
+            other => other,
+        };
+        for (i, r) in batch.records.iter().enumerate() {
+            let slot = Slot::of(RefusedIn::Output, i);
+            tracked(self.send(&self.topic, Some(self.partition), r, slot))?;
         }
         if let Some(dlq) = &self.dead_letter_topic {
-            for r in batch.dead_letters {
-                self.send(dlq, None, r)?;
+            for (i, r) in batch.dead_letters.iter().enumerate() {
+                tracked(self.send(dlq, None, r, Slot::of(RefusedIn::DeadLetter, i)))?;
             }
         }
+        if let Some(source) = refused {
+            return Err(PublishError::Aborted { source });
+        }
+        let untracked = Slot::UNTRACKED;
         if let Some(audit) = &self.audit_topic {
             for r in batch.audit {
-                self.send(audit, Some(batch.input_partition), r)?;
+                self.send(audit, Some(batch.input_partition), r, untracked)?;
             }
         }
         let changelog = |value: Vec<u8>| OutRecord {
@@ -287,6 +333,7 @@ impl OutputWriter {
                 &self.changelog_topic,
                 Some(self.partition),
                 &changelog(value),
+                untracked,
             )?;
         }
         for mark in batch.marks {
@@ -294,6 +341,7 @@ impl OutputWriter {
                 &self.changelog_topic,
                 Some(self.partition),
                 &changelog(mark.clone()),
+                untracked,
             )?;
         }
         for (partition, mark) in batch.other_marks {
@@ -301,6 +349,7 @@ impl OutputWriter {
                 &self.changelog_topic,
                 Some(*partition),
                 &changelog(mark.clone()),
+                untracked,
             )?;
         }
         Ok(())
@@ -398,9 +447,18 @@ impl OutputWriter {
         }
     }
 
-    fn send(&self, topic: &str, partition: Option<i32>, r: &OutRecord) -> Result<(), PublishError> {
+    /// Sends one record; `slot` names its place in the batch for the delivery report (a record
+    /// the producer refuses at once is noted under it here).
+    fn send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        r: &OutRecord,
+        slot: Slot,
+    ) -> Result<(), PublishError> {
         loop {
-            let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+            let mut rec: BaseRecord<'_, [u8], [u8], usize> =
+                BaseRecord::with_opaque_to(topic, slot.0);
             if let Some(p) = partition {
                 rec = rec.partition(p);
             }
@@ -434,7 +492,12 @@ impl OutputWriter {
                     .emit();
                     self.producer.poll(Duration::from_millis(10));
                 }
-                Err((e, _)) => return Err(classify(e, &self.transactional_id)),
+                Err((e, _)) => {
+                    if let Some(code) = e.rdkafka_error_code() {
+                        self.producer.context().note_refused(slot, code);
+                    }
+                    return Err(classify(e, &self.transactional_id));
+                }
             }
         }
     }

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 
-use super::{Batch, Committed, OutRecord, OutputWriter, PublishError};
+use super::{Batch, Committed, OutRecord, OutputWriter, PublishError, RefusedIn, RefusedRecord};
 use crate::store::NewId;
 
 /// Where batches are published: all of a batch and its input offset are committed, or none.
@@ -58,6 +58,9 @@ pub struct MemorySink {
     pub committed: Vec<Published>,
     /// Answered, in order, instead of committing (nothing of the batch is kept).
     pub failures: VecDeque<PublishError>,
+    /// Output records and dead letters whose key, value and headers together are larger than
+    /// this are refused for good, as a topic's `max.message.bytes` refuses them.
+    pub refuse_larger_than: Option<usize>,
     next_output_offset: i64,
     next_changelog_offset: i64,
 }
@@ -68,6 +71,9 @@ impl Sink for MemorySink {
     fn publish(&mut self, batch: &Batch<'_>, _: &()) -> Result<Committed, PublishError> {
         if let Some(failure) = self.failures.pop_front() {
             return Err(failure);
+        }
+        if let Some(refused) = self.refused(batch) {
+            return Err(refused);
         }
         let written = batch.records.len() as i64;
         let last_output_offset = (written > 0).then(|| self.next_output_offset + written - 1);
@@ -95,21 +101,39 @@ impl Sink for MemorySink {
     }
 }
 
+impl MemorySink {
+    /// The batch's records over [`MemorySink::refuse_larger_than`], as a refusal.
+    fn refused(&self, batch: &Batch<'_>) -> Option<PublishError> {
+        let limit = self.refuse_larger_than?;
+        let code = rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge;
+        let over = |topic: RefusedIn, records: &[OutRecord]| {
+            records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.size() > limit)
+                .map(|(index, _)| RefusedRecord { topic, index, code })
+                .collect::<Vec<_>>()
+        };
+        let mut refused = over(RefusedIn::Output, batch.records);
+        refused.extend(over(RefusedIn::DeadLetter, batch.dead_letters));
+        (!refused.is_empty()).then(|| PublishError::Refused {
+            refused,
+            source: rdkafka::error::KafkaError::MessageProduction(code),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use rdkafka::error::KafkaError;
-    use rdkafka::types::RDKafkaErrorCode;
-
     use super::*;
     use crate::output::conformance::{self, Expected};
 
     #[test]
     fn the_memory_sink_keeps_the_sink_rules_and_what_it_committed() {
         let mut sink = MemorySink::default();
-        let expected = conformance::run(&mut sink, &(), "in", |sink, _| {
-            sink.failures.push_back(PublishError::Aborted {
-                source: KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
-            })
+        let expected = conformance::run(&mut sink, &(), "in", |sink, records| {
+            sink.refuse_larger_than = Some(100);
+            records.push(conformance::record(&[7; 101]));
         });
         // The aborted attempt left nothing, and the double commits the batch at its first
         // attempt again: four batches committed, in order.
