@@ -168,6 +168,15 @@ impl Fate {
             Fate::Duplicate(_) | Fate::DeadLetter(_) | Fate::Drop(_) => false,
         }
     }
+
+    /// Whether the record is written anywhere as itself: to the output, or to the dead-letter
+    /// topic (a record the output then refuses goes to the dead-letter topic in its place).
+    pub fn reaches_output_or_dead_letter(&self) -> bool {
+        match self {
+            Fate::DeadLetter(_) | Fate::Reused(_, ReusedIdPolicy::DeadLetter) => true,
+            other => other.reaches_output(),
+        }
+    }
 }
 
 /// The decision for a whole batch.

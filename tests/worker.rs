@@ -1193,3 +1193,185 @@ fn a_ledger_ahead_of_the_output_is_refused_unless_the_operator_accepts_it() {
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 5, "only the new ids are published");
 }
+
+/// Bytes that do not compress (the producer compresses, and a topic's limit is on the compressed
+/// batch), as a record's value.
+fn noise(len: usize) -> Vec<u8> {
+    (0..len).map(|_| rand::random()).collect()
+}
+
+/// Records keyed by fresh ids, `big` of them (by their place) with `bytes` of noise as value.
+fn with_large(n: usize, big: &[(usize, usize)]) -> (Vec<String>, Vec<Outgoing>) {
+    let all = ids(n);
+    let mut records = keyed(&all.iter().collect::<Vec<_>>());
+    for &(at, bytes) in big {
+        records[at].1 = Some(noise(bytes));
+    }
+    (all, records)
+}
+
+/// The output topic's `max.message.bytes` in the refusal tests: a 5 KB record of noise is over it.
+const SMALL_LIMIT: &str = "2000";
+
+#[test]
+fn a_record_the_output_refuses_stalls_only_its_partition_which_heals_when_the_limit_is_raised() {
+    let input = TestTopic::create("refused-in", 2);
+    let output = TestTopic::create_with("refused-out", 2, &[("max.message.bytes", SMALL_LIMIT)]);
+    // The default configuration, without a dead-letter topic.
+    let spec = DEDUPE
+        .worker_in_temp_dir(&input.name, &output.name)
+        .without("DEDUPE_WORKER_BATCH_MAX_RECORDS")
+        .without("DEDUPE_WORKER_BATCH_LINGER_MS")
+        .without("DEDUPE_LEDGER_BUDGET_BYTES")
+        .without("DEDUPE_LEDGER_WRITE_BUFFER_BYTES");
+    // Partition 0: five records, one of 5 KB of noise, ten more. Partition 1: ten records.
+    let (p0, records0) = with_large(16, &[(5, 5_000)]);
+    let (p1, records1) = with_large(10, &[]);
+    produce_full_to(&input.name, Some(0), &records0);
+    produce_full_to(&input.name, Some(1), &records1);
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+
+    // The five before it and all of partition 1 are published; partition 0 stops at it, shows
+    // so, and counts the eleven records waiting from it as its lag.
+    wait_for_records(&output.name, 15, Duration::from_secs(60));
+    let stalled = [("partition", "0")];
+    wait_until(
+        "partition 0 shown stalled, with its lag counted from the refused record",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            (worker.metric("dedupe_partition_stalled", &stalled) == 1.0
+                && worker.metric("dedupe_consumer_lag_records", &stalled) == 11.0)
+                .then_some(())
+        },
+        || worker.metrics().unwrap_or_default(),
+    );
+    let log = worker.log_text();
+    assert!(
+        log.contains("PartitionStalled") && log.contains(&format!("{}/0 at offset 5", input.name)),
+        "the log names the record: {log}"
+    );
+    assert!(!log.contains("WorkerGivesUp"));
+
+    // Partition 1 publishes throughout: ten more records go through while partition 0 waits.
+    let (more, records) = with_large(10, &[]);
+    produce_full_to(&input.name, Some(1), &records);
+    wait_for_records(&output.name, 25, Duration::from_secs(60));
+    assert_eq!(worker.exited(), None, "the worker lives");
+
+    // The output's limit raised: the partition heals without a restart.
+    output.alter("max.message.bytes", "1048588");
+    wait_for_records(&output.name, 36, Duration::from_secs(90));
+    wait_until(
+        "partition 0 no longer stalled",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || (worker.metric("dedupe_partition_stalled", &stalled) == 0.0).then_some(()),
+        || worker.metrics().unwrap_or_default(),
+    );
+    // The refused record's retry is a duplicate now.
+    produce_full_to(&input.name, Some(0), &records0[5..6]);
+    wait_until(
+        "the retry dropped",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || (worker.metric("dedupe_duplicates_dropped_total", &stalled) >= 1.0).then_some(()),
+        || worker.metrics().unwrap_or_default(),
+    );
+    worker.stop_cleanly();
+    let out = consume_all(&output.name, true);
+    let keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
+    assert_eq!(out.len(), 36, "each id once");
+    for id in p0.iter().chain(&p1).chain(&more) {
+        assert!(keys.contains(id.as_bytes()), "{id} published");
+    }
+    // Partition 0 kept its order, the refused record in its place.
+    let order: Vec<Vec<u8>> = out
+        .iter()
+        .filter(|r| r.partition == 0)
+        .filter_map(|r| r.key.clone())
+        .collect();
+    let expected: Vec<Vec<u8>> = p0.iter().map(|id| id.as_bytes().to_vec()).collect();
+    assert_eq!(order, expected);
+}
+
+#[test]
+fn records_the_output_refuses_go_to_the_dead_letter_topic_once_and_their_retries_are_dropped() {
+    let input = TestTopic::create("refused-dl-in", 2);
+    let output = TestTopic::create_with("refused-dl-out", 2, &[("max.message.bytes", SMALL_LIMIT)]);
+    // The dead-letter topic takes 8 KB: a 5 KB record goes there whole, a 12 KB one without its
+    // value.
+    let dead_letters = TestTopic::create_with("refused-dl", 1, &[("max.message.bytes", "8000")]);
+    let spec = DEDUPE
+        .worker_in_temp_dir(&input.name, &output.name)
+        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name);
+    // Partition 0: refused records first and last in its batch, and one in the middle; partition
+    // 1: one too, at the same time.
+    let (p0, records0) = with_large(12, &[(0, 5_000), (6, 12_000), (11, 5_000)]);
+    let (p1, records1) = with_large(6, &[(3, 5_000)]);
+    produce_full_to(&input.name, Some(0), &records0);
+    produce_full_to(&input.name, Some(1), &records1);
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    wait_for_records(&dead_letters.name, 4, Duration::from_secs(90));
+    wait_for_records(&output.name, 14, Duration::from_secs(60));
+
+    // Each refused record's retry is a duplicate: dropped, never dead-lettered again.
+    let retries: Vec<Outgoing> = [0, 6, 11].map(|i| records0[i].clone()).to_vec();
+    produce_full_to(&input.name, Some(0), &retries);
+    produce_full_to(&input.name, Some(1), &records1[3..4]);
+    wait_until(
+        "the four retries dropped",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || (worker.metric("dedupe_duplicates_dropped_total", &[]) == 4.0).then_some(()),
+        || worker.metrics().unwrap_or_default(),
+    );
+    assert_eq!(
+        worker.metric("dedupe_dead_lettered_total", &[("reason", "too_large")]),
+        4.0
+    );
+    assert_eq!(worker.exited(), None, "the worker lives");
+    worker.stop_cleanly();
+
+    let header = |r: &Record, name: &str| {
+        r.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.clone())
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+    };
+    let dead = consume_all(&dead_letters.name, true);
+    assert_eq!(dead.len(), 4, "each refused record once");
+    let dead: BTreeMap<String, &Record> = dead
+        .iter()
+        .map(|r| (header(r, "dedupe-refused-source").expect("its source"), r))
+        .collect();
+    assert_eq!(dead.len(), 4, "four places");
+    for (partition, offset, id, bytes, whole) in [
+        (0, 0, &p0[0], 5_000, true),
+        (0, 6, &p0[6], 12_000, false),
+        (0, 11, &p0[11], 5_000, true),
+        (1, 3, &p1[3], 5_000, true),
+    ] {
+        let r = dead[&format!("{}:{partition}:{offset}", input.name)];
+        assert_eq!(r.key.as_deref(), Some(id.as_bytes()));
+        assert_eq!(header(r, "dedupe-reason").as_deref(), Some("too_large"));
+        assert_eq!(
+            header(r, "dedupe-refused-by").as_deref(),
+            Some(output.name.as_str())
+        );
+        let size: usize = header(r, "dedupe-refused-bytes")
+            .expect("its size")
+            .parse()
+            .unwrap();
+        assert!(size > bytes, "{size} counts key, value and headers");
+        assert_eq!(r.value.as_ref().map(Vec::len), whole.then_some(bytes));
+    }
+    // The output holds every other record once, in order.
+    let out = consume_all(&output.name, true);
+    assert_eq!(out.len(), 14);
+    let keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
+    assert_eq!(keys.len(), 14);
+}

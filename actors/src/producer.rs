@@ -57,6 +57,10 @@ pub struct Outgoing {
     pub marks: Vec<Vec<u8>>,
     /// Re-send markers for other partitions' changelogs (see `dedupe::output::Batch::other_marks`).
     pub other_marks: Vec<(i32, Vec<u8>)>,
+    /// Each output record's place among the input records it was decided from, and each dead
+    /// letter's: what a refusal's index names (empty where nothing is refused, a forget's).
+    pub positions: Vec<usize>,
+    pub dead_letter_positions: Vec<usize>,
 }
 
 impl Outgoing {

@@ -189,8 +189,13 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
                 .into_iter()
                 .collect(),
             other_marks: Vec::new(),
+            positions: Vec::new(),
+            dead_letter_positions: Vec::new(),
         });
-        let committed = self.publish(&outgoing, NO_INPUT_OFFSET).await?;
+        let committed = self
+            .publish(&outgoing, NO_INPUT_OFFSET)
+            .await?
+            .map_err(|refused| self.refused(&refused))?;
         fail::fail_point!("forget-after-commit", |_| {
             eprintln!("failpoint forget-after-commit: exiting");
             std::process::exit(86)

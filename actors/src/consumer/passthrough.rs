@@ -24,8 +24,12 @@ impl Pipeline {
             new_ids: Vec::new(),
             marks: Vec::new(),
             other_marks: Vec::new(),
+            positions: Vec::new(),
+            dead_letter_positions: Vec::new(),
         });
-        self.publish(&outgoing, next_input_offset).await?;
+        self.publish(&outgoing, next_input_offset)
+            .await?
+            .map_err(|refused| self.refused(&refused))?;
         self.metrics.records_out.increment(out_count);
         Ok(())
     }

@@ -13,14 +13,18 @@ use dedupe::clock::now_ms;
 use dedupe::config::{ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
 use dedupe::ledger::{Held, Mark};
-use dedupe::output::{OutRecord, PublishError};
+use dedupe::output::{
+    refused_dead_letter, OutRecord, PublishError, ReadAt, RefusedIn, RefusedRecord,
+};
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
 use dedupe::store::Looked;
 use dedupe::wire::HEADER_DUPLICATE;
+use rdkafka::types::RDKafkaErrorCode;
 
 use super::seams::{SinkAccess, StoreAccess};
 use super::{Decided, InRecord, NewId, Pipeline, PipelineError};
+use crate::events::partition::RecordDeadLettered;
 use crate::events::partition::{source_header, ReusedAction};
 use crate::events::{PublishedTwice, TransactionFailed, TransactionRetried};
 use crate::producer::Outgoing;
@@ -34,22 +38,139 @@ const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
     ABORTED_BATCH_RETRIES_ALLOWED,
 );
 
+/// What became of the records handed to [`Pipeline::process`].
+#[derive(Debug)]
+pub(super) enum Processed {
+    /// All of them are committed and recorded.
+    Through,
+    /// Those before `rest` are committed and recorded. The output refuses `rest`'s first record
+    /// for good, alone in its transaction, and no dead-letter topic takes it: the partition stops
+    /// at it, nothing after it published, until the output accepts it.
+    StoppedAt {
+        rest: Vec<InRecord>,
+        code: RDKafkaErrorCode,
+        refused_by: RefusedIn,
+    },
+}
+
+/// How the first record of a transaction of one is sent, after the output refused it alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Isolation {
+    /// As it is: a record refused in company may only have shared the broker's request with
+    /// the record refused; alone, a refusal is its own.
+    AsItIs,
+    /// To the dead-letter topic instead of its fate's place, with its value.
+    DeadLetter(RDKafkaErrorCode),
+    /// To the dead-letter topic, without its value (the dead-letter topic refused that too).
+    DeadLetterWithoutValue(RDKafkaErrorCode),
+}
+
+/// A refused record sent to the dead-letter topic, as it is reported once its transaction
+/// committed.
+#[derive(Debug, Clone, Copy)]
+struct DeadLettered {
+    offset: i64,
+    bytes: usize,
+    code: RDKafkaErrorCode,
+    with_value: bool,
+}
+
+/// A record the output refused, as one attempt found it: its place in the records attempted.
+struct Refusal {
+    position: usize,
+    code: RDKafkaErrorCode,
+    refused_by: RefusedIn,
+}
+
 impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
-    /// One batch: look its ids up, decide, publish the new records with the next input offset in
-    /// one transaction, then record the new ids with the progress that follows the batch.
-    pub(super) async fn process(&mut self, batch: Vec<InRecord>) -> Result<(), PipelineError> {
+    /// Records of the partition, in order: each batch is looked up, decided, published with the
+    /// next input offset in one transaction, then its new ids recorded with the progress that
+    /// follows it. A record the output refuses for good never costs more than its partition:
+    /// the records before it are committed on their own, it is tried alone, then dead-lettered
+    /// (with its value, then without) when `worker.dead_letter_topic` is set, and the partition
+    /// stops at it otherwise ([`Processed::StoppedAt`]).
+    pub(super) async fn process(
+        &mut self,
+        batch: Vec<InRecord>,
+    ) -> Result<Processed, PipelineError> {
         let n = batch.len();
-        let next_input_offset = batch[n - 1].offset + 1;
         self.metrics.records_in.increment(n as u64);
         self.metrics.batch_records.record(n as f64);
         self.count_misrouted(&batch);
+        self.settle(batch).await
+    }
+
+    /// [`Pipeline::process`] of records already counted as read (a stalled record tried again).
+    pub(super) async fn settle(
+        &mut self,
+        mut pending: Vec<InRecord>,
+    ) -> Result<Processed, PipelineError> {
+        let mut end = pending.len();
+        let mut isolation = Isolation::AsItIs;
+        loop {
+            let refusal = match self.attempt(pending[..end].to_vec(), isolation).await? {
+                Some(refusal) => refusal,
+                None => {
+                    pending.drain(..end);
+                    if pending.is_empty() {
+                        return Ok(Processed::Through);
+                    }
+                    end = pending.len();
+                    isolation = Isolation::AsItIs;
+                    continue;
+                }
+            };
+            isolation = match (refusal.position, end, isolation) {
+                // Commit what comes before the first record refused.
+                (p, _, _) if p > 0 => {
+                    end = p;
+                    Isolation::AsItIs
+                }
+                // The first record alone: refused with others, it may only have shared their
+                // request.
+                (_, e, _) if e > 1 => {
+                    end = 1;
+                    Isolation::AsItIs
+                }
+                (_, _, Isolation::AsItIs) if self.settings.dead_letter_topic.is_some() => {
+                    Isolation::DeadLetter(refusal.code)
+                }
+                (_, _, Isolation::DeadLetter(code)) => Isolation::DeadLetterWithoutValue(code),
+                _ => {
+                    return Ok(Processed::StoppedAt {
+                        rest: pending,
+                        code: refusal.code,
+                        refused_by: refusal.refused_by,
+                    })
+                }
+            };
+        }
+    }
+
+    /// One transaction of `batch`: look its ids up, decide, publish the new records with the
+    /// next input offset, then record the new ids with the progress that follows it. `None`
+    /// when it went through; the first record refused when the output refused some.
+    async fn attempt(
+        &mut self,
+        batch: Vec<InRecord>,
+        isolation: Isolation,
+    ) -> Result<Option<Refusal>, PipelineError> {
+        let n = batch.len();
+        let next_input_offset = batch[n - 1].offset + 1;
         let started = Instant::now();
         let looked = self.look_up(&batch).await?;
         let looked_up = started.elapsed();
-        let mut decided = self.decide(batch, &looked.held);
+        let dead_lettered = Self::dead_lettered(&batch, isolation);
+        let mut decided = self.decide(batch, &looked.held, isolation);
         let resent = self.resent(&mut decided, &looked.forgotten);
         let refreshes = std::mem::take(&mut decided.refreshes);
-        let (new_ids, committed) = self.publish_decided(decided, next_input_offset).await?;
+        let (new_ids, committed) = match self.publish_decided(decided, next_input_offset).await? {
+            Ok(through) => through,
+            Err(refusal) => return Ok(Some(refusal)),
+        };
+        if let Some(dead_lettered) = dead_lettered {
+            self.report_dead_lettered(dead_lettered);
+        }
         let published = started.elapsed();
         fail::fail_point!("worker-after-publish", |_| {
             eprintln!("failpoint worker-after-publish: exiting");
@@ -78,7 +199,40 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
                 "The partition's first batch is through."
             );
         }
-        Ok(())
+        Ok(None)
+    }
+
+    /// What a refused record sent to the dead-letter topic is reported with, once it committed.
+    fn dead_lettered(batch: &[InRecord], isolation: Isolation) -> Option<DeadLettered> {
+        let (code, with_value) = match isolation {
+            Isolation::AsItIs => return None,
+            Isolation::DeadLetter(code) => (code, true),
+            Isolation::DeadLetterWithoutValue(code) => (code, false),
+        };
+        let r = batch.first()?;
+        Some(DeadLettered {
+            offset: r.offset,
+            bytes: r.out.size(),
+            code,
+            with_value,
+        })
+    }
+
+    fn report_dead_lettered(&self, d: DeadLettered) {
+        RecordDeadLettered {
+            partition: self.partition,
+            input_topic: &self.settings.input_topic,
+            offset: d.offset,
+            bytes: d.bytes,
+            code: d.code,
+            dead_letter_topic: self
+                .settings
+                .dead_letter_topic
+                .as_deref()
+                .unwrap_or_default(),
+            with_value: d.with_value,
+        }
+        .emit();
     }
 
     /// Step 1: looks the batch's ids up in the ledger: what it holds of each keyed record's id (its
@@ -99,8 +253,14 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     }
 
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
-    /// without an id follow the unkeyed policy.
-    pub(super) fn decide(&mut self, batch: Vec<InRecord>, found: &[Option<Held>]) -> Decided {
+    /// without an id follow the unkeyed policy. A record the output refused alone goes to the
+    /// dead-letter topic instead, as `isolation` says.
+    pub(super) fn decide(
+        &mut self,
+        batch: Vec<InRecord>,
+        found: &[Option<Held>],
+        isolation: Isolation,
+    ) -> Decided {
         let candidates = self.candidates(&batch);
         let rules = Rules {
             unkeyed: self.settings.unkeyed_policy,
@@ -122,10 +282,23 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             new_ids: decision.new_ids,
             marks: Vec::new(),
             other_marks: Vec::new(),
+            positions: Vec::with_capacity(batch.len()),
+            dead_letter_positions: Vec::new(),
         };
         let now = Instant::now();
-        for (r, fate) in batch.into_iter().zip(&decision.fates) {
+        for (i, (r, fate)) in batch.into_iter().zip(&decision.fates).enumerate() {
+            if i == 0 && isolation != Isolation::AsItIs && fate.reaches_output_or_dead_letter() {
+                self.refused_to_dead_letter(r, isolation, &mut outgoing);
+                continue;
+            }
+            let (records, dead_letters) = (outgoing.records.len(), outgoing.dead_letters.len());
             self.route(r, fate, now, &mut outgoing);
+            outgoing
+                .positions
+                .resize(outgoing.records.len().max(records), i);
+            outgoing
+                .dead_letter_positions
+                .resize(outgoing.dead_letters.len().max(dead_letters), i);
         }
         Decided {
             outgoing,
@@ -215,6 +388,35 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
         }
     }
 
+    /// Sends a record the output refused alone to the dead-letter topic instead, as the core
+    /// writes a refused record's dead letter (`dedupe::output::refused_dead_letter`). Its id, if
+    /// it has one, is held as any published id is, so its copies are dropped as duplicates.
+    fn refused_to_dead_letter(
+        &mut self,
+        r: InRecord,
+        isolation: Isolation,
+        outgoing: &mut Outgoing,
+    ) {
+        let (code, with_value) = match isolation {
+            Isolation::DeadLetter(code) => (code, true),
+            Isolation::DeadLetterWithoutValue(code) => (code, false),
+            Isolation::AsItIs => return,
+        };
+        let read_at = ReadAt {
+            topic: &self.settings.input_topic,
+            partition: self.partition,
+            offset: r.offset,
+        };
+        outgoing.dead_letters.push(refused_dead_letter(
+            &r.out,
+            read_at,
+            code,
+            &self.settings.output_topic,
+            with_value,
+        ));
+        outgoing.dead_letter_positions.push(0);
+    }
+
     /// Counts a dropped duplicate, and audits it if the sampler admits it.
     fn drop_duplicate(
         &mut self,
@@ -247,16 +449,19 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
 
     /// Step 3: publishes the new records and the input offset in one transaction; returns the new
     /// ids, to record, and what the transaction committed.
-    pub(super) async fn publish_decided(
+    async fn publish_decided(
         &mut self,
         decided: Decided,
         next_input_offset: i64,
-    ) -> Result<(Vec<NewId>, dedupe::output::Committed), PipelineError> {
+    ) -> Result<Result<(Vec<NewId>, dedupe::output::Committed), Refusal>, PipelineError> {
         let t = Instant::now();
         let out_count = decided.outgoing.records.len() as u64;
         let audited = decided.outgoing.audit.len() as u64;
         let outgoing = Arc::new(decided.outgoing);
-        let committed = self.publish(&outgoing, next_input_offset).await?;
+        let committed = match self.publish(&outgoing, next_input_offset).await? {
+            Ok(committed) => committed,
+            Err(refused) => return Ok(Err(first_refused(&outgoing, &refused))),
+        };
         self.metrics
             .publish_seconds
             .record(t.elapsed().as_secs_f64());
@@ -280,7 +485,7 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
         // The publisher let go of the batch when it answered; a copy only if it still holds it.
         let new_ids =
             Arc::try_unwrap(outgoing).map_or_else(|shared| shared.new_ids.clone(), |o| o.new_ids);
-        Ok((new_ids, committed))
+        Ok(Ok((new_ids, committed)))
     }
 
     /// Step 4: records the new ids with the progress that follows this batch. The ledger judges
@@ -338,7 +543,7 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
         &self,
         outgoing: &Arc<Outgoing>,
         next_input_offset: i64,
-    ) -> Result<dedupe::output::Committed, PipelineError> {
+    ) -> Result<Result<dedupe::output::Committed, Vec<RefusedRecord>>, PipelineError> {
         let p = self.partition;
         let mut backoff = ABORTED_BATCH_RETRIES;
         loop {
@@ -347,7 +552,8 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
                 .publish(p, Arc::clone(outgoing), next_input_offset)
                 .await?;
             match result {
-                Ok(c) => return Ok(c),
+                Ok(c) => return Ok(Ok(c)),
+                Err(PublishError::Refused { refused, .. }) => return Ok(Err(refused)),
                 Err(PublishError::Aborted { source })
                     if backoff.retries() < ABORTED_BATCH_RETRIES_ALLOWED =>
                 {
@@ -373,4 +579,28 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             }
         }
     }
+}
+
+/// The refused record that comes first in the batch, by its place among the records attempted.
+fn first_refused(outgoing: &Outgoing, refused: &[RefusedRecord]) -> Refusal {
+    refused
+        .iter()
+        .filter_map(|r| {
+            let positions = match r.topic {
+                RefusedIn::Output => &outgoing.positions,
+                RefusedIn::DeadLetter => &outgoing.dead_letter_positions,
+            };
+            Some(Refusal {
+                position: *positions.get(r.index)?,
+                code: r.code,
+                refused_by: r.topic,
+            })
+        })
+        .min_by_key(|r| r.position)
+        // A refusal naming no record of the batch (none should): the whole batch alone.
+        .unwrap_or(Refusal {
+            position: 0,
+            code: refused.first().map_or(RDKafkaErrorCode::Fail, |r| r.code),
+            refused_by: RefusedIn::Output,
+        })
 }

@@ -109,6 +109,18 @@ impl<S: IdStore> TestPipeline<S> {
         Ref::map(self.publisher.inner.borrow(), |l| &l.inner.committed)
     }
 
+    /// Makes the sink refuse, for good, output records and dead letters over `limit` bytes.
+    fn refuse_larger_than(&self, limit: Option<usize>) {
+        self.publisher.inner.borrow_mut().inner.refuse_larger_than = limit;
+    }
+
+    /// Sets `worker.dead_letter_topic` (the tests' default is `dlq`).
+    fn dead_letter_topic(&mut self, topic: Option<&str>) {
+        let mut settings = (*self.settings).clone();
+        settings.dead_letter_topic = topic.map(str::to_string);
+        self.settings = Arc::new(settings);
+    }
+
     /// Makes the next publishes fail, in order.
     fn fail_publishes(&self, failures: impl IntoIterator<Item = PublishError>) {
         let mut sink = self.publisher.inner.borrow_mut();
@@ -141,6 +153,9 @@ fn settings(unkeyed: UnkeyedPolicy, reused_id: ReusedIdPolicy) -> Arc<PipelineSe
         source_modes: Default::default(),
         retention_limit_ms: None,
         refresh_on_duplicate: false,
+        output_topic: "out".to_string(),
+        dead_letter_topic: Some("dlq".to_string()),
+        board: Arc::default(),
     })
 }
 
@@ -738,4 +753,186 @@ async fn a_forget_reports_what_it_forgot_or_why_it_failed() {
     assert!(answer.await.expect("answered").is_err());
     assert_eq!(recording.count_at("ForgetFailed", Level::WARN), 1);
     assert_eq!(recording.count("IdsForgotten"), 1);
+}
+
+/// A record of `size` bytes of value at `offset` with id `n`.
+fn large(offset: i64, n: u8, size: usize) -> InRecord {
+    let mut r = record(offset, Some(n), "");
+    r.out.value = Some(vec![b'x'; size]);
+    r
+}
+
+fn next_offsets(committed: &[Published]) -> Vec<i64> {
+    committed.iter().map(|p| p.next_input_offset).collect()
+}
+
+/// A transaction refused for its first record's size.
+fn too_large() -> PublishError {
+    PublishError::Refused {
+        refused: vec![dedupe::output::RefusedRecord {
+            topic: dedupe::output::RefusedIn::Output,
+            index: 0,
+            code: RDKafkaErrorCode::MessageSizeTooLarge,
+        }],
+        source: KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_record_is_dead_lettered_alone_and_the_records_around_it_are_published() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    let events = recorder::record();
+    // The sink refuses records over 300 bytes, as the output's and the dead-letter topic's
+    // max.message.bytes would: the second record of three is over it, and so is its dead letter
+    // with its value.
+    p.refuse_larger_than(Some(300));
+    let processed = p
+        .process(vec![
+            record(0, Some(1), "a"),
+            large(1, 2, 500),
+            record(2, Some(3), "c"),
+        ])
+        .await
+        .expect("processed");
+    assert!(matches!(processed, super::protocol::Processed::Through));
+    // The record before it committed on its own; the refused one alone, as a dead letter without
+    // its value (the dead-letter topic refused it with its value too); the one after it on its
+    // own.
+    let committed = p.committed().clone();
+    assert_eq!(next_offsets(&committed), [1, 2, 3]);
+    assert_eq!(values(&committed[0].records), ["a"]);
+    assert!(committed[1].records.is_empty());
+    let dead = &committed[1].dead_letters;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].value, None, "without its value");
+    let header = |name: &str| {
+        dead[0]
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header(dedupe::wire::HEADER_REFUSED_SOURCE),
+        Some(b"in:0:1".to_vec())
+    );
+    assert_eq!(
+        header(dedupe::wire::HEADER_REASON),
+        Some(b"too_large".to_vec())
+    );
+    assert_eq!(values(&committed[2].records), ["c"]);
+    // Its id is held, so its copy is a duplicate: dropped, never dead-lettered again.
+    assert_eq!(p.held().len(), 3);
+    p.process(vec![large(3, 2, 500)]).await.expect("the copy");
+    let last = p.committed().last().cloned().expect("a batch");
+    assert!(last.records.is_empty() && last.dead_letters.is_empty());
+    assert_eq!(last.next_input_offset, 4);
+    assert_eq!(
+        events.count_at("RecordDeadLettered", Level::WARN),
+        1,
+        "counted and logged once"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_the_dead_letter_topic_takes_keeps_its_value() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    // Refused by the output only, once, for its timestamp (the double's size limit would refuse
+    // its dead letter too).
+    p.fail_publishes([PublishError::Refused {
+        refused: vec![dedupe::output::RefusedRecord {
+            topic: dedupe::output::RefusedIn::Output,
+            index: 0,
+            code: RDKafkaErrorCode::InvalidTimestamp,
+        }],
+        source: KafkaError::MessageProduction(RDKafkaErrorCode::InvalidTimestamp),
+    }]);
+    p.process(vec![record(0, Some(1), "a")])
+        .await
+        .expect("processed");
+    // Refused alone at once (a batch of one): dead-lettered with its value and its reason.
+    let committed = p.committed().clone();
+    assert_eq!(committed.len(), 1);
+    let dead = &committed[0].dead_letters;
+    assert_eq!(values(dead), ["a"]);
+    assert!(dead[0]
+        .headers
+        .iter()
+        .any(|(k, v)| k == dedupe::wire::HEADER_REASON
+            && v.as_deref() == Some(&b"invalid_timestamp"[..])));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_dead_letter_topic_the_partition_stops_at_the_refused_record_and_heals() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.dead_letter_topic(None);
+    p.refuse_larger_than(Some(100));
+    let processed = p
+        .process(vec![
+            record(0, Some(1), "a"),
+            large(1, 2, 500),
+            record(2, Some(3), "c"),
+        ])
+        .await
+        .expect("processed");
+    // The record before it is committed; the partition stops at it, nothing after it published.
+    let super::protocol::Processed::StoppedAt { rest, code, .. } = processed else {
+        panic!("stopped at the refused record: {processed:?}");
+    };
+    assert_eq!(rest.iter().map(|r| r.offset).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(code, RDKafkaErrorCode::MessageSizeTooLarge);
+    assert_eq!(next_offsets(&p.committed()), [1]);
+    assert_eq!(p.progress().map(|g| g.next_input_offset), Some(1));
+
+    // Waiting out the stall: refused at its next three tries (as by a topic whose limit is
+    // raised only then), then the record and the one after it go through.
+    let events = recorder::record();
+    p.refuse_larger_than(None);
+    p.fail_publishes((0..3).map(|_| too_large()));
+    let board = Arc::clone(&p.settings.board);
+    let stall = super::stall::Stall::new(rest, code, dedupe::output::RefusedIn::Output);
+    let (_stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    let (_forget_tx, mut forgets) = tokio::sync::mpsc::unbounded_channel();
+    let waited = {
+        let wait = p.wait_out(stall, &mut stop, &mut forgets);
+        tokio::pin!(wait);
+        tokio::select! {
+            _ = &mut wait => panic!("healed while still refused"),
+            _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+        }
+        assert_eq!(board.stalled_at(0), Some(1), "the lag counts from it");
+        wait.await.expect("healed")
+    };
+    assert!(!waited, "healed, not stopped");
+    assert_eq!(next_offsets(&p.committed()), [1, 2, 3]);
+    assert_eq!(p.held().len(), 3);
+    assert_eq!(p.settings.board.stalled_at(0), None);
+    assert!(events.count_at("PartitionStalled", Level::ERROR) >= 1);
+    assert_eq!(events.count_at("PartitionHealed", Level::INFO), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_partition_stops_when_told_and_clears_its_stall() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.dead_letter_topic(None);
+    p.refuse_larger_than(Some(100));
+    let stall = super::stall::Stall::new(
+        vec![large(0, 1, 500)],
+        RDKafkaErrorCode::MessageSizeTooLarge,
+        dedupe::output::RefusedIn::Output,
+    );
+    let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    let (_forget_tx, mut forgets) = tokio::sync::mpsc::unbounded_channel();
+    let stopper = async {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        stop_tx.send(true).expect("the pipeline listens");
+        std::future::pending::<()>().await;
+    };
+    let stopped = tokio::select! {
+        r = p.wait_out(stall, &mut stop, &mut forgets) => r.expect("stopped"),
+        _ = stopper => unreachable!(),
+    };
+    assert!(stopped);
+    assert!(p.committed().is_empty(), "nothing published past it");
+    assert_eq!(p.settings.board.stalled_at(0), None);
 }

@@ -3,9 +3,10 @@
 
 use dedupe::batch::Verdict;
 use dedupe::metrics as m;
-use dedupe::output::OutRecord;
+use dedupe::output::{refusal_reason, OutRecord};
 use dedupe::wire::HEADER_SOURCE;
 use metrics::{Counter, Histogram, SharedString};
+use rdkafka::types::RDKafkaErrorCode;
 
 /// The metric handles of one partition's pipeline, registered once when it starts, so a batch
 /// formats no label and looks no series up.
@@ -154,5 +155,123 @@ impl PartitionMetrics {
                     .map_or(&self.other_source, |(_, counters)| counters)
             }
         }
+    }
+}
+
+/// A record the output refused for good, alone in its transaction, written to the dead-letter
+/// topic instead (with its value, or without it when the dead-letter topic refused that too), in
+/// a transaction that committed.
+pub struct RecordDeadLettered<'a> {
+    pub partition: i32,
+    pub input_topic: &'a str,
+    pub offset: i64,
+    pub bytes: usize,
+    pub code: RDKafkaErrorCode,
+    pub dead_letter_topic: &'a str,
+    pub with_value: bool,
+}
+
+impl RecordDeadLettered<'_> {
+    pub fn emit(&self) {
+        let reason = refusal_reason(self.code);
+        metrics::counter!(m::DEAD_LETTERED, m::LABEL_PARTITION => self.partition.to_string(), m::LABEL_REASON => reason).increment(1);
+        tracing::warn!(
+            event = "RecordDeadLettered",
+            partition = self.partition,
+            offset = self.offset,
+            bytes = self.bytes,
+            reason,
+            with_value = self.with_value,
+            "The output topic refused the record {}/{} at offset {} ({} bytes: {}); it was written to the dead-letter topic {}{} instead, and its id is held, so its copies are dropped as duplicates.",
+            self.input_topic,
+            self.partition,
+            self.offset,
+            self.bytes,
+            self.code,
+            self.dead_letter_topic,
+            if self.with_value { "" } else { " without its value, which the dead-letter topic refused too" },
+        );
+    }
+}
+
+/// A partition stops at a record its output topic refuses for good, with no dead-letter topic
+/// to take it: nothing after it is published until the output accepts it. Logged when the stall
+/// begins and again at each backoff's longest step; the gauge holds while it lasts.
+pub struct PartitionStalled<'a> {
+    pub partition: i32,
+    pub input_topic: &'a str,
+    pub offset: i64,
+    pub bytes: usize,
+    pub code: RDKafkaErrorCode,
+    pub refused_by: &'a str,
+    pub retry_in: std::time::Duration,
+    pub log: bool,
+}
+
+impl PartitionStalled<'_> {
+    pub fn emit(&self) {
+        metrics::gauge!(m::PARTITION_STALLED, m::LABEL_PARTITION => self.partition.to_string())
+            .set(1.0);
+        if !self.log {
+            return;
+        }
+        tracing::error!(
+            event = "PartitionStalled",
+            partition = self.partition,
+            offset = self.offset,
+            bytes = self.bytes,
+            reason = refusal_reason(self.code),
+            "The {} refuses the record {}/{} at offset {} ({} bytes: {}), alone in its transaction, and no dead-letter topic is set: partition {} stops at it (nothing is dropped; the other partitions go on) and tries it again in {:?}. Raise the topic's max.message.bytes (for a record over the producer's own 1,000,000 bytes, kafka.properties' message.max.bytes too), or set worker.dead_letter_topic and restart.",
+            self.refused_by,
+            self.input_topic,
+            self.partition,
+            self.offset,
+            self.bytes,
+            self.code,
+            self.partition,
+            self.retry_in,
+        );
+    }
+}
+
+/// A stalled partition's record went through at last: the partition publishes again.
+pub struct PartitionHealed {
+    pub partition: i32,
+    pub offset: i64,
+    pub stalled_for: std::time::Duration,
+}
+
+impl PartitionHealed {
+    pub fn emit(&self) {
+        metrics::gauge!(m::PARTITION_STALLED, m::LABEL_PARTITION => self.partition.to_string())
+            .set(0.0);
+        tracing::info!(
+            event = "PartitionHealed",
+            partition = self.partition,
+            offset = self.offset,
+            stalled_secs = self.stalled_for.as_secs_f64(),
+            "The output took the record at offset {} of partition {} after {:.1} s: the partition publishes again.",
+            self.offset,
+            self.partition,
+            self.stalled_for.as_secs_f64(),
+        );
+    }
+}
+
+/// A partition's pipeline ended (revoked, taken over again, the worker stopping) while stalled:
+/// this worker no longer stops at the record, whoever runs the partition next.
+pub struct StallEnded {
+    pub partition: i32,
+}
+
+impl StallEnded {
+    pub fn emit(&self) {
+        metrics::gauge!(m::PARTITION_STALLED, m::LABEL_PARTITION => self.partition.to_string())
+            .set(0.0);
+        tracing::debug!(
+            event = "StallEnded",
+            partition = self.partition,
+            "The stalled partition's pipeline ended."
+        );
     }
 }

@@ -113,6 +113,21 @@ impl TestTopic {
 }
 
 impl TestTopic {
+    /// Sets one of the topic's settings (e.g. raises `max.message.bytes`) through Kafka's admin
+    /// API, and waits until the broker answers it so.
+    pub fn alter(&self, key: &str, value: &str) {
+        use rdkafka::admin::{AlterConfig, ResourceSpecifier};
+        let admin: AdminClient<DefaultClientContext> =
+            client_config().create().expect("admin client");
+        let config = AlterConfig::new(ResourceSpecifier::Topic(&self.name)).set(key, value);
+        let results =
+            futures::executor::block_on(admin.alter_configs(&[config], &AdminOptions::new()))
+                .unwrap_or_else(|e| panic!("alter {key} of {}: {e}", self.name));
+        for result in results {
+            result.unwrap_or_else(|(r, e)| panic!("alter {key} of {r:?}: {e}"));
+        }
+    }
+
     /// Deletes the topic and creates it again, empty, under the same name.
     pub fn recreate(&self) {
         let admin: AdminClient<DefaultClientContext> =
