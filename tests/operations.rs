@@ -1,6 +1,7 @@
 //! Operations against the real broker: a real Prometheus scrapes a running worker, and a ledger
 //! snapshot restored after more traffic loses nothing the output topic still holds.
 
+use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,28 +27,7 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
     worker.wait_ready(Duration::from_secs(60));
     wait_for_records(&output.name, 300, Duration::from_secs(60));
 
-    let prometheus = which("prometheus");
-    let prom_port = free_port();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: dedupe\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
-            worker.metrics_port
-        ),
-    )
-    .unwrap();
-    let mut prom = Command::new(prometheus)
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start prometheus");
+    let (mut prom, prom_port) = prometheus_scraping(&worker, dir.path());
     let deadline = Instant::now() + Duration::from_secs(60);
     let query = "/api/v1/query?query=dedupe_window_seconds";
     let result = loop {
@@ -86,15 +66,59 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
     // The page's own expression, read from the rules file, selects this worker: its window is
     // seconds old, under the default 24-hour promise it exports (in production it fires once that
     // has lasted 10 minutes).
+    let page = page_expression();
+    assert_eq!(
+        prometheus_query(prom_port, &page).len(),
+        1,
+        "{page} should select the young worker"
+    );
+    let _ = prom.kill();
+    let _ = prom.wait();
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+}
+
+/// A Prometheus scraping `worker` every second, its data in `dir`; and its port.
+fn prometheus_scraping(worker: &Worker, dir: &std::path::Path) -> (std::process::Child, u16) {
+    let prometheus = which("prometheus");
+    let prom_port = free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: dedupe\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
+            worker.metrics_port
+        ),
+    )
+    .unwrap();
+    let prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    (prom, prom_port)
+}
+
+/// The page's (DedupeWindowUnderPromise's) expression, as the rules file has it.
+fn page_expression() -> String {
     let rules = std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yml")).unwrap();
-    let page_expr = rules
+    rules
         .split("alert: DedupeWindowUnderPromise")
         .nth(1)
         .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("expr:")))
         .expect("the DedupeWindowUnderPromise rule and its expr")
         .trim()
-        .to_string();
-    let encoded: String = page_expr
+        .to_string()
+}
+
+/// The series an instant query answers.
+fn prometheus_query(port: u16, expr: &str) -> Vec<serde_json::Value> {
+    let encoded: String = expr
         .bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() {
@@ -104,14 +128,52 @@ fn a_real_prometheus_scrapes_the_window_of_every_owned_partition() {
             }
         })
         .collect();
-    let (status, body) = http_get(prom_port, &format!("/api/v1/query?query={encoded}"))
-        .expect("the page's expression");
+    let (status, body) =
+        http_get(port, &format!("/api/v1/query?query={encoded}")).expect("a query answer");
+    assert_eq!(status, 200, "{expr}: {body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(status, 200, "{body}");
+    json["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A retention limit equal to the promise (20 s each), under load for longer than the limit: the
+/// window reads under the promise (expiry drops whole generations), yet only the limit bounds it,
+/// so a real Prometheus evaluating the page's own expression selects nothing.
+#[test]
+fn a_limit_equal_to_the_promise_never_selects_the_page_on_a_real_prometheus() {
+    const LIMIT_SECS: u64 = 20;
+    let input = TestTopic::create("limitpage-in", 1);
+    let output = TestTopic::create("limitpage-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_LEDGER_MAX_WINDOW_SECS", &LIMIT_SECS.to_string())
+        .env(
+            "DEDUPE_WORKER_PROMISED_WINDOW_SECS",
+            &LIMIT_SECS.to_string(),
+        )
+        .start();
+    worker.wait_ready(Duration::from_secs(60));
+    let (mut prom, prom_port) = prometheus_scraping(&worker, dir.path());
+    let page = page_expression();
+    // 30 s of ids, 20 every half second; the page never selects the worker meanwhile.
+    let started = Instant::now();
+    let mut under = 0;
+    while started.elapsed() < Duration::from_secs(30) {
+        let batch = ids(20);
+        produce_full(&input.name, &keyed(&batch.iter().collect::<Vec<_>>()));
+        std::thread::sleep(Duration::from_millis(500));
+        let selected = prometheus_query(prom_port, &page);
+        assert!(selected.is_empty(), "{page} selected {selected:?}");
+        under += prometheus_query(prom_port, "dedupe_window_seconds < 20").len();
+    }
+    assert!(under > 0, "the window read under the promise at some point");
     assert_eq!(
-        json["data"]["result"].as_array().map(Vec::len),
-        Some(1),
-        "{page_expr} should select the young worker: {body}"
+        prometheus_query(prom_port, "dedupe_window_limited == 1").len(),
+        1,
+        "only the limit bounds the window"
     );
     let _ = prom.kill();
     let _ = prom.wait();
@@ -650,24 +712,79 @@ fn a_retention_limit_publishes_copies_past_it_fresh_across_a_restart_a_move_and_
     );
     assert!(worker.metric("dedupe_ledger_expired_generations_total", &[]) >= 1.0);
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    // A new owner now loads nothing: every id in the changelog is past the limit.
+    // A new owner loads the changelog's ids within the limit of its newest (the partition's own
+    // clock: records waiting in the input may repeat them), and once caught up, with nothing
+    // waiting, its quiet ledger expires them on the wall clock.
     let mut worker = spec("fourth").start();
     worker.wait_ready(Duration::from_secs(60));
-    let held = kit::wait_until(
-        "the ledger's figures are exported",
-        Duration::from_secs(30),
+    kit::wait_until(
+        "the caught-up new owner holds no id",
+        Duration::from_secs(60),
         Duration::from_millis(200),
         || {
             let page = worker.metrics()?;
             metric_value(&page, "dedupe_ledger_generations", &[])?;
-            metric_value(&page, "dedupe_ledger_ids", &[])
+            (metric_value(&page, "dedupe_ledger_ids", &[])? == 0.0).then_some(())
         },
         || worker.log_text(),
     );
-    assert_eq!(held, 0.0, "{}", worker.log_text());
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
     // Every copy past the limit was published, and nothing else twice.
     assert_eq!(consume_all(&output.name, true).len(), 6);
+}
+
+/// The retention limit on the input's own clock: a worker stopped for longer than the limit while
+/// events and their retries (5 s apart, within the limit of each other) arrive drops every retry
+/// when it catches up, whether the first copy was read before the outage or in the catch-up; then,
+/// caught up and quiet, its ledger expires on the wall clock.
+#[test]
+fn an_outage_longer_than_the_limit_still_drops_the_retries_within_it() {
+    const LIMIT_SECS: u64 = 20;
+    let input = TestTopic::create("outage-in", 1);
+    let output = TestTopic::create("outage-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_LEDGER_MAX_WINDOW_SECS", &LIMIT_SECS.to_string())
+        .env(
+            "DEDUPE_WORKER_PROMISED_WINDOW_SECS",
+            &LIMIT_SECS.to_string(),
+        );
+    let before = ids(20);
+    let during = ids(20);
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    // t0: the first copies of `before`, read live.
+    let t0 = Instant::now();
+    produce_full(&input.name, &keyed(&before.iter().collect::<Vec<_>>()));
+    worker.wait_settled(20, Duration::from_secs(60));
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+    // The worker is down for 25 s, longer than the limit. At 5 s the retries of `before` and
+    // the first copies of `during`; at 10 s the retries of `during`.
+    sleep_until(t0 + Duration::from_secs(5));
+    produce_full(&input.name, &keyed(&before.iter().collect::<Vec<_>>()));
+    produce_full(&input.name, &keyed(&during.iter().collect::<Vec<_>>()));
+    sleep_until(t0 + Duration::from_secs(10));
+    produce_full(&input.name, &keyed(&during.iter().collect::<Vec<_>>()));
+    sleep_until(t0 + Duration::from_secs(25));
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    worker.wait_settled(60, Duration::from_secs(60));
+    // Each id once: every retry was within the limit of its first copy by their record times.
+    let out = consume_all(&output.name, true);
+    let keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
+    assert_eq!((out.len(), keys.len()), (40, 40), "each id once");
+    assert_eq!(worker.metric("dedupe_duplicates_dropped_total", &[]), 40.0);
+    assert_eq!(worker.metric("dedupe_late_records_total", &[]), 0.0);
+    // Caught up and quiet: the ledger expires on the wall clock.
+    kit::wait_until(
+        "the caught-up, quiet ledger holds no id",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || (worker.metric("dedupe_ledger_ids", &[]) == 0.0).then_some(()),
+        || worker.metrics().unwrap_or_default(),
+    );
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }
 
 #[test]

@@ -87,17 +87,19 @@ impl Handler<CheckAndRecord> for LedgerActor {
     }
 }
 
-/// Applies the retention limit at `now_ms` (see `dedupe::ledger::Ledger::expire`).
+/// Applies the retention limit at `now_ms`, held back by the partitions `behind` (see
+/// `dedupe::ledger::Ledger::expire_behind`).
 #[derive(Message)]
 #[rtype(result = "Result<dedupe::ledger::Expired, LedgerError>")]
 pub struct Expire {
     pub now_ms: i64,
+    pub behind: Vec<i32>,
 }
 
 impl Handler<Expire> for LedgerActor {
     type Result = Result<dedupe::ledger::Expired, LedgerError>;
     fn handle(&mut self, msg: Expire, _: &mut Self::Context) -> Self::Result {
-        self.ledger.expire(msg.now_ms)
+        self.ledger.expire_behind(msg.now_ms, &msg.behind)
     }
 }
 
@@ -112,6 +114,9 @@ pub struct Stats {
 pub struct StatsReport {
     pub stats: LedgerStats,
     pub windows: Vec<(i32, Option<std::time::Duration>)>,
+    /// Per partition (in the order of `windows`): whether only the retention limit bounds its
+    /// window (`Ledger::window_limited`).
+    pub limited: Vec<bool>,
 }
 
 impl Handler<Stats> for LedgerActor {
@@ -123,7 +128,16 @@ impl Handler<Stats> for LedgerActor {
             .iter()
             .map(|&p| (p, self.ledger.window(p, msg.now_ms)))
             .collect();
-        Ok(StatsReport { stats, windows })
+        let limited = msg
+            .partitions
+            .iter()
+            .map(|&p| self.ledger.window_limited(p, msg.now_ms))
+            .collect();
+        Ok(StatsReport {
+            stats,
+            windows,
+            limited,
+        })
     }
 }
 

@@ -284,6 +284,12 @@ impl Ledger {
             dropped += 1;
         }
         let oldest: Vec<usize> = (0..dropped).collect();
+        for generation in &state.generations[..dropped] {
+            for (p, span) in &generation.meta.partitions {
+                let f = state.budget_floor.entry(*p).or_insert(span.last_seen_ms);
+                *f = (*f).max(span.last_seen_ms);
+            }
+        }
         self.drop_generations(state, &oldest)
     }
 

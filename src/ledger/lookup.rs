@@ -174,12 +174,14 @@ impl Ledger {
     }
 }
 
-/// How a batch is judged besides what the ledger holds: the retention limit, the wall-clock floor
-/// below which nothing is recorded, and whether a dropped copy refreshes its id.
+/// How a batch is judged besides what the ledger holds: the retention limit, the partition's
+/// watermark before the batch and the wall clock (the floor below which nothing is recorded, see
+/// [`super::retention_floor`]), and whether a dropped copy refreshes its id.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Judging {
     pub(super) limit_ms: Option<i64>,
-    pub(super) floor_ms: Option<i64>,
+    pub(super) watermark_ms: Option<i64>,
+    pub(super) now_ms: i64,
     pub(super) refresh: bool,
 }
 
@@ -188,10 +190,11 @@ pub(super) struct Judging {
 /// `found` what the ledger holds of each distinct key held.
 ///
 /// With a retention limit, a held id whose sighting is past the limit at the item's time is
-/// judged new ([`super::past_limit`]), and an item older than the floor is not recorded (it is
-/// judged new all the same: nothing holds it). With `refresh`, a duplicate newer than the
-/// sighting held is recorded again at its time, with the held digest, and still judged a
-/// duplicate.
+/// judged new ([`super::past_limit`]), and a new item older than the floor (the limit before the
+/// latest time the partition has reached, this batch's items so far included) is not recorded:
+/// it is judged new all the same (nothing holds it), and counted as late (the last value). With
+/// `refresh`, a duplicate newer than the sighting held is recorded again at its time, with the
+/// held digest, and still judged a duplicate.
 pub(super) fn judge_batch<S: Sent>(
     state: &State,
     partition: Partition,
@@ -200,7 +203,7 @@ pub(super) fn judge_batch<S: Sent>(
     slot: &[usize],
     found: &[Option<Held>],
     rules: Judging,
-) -> (Vec<Verdict>, LoggedBatch) {
+) -> (Vec<Verdict>, LoggedBatch, u64) {
     let active_index = state.generations.len() - 1;
     let active = &state.generations[active_index];
     let base_ms = active
@@ -214,8 +217,11 @@ pub(super) fn judge_batch<S: Sent>(
     let mut recorded_at: Vec<Option<usize>> = vec![None; found.len()];
     let mut verdicts = Vec::with_capacity(items.len());
     let mut new_ids: Vec<(LedgerKey, i64, Option<ContentDigest>)> = Vec::with_capacity(items.len());
+    let mut reached = rules.watermark_ms;
+    let mut late = 0;
     for (item, &s) in items.iter().zip(slot) {
         let (time_ms, digest) = (item.time_ms(), item.digest());
+        reached = Some(reached.map_or(time_ms, |r| r.max(time_ms)));
         let live = held[s].filter(|h| !super::past_limit(rules.limit_ms, h.first_seen_ms, time_ms));
         if let Some(h) = live {
             verdicts.push(Verdict::Duplicate {
@@ -244,8 +250,10 @@ pub(super) fn judge_batch<S: Sent>(
             first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
             digest,
         });
-        if rules.floor_ms.is_some_and(|floor| time_ms < floor) {
+        let floor = super::retention_floor(rules.limit_ms, reached, rules.now_ms);
+        if floor.is_some_and(|floor| time_ms < floor) {
             // Older than the limit already: judged new (once in the batch), recorded nowhere.
+            late += 1;
             continue;
         }
         recorded_at[s] = Some(new_ids.len());
@@ -257,7 +265,7 @@ pub(super) fn judge_batch<S: Sent>(
         new_ids,
         progress: progress.to_vec(),
     };
-    (verdicts, batch)
+    (verdicts, batch, late)
 }
 
 /// Sorted distinct keys, and for each input key the index of its distinct key.

@@ -166,7 +166,7 @@ pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
 pub use index_file::{IndexSource, INDEX_FILE};
 pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
 pub use options::{Durability, LedgerOptions};
-pub use retention::{generation_span_ms, past_limit, Expired};
+pub use retention::{generation_span_ms, past_limit, retention_floor, Expired};
 pub use stats::{GenerationInfo, LedgerStats};
 
 use crate::metrics::events::{IdIndexNotStored, IdIndexStored, IndexStore};
@@ -208,6 +208,10 @@ struct State {
     generations: Vec<Generation>,
     /// Per partition: latest first-seen time of any id already forgotten.
     forgotten: BTreeMap<Partition, i64>,
+    /// Per partition: the newest id of a generation the budget dropped (not the retention
+    /// limit), since the open; at the open, every floor recorded before it counts as the budget's
+    /// (the ledger's metadata does not say which made it). See [`Ledger::window_limited`].
+    budget_floor: BTreeMap<Partition, i64>,
     /// Ids an operator had forgotten, and the ids published again since (see `forget.rs`).
     marks: forget::Marks,
     /// The id buffer: ids recorded into the active generation since the last commit was taken,
@@ -357,14 +361,21 @@ impl Ledger {
         }
         let mut found = self.lookup_sorted(&state, &sorted)?;
         forget::forget_override(&state, &sorted, &mut found);
-        let now_ms = crate::clock::now_ms();
         let rules = Judging {
             limit_ms: self.options.max_window_ms,
-            floor_ms: self.retention_floor(now_ms),
+            watermark_ms: state.watermark(partition),
+            now_ms: crate::clock::now_ms(),
             refresh: self.options.refresh_on_duplicate,
         };
-        let (verdicts, batch) =
+        let (verdicts, batch, late) =
             judge_batch(&state, partition, items, progress, &slot, &found, rules);
+        if late > 0 {
+            crate::metrics::events::LateRecords {
+                partition,
+                records: late,
+            }
+            .emit();
+        }
         self.apply_marks(&mut state, marks, MarkOrder::Newest)?;
         self.buffer_batch(&mut state, batch)?;
         self.maybe_seal(&mut state)?;
@@ -384,6 +395,22 @@ impl Ledger {
             self.lock().window(partition, now_ms),
             self.options.max_window_ms,
         )
+    }
+
+    /// Whether only the retention limit bounds `partition`'s window, not the budget: a limit is
+    /// set and no generation holding ids of the partition younger than the limit was dropped
+    /// for the budget. Such a window falls short of the limit only by how expiry rounds (whole
+    /// generations, record times), and every id within the limit is held: with a limit at least
+    /// the promise, the promise is kept whatever `window` reads.
+    pub fn window_limited(&self, partition: Partition, now_ms: i64) -> bool {
+        let Some(limit) = self.options.max_window_ms else {
+            return false;
+        };
+        let floor = now_ms.saturating_sub(limit);
+        self.lock()
+            .budget_floor
+            .get(&partition)
+            .is_none_or(|&dropped| dropped < floor)
     }
 
     /// The window that holds for every partition's ids (see [`Ledger::window`]).

@@ -88,6 +88,7 @@ impl Ledger {
         }
         let mut state = self.lock();
         state.generations = generations;
+        state.budget_floor = forgotten.clone();
         state.forgotten = forgotten;
         state.marks = marks;
         state.commit_seq = commit_seq;
@@ -373,6 +374,7 @@ fn empty_state() -> State {
     State {
         generations: Vec::new(),
         forgotten: BTreeMap::new(),
+        budget_floor: BTreeMap::new(),
         marks: Default::default(),
         pending: new_buffer(),
         pending_progress: BTreeMap::new(),

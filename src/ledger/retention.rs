@@ -5,13 +5,19 @@
 //!   sighting is judged as if the id were not held ([`past_limit`]), whatever generation still
 //!   holds its bytes: each id's sighting is stored, so this does not wait for a generation to go.
 //!   The copy is then recorded again, as a first sighting.
-//! - **Nothing older is taken in.** An id whose sighting is already older than the limit at the
-//!   wall clock is neither recorded by a batch nor loaded by a handover.
+//! - **On the input's own clock.** An id whose sighting is older than the limit before the latest
+//!   time its partition has reached (its watermark: the latest time recorded for it, or read in
+//!   the batch or the load so far; never past the wall clock) is neither recorded by a batch nor
+//!   loaded by a handover, and counted as late. A worker catching up after an outage longer than
+//!   the limit therefore still holds the ids its waiting records repeat: copies within the limit
+//!   of each other, by their record times, are dropped however late they are read.
 //! - **Bytes, by the generation.** The active generation is sealed once it spans a generation's
 //!   share of the limit (`limit / generations`), and a sealed generation is dropped whole once its
 //!   newest id is older than the limit: no id's bytes outlive the limit by more than one
 //!   generation's span (plus the time until the next [`Ledger::expire`], which the worker calls
-//!   every few seconds). A quiet ledger shrinks to what its limit holds.
+//!   every few seconds). Expiry runs on the input's clock too ([`Ledger::expire_behind`]): a
+//!   partition that has not read all its input holds it at its watermark. A caught-up, quiet
+//!   ledger shrinks to what its limit holds on the wall clock.
 //! - **The window** never exceeds the limit.
 
 use std::time::Duration;
@@ -19,6 +25,7 @@ use std::time::Duration;
 use super::error::{rocks, Doing};
 use super::format::{parse_json, to_json, META_RETENTION_LIMIT};
 use super::{Ledger, Result, State, CF_META};
+use crate::Partition;
 
 /// Whether a copy arriving at `at_ms` is past the limit after the sighting at `sighted_ms`: then it
 /// is not a duplicate of that sighting. The one definition, for the ledger's verdicts, the
@@ -50,8 +57,28 @@ impl Ledger {
     /// generations' metadata in memory); the worker calls it every few seconds, with traffic or
     /// without, so a quiet ledger shrinks too.
     pub fn expire(&self, now_ms: i64) -> Result<Expired> {
+        self.expire_behind(now_ms, &[])
+    }
+
+    /// [`Ledger::expire`] on the input's own clock: `behind` are the partitions that have not
+    /// read all their input (catching up after an outage, loading, stalled, or not known to be
+    /// caught up), and each holds the ledger's clock at the latest time recorded for it (its
+    /// [`watermark`](Ledger::watermark)), so the ids their waiting records may repeat stay
+    /// until those records are judged. With every partition caught up the clock is `now_ms`, and
+    /// a quiet ledger shrinks on time.
+    pub fn expire_behind(&self, now_ms: i64, behind: &[Partition]) -> Result<Expired> {
         let mut state = self.lock();
-        self.expire_locked(&mut state, now_ms)
+        let clock = behind
+            .iter()
+            .filter_map(|&p| state.watermark(p))
+            .fold(now_ms, i64::min);
+        self.expire_locked(&mut state, clock)
+    }
+
+    /// The latest time recorded for `partition`'s ids, whether the ledger still holds them or
+    /// forgot them since: how far the partition's input has been read, on its own clock.
+    pub fn watermark(&self, partition: Partition) -> Option<i64> {
+        self.lock().watermark(partition)
     }
 
     pub(super) fn expire_locked(&self, state: &mut State, now_ms: i64) -> Result<Expired> {
@@ -130,13 +157,27 @@ impl Ledger {
         .emit();
         Ok(())
     }
+}
 
-    /// The wall-clock floor below which nothing is recorded or loaded, if there is a limit.
-    pub(super) fn retention_floor(&self, now_ms: i64) -> Option<i64> {
-        self.options
-            .max_window_ms
-            .map(|limit| now_ms.saturating_sub(limit))
+impl State {
+    /// See [`Ledger::watermark`].
+    pub(super) fn watermark(&self, partition: Partition) -> Option<i64> {
+        self.generations
+            .iter()
+            .filter_map(|g| g.meta.partitions.get(&partition))
+            .map(|s| s.last_seen_ms)
+            .chain(self.forgotten.get(&partition).copied())
+            .max()
     }
+}
+
+/// The floor below which an id is not taken in (not recorded, not loaded), on the input's own
+/// clock: `limit_ms` before the latest time the partition has reached (its watermark, or a later
+/// time just read), never past `now_ms`. An id older than that is past the limit for every copy
+/// still to come after the records already read, so holding it would serve nothing.
+pub fn retention_floor(limit_ms: Option<i64>, reached_ms: Option<i64>, now_ms: i64) -> Option<i64> {
+    let limit = limit_ms?;
+    Some(reached_ms?.min(now_ms).saturating_sub(limit))
 }
 
 /// A generation's share of the limit: the active one is sealed once it spans this.
@@ -227,17 +268,93 @@ mod tests {
     }
 
     #[test]
-    fn nothing_older_than_the_limit_is_recorded_or_loaded() {
+    fn nothing_older_than_the_limit_before_its_partitions_clock_is_recorded_or_loaded() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path(), options(Some(LIMIT_MS), false)).unwrap();
-        let old = now_ms() - 60_000;
+        let now = now_ms();
+        let old = now - 60_000;
+        // Read after an outage, an old id is its partition's clock: taken in, so a copy within
+        // the limit after it is still caught.
         assert!(is_new(&ledger, 1, old));
-        assert_eq!(ledger.check(&[key(1)]).unwrap(), [None], "not recorded");
-        let mut load = ledger.begin_load(0);
-        load.add(&[(key(2), old), (key(3), now_ms())]).unwrap();
+        assert!(!is_new(&ledger, 1, old + 5_000), "5 s after it, read later");
+        assert_eq!(ledger.watermark(0), Some(old));
+        // The partition reaches now: an id older than the limit before that is late, not taken
+        // in (a copy of it still to come would be past the limit of every record read since).
+        assert!(is_new(&ledger, 2, now));
+        assert!(is_new(&ledger, 3, now - LIMIT_MS - 1));
+        assert_eq!(
+            ledger.check(&[key(3)]).unwrap(),
+            [None],
+            "late: not recorded"
+        );
+        assert!(is_new(&ledger, 4, now - LIMIT_MS), "at the limit: taken in");
+        assert!(ledger.check(&[key(4)]).unwrap()[0].is_some());
+        // Within one batch the clock moves with its items: the first taken in, the third late.
+        let batch = [(key(5), old), (key(6), now), (key(7), old + 1)];
+        let dir2 = tempfile::tempdir().unwrap();
+        let fresh = Ledger::open(dir2.path(), options(Some(LIMIT_MS), false)).unwrap();
+        fresh.check_and_record(0, &batch, b"p").unwrap();
+        let held = fresh.check(&[key(5), key(6), key(7)]).unwrap();
+        assert!(
+            held[0].is_some() && held[1].is_some() && held[2].is_none(),
+            "{held:?}"
+        );
+        // The clock is per partition: partition 1 has reached nothing yet.
+        assert!(fresh
+            .check_and_record(1, &[(key(8), old)], b"p")
+            .is_ok_and(|v| v == [Verdict::New]));
+        assert!(fresh.check(&[key(8)]).unwrap()[0].is_some());
+        // And never runs past the wall clock: an id stamped an hour ahead moves it to now only.
+        fresh
+            .check_and_record(2, &[(key(9), now + 3_600_000)], b"p")
+            .unwrap();
+        fresh
+            .check_and_record(2, &[(key(10), now - 10_000)], b"p")
+            .unwrap();
+        assert!(fresh.check(&[key(10)]).unwrap()[0].is_some());
+        // A load keeps its own clock: the newest time it read.
+        let mut load = ledger.begin_load(3);
+        load.add(&[(key(11), old), (key(12), now)]).unwrap();
         load.finish(b"p", WindowFloor::Keep).unwrap();
-        let held = ledger.check(&[key(2), key(3)]).unwrap();
+        let held = ledger.check(&[key(11), key(12)]).unwrap();
         assert!(held[0].is_none() && held[1].is_some(), "{held:?}");
+        let mut load = ledger.begin_load(4);
+        load.add(&[(key(13), old)]).unwrap();
+        load.finish(b"p", WindowFloor::Keep).unwrap();
+        assert!(
+            ledger.check(&[key(13)]).unwrap()[0].is_some(),
+            "a load read after an outage keeps what its partition may repeat"
+        );
+    }
+
+    #[test]
+    fn expiry_waits_for_the_partitions_behind_and_a_caught_up_ledger_expires_on_the_wall_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), options(Some(LIMIT_MS), false)).unwrap();
+        let now = now_ms();
+        let t0 = now - 60_000;
+        // Partition 0 read ids at t0, then the worker stopped for a minute, three limits.
+        let ids: Vec<(LedgerKey, i64)> = (0..100).map(|n| (key(n), t0)).collect();
+        ledger.check_and_record(0, &ids, b"p").unwrap();
+        // Behind, partition 0 holds the clock at its watermark (t0): nothing is sealed or
+        // dropped, whatever the wall clock says.
+        assert_eq!(ledger.expire_behind(now, &[0]).unwrap(), Expired::default());
+        assert!(ledger.check(&[key(1)]).unwrap()[0].is_some());
+        // A partition behind with nothing recorded holds nothing back.
+        assert_eq!(
+            ledger.expire_behind(now, &[0, 7]).unwrap(),
+            Expired::default()
+        );
+        // Caught up: the wall clock, and the ids go.
+        let expired = ledger.expire_behind(now, &[7]).unwrap();
+        assert_eq!(
+            expired,
+            Expired {
+                sealed: true,
+                dropped: 1
+            }
+        );
+        assert!(ledger.check(&[key(1)]).unwrap()[0].is_none());
     }
 
     #[test]

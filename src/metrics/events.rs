@@ -552,3 +552,25 @@ impl GenerationSealed<'_> {
         );
     }
 }
+
+/// New ids of a batch older than the retention limit before the latest time their partition has
+/// reached: published (nothing holds them), and not recorded, since no copy still to come after
+/// the records already read is within the limit of them. Counted; logged at debug only (a
+/// producer that stamps records late, or a topic read long after it was written, makes many).
+pub struct LateRecords {
+    pub partition: crate::Partition,
+    pub records: u64,
+}
+
+impl LateRecords {
+    pub fn emit(&self) {
+        metrics::counter!(super::LATE_RECORDS, super::LABEL_PARTITION => self.partition.to_string())
+            .increment(self.records);
+        tracing::debug!(
+            event = "LateRecords",
+            partition = self.partition,
+            records = self.records,
+            "New records older than the retention limit before their partition's latest time: published, not recorded."
+        );
+    }
+}

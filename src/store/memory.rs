@@ -9,8 +9,8 @@ use std::sync::{Mutex, MutexGuard};
 use super::{IdStore, Looked, NewId};
 use crate::identity::LedgerKey;
 use crate::ledger::{
-    forgotten_since, past_limit, stored_first_seen_ms, Forgotten, Held, LedgerError, Mark,
-    MarkKind, MarkOrder, Result, Verdict,
+    forgotten_since, past_limit, retention_floor, stored_first_seen_ms, Forgotten, Held,
+    LedgerError, Mark, MarkKind, MarkOrder, Result, Verdict,
 };
 use crate::Partition;
 
@@ -32,6 +32,8 @@ struct MemoryState {
     /// Per key, at most one mark per partition.
     marks: HashMap<LedgerKey, Vec<Mark>>,
     progress: BTreeMap<Partition, Vec<u8>>,
+    /// Per partition, the latest time recorded (see `dedupe::ledger::Ledger::watermark`).
+    watermarks: BTreeMap<Partition, i64>,
     /// The next call fails with this error, once (a test's injected fault).
     fail_next: Option<LedgerError>,
 }
@@ -144,14 +146,18 @@ impl IdStore for MemoryStore {
             .base_ms
             .or_else(|| items.first().map(|i| i.1))
             .unwrap_or(0);
-        let floor_ms = self
-            .limit_ms
-            .map(|limit| crate::clock::now_ms().saturating_sub(limit));
+        let now_ms = crate::clock::now_ms();
+        let mut reached = state.watermarks.get(&partition).copied();
         // What each key is held or recorded as so far in this batch, and what to record.
         let mut seen: HashMap<LedgerKey, Option<Held>> = HashMap::new();
         let mut recorded: Vec<(LedgerKey, Held)> = Vec::new();
+        // The latest exact time recorded (the ledger's spans keep exact times).
+        let mut recorded_latest: Option<i64> = None;
+        let mut note =
+            |t: i64| recorded_latest = Some(recorded_latest.map_or(t, |r: i64| r.max(t)));
         let mut verdicts = Vec::with_capacity(items.len());
         for &(key, time_ms, digest) in items {
+            reached = Some(reached.map_or(time_ms, |r| r.max(time_ms)));
             let held = *seen.entry(key).or_insert_with(|| state.seen(&key));
             let stored = stored_first_seen_ms(base_ms, time_ms);
             let live = held.filter(|h| !past_limit(self.limit_ms, h.first_seen_ms, time_ms));
@@ -167,6 +173,7 @@ impl IdStore for MemoryStore {
                     };
                     seen.insert(key, Some(refreshed));
                     recorded.push((key, refreshed));
+                    note(time_ms);
                 }
                 continue;
             }
@@ -176,15 +183,23 @@ impl IdStore for MemoryStore {
                 digest,
             };
             seen.insert(key, Some(new));
-            if floor_ms.is_some_and(|floor| time_ms < floor) {
+            let floor = retention_floor(self.limit_ms, reached, now_ms);
+            if floor.is_some_and(|floor| time_ms < floor) {
                 // Older than the limit already: judged new, recorded nowhere.
                 continue;
             }
             recorded.push((key, new));
+            note(time_ms);
         }
         state.apply_marks(marks, MarkOrder::Newest);
         if !recorded.is_empty() {
             state.base_ms = Some(base_ms);
+        }
+        // The partition's watermark: the latest time recorded for it (as the ledger's generation
+        // spans keep it), whatever it holds now.
+        if let Some(latest) = recorded_latest {
+            let w = state.watermarks.entry(partition).or_insert(latest);
+            *w = (*w).max(latest);
         }
         state.held.extend(recorded);
         if !progress.is_empty() {

@@ -19,8 +19,9 @@ use dedupe::audit::Sampler;
 use dedupe::config::{DigestSource, IdSource, ReusedIdPolicy, SourceModes, UnkeyedPolicy};
 use dedupe::identity::{ContentDigest, LedgerKey, Unkeyed};
 use dedupe::ledger::LedgerError;
-use dedupe::output::{OutRecord, PublishError};
+use dedupe::output::{OutRecord, PublishError, RefusedIn, RefusedRecord};
 use dedupe::progress::Progress;
+use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
@@ -28,13 +29,17 @@ use crate::events::partition::PartitionMetrics;
 use crate::ledger::LedgerActor;
 use crate::membership::Queue;
 use crate::producer::{Outgoing, Publisher};
+use protocol::Processed;
+use stall::Stall;
 
 pub use audit_record::AuditSettings;
+pub use board::Board;
 pub use forget_transaction::{ForgetId, ForgetReport, ForgetRequest};
 
 // The per-batch protocol's steps in `protocol`, what they read from the queue in `intake`, and
 // one file for each concern a batch may meet on the way.
 mod audit_record;
+mod board;
 mod forget_transaction;
 mod intake;
 mod misrouted;
@@ -42,6 +47,7 @@ mod misrouted;
 mod passthrough;
 mod protocol;
 mod seams;
+mod stall;
 #[cfg(test)]
 mod tests;
 mod unkeyed;
@@ -75,6 +81,13 @@ pub struct PipelineSettings {
     pub retention_limit_ms: Option<i64>,
     /// `ledger.refresh_on_duplicate`.
     pub refresh_on_duplicate: bool,
+    /// The output topic, named where it refuses a record.
+    pub output_topic: String,
+    /// `worker.dead_letter_topic`: where a record the output refuses for good goes instead.
+    pub dead_letter_topic: Option<String>,
+    /// What the pipelines show the coordinator of their partitions: where a stalled one stops,
+    /// which wait on an empty queue.
+    pub board: Arc<Board>,
 }
 
 /// Why a partition pipeline ended.
@@ -94,6 +107,15 @@ pub enum PipelineError {
     },
     #[error("partition {partition}: a forget's transaction committed without telling its changelog offset; the partition is taken over again, and recovery applies the forget from the changelog")]
     ForgetUnconfirmed { partition: i32 },
+    /// A transaction that is not a batch's (a forget's, the bench's copy) had records refused for
+    /// good: nothing of it is visible.
+    #[error("partition {partition}: the {} refused {records} records of a transaction for good ({code})", .refused_by.name())]
+    Refused {
+        partition: i32,
+        records: usize,
+        code: RDKafkaErrorCode,
+        refused_by: RefusedIn,
+    },
 }
 
 impl PipelineError {
@@ -108,7 +130,7 @@ impl PipelineError {
         match self {
             Self::Publish { source, .. } => !source.is_fenced(),
             Self::Ledger { source, .. } => source.is_retryable(),
-            Self::Mailbox { .. } | Self::ForgetUnconfirmed { .. } => true,
+            Self::Mailbox { .. } | Self::ForgetUnconfirmed { .. } | Self::Refused { .. } => true,
         }
     }
 }
@@ -168,7 +190,13 @@ impl Actor for PartitionConsumer {
                 .map(|a| Sampler::new(a.sample, a.max_per_sec)),
         };
         let stop = self.stop.clone();
-        let fut = async move { pipeline.run(queue, stop, forgets).await };
+        let board = Arc::clone(&self.settings.board);
+        let partition = self.partition;
+        let fut = async move {
+            let result = pipeline.run(queue, stop, forgets).await;
+            board.clear(partition);
+            result
+        };
         ctx.spawn(fut.into_actor(self).map(|result, act, ctx| {
             act.report_to.do_send(PartitionStopped {
                 partition: act.partition,
@@ -205,6 +233,7 @@ struct Pipeline<S = Addr<LedgerActor>, K = Addr<Publisher>> {
 }
 
 /// One input record, copied out of the consumer's buffer, with its id (or why it has none).
+#[derive(Debug, Clone)]
 struct InRecord {
     offset: i64,
     id: Result<LedgerKey, Unkeyed>,
@@ -215,6 +244,19 @@ struct InRecord {
 }
 
 pub(crate) use dedupe::store::NewId;
+
+impl<S, K> Pipeline<S, K> {
+    /// A transaction that is not a batch's had records refused for good.
+    fn refused(&self, refused: &[RefusedRecord]) -> PipelineError {
+        let first = refused.first();
+        PipelineError::Refused {
+            partition: self.partition,
+            records: refused.len(),
+            code: first.map_or(RDKafkaErrorCode::Fail, |r| r.code),
+            refused_by: first.map_or(RefusedIn::Output, |r| r.topic),
+        }
+    }
+}
 
 /// What a batch publishes, decided: its new records, its dead letters, its new ids.
 struct Decided {
@@ -236,15 +278,27 @@ impl Pipeline {
             if *stop.borrow() {
                 return Ok(());
             }
-            // A forget waits for the batch under way, never for the next record: while the
-            // partition waits for its first record, nothing was taken from the queue yet.
-            let first = tokio::select! {
-                first = self.next_record(&queue) => first,
-                Some(request) = forgets.recv() => {
-                    self.forget(request).await?;
-                    continue;
+            // A record already queued is read at once: the partition is still catching up.
+            // Otherwise it waits on an empty queue, caught up, which the board shows (the
+            // retention limit's clock runs on the wall clock only for caught-up partitions).
+            let first = match tokio::time::timeout(Duration::ZERO, queue.recv()).await {
+                Ok(first) => first,
+                Err(_) => {
+                    self.settings.board.set_idle(self.partition, true);
+                    // A forget waits for the batch under way, never for the next record: while
+                    // the partition waits for its first record, nothing was taken from the queue
+                    // yet.
+                    let first = tokio::select! {
+                        first = self.next_record(&queue) => first,
+                        Some(request) = forgets.recv() => {
+                            self.forget(request).await?;
+                            continue;
+                        }
+                        _ = stop.changed() => return Ok(()),
+                    };
+                    self.settings.board.set_idle(self.partition, false);
+                    first
                 }
-                _ = stop.changed() => return Ok(()),
             };
             let batch = tokio::select! {
                 batch = self.collect(&queue, first) => batch,
@@ -266,7 +320,18 @@ impl Pipeline {
                 self.copy_through(batch).instrument(span).await?;
                 continue;
             }
-            self.process(batch).instrument(span).await?;
+            let processed = self.process(batch).instrument(span).await?;
+            if let Processed::StoppedAt {
+                rest,
+                code,
+                refused_by,
+            } = processed
+            {
+                let stall = Stall::new(rest, code, refused_by);
+                if self.wait_out(stall, &mut stop, &mut forgets).await? {
+                    return Ok(());
+                }
+            }
         }
     }
 }

@@ -273,6 +273,9 @@ impl Coordinator {
             source_modes: Arc::new(std::sync::RwLock::new(w.source_modes.clone())),
             retention_limit_ms: config.ledger.options().max_window_ms,
             refresh_on_duplicate: config.ledger.refresh_on_duplicate,
+            output_topic: w.output_topic.clone(),
+            dead_letter_topic: w.dead_letter_topic.clone(),
+            board: Arc::default(),
         });
         let snapshot_pace =
             SnapshotPace::new(Duration::from_secs(config.snapshots.min_interval_secs));

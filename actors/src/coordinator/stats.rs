@@ -1,17 +1,21 @@
 //! The ledger's figures, each partition's window and forecast, whether the budget holds the
 //! promised window, and the input lag, exported every few seconds.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use dedupe::clock::now_ms;
-use dedupe::window::{budget_holds_promise, forecast_seconds, LedgerFill};
+use dedupe::config::DigestSource;
+use dedupe::window::{budget_holds_promise, forecast_seconds, LedgerFill, LedgerShape};
 use rdkafka::consumer::Consumer;
-use rdkafka::Offset;
+use rdkafka::{Offset, TopicPartitionList};
 
 use super::Coordinator;
+use crate::consumer::Board;
 use crate::events::coordinator::{
     ConsumerLag, LedgerFigures, LimitApplied, LimitFailed, PartitionWindow, PromiseHeld,
+    WindowLimited,
 };
 use crate::ledger::{Expire, Stats, StatsReport};
 use crate::membership::Input;
@@ -25,7 +29,7 @@ impl Coordinator {
             .map(|r| r.owned.keys().copied().collect())
             .unwrap_or_default();
         // Before the figures: the window they report is what the limit leaves.
-        self.apply_limit(ctx);
+        self.apply_limit(ctx, &partitions);
         let msg = Stats {
             partitions: partitions.clone(),
             now_ms: now_ms(),
@@ -42,19 +46,32 @@ impl Coordinator {
         if let Some(running) = &self.running {
             let consumer = running.membership.consumer.clone();
             let topic = self.config.worker.input_topic.clone();
-            actix_rt::task::spawn_blocking(move || export_lag(&consumer, &topic, &partitions));
+            let board = Arc::clone(&self.settings.board);
+            actix_rt::task::spawn_blocking(move || {
+                export_lag(&consumer, &topic, &partitions, &board)
+            });
         }
     }
 
     /// With a retention limit (`ledger.max_window_secs`), has the ledger forget the ids older
     /// than it.
-    fn apply_limit(&mut self, ctx: &mut Context<Self>) {
+    /// The partitions not caught up (see [`Board::caught_up`]) hold the limit's clock at their
+    /// watermark: the ids their waiting records may repeat stay.
+    fn apply_limit(&mut self, ctx: &mut Context<Self>, owned: &[i32]) {
         let Some(limit_secs) = self.config.ledger.max_window_secs else {
             return;
         };
+        let behind = owned
+            .iter()
+            .copied()
+            .filter(|&p| !self.settings.board.caught_up(p))
+            .collect();
         ctx.spawn(
             self.ledger
-                .send(Expire { now_ms: now_ms() })
+                .send(Expire {
+                    now_ms: now_ms(),
+                    behind,
+                })
                 .into_actor(self)
                 .map(move |res, _, _| match res {
                     Ok(Ok(expired)) => LimitApplied {
@@ -89,7 +106,11 @@ impl Coordinator {
             ids: s.ids_estimate,
         };
         let hour_rate = self.hour_rate.per_sec();
-        if let Some(holds) = budget_holds_promise(fill, hour_rate, promise_secs) {
+        let shape = LedgerShape {
+            generations: self.config.ledger.generations as u32,
+            digests: self.config.worker.content_digest != DigestSource::None,
+        };
+        if let Some(holds) = budget_holds_promise(fill, hour_rate, promise_secs, shape) {
             let changed = self.promise_held.map_or(!holds, |before| before != holds);
             self.promise_held = Some(holds);
             PromiseHeld {
@@ -101,7 +122,10 @@ impl Coordinator {
             }
             .emit();
         }
-        for &(partition, window) in &report.windows {
+        for (&(partition, window), &limited) in report.windows.iter().zip(&report.limited) {
+            // Whether the limit alone bounds the window, held or not: a quiet ledger that holds
+            // nothing still keeps every id within the limit.
+            WindowLimited { partition, limited }.emit();
             // No id held: no window to report (the ledger never reports one it does not hold).
             let Some(w) = window else { continue };
             PartitionWindow {
@@ -114,21 +138,61 @@ impl Coordinator {
     }
 }
 
-fn export_lag(consumer: &Input, topic: &str, partitions: &[i32]) {
-    let Ok(positions) = consumer.position() else {
-        return;
-    };
+/// Each partition's input lag: from its position, or from the record a stalled partition stops
+/// at (the records read past it wait too); shown on the board, unknown when it cannot be read.
+/// A partition that has consumed nothing since it was assigned has no position: while its
+/// pipeline waits on an empty queue, its lag counts from the group's committed offset.
+fn export_lag(consumer: &Input, topic: &str, partitions: &[i32], board: &Board) {
+    let positions = consumer.position().ok();
+    let mut unread = TopicPartitionList::new();
     for &p in partitions {
-        let Some(Offset::Offset(pos)) = positions.find_partition(topic, p).map(|e| e.offset())
-        else {
-            continue;
-        };
-        if let Ok((_, high)) = consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
+        let position = positions
+            .as_ref()
+            .and_then(|all| all.find_partition(topic, p))
+            .map(|e| e.offset());
+        match position {
+            Some(Offset::Offset(pos)) => lag_from(consumer, topic, p, pos, board),
+            _ if board.idle(p) => {
+                unread.add_partition(topic, p);
+            }
+            _ => board.set_lag(p, None),
+        }
+    }
+    if unread.count() == 0 {
+        return;
+    }
+    let committed = consumer.committed_offsets(unread.clone(), Duration::from_secs(5));
+    for e in unread.elements() {
+        let p = e.partition();
+        let offset = committed
+            .as_ref()
+            .ok()
+            .and_then(|c| c.find_partition(topic, p))
+            .map(|e| e.offset());
+        match offset {
+            Some(Offset::Offset(committed)) => lag_from(consumer, topic, p, committed, board),
+            // Nothing committed yet: the partition is read from its start.
+            Some(_) if committed.is_ok() => lag_from(consumer, topic, p, 0, board),
+            _ => board.set_lag(p, None),
+        }
+    }
+}
+
+fn lag_from(consumer: &Input, topic: &str, p: i32, position: i64, board: &Board) {
+    let pos = board
+        .stalled_at(p)
+        .map_or(position, |stalled| stalled.min(position));
+    match consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
+        Ok((low, high)) => {
+            // Records before the low watermark are gone: not waiting.
+            let records = high - pos.max(low);
+            board.set_lag(p, Some(records.max(0)));
             ConsumerLag {
                 partition: p,
-                records: high - pos,
+                records,
             }
             .emit();
         }
+        Err(_) => board.set_lag(p, None),
     }
 }

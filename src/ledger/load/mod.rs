@@ -91,6 +91,8 @@ pub struct Load<'l> {
     /// The runs being written, oldest first.
     writing: std::collections::VecDeque<JoinHandle<Result<PathBuf>>>,
     span: Option<PartitionSpan>,
+    /// The latest first-seen time the load has read: its clock for the retention limit.
+    reached_ms: Option<i64>,
     ids: u64,
     times: LoadTimes,
     /// Ids per run ([`RUN_IDS`]; smaller in tests, so that a load has several).
@@ -147,6 +149,7 @@ impl Ledger {
             files: Vec::new(),
             writing: std::collections::VecDeque::new(),
             span: None,
+            reached_ms: None,
             ids: 0,
             times: LoadTimes::default(),
             run_ids: RUN_IDS,
@@ -203,11 +206,21 @@ impl Load<'_> {
     /// holds it again when it was published again after it left an earlier owner's window); the
     /// copy with the latest first-seen time is the one kept.
     ///
-    /// With a retention limit, ids already older than it are left out: the new owner loads no id
-    /// a lookup would treat as unseen.
+    /// With a retention limit, ids older than it before the latest time this load has read (its
+    /// clock, never past the wall clock) are left out: no copy still to come after those records
+    /// is within the limit of them. A load read after an outage longer than the limit keeps the
+    /// ids its partition's waiting records may repeat.
     pub fn add(&mut self, ids: &[(LedgerKey, i64)]) -> Result<()> {
         let kept: Vec<(LedgerKey, i64)>;
-        let ids = match self.ledger.retention_floor(crate::clock::now_ms()) {
+        if let Some(newest) = ids.iter().map(|&(_, t)| t).max() {
+            self.reached_ms = Some(self.reached_ms.map_or(newest, |r| r.max(newest)));
+        }
+        let floor = super::retention_floor(
+            self.ledger.options.max_window_ms,
+            self.reached_ms,
+            crate::clock::now_ms(),
+        );
+        let ids = match floor {
             Some(floor) if ids.iter().any(|&(_, t)| t < floor) => {
                 kept = ids.iter().copied().filter(|&(_, t)| t >= floor).collect();
                 &kept[..]
