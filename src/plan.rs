@@ -151,16 +151,29 @@ pub struct PerWorker {
     pub memory_bytes: f64,
 }
 
+/// Ledger bytes per id as a pipeline stores them, from the measured figures: with content
+/// digests (`worker.content_digest` other than `none`) or without.
+pub fn planned_bytes_per_id(digests: bool) -> f64 {
+    let f = FIGURES;
+    if digests {
+        f.bytes_per_id.value + f.bytes_per_id_with_digests.value
+            - f.bytes_per_id_digest_baseline.value
+    } else {
+        f.bytes_per_id.value
+    }
+}
+
+/// The ids a ledger of `budget_bytes` in `generations` generations holds at its lowest (a
+/// generation just dropped), at `bytes_per_id`.
+pub fn ids_held_at_lowest(budget_bytes: f64, generations: u32, bytes_per_id: f64) -> f64 {
+    let g = f64::from(generations.max(2));
+    budget_bytes * (g - 1.0) / g / bytes_per_id
+}
+
 impl Ask {
     /// Ledger bytes per id as this pipeline stores them.
     pub fn bytes_per_id(&self) -> f64 {
-        let f = FIGURES;
-        if self.digests {
-            f.bytes_per_id.value + f.bytes_per_id_with_digests.value
-                - f.bytes_per_id_digest_baseline.value
-        } else {
-            f.bytes_per_id.value
-        }
+        planned_bytes_per_id(self.digests)
     }
 
     /// The budget that holds `ids` without the window ever dipping under them.
@@ -172,8 +185,7 @@ impl Ask {
     /// The window a budget holds at `ids_per_sec` when it is at its lowest (a generation just
     /// dropped).
     pub fn window_of(&self, budget_bytes: f64, ids_per_sec: f64) -> Duration {
-        let g = f64::from(self.generations.max(2));
-        let ids = budget_bytes * (g - 1.0) / g / self.bytes_per_id();
+        let ids = ids_held_at_lowest(budget_bytes, self.generations, self.bytes_per_id());
         Duration::from_secs_f64(if ids_per_sec > 0.0 {
             ids / ids_per_sec
         } else {

@@ -119,19 +119,38 @@ impl HourRate {
     }
 }
 
-/// Whether a ledger of `fill`'s budget holds `promise_secs` of ids at `ids_per_sec`, at the bytes
-/// per id it holds now; `None` when that is not known yet (no rate, or no id held to measure bytes
-/// per id by).
+/// How a ledger stores its ids, as the plan counts them: its generations and whether it keeps
+/// content digests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerShape {
+    pub generations: u32,
+    pub digests: bool,
+}
+
+/// Whether a ledger of `fill`'s budget and `shape` holds `promise_secs` of ids at `ids_per_sec`,
+/// by the arithmetic of `dedupe plan` (its lowest point, a generation just dropped), at the bytes
+/// per id the plan's measured figures give, or at what the ledger shows if that is more. The
+/// ledger's own bytes count only what is flushed (its files), while its ids include the write
+/// buffer's, so alone they read far too few bytes per id until the buffer is small beside the
+/// files: the plan's figure is the floor from the first reading. `None` without a rate.
 pub fn budget_holds_promise(
     fill: LedgerFill,
     ids_per_sec: Option<f64>,
     promise_secs: u64,
+    shape: LedgerShape,
 ) -> Option<bool> {
     let rate = ids_per_sec?;
-    if fill.bytes == 0 || fill.ids == 0 {
-        return None;
-    }
-    let capacity_ids = fill.budget_bytes as f64 * fill.ids as f64 / fill.bytes as f64;
+    let planned = crate::plan::planned_bytes_per_id(shape.digests);
+    let measured = if fill.bytes > 0 && fill.ids > 0 {
+        fill.bytes as f64 / fill.ids as f64
+    } else {
+        0.0
+    };
+    let capacity_ids = crate::plan::ids_held_at_lowest(
+        fill.budget_bytes as f64,
+        shape.generations,
+        planned.max(measured),
+    );
     Some(capacity_ids >= rate * promise_secs as f64)
 }
 
@@ -225,24 +244,70 @@ mod tests {
     }
 
     #[test]
-    fn a_budget_holds_the_promise_at_a_rate_or_not() {
-        // 1 GiB at 20 bytes per id holds ~53.7M ids: 24 hours at 621 ids/s.
-        let fill = LedgerFill {
-            budget_bytes: GIB,
-            bytes: GIB / 4,
-            ids: GIB / 4 / 20,
+    fn a_budget_holds_the_promise_at_a_rate_or_not_as_the_plan_counts() {
+        let shape = LedgerShape {
+            generations: 8,
+            digests: true,
         };
-        assert_eq!(budget_holds_promise(fill, Some(600.0), 86_400), Some(true));
-        assert_eq!(budget_holds_promise(fill, Some(650.0), 86_400), Some(false));
-        // A 1-hour promise at the higher rate is easily held.
-        assert_eq!(budget_holds_promise(fill, Some(650.0), 3_600), Some(true));
-        // Unknown without a rate, or without an id to measure bytes per id by.
-        assert_eq!(budget_holds_promise(fill, None, 86_400), None);
+        let ask = |rate: f64| crate::plan::Ask {
+            ids_per_sec: rate,
+            promise: Duration::from_secs(86_400),
+            changelog_retention: Duration::from_secs(86_400),
+            replication: 3,
+            generations: 8,
+            digests: true,
+        };
+        // 64 MiB, the case: the plan's window at 500 ids/s is under 24 h, and the gauge
+        // says so from the first reading, though the ledger has flushed almost nothing (5,626
+        // bytes for 54,600 ids: 0.1 bytes per id, which alone would claim 24 h at 6,000 ids/s).
+        let early = LedgerFill {
+            budget_bytes: 64 << 20,
+            bytes: 5_626,
+            ids: 54_600,
+        };
+        let planned = ask(500.0).window_of((64 << 20) as f64, 500.0);
+        assert!(planned < Duration::from_secs(86_400), "{planned:?}");
+        assert_eq!(
+            budget_holds_promise(early, Some(500.0), 86_400, shape),
+            Some(false)
+        );
+        // At a rate the plan says 64 MiB holds for 24 h, it holds.
+        let held_rate = 0.99 * ids_at(64 << 20, shape) / 86_400.0;
+        assert!(
+            ask(held_rate).window_of((64 << 20) as f64, held_rate) >= Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            budget_holds_promise(early, Some(held_rate), 86_400, shape),
+            Some(true)
+        );
+        // A ledger that stores more per id than the figures (its files say so) holds less.
+        let heavy = LedgerFill {
+            budget_bytes: 64 << 20,
+            bytes: 32 << 20,
+            ids: (32 << 20) / 100,
+        };
+        assert_eq!(
+            budget_holds_promise(heavy, Some(held_rate), 86_400, shape),
+            Some(false)
+        );
+        // Unknown without a rate; an empty ledger is judged by the figures.
+        assert_eq!(budget_holds_promise(early, None, 86_400, shape), None);
         let empty = LedgerFill {
             bytes: 0,
             ids: 0,
-            ..fill
+            ..early
         };
-        assert_eq!(budget_holds_promise(empty, Some(650.0), 86_400), None);
+        assert_eq!(
+            budget_holds_promise(empty, Some(500.0), 86_400, shape),
+            Some(false)
+        );
+    }
+
+    fn ids_at(budget: u64, shape: LedgerShape) -> f64 {
+        crate::plan::ids_held_at_lowest(
+            budget as f64,
+            shape.generations,
+            crate::plan::planned_bytes_per_id(shape.digests),
+        )
     }
 }

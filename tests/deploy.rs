@@ -217,6 +217,7 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         ("DedupeHandoverStuck", "warn"),
         ("DedupeReusedIds", "warn"),
         ("DedupeMisroutedIds", "warn"),
+        ("DedupePartitionStalled", "page"),
     ];
     for (name, severity) in expected {
         let alert = by_name
@@ -255,7 +256,8 @@ fn alert_rules_have_severity_annotations_and_the_promised_thresholds() {
         page.field("expr").as_deref(),
         Some(
             format!(
-                "min by (job, instance) (dedupe_window_seconds) < on (job, instance) {promise}"
+                "min by (job, instance) (dedupe_window_seconds unless on (job, instance, partition) ({} == 1)) < on (job, instance) {promise}",
+                m::WINDOW_LIMITED
             )
             .as_str()
         ),

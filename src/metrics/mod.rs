@@ -75,6 +75,8 @@ pub const SOURCE_REUSED_IDS: &str = "dedupe_source_reused_ids_total";
 pub const UNKEYED: &str = "dedupe_unkeyed_records_total";
 pub const MISROUTED_IDS: &str = "dedupe_misrouted_ids_total";
 pub const PUBLISHED_TWICE_IDS: &str = "dedupe_published_twice_ids_total";
+pub const DEAD_LETTERED: &str = "dedupe_dead_lettered_total";
+pub const PARTITION_STALLED: &str = "dedupe_partition_stalled";
 pub const INPUT_DUPLICATE_HEADERS: &str = "dedupe_input_duplicate_headers_total";
 pub const REKEY_RECORDS: &str = "dedupe_rekey_records_total";
 pub const REKEY_TRANSACTIONS: &str = "dedupe_rekey_transactions_total";
@@ -84,12 +86,14 @@ pub const FORGOTTEN_IDS: &str = "dedupe_forgotten_ids_total";
 pub const REFRESHED_IDS: &str = "dedupe_refreshed_ids_total";
 pub const RETENTION_LIMIT_SECONDS: &str = "dedupe_retention_limit_seconds";
 pub const EXPIRED_GENERATIONS: &str = "dedupe_ledger_expired_generations_total";
+pub const LATE_RECORDS: &str = "dedupe_late_records_total";
 pub const BATCH_RECORDS: &str = "dedupe_batch_records";
 pub const STAGE_SECONDS: &str = "dedupe_stage_seconds";
 pub const END_TO_END_SECONDS: &str = "dedupe_end_to_end_seconds";
 pub const DUPLICATE_AGE_SECONDS: &str = "dedupe_duplicate_age_seconds";
 pub const WINDOW_SECONDS: &str = "dedupe_window_seconds";
 pub const WINDOW_FORECAST_SECONDS: &str = "dedupe_window_forecast_seconds";
+pub const WINDOW_LIMITED: &str = "dedupe_window_limited";
 pub const PROMISED_WINDOW_SECONDS: &str = "dedupe_promised_window_seconds";
 pub const BUDGET_HOLDS_PROMISE: &str = "dedupe_budget_holds_promise";
 /// Label of [`PROMISED_WINDOW_SECONDS`]: the pipeline's input topic.
@@ -246,6 +250,8 @@ pub const ALL: &[Metric] = &[
     m(UNKEYED, Counter, None, &[LABEL_PARTITION, LABEL_REASON, LABEL_POLICY], "Records without a usable id, by reason (missing, empty, too_long, unreadable, repeated_key) and the policy applied (forward, drop, dead-letter)."),
     m(MISROUTED_IDS, Counter, None, P, "Records whose id is on a partition neither common partitioner (the Java client's murmur2, librdkafka's crc32) would key it to: the input is not partitioned by the id, so copies of an id may reach other partitions, owned by workers whose ledgers do not see each other (a worker's partitions share its one ledger); dedupe rekey keys a topic by the id."),
     m(PUBLISHED_TWICE_IDS, Counter, None, P, "Ids a batch published as new that the ledger, recording them after the commit, found held already: a copy on another of the worker's partitions was published and recorded in between, so both copies reached the output. Only an input not partitioned by the id (dedupe_misrouted_ids_total) lets copies race so."),
+    m(DEAD_LETTERED, Counter, None, &[LABEL_PARTITION, LABEL_REASON], "Records the output topic refused for good and the worker wrote to worker.dead_letter_topic instead, in their batch's transaction, by reason: too_large (over the output's max.message.bytes or the producer's message.max.bytes), invalid_record, invalid_timestamp. Their ids are held, so their copies are dropped as duplicates. Unkeyed records and reused ids dead-lettered by policy are counted by dedupe_unkeyed_records_total and dedupe_reused_ids_total."),
+    m(PARTITION_STALLED, Gauge, None, P, "1 while the partition stops at a record the output topic refuses for good and no dead-letter topic takes (nothing after it is published; dedupe_consumer_lag_records counts the records waiting from it), 0 otherwise. The worker tries the record again with a backoff, so raising the output's limit heals the partition without a restart."),
     m(INPUT_DUPLICATE_HEADERS, Counter, None, P, "dedupe-duplicate headers that input records came with (set by a producer, or by a dedupe pipeline upstream), published renamed to dedupe-input-duplicate with their values: on the output only this worker's flag says a copy is a duplicate."),
     m(REKEY_RECORDS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: source records by outcome: rekeyed (copied into the input topic keyed by their id), unkeyed (no usable id: copied with their own key), dead_lettered (larger than the input topic accepts: their position and size written to worker.dead_letter_topic), too_large (larger than the input topic accepts, no dead-letter topic: the stage stopped at it)."),
     m(REKEY_TRANSACTIONS, Counter, None, &[LABEL_OUTCOME], "dedupe rekey: transactions (a batch and its source offsets) by outcome: committed, aborted, fenced (another instance with the same transactional id took over; this one exits)."),
@@ -253,17 +259,19 @@ pub const ALL: &[Metric] = &[
     m(CONFIG_RELOADS, Counter, None, &[LABEL_OUTCOME], "Configuration reloads (SIGHUP) by outcome: applied (worker.source_modes taken), refused (the configuration did not load; nothing changed)."),
     m(FORGOTTEN_IDS, Counter, None, &[LABEL_PARTITION, LABEL_OUTCOME], "Ids an operator asked to forget (dedupe forget, POST /admin/forget), by outcome: forgotten (the forget committed: the id answers not held), resent (a forgotten id's next copy was published and the id is held again)."),
     m(REFRESHED_IDS, Counter, None, P, "Ids recorded again at a dropped copy's time (ledger.refresh_on_duplicate): a client that keeps re-sending an event keeps being caught, and the retention limit counts from its last copy."),
+    m(LATE_RECORDS, Counter, None, P, "New records older than the retention limit (ledger.max_window_secs) before the latest record time their partition has reached (its watermark, never past the wall clock): published, since nothing holds their ids, and not recorded, since no copy still to come after the records already read is within the limit of them. A producer that stamps records late, or a topic read long after it was written, shows here."),
     m(EXPIRED_GENERATIONS, Counter, None, &[], "Ledger generations dropped whole because their newest id was past the retention limit (ledger.max_window_secs)."),
     m(BATCH_RECORDS, Histogram, None, P, "Records per processed batch."),
     m(STAGE_SECONDS, Histogram, Some(Unit::Seconds), &[LABEL_STAGE], "Time spent per batch in each stage: lookup (ledger), publish (the output transaction, commit included), record (ledger)."),
     m(END_TO_END_SECONDS, Histogram, Some(Unit::Seconds), P, "Time from the timestamp of a batch's oldest new input record to its output transaction's commit."),
     m(DUPLICATE_AGE_SECONDS, Histogram, Some(Unit::Seconds), &[], "Time between an id's first sighting and a duplicate of it: how large a window is really needed."),
     m(WINDOW_SECONDS, Gauge, Some(Unit::Seconds), P, "The dedupe window: now minus the first-seen time of the oldest id the ledger still holds."),
+    m(WINDOW_LIMITED, Gauge, None, P, "1 when only the retention limit (ledger.max_window_secs) bounds the partition's window: no generation holding ids younger than the limit was dropped for the budget since the worker started, so every id within the limit is held (the window gauge may read a little under the limit, as expiry drops whole generations); 0 without a limit or when the budget dropped such ids. DedupeWindowUnderPromise leaves such partitions out."),
     m(WINDOW_FORECAST_SECONDS, Gauge, Some(Unit::Seconds), P, "What the window will be once the ledger is full, at the current id rate."),
     m(PROMISED_WINDOW_SECONDS, Gauge, Some(Unit::Seconds), &[LABEL_INPUT_TOPIC], "The window this pipeline promises (worker.promised_window_secs): the alerts compare dedupe_window_seconds and its forecast with it."),
     m(RETENTION_LIMIT_SECONDS, Gauge, Some(Unit::Seconds), &[], "The retention limit (ledger.max_window_secs): no copy arriving later than this after its id's last sighting is dropped, and the window never exceeds it; absent without a limit."),
-    m(BUDGET_HOLDS_PROMISE, Gauge, None, &[], "1 when the ledger's budget holds the promised window at the last hour's id rate and the bytes per id held now, 0 when it does not (the window will fall under the promise once the ledger is full); absent until an hour's rate is known (at least a minute of readings)."),
-    m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed (high watermark minus position)."),
+    m(BUDGET_HOLDS_PROMISE, Gauge, None, &[], "1 when the ledger's budget holds the promised window at the last hour's id rate, by the arithmetic of dedupe plan (the lowest point, a generation just dropped; the plan's measured bytes per id, or the ledger's own when more), 0 when it does not (the window will fall under the promise once the ledger is full); absent until an hour's rate is known (at least a minute of readings). It agrees with dedupe plan --config at the same rate per worker."),
+    m(CONSUMER_LAG, Gauge, None, P, "Input records not yet processed: the high watermark minus the position, or minus the offset of the record a stalled partition stops at (dedupe_partition_stalled)."),
     m(INPUT_WAKEUPS_RECOVERED, Counter, None, P, "Times a partition's queue held records although its reader had not been woken (a lost wakeup of the client library); the reader looks every second, so such a partition waits at most that long."),
     m(RECOVERY_REPLAYED, Counter, None, P, "Output records whose ids recovery replayed into the ledger (read from the id changelog, or from the output for a ledger older than the changelog), before the partition resumed."),
     m(RECOVERY_EARLY_ENDS, Counter, None, P, "Reads of the id changelog (or the output) for recovery or a take-over that met an end of partition before the offset they read to (a new leader whose high watermark had not caught up) and read on instead of ending there."),

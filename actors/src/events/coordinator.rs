@@ -171,6 +171,20 @@ impl PartitionWindow {
     }
 }
 
+/// Whether only the retention limit bounds a partition's window (1), or the budget may (0): the
+/// page on a window under its promise is not for a window the limit alone keeps there.
+pub struct WindowLimited {
+    pub partition: i32,
+    pub limited: bool,
+}
+
+impl WindowLimited {
+    pub fn emit(&self) {
+        metrics::gauge!(m::WINDOW_LIMITED, m::LABEL_PARTITION => self.partition.to_string())
+            .set(if self.limited { 1.0 } else { 0.0 });
+    }
+}
+
 /// Input records of a partition not yet processed.
 pub struct ConsumerLag {
     pub partition: i32,
