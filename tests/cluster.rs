@@ -457,6 +457,116 @@ fn the_whole_cluster_down_past_the_client_timeouts() {
     s.finish(1, back, Stall::AfterOutage);
 }
 
+/// `dedupe rekey` in group mode on the cluster through every kind of rebalance, while nodes are
+/// killed and paused: replicas frozen past their session (possibly in the middle of a
+/// transaction) and woken as members the group dropped, SIGKILLed and started again, and added.
+/// The input holds each source record as often as the source does (its own producer's retries,
+/// if any, are counted apart).
+#[test]
+fn rekey_replicas_copy_each_record_once_through_rebalances_and_broker_faults() {
+    let c = cluster();
+    let source = TestTopic::create("rekey-faults-src", 6);
+    let input = TestTopic::create("rekey-faults-in", 4);
+    c.wait_for_leaders(&source.name, 6);
+    c.wait_for_leaders(&input.name, 4);
+    let dir = tempfile::tempdir().expect("a directory for the logs");
+    let output = format!("{}-out", input.name);
+    let member = |id: &str| {
+        DEDUPE
+            .rekey(&source.name, &input.name, &output, dir.path())
+            .env("DEDUPE_WORKER_ID_SOURCE", "json:/messageId")
+            .env("DEDUPE_WORKER_ASSIGNMENT", "group")
+            .env("DEDUPE_WORKER_MEMBER_ID", id)
+            .env("DEDUPE_REKEY_BATCH_MAX_RECORDS", "300")
+            .start()
+    };
+    let committing = |r: &kit::rekey::Rekey| {
+        wait_until(
+            "the rekey replica commits a transaction",
+            Duration::from_secs(90),
+            Duration::from_millis(100),
+            || {
+                (r.metric(
+                    "dedupe_rekey_transactions_total",
+                    &[("outcome", "committed")],
+                ) > 0.0)
+                    .then_some(())
+            },
+            || tail(&r.log_text(), 30),
+        )
+    };
+    let rounds = if long() { 4 } else { 1 };
+    let load = kit::rekey::SourceLoad::start(
+        &source.name,
+        40_000 * rounds,
+        1_000,
+        Duration::from_millis(400),
+    );
+    let mut a = member("rekey-a");
+    let mut b = member("rekey-b");
+    committing(&a);
+    committing(&b);
+    let group = format!("dedupe-rekey.{}", input.name);
+    let mut rng = rand::rng();
+    let mut extra = Vec::new();
+    for round in 0..rounds {
+        // The group's coordinator killed and started again.
+        let node = c.wait_for("group coordinator", |c| c.group_coordinator(&group));
+        eprintln!("round {round}: group coordinator {node} killed");
+        c.kill(node);
+        std::thread::sleep(Duration::from_millis(rng.random_range(500..3000)));
+        c.start(node);
+        // a frozen past its session (6 s) while another replica joins and the leader of an input
+        // partition is paused; then a wakes up, a member the group dropped.
+        a.signal(libc::SIGSTOP);
+        let joined = member(&format!("rekey-c{round}"));
+        let paused = c.wait_for("input leader", |c| c.leader(&input.name, round as i32 % 4));
+        eprintln!("round {round}: a frozen, node {paused} paused");
+        c.pause(paused);
+        std::thread::sleep(Duration::from_secs(8));
+        c.resume(paused);
+        a.signal(libc::SIGCONT);
+        committing(&joined);
+        extra.push(joined);
+        // b SIGKILLed at a random moment, maybe mid-transaction, and started again.
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..2000)));
+        eprintln!("round {round}: b killed");
+        b.kill();
+        b = member("rekey-b");
+        // The transaction coordinator of a replica killed.
+        let txn = format!("dedupe-rekey.{}.rekey-c{round}", input.name);
+        let node = c.wait_for("transaction coordinator", |c| {
+            c.transaction_coordinator(&txn)
+        });
+        eprintln!("round {round}: transaction coordinator {node} killed");
+        c.kill(node);
+        std::thread::sleep(Duration::from_millis(rng.random_range(500..3000)));
+        c.start(node);
+        c.wait_in_sync();
+    }
+    load.finish();
+    kit::rekey::assert_copied_once(
+        &source.name,
+        &input.name,
+        Duration::from_secs(180),
+        "group-mode rekey through rebalances and broker faults",
+    );
+    for (name, member) in [("a", &mut a), ("b", &mut b)]
+        .into_iter()
+        .chain(extra.iter_mut().map(|r| ("c", r)))
+    {
+        let code = match member.exited() {
+            Some(code) => code,
+            None => member.terminate(Duration::from_secs(30)),
+        };
+        assert!(
+            matches!(code, Some(0) | Some(3)),
+            "replica {name} exited {code:?}:\n{}",
+            tail(&member.log_text(), 20)
+        );
+    }
+}
+
 /// Adds ACLs allowing `principal` the `operations` on one resource.
 fn allow(principal: &str, operations: &[Operation], resource: Resource<'_>) {
     cluster().allow(principal, operations, resource);

@@ -47,7 +47,7 @@ use anyhow::bail;
 use dedupe::config::Config;
 use dedupe::identity::{copied_view, message_id};
 use dedupe::wire::{HEADER_REKEY_BYTES, HEADER_REKEY_REASON, HEADER_REKEY_SOURCE};
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
@@ -151,6 +151,9 @@ struct Stage<'a> {
     producer: InputProducer,
     rebalanced: Arc<AtomicBool>,
     limit_bytes: usize,
+    /// The group's metadata when the batch being copied began to be read (see
+    /// `commit_with_offsets`).
+    gathered_under: Option<ConsumerGroupMetadata>,
 }
 
 impl Stage<'_> {
@@ -291,14 +294,19 @@ impl Stage<'_> {
         for (p, o) in offsets_after(records) {
             offsets.add_partition_offset(&self.options.source_topic, p, Offset::Offset(o))?;
         }
-        // The group's current metadata: a member that lost these partitions in a rebalance
-        // (a stale generation or member epoch) cannot commit them.
+        // The group's metadata as it was when the batch began to be read, not as it is now: a
+        // member fenced meanwhile (frozen past its session, cut off) rejoins in librdkafka's own
+        // thread with a new member epoch before the loop's next poll tells it that its
+        // partitions were lost, and the broker would take these offsets under that new epoch
+        // while the partitions' new owner copies the same records. Under the epoch the records
+        // were read with, the broker refuses them (and the transaction aborts) once the member
+        // was fenced or its partitions moved.
         let metadata = self
-            .consumer
-            .group_metadata()
+            .gathered_under
+            .as_ref()
             .ok_or(KafkaError::ConsumerCommit(RDKafkaErrorCode::State))?;
         self.producer
-            .send_offsets_to_transaction(&offsets, &metadata, TRANSACTION_CALL_TIMEOUT)?;
+            .send_offsets_to_transaction(&offsets, metadata, TRANSACTION_CALL_TIMEOUT)?;
         self.commit()
     }
 

@@ -60,6 +60,8 @@ impl Stage<'_> {
     pub(super) fn gather(&mut self, stop: &AtomicBool) -> anyhow::Result<Vec<Polled>> {
         let mut batch = Vec::new();
         let mut deadline: Option<Instant> = None;
+        // Taken before the first poll: the epoch the batch's records are read under.
+        self.gathered_under = self.consumer.group_metadata();
         while batch.len() < self.options.batch_max_records && !stop.load(Ordering::Relaxed) {
             let wait = deadline.map_or(Duration::from_millis(100), |d| {
                 d.saturating_duration_since(Instant::now())
@@ -79,6 +81,7 @@ impl Stage<'_> {
                 self.rewind(&batch)?;
                 batch.clear();
                 deadline = None;
+                self.gathered_under = self.consumer.group_metadata();
                 continue;
             }
             match polled {
@@ -89,6 +92,11 @@ impl Stage<'_> {
                 Some(Err(e)) => RekeyReadFailed { error: &e }.emit(),
                 None if deadline.is_none() => break,
                 None => {}
+            }
+            if batch.is_empty() {
+                // Nothing read yet: the next poll's records are read under the epoch as it is
+                // now (a first join, or a rejoin, has given the member its epoch meanwhile).
+                self.gathered_under = self.consumer.group_metadata();
             }
         }
         Ok(batch)

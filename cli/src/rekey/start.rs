@@ -92,6 +92,7 @@ pub(super) fn start<'a>(
         producer,
         rebalanced,
         limit_bytes,
+        gathered_under: None,
     }))
 }
 

@@ -227,8 +227,9 @@ pub fn copies_by_value(topic: &str) -> BTreeMap<Vec<u8>, usize> {
 }
 
 /// Waits until `input` holds as many records as `source` (read with read_committed; at most
-/// `timeout`), then asserts that it holds each source record exactly once: none missing, none
-/// twice, nothing else.
+/// `timeout`), then asserts that it holds each source record exactly as often as the source does
+/// (once, unless the source's own producer wrote it twice: those copies are counted apart and
+/// printed): none missing, none copied twice, nothing else.
 pub fn assert_copied_once(source: &str, input: &str, timeout: Duration, what: &str) {
     let expected = copies_by_value(source);
     let total: usize = expected.values().sum();
@@ -241,17 +242,27 @@ pub fn assert_copied_once(source: &str, input: &str, timeout: Duration, what: &s
         }
         std::thread::sleep(Duration::from_millis(300));
     };
-    let twice = copied.values().filter(|&&n| n > 1).count();
-    let extra: usize = copied.values().map(|n| n.saturating_sub(1)).sum();
-    let missing = expected.keys().filter(|v| !copied.contains_key(*v)).count();
+    let in_source_twice: usize = expected.values().map(|n| n.saturating_sub(1)).sum();
+    let extra: usize = copied
+        .iter()
+        .map(|(v, n)| n.saturating_sub(expected.get(v).copied().unwrap_or(0)))
+        .sum();
+    let twice = copied
+        .iter()
+        .filter(|(v, n)| **n > expected.get(*v).copied().unwrap_or(0))
+        .count();
+    let missing: usize = expected
+        .iter()
+        .map(|(v, n)| n.saturating_sub(copied.get(v).copied().unwrap_or(0)))
+        .sum();
     let foreign = copied.keys().filter(|v| !expected.contains_key(*v)).count();
-    assert!(
-        expected.values().all(|&n| n == 1),
-        "{what}: the source's records must be distinct for this check"
+    eprintln!(
+        "{what}: {total} source records ({} distinct, {in_source_twice} extra copies by the source's own producer)",
+        expected.len()
     );
     assert!(
         twice == 0 && missing == 0 && foreign == 0,
-        "{what}: of {total} source records the input misses {missing}, holds {twice} more than \
-         once ({extra} extra copies) and {foreign} not from the source"
+        "{what}: of {total} source records the input misses {missing}, holds {twice} more often \
+         than the source ({extra} extra copies) and {foreign} not from the source"
     );
 }
