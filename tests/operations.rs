@@ -787,6 +787,73 @@ fn an_outage_longer_than_the_limit_still_drops_the_retries_within_it() {
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
 }
 
+/// The limit to the millisecond on the real broker, by the records' own times: a copy at most the
+/// limit after its first is dropped, one a millisecond later published, at odd record times.
+#[test]
+fn a_copy_at_the_limit_is_dropped_and_one_a_millisecond_past_it_published() {
+    const LIMIT_MS: i64 = 20_000;
+    let input = TestTopic::create("exact-in", 1);
+    let output = TestTopic::create("exact-out", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env(
+            "DEDUPE_LEDGER_MAX_WINDOW_SECS",
+            &(LIMIT_MS / 1000).to_string(),
+        )
+        .env(
+            "DEDUPE_WORKER_PROMISED_WINDOW_SECS",
+            &(LIMIT_MS / 1000).to_string(),
+        )
+        .start();
+    worker.wait_ready(Duration::from_secs(60));
+    let [a, b, c, d]: [String; 4] = ids(4).try_into().unwrap();
+    let record = |id: &String| keyed(&[id]).remove(0);
+    // First copies 30 s ago, at an odd millisecond; the copies 1 ms within, at, and 1 ms past
+    // the limit after them, then one far past.
+    let t0 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 30_000
+        + 757;
+    let stamped = [
+        (record(&a), t0),
+        (record(&b), t0 + 1),
+        (record(&c), t0 + 2),
+        (record(&d), t0 + 3),
+        (record(&a), t0 + LIMIT_MS - 1),
+        (record(&b), t0 + 1 + LIMIT_MS),
+        (record(&c), t0 + 2 + LIMIT_MS + 1),
+        (record(&d), t0 + 3 + LIMIT_MS + 5_000),
+    ];
+    // The first copies recorded first, so that the copies are judged against the ledger's
+    // stored sightings (within one batch, the earlier copy's exact time is at hand anyway).
+    produce_stamped(&input.name, Some(0), &stamped[..4]);
+    worker.wait_settled(4, Duration::from_secs(60));
+    produce_stamped(&input.name, Some(0), &stamped[4..]);
+    worker.wait_settled(8, Duration::from_secs(60));
+    let out: Vec<Option<i64>> = consume_all(&output.name, true)
+        .iter()
+        .map(|r| r.timestamp)
+        .collect();
+    assert_eq!(
+        out,
+        [
+            t0,
+            t0 + 1,
+            t0 + 2,
+            t0 + 3,
+            t0 + 2 + LIMIT_MS + 1,
+            t0 + 3 + LIMIT_MS + 5_000
+        ]
+        .map(Some),
+        "the first copies, then those past the limit"
+    );
+    assert_eq!(worker.metric("dedupe_duplicates_dropped_total", &[]), 2.0);
+    assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
+}
+
 #[test]
 fn a_client_resending_one_event_is_caught_for_as_long_as_it_sends_with_refresh_and_once_per_window_without(
 ) {

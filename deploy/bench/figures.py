@@ -799,6 +799,7 @@ NOT_MEASURED = {
         ("within 5 minutes", "the retake policy's fence memory"),
         ("more than 10 minutes ago", "the handover rule's threshold"),
         ("A record over 1,000,000 bytes", "the producer's message.max.bytes, librdkafka's default"),
+        ("about 2 bytes per id more than the seconds", "the varint's arithmetic: milliseconds take 10 bits more than seconds"),
         ("within 30 s and the partition", "the stall's longest backoff, a constant"),
         ("after 1 s, doubling up to 30 s", "the stall's backoff, constants"),
         ("(again every 5 minutes)", "the stall's log interval, a constant"),

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use super::batch_log::LoggedBatch;
+use super::format::TimeBase;
 use super::index::IdIndex;
 use super::stats::DEFAULT_BYTES_PER_ID_ESTIMATE;
 use super::tuning::effective_write_buffer_bytes;
@@ -98,7 +99,10 @@ impl Ledger {
             let tag = IdIndex::tag(active.meta.id);
             if let Some(&(_, first, _)) = new_ids.first() {
                 let meta = &mut active.meta;
-                let base_ms = *meta.base_ms.get_or_insert(base_ms);
+                let base = TimeBase {
+                    base_ms: *meta.base_ms.get_or_insert(base_ms),
+                    resolution_ms: meta.resolution_ms.max(1),
+                };
                 let span = meta.partitions.entry(partition).or_insert(PartitionSpan {
                     first_seen_ms: first,
                     last_seen_ms: first,
@@ -114,7 +118,7 @@ impl Ledger {
                     span.first_seen_ms = span.first_seen_ms.min(time_ms);
                     span.last_seen_ms = span.last_seen_ms.max(time_ms);
                     let held = Held {
-                        first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
+                        first_seen_ms: stored_first_seen_ms(base, time_ms),
                         digest,
                     };
                     if pending.insert(key, held).is_some() {

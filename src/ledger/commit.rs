@@ -14,7 +14,7 @@ use super::buffer::IdBuffer;
 use super::error::{io_error, rocks, Doing};
 use super::format::{
     encode_value, generation_cf_name, generation_meta_key, progress_key, to_json, CommitRecord,
-    COMMIT_KEY, INGEST_FILE_EXTENSION, META_COMMIT_SEQ, META_FORGOTTEN,
+    TimeBase, COMMIT_KEY, INGEST_FILE_EXTENSION, META_COMMIT_SEQ, META_FORGOTTEN,
 };
 use super::load::LoadedRuns;
 use super::tuning::ingest_file_options;
@@ -50,7 +50,7 @@ impl InFlight {
 struct CommitWriter {
     file: PathBuf,
     options: Options,
-    base_ms: i64,
+    base: TimeBase,
     record: Vec<u8>,
     ids: Arc<IdBuffer>,
 }
@@ -62,7 +62,7 @@ impl CommitWriter {
                 .path
                 .join(format!("commit-{:012}.{INGEST_FILE_EXTENSION}", record.seq)),
             options: ingest_file_options(&ledger.options, &ledger.block_cache),
-            base_ms: record.meta.base_ms.unwrap_or(0),
+            base: record.meta.time_base().unwrap_or(TimeBase::seconds(0)),
             record: to_json(record),
             ids,
         }
@@ -78,7 +78,7 @@ impl CommitWriter {
             let mut value = Vec::with_capacity(8);
             for (key, held) in &ids {
                 value.clear();
-                encode_value(self.base_ms, held.first_seen_ms, held.digest, &mut value);
+                encode_value(self.base, held.first_seen_ms, held.digest, &mut value);
                 writer.put(key.0, &value)?;
             }
             writer.put(COMMIT_KEY, &self.record)?;

@@ -43,11 +43,31 @@ pub(super) fn progress_key(partition: Partition) -> [u8; 4] {
     partition.to_be_bytes()
 }
 
-/// Stored offset of an event time relative to a generation base (zigzag varint, seconds).
-pub(super) fn encode_first_seen(base_ms: i64, first_seen_ms: i64, out: &mut Vec<u8>) {
+/// What a generation's stored first-seen times are relative to: its base, and their resolution
+/// ([`FIRST_SEEN_RESOLUTION_MS`], whole seconds; or 1 ms in a generation started under a
+/// retention limit, whose comparisons are exact to the millisecond).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeBase {
+    pub base_ms: i64,
+    pub resolution_ms: i64,
+}
+
+impl TimeBase {
+    /// Seconds from `base_ms`: the resolution of every generation without one recorded.
+    pub fn seconds(base_ms: i64) -> Self {
+        Self {
+            base_ms,
+            resolution_ms: FIRST_SEEN_RESOLUTION_MS,
+        }
+    }
+}
+
+/// Stored offset of an event time relative to a generation base (zigzag varint, in the base's
+/// resolution).
+pub(super) fn encode_first_seen(base: TimeBase, first_seen_ms: i64, out: &mut Vec<u8>) {
     let delta = first_seen_ms
-        .saturating_sub(base_ms)
-        .div_euclid(FIRST_SEEN_RESOLUTION_MS);
+        .saturating_sub(base.base_ms)
+        .div_euclid(base.resolution_ms);
     let mut zz = ((delta << 1) ^ (delta >> 63)) as u64;
     loop {
         let byte = (zz & 0x7f) as u8;
@@ -63,19 +83,19 @@ pub(super) fn encode_first_seen(base_ms: i64, first_seen_ms: i64, out: &mut Vec<
 /// A stored value: the first-seen offset, then the content digest's bytes when the id has one
 /// (values written before format version 3 never do).
 pub(super) fn encode_value(
-    base_ms: i64,
+    base: TimeBase,
     first_seen_ms: i64,
     digest: Option<ContentDigest>,
     out: &mut Vec<u8>,
 ) {
-    encode_first_seen(base_ms, first_seen_ms, out);
+    encode_first_seen(base, first_seen_ms, out);
     if let Some(digest) = digest {
         out.extend_from_slice(&digest.to_bytes());
     }
 }
 
 /// What a stored value says: the first-seen time, and the digest if one follows it.
-pub(super) fn decode_value(base_ms: i64, bytes: &[u8]) -> Result<Held> {
+pub(super) fn decode_value(base: TimeBase, bytes: &[u8]) -> Result<Held> {
     let corrupt = || {
         LedgerError::CorruptMetadata {
         what: format!("a stored value is neither a first-seen varint nor one with a content digest: {bytes:?}"),
@@ -86,8 +106,9 @@ pub(super) fn decode_value(base_ms: i64, bytes: &[u8]) -> Result<Held> {
         zz |= u64::from(byte & 0x7f) << (7 * i);
         if byte & 0x80 == 0 {
             let delta = ((zz >> 1) as i64) ^ -((zz & 1) as i64);
-            let first_seen_ms =
-                base_ms.saturating_add(delta.saturating_mul(FIRST_SEEN_RESOLUTION_MS));
+            let first_seen_ms = base
+                .base_ms
+                .saturating_add(delta.saturating_mul(base.resolution_ms));
             let digest = match &bytes[i + 1..] {
                 [] => None,
                 rest => Some(
@@ -107,12 +128,12 @@ pub(super) fn decode_value(base_ms: i64, bytes: &[u8]) -> Result<Held> {
 }
 
 /// The first-seen time a later lookup will report for an id recorded at `first_seen_ms`.
-pub fn stored_first_seen_ms(base_ms: i64, first_seen_ms: i64) -> i64 {
-    base_ms.saturating_add(
+pub fn stored_first_seen_ms(base: TimeBase, first_seen_ms: i64) -> i64 {
+    base.base_ms.saturating_add(
         first_seen_ms
-            .saturating_sub(base_ms)
-            .div_euclid(FIRST_SEEN_RESOLUTION_MS)
-            .saturating_mul(FIRST_SEEN_RESOLUTION_MS),
+            .saturating_sub(base.base_ms)
+            .div_euclid(base.resolution_ms)
+            .saturating_mul(base.resolution_ms),
     )
 }
 
@@ -135,6 +156,14 @@ pub struct GenerationMeta {
     pub id: u64,
     /// Event time the stored first-seen offsets are relative to (first id recorded), ms.
     pub base_ms: Option<i64>,
+    /// The stored offsets' resolution, ms: [`FIRST_SEEN_RESOLUTION_MS`] (absent from the JSON,
+    /// as every generation before format version 4 has it), or 1 in a generation started under
+    /// a retention limit (format version 4).
+    #[serde(
+        default = "seconds_resolution",
+        skip_serializing_if = "is_seconds_resolution"
+    )]
+    pub resolution_ms: i64,
     /// No more ids are recorded into a sealed generation.
     pub sealed: bool,
     /// Ids recorded (exact; "approximate" only in that a crash in NoWal mode may roll it back
@@ -142,6 +171,24 @@ pub struct GenerationMeta {
     pub ids: u64,
     /// Per-partition spans.
     pub partitions: BTreeMap<Partition, PartitionSpan>,
+}
+
+fn seconds_resolution() -> i64 {
+    FIRST_SEEN_RESOLUTION_MS
+}
+
+fn is_seconds_resolution(ms: &i64) -> bool {
+    *ms == FIRST_SEEN_RESOLUTION_MS
+}
+
+impl GenerationMeta {
+    /// What the generation's stored first-seen times are relative to, once it has a base.
+    pub fn time_base(&self) -> Option<TimeBase> {
+        Some(TimeBase {
+            base_ms: self.base_ms?,
+            resolution_ms: self.resolution_ms.max(1),
+        })
+    }
 }
 
 /// The commit record ingested with a buffered run of ids ([`COMMIT_KEY`]): what the metadata

@@ -8,10 +8,15 @@ use std::time::Duration;
 use rocksdb::WriteBatch;
 
 use super::error::{rocks, Doing};
-use super::format::{generation_cf_name, generation_meta_key, to_json, META_FORGOTTEN};
+use super::format::{
+    generation_cf_name, generation_meta_key, to_json, META_FORGOTTEN, META_FORMAT_VERSION,
+};
 use super::index::IdIndex;
 use super::tuning::{effective_write_buffer_bytes, generation_cf_options};
-use super::{Generation, GenerationMeta, Ledger, Result, State, CF_META};
+use super::{
+    Generation, GenerationMeta, Ledger, Result, State, CF_META, FIRST_SEEN_RESOLUTION_MS,
+    FORMAT_VERSION,
+};
 use crate::Partition;
 
 /// Live generations are capped below the id index's 256 generation tags, so no two live
@@ -40,12 +45,27 @@ impl Ledger {
         let meta = GenerationMeta {
             id,
             base_ms: None,
+            // Under a retention limit, first-seen times are kept to the millisecond, which its
+            // comparisons need (format version 4); otherwise in seconds, as every version reads.
+            resolution_ms: if self.options.max_window_ms.is_some() {
+                1
+            } else {
+                FIRST_SEEN_RESOLUTION_MS
+            },
             sealed: false,
             ids: 0,
             partitions: BTreeMap::new(),
         };
         let mut batch = WriteBatch::default();
         batch.put_cf(&self.cf(CF_META)?, generation_meta_key(id), to_json(&meta));
+        if meta.resolution_ms != FIRST_SEEN_RESOLUTION_MS {
+            // A millisecond generation: code that reads only seconds must not open the ledger.
+            batch.put_cf(
+                &self.cf(CF_META)?,
+                META_FORMAT_VERSION,
+                FORMAT_VERSION.to_le_bytes(),
+            );
+        }
         self.db
             .write_opt(batch, &self.write_options())
             .map_err(rocks(Doing::Write))?;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::batch_log::LoggedBatch;
 use super::error::{rocks, Doing};
-use super::format::{decode_value, progress_key};
+use super::format::{decode_value, progress_key, TimeBase};
 use super::index::{IdIndex, Probe};
 use super::{
     stored_first_seen_ms, Held, Ledger, LedgerError, Result, Sent, Sighting, State, Verdict,
@@ -65,7 +65,7 @@ impl Ledger {
         }
         for (position, list) in to_read.iter().enumerate().rev() {
             let generation = &gens[position];
-            let Some(base_ms) = generation.meta.base_ms else {
+            let Some(base) = generation.meta.time_base() else {
                 continue;
             };
             // Found in a newer generation already: an id lives in one generation only, but an
@@ -86,7 +86,7 @@ impl Ledger {
                 .batched_multi_get_cf(&cf, list.iter().map(|&i| &keys[i].0), true);
             for (&i, result) in list.iter().zip(results) {
                 if let Some(value) = result.map_err(rocks(Doing::Read))? {
-                    found[i] = Some(decode_value(base_ms, &value)?);
+                    found[i] = Some(decode_value(base, &value)?);
                 }
             }
         }
@@ -112,14 +112,14 @@ impl Ledger {
                     continue;
                 }
             }
-            let Some(base_ms) = generation.meta.base_ms else {
+            let Some(base) = generation.meta.time_base() else {
                 continue;
             };
             let cf = self.cf(&generation.name)?;
             if let Some(value) = self.db.get_cf(&cf, key.0).map_err(rocks(Doing::Read))? {
                 found.push(Sighting {
                     generation: generation.meta.id,
-                    first_seen_ms: decode_value(base_ms, &value)?.first_seen_ms,
+                    first_seen_ms: decode_value(base, &value)?.first_seen_ms,
                 });
             }
         }
@@ -211,6 +211,10 @@ pub(super) fn judge_batch<S: Sent>(
         .base_ms
         .or_else(|| items.first().map(Sent::time_ms))
         .unwrap_or(0);
+    let base = TimeBase {
+        base_ms,
+        resolution_ms: active.meta.resolution_ms.max(1),
+    };
     // What each distinct key is held or recorded as so far in this batch.
     let mut held: Vec<Option<Held>> = found.to_vec();
     // Position in `new_ids` of the key's record in this batch, so a refresh replaces it.
@@ -228,7 +232,7 @@ pub(super) fn judge_batch<S: Sent>(
                 first_seen_ms: h.first_seen_ms,
                 digest: h.digest,
             });
-            let stored = stored_first_seen_ms(base_ms, time_ms);
+            let stored = stored_first_seen_ms(base, time_ms);
             if rules.refresh && stored > h.first_seen_ms {
                 let refreshed = (item.key(), time_ms, h.digest);
                 match recorded_at[s] {
@@ -247,7 +251,7 @@ pub(super) fn judge_batch<S: Sent>(
         }
         verdicts.push(Verdict::New);
         held[s] = Some(Held {
-            first_seen_ms: stored_first_seen_ms(base_ms, time_ms),
+            first_seen_ms: stored_first_seen_ms(base, time_ms),
             digest,
         });
         let floor = super::retention_floor(rules.limit_ms, reached, rules.now_ms);

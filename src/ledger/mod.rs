@@ -40,7 +40,9 @@
 //! # On-disk format (version [`FORMAT_VERSION`])
 //! - `gen-<12 digit id>` column families: key = the 16-byte [`LedgerKey`], value = zigzag varint
 //!   of `(first_seen_ms - generation.base_ms)` in whole seconds ([`FIRST_SEEN_RESOLUTION_MS`]), so
-//!   1-3 bytes for ids within ~12 days of the generation's base, followed by the first copy's
+//!   1-3 bytes for ids within ~12 days of the generation's base (in milliseconds in a generation
+//!   whose metadata says `resolution_ms: 1`, one started under a retention limit: 1-4 bytes
+//!   within ~3 days, its comparisons with the limit exact), followed by the first copy's
 //!   [`ContentDigest`](crate::identity::ContentDigest) (2 bytes, little-endian, never 0) when it was recorded with one. Reported
 //!   first-seen times are therefore rounded down to the second relative to the generation's base.
 //! - [`CF_META`]: `format_version` (u32 LE), `gen/<u64 BE id>` = JSON [`GenerationMeta`],
@@ -162,7 +164,7 @@ mod tuning;
 pub use answers::{Held, Sent, Sighting, Verdict};
 pub use error::{LedgerError, Result};
 pub use forget::{forgotten_since, Forgotten, Mark, MarkKind, MarkOrder};
-pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan};
+pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan, TimeBase};
 pub use index_file::{IndexSource, INDEX_FILE};
 pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
 pub use options::{Durability, LedgerOptions};
@@ -187,12 +189,19 @@ pub const GENERATION_CF_PREFIX: &str = "gen-";
 /// Version 2 added the batch log, ingested files and commit records; a version 1 ledger (ids in
 /// memtables, RocksDB's WAL) is read and upgraded on open. Version 3 added content digests to
 /// stored values and batch log records; a version 2 ledger opens as it is (its ids have no
-/// digest) and is marked version 3. Older code must not open a newer ledger: version 2 code would
-/// misread a version 3 batch log.
-pub const FORMAT_VERSION: u32 = 3;
+/// digest) and is marked version 3. Version 4 adds generations whose first-seen times are stored to
+/// the millisecond (`resolution_ms` in their metadata), which a generation started under a
+/// retention limit has: a ledger is marked version 4 only once it has such a generation, and
+/// stays version 3 otherwise, so a build that reads versions 1 to 3 still opens it. Older code
+/// must not open a newer ledger: version 2 code would misread a version 3 batch log, and
+/// version 3 code would read millisecond offsets as seconds.
+pub const FORMAT_VERSION: u32 = 4;
+/// The format a ledger without millisecond generations is marked with.
+const SECONDS_FORMAT_VERSION: u32 = 3;
 /// The oldest format this code opens (and upgrades).
 const OLDEST_READABLE_FORMAT_VERSION: u32 = 1;
-/// Resolution of stored first-seen times.
+/// Resolution of stored first-seen times in a generation started without a retention limit (and
+/// in every generation of format version 3 and older).
 pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;
 
 /// A file present in the ledger directory only while the ledger is being created.

@@ -21,7 +21,7 @@ use super::tuning::{db_options, generation_cf_options, small_cf_options};
 use super::{
     Db, Durability, Generation, GenerationMeta, Ledger, LedgerError, LedgerOptions, Result, State,
     CF_META, CF_PROGRESS, CREATING_MARKER, FORMAT_VERSION, GENERATION_CF_PREFIX,
-    OLDEST_READABLE_FORMAT_VERSION,
+    OLDEST_READABLE_FORMAT_VERSION, SECONDS_FORMAT_VERSION,
 };
 use crate::Partition;
 
@@ -129,7 +129,7 @@ impl Ledger {
                 if !(OLDEST_READABLE_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) {
                     return Err(LedgerError::UnknownFormat { found });
                 }
-                if found != FORMAT_VERSION {
+                if found < SECONDS_FORMAT_VERSION {
                     // The older format's data reads as is (its values and batch log records
                     // without digests too); from now on batch logs, commit records and digests
                     // are written, which older code would ignore or misread.
@@ -156,14 +156,15 @@ impl Ledger {
         Ok(())
     }
 
-    /// Writes this build's format version marker (synced when there is a WAL); with `flush`, also
-    /// flushes it, so that it is durable without a WAL too.
+    /// Writes the format version marker of a ledger without millisecond generations (synced when
+    /// there is a WAL); with `flush`, also flushes it, so that it is durable without a WAL too.
+    /// The first such generation marks it [`FORMAT_VERSION`] (`generations.rs`).
     fn write_format_marker(&self, flush: bool) -> Result<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(
             &self.cf(CF_META)?,
             META_FORMAT_VERSION,
-            FORMAT_VERSION.to_le_bytes(),
+            SECONDS_FORMAT_VERSION.to_le_bytes(),
         );
         self.db
             .write_opt(batch, &self.sync_write_options())

@@ -268,6 +268,70 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_at_the_limit_is_a_duplicate_and_one_a_millisecond_later_is_new_at_any_record_time() {
+        let now = now_ms();
+        // First sightings at odd milliseconds, and at a generation base that is not theirs.
+        for t0 in [now - 15_000 + 757, now - 15_000 + 1, now - 14_001] {
+            let dir = tempfile::tempdir().unwrap();
+            let ledger = Ledger::open(dir.path(), options(Some(LIMIT_MS), false)).unwrap();
+            assert!(is_new(&ledger, 9, t0 - 333), "another id sets the base");
+            assert!(is_new(&ledger, 1, t0));
+            assert!(is_new(&ledger, 2, t0));
+            assert!(is_new(&ledger, 3, t0));
+            assert!(!is_new(&ledger, 1, t0 + LIMIT_MS - 1), "1 ms within");
+            assert!(
+                !is_new(&ledger, 2, t0 + LIMIT_MS),
+                "at the limit: a duplicate"
+            );
+            assert!(is_new(&ledger, 3, t0 + LIMIT_MS + 1), "1 ms past: new");
+            // The same after the buffered ids are committed to disk and the ledger reopened.
+            assert!(is_new(&ledger, 4, t0));
+            assert!(is_new(&ledger, 5, t0));
+            ledger.flush().unwrap();
+            drop(ledger);
+            let ledger = Ledger::open(dir.path(), options(Some(LIMIT_MS), false)).unwrap();
+            assert!(
+                !is_new(&ledger, 4, t0 + LIMIT_MS),
+                "at the limit, from disk"
+            );
+            assert!(
+                is_new(&ledger, 5, t0 + LIMIT_MS + 1),
+                "1 ms past, from disk"
+            );
+        }
+    }
+
+    #[test]
+    fn a_ledger_with_a_millisecond_generation_is_marked_so_and_one_without_stays_readable_by_older_builds(
+    ) {
+        let marker = |ledger: &Ledger| {
+            let meta = ledger.cf(CF_META).unwrap();
+            let bytes = ledger
+                .db
+                .get_cf(&meta, super::super::format::META_FORMAT_VERSION)
+                .unwrap()
+                .unwrap();
+            u32::from_le_bytes(bytes.as_slice().try_into().unwrap())
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path(), options(None, false)).unwrap();
+        assert_eq!(marker(&ledger), super::super::SECONDS_FORMAT_VERSION);
+        let now = now_ms();
+        assert!(is_new(&ledger, 1, now));
+        drop(ledger);
+        // A limit set on a ledger of seconds: its active generation stays in seconds, and so
+        // does the marker, until the next generation starts.
+        let ledger = Ledger::open(dir.path(), options(Some(LIMIT_MS), false)).unwrap();
+        assert_eq!(marker(&ledger), super::super::SECONDS_FORMAT_VERSION);
+        assert!(ledger.expire(now + LIMIT_MS).unwrap().sealed);
+        assert_eq!(marker(&ledger), super::super::FORMAT_VERSION);
+        // A ledger made under a limit is millisecond from its first generation.
+        let fresh = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(fresh.path(), options(Some(LIMIT_MS), false)).unwrap();
+        assert_eq!(marker(&ledger), super::super::FORMAT_VERSION);
+    }
+
+    #[test]
     fn nothing_older_than_the_limit_before_its_partitions_clock_is_recorded_or_loaded() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(dir.path(), options(Some(LIMIT_MS), false)).unwrap();

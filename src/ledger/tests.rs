@@ -59,14 +59,16 @@ fn first_seen_round_trips_at_second_resolution() {
         (i64::MAX / 4, 1),
     ] {
         let mut v = Vec::new();
-        encode_first_seen(base, t, &mut v);
-        let back = decode_value(base, &v).unwrap().first_seen_ms;
-        assert_eq!(back, stored_first_seen_ms(base, t));
+        encode_first_seen(TimeBase::seconds(base), t, &mut v);
+        let back = decode_value(TimeBase::seconds(base), &v)
+            .unwrap()
+            .first_seen_ms;
+        assert_eq!(back, stored_first_seen_ms(TimeBase::seconds(base), t));
         assert!(back <= t && t - back < FIRST_SEEN_RESOLUTION_MS || t < base);
     }
     // A value is at most 3 bytes for ids up to ~12 days either side of the base.
     let mut v = Vec::new();
-    encode_first_seen(0, 12 * 24 * 3_600_000, &mut v);
+    encode_first_seen(TimeBase::seconds(0), 12 * 24 * 3_600_000, &mut v);
     assert!(v.len() <= 3, "{} bytes", v.len());
 }
 
@@ -74,9 +76,9 @@ fn first_seen_round_trips_at_second_resolution() {
 fn a_value_carries_its_digest_or_none_and_anything_else_is_corrupt() {
     let digest = ContentDigest::of_hash(0x1234 << 48);
     let mut v = Vec::new();
-    encode_value(5_000, 9_000, Some(digest), &mut v);
+    encode_value(TimeBase::seconds(5_000), 9_000, Some(digest), &mut v);
     assert_eq!(
-        decode_value(5_000, &v).unwrap(),
+        decode_value(TimeBase::seconds(5_000), &v).unwrap(),
         Held {
             first_seen_ms: 9_000,
             digest: Some(digest)
@@ -84,9 +86,9 @@ fn a_value_carries_its_digest_or_none_and_anything_else_is_corrupt() {
     );
     // A value written before digests: the varint alone.
     let mut old = Vec::new();
-    encode_first_seen(5_000, 9_000, &mut old);
+    encode_first_seen(TimeBase::seconds(5_000), 9_000, &mut old);
     assert_eq!(
-        decode_value(5_000, &old).unwrap(),
+        decode_value(TimeBase::seconds(5_000), &old).unwrap(),
         Held {
             first_seen_ms: 9_000,
             digest: None
@@ -100,7 +102,7 @@ fn a_value_carries_its_digest_or_none_and_anything_else_is_corrupt() {
     ] {
         assert!(
             matches!(
-                decode_value(5_000, &bad),
+                decode_value(TimeBase::seconds(5_000), &bad),
                 Err(LedgerError::CorruptMetadata { .. })
             ),
             "{bad:?}"
@@ -485,7 +487,7 @@ fn a_version_1_ledger_is_read_and_upgraded() {
         .get_cf(&meta, META_FORMAT_VERSION)
         .unwrap()
         .unwrap();
-    assert_eq!(marker, FORMAT_VERSION.to_le_bytes());
+    assert_eq!(marker, SECONDS_FORMAT_VERSION.to_le_bytes());
 }
 
 #[test]
@@ -569,7 +571,7 @@ fn a_version_2_ledger_without_digests_opens_and_works() {
             .get_cf(&meta, META_FORMAT_VERSION)
             .unwrap()
             .unwrap(),
-        FORMAT_VERSION.to_le_bytes()
+        SECONDS_FORMAT_VERSION.to_le_bytes()
     );
 }
 
@@ -1257,10 +1259,13 @@ impl Model {
     ) -> Result<(), TestCaseError> {
         let before = ledger.generations().unwrap();
         let active = before.last().unwrap();
-        let base = active.meta.base_ms.unwrap_or(now);
-        let bases: HashMap<u64, i64> = before
+        let base = active.meta.time_base().unwrap_or(TimeBase {
+            base_ms: now,
+            resolution_ms: active.meta.resolution_ms,
+        });
+        let bases: HashMap<u64, TimeBase> = before
             .iter()
-            .filter_map(|g| g.meta.base_ms.map(|b| (g.meta.id, b)))
+            .filter_map(|g| g.meta.time_base().map(|b| (g.meta.id, b)))
             .collect();
         let items: Vec<_> = ids.iter().map(|&i| (key(u64::from(i)), now)).collect();
         let verdicts = ledger.check_and_record(partition, &items, record).unwrap();

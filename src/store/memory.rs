@@ -10,7 +10,7 @@ use super::{IdStore, Looked, NewId};
 use crate::identity::LedgerKey;
 use crate::ledger::{
     forgotten_since, past_limit, retention_floor, stored_first_seen_ms, Forgotten, Held,
-    LedgerError, Mark, MarkKind, MarkOrder, Result, Verdict,
+    LedgerError, Mark, MarkKind, MarkOrder, Result, TimeBase, Verdict, FIRST_SEEN_RESOLUTION_MS,
 };
 use crate::Partition;
 
@@ -46,6 +46,19 @@ impl MemoryStore {
             limit_ms,
             refresh,
             state: Mutex::default(),
+        }
+    }
+
+    /// Its one generation's time base: to the millisecond under a retention limit, in seconds
+    /// otherwise, as the ledger starts its generations.
+    fn time_base(&self, base_ms: i64) -> TimeBase {
+        TimeBase {
+            base_ms,
+            resolution_ms: if self.limit_ms.is_some() {
+                1
+            } else {
+                FIRST_SEEN_RESOLUTION_MS
+            },
         }
     }
 
@@ -159,7 +172,7 @@ impl IdStore for MemoryStore {
         for &(key, time_ms, digest) in items {
             reached = Some(reached.map_or(time_ms, |r| r.max(time_ms)));
             let held = *seen.entry(key).or_insert_with(|| state.seen(&key));
-            let stored = stored_first_seen_ms(base_ms, time_ms);
+            let stored = stored_first_seen_ms(self.time_base(base_ms), time_ms);
             let live = held.filter(|h| !past_limit(self.limit_ms, h.first_seen_ms, time_ms));
             if let Some(h) = live {
                 verdicts.push(Verdict::Duplicate {

@@ -39,7 +39,7 @@ use std::thread::JoinHandle;
 mod indexer;
 mod run;
 
-use super::format::{stored_first_seen_ms, INGEST_FILE_EXTENSION};
+use super::format::{stored_first_seen_ms, TimeBase, INGEST_FILE_EXTENSION};
 use super::index::IdIndex;
 use super::tuning::load_run_options;
 use super::{Ledger, LedgerError, PartitionSpan, Result, State};
@@ -103,7 +103,7 @@ pub struct Load<'l> {
 struct Pinned {
     generation: u64,
     /// The generation's base for stored first-seen times.
-    base_ms: i64,
+    base: TimeBase,
     /// The room it reserved in the id index.
     expected_ids: u64,
     /// Puts the added ids' fingerprints in the id index.
@@ -171,7 +171,7 @@ impl Load<'_> {
         }
         let started = std::time::Instant::now();
         let first = self.run.first_time().unwrap_or_else(crate::clock::now_ms);
-        let (generation, base_ms) = {
+        let (generation, base) = {
             let mut state = self.ledger.lock();
             if state.loads == 0 {
                 let room = state.reserved + expected_ids;
@@ -190,11 +190,11 @@ impl Load<'_> {
         let mut indexer = Indexer::start(Arc::clone(&self.ledger.state), IdIndex::tag(generation));
         indexer.add(self.run.keys().collect());
         for t in self.run.times_mut() {
-            *t = stored_first_seen_ms(base_ms, *t);
+            *t = stored_first_seen_ms(base, *t);
         }
         self.pinned = Some(Pinned {
             generation,
-            base_ms,
+            base,
             expected_ids,
             indexer,
         });
@@ -233,9 +233,9 @@ impl Load<'_> {
         match &mut self.pinned {
             Some(pinned) => {
                 pinned.indexer.add(ids.iter().map(|(k, _)| *k).collect());
-                let base_ms = pinned.base_ms;
+                let base = pinned.base;
                 for &(key, time_ms) in ids {
-                    self.run.push(key, stored_first_seen_ms(base_ms, time_ms));
+                    self.run.push(key, stored_first_seen_ms(base, time_ms));
                 }
             }
             None => {
@@ -343,7 +343,10 @@ impl Load<'_> {
                 INGEST_FILE_EXTENSION
             )),
             options: load_run_options(&self.ledger.options, &self.ledger.block_cache),
-            base_ms: self.pinned.as_ref().map_or(0, |p| p.base_ms),
+            base: self
+                .pinned
+                .as_ref()
+                .map_or(TimeBase::seconds(0), |p| p.base),
             run,
         };
         let spawned = std::thread::Builder::new()
@@ -450,15 +453,19 @@ impl LoadedRuns {
     }
 }
 
-/// The pinned generation's base: its own, or `first` if it has none yet (no id recorded).
-fn pinned_base(state: &mut State, generation: u64, first: i64) -> i64 {
+/// The pinned generation's base: its own, or `first` if it has none yet (no id recorded), in the
+/// generation's resolution.
+fn pinned_base(state: &mut State, generation: u64, first: i64) -> TimeBase {
     match state
         .generations
         .iter_mut()
         .find(|g| g.meta.id == generation)
     {
-        Some(g) => *g.meta.base_ms.get_or_insert(first),
-        None => first,
+        Some(g) => {
+            g.meta.base_ms.get_or_insert(first);
+            g.meta.time_base().unwrap_or(TimeBase::seconds(first))
+        }
+        None => TimeBase::seconds(first),
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use rocksdb::{Options, SstFileWriter};
 
 use super::super::error::{rocks, Doing};
-use super::super::format::encode_value;
+use super::super::format::{encode_value, TimeBase};
 use super::super::Result;
 use crate::identity::LedgerKey;
 
@@ -122,7 +122,7 @@ pub(super) fn sort_run(ids: &mut [(LedgerKey, i64)]) {
 pub(super) struct RunWriter {
     pub(super) file: PathBuf,
     pub(super) options: Options,
-    pub(super) base_ms: i64,
+    pub(super) base: TimeBase,
     pub(super) run: Run,
 }
 
@@ -141,7 +141,7 @@ impl RunWriter {
                     value.clear();
                     // The changelog carries no digests: a loaded id's copies get the verdict
                     // `unknown`.
-                    encode_value(self.base_ms, *t, None, &mut value);
+                    encode_value(self.base, *t, None, &mut value);
                     writer.put(key.0, &value)?;
                 }
             }
@@ -240,7 +240,7 @@ mod tests {
         let writer = RunWriter {
             file: dir.path().join("run.sst"),
             options: load_run_options(&LedgerOptions::default(), &cache),
-            base_ms: 0,
+            base: TimeBase::seconds(0),
             run: run_of(&ids),
         };
         let file = writer.write().unwrap();

@@ -257,6 +257,27 @@ pub fn produce_full_with(
     records: &[Outgoing],
     properties: &[(&str, &str)],
 ) -> Vec<(i32, i64)> {
+    let stamped: Vec<(&Outgoing, Option<i64>)> = records.iter().map(|r| (r, None)).collect();
+    produce_records(topic, partition, &stamped, properties)
+}
+
+/// [`produce_full_to`] with each record's own timestamp (CreateTime, ms).
+pub fn produce_stamped(
+    topic: &str,
+    partition: Option<i32>,
+    records: &[(Outgoing, i64)],
+) -> Vec<(i32, i64)> {
+    let stamped: Vec<(&Outgoing, Option<i64>)> =
+        records.iter().map(|(r, ts)| (r, Some(*ts))).collect();
+    produce_records(topic, partition, &stamped, &[])
+}
+
+fn produce_records(
+    topic: &str,
+    partition: Option<i32>,
+    records: &[(&Outgoing, Option<i64>)],
+    properties: &[(&str, &str)],
+) -> Vec<(i32, i64)> {
     let mut config = client_config();
     for (k, v) in properties {
         config.set(*k, *v);
@@ -273,10 +294,13 @@ pub fn produce_full_with(
         .unwrap();
     rt.block_on(async {
         let mut pending = Vec::with_capacity(records.len());
-        for (k, v, hs) in records {
+        for &((k, v, hs), timestamp) in records {
             let mut r: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
             if let Some(p) = partition {
                 r = r.partition(p);
+            }
+            if let Some(ts) = timestamp {
+                r = r.timestamp(ts);
             }
             if let Some(k) = k {
                 r = r.key(k.as_slice());
