@@ -250,7 +250,6 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
     Ok(serde_json::to_string(&summary)?)
 }
 
-/// `dedupe ledger stats|snapshot|restore`.
 /// `dedupe forget ID...`: each answer as one JSON line, then what it came to; the exit code is
 /// the one `dedupe forget --help` names.
 fn forget(args: &ForgetArgs) -> ExitCode {
@@ -291,6 +290,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     })
 }
 
+/// `dedupe ledger stats|snapshot|restore`.
 fn ledger(command: &LedgerCommand) -> ExitCode {
     let args = match command {
         LedgerCommand::Stats(a) | LedgerCommand::Snapshot(a) => a,
