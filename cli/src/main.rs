@@ -268,7 +268,7 @@ fn forget(args: &ForgetArgs) -> ExitCode {
     ExitCode::from(outcome.code)
 }
 
-/// `dedupe explain ID`: the answer as one JSON line, then its sentence.
+/// `dedupe explain ID` (or `--json-id JSON`): the answer as one JSON line, then its sentence.
 fn explain(args: &ExplainArgs) -> ExitCode {
     let sent_at_ms = match args.sent_at_ms() {
         Ok(ms) => ms,
@@ -277,7 +277,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     with_config(&args.config, |config| {
         let answer = dedupe_cli::explain_client::explain(
             &config,
-            &args.id,
+            args.id(),
             args.source.as_deref(),
             sent_at_ms,
             config.metrics.addr,
