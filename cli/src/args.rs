@@ -140,6 +140,10 @@ pub struct ForgetArgs {
     pub config: ConfigArgs,
     /// The message ids, as `dedupe explain` takes them.
     pub ids: Vec<String>,
+    /// An id as the text of one JSON value, as `dedupe explain --json-id` takes it (a number
+    /// `12345678901234567890`, a string `'"abc"'`); may be given more than once.
+    #[arg(long = "json-id", value_name = "JSON", conflicts_with = "source")]
+    pub json_ids: Vec<String>,
     /// Read more ids from this file, one per line (`-`: standard input); blank lines and lines
     /// starting with `#` are skipped.
     #[arg(long, value_name = "FILE")]
