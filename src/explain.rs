@@ -8,6 +8,11 @@
 //! source, or asks about the id as the worker read it; an answer about a bare id that is not held
 //! says how to ask with a source.
 //!
+//! An id is keyed as the worker keys it ([`crate::identity::named_id`]): named as one JSON value
+//! (`json`), a number is the number a `json:` id source read, not the string of its digits; named
+//! as text where the id source reads JSON and the text is a number, the question is refused with
+//! both ways to ask, never answered about the string.
+//!
 //! Why an id is not held cannot be read from the ledger alone: a forgotten id leaves no trace. The
 //! asker may say when the id was first sent (`sent_at_ms`); an id sent before the window's start
 //! aged out, one sent after it was never seen here. Without that, the answer names both.
@@ -16,11 +21,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::{ledger_key, IdError, LedgerKey};
+use crate::identity::{named_id, IdSource, LedgerKey, Named, NamedId, NamedIdError};
 use crate::ledger::{
     forgotten_since, past_limit, Ledger, LedgerError, LedgerOptions, MarkKind, Sighting,
 };
-use crate::wire::{scoped_id, SOURCE_SEPARATOR};
+use crate::wire::SOURCE_SEPARATOR;
 
 /// What is asked about one id.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +35,11 @@ pub struct Question<'a> {
     /// The front door's source that sent `id` (the write key's source name): the worker holds
     /// `<source>:<id>`.
     pub source: Option<&'a str>,
+    /// `id` is the text of one JSON value (`12345678901234567890`, `"abc"`), keyed as a `json:`
+    /// id source keys it.
+    pub json: bool,
+    /// Where the worker reads ids from: whether a number can be a JSON number there.
+    pub id_source: &'a IdSource,
     /// The input partition the id belongs to, when known (ids read from the record key,
     /// partitioned as Kafka's clients do).
     pub partition: Option<i32>,
@@ -41,12 +51,14 @@ pub struct Question<'a> {
 }
 
 impl Question<'_> {
-    /// The id as the worker reads it: `<source>:<id>` when a source is named, else the id.
-    pub fn key(&self) -> std::borrow::Cow<'_, str> {
-        match self.source {
-            Some(source) => scoped_id(source, self.id).into(),
-            None => self.id.into(),
-        }
+    /// The id asked about as the worker holds it, or why it cannot be asked about as named.
+    pub fn named(&self) -> Result<Named, NamedIdError> {
+        let named = if self.json {
+            NamedId::Json(self.id)
+        } else {
+            NamedId::Text(self.id)
+        };
+        named_id(named, self.source, self.id_source)
     }
 }
 
@@ -86,9 +98,13 @@ pub struct Answer {
     /// The source named, if any.
     #[serde(default)]
     pub source: Option<String>,
-    /// The id as the worker reads it (`<source>:<id>` with a source).
+    /// The id as the worker reads it (`<source>:<id>` with a source; a JSON string's decoded
+    /// text, a JSON number's text).
     #[serde(default)]
     pub key: String,
+    /// Asked as a JSON number (`--json-id`): its ledger key is the number's, not the string's.
+    #[serde(default)]
+    pub json_number: bool,
     pub ledger_key: String,
     pub partition: Option<i32>,
     pub owned: Option<bool>,
@@ -119,20 +135,28 @@ pub struct Answer {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExplainError {
-    #[error("not a message id: {0}")]
-    Id(#[from] IdError),
+    /// Not asked about: the id named is no id, or names two (see [`NamedIdError`]).
+    #[error(transparent)]
+    Id(#[from] NamedIdError),
     #[error(transparent)]
     Ledger(#[from] LedgerError),
 }
 
 /// Explains `q.id` from `ledger`.
 pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError> {
-    let id = q.key();
-    let key = ledger_key(id.as_bytes())?;
+    let named = q.named()?;
+    let key = named.key;
+    // The sentence says which of a number and its string was asked about.
+    let id = if named.json_number {
+        format!("{} (a JSON number)", named.id)
+    } else {
+        named.id.clone()
+    };
     let mut answer = Answer {
         id: q.id.to_string(),
         source: q.source.map(str::to_string),
-        key: id.to_string(),
+        key: named.id,
+        json_number: named.json_number,
         ledger_key: key.hex(),
         partition: q.partition,
         owned: q.owned,
@@ -314,8 +338,8 @@ fn not_held(
     window_start_ms: Option<i64>,
     reach: &str,
 ) -> (Option<Reason>, String) {
-    // A bare id not held may be one the front door wrote under its source.
-    let scoped_hint = if q.source.is_none() && !id.contains(SOURCE_SEPARATOR) {
+    // A bare id not held may be one the front door wrote under its source (never a JSON one).
+    let scoped_hint = if q.source.is_none() && !q.json && !id.contains(SOURCE_SEPARATOR) {
         " Ids the front door (dedupe ingest) writes are scoped by source and held as <source>:<messageId>: ask with --source NAME (the write key's source)."
     } else {
         ""
@@ -379,6 +403,7 @@ fn span(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::{json_value_id, ledger_key, IdError};
 
     const HOUR: i64 = 3_600_000;
     const ID: &str = "6ba7b810-9dad-41d1-80b4-00c04fd430c8";
@@ -400,10 +425,15 @@ mod tests {
         (dir, ledger)
     }
 
+    /// The id source of most tests: the record key.
+    static KEY: IdSource = IdSource::Key;
+
     fn ask(id: &str, sent_at_ms: Option<i64>, now_ms: i64) -> Question<'_> {
         Question {
             id,
             source: None,
+            json: false,
+            id_source: &KEY,
             partition: Some(0),
             owned: Some(true),
             sent_at_ms,
@@ -508,6 +538,8 @@ mod tests {
         let q = Question {
             id: ID,
             source: None,
+            json: false,
+            id_source: &KEY,
             partition: Some(7),
             owned: Some(false),
             sent_at_ms: None,
@@ -522,7 +554,7 @@ mod tests {
         );
         assert!(matches!(
             explain(&ledger, &ask("", None, HOUR)),
-            Err(ExplainError::Id(IdError::Empty))
+            Err(ExplainError::Id(NamedIdError::Id(IdError::Empty)))
         ));
     }
 
@@ -552,6 +584,59 @@ mod tests {
             "{}",
             scoped.sentence
         );
+    }
+
+    #[test]
+    fn a_number_id_is_found_as_a_json_number_and_its_digits_as_text_are_refused() {
+        // A worker reading `json:/id` held `{"id":12345678901234567890}`: the number's key.
+        let now = 100 * HOUR;
+        let digits = "12345678901234567890";
+        let source = IdSource::JsonPointer("/id".into());
+        let (_dir, ledger) = ledger_with(&[]);
+        let number = json_value_id(digits).unwrap().0.key;
+        ledger
+            .check_and_record(0, &[(number, now - HOUR)], b"")
+            .unwrap();
+        let q = Question {
+            json: true,
+            id_source: &source,
+            partition: None,
+            owned: None,
+            ..ask(digits, None, now)
+        };
+        let a = explain(&ledger, &q).unwrap();
+        assert!(a.held && a.json_number, "{a:?}");
+        assert_eq!(
+            (a.key.as_str(), a.ledger_key.as_str()),
+            (digits, number.hex().as_str())
+        );
+        assert!(
+            a.sentence
+                .starts_with("Id 12345678901234567890 (a JSON number) is in the window"),
+            "{}",
+            a.sentence
+        );
+        // Asked as text, the question is refused naming both ways to ask: never "never seen".
+        let e = explain(&ledger, &Question { json: false, ..q }).unwrap_err();
+        assert!(
+            matches!(e, ExplainError::Id(NamedIdError::NumberOrString { .. })),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("--json-id 12345678901234567890"),
+            "{e}"
+        );
+        // The string of the same digits is another id, which the ledger does not hold; its
+        // answer has no hint about the front door's sources.
+        let quoted = format!("\"{digits}\"");
+        let string = explain(&ledger, &Question { id: &quoted, ..q }).unwrap();
+        assert!(!string.held && !string.json_number, "{string:?}");
+        assert_eq!(string.key, digits);
+        assert_eq!(
+            string.ledger_key,
+            ledger_key(digits.as_bytes()).unwrap().hex()
+        );
+        assert!(!string.sentence.contains("--source"), "{}", string.sentence);
     }
 
     #[test]

@@ -1094,8 +1094,10 @@ fn the_plan_agrees_with_a_measured_ten_minute_ledger_run_within_ten_percent() {
         replication: 3,
         generations: 8,
         digests: true,
+        least_budget_bytes: dedupe::config::LedgerConfig::default().least_budget_bytes(),
     }
-    .plan();
+    .plan()
+    .unwrap();
     let measured = r["ledger_bytes"].as_f64().unwrap() / r["ledger_ids"].as_f64().unwrap();
     assert!(
         (plan.bytes_per_id / measured - 1.0).abs() <= 0.10,

@@ -2,7 +2,8 @@
 //! after it is dropped, the audit topic holds each forget with who asked; a forget holds across a
 //! SIGKILL of the worker (its mark is durable), across a crash between its commit and its mark
 //! (recovery reads the marker back), and across a lost ledger (the new ledger is loaded from the
-//! id changelog, whose marker records bring the forgets back, and the re-sends after them).
+//! id changelog, whose marker records bring the forgets back, and the re-sends after them); a
+//! number id read from the value is named with `--json-id`, and its bare digits are refused.
 
 use std::time::Duration;
 
@@ -658,4 +659,99 @@ fn a_token_with_a_trailing_newline_works_and_is_never_printed_and_odd_ids_and_cl
         "the token was printed:\n{printed}"
     );
     assert!(!worker.log_text().contains(token), "the token was logged");
+}
+
+/// A number id read from the record value (`json:/id`) is named by `--json-id`: explained held,
+/// forgotten (its next copy published once, the one after it dropped). Its digits given bare name
+/// the string of them, which the worker does not hold: explain and forget refuse them (exit 2)
+/// naming both ways to ask, never answering `never_seen` or "forgot", and the number stays held.
+#[test]
+fn a_number_id_is_named_with_json_id_and_its_bare_digits_are_refused_not_answered() {
+    let input = TestTopic::create("forget-number-in", 2);
+    let output = TestTopic::create("forget-number-out", 2);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let spec = DEDUPE
+        .worker(&input.name, &output.name, &ledger)
+        .env("DEDUPE_WORKER_ID_SOURCE", "json:/id");
+    let mut worker = spec.start();
+    worker.wait_ready(Duration::from_secs(60));
+    let metrics = worker.metrics_addr();
+    let digits = "12345678901234567890";
+    // Each copy keyed by the id's text, as `dedupe rekey` keys it; the value holds the number.
+    let copy = |n: usize| -> Outgoing {
+        (
+            Some(digits.as_bytes().to_vec()),
+            Some(format!(r#"{{"id":{digits},"n":{n}}}"#).into_bytes()),
+            Vec::new(),
+        )
+    };
+    let partition = produce_full(&input.name, &[copy(0)])[0].0.to_string();
+    wait_for_records(&output.name, 1, Duration::from_secs(60));
+    let mut sent = 1;
+
+    // Named as the number: held, and said to be a number.
+    let (answer, sentence) = DEDUPE.explain(&ledger, metrics, &format!("--json-id={digits}"), &[]);
+    assert_eq!(
+        (answer["held"].as_bool(), answer["json_number"].as_bool()),
+        (Some(true), Some(true)),
+        "{sentence}"
+    );
+    assert!(sentence.contains("(a JSON number)"), "{sentence}");
+    // The bare digits: refused, naming both ways; nothing on standard output.
+    let bare = DEDUPE
+        .command()
+        .args(["explain", digits, "--brokers", &brokers()])
+        .args(["--metrics-addr", &metrics.to_string()])
+        .output()
+        .expect("dedupe explain");
+    let stderr = String::from_utf8_lossy(&bare.stderr);
+    assert_eq!(bare.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("--json-id {digits}"))
+            && stderr.contains(&format!("--json-id '\"{digits}\"'")),
+        "{stderr}"
+    );
+    assert!(
+        bare.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&bare.stdout)
+    );
+    // Forgetting the bare digits: refused the same way, exit 2, never "forgot".
+    let refused = DEDUPE
+        .forget_command(metrics)
+        .args([digits, "--partition", &partition, "--by", "alice"])
+        .output()
+        .expect("dedupe forget");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("--json-id {digits}")), "{stderr}");
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("forgot"));
+    // So the number is still held: its next copy is dropped.
+    produce_full(&input.name, &[copy(1)]);
+    sent += 1;
+    worker.wait_settled(sent, Duration::from_secs(60));
+    assert_eq!(published(&output.name), vec![0]);
+
+    // Forgotten as the number: the next copy is published, the one after it dropped.
+    let forgot = forget(
+        metrics,
+        &[
+            "--json-id",
+            digits,
+            "--partition",
+            &partition,
+            "--by",
+            "alice",
+        ],
+    );
+    assert!(forgot.contains("forgot 1 ids"), "{forgot}");
+    produce_full(&input.name, &[copy(2)]);
+    sent += 1;
+    worker.wait_settled(sent, Duration::from_secs(60));
+    produce_full(&input.name, &[copy(3)]);
+    sent += 1;
+    worker.wait_settled(sent, Duration::from_secs(60));
+    assert_eq!(published(&output.name), vec![0, 2]);
+    worker.terminate(Duration::from_secs(30));
 }

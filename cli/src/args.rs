@@ -85,8 +85,15 @@ pub struct ExplainArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// The message id: as the client sent it, with `--source` for an event the front door
-    /// took; or as the worker reads it (the record's key, e.g. `web:<messageId>`).
-    pub id: String,
+    /// took; or as the worker reads it (the record's key, e.g. `web:<messageId>`; a JSON
+    /// string's text). Where the id source reads JSON (`json:/id`), a number is refused here: name
+    /// it with --json-id.
+    #[arg(required_unless_present = "json_id")]
+    pub id: Option<String>,
+    /// The id as the text of one JSON value, as a `json:` id source reads it from a record: a
+    /// number (`--json-id 12345678901234567890`) or a string (`--json-id '"abc"'`), two ids.
+    #[arg(long, value_name = "JSON", conflicts_with_all = ["id", "source"])]
+    pub json_id: Option<String>,
     /// The front door's source that sent the id (the name its write key maps to): the front door
     /// scopes ids by source and the worker holds `<source>:<id>`.
     #[arg(long, value_name = "NAME")]
@@ -98,6 +105,16 @@ pub struct ExplainArgs {
 }
 
 impl ExplainArgs {
+    /// The id asked about, and whether it is one JSON value's text (`--json-id`).
+    pub fn id(&self) -> (&str, bool) {
+        match (&self.json_id, &self.id) {
+            (Some(json), _) => (json, true),
+            (None, Some(id)) => (id, false),
+            // clap requires one of the two.
+            (None, None) => ("", false),
+        }
+    }
+
     /// `--sent-at` in ms since the epoch.
     pub fn sent_at_ms(&self) -> Result<Option<i64>, String> {
         let Some(text) = self.sent_at.as_deref() else {
@@ -123,6 +140,10 @@ pub struct ForgetArgs {
     pub config: ConfigArgs,
     /// The message ids, as `dedupe explain` takes them.
     pub ids: Vec<String>,
+    /// An id as the text of one JSON value, as `dedupe explain --json-id` takes it (a number
+    /// `12345678901234567890`, a string `'"abc"'`); may be given more than once.
+    #[arg(long = "json-id", value_name = "JSON", conflicts_with = "source")]
+    pub json_ids: Vec<String>,
     /// Read more ids from this file, one per line (`-`: standard input); blank lines and lines
     /// starting with `#` are skipped.
     #[arg(long, value_name = "FILE")]
@@ -512,6 +533,52 @@ impl LedgerBenchArgs {
             digests: self.digests,
             refresh: self.refresh,
             ..defaults
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn explain(flags: &[&str]) -> Result<ExplainArgs, clap::Error> {
+        let argv = ["dedupe", "explain"]
+            .into_iter()
+            .chain(flags.iter().copied());
+        match Cli::try_parse_from(argv)?.command {
+            Command::Explain(args) => Ok(args),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn explain_takes_an_id_as_text_or_as_one_json_value_never_both() {
+        let id = |flags: &[&str]| {
+            let args = explain(flags).unwrap();
+            let (id, json) = args.id();
+            (id.to_string(), json)
+        };
+        assert_eq!(id(&["m-1"]), ("m-1".to_string(), false));
+        assert_eq!(
+            id(&["--json-id", "12345678901234567890"]),
+            ("12345678901234567890".to_string(), true)
+        );
+        assert_eq!(
+            id(&["--json-id", r#""abc""#]),
+            (r#""abc""#.to_string(), true)
+        );
+        // Neither, both, or a JSON id scoped by the front door's source: refused as clap
+        // refuses a bad argument (exit 2).
+        for flags in [
+            &[][..],
+            &["m-1", "--json-id", "1"],
+            &["--json-id", "1", "--source", "web"],
+        ] {
+            let e = explain(flags)
+                .err()
+                .unwrap_or_else(|| panic!("{flags:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{flags:?}");
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `dedupe forget ID... [--file FILE]`: asks the running worker (`POST /admin/forget` at its
+//! `dedupe forget ID... [--json-id JSON]... [--file FILE]`: asks the running worker (`POST /admin/forget` at its
 //! metrics address) to forget ids, [`crate::http::forget_route::MAX_IDS`] per request, and prints
 //! each answer as one JSON line. Its exit code ([`Outcome::code`]) is what `dedupe forget --help`
 //! says: 0 when every id was forgotten on every partition it may be on, 2 when none was
@@ -65,17 +65,45 @@ impl Forgot {
     }
 }
 
+/// An id to forget, and whether it is one JSON value's text (`--json-id`).
+type Asked = (String, bool);
+
+/// The body of one request: the ids as the worker reads them, and those named as JSON values
+/// (`json_ids` only when there are any, so that a worker older than it still takes the rest).
+fn request_body(chunk: &[Asked], args: &ForgetArgs, by: &str) -> serde_json::Value {
+    let of = |json: bool| -> Vec<&str> {
+        chunk
+            .iter()
+            .filter(|(_, j)| *j == json)
+            .map(|(id, _)| id.as_str())
+            .collect()
+    };
+    let mut body = json!({
+        "ids": of(false),
+        "by": by,
+        "reason": args.reason,
+        "source": args.source,
+        "partition": args.partition,
+    });
+    let json_ids = of(true);
+    if !json_ids.is_empty() {
+        body["json_ids"] = json!(json_ids);
+    }
+    body
+}
+
 /// Forgets the ids of `args` (and of its file); prints each answer, then says what it came to.
 pub fn forget(config: &Config, args: &ForgetArgs) -> Outcome {
-    let mut ids = args.ids.clone();
+    let mut ids: Vec<Asked> = args.ids.iter().map(|id| (id.clone(), false)).collect();
+    ids.extend(args.json_ids.iter().map(|id| (id.clone(), true)));
     if let Some(file) = &args.file {
         match read_ids(file) {
-            Ok(more) => ids.extend(more),
+            Ok(more) => ids.extend(more.into_iter().map(|id| (id, false))),
             Err(e) => return failed(format!("{e:#}")),
         }
     }
     if ids.is_empty() {
-        return failed("no ids to forget: name them, or give --file".into());
+        return failed("no ids to forget: name them, give --json-id, or give --file".into());
     }
     let addr = config.metrics.addr;
     let agent = ureq::AgentBuilder::new()
@@ -90,13 +118,7 @@ pub fn forget(config: &Config, args: &ForgetArgs) -> Outcome {
     let mut held = 0u64;
     let mut asked = 0u64;
     for chunk in ids.chunks(MAX_IDS) {
-        let body = json!({
-            "ids": chunk,
-            "by": by,
-            "reason": args.reason,
-            "source": args.source,
-            "partition": args.partition,
-        });
+        let body = request_body(chunk, args, &by);
         let request = authorized(agent.post(&format!("http://{addr}/admin/forget")), config)
             .set("Content-Type", "application/json");
         let answer = match ask(request, &body, addr) {
@@ -121,7 +143,9 @@ pub fn forget(config: &Config, args: &ForgetArgs) -> Outcome {
             return forgot.outcome(Some(&format!("writing to standard output: {e}")));
         }
     }
-    if held == 0 && forgot.forgotten + forgot.partial > 0 && args.source.is_none() {
+    // The front door's ids are text: no hint about its sources for ids named as JSON values.
+    let texts = args.json_ids.is_empty();
+    if held == 0 && forgot.forgotten + forgot.partial > 0 && args.source.is_none() && texts {
         eprint_line("note: the worker held none of these ids. Ids the front door (dedupe ingest) writes are held as <source>:<messageId>: give --source NAME (the write key's source) to forget those.");
     }
     forgot.outcome(None)
@@ -149,7 +173,7 @@ fn ask(
             let body = response.into_string().unwrap_or_default();
             Err(format!(
                 "the worker at {addr} refused the forget ({status}): {}",
-                body.trim()
+                crate::explain_client::error_of(&body)
             ))
         }
         Err(ureq::Error::Transport(t)) => Err(format!(
@@ -217,5 +241,63 @@ mod tests {
         assert_eq!(of(0, 0, 3).outcome(Some("refused")).code, 2);
         let partial = of(1, 1, 1).outcome(None).message;
         assert!(partial.contains("2 of 3 ids"), "{partial}");
+    }
+
+    fn args(flags: &[&str]) -> ForgetArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            forget: ForgetArgs,
+        }
+        let argv = std::iter::once("forget").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).unwrap().forget
+    }
+
+    #[test]
+    fn ids_named_as_json_values_go_in_json_ids_and_only_when_there_are_some() {
+        let a = args(&[
+            "m-1",
+            "--json-id",
+            "12345678901234567890",
+            "--json-id",
+            r#""abc""#,
+            "--partition",
+            "0",
+        ]);
+        let asked: Vec<Asked> = vec![
+            ("m-1".into(), false),
+            ("12345678901234567890".into(), true),
+            (r#""abc""#.into(), true),
+        ];
+        let body = request_body(&asked, &a, "alice");
+        assert_eq!(body["ids"], json!(["m-1"]));
+        assert_eq!(
+            body["json_ids"],
+            json!(["12345678901234567890", r#""abc""#])
+        );
+        assert_eq!(body["partition"], 0);
+        // Without JSON ids the body is what a worker older than them takes.
+        let body = request_body(&asked[..1], &a, "alice");
+        assert!(body.get("json_ids").is_none(), "{body}");
+        // The route reads the body the command sends.
+        let route: crate::http::forget_route::ForgetBody =
+            serde_json::from_value(request_body(&asked, &a, "alice")).unwrap();
+        assert_eq!(route.json_ids.len(), 2);
+    }
+
+    #[test]
+    fn a_json_id_is_not_scoped_by_the_front_doors_source() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            forget: ForgetArgs,
+        }
+        let e = Cli::try_parse_from(["forget", "--json-id", "1", "--source", "web"])
+            .err()
+            .unwrap();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--source"), "{e}");
     }
 }

@@ -250,7 +250,6 @@ fn loadgen(args: &LoadgenArgs, config: &Config) -> anyhow::Result<String> {
     Ok(serde_json::to_string(&summary)?)
 }
 
-/// `dedupe ledger stats|snapshot|restore`.
 /// `dedupe forget ID...`: each answer as one JSON line, then what it came to; the exit code is
 /// the one `dedupe forget --help` names.
 fn forget(args: &ForgetArgs) -> ExitCode {
@@ -269,7 +268,7 @@ fn forget(args: &ForgetArgs) -> ExitCode {
     ExitCode::from(outcome.code)
 }
 
-/// `dedupe explain ID`: the answer as one JSON line, then its sentence.
+/// `dedupe explain ID` (or `--json-id JSON`): the answer as one JSON line, then its sentence.
 fn explain(args: &ExplainArgs) -> ExitCode {
     let sent_at_ms = match args.sent_at_ms() {
         Ok(ms) => ms,
@@ -278,7 +277,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     with_config(&args.config, |config| {
         let answer = dedupe_cli::explain_client::explain(
             &config,
-            &args.id,
+            args.id(),
             args.source.as_deref(),
             sent_at_ms,
             config.metrics.addr,
@@ -291,6 +290,7 @@ fn explain(args: &ExplainArgs) -> ExitCode {
     })
 }
 
+/// `dedupe ledger stats|snapshot|restore`.
 fn ledger(command: &LedgerCommand) -> ExitCode {
     let args = match command {
         LedgerCommand::Stats(a) | LedgerCommand::Snapshot(a) => a,

@@ -5,15 +5,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use dedupe::config::{Assignment, Config, DigestSource};
-use dedupe::plan::{Ask, Plan, FIGURES};
+use dedupe::config::{Assignment, Config, DigestSource, LedgerConfig, MAX_RETENTION_LIMIT_SECS};
+use dedupe::plan::{Ask, PerWorker, Plan, FIGURES};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 /// Flags of `dedupe plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Ids per second into the pipeline, all partitions together.
-    #[arg(long, value_name = "N", required_unless_present = "topic")]
+    #[arg(long, value_name = "N", required_unless_present = "topic", value_parser = rate)]
     pub ids_per_sec: Option<f64>,
     /// Measure the rate instead: records appended to this topic over --measure (by its
     /// partitions' high watermarks), at the brokers of --brokers or the configuration.
@@ -26,15 +26,18 @@ pub struct PlanArgs {
     #[arg(long, value_name = "HOST:PORT,...")]
     pub brokers: Option<String>,
     /// The promised window, e.g. 24h, 7d, 90m (default: the configuration's
-    /// worker.promised_window_secs, else 24h).
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    /// worker.promised_window_secs, else 24h). At least a second.
+    #[arg(long, value_name = "DURATION", value_parser = promise)]
     pub promise: Option<Duration>,
     /// The retention limit, e.g. 30d (default: the configuration's ledger.max_window_secs, else
-    /// none): the id changelog keeps ids no longer, as the worker creates it. At least the promise.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    /// none): the id changelog keeps ids no longer, as the worker creates it. At least the promise,
+    /// at most ten years (as ledger.max_window_secs).
+    #[arg(long, value_name = "DURATION", value_parser = limit)]
     pub limit: Option<Duration>,
-    /// The id changelog's replication factor.
-    #[arg(long, value_name = "N", default_value_t = 3)]
+    /// The id changelog's replication factor: 1 to 32767 (Kafka's replication factor is an
+    /// int16).
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(i16::MAX)))]
     pub replication: u32,
     /// A configuration file: its generations, content digests and changelog retention are
     /// planned with, and the plan says whether its ledger.budget_bytes holds the promise.
@@ -53,6 +56,45 @@ fn duration(text: &str) -> Result<Duration, String> {
         return Err("a duration of zero".into());
     }
     Ok(d)
+}
+
+/// `--promise`: a duration of at least a second, as `worker.promised_window_secs` counts whole
+/// seconds from 1.
+fn promise(text: &str) -> Result<Duration, String> {
+    let d = duration(text)?;
+    if d.as_secs() == 0 {
+        return Err(format!(
+            "`{text}` is under a second: worker.promised_window_secs counts whole seconds"
+        ));
+    }
+    Ok(d)
+}
+
+/// `--limit`: a duration no longer than the configuration takes for `ledger.max_window_secs`
+/// (the same bound, [`MAX_RETENTION_LIMIT_SECS`]).
+fn limit(text: &str) -> Result<Duration, String> {
+    let d = duration(text)?;
+    if d > Duration::from_secs(MAX_RETENTION_LIMIT_SECS) {
+        return Err(format!(
+            "`{text}` is more than the largest retention limit, {} (ledger.max_window_secs refuses it too); leave --limit out for none",
+            humantime::format_duration(Duration::from_secs(MAX_RETENTION_LIMIT_SECS))
+        ));
+    }
+    Ok(d)
+}
+
+/// `--ids-per-sec`: a positive, finite number.
+fn rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number"))?;
+    if !rate.is_finite() || rate <= 0.0 {
+        return Err(format!(
+            "`{text}` is not a positive number of ids per second"
+        ));
+    }
+    Ok(rate)
 }
 
 /// What a configuration file's budget holds at the plan's rate.
@@ -80,19 +122,28 @@ pub fn plan(args: &PlanArgs) -> anyhow::Result<String> {
         (Some(rate), _) => rate,
         (None, Some(topic)) => {
             let kafka = measuring_kafka(args, config.as_ref())?;
-            measure(&kafka, topic, args.measure)?
+            let rate = measure(&kafka, topic, args.measure)?;
+            if rate <= 0.0 {
+                bail!(
+                    "--topic {topic}: no records were appended over {}: there is no rate to plan for; give --ids-per-sec",
+                    humantime::format_duration(args.measure)
+                );
+            }
+            rate
         }
         (None, None) => bail!("give --ids-per-sec or --topic"),
     };
-    if !ids_per_sec.is_finite() || ids_per_sec <= 0.0 {
-        bail!("--ids-per-sec must be a positive number, not {ids_per_sec}");
-    }
     let ask = ask(args, config.as_ref(), ids_per_sec)?;
-    let plan = ask.plan();
-    let check = config
-        .as_ref()
-        .zip(args.config.as_ref())
-        .map(|(c, path)| config_check(&ask, &plan, c, path));
+    let plan = ask.plan().with_context(|| {
+        format!(
+            "--ids-per-sec {ids_per_sec} with a promise of {}",
+            humantime::format_duration(ask.promise)
+        )
+    })?;
+    let check = match config.as_ref().zip(args.config.as_ref()) {
+        Some((c, path)) => Some(config_check(&ask, &plan, c, path)?),
+        None => None,
+    };
     if args.json {
         let mut json = serde_json::to_value(&plan)?;
         json["figures_from"] = serde_json::json!("docs/performance.md");
@@ -135,8 +186,15 @@ fn ask(args: &PlanArgs, config: Option<&Config>, ids_per_sec: f64) -> anyhow::Re
             .map(Duration::from_secs)
     });
     if let Some(limit) = limit.filter(|&l| l < promise) {
+        // Both from the file is a file the configuration refuses, so one at least is a flag.
+        let (limit_from, promise_from) = match (args.limit, args.promise) {
+            (Some(_), Some(_)) => ("--limit", "--promise"),
+            (Some(_), None) if config.is_some() => ("--limit", "worker.promised_window_secs"),
+            (Some(_), None) => ("--limit", "the default promise"),
+            (None, _) => ("ledger.max_window_secs", "--promise"),
+        };
         bail!(
-            "a retention limit of {} is shorter than the promise of {}: it would forget ids the promise says are held",
+            "{limit_from}: a retention limit of {} is shorter than the promise of {} ({promise_from}): it would forget ids the promise says are held",
             humantime::format_duration(limit),
             humantime::format_duration(promise)
         );
@@ -153,25 +211,44 @@ fn ask(args: &PlanArgs, config: Option<&Config>, ids_per_sec: f64) -> anyhow::Re
         replication: args.replication,
         generations: config.map_or(8, |c| c.ledger.generations as u32),
         digests: w.is_none_or(|w| w.content_digest != DigestSource::None),
+        // The configuration's, else the default ledger section's.
+        least_budget_bytes: config
+            .map_or_else(LedgerConfig::default, |c| c.ledger.clone())
+            .least_budget_bytes(),
     })
 }
 
-/// What the configuration file at `path`'s budget holds at the plan's rate.
-fn config_check(ask: &Ask, plan: &Plan, c: &Config, path: &std::path::Path) -> ConfigCheck {
+/// What the configuration file at `path`'s budget holds at the plan's rate; refused when the
+/// window is longer than a `Duration` holds (a rate near zero), naming the least rate answered.
+fn config_check(
+    ask: &Ask,
+    plan: &Plan,
+    c: &Config,
+    path: &std::path::Path,
+) -> anyhow::Result<ConfigCheck> {
     let workers = match (c.worker.assignment, c.worker.worker_count) {
         (Assignment::Static, Some(n)) => n.max(1),
         _ => plan.workers,
     };
     let rate = ask.ids_per_sec / f64::from(workers);
-    let window = ask.window_of(c.ledger.budget_bytes.0 as f64, rate);
-    ConfigCheck {
+    let budget = c.ledger.budget_bytes.0 as f64;
+    let Some(window) = ask.window_of(budget, rate) else {
+        bail!(
+            "--ids-per-sec {}: at that rate {}'s budget would hold ids for longer than a window this plan can state ({} s); give at least {:.3e} ids per second",
+            ask.ids_per_sec,
+            path.display(),
+            Duration::MAX.as_secs(),
+            ask.least_ids_per_sec(budget) * f64::from(workers)
+        );
+    };
+    Ok(ConfigCheck {
         file: path.display().to_string(),
         budget_bytes: c.ledger.budget_bytes.0,
         workers,
         ids_per_sec_per_worker: rate,
         window_secs: window.as_secs_f64(),
         holds_promise: window >= ask.promise,
-    }
+    })
 }
 
 /// Appended records per second on `topic`, over `span`.
@@ -231,10 +308,7 @@ fn rows(plan: &Plan, check: Option<&ConfigCheck>) -> Vec<(String, String)> {
             "per worker: ids per second".to_string(),
             count(w.ids_per_sec),
         ),
-        (
-            "per worker: ledger.budget_bytes".to_string(),
-            bytes(w.budget_bytes),
-        ),
+        ("per worker: ledger.budget_bytes".to_string(), budget(w)),
         ("per worker: ledger volume".to_string(), bytes(w.disk_bytes)),
         ("per worker: memory".to_string(), bytes(w.memory_bytes)),
         (
@@ -263,6 +337,20 @@ fn rows(plan: &Plan, check: Option<&ConfigCheck>) -> Vec<(String, String)> {
         ));
     }
     rows
+}
+
+/// The budget's row: what the promise needs, or the least budget the configuration accepts and
+/// what the promise alone would need.
+fn budget(w: &PerWorker) -> String {
+    if w.budget_is_least {
+        format!(
+            "{}, the least the configuration accepts (the promise alone needs {})",
+            bytes(w.budget_bytes),
+            bytes(w.promise_budget_bytes)
+        )
+    } else {
+        bytes(w.budget_bytes)
+    }
 }
 
 /// The measured figures the plan rests on, one line each with its source.
@@ -331,7 +419,9 @@ fn count(n: f64) -> String {
         n if n >= 1e9 => format!("{:.2}B", n / 1e9),
         n if n >= 1e6 => format!("{:.1}M", n / 1e6),
         n if n >= 1e4 => format!("{:.1}k", n / 1e3),
-        n => format!("{n:.0}"),
+        n if n >= 1.0 || n == 0.0 => format!("{n:.0}"),
+        // Under one a rounded count would read as none.
+        n => format!("{n:.2e}"),
     }
 }
 
@@ -342,8 +432,11 @@ fn bytes(n: f64) -> String {
         format!("{:.2} TiB", n / 1024.0 / GIB)
     } else if n >= GIB {
         format!("{:.1} GiB", n / GIB)
-    } else {
+    } else if n >= MIB {
         format!("{:.0} MiB", n / MIB)
+    } else {
+        // A budget the promise alone needs at a slow rate: in MiB it would read as nothing.
+        format!("{:.0} KiB", n / 1024.0)
     }
 }
 
@@ -360,25 +453,160 @@ mod tests {
         assert!(duration("soon").unwrap_err().contains("`soon`"));
     }
 
-    fn args(limit: Option<&str>) -> PlanArgs {
+    /// `dedupe plan` with these flags, parsed as the binary parses them.
+    fn parse(flags: &[&str]) -> Result<PlanArgs, clap::Error> {
         use clap::Parser;
         #[derive(Parser)]
         struct Cli {
             #[command(flatten)]
             plan: PlanArgs,
         }
-        let mut argv = vec![
-            "plan",
-            "--ids-per-sec",
-            "5000",
-            "--promise",
-            "24h",
-            "--json",
-        ];
+        let argv = std::iter::once("plan").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).map(|cli| cli.plan)
+    }
+
+    fn args(limit: Option<&str>) -> PlanArgs {
+        let mut flags = vec!["--ids-per-sec", "5000", "--promise", "24h", "--json"];
         if let Some(l) = limit {
-            argv.extend(["--limit", l]);
+            flags.extend(["--limit", l]);
         }
-        Cli::parse_from(argv).plan
+        parse(&flags).unwrap()
+    }
+
+    /// The shipped configuration file, which spells out every default.
+    const SHIPPED_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/dedupe.toml");
+
+    /// The plan's one JSON line.
+    fn json_of(flags: &[&str]) -> serde_json::Value {
+        let mut flags = flags.to_vec();
+        flags.push("--json");
+        let out = plan(&parse(&flags).unwrap()).unwrap();
+        serde_json::from_str(out.lines().last().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_flag_the_plan_cannot_answer_is_refused_naming_it_as_clap_refuses_a_bad_argument() {
+        // Each of these is refused while the command line is read: clap prints the flag and the
+        // reason and exits 2, as for its own errors.
+        for (flags, flag, says) in [
+            (
+                &["--ids-per-sec", "1", "--replication", "0"][..],
+                "--replication",
+                "1..=32767",
+            ),
+            (
+                &["--ids-per-sec", "1", "--replication", "40000"],
+                "--replication",
+                "1..=32767",
+            ),
+            (
+                &["--ids-per-sec", "1", "--limit", "1000000y"],
+                "--limit",
+                "largest retention limit",
+            ),
+            (
+                &["--ids-per-sec", "1", "--promise", "500ms"],
+                "--promise",
+                "under a second",
+            ),
+            (&["--ids-per-sec", "0"], "--ids-per-sec", "positive"),
+            (&["--ids-per-sec=-3"], "--ids-per-sec", "positive"),
+            (&["--ids-per-sec", "NaN"], "--ids-per-sec", "positive"),
+            (&["--ids-per-sec", "inf"], "--ids-per-sec", "positive"),
+            (&["--ids-per-sec", "many"], "--ids-per-sec", "not a number"),
+        ] {
+            let e = parse(flags)
+                .err()
+                .unwrap_or_else(|| panic!("{flags:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{flags:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(flag) && text.contains(says),
+                "{flags:?}: {text}"
+            );
+        }
+        // Ten years is the largest limit the configuration takes, and so is it here.
+        assert!(parse(&["--ids-per-sec", "1", "--limit", "3650d"]).is_ok());
+        assert!(parse(&["--ids-per-sec", "1", "--limit", "3650d 1s"]).is_err());
+        assert!(parse(&["--ids-per-sec", "1", "--replication", "1"]).is_ok());
+    }
+
+    #[test]
+    fn a_rate_near_zero_against_a_configuration_is_refused_with_the_least_rate_not_a_panic() {
+        // 1e-11 ids/s: the file's 16 GiB would hold ids for longer than a Duration reaches.
+        let args = parse(&["--ids-per-sec", "0.00000000001", "--config", SHIPPED_CONFIG]).unwrap();
+        let e = format!("{:#}", plan(&args).unwrap_err());
+        assert!(
+            e.starts_with("--ids-per-sec 0.00000000001: ") && e.contains("give at least"),
+            "{e}"
+        );
+        // Without a file there is no budget's window to state: the plan answers.
+        let small = json_of(&["--ids-per-sec", "0.00000000001"]);
+        assert_eq!(small["workers"], 1, "{small}");
+        // A slow rate the window can be stated at is answered, and holds the promise.
+        let slow = json_of(&["--ids-per-sec", "0.001", "--config", SHIPPED_CONFIG]);
+        assert_eq!(slow["config"]["holds_promise"], true, "{slow}");
+    }
+
+    #[test]
+    fn a_rate_whose_answer_does_not_fit_is_refused_with_the_bound_not_saturated() {
+        let args = parse(&["--ids-per-sec", "1e30"]).unwrap();
+        let e = format!("{:#}", plan(&args).unwrap_err());
+        assert!(
+            e.starts_with("--ids-per-sec 1000000000000000000000000000000 with a promise of 1day: "),
+            "{e}"
+        );
+        assert!(e.contains("at most 1.243e12 ids per second"), "{e}");
+        // Just under the bound the plan answers, its workers and partitions exact.
+        let under = json_of(&["--ids-per-sec", "1.2e12"]);
+        let workers = under["workers"].as_f64().unwrap();
+        let per_worker = under["per_worker"]["ids_per_sec"].as_f64().unwrap();
+        assert!(
+            (workers * per_worker / 1.2e12 - 1.0).abs() < 1e-9,
+            "{under}"
+        );
+        assert!(under["partitions"].as_f64().unwrap() <= f64::from(i32::MAX));
+    }
+
+    #[test]
+    fn a_budget_under_the_least_the_configuration_accepts_is_the_least_and_says_so() {
+        // One id a second for an hour needs under a MiB; the default ledger section takes no
+        // budget under 512 MiB (its 64 MiB write buffer in each of 8 generations).
+        let least = LedgerConfig::default().least_budget_bytes() as f64;
+        let plan_json = json_of(&["--ids-per-sec", "1", "--promise", "1h"]);
+        let w = &plan_json["per_worker"];
+        assert_eq!(w["budget_bytes"].as_f64(), Some(least), "{plan_json}");
+        assert_eq!(w["budget_is_least"], true);
+        assert!(w["promise_budget_bytes"].as_f64().unwrap() < 1e6);
+        // The recommended budget is one the configuration takes.
+        let config = Config {
+            ledger: LedgerConfig {
+                budget_bytes: dedupe::config::ByteSize(least as u64),
+                ..LedgerConfig::default()
+            },
+            ..Config::default()
+        };
+        assert!(config.validate().is_ok());
+        let table = plan(&parse(&["--ids-per-sec", "1", "--promise", "1h"]).unwrap()).unwrap();
+        assert!(
+            table.contains(
+                "512 MiB, the least the configuration accepts (the promise alone needs 83 KiB)"
+            ),
+            "{table}"
+        );
+        // With the file's own ledger section, its least: the shipped file's is the default's.
+        let with_file = json_of(&[
+            "--ids-per-sec",
+            "1",
+            "--promise",
+            "1h",
+            "--config",
+            SHIPPED_CONFIG,
+        ]);
+        assert_eq!(
+            with_file["per_worker"]["budget_bytes"].as_f64(),
+            Some(least)
+        );
     }
 
     #[test]
@@ -400,8 +628,11 @@ mod tests {
         assert_eq!(count(432e6), "432.0M");
         assert_eq!(count(3.024e9), "3.02B");
         assert_eq!(count(5_000.0), "5000");
+        assert_eq!(count(0.0), "0");
+        assert_eq!(count(1e-11), "1.00e-11");
         assert_eq!(bytes(16.0 * (1u64 << 30) as f64), "16.0 GiB");
         assert_eq!(bytes(300.0 * (1u64 << 20) as f64), "300 MiB");
+        assert_eq!(bytes(84_960.0), "83 KiB");
         assert_eq!(span(86_400), "24h");
         assert_eq!(span(7 * 86_400), "7d");
         assert_eq!(span(5_400), "90m");

@@ -122,6 +122,9 @@ pub fn ledger_stats(config: &Config) -> anyhow::Result<serde_json::Value> {
         "budget_bytes": config.ledger.budget_bytes.0,
         "oldest_first_seen_ms": s.oldest_first_seen_ms,
         "newest_first_seen_ms": s.newest_first_seen_ms,
+        // The retention limit the ledger was last opened for writing under (null: none), which
+        // may not be the configuration's: a snapshot's ledger says what it was kept under.
+        "retention_limit_ms": s.retention_limit_ms,
         "window_seconds": ledger.window_overall(now).map(|w| w.as_secs_f64()),
         "partitions": partitions,
     }))
@@ -244,4 +247,44 @@ pub fn ledger_restore(
     Ok(
         serde_json::json!({ "restored": target, "from": from, "moved_aside": moved_aside, "progress": partitions }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stopped worker's ledger in a fresh directory, last opened under `limit_ms`, and a
+    /// configuration pointing at it.
+    fn stopped_ledger(limit_ms: Option<i64>) -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.worker.data_dir = dir.path().to_path_buf();
+        config.ledger.budget_bytes = dedupe::config::ByteSize(256 << 20);
+        config.ledger.write_buffer_bytes = dedupe::config::ByteSize(1 << 20);
+        config.ledger.block_cache_bytes = dedupe::config::ByteSize(1 << 20);
+        let options = dedupe::ledger::LedgerOptions {
+            max_window_ms: limit_ms,
+            ..config.ledger.options()
+        };
+        let ledger = dedupe::ledger::Ledger::open(dir.path(), options).unwrap();
+        ledger.close().unwrap();
+        (dir, config)
+    }
+
+    #[test]
+    fn ledger_stats_show_the_retention_limit_the_ledger_was_kept_under() {
+        // Opened by a worker with a 20 s limit: the stats say so, whatever the configuration
+        // asking now says (its default is no limit).
+        let (_dir, config) = stopped_ledger(Some(20_000));
+        let stats = ledger_stats(&config).unwrap();
+        assert_eq!(stats["retention_limit_ms"], 20_000, "{stats}");
+        // Without a limit the key is there, and null.
+        let (_dir, config) = stopped_ledger(None);
+        let stats = ledger_stats(&config).unwrap();
+        assert!(stats["retention_limit_ms"].is_null(), "{stats}");
+        assert!(stats
+            .as_object()
+            .unwrap()
+            .contains_key("retention_limit_ms"));
+    }
 }

@@ -45,7 +45,24 @@ pub struct LedgerConfig {
     pub refresh_on_duplicate: bool,
 }
 
+/// The least `ledger.budget_bytes` [`Config::validate`](super::Config::validate) accepts with
+/// any write buffer: below it a generation holds too few ids to be worth a file of its own.
+pub const MIN_BUDGET_BYTES: u64 = 64 * ByteSize::MIB;
+
+/// The largest retention limit (`ledger.max_window_secs`): ten years, far beyond any promise, and
+/// small enough that it stays exact in milliseconds.
+pub const MAX_RETENTION_LIMIT_SECS: u64 = 10 * 365 * 86_400;
+
 impl LedgerConfig {
+    /// The least `budget_bytes` [`Config::validate`](super::Config::validate) accepts beside this
+    /// section's `generations` and `write_buffer_bytes`: [`MIN_BUDGET_BYTES`], and room for one
+    /// write buffer in each generation (a generation smaller than the buffer would be sealed by
+    /// every commit). `dedupe plan` recommends no budget below it.
+    pub fn least_budget_bytes(&self) -> u64 {
+        let generations = self.generations as u64;
+        MIN_BUDGET_BYTES.max(self.write_buffer_bytes.0.saturating_mul(generations))
+    }
+
     /// The ledger options this section asks for.
     pub fn options(&self) -> LedgerOptions {
         LedgerOptions {
@@ -89,6 +106,49 @@ impl Default for LedgerConfig {
             write_buffer_bytes: ByteSize(ledger.write_buffer_bytes as u64),
             max_window_secs: None,
             refresh_on_duplicate: ledger.refresh_on_duplicate,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// A default configuration with `ledger` as its ledger section.
+    fn with(ledger: LedgerConfig) -> Config {
+        Config {
+            ledger,
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn the_least_budget_is_the_least_that_validate_accepts() {
+        // The default write buffer (64 MiB) in each of the 8 generations: 512 MiB, above the floor.
+        let default = LedgerConfig::default();
+        assert_eq!(default.least_budget_bytes(), 512 * ByteSize::MIB);
+        // The smallest write buffer in 2 generations leaves the floor itself.
+        let small = LedgerConfig {
+            write_buffer_bytes: ByteSize(4 * ByteSize::MIB),
+            generations: 2,
+            ..LedgerConfig::default()
+        };
+        assert_eq!(small.least_budget_bytes(), MIN_BUDGET_BYTES);
+        for ledger in [default, small] {
+            let least = ledger.least_budget_bytes();
+            // Exactly the least is accepted, one byte less refused, naming a ledger key.
+            let at = LedgerConfig {
+                budget_bytes: ByteSize(least),
+                ..ledger.clone()
+            };
+            assert!(with(at).validate().is_ok(), "{least}");
+            let under = LedgerConfig {
+                budget_bytes: ByteSize(least - 1),
+                ..ledger
+            };
+            let err = with(under).validate().unwrap_err().to_string();
+            assert!(err.starts_with("ledger."), "{err}");
         }
     }
 }

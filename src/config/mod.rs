@@ -41,7 +41,7 @@ mod validate;
 mod worker;
 
 pub use ingest::{IngestConfig, MissingMessageId, OnInvalidEvent};
-pub use ledger::LedgerConfig;
+pub use ledger::{LedgerConfig, MAX_RETENTION_LIMIT_SECS, MIN_BUDGET_BYTES};
 pub use snapshots::SnapshotConfig;
 pub use telemetry::{LogConfig, LogFormat, MetricsConfig};
 pub use units::ByteSize;

@@ -4,6 +4,7 @@
 //! in that order; the snapshot and ingest checks interleave, as they always have, so that the
 //! error a given file gets does not change.
 
+use super::ledger::{MAX_RETENTION_LIMIT_SECS, MIN_BUDGET_BYTES};
 use super::{
     Assignment, ByteSize, Config, ConfigError, IngestConfig, KafkaConfig, LedgerConfig,
     ReusedIdPolicy, SnapshotConfig, UnkeyedPolicy, WorkerConfig,
@@ -262,8 +263,11 @@ fn check_worker_batches(w: &WorkerConfig) -> Result<(), ConfigError> {
 }
 
 fn check_ledger(l: &LedgerConfig) -> Result<(), ConfigError> {
-    if l.budget_bytes.0 < 64 * ByteSize::MIB {
-        return Err(bad("ledger.budget_bytes", "must be at least 64MiB"));
+    if l.budget_bytes.0 < MIN_BUDGET_BYTES {
+        return Err(bad(
+            "ledger.budget_bytes",
+            format!("must be at least {}", ByteSize(MIN_BUDGET_BYTES)),
+        ));
     }
     if !(2..=64).contains(&l.generations) {
         return Err(bad("ledger.generations", "must be between 2 and 64"));
@@ -309,10 +313,6 @@ fn check_retention_limit(l: &LedgerConfig, w: &WorkerConfig) -> Result<(), Confi
     }
     Ok(())
 }
-
-/// The largest retention limit: ten years, far beyond any promise, and small enough that it stays
-/// exact in milliseconds.
-const MAX_RETENTION_LIMIT_SECS: u64 = 10 * 365 * 86_400;
 
 /// The snapshot and ingest checks, in their historical (interleaved) order.
 fn check_snapshots_and_ingest(c: &Config) -> Result<(), ConfigError> {

@@ -19,16 +19,20 @@
 //! [`identify`], [`message_id`], [`message_key`], [`IdSource`], [`RecordView`] (of a Kafka
 //! message: [`message_view`]), [`Unkeyed`]; a value is read as JSON by the one exact reader
 //! ([`crate::json`]). What tells a retry from a reused id is the `digest` submodule's:
-//! [`ContentDigest`], [`DigestSource`].
+//! [`ContentDigest`], [`DigestSource`]. How an operator names an id to `dedupe explain` and
+//! `dedupe forget`, and which key that is (a JSON number's among them), is the `named`
+//! submodule's: [`named_id`], [`NamedId`].
 
 use std::fmt;
 
 mod digest;
+mod named;
 mod record;
 pub use digest::{ContentDigest, DigestSource, CONTENT_DIGEST_BYTES};
+pub use named::{named_id, Named, NamedId, NamedIdError};
 pub use record::{
-    copied_view, identify, message_id, message_key, message_view, Fingerprint, IdSource, Identity,
-    MessageId, RecordView, Unkeyed, NUMBER_ID_TAG,
+    copied_view, identify, json_value_id, message_id, message_key, message_view, Fingerprint,
+    IdSource, Identity, JsonValueError, MessageId, RecordView, Unkeyed, NUMBER_ID_TAG,
 };
 
 /// Longest message id accepted, in bytes.

@@ -428,15 +428,43 @@ fn part_of<'a, H: Fn(&str) -> Option<&'a [u8]>>(
         IdSource::Header(name) => (record.header)(name)
             .map(|h| (Cow::Borrowed(h), false))
             .ok_or(Unkeyed::Missing),
-        IdSource::JsonPointer(pointer) => match value.document()?.scalar(pointer) {
-            None | Some(Scalar::Null) => Err(Unkeyed::Missing),
-            Some(Scalar::String(Cow::Borrowed(s))) => Ok((Cow::Borrowed(s.as_bytes()), false)),
-            Some(Scalar::String(Cow::Owned(s))) => Ok((Cow::Owned(s.into_bytes()), false)),
-            Some(Scalar::Number(n)) => Ok((Cow::Borrowed(n.as_bytes()), true)),
-            Some(Scalar::Other) => Err(Unkeyed::Unreadable),
-        },
+        IdSource::JsonPointer(pointer) => json_part(&value.document()?, pointer),
         IdSource::Composite(_) | IdSource::Fingerprint(_) => Err(Unkeyed::Unreadable),
     }
+}
+
+/// The id bytes of the value `pointer` names in `doc`: a string's decoded text, a number's exact
+/// text (and that it is a number).
+fn json_part<'a>(doc: &Document<'a>, pointer: &str) -> Result<(Cow<'a, [u8]>, bool), Unkeyed> {
+    match doc.scalar(pointer) {
+        None | Some(Scalar::Null) => Err(Unkeyed::Missing),
+        Some(Scalar::String(Cow::Borrowed(s))) => Ok((Cow::Borrowed(s.as_bytes()), false)),
+        Some(Scalar::String(Cow::Owned(s))) => Ok((Cow::Owned(s.into_bytes()), false)),
+        Some(Scalar::Number(n)) => Ok((Cow::Borrowed(n.as_bytes()), true)),
+        Some(Scalar::Other) => Err(Unkeyed::Unreadable),
+    }
+}
+
+/// Why a text is not the id of one JSON value ([`json_value_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JsonValueError {
+    /// Not one JSON value the strict reader takes.
+    Unreadable(Unreadable),
+    /// A value that is no id: `null` ([`Unkeyed::Missing`]), `true`, `false`, an object or an
+    /// array ([`Unkeyed::Unreadable`]), an empty string or one longer than 1 KiB.
+    NoId(Unkeyed),
+}
+
+/// The message id of `text`, the text of one JSON value (`12345678901234567890`, `"abc"`), read
+/// strictly and keyed exactly as a `json:` pointer keys the value it names in a record: a
+/// string's decoded text, a number's exact text under [`NUMBER_ID_TAG`]. Also whether it is a
+/// number. What `dedupe explain --json-id` and `dedupe forget --json-id` ask about.
+pub fn json_value_id(text: &str) -> Result<(MessageId<'_>, bool), JsonValueError> {
+    let doc = Document::read(text.as_bytes()).map_err(JsonValueError::Unreadable)?;
+    // The empty pointer names the whole document, as `json:/id` names the field in a record.
+    let (bytes, number) = json_part(&doc, "").map_err(JsonValueError::NoId)?;
+    let id = id_of(bytes, number).map_err(JsonValueError::NoId)?;
+    Ok((id, number))
 }
 
 /// The canonical text a fingerprint hashes (see [`Fingerprint`]) into `out`.
@@ -758,6 +786,56 @@ mod tests {
         };
         assert_eq!(joined(r#"{"t":5,"u":"a"}"#), b"1#51:a");
         assert_eq!(joined(r#"{"t":"5","u":"a"}"#), b"1:51:a");
+    }
+
+    #[test]
+    fn one_json_value_is_keyed_as_a_json_pointer_keys_it_in_a_record() {
+        let json = IdSource::JsonPointer("/id".into());
+        // The worker's key of `{"id": V}` is the key of V alone, for a number and a string.
+        for (value, number) in [
+            ("12345678901234567890", true),
+            ("-0.5e3", true),
+            (r#""12345678901234567890""#, false),
+            (r#""abc""#, false),
+            (r#""\u0061bc""#, false),
+            (r#""6BA7B810-9DAD-11D1-80B4-00C04FD430C8""#, false),
+        ] {
+            let record = format!(r#"{{"id":{value}}}"#);
+            let (id, is_number) = json_value_id(value).unwrap();
+            assert_eq!(Ok(id.key), id_of(&record, &json), "{value}");
+            assert_eq!(is_number, number, "{value}");
+        }
+        // The number and the string of the same digits are two ids; the string's is the bare
+        // text's, as the worker keys a key or a header.
+        let number = json_value_id("12345678901234567890").unwrap().0;
+        let string = json_value_id(r#""12345678901234567890""#).unwrap().0;
+        assert_ne!(number.key, string.key);
+        assert_eq!(string.key, ledger_key(b"12345678901234567890").unwrap());
+        assert_eq!(number.bytes.as_ref(), b"12345678901234567890");
+        // White space around the value is the document's, not the id's.
+        assert_eq!(
+            json_value_id(" 42\n").unwrap().0.key,
+            json_value_id("42").unwrap().0.key
+        );
+        assert_eq!(
+            json_value_id(r#""\u0061bc""#).unwrap().0.bytes.as_ref(),
+            b"abc"
+        );
+        // What is no id: the strict reader's refusals, and values a record's id cannot be.
+        for (text, why) in [
+            ("null", JsonValueError::NoId(Unkeyed::Missing)),
+            ("true", JsonValueError::NoId(Unkeyed::Unreadable)),
+            ("[1]", JsonValueError::NoId(Unkeyed::Unreadable)),
+            (r#""""#, JsonValueError::NoId(Unkeyed::Empty)),
+        ] {
+            assert_eq!(json_value_id(text).map(|_| ()), Err(why), "{text}");
+        }
+        for text in ["abc", "1e400", "1 2", "", "'a'", "01"] {
+            assert!(
+                matches!(json_value_id(text), Err(JsonValueError::Unreadable(_))),
+                "{text}"
+            );
+        }
     }
 
     #[test]

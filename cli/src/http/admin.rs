@@ -8,6 +8,7 @@ use std::sync::Arc;
 use actix_web::http::header::{AUTHORIZATION, HOST, ORIGIN, RETRY_AFTER};
 use actix_web::{web, HttpRequest, HttpResponse};
 use dedupe::config::{Secret, SecretMatcher, ENV_ADMIN_TOKEN};
+use dedupe::identity::{named_id, NamedId};
 use dedupe::snapshot::{SnapshotError, Trigger};
 use dedupe_tracking::rate_limit::retry_after_secs;
 use serde_json::json;
@@ -278,12 +279,16 @@ fn percent_decode(raw: &[u8], query: bool) -> Vec<u8> {
     out
 }
 
-/// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch, and the
-/// front door's source that sent it (the worker holds `<source>:<id>`).
+/// The query of `GET /admin/ids/{id}`: when the id was first sent, ms since the epoch, the
+/// front door's source that sent it (the worker holds `<source>:<id>`), and `json_id=true` when
+/// the id is the text of one JSON value (`12345678901234567890`, `"abc"`; see
+/// `dedupe::identity::named_id`).
 #[derive(serde::Deserialize)]
 pub(crate) struct ExplainQuery {
     sent_at_ms: Option<i64>,
     source: Option<String>,
+    #[serde(default)]
+    json_id: bool,
 }
 
 /// `GET /admin/ids/{id}`: whether the ledger holds the id, and why not (see `dedupe::explain`).
@@ -300,11 +305,17 @@ pub(crate) async fn admin_explain(
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
     let query = query.into_inner();
-    let key = match &query.source {
-        Some(source) => dedupe::wire::scoped_id(source, &id),
-        None => id.clone(),
-    };
     let t = &admin.targets;
+    let named = if query.json_id {
+        NamedId::Json(&id)
+    } else {
+        NamedId::Text(&id)
+    };
+    // An id named two ways, or none, is refused before anything is asked of the pipeline.
+    let key = match named_id(named, query.source.as_deref(), &t.id_source) {
+        Ok(named) => named.id,
+        Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e.to_string() })),
+    };
     let partition = crate::explain_client::partition_of_id(
         &t.id_source,
         t.partitioner,
@@ -322,10 +333,13 @@ pub(crate) async fn admin_explain(
         None => None,
     };
     let ledger = t.ledger.clone();
+    let id_source = t.id_source.clone();
     let answer = web::block(move || {
         let q = dedupe::explain::Question {
             id: &id,
             source: query.source.as_deref(),
+            json: query.json_id,
+            id_source: &id_source,
             partition,
             owned,
             sent_at_ms: query.sent_at_ms,

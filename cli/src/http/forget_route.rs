@@ -2,11 +2,15 @@
 //! `dedupe_actors::consumer::ForgetRequest`). Under the admin rules of [`super::admin`].
 //!
 //! Body (JSON): `{"ids": ["..."], "by": "who asks", "reason": "...", "source": "web",
-//! "partition": 3}`; `id` may stand for a single id; `by` (the client's address when missing),
-//! `reason`, `source` (the front door's source: the worker holds `<source>:<id>`) and
-//! `partition` are optional. `DELETE /admin/ids/{id}` forgets one id, the same fields in its
-//! query (an id or a query value that is not UTF-8 once percent-decoded is refused with 400:
-//! ids are text). `partition` is needed only when the id source
+//! "partition": 3}`; `id` may stand for a single id; `json_ids` names ids as the text of one JSON
+//! value each (`["12345678901234567890", "\"abc\""]`: the number a `json:` id source read, and a
+//! string), keyed as the worker keys them (`dedupe::identity::named_id`); `by` (the client's
+//! address when missing), `reason`, `source` (the front door's source: the worker holds
+//! `<source>:<id>`) and `partition` are optional. An id of `ids` that is a JSON number where the
+//! id source reads JSON is refused with 400, naming both ways to ask: the text alone names the
+//! string, which may not be the id meant. `DELETE /admin/ids/{id}` forgets one id, the same
+//! fields in its query, and `json_id=true` for an id that is one JSON value's text (an id or a
+//! query value that is not UTF-8 once percent-decoded is refused with 400: ids are text). `partition` is needed only when the id source
 //! does not read ids from the record key (the partition of an id cannot be derived then). At most
 //! [`MAX_IDS`] ids per request. An id read from the record key is forgotten on the partition each
 //! common partitioner gives it (one or two), all with one time (see
@@ -22,8 +26,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use dedupe::identity::ledger_key;
-use dedupe::wire::scoped_id;
+use dedupe::identity::{named_id, NamedId};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -49,6 +52,9 @@ pub struct ForgetBody {
     pub ids: Vec<String>,
     #[serde(default)]
     pub id: Option<String>,
+    /// Ids each named as the text of one JSON value (a number, or a string in double quotes).
+    #[serde(default)]
+    pub json_ids: Vec<String>,
     /// Who asks; the client's address when not given.
     #[serde(default)]
     pub by: Option<String>,
@@ -70,13 +76,13 @@ struct Failed {
 
 /// Checks a request's fields; the message names the field.
 fn check(body: &ForgetBody, partitions: i32) -> Result<(), String> {
-    if body.ids.is_empty() {
-        return Err("ids: give at least one id (or id)".into());
+    let count = body.ids.len() + body.json_ids.len();
+    if count == 0 {
+        return Err("ids: give at least one id (or id, or json_ids)".into());
     }
-    if body.ids.len() > MAX_IDS {
+    if count > MAX_IDS {
         return Err(format!(
-            "ids: {} ids, more than the {MAX_IDS} one request takes",
-            body.ids.len()
+            "ids: {count} ids, more than the {MAX_IDS} one request takes"
         ));
     }
     let text = |field: &str, value: &str, max: usize| {
@@ -117,13 +123,19 @@ type Groups = BTreeMap<i32, Vec<(usize, ForgetId)>>;
 fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, Vec<usize>), String> {
     let t = &admin.targets;
     let mut groups = Groups::new();
-    let mut wanted = Vec::with_capacity(body.ids.len());
-    for (n, id) in body.ids.iter().enumerate() {
-        let id = match &body.source {
-            Some(source) => scoped_id(source, id),
-            None => id.clone(),
-        };
-        let key = ledger_key(id.as_bytes()).map_err(|e| format!("ids[{n}]: {e}"))?;
+    let mut wanted = Vec::with_capacity(body.ids.len() + body.json_ids.len());
+    let texts = body
+        .ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| ("ids", i, NamedId::Text(id)));
+    let jsons = body.json_ids.iter().enumerate();
+    let named = texts.chain(jsons.map(|(i, id)| ("json_ids", i, NamedId::Json(id))));
+    // `n` numbers the request's ids, those of `ids` first.
+    for (n, (field, i, named)) in named.enumerate() {
+        let named = named_id(named, body.source.as_deref(), &t.id_source)
+            .map_err(|e| format!("{field}[{i}]: {e}"))?;
+        let (id, key) = (named.id, named.key);
         let mut partitions: Vec<i32> = match body.partition {
             Some(p) => vec![p],
             None => [t.partitioner, t.partitioner.other()]
@@ -162,7 +174,8 @@ fn by_partition(body: &ForgetBody, admin: &Admin) -> Result<(Groups, Vec<usize>)
     Ok((groups, wanted))
 }
 
-/// The query of `DELETE /admin/ids/{id}`: the body's fields but the ids.
+/// The query of `DELETE /admin/ids/{id}`: the body's fields but the ids, and whether the id is
+/// one JSON value's text.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForgetQuery {
@@ -170,6 +183,9 @@ pub(crate) struct ForgetQuery {
     reason: Option<String>,
     source: Option<String>,
     partition: Option<i32>,
+    /// The id is the text of one JSON value.
+    #[serde(default)]
+    json_id: bool,
 }
 
 /// `POST /admin/forget`.
@@ -201,9 +217,15 @@ pub(crate) async fn admin_forget_one(
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
     };
     let q = query.into_inner();
+    let (ids, json_ids) = if q.json_id {
+        (Vec::new(), vec![id])
+    } else {
+        (vec![id], Vec::new())
+    };
     let body = ForgetBody {
-        ids: vec![id],
+        ids,
         id: None,
+        json_ids,
         by: q.by,
         reason: q.reason,
         source: q.source,
@@ -416,5 +438,28 @@ mod tests {
             ..body(&[], "alice")
         };
         assert!(check(&b, 4).unwrap_err().starts_with("ids:"));
+        // Ids named as JSON values count as ids: alone they are a request, and with the others
+        // they are held to the same limit.
+        let json = |n: usize, json_ids: usize| ForgetBody {
+            json_ids: (0..json_ids).map(|i| i.to_string()).collect(),
+            ..body(&vec!["a"; n], "alice")
+        };
+        assert!(check(&json(0, 1), 4).is_ok());
+        assert!(check(&json(MAX_IDS - 1, 1), 4).is_ok());
+        assert!(check(&json(MAX_IDS, 1), 4).unwrap_err().starts_with("ids:"));
+    }
+
+    #[test]
+    fn a_delete_names_a_json_id_in_its_query() {
+        // `DELETE /admin/ids/12345678901234567890?json_id=true&partition=0`.
+        let q: ForgetQuery = serde_urlencoded_query("json_id=true&partition=0");
+        assert!(q.json_id);
+        let q: ForgetQuery = serde_urlencoded_query("partition=0");
+        assert!(!q.json_id);
+    }
+
+    /// A query string read as actix-web's `web::Query` reads it.
+    fn serde_urlencoded_query<T: serde::de::DeserializeOwned>(query: &str) -> T {
+        web::Query::<T>::from_query(query).unwrap().into_inner()
     }
 }
