@@ -275,11 +275,9 @@ mod tests {
         );
         // At a rate the plan says 64 MiB holds for 24 h, it holds.
         let held_rate = 0.99 * ids_at(64 << 20, shape) / 86_400.0;
-        assert!(
-            ask(held_rate)
-                .window_of((64 << 20) as f64, held_rate)
-                .is_some_and(|w| w >= Duration::from_secs(86_400))
-        );
+        assert!(ask(held_rate)
+            .window_of((64 << 20) as f64, held_rate)
+            .is_some_and(|w| w >= Duration::from_secs(86_400)));
         assert_eq!(
             budget_holds_promise(early, Some(held_rate), 86_400, shape),
             Some(true)
