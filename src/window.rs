@@ -256,6 +256,7 @@ mod tests {
             replication: 3,
             generations: 8,
             digests: true,
+            least_budget_bytes: crate::config::LedgerConfig::default().least_budget_bytes(),
         };
         // 64 MiB, the case: the plan's window at 500 ids/s is under 24 h, and the gauge
         // says so from the first reading, though the ledger has flushed almost nothing (5,626
