@@ -1290,8 +1290,8 @@ fn dedupe_plan_says_whether_a_configuration_holds_its_promise() {
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "{bad}");
         assert!(
-            String::from_utf8_lossy(&output.stderr)
-                .contains("--ids-per-sec must be a positive number"),
+            String::from_utf8_lossy(&output.stderr).contains("--ids-per-sec")
+                && String::from_utf8_lossy(&output.stderr).contains("not a positive number"),
             "{bad}: {}",
             String::from_utf8_lossy(&output.stderr)
         );

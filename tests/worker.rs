@@ -1375,3 +1375,78 @@ fn records_the_output_refuses_go_to_the_dead_letter_topic_once_and_their_retries
     let keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), 14);
 }
+
+/// A partition stalled at a record the output refuses, attacked: the worker SIGKILLed while it
+/// waits and started again (it stops at the same record), then in group mode a second worker
+/// joins, so the partitions move while one waits; raising the output's limit heals it wherever it
+/// is, and the output holds each id once, in order.
+#[test]
+fn a_stall_holds_through_a_sigkill_a_restart_and_a_partition_move_then_heals() {
+    let input = TestTopic::create("stall-moves-in", 2);
+    let output =
+        TestTopic::create_with("stall-moves-out", 2, &[("max.message.bytes", SMALL_LIMIT)]);
+    let dir = tempfile::tempdir().unwrap();
+    let group = format!("stall-moves-{}", uuid::Uuid::new_v4().simple());
+    let member = |name: &str| {
+        DEDUPE
+            .worker(&input.name, &output.name, &dir.path().join(name))
+            .env("DEDUPE_WORKER_GROUP_ID", &group)
+            .extra(&["--assignment", "group", "--member-id", name])
+    };
+    let (p0, records0) = with_large(8, &[(3, 5_000)]);
+    let (p1, records1) = with_large(8, &[]);
+    produce_full_to(&input.name, Some(0), &records0);
+    produce_full_to(&input.name, Some(1), &records1);
+    let stalled = [("partition", "0")];
+    let wait_stalled = |w: &Worker| {
+        wait_until(
+            "partition 0 stalled",
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || (w.metric("dedupe_partition_stalled", &stalled) == 1.0).then_some(()),
+            || tail(&w.log_text(), 30),
+        )
+    };
+    let mut a = member("a").start();
+    a.wait_ready(Duration::from_secs(60));
+    wait_for_records(&output.name, 11, Duration::from_secs(60));
+    wait_stalled(&a);
+    // SIGKILL while it waits; the restart reads from the committed offset: the refused record.
+    a.kill();
+    let mut a = member("a").start();
+    a.wait_ready(Duration::from_secs(60));
+    wait_stalled(&a);
+    // A second member joins: the partitions move while partition 0 waits.
+    let mut b = member("b").start();
+    wait_until(
+        "both members own a partition",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            (a.metric("dedupe_partitions_owned", &[]) == 1.0
+                && b.metric("dedupe_partitions_owned", &[]) == 1.0)
+                .then_some(())
+        },
+        || format!("{}\n{}", tail(&a.log_text(), 20), tail(&b.log_text(), 20)),
+    );
+    // Whichever owns partition 0 now stops at the record; the other publishes.
+    if a.metric("dedupe_partition_stalled", &stalled) != 1.0 {
+        wait_stalled(&b);
+    }
+    assert_eq!((a.exited(), b.exited()), (None, None), "both live");
+    // Healed where it now is.
+    output.alter("max.message.bytes", "1048588");
+    wait_for_records(&output.name, 16, Duration::from_secs(90));
+    a.stop_cleanly();
+    b.stop_cleanly();
+    let out = consume_all(&output.name, true);
+    assert_eq!(out.len(), 16, "each id once");
+    let order: Vec<Vec<u8>> = out
+        .iter()
+        .filter(|r| r.partition == 0)
+        .filter_map(|r| r.key.clone())
+        .collect();
+    let expected: Vec<Vec<u8>> = p0.iter().map(|id| id.as_bytes().to_vec()).collect();
+    assert_eq!(order, expected, "partition 0 in order");
+    assert_eq!(out.iter().filter(|r| r.partition == 1).count(), p1.len());
+}

@@ -29,7 +29,7 @@ use crate::events::partition::PartitionMetrics;
 use crate::ledger::LedgerActor;
 use crate::membership::Queue;
 use crate::producer::{Outgoing, Publisher};
-use protocol::Processed;
+use refusal::Processed;
 use stall::Stall;
 
 pub use audit_record::AuditSettings;
@@ -46,6 +46,7 @@ mod misrouted;
 #[cfg(feature = "passthrough")]
 mod passthrough;
 mod protocol;
+mod refusal;
 mod seams;
 mod stall;
 #[cfg(test)]

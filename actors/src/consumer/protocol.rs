@@ -22,9 +22,9 @@ use dedupe::store::Looked;
 use dedupe::wire::HEADER_DUPLICATE;
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::refusal::{first_refused, Isolation, Processed, Refusal};
 use super::seams::{SinkAccess, StoreAccess};
 use super::{Decided, InRecord, NewId, Pipeline, PipelineError};
-use crate::events::partition::RecordDeadLettered;
 use crate::events::partition::{source_header, ReusedAction};
 use crate::events::{PublishedTwice, TransactionFailed, TransactionRetried};
 use crate::producer::Outgoing;
@@ -37,50 +37,6 @@ const ABORTED_BATCH_RETRIES: Backoff = Backoff::new(
     Duration::from_millis(3200),
     ABORTED_BATCH_RETRIES_ALLOWED,
 );
-
-/// What became of the records handed to [`Pipeline::process`].
-#[derive(Debug)]
-pub(super) enum Processed {
-    /// All of them are committed and recorded.
-    Through,
-    /// Those before `rest` are committed and recorded. The output refuses `rest`'s first record
-    /// for good, alone in its transaction, and no dead-letter topic takes it: the partition stops
-    /// at it, nothing after it published, until the output accepts it.
-    StoppedAt {
-        rest: Vec<InRecord>,
-        code: RDKafkaErrorCode,
-        refused_by: RefusedIn,
-    },
-}
-
-/// How the first record of a transaction of one is sent, after the output refused it alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Isolation {
-    /// As it is: a record refused in company may only have shared the broker's request with
-    /// the record refused; alone, a refusal is its own.
-    AsItIs,
-    /// To the dead-letter topic instead of its fate's place, with its value.
-    DeadLetter(RDKafkaErrorCode),
-    /// To the dead-letter topic, without its value (the dead-letter topic refused that too).
-    DeadLetterWithoutValue(RDKafkaErrorCode),
-}
-
-/// A refused record sent to the dead-letter topic, as it is reported once its transaction
-/// committed.
-#[derive(Debug, Clone, Copy)]
-struct DeadLettered {
-    offset: i64,
-    bytes: usize,
-    code: RDKafkaErrorCode,
-    with_value: bool,
-}
-
-/// A record the output refused, as one attempt found it: its place in the records attempted.
-struct Refusal {
-    position: usize,
-    code: RDKafkaErrorCode,
-    refused_by: RefusedIn,
-}
 
 impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     /// Records of the partition, in order: each batch is looked up, decided, published with the
@@ -200,39 +156,6 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             );
         }
         Ok(None)
-    }
-
-    /// What a refused record sent to the dead-letter topic is reported with, once it committed.
-    fn dead_lettered(batch: &[InRecord], isolation: Isolation) -> Option<DeadLettered> {
-        let (code, with_value) = match isolation {
-            Isolation::AsItIs => return None,
-            Isolation::DeadLetter(code) => (code, true),
-            Isolation::DeadLetterWithoutValue(code) => (code, false),
-        };
-        let r = batch.first()?;
-        Some(DeadLettered {
-            offset: r.offset,
-            bytes: r.out.size(),
-            code,
-            with_value,
-        })
-    }
-
-    fn report_dead_lettered(&self, d: DeadLettered) {
-        RecordDeadLettered {
-            partition: self.partition,
-            input_topic: &self.settings.input_topic,
-            offset: d.offset,
-            bytes: d.bytes,
-            code: d.code,
-            dead_letter_topic: self
-                .settings
-                .dead_letter_topic
-                .as_deref()
-                .unwrap_or_default(),
-            with_value: d.with_value,
-        }
-        .emit();
     }
 
     /// Step 1: looks the batch's ids up in the ledger: what it holds of each keyed record's id (its
@@ -386,35 +309,6 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             }
             Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
         }
-    }
-
-    /// Sends a record the output refused alone to the dead-letter topic instead, as the core
-    /// writes a refused record's dead letter (`dedupe::output::refused_dead_letter`). Its id, if
-    /// it has one, is held as any published id is, so its copies are dropped as duplicates.
-    fn refused_to_dead_letter(
-        &mut self,
-        r: InRecord,
-        isolation: Isolation,
-        outgoing: &mut Outgoing,
-    ) {
-        let (code, with_value) = match isolation {
-            Isolation::DeadLetter(code) => (code, true),
-            Isolation::DeadLetterWithoutValue(code) => (code, false),
-            Isolation::AsItIs => return,
-        };
-        let read_at = ReadAt {
-            topic: &self.settings.input_topic,
-            partition: self.partition,
-            offset: r.offset,
-        };
-        outgoing.dead_letters.push(refused_dead_letter(
-            &r.out,
-            read_at,
-            code,
-            &self.settings.output_topic,
-            with_value,
-        ));
-        outgoing.dead_letter_positions.push(0);
     }
 
     /// Counts a dropped duplicate, and audits it if the sampler admits it.
@@ -579,28 +473,4 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             }
         }
     }
-}
-
-/// The refused record that comes first in the batch, by its place among the records attempted.
-fn first_refused(outgoing: &Outgoing, refused: &[RefusedRecord]) -> Refusal {
-    refused
-        .iter()
-        .filter_map(|r| {
-            let positions = match r.topic {
-                RefusedIn::Output => &outgoing.positions,
-                RefusedIn::DeadLetter => &outgoing.dead_letter_positions,
-            };
-            Some(Refusal {
-                position: *positions.get(r.index)?,
-                code: r.code,
-                refused_by: r.topic,
-            })
-        })
-        .min_by_key(|r| r.position)
-        // A refusal naming no record of the batch (none should): the whole batch alone.
-        .unwrap_or(Refusal {
-            position: 0,
-            code: refused.first().map_or(RDKafkaErrorCode::Fail, |r| r.code),
-            refused_by: RefusedIn::Output,
-        })
 }

@@ -1,5 +1,5 @@
 //! A partition stopped at a record its output refuses for good, with no dead-letter topic to
-//! take it (`protocol.rs`, [`Processed::StoppedAt`]): nothing after the record is published, and
+//! take it (`refusal.rs`, [`Processed::StoppedAt`]): nothing after the record is published, and
 //! nothing is dropped. The record is tried again, alone, after a backoff (1 s, doubling up to
 //! 30 s), so raising the output's limit heals the partition without a restart; the records read
 //! after it follow once it is through. While it waits the partition still serves forgets and
@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use dedupe::output::RefusedIn;
 use dedupe::retry::Backoff;
 
-use super::protocol::Processed;
+use super::refusal::Processed;
 use super::seams::{SinkAccess, StoreAccess};
 use super::{ForgetRequest, InRecord, Pipeline, PipelineError};
 use crate::events::partition::{PartitionHealed, PartitionStalled, StallEnded};

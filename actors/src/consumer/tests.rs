@@ -794,7 +794,7 @@ async fn a_refused_record_is_dead_lettered_alone_and_the_records_around_it_are_p
         ])
         .await
         .expect("processed");
-    assert!(matches!(processed, super::protocol::Processed::Through));
+    assert!(matches!(processed, super::refusal::Processed::Through));
     // The record before it committed on its own; the refused one alone, as a dead letter without
     // its value (the dead-letter topic refused it with its value too); the one after it on its
     // own.
@@ -876,7 +876,7 @@ async fn without_a_dead_letter_topic_the_partition_stops_at_the_refused_record_a
         .await
         .expect("processed");
     // The record before it is committed; the partition stops at it, nothing after it published.
-    let super::protocol::Processed::StoppedAt { rest, code, .. } = processed else {
+    let super::refusal::Processed::StoppedAt { rest, code, .. } = processed else {
         panic!("stopped at the refused record: {processed:?}");
     };
     assert_eq!(rest.iter().map(|r| r.offset).collect::<Vec<_>>(), [1, 2]);
