@@ -13,14 +13,11 @@ use dedupe::clock::now_ms;
 use dedupe::config::{ReusedIdPolicy, UnkeyedPolicy};
 use dedupe::identity::LedgerKey;
 use dedupe::ledger::{Held, Mark};
-use dedupe::output::{
-    refused_dead_letter, OutRecord, PublishError, ReadAt, RefusedIn, RefusedRecord,
-};
+use dedupe::output::{OutRecord, PublishError, RefusedRecord};
 use dedupe::progress::Progress;
 use dedupe::retry::Backoff;
 use dedupe::store::Looked;
 use dedupe::wire::HEADER_DUPLICATE;
-use rdkafka::types::RDKafkaErrorCode;
 
 use super::refusal::{first_refused, Isolation, Processed, Refusal};
 use super::seams::{SinkAccess, StoreAccess};
