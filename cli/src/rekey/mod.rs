@@ -50,7 +50,7 @@ use dedupe::wire::{HEADER_REKEY_BYTES, HEADER_REKEY_REASON, HEADER_REKEY_SOURCE}
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -177,7 +177,7 @@ impl Stage<'_> {
                 return Ok(Outcome::Fenced(error));
             }
             RekeyAborted { error: &error }.emit();
-            if let Err(abort) = self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
+            if let Err(abort) = self.abort() {
                 if self.is_fenced(&abort) {
                     return Ok(Outcome::Fenced(abort));
                 }
@@ -285,6 +285,22 @@ impl Stage<'_> {
             Ok(()) => Ok(true),
             Err(e) if is_too_large(&e) => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Aborts the open transaction. An abort waits for the delivery reports of every record sent
+    /// in it; records still queued for a node that died meanwhile keep it waiting past its
+    /// timeout (seen under the cluster tests' broker kills: "Failed to flush all outstanding
+    /// messages within the API timeout"), so they are purged and the abort asked again: an
+    /// aborted transaction's records are never visible anyway.
+    fn abort(&self) -> Result<(), KafkaError> {
+        match self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT) {
+            Err(e) if !self.is_fenced(&e) => {
+                self.producer
+                    .purge(PurgeConfig::default().queue().inflight());
+                self.producer.abort_transaction(TRANSACTION_CALL_TIMEOUT)
+            }
+            other => other,
         }
     }
 
