@@ -78,8 +78,9 @@ pub struct RekeyOptions {
 /// dead-letter topic: like a configuration error, it cannot go on until a setting changes.
 pub const EXIT_RECORD_TOO_LARGE: i32 = 2;
 
-/// The value of [`HEADER_REKEY_REASON`] for a record larger than the input topic accepts.
-pub const REASON_TOO_LARGE: &str = "too_large";
+/// The value of [`HEADER_REKEY_REASON`] for a record larger than the input topic accepts: the
+/// core's reason for a record too large, as the worker's dead letters say it.
+pub use dedupe::output::REASON_TOO_LARGE;
 
 /// How long a transaction call may take before the stage gives up on it (and exits, to be
 /// restarted from the committed offsets).
