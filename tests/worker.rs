@@ -1210,6 +1210,14 @@ fn with_large(n: usize, big: &[(usize, usize)]) -> (Vec<String>, Vec<Outgoing>) 
     (all, records)
 }
 
+/// The keys the output holds on `partition`, in order.
+fn keys_on(out: &[Record], partition: i32) -> Vec<Vec<u8>> {
+    out.iter()
+        .filter(|r| r.partition == partition)
+        .filter_map(|r| r.key.clone())
+        .collect()
+}
+
 /// The output topic's `max.message.bytes` in the refusal tests: a 5 KB record of noise is over it.
 const SMALL_LIMIT: &str = "2000";
 
@@ -1287,13 +1295,8 @@ fn a_record_the_output_refuses_stalls_only_its_partition_which_heals_when_the_li
         assert!(keys.contains(id.as_bytes()), "{id} published");
     }
     // Partition 0 kept its order, the refused record in its place.
-    let order: Vec<Vec<u8>> = out
-        .iter()
-        .filter(|r| r.partition == 0)
-        .filter_map(|r| r.key.clone())
-        .collect();
     let expected: Vec<Vec<u8>> = p0.iter().map(|id| id.as_bytes().to_vec()).collect();
-    assert_eq!(order, expected);
+    assert_eq!(keys_on(&out, 0), expected);
 }
 
 #[test]
@@ -1441,12 +1444,7 @@ fn a_stall_holds_through_a_sigkill_a_restart_and_a_partition_move_then_heals() {
     b.stop_cleanly();
     let out = consume_all(&output.name, true);
     assert_eq!(out.len(), 16, "each id once");
-    let order: Vec<Vec<u8>> = out
-        .iter()
-        .filter(|r| r.partition == 0)
-        .filter_map(|r| r.key.clone())
-        .collect();
     let expected: Vec<Vec<u8>> = p0.iter().map(|id| id.as_bytes().to_vec()).collect();
-    assert_eq!(order, expected, "partition 0 in order");
+    assert_eq!(keys_on(&out, 0), expected, "partition 0 in order");
     assert_eq!(out.iter().filter(|r| r.partition == 1).count(), p1.len());
 }
