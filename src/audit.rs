@@ -28,11 +28,12 @@
 use std::time::Instant;
 
 use base64::Engine;
+use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
 
 use crate::batch::Verdict;
 use crate::identity::LedgerKey;
-use crate::output::OutRecord;
+use crate::output::{refusal_reason, OutRecord, ReadAt};
 
 /// The version of the audit record's value.
 pub const FORMAT_VERSION: u32 = 1;
@@ -174,6 +175,70 @@ pub fn encode_forget(f: &Forget<'_>) -> OutRecord {
         value: Some(serde_json::to_vec(&value).unwrap_or_default()),
         headers: Vec::new(),
         timestamp_ms: Some(f.at_ms),
+    }
+}
+
+/// One record the output refused for good, sent to the dead-letter topic in its place, as the
+/// audit tells it (`"event":"dead_letter"`; see docs/operations.md). Every one is audited: the
+/// sampler and its cap are for duplicates, and a refusal is rare.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadLetter<'a> {
+    pub key: LedgerKey,
+    /// The refused record, as read from the input.
+    pub record: &'a OutRecord,
+    pub read_at: ReadAt<'a>,
+    pub code: RDKafkaErrorCode,
+    pub dead_letter_topic: &'a str,
+    /// The dead letter kept the record's value (the dead-letter topic took it).
+    pub with_value: bool,
+    pub at_ms: i64,
+}
+
+#[derive(Serialize)]
+struct DeadLetterValue<'a> {
+    v: u32,
+    event: &'static str,
+    ledger_key: String,
+    input_topic: &'a str,
+    input_partition: i32,
+    input_offset: i64,
+    timestamp_ms: Option<i64>,
+    bytes: usize,
+    reason: &'static str,
+    error: String,
+    dead_letter_topic: &'a str,
+    with_value: bool,
+    at_ms: i64,
+}
+
+/// The audit record of a dead-lettered record: keyed like the input record, to be sent to the
+/// input partition's number, in the transaction that writes its dead letter.
+pub fn encode_dead_letter(d: &DeadLetter<'_>) -> OutRecord {
+    let value = DeadLetterValue {
+        v: FORMAT_VERSION,
+        event: "dead_letter",
+        ledger_key: d.key.hex(),
+        input_topic: d.read_at.topic,
+        input_partition: d.read_at.partition,
+        input_offset: d.read_at.offset,
+        timestamp_ms: d.record.timestamp_ms,
+        bytes: d.record.size(),
+        reason: refusal_reason(d.code),
+        error: d.code.to_string(),
+        dead_letter_topic: d.dead_letter_topic,
+        with_value: d.with_value,
+        at_ms: d.at_ms,
+    };
+    OutRecord {
+        key: d
+            .record
+            .key
+            .clone()
+            .or_else(|| Some(d.key.hex().into_bytes())),
+        // Serializing a struct of strings and numbers cannot fail.
+        value: Some(serde_json::to_vec(&value).unwrap_or_default()),
+        headers: Vec::new(),
+        timestamp_ms: Some(d.at_ms),
     }
 }
 

@@ -49,6 +49,7 @@ mod protocol;
 mod refusal;
 mod seams;
 mod stall;
+mod tally;
 #[cfg(test)]
 mod tests;
 mod unkeyed;
@@ -266,6 +267,8 @@ struct Decided {
     refreshes: Vec<usize>,
     /// The timestamp of the oldest new record, for the end-to-end latency.
     oldest_new_ms: Option<i64>,
+    /// What the decision counts, once its transaction commits.
+    tally: tally::Tally,
 }
 
 impl Pipeline {

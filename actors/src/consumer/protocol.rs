@@ -21,6 +21,7 @@ use dedupe::wire::HEADER_DUPLICATE;
 
 use super::refusal::{first_refused, Isolation, Processed, Refusal};
 use super::seams::{SinkAccess, StoreAccess};
+use super::tally::Tally;
 use super::{Decided, InRecord, NewId, Pipeline, PipelineError};
 use crate::events::partition::{source_header, ReusedAction};
 use crate::events::{PublishedTwice, TransactionFailed, TransactionRetried};
@@ -117,10 +118,12 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
         let mut decided = self.decide(batch, &looked.held, isolation);
         let resent = self.resent(&mut decided, &looked.forgotten);
         let refreshes = std::mem::take(&mut decided.refreshes);
+        let tally = std::mem::take(&mut decided.tally);
         let (new_ids, committed) = match self.publish_decided(decided, next_input_offset).await? {
             Ok(through) => through,
             Err(refusal) => return Ok(Some(refusal)),
         };
+        self.count(tally);
         if let Some(dead_lettered) = dead_lettered {
             self.report_dead_lettered(dead_lettered);
         }
@@ -174,7 +177,8 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
 
     /// Step 2: decides, in input order: new ids are published once, repeats are dropped, records
     /// without an id follow the unkeyed policy. A record the output refused alone goes to the
-    /// dead-letter topic instead, as `isolation` says.
+    /// dead-letter topic instead, as `isolation` says. What it counts is in the tally, counted
+    /// once its transaction commits.
     pub(super) fn decide(
         &mut self,
         batch: Vec<InRecord>,
@@ -190,11 +194,8 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             refresh: self.settings.refresh_on_duplicate,
         };
         let decision = batch::decide(&candidates, found, rules);
-        if !decision.refreshes.is_empty() {
-            self.metrics
-                .refreshed
-                .increment(decision.refreshes.len() as u64);
-        }
+        let mut tally = Tally::default();
+        tally.add(&self.metrics.refreshed, decision.refreshes.len() as u64);
         let mut outgoing = Outgoing {
             records: Vec::with_capacity(batch.len()),
             dead_letters: Vec::new(),
@@ -212,7 +213,7 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
                 continue;
             }
             let (records, dead_letters) = (outgoing.records.len(), outgoing.dead_letters.len());
-            self.route(r, fate, now, &mut outgoing);
+            self.route(r, fate, now, &mut outgoing, &mut tally);
             outgoing
                 .positions
                 .resize(outgoing.records.len().max(records), i);
@@ -224,6 +225,7 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             outgoing,
             refreshes: decision.refreshes,
             oldest_new_ms: decision.oldest_new_ms,
+            tally,
         }
     }
 
@@ -246,85 +248,83 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
     }
 
     /// Puts one record where its fate sends it (the output, the dead letters, nowhere but the
-    /// audit), counted.
-    fn route(&mut self, mut r: InRecord, fate: &Fate, now: Instant, outgoing: &mut Outgoing) {
+    /// audit), counted in `tally`.
+    fn route(
+        &mut self,
+        mut r: InRecord,
+        fate: &Fate,
+        now: Instant,
+        outgoing: &mut Outgoing,
+        tally: &mut Tally,
+    ) {
         if fate.reaches_output() {
             // Only the worker's own flag, added below, says on the output that a copy is a
             // duplicate.
             let renamed = batch::rename_input_duplicate_headers(&mut r.out.headers);
-            if renamed > 0 {
-                self.metrics
-                    .input_duplicate_headers
-                    .increment(renamed as u64);
-            }
+            tally.add(&self.metrics.input_duplicate_headers, renamed as u64);
         }
+        let m = &self.metrics;
         match *fate {
             Fate::Publish => {
-                self.metrics
-                    .of_source(source_header(&r.out))
-                    .published
-                    .increment(1);
+                tally.one(&m.of_source(source_header(&r.out)).published);
                 outgoing.records.push(r.out);
             }
-            Fate::Duplicate(seen) => self.drop_duplicate(&r, seen, now, &mut outgoing.audit),
+            Fate::Duplicate(seen) => self.drop_duplicate(&r, seen, now, &mut outgoing.audit, tally),
             Fate::Reused(_, ReusedIdPolicy::DeadLetter) => {
-                self.metrics.reused(ReusedAction::DeadLettered).increment(1);
-                self.metrics
-                    .of_source(source_header(&r.out))
-                    .reused
-                    .increment(1);
+                tally.one(m.reused(ReusedAction::DeadLettered));
+                tally.one(&m.of_source(source_header(&r.out)).reused);
                 outgoing.dead_letters.push(r.out);
             }
             Fate::Reused(..) => {
-                self.metrics.reused(ReusedAction::Published).increment(1);
-                let counters = self.metrics.of_source(source_header(&r.out));
-                counters.published.increment(1);
-                counters.reused.increment(1);
+                tally.one(m.reused(ReusedAction::Published));
+                let counters = m.of_source(source_header(&r.out));
+                tally.one(&counters.published);
+                tally.one(&counters.reused);
                 outgoing.records.push(r.out);
             }
             Fate::Passed(seen, mode) => {
-                let counters = self.metrics.of_source(source_header(&r.out));
+                let counters = m.of_source(source_header(&r.out));
                 let mut out = r.out;
                 if mode == SourceMode::Flag {
-                    counters.flagged.increment(1);
+                    tally.one(&counters.flagged);
                     out.headers.push((
                         HEADER_DUPLICATE.to_string(),
                         Some(seen.verdict.as_str().as_bytes().to_vec()),
                     ));
                 } else {
-                    counters.passed.increment(1);
+                    tally.one(&counters.passed);
                 }
                 outgoing.records.push(out);
             }
             Fate::Forward(reason) => {
-                self.unkeyed(reason, UnkeyedPolicy::Forward);
+                tally.unkeyed(reason, UnkeyedPolicy::Forward);
                 outgoing.records.push(r.out);
             }
             Fate::DeadLetter(reason) => {
-                self.unkeyed(reason, UnkeyedPolicy::DeadLetter);
+                tally.unkeyed(reason, UnkeyedPolicy::DeadLetter);
                 outgoing.dead_letters.push(r.out);
             }
-            Fate::Drop(reason) => self.unkeyed(reason, UnkeyedPolicy::Drop),
+            Fate::Drop(reason) => tally.unkeyed(reason, UnkeyedPolicy::Drop),
         }
     }
 
-    /// Counts a dropped duplicate, and audits it if the sampler admits it.
+    /// Counts a dropped duplicate in `tally`, and audits it if the sampler admits it.
     fn drop_duplicate(
         &mut self,
         r: &InRecord,
         seen: Seen,
         now: Instant,
         audit: &mut Vec<OutRecord>,
+        tally: &mut Tally,
     ) {
         let source = source_header(&r.out);
-        self.metrics.of_source(source).duplicate.increment(1);
-        self.metrics
-            .duplicate_age
-            .record(seen.age_ms as f64 / 1000.0);
-        self.metrics.dropped(seen.verdict).increment(1);
+        let m = &self.metrics;
+        tally.one(&m.of_source(source).duplicate);
+        tally.duplicate_age(seen.age_ms as f64 / 1000.0);
+        tally.one(m.dropped(seen.verdict));
         if seen.verdict == Verdict::ReusedId {
-            self.metrics.reused(ReusedAction::Dropped).increment(1);
-            self.metrics.of_source(source).reused.increment(1);
+            tally.one(m.reused(ReusedAction::Dropped));
+            tally.one(&m.of_source(source).reused);
         }
         if let (Some(sampler), Ok(key)) = (self.sampler.as_mut(), r.id) {
             match sampler.admit(&key, now) {
@@ -332,8 +332,8 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
                     let source = source.flatten().and_then(|v| std::str::from_utf8(v).ok());
                     audit.push(self.audit_record(r, key, source, seen));
                 }
-                Admission::SampledOut => self.metrics.audit_sampled_out.increment(1),
-                Admission::OverCap => self.metrics.audit_over_cap.increment(1),
+                Admission::SampledOut => tally.one(&self.metrics.audit_sampled_out),
+                Admission::OverCap => tally.one(&self.metrics.audit_over_cap),
             }
         }
     }

@@ -4,6 +4,8 @@
 //! went there. The core decides what a refusal is and writes the dead letter
 //! (`dedupe::output::{is_refusal, refused_dead_letter}`).
 
+use dedupe::audit;
+use dedupe::clock::now_ms;
 use dedupe::output::{refused_dead_letter, ReadAt, RefusedIn, RefusedRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -92,7 +94,8 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
 
     /// Sends a record the output refused alone to the dead-letter topic instead, as the core
     /// writes a refused record's dead letter (`dedupe::output::refused_dead_letter`). Its id, if
-    /// it has one, is held as any published id is, so its copies are dropped as duplicates.
+    /// it has one, is held as any published id is, so its copies are dropped as duplicates; with
+    /// the audit on, the audit says so in the same transaction.
     pub(super) fn refused_to_dead_letter(
         &mut self,
         r: InRecord,
@@ -117,6 +120,24 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             with_value,
         ));
         outgoing.dead_letter_positions.push(0);
+        // With the audit on, the dead letter is in it too, whatever its sampling.
+        if let (true, Ok(key)) = (self.settings.audit.is_some(), r.id) {
+            outgoing
+                .audit
+                .push(audit::encode_dead_letter(&audit::DeadLetter {
+                    key,
+                    record: &r.out,
+                    read_at,
+                    code,
+                    dead_letter_topic: self
+                        .settings
+                        .dead_letter_topic
+                        .as_deref()
+                        .unwrap_or_default(),
+                    with_value,
+                    at_ms: now_ms(),
+                }));
+        }
     }
 }
 

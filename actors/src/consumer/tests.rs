@@ -936,3 +936,95 @@ async fn a_stalled_partition_stops_when_told_and_clears_its_stall() {
     assert!(p.committed().is_empty(), "nothing published past it");
     assert_eq!(p.settings.board.stalled_at(0), None);
 }
+
+/// The value of the counter `name` whose labels include each of `labels` (`key="value"`), from
+/// the text a Prometheus recorder renders.
+fn counter_value(rendered: &str, name: &str, labels: &[&str]) -> Option<u64> {
+    rendered
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|label| l.contains(label)))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_split_by_a_refusal_counts_each_record_once() {
+    // A recorder of the test's own, on this thread, before the pipeline registers its counters.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    p.refuse_larger_than(Some(300));
+    // Decided five times in parts (the whole, the two before the refused record, the refused one
+    // three times, the two after it): each record counts once, in the part that committed.
+    p.process(vec![
+        record(0, Some(1), "a"),
+        record(1, Some(1), "a"),
+        large(2, 2, 500),
+        record(3, Some(3), "c"),
+        record(4, None, "u"),
+    ])
+    .await
+    .expect("processed");
+    assert_eq!(next_offsets(&p.committed()), [2, 3, 5]);
+    let rendered = handle.render();
+    let source = |outcome: &str| {
+        counter_value(
+            &rendered,
+            dedupe::metrics::SOURCE_RECORDS,
+            &["source=\"none\"", &format!("outcome=\"{outcome}\"")],
+        )
+    };
+    assert_eq!(source("published"), Some(2), "a and c:\n{rendered}");
+    assert_eq!(source("duplicate"), Some(1), "a's copy:\n{rendered}");
+    let dropped = counter_value(
+        &rendered,
+        dedupe::metrics::DUPLICATES_DROPPED,
+        &["verdict=\"retry\""],
+    );
+    assert_eq!(dropped, Some(1), "{rendered}");
+    let unkeyed = counter_value(&rendered, dedupe::metrics::UNKEYED, &[]);
+    assert_eq!(unkeyed, Some(1), "{rendered}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_lettered_record_is_in_the_audit_and_its_copy_is_audited_as_a_drop() {
+    let (mut p, _) = pipeline(UnkeyedPolicy::Forward, ReusedIdPolicy::Drop);
+    let mut auditing = (*p.settings).clone();
+    auditing.audit = Some(super::AuditSettings {
+        payloads: false,
+        sample: 1.0,
+        max_per_sec: 1_000,
+    });
+    p.settings = Arc::new(auditing);
+    p.sampler = Some(dedupe::audit::Sampler::new(1.0, 1_000));
+    p.refuse_larger_than(Some(300));
+    p.process(vec![record(0, Some(1), "a"), large(1, 2, 500)])
+        .await
+        .expect("processed");
+    let committed = p.committed().clone();
+    assert_eq!(next_offsets(&committed), [1, 2]);
+    // In the transaction of its dead letter, one audit record says where it went and why.
+    assert_eq!(committed[1].dead_letters.len(), 1);
+    let audit = &committed[1].audit;
+    assert_eq!(audit.len(), 1);
+    let value: serde_json::Value =
+        serde_json::from_slice(audit[0].value.as_deref().expect("a value")).expect("JSON");
+    assert_eq!(value["event"], "dead_letter");
+    assert_eq!(value["ledger_key"], key(2).hex());
+    assert_eq!(value["input_topic"], "in");
+    assert_eq!(value["input_offset"], 1);
+    assert_eq!(value["reason"], "too_large");
+    assert_eq!(value["dead_letter_topic"], "dlq");
+    assert_eq!(value["with_value"], false);
+    assert_eq!(value["bytes"], large(1, 2, 500).out.size());
+    assert_eq!(audit[0].key, Some(vec![2]), "keyed like the input record");
+    // Its copy is a duplicate, dropped and audited as one.
+    p.process(vec![large(2, 2, 500)]).await.expect("the copy");
+    let last = p.committed().last().cloned().expect("a batch");
+    assert!(last.records.is_empty() && last.dead_letters.is_empty());
+    let value: serde_json::Value =
+        serde_json::from_slice(last.audit[0].value.as_deref().expect("a value")).expect("JSON");
+    assert_eq!(value["verdict"], "retry");
+    assert_eq!(value["input_offset"], 2);
+}
