@@ -21,9 +21,9 @@
 use crate::identity::{LedgerKey, LEDGER_KEY_BYTES};
 use crate::ledger::{MarkKind, Sent};
 
-const VERSION: u8 = 1;
-const FORGOTTEN: u8 = 2;
-const RESENT: u8 = 3;
+pub(crate) const VERSION: u8 = 1;
+pub(crate) const FORGOTTEN: u8 = 2;
+pub(crate) const RESENT: u8 = 3;
 
 /// A marker record: what it says of its ids, when it was made (ms), and the ids.
 #[derive(Debug, Clone, PartialEq, Eq)]

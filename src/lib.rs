@@ -9,6 +9,7 @@ pub mod changelog;
 pub mod clock;
 pub mod config;
 pub mod explain;
+pub mod formats;
 pub mod identity;
 pub mod json;
 pub mod kafka;

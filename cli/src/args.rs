@@ -10,7 +10,8 @@ use dedupe::ledger::Durability;
 #[derive(Debug, Parser)]
 #[command(
     name = "dedupe",
-    version,
+    version = crate::release::VERSION,
+    long_version = crate::release::long_version(),
     about = "Removes duplicate messages from a Kafka topic: exactly-once events from at-least-once clients."
 )]
 pub struct Cli {

@@ -10,7 +10,8 @@
 //! - [`rekey`]: `dedupe rekey`, which keys a topic by id.
 //! - [`explain_client`]: `dedupe explain`, and where an id's partition is; [`forget_client`]:
 //!   `dedupe forget`; [`admin_client`]: what they share to call the admin endpoints and to print.
-//! - [`plan`]: `dedupe plan`; [`tools`]: `dedupe verify` and the ledger's tools.
+//! - [`plan`]: `dedupe plan`; [`tools`]: `dedupe verify` and the ledger's tools; [`release`]:
+//!   the version and commit `--version` prints, with the formats.
 //! - Behind the `tools` feature (on by default, off in the image): [`loadgen`], and
 //!   [`bench`](mod@bench), the benches that run the real worker.
 
@@ -37,6 +38,7 @@ pub mod http {
 pub mod loadgen;
 pub mod plan;
 pub mod rekey;
+pub mod release;
 pub mod run;
 pub mod signals;
 pub mod tools;

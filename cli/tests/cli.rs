@@ -160,3 +160,28 @@ fn restore_from_a_mistyped_directory_creates_nothing_and_replaces_nothing() {
         "the ledger directory was moved aside for nothing"
     );
 }
+
+#[test]
+fn version_names_the_release_its_commit_and_every_format() {
+    let out = dedupe().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("dedupe {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    for format in [
+        "ledger: writes 4",
+        "id index: writes 3",
+        "snapshot:",
+        "id changelog record kinds:",
+        "audit record: writes 1",
+        "front door headers: writes dedupe-source",
+    ] {
+        assert!(text.contains(format), "{format} in:\n{text}");
+    }
+    // -V: one line.
+    let out = dedupe().arg("-V").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}

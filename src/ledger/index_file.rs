@@ -70,7 +70,8 @@ const TEMPORARY: &str = "id-index.partial";
 /// overlap when one gives up while the next starts).
 const STORING: &str = "id-index.storing.";
 const MAGIC: &[u8; 8] = b"DDUPIDX\x01";
-const VERSION: u32 = 3;
+/// The index file's version: a file of another version is rebuilt from the ledger at open.
+pub const VERSION: u32 = 3;
 /// Longest header accepted (256 tag counts, generations: far below this).
 const MAX_HEADER: u32 = 1 << 20;
 

@@ -165,7 +165,7 @@ pub use answers::{Held, Sent, Sighting, Verdict};
 pub use error::{LedgerError, Result};
 pub use forget::{forgotten_since, Forgotten, Mark, MarkKind, MarkOrder};
 pub use format::{stored_first_seen_ms, GenerationMeta, PartitionSpan, TimeBase};
-pub use index_file::{IndexSource, INDEX_FILE};
+pub use index_file::{IndexSource, INDEX_FILE, VERSION as INDEX_FILE_VERSION};
 pub use load::{Load, LoadTimes, WindowFloor, RUN_IDS};
 pub use options::{Durability, LedgerOptions};
 pub use retention::{generation_span_ms, past_limit, retention_floor, Expired};
@@ -197,9 +197,9 @@ pub const GENERATION_CF_PREFIX: &str = "gen-";
 /// version 3 code would read millisecond offsets as seconds.
 pub const FORMAT_VERSION: u32 = 4;
 /// The format a ledger without millisecond generations is marked with.
-const SECONDS_FORMAT_VERSION: u32 = 3;
+pub const SECONDS_FORMAT_VERSION: u32 = 3;
 /// The oldest format this code opens (and upgrades).
-const OLDEST_READABLE_FORMAT_VERSION: u32 = 1;
+pub const OLDEST_READABLE_FORMAT_VERSION: u32 = 1;
 /// Resolution of stored first-seen times in a generation started without a retention limit (and
 /// in every generation of format version 3 and older).
 pub const FIRST_SEEN_RESOLUTION_MS: i64 = 1000;

@@ -593,6 +593,17 @@ fn unknown_format_version_is_refused() {
         matches!(err, LedgerError::UnknownFormat { found: 99 }),
         "{err}"
     );
+    // The refusal names both versions and what to do.
+    let said = err.to_string();
+    for words in [
+        "format version 99",
+        &format!("this build ({})", crate::formats::VERSION),
+        "reads versions 1 to",
+        "move the ledger directory aside",
+        "Rolling back",
+    ] {
+        assert!(said.contains(words), "{said}");
+    }
 }
 
 #[test]

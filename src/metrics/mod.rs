@@ -69,6 +69,11 @@ pub const LEVEL_WARNING: &str = "warning";
 // The worker.
 pub const RECORDS_IN: &str = "dedupe_records_in_total";
 pub const RECORDS_OUT: &str = "dedupe_records_out_total";
+pub const BUILD_INFO: &str = "dedupe_build_info";
+/// Labels of [`BUILD_INFO`].
+pub const LABEL_VERSION: &str = "version";
+pub const LABEL_COMMIT: &str = "commit";
+pub const LABEL_LEDGER_FORMAT: &str = "ledger_format";
 pub const DUPLICATES_DROPPED: &str = "dedupe_duplicates_dropped_total";
 pub const REUSED_IDS: &str = "dedupe_reused_ids_total";
 pub const SOURCE_REUSED_IDS: &str = "dedupe_source_reused_ids_total";
@@ -242,6 +247,7 @@ const P: &[&str] = &[LABEL_PARTITION];
 
 /// Every metric, with its help text and labels.
 pub const ALL: &[Metric] = &[
+    m(BUILD_INFO, Gauge, None, &[LABEL_VERSION, LABEL_COMMIT, LABEL_LEDGER_FORMAT], "1 for the running build, labelled with its version, the commit it was built from and the ledger format it writes under a retention limit (dedupe --version lists every format): a fleet of mixed versions shows as several series."),
     m(RECORDS_IN, Counter, None, P, "Input records read."),
     m(RECORDS_OUT, Counter, None, P, "Records published to the output topic in committed transactions."),
     m(DUPLICATES_DROPPED, Counter, None, &[LABEL_PARTITION, LABEL_VERDICT], "Records dropped because their id was already in the ledger, by verdict: retry (the same content as the first copy), reused_id (other content), unknown (either copy has no content digest)."),

@@ -45,6 +45,7 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     }
     let handle = builder.install_recorder()?;
     m::describe();
+    crate::events::BuildInfo.emit();
     Ok(handle)
 }
 
