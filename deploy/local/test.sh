@@ -49,6 +49,11 @@ venv=${DEDUPE_VENV:-/var/tmp/dedupe-venv}
 DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p no:cacheprovider -o tmp_path_retention_policy=failed tests/python
 step "Python tests"
 
+# A rolling upgrade and a rollback under load, from the last release to this build (built beside
+# it the first time, then kept in /var/tmp/dedupe-releases), with the binary the Rust tests built.
+DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" deploy/local/upgrade.sh
+step "upgrade and rollback"
+
 # The container image: built with podman around a release binary without failpoints, then run
 # against the local broker (deploy/local/image-check.sh says what each check proves).
 deploy/local/image.sh build
