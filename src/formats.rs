@@ -7,8 +7,7 @@ use std::fmt::Write;
 
 use crate::{audit, changelog, ledger, wire};
 
-/// This build's version (the workspace's).
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use crate::VERSION;
 
 /// One format: the version this build writes and the versions it reads.
 #[derive(Debug, Clone, PartialEq, Eq)]

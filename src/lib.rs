@@ -32,3 +32,7 @@ pub mod wire;
 /// records, progress, recovery and the actors. Partitions are never negative; on disk the ledger
 /// stores one as 4 bytes (big-endian in keys, little-endian in the batch log).
 pub type Partition = i32;
+
+/// This build's version (the workspace's): what `dedupe --version` and `dedupe_build_info` say,
+/// and what a ledger too new for this build is refused by (the formats are in [`formats`]).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -248,3 +248,109 @@ fn every_past_changelog_holds_each_held_id_under_this_builds_key_and_its_audit_r
         );
     }
 }
+
+#[derive(Debug, Deserialize)]
+struct CompositeFixture {
+    id_source: Vec<String>,
+    refresh_on_duplicate: bool,
+    records: Vec<CompositeRecord>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompositeRecord {
+    key: String,
+    /// The record's value, as sent.
+    value: String,
+    verdict: String,
+}
+
+/// Whether any part of a composite id is a JSON number.
+fn has_number_part(value: &str) -> bool {
+    let parsed: serde_json::Value = serde_json::from_str(value).expect("a JSON value");
+    parsed
+        .as_object()
+        .is_some_and(|o| o.values().any(serde_json::Value::is_number))
+}
+
+#[test]
+fn every_past_ledger_of_composite_ids_holds_them_under_this_builds_keys() {
+    let mut read = 0;
+    for dir in fixtures() {
+        let fixture = read_fixture(&dir);
+        let composite = dir.join("composite");
+        if !composite.exists() {
+            assert!(
+                minor(&fixture.version) < 8,
+                "{}: composite ids since 0.8",
+                fixture.version
+            );
+            continue;
+        }
+        let text = std::fs::read_to_string(composite.join("fixture.json")).expect("fixture.json");
+        let c: CompositeFixture = serde_json::from_str(&text).expect("it parses");
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let data_dir = scratch.path().join("ledger");
+        copy_dir(&composite.join("ledger"), &data_dir);
+        let config_file = scratch.path().join("dedupe.toml");
+        std::fs::write(
+            &config_file,
+            format!(
+                "[worker]\ndata_dir = {:?}\nid_source = {:?}\n",
+                data_dir.display().to_string(),
+                c.id_source
+            ),
+        )
+        .expect("write the config");
+        let config = dedupe::config::Config::load(
+            Some(&config_file),
+            std::iter::empty(),
+            &dedupe::config::Overrides::default(),
+        )
+        .expect("the config loads");
+        // The ledger as the worker opens it, asked about each record's key as the worker reads it.
+        let ledger =
+            dedupe::ledger::Ledger::open_existing(&data_dir, config.ledger.maintenance_options())
+                .unwrap_or_else(|e| panic!("{}: the ledger opens: {e}", fixture.version));
+        let mut first_seen = std::collections::BTreeMap::new();
+        for r in &c.records {
+            let view = dedupe::identity::copied_view(
+                Some(r.key.as_bytes()),
+                &[],
+                Some(r.value.as_bytes()),
+            );
+            let key = dedupe::identity::message_key(&view, &config.worker.id_source)
+                .unwrap_or_else(|e| panic!("{}: {}: {e:?}", fixture.version, r.value));
+            let looked = dedupe::store::IdStore::look_up(&ledger, &[key]).expect("a look-up");
+            let held = looked.held[0].is_some();
+            if let Some(h) = looked.held[0] {
+                first_seen.insert(r.key.clone(), h.first_seen_ms);
+            }
+            // docs/upgrading.md#012, "Ledger keys of JSON numbers": a composite with a number part
+            // is keyed anew since 0.12.
+            let expected = r.verdict == "dropped"
+                && !(minor(&fixture.version) < 12 && has_number_part(&r.value));
+            assert_eq!(
+                held, expected,
+                "{}: composite id {} held {held}, expected {expected} (the release: {})",
+                fixture.version, r.value, r.verdict
+            );
+        }
+        // The first id's copy a second and a half after it refreshed it: the time held for it is
+        // that copy's, later than the third id's, sent just after the first.
+        if c.refresh_on_duplicate {
+            assert!(
+                first_seen["alice"] > first_seen["carol"],
+                "{}: the refreshed id holds its refresh: {first_seen:?}",
+                fixture.version
+            );
+        }
+        assert_eq!(
+            c.refresh_on_duplicate,
+            minor(&fixture.version) >= 12,
+            "refresh from 0.12"
+        );
+        ledger.close().expect("closed");
+        read += 1;
+    }
+    assert!(read >= 6, "composite fixtures from 0.8 on: {read}");
+}

@@ -16,6 +16,8 @@
 #      it published is each id's verdict;
 #   4. its id changelog (each record as a 4-byte big-endian length and its bytes) and its audit
 #      (one JSON record a line), read committed, are kept.
+#   5. from 0.8, a second worker does the same with composite ids (`composite_fixture` below),
+#      kept in composite/.
 # Everything goes to cli/tests/fixtures/formats/VERSION/, with fixture.json naming the release,
 # the id source, and each id's kind and verdict.
 set -euo pipefail
@@ -181,7 +183,94 @@ TOML
     done
     printf '\n  ]\n}\n'
   } >"$dest/fixture.json"
+  rm -rf "$run"
+  if at_least "$version" 8; then
+    composite_fixture "$dest/composite"
+  fi
   echo "fixtures.sh: $version: $(du -sk "$dest" | cut -f1) KiB in $dest" >&2
+}
+
+# Composite ids (from 0.8): a worker reading ["json:/user", "json:/n"] takes in three ids, a text
+# and a small number, a text and a number past 64 bits, two texts; one copy of the first comes a
+# second and a half later, which refreshes it from 0.12 (ledger.refresh_on_duplicate). Its ledger
+# is kept in $1 with each record and the verdict its next copy got.
+composite_fixture() {
+  local dest=$1
+  run=$(mktemp -d)
+  local tag
+  tag=$(echo "$version" | tr . -)-composite-$(date +%s)
+  input=fixtures.$tag.in
+  output=fixtures.$tag.out
+  deploy/local/kafka.sh create-topic "$input" 1 >/dev/null
+  deploy/local/kafka.sh create-topic "$output" 1 >/dev/null
+  local refresh=false
+  if at_least "$version" 12; then refresh=true; fi
+  cat >"$run/dedupe.toml" <<TOML
+[kafka]
+brokers = "$brokers"
+[worker]
+input_topic = "$input"
+output_topic = "$output"
+data_dir = "$run/ledger"
+id_source = ["json:/user", "json:/n"]
+promised_window_secs = 3600
+[ledger]
+budget_bytes = "256MiB"
+write_buffer_bytes = "4MiB"
+TOML
+  if [ "$refresh" = true ]; then
+    sed -i 's/^\[ledger\]$/[ledger]\nrefresh_on_duplicate = true/' "$run/dedupe.toml"
+  fi
+  cat >>"$run/dedupe.toml" <<TOML
+[metrics]
+addr = "$metrics"
+TOML
+  # key|value
+  local records=(
+    'alice|{"user":"alice","n":1}'
+    'bob|{"user":"bob","n":12345678901234567890}'
+    'carol|{"user":"carol","n":"x"}'
+  )
+  local entry key value
+  start_worker
+  for entry in "${records[@]}"; do
+    IFS='|' read -r key value <<<"$entry"
+    printf '%s\t%s\n' "$key" "$value" | kcat -P -b "$brokers" -t "$input" -K $'\t'
+  done
+  sleep 1.5
+  printf 'alice\t{"user":"alice","n":1}\nfirst-done\t{"user":"first-done","n":0}\n' \
+    | kcat -P -b "$brokers" -t "$input" -K $'\t'
+  wait_for_key first-done
+  stop_worker
+  mkdir -p "$dest"
+  cp -r "$run/ledger" "$dest/ledger"
+  find "$dest" -name 'LOG*' -delete
+  find "$dest" \( -name id-index -o -name 'OPTIONS-*' \) -exec gzip -9 -n {} +
+  local published_before published
+  published_before=$(read_topic "$output" '%k\n' | wc -l)
+  start_worker
+  records+=('dave|{"user":"dave","n":2}')
+  for entry in "${records[@]}" 'last-done|{"user":"last-done","n":0}'; do
+    IFS='|' read -r key value <<<"$entry"
+    printf '%s\t%s\n' "$key" "$value" | kcat -P -b "$brokers" -t "$input" -K $'\t'
+  done
+  wait_for_key last-done
+  stop_worker
+  published=$(read_topic "$output" '%k\n' | tail -n +"$((published_before + 1))")
+  {
+    printf '{\n  "id_source": ["json:/user", "json:/n"],\n  "refresh_on_duplicate": %s,\n  "records": [\n' "$refresh"
+    local n=0 verdict
+    for entry in "${records[@]}"; do
+      IFS='|' read -r key value <<<"$entry"
+      verdict=dropped
+      if grep -qxF "$key" <<<"$published"; then verdict=published; fi
+      [ $n -eq 0 ] || printf ',\n'
+      # The value as a JSON string, byte for byte as it was sent.
+      printf '    {"key": "%s", "value": "%s", "verdict": "%s"}' "$key" "${value//\"/\\\"}" "$verdict"
+      n=$((n + 1))
+    done
+    printf '\n  ]\n}\n'
+  } >"$dest/fixture.json"
   rm -rf "$run"
 }
 

@@ -87,7 +87,7 @@ pub enum LedgerError {
         message: String,
     },
     /// The ledger was written in a format version this code does not know.
-    #[error("the ledger has format version {found}; this build ({}) reads versions {OLDEST_READABLE_FORMAT_VERSION} to {FORMAT_VERSION}, so a newer release wrote it: start that release again, or move the ledger directory aside and start this one on an empty directory (it loads the ids from the changelog); no id was written to it (docs/upgrading.md, Rolling back)", crate::formats::VERSION)]
+    #[error("the ledger has format version {found}; this build ({}) reads versions {OLDEST_READABLE_FORMAT_VERSION} to {FORMAT_VERSION}, so a newer release wrote it: start that release again, or move the ledger directory aside and start this one on an empty directory (it loads the ids from the changelog); no id was written to it (docs/upgrading.md, Rolling back)", crate::VERSION)]
     UnknownFormat {
         /// Version found on disk.
         found: u32,

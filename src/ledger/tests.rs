@@ -597,7 +597,7 @@ fn unknown_format_version_is_refused() {
     let said = err.to_string();
     for words in [
         "format version 99",
-        &format!("this build ({})", crate::formats::VERSION),
+        &format!("this build ({})", crate::VERSION),
         "reads versions 1 to",
         "move the ledger directory aside",
         "Rolling back",
