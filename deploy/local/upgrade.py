@@ -39,6 +39,8 @@ WORKERS = 3
 PARTITIONS = 6
 SOURCE = "upgrade"
 WRITE_KEY = "upgrade-write-key"
+# The step in which an id is forgotten (from 0.9, which has `dedupe forget`).
+FORGET_STEP = "worker 0 to new"
 # The steps in which --kill SIGKILLs the worker before (worker 0, running the new build), which
 # then starts again as it was.
 KILL_STEPS = ("worker 1 to new", "worker 1 back to old")
@@ -277,6 +279,10 @@ topic = "{topic_in}"
 
     rng = random.Random(int(time.time()))
     results, failed = [], False
+    # From 0.9 on (dedupe forget): one id of the first step forgotten in flight, and explained at
+    # the end, after the rollback, by the old release.
+    forgets_allowed = int(args.from_version.split(".")[1]) >= 9
+    forget_id, forgets = None, []
     sent_ids = 0
     try:
         log(f"starting {args.from_version}: a front door and {WORKERS} workers in group mode ({run})")
@@ -293,6 +299,13 @@ topic = "{topic_in}"
             door.start()
             time.sleep(1.0)
             refused = False
+            forgotten_by = None
+            if name == FORGET_STEP and forget_id is not None:
+                # A forget in flight while worker 0 is replaced: answered by whichever worker owns
+                # the id's partition then. Its copy is never sent again, so the output keeps it once.
+                forgotten_by = threading.Thread(
+                    target=lambda: forgets.append(forget_on_its_partition(args, config, workers, forget_id)))
+                forgotten_by.start()
             if process is not None:
                 log(f"{name}, under load")
                 victim = workers[(workers.index(process) - 1) % WORKERS] if process in workers else None
@@ -309,13 +322,31 @@ topic = "{topic_in}"
             door.join(timeout=300)
             if door.error:
                 raise RuntimeError(f"the front door's load: {door.error}")
+            if forgotten_by is not None:
+                forgotten_by.join(timeout=120)
+                if not forgets:
+                    raise RuntimeError(f"the forget of {forget_id} was not answered")
+            if forget_id is None and forgets_allowed:
+                forget_id = sorted(door.sent_ids)[0]
             sent_ids += args.records + args.events
             line = settle(args, config, workers, name, sent_ids, door.retries)
             line["fleet"] = {"front_door": front.version, **{w.name: w.version for w in workers}}
             line["old_release_refused_the_ledger"] = refused
+            if forgets and name == FORGET_STEP:
+                line["forgot"] = {"id": f"{SOURCE}:{forget_id}", "answered_by": forgets[0][0]}
             results.append(line)
             print(json.dumps(line), flush=True)
             failed |= line["duplicates"] > 0 or line["missing"] > 0
+        if forgets:
+            owner, said = ask_workers(
+                args.old, config, workers, ["explain", "--source", SOURCE, forget_id],
+                owned=lambda out: json.loads(out.splitlines()[0]).get("owned") is True)
+            answer = json.loads(said.splitlines()[0])
+            if answer.get("held") or answer.get("reason") != "forgotten":
+                log(f"the id forgotten in flight is not forgotten after the rollback: {answer}")
+                failed = True
+            else:
+                log(f"the id forgotten in flight answers forgotten after the rollback ({owner})")
     finally:
         for p in workers + [front]:
             p.stop()
@@ -328,6 +359,7 @@ topic = "{topic_in}"
         "missing": sum(r["missing"] for r in results),
         "limit_on_new": args.limit_on_new,
         "kill": args.kill,
+        "forgotten_in_flight": bool(forgets),
         "rollbacks_refused": sum(r["old_release_refused_the_ledger"] for r in results),
         "run_dir": run,
     }
@@ -338,6 +370,34 @@ topic = "{topic_in}"
     if not failed and len(results) == len(steps):
         shutil.rmtree(run, ignore_errors=True)
     return 1 if failed or len(results) != len(steps) else 0
+
+
+def ask_workers(binary, config, workers, command, owned=lambda stdout: True, deadline_secs=60):
+    """Runs `dedupe <command>` against each worker's admin endpoint in turn until the worker that
+    owns the id's partition answers it (exit 0, and `owned` of its output). Returns (worker name,
+    stdout)."""
+    deadline = time.time() + deadline_secs
+    said = ""
+    while time.time() < deadline:
+        for w in workers:
+            env = dict(os.environ, DEDUPE_METRICS_ADDR=w.env["DEDUPE_METRICS_ADDR"])
+            out = subprocess.run([binary] + command[:1] + ["--config", config] + command[1:],
+                                 env=env, capture_output=True, text=True)
+            if out.returncode == 0 and owned(out.stdout):
+                return w.name, out.stdout
+            said = (out.stdout.strip() + " " + out.stderr.strip())[-600:]
+        time.sleep(1)
+    raise RuntimeError(f"no worker answered `dedupe {' '.join(command)}` in {deadline_secs} s: {said}")
+
+
+def forget_on_its_partition(args, config, workers, message_id):
+    """Forgets the front door's id on the partition the front door's partitioner gives it (as
+    `dedupe explain` names it), asking each worker until its owner answers. Without --partition a
+    forget goes to the partitions of both common partitioners, which two workers may own."""
+    _, said = ask_workers(args.new, config, workers, ["explain", "--source", SOURCE, message_id])
+    partition = json.loads(said.splitlines()[0])["partition"]
+    return ask_workers(args.new, config, workers,
+                       ["forget", "--source", SOURCE, "--partition", str(partition), message_id])
 
 
 def settle(args, config, workers, name, sent_ids, door_retries):
