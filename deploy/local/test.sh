@@ -50,8 +50,11 @@ DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" "$venv/bin/python" -m pytest -q -p
 step "Python tests"
 
 # A rolling upgrade and a rollback under load, from the last release to this build (built beside
-# it the first time, then kept in /var/tmp/dedupe-releases), with the binary the Rust tests built.
+# it the first time, then kept in /var/tmp/dedupe-releases), with the binary the Rust tests built;
+# then again with a retention limit on this build, so each rollback meets the old release's refusal
+# of the new ledger format, and a worker SIGKILLed while another is replaced.
 DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" deploy/local/upgrade.sh
+DEDUPE_BIN="$CARGO_TARGET_DIR/release/dedupe" UPGRADE_LIMIT_ON_NEW=1 UPGRADE_KILL=1 deploy/local/upgrade.sh
 step "upgrade and rollback"
 
 # The container image: built with podman around a release binary without failpoints, then run
