@@ -53,6 +53,10 @@ wait_for_key() {
   done
 }
 
+worker=
+# A worker left running by a failed step is stopped on the way out.
+trap '[ -z "$worker" ] || kill "$worker" 2>/dev/null || true' EXIT
+
 start_worker() {
   "$bin" run --config "$run/dedupe.toml" >>"$run/worker.log" 2>&1 &
   worker=$!
@@ -67,6 +71,7 @@ start_worker() {
 stop_worker() {
   kill -TERM "$worker"
   wait "$worker" || die "$version: the worker did not stop cleanly (see $run/worker.log)"
+  worker=
 }
 
 # Sends one record keyed by id $1 whose value's "id" is the JSON text $2.
