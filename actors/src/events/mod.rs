@@ -74,9 +74,20 @@ pub struct InputConsumerFailed<'a> {
 }
 
 impl InputConsumerFailed<'_> {
+    /// Whether another live member of the group holds this worker's `group.instance.id`: the
+    /// previous instance of this worker has not left yet (a restart), or two workers were given
+    /// one id (two on a host that take its name, the default).
+    pub fn member_id_in_use(&self) -> bool {
+        self.fatal.starts_with("UnreleasedInstanceId")
+    }
+
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
-        tracing::error!(event = "InputConsumerFailed", error = %self.error, fatal = self.fatal, "The input consumer failed; starting a new one after a backoff.");
+        if self.member_id_in_use() {
+            tracing::error!(event = "MemberIdInUse", error = %self.error, fatal = self.fatal, "Another member of the consumer group holds this worker's group.instance.id (worker.member_id, by default the host name): the previous instance of this worker has not left yet, or two workers were given one id and each needs its own (--member-id); starting a new consumer after a backoff.");
+        } else {
+            tracing::error!(event = "InputConsumerFailed", error = %self.error, fatal = self.fatal, "The input consumer failed; starting a new one after a backoff.");
+        }
     }
 }
 
@@ -448,6 +459,28 @@ mod tests {
         fn handle(&mut self, _: Emit, _: &mut Self::Context) {
             super::group::CoordinatorGone.emit();
         }
+    }
+
+    #[test]
+    fn a_consumer_failed_for_a_group_instance_id_in_use_says_so() {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode;
+        let recording = recorder::record();
+        let error = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::UnreleasedInstanceId);
+        let in_use = super::InputConsumerFailed {
+            error: &error,
+            fatal: "UnreleasedInstanceId: Broker: The instance ID is still used by another member in the consumer group",
+        };
+        assert!(in_use.member_id_in_use());
+        in_use.emit();
+        let error = KafkaError::MessageConsumptionFatal(RDKafkaErrorCode::Fenced);
+        super::InputConsumerFailed {
+            error: &error,
+            fatal: "Fenced: the member was fenced",
+        }
+        .emit();
+        assert_eq!(recording.count("MemberIdInUse"), 1);
+        assert_eq!(recording.count("InputConsumerFailed"), 1);
     }
 
     #[test]
