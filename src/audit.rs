@@ -109,16 +109,22 @@ pub fn encode(drop: &DroppedCopy<'_>, with_payload: bool) -> OutRecord {
             None
         },
     };
+    audit_record(keyed_like(drop.record, drop.key), &value, None)
+}
+
+/// An audit record's key: the input record's, or its ledger key in hex when it has none.
+fn keyed_like(record: &OutRecord, key: LedgerKey) -> Vec<u8> {
+    record.key.clone().unwrap_or_else(|| key.hex().into_bytes())
+}
+
+/// An audit record: `value` as its JSON, no headers.
+fn audit_record(key: Vec<u8>, value: &impl Serialize, timestamp_ms: Option<i64>) -> OutRecord {
     OutRecord {
-        key: drop
-            .record
-            .key
-            .clone()
-            .or_else(|| Some(drop.key.hex().into_bytes())),
+        key: Some(key),
         // Serializing a struct of strings and numbers cannot fail.
-        value: Some(serde_json::to_vec(&value).unwrap_or_default()),
+        value: Some(serde_json::to_vec(value).unwrap_or_default()),
         headers: Vec::new(),
-        timestamp_ms: None,
+        timestamp_ms,
     }
 }
 
@@ -169,13 +175,7 @@ pub fn encode_forget(f: &Forget<'_>) -> OutRecord {
         at_ms: f.at_ms,
         held_by_worker: f.held_by_worker,
     };
-    OutRecord {
-        key: Some(f.id.as_bytes().to_vec()),
-        // Serializing a struct of strings and numbers cannot fail.
-        value: Some(serde_json::to_vec(&value).unwrap_or_default()),
-        headers: Vec::new(),
-        timestamp_ms: Some(f.at_ms),
-    }
+    audit_record(f.id.as_bytes().to_vec(), &value, Some(f.at_ms))
 }
 
 /// One record the output refused for good, sent to the dead-letter topic in its place, as the
@@ -229,17 +229,7 @@ pub fn encode_dead_letter(d: &DeadLetter<'_>) -> OutRecord {
         with_value: d.with_value,
         at_ms: d.at_ms,
     };
-    OutRecord {
-        key: d
-            .record
-            .key
-            .clone()
-            .or_else(|| Some(d.key.hex().into_bytes())),
-        // Serializing a struct of strings and numbers cannot fail.
-        value: Some(serde_json::to_vec(&value).unwrap_or_default()),
-        headers: Vec::new(),
-        timestamp_ms: Some(d.at_ms),
-    }
+    audit_record(keyed_like(d.record, d.key), &value, Some(d.at_ms))
 }
 
 /// Whether a drop is audited.
