@@ -72,19 +72,25 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// `dedupe explain` of `id` against a stopped worker whose ledger is `data_dir`.
-fn explain(data_dir: &Path, fixture: &Fixture, id: &FixtureId) -> serde_json::Value {
+/// Writes a worker's configuration beside `data_dir`, naming it and `id_source` (a TOML string
+/// or array, as `Debug` writes a string or a list of them), and returns its path. Nothing listens
+/// on port 9 of loopback: `dedupe explain` reads the ledger directory.
+fn write_config(data_dir: &Path, id_source: &impl std::fmt::Debug) -> PathBuf {
     let config = data_dir.with_extension("toml");
-    // Nothing listens on port 9 of loopback: explain reads the ledger directory.
     std::fs::write(
         &config,
         format!(
-            "[worker]\ndata_dir = {:?}\nid_source = {:?}\n[metrics]\naddr = \"127.0.0.1:9\"\n",
+            "[worker]\ndata_dir = {:?}\nid_source = {id_source:?}\n[metrics]\naddr = \"127.0.0.1:9\"\n",
             data_dir.display().to_string(),
-            fixture.id_source
         ),
     )
     .expect("write the config");
+    config
+}
+
+/// `dedupe explain` of `id` against a stopped worker whose ledger is `data_dir`.
+fn explain(data_dir: &Path, fixture: &Fixture, id: &FixtureId) -> serde_json::Value {
+    let config = write_config(data_dir, &fixture.id_source);
     let mut command = Command::new(env!("CARGO_BIN_EXE_dedupe"));
     command.arg("explain").arg("--config").arg(&config);
     if id.kind == "json_number" {
@@ -291,16 +297,7 @@ fn every_past_ledger_of_composite_ids_holds_them_under_this_builds_keys() {
         let scratch = tempfile::tempdir().expect("tempdir");
         let data_dir = scratch.path().join("ledger");
         copy_dir(&composite.join("ledger"), &data_dir);
-        let config_file = scratch.path().join("dedupe.toml");
-        std::fs::write(
-            &config_file,
-            format!(
-                "[worker]\ndata_dir = {:?}\nid_source = {:?}\n",
-                data_dir.display().to_string(),
-                c.id_source
-            ),
-        )
-        .expect("write the config");
+        let config_file = write_config(&data_dir, &c.id_source);
         let config = dedupe::config::Config::load(
             Some(&config_file),
             std::iter::empty(),
