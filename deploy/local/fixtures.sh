@@ -44,6 +44,12 @@ read_topic() {
   kcat -C -b "$brokers" -t "$1" -o beginning -e -q -X isolation.level=read_committed -f "$2"
 }
 
+# What the release did with the copy keyed $1 of its last run: published if the output keys
+# read after it ($published) name it, else dropped.
+verdict_of() {
+  if grep -qxF "$1" <<<"$published"; then echo published; else echo dropped; fi
+}
+
 # Waits until the output topic holds a record keyed $1 (20 s at most).
 wait_for_key() {
   local deadline=$((SECONDS + 20))
@@ -177,13 +183,11 @@ TOML
   {
     printf '{\n  "version": "%s",\n  "commit": "%s",\n  "id_source": "%s",\n  "ids": [\n' \
       "$version" "$commit" "$id_source"
-    local n=0 verdict
+    local n=0
     for entry in "${ids[@]}"; do
       IFS='|' read -r kind id json <<<"$entry"
-      verdict=dropped
-      if grep -qxF "$id" <<<"$published"; then verdict=published; fi
       [ $n -eq 0 ] || printf ',\n'
-      printf '    {"id": "%s", "kind": "%s", "verdict": "%s"}' "$id" "$kind" "$verdict"
+      printf '    {"id": "%s", "kind": "%s", "verdict": "%s"}' "$id" "$kind" "$(verdict_of "$id")"
       n=$((n + 1))
     done
     printf '\n  ]\n}\n'
@@ -264,14 +268,13 @@ TOML
   published=$(read_topic "$output" '%k\n' | tail -n +"$((published_before + 1))")
   {
     printf '{\n  "id_source": ["json:/user", "json:/n"],\n  "refresh_on_duplicate": %s,\n  "records": [\n' "$refresh"
-    local n=0 verdict
+    local n=0
     for entry in "${records[@]}"; do
       IFS='|' read -r key value <<<"$entry"
-      verdict=dropped
-      if grep -qxF "$key" <<<"$published"; then verdict=published; fi
       [ $n -eq 0 ] || printf ',\n'
       # The value as a JSON string, byte for byte as it was sent.
-      printf '    {"key": "%s", "value": "%s", "verdict": "%s"}' "$key" "${value//\"/\\\"}" "$verdict"
+      printf '    {"key": "%s", "value": "%s", "verdict": "%s"}' "$key" "${value//\"/\\\"}" \
+        "$(verdict_of "$key")"
       n=$((n + 1))
     done
     printf '\n  ]\n}\n'
