@@ -25,6 +25,7 @@ use crate::identity::{named_id, IdSource, LedgerKey, Named, NamedId, NamedIdErro
 use crate::ledger::{
     forgotten_since, past_limit, Ledger, LedgerError, LedgerOptions, MarkKind, Sighting,
 };
+use crate::output::DeadLetterAt;
 use crate::wire::SOURCE_SEPARATOR;
 
 /// What is asked about one id.
@@ -130,6 +131,10 @@ pub struct Answer {
     /// recorded by a dropped copy that refreshed the id.
     #[serde(default)]
     pub last_refreshed_ms: Option<i64>,
+    /// A held id whose record the output refused: where its dead letter is
+    /// ([`with_dead_letter`]).
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterAt>,
     pub sentence: String,
 }
 
@@ -169,6 +174,7 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
         reason: None,
         forgotten: Vec::new(),
         last_refreshed_ms: None,
+        dead_letter: None,
         sentence: String::new(),
     };
     if q.owned == Some(false) {
@@ -196,6 +202,34 @@ pub fn explain(ledger: &Ledger, q: &Question<'_>) -> Result<Answer, ExplainError
     answer.reason = reason;
     answer.sentence = sentence;
     Ok(answer)
+}
+
+/// `answer` told with what a search of the dead-letter topic found for its id (see
+/// [`crate::output::find_dead_letter`]): where its dead letter is, or why the topic could not be
+/// searched. Nothing is added when none was found: the id's record was published.
+pub fn with_dead_letter(
+    mut answer: Answer,
+    searched: Result<Option<DeadLetterAt>, String>,
+    topic: &str,
+) -> Answer {
+    match searched {
+        Ok(None) => {}
+        Ok(Some(at)) => {
+            answer.sentence.push_str(&format!(
+                " Its record (read at {}) was not published: the output refused it ({}), and it was written to the dead-letter topic {} instead (partition {}, offset {}).",
+                at.read_at.as_deref().unwrap_or("an unknown offset"),
+                at.reason.as_deref().unwrap_or("no reason given"),
+                at.topic,
+                at.partition,
+                at.offset
+            ));
+            answer.dead_letter = Some(at);
+        }
+        Err(e) => answer.sentence.push_str(&format!(
+            " (The dead-letter topic {topic} could not be searched for its record: {e}.)"
+        )),
+    }
+    answer
 }
 
 /// Where an id stands against the retention limit and the window, read from its copies (newest

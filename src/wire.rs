@@ -57,6 +57,10 @@ pub const HEADER_REKEY_BYTES: &str = "dedupe-rekey-bytes";
 pub const HEADER_REFUSED_SOURCE: &str = "dedupe-refused-source";
 pub const HEADER_REFUSED_BYTES: &str = "dedupe-refused-bytes";
 pub const HEADER_REFUSED_BY: &str = "dedupe-refused-by";
+/// The ledger key (32 lower-case hex digits) of a refused record's dead letter: the id the
+/// ledger holds for it, which `dedupe explain` looks for in the dead-letter topic. Absent when
+/// the record has no id.
+pub const HEADER_REFUSED_LEDGER_KEY: &str = "dedupe-refused-ledger-key";
 
 /// Separates a source's name from the client's message id in a scoped id. Source names cannot
 /// contain it.

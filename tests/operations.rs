@@ -733,15 +733,26 @@ fn a_retention_limit_publishes_copies_past_it_fresh_across_a_restart_a_move_and_
     assert_eq!(consume_all(&output.name, true).len(), 6);
 }
 
-/// The retention limit on the input's own clock: a worker stopped for longer than the limit while
-/// events and their retries (5 s apart, within the limit of each other) arrive drops every retry
-/// when it catches up, whether the first copy was read before the outage or in the catch-up; then,
-/// caught up and quiet, its ledger expires on the wall clock.
+/// The retention limit on the input's own clock: a worker stopped for a second longer than the
+/// limit while events and their retries (5 s apart, within the limit of each other) arrive drops
+/// every retry when it catches up, whether the first copy was read before the outage or in the
+/// catch-up; then, caught up and quiet, its ledger expires on the wall clock.
 #[test]
 fn an_outage_longer_than_the_limit_still_drops_the_retries_within_it() {
+    outage_drops_the_retries_within_the_limit(21);
+}
+
+/// The same with an outage a second shorter than the limit.
+#[test]
+fn an_outage_just_shorter_than_the_limit_drops_the_retries_within_it() {
+    outage_drops_the_retries_within_the_limit(19);
+}
+
+/// A worker stopped for `outage_secs` against a 20 s limit (see the tests above).
+fn outage_drops_the_retries_within_the_limit(outage_secs: u64) {
     const LIMIT_SECS: u64 = 20;
-    let input = TestTopic::create("outage-in", 1);
-    let output = TestTopic::create("outage-out", 1);
+    let input = TestTopic::create(&format!("outage-{outage_secs}-in"), 1);
+    let output = TestTopic::create(&format!("outage-{outage_secs}-out"), 1);
     let dir = tempfile::tempdir().unwrap();
     let spec = DEDUPE
         .worker(&input.name, &output.name, &dir.path().join("ledger"))
@@ -759,14 +770,14 @@ fn an_outage_longer_than_the_limit_still_drops_the_retries_within_it() {
     produce_full(&input.name, &keyed(&before.iter().collect::<Vec<_>>()));
     worker.wait_settled(20, Duration::from_secs(60));
     assert_eq!(worker.terminate(Duration::from_secs(30)), Some(0));
-    // The worker is down for 25 s, longer than the limit. At 5 s the retries of `before` and
-    // the first copies of `during`; at 10 s the retries of `during`.
+    // The worker is down for `outage_secs`. At 5 s the retries of `before` and the first copies
+    // of `during`; at 10 s the retries of `during`.
     sleep_until(t0 + Duration::from_secs(5));
     produce_full(&input.name, &keyed(&before.iter().collect::<Vec<_>>()));
     produce_full(&input.name, &keyed(&during.iter().collect::<Vec<_>>()));
     sleep_until(t0 + Duration::from_secs(10));
     produce_full(&input.name, &keyed(&during.iter().collect::<Vec<_>>()));
-    sleep_until(t0 + Duration::from_secs(25));
+    sleep_until(t0 + Duration::from_secs(outage_secs));
     let mut worker = spec.start();
     worker.wait_ready(Duration::from_secs(60));
     worker.wait_settled(60, Duration::from_secs(60));

@@ -1336,6 +1336,41 @@ fn records_the_output_refuses_go_to_the_dead_letter_topic_once_and_their_retries
         4.0
     );
     assert_eq!(worker.exited(), None, "the worker lives");
+    // `dedupe explain` says where a refused record went, with and without its value; a
+    // published id has no dead letter.
+    let explain = |id: &str| {
+        let out = DEDUPE
+            .command()
+            .args(["explain", id, "--brokers", &brokers()])
+            .args(["--metrics-addr", &worker.metrics_addr().to_string()])
+            .output()
+            .expect("dedupe explain");
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let answer: serde_json::Value =
+            serde_json::from_str(stdout.lines().next().unwrap_or_default()).expect("its JSON");
+        (answer, stdout)
+    };
+    for (id, offset) in [(&p0[6], 6), (&p1[3], 3)] {
+        let (answer, printed) = explain(id);
+        let partition = if offset == 6 { 0 } else { 1 };
+        assert_eq!(answer["held"], true, "{printed}");
+        assert_eq!(answer["dead_letter"]["topic"], dead_letters.name.as_str());
+        assert_eq!(answer["dead_letter"]["reason"], "too_large", "{printed}");
+        assert_eq!(
+            answer["dead_letter"]["read_at"],
+            format!("{}:{partition}:{offset}", input.name).as_str()
+        );
+        assert!(
+            printed.contains("was not published: the output refused it (too_large)"),
+            "{printed}"
+        );
+    }
+    let (published, printed) = explain(&p0[1]);
+    assert!(
+        published["held"] == true && published["dead_letter"].is_null(),
+        "{printed}"
+    );
     worker.stop_cleanly();
 
     let header = |r: &Record, name: &str| {
@@ -1377,6 +1412,58 @@ fn records_the_output_refuses_go_to_the_dead_letter_topic_once_and_their_retries
     assert_eq!(out.len(), 14);
     let keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), 14);
+}
+
+/// A dead-letter topic that refuses even a refused record's dead letter without its value (its key
+/// and headers are over the topic's limit): the partition stops at the record, as it does without
+/// a dead-letter topic, and heals once the dead-letter topic takes it; the other partition
+/// publishes throughout.
+#[test]
+fn a_dead_letter_topic_that_refuses_the_dead_letter_too_stalls_only_its_partition_until_it_takes_it(
+) {
+    let input = TestTopic::create("refused-dlq-in", 2);
+    let output =
+        TestTopic::create_with("refused-dlq-out", 2, &[("max.message.bytes", SMALL_LIMIT)]);
+    let dead_letters = TestTopic::create_with("refused-dlq", 1, &[("max.message.bytes", "150")]);
+    let mut worker = DEDUPE
+        .worker_in_temp_dir(&input.name, &output.name)
+        .env("DEDUPE_WORKER_DEAD_LETTER_TOPIC", &dead_letters.name)
+        .start();
+    let (p0, records0) = with_large(6, &[(2, 5_000)]);
+    let (p1, records1) = with_large(4, &[]);
+    produce_full_to(&input.name, Some(0), &records0);
+    produce_full_to(&input.name, Some(1), &records1);
+    worker.wait_ready(Duration::from_secs(60));
+    // The two records before it and partition 1's four are published; partition 0 stops.
+    wait_for_records(&output.name, 6, Duration::from_secs(60));
+    let stalled = [("partition", "0")];
+    wait_until(
+        "partition 0 shown stalled",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || (worker.metric("dedupe_partition_stalled", &stalled) == 1.0).then_some(()),
+        || worker.metrics().unwrap_or_default(),
+    );
+    assert!(worker.log_text().contains("PartitionStalled"));
+    let (more, records) = with_large(4, &[]);
+    produce_full_to(&input.name, Some(1), &records);
+    wait_for_records(&output.name, 10, Duration::from_secs(60));
+    assert_eq!(worker.exited(), None, "the worker lives");
+    // The dead-letter topic takes it now: the record goes there with its value, and the partition
+    // goes on.
+    dead_letters.alter("max.message.bytes", "8000");
+    wait_for_records(&output.name, 13, Duration::from_secs(90));
+    worker.stop_cleanly();
+    let dead = consume_all(&dead_letters.name, true);
+    assert_eq!(dead.len(), 1, "the refused record once");
+    assert_eq!(dead[0].key.as_deref(), Some(p0[2].as_bytes()));
+    assert_eq!(dead[0].value.as_ref().map(Vec::len), Some(5_000));
+    let out = consume_all(&output.name, true);
+    let keys: HashSet<Vec<u8>> = out.iter().filter_map(|r| r.key.clone()).collect();
+    assert_eq!((out.len(), keys.len()), (13, 13), "each id once");
+    for id in p1.iter().chain(&more) {
+        assert!(keys.contains(id.as_bytes()), "{id} published");
+    }
 }
 
 /// A partition stalled at a record the output refuses, attacked: the worker SIGKILLed while it

@@ -25,6 +25,30 @@ pub fn partition_of_id(
     partitioner.partition(id, partitions)
 }
 
+/// `answer` told with where its record's dead letter is, when the id is held and the pipeline has
+/// a dead-letter topic: a held id whose record the output refused was never published (see
+/// `dedupe::explain::with_dead_letter`).
+pub fn with_dead_letter(
+    answer: dedupe::explain::Answer,
+    kafka: &dedupe::kafka::KafkaConfig,
+    dead_letter_topic: Option<&str>,
+) -> dedupe::explain::Answer {
+    let (Some(topic), true) = (dead_letter_topic, answer.held) else {
+        return answer;
+    };
+    let since = answer
+        .copies
+        .iter()
+        .map(|s| s.first_seen_ms)
+        .min()
+        .unwrap_or_else(dedupe::clock::now_ms)
+        .min(dedupe::clock::now_ms());
+    let searched =
+        dedupe::output::find_dead_letter(kafka, topic, &answer.ledger_key, since, Duration::from_secs(15))
+            .map_err(|e| e.to_string());
+    dedupe::explain::with_dead_letter(answer, searched, topic)
+}
+
 /// Explains `id` (from the front door's `source`, when given; the text of one JSON value if
 /// `json`): asks the worker at `addr`; reads `config.worker.data_dir` when nothing listens there.
 pub fn explain(
@@ -106,7 +130,11 @@ fn offline(
     };
     let answer = dedupe::explain::explain(&ledger, &q)?;
     ledger.close()?;
-    Ok(answer)
+    Ok(with_dead_letter(
+        answer,
+        &config.kafka,
+        config.worker.dead_letter_topic.as_deref(),
+    ))
 }
 
 /// Refuses an answer about another id than the JSON value asked about: a worker older than

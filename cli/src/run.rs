@@ -357,13 +357,12 @@ pub fn run(
             tracing::info!("Received a stop signal.");
             stopping.do_send(Shutdown);
         });
-        let targets = crate::http::admin::AdminTargets {
-            coordinator: coordinator.clone(),
-            ledger: admin_ledger,
-            id_source: config.worker.id_source.clone(),
-            partitioner: config.worker.input_partitioner,
-            input_partitions: input_partitions as i32,
-        };
+        let targets = crate::http::admin::AdminTargets::new(
+            coordinator.clone(),
+            admin_ledger,
+            &config,
+            input_partitions as i32,
+        );
         let server = crate::http::telemetry::serve(
             config.metrics.addr,
             config.metrics.admin_token.clone(),

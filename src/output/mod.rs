@@ -17,6 +17,7 @@
 
 #[doc(hidden)]
 pub mod conformance;
+mod dead_letter;
 mod delivery;
 mod error;
 mod init;
@@ -24,6 +25,7 @@ pub mod owner;
 mod refused;
 mod sink;
 
+pub use dead_letter::{find_dead_letter, DeadLetterAt, SEARCH_BEFORE_MS};
 pub use sink::{MemorySink, Published, Sink};
 
 use std::sync::atomic::Ordering;

@@ -5,8 +5,10 @@
 use rdkafka::error::RDKafkaErrorCode;
 
 use super::OutRecord;
+use crate::identity::LedgerKey;
 use crate::wire::{
-    HEADER_ERROR, HEADER_REASON, HEADER_REFUSED_BY, HEADER_REFUSED_BYTES, HEADER_REFUSED_SOURCE,
+    HEADER_ERROR, HEADER_REASON, HEADER_REFUSED_BY, HEADER_REFUSED_BYTES,
+    HEADER_REFUSED_LEDGER_KEY, HEADER_REFUSED_SOURCE,
 };
 
 /// Whether an error for one record says that sending it again as it is cannot succeed: larger
@@ -53,7 +55,8 @@ pub struct ReadAt<'a> {
 /// ([`HEADER_REASON`]: [`refusal_reason`]; [`HEADER_ERROR`]: the broker's words), where it was
 /// read ([`HEADER_REFUSED_SOURCE`]: `<topic>:<partition>:<offset>`), its size
 /// ([`HEADER_REFUSED_BYTES`]: key, value and headers) and the topic that refused it
-/// ([`HEADER_REFUSED_BY`]). Without its value it carries no timestamp either (the dead-letter
+/// ([`HEADER_REFUSED_BY`]), and the ledger key of its id ([`HEADER_REFUSED_LEDGER_KEY`]) when it
+/// has one. Without its value it carries no timestamp either (the dead-letter
 /// topic stamps it), so a record refused for its time is taken too.
 pub fn refused_dead_letter(
     record: &OutRecord,
@@ -61,6 +64,7 @@ pub fn refused_dead_letter(
     code: RDKafkaErrorCode,
     refused_by: &str,
     with_value: bool,
+    key: Option<LedgerKey>,
 ) -> OutRecord {
     let mut headers = record.headers.clone();
     let source = format!("{}:{}:{}", read_at.topic, read_at.partition, read_at.offset);
@@ -72,6 +76,12 @@ pub fn refused_dead_letter(
         (HEADER_REFUSED_BY, refused_by.to_string()),
     ] {
         headers.push((name.to_string(), Some(value.into_bytes())));
+    }
+    if let Some(key) = key {
+        headers.push((
+            HEADER_REFUSED_LEDGER_KEY.to_string(),
+            Some(key.hex().into_bytes()),
+        ));
     }
     OutRecord {
         key: record.key.clone(),
@@ -115,7 +125,8 @@ mod tests {
             offset: 77,
         };
         let code = RDKafkaErrorCode::MessageSizeTooLarge;
-        let with = refused_dead_letter(&record, at, code, "events.out", true);
+        let key = LedgerKey([0xab; 16]);
+        let with = refused_dead_letter(&record, at, code, "events.out", true, Some(key));
         assert_eq!(with.key, record.key);
         assert_eq!(with.value, record.value);
         assert_eq!(with.timestamp_ms, Some(1_000));
@@ -128,10 +139,17 @@ mod tests {
         assert_eq!(header(&with, HEADER_REFUSED_SOURCE), Some("events.in:3:77"));
         assert_eq!(header(&with, HEADER_REFUSED_BYTES), Some("5019"));
         assert_eq!(header(&with, HEADER_REFUSED_BY), Some("events.out"));
+        assert_eq!(
+            header(&with, HEADER_REFUSED_LEDGER_KEY),
+            Some("abababababababababababababababab")
+        );
         // Without its value: no value and no timestamp, the same headers.
-        let without = refused_dead_letter(&record, at, code, "events.out", false);
+        let without = refused_dead_letter(&record, at, code, "events.out", false, Some(key));
         assert_eq!((without.value, without.timestamp_ms), (None, None));
         assert_eq!(without.headers, with.headers);
+        // A record without an id names none.
+        let unkeyed = refused_dead_letter(&record, at, code, "events.out", true, None);
+        assert_eq!(header(&unkeyed, HEADER_REFUSED_LEDGER_KEY), None);
     }
 
     #[test]

@@ -118,6 +118,7 @@ impl<S: StoreAccess, K: SinkAccess> Pipeline<S, K> {
             code,
             &self.settings.output_topic,
             with_value,
+            r.id.ok(),
         ));
         outgoing.dead_letter_positions.push(0);
         // With the audit on, the dead letter is in it too, whatever its sampling.

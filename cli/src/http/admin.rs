@@ -25,6 +25,29 @@ pub struct AdminTargets {
     pub partitioner: dedupe::config::InputPartitioner,
     /// The input topic's partitions, as read at start.
     pub input_partitions: i32,
+    /// Where an explained id's refused record is looked for (`worker.dead_letter_topic`).
+    pub kafka: dedupe::kafka::KafkaConfig,
+    pub dead_letter_topic: Option<String>,
+}
+
+impl AdminTargets {
+    /// The targets of a worker running `config`, whose input topic has `input_partitions`.
+    pub fn new(
+        coordinator: actix::Addr<Coordinator>,
+        ledger: Arc<dedupe::ledger::Ledger>,
+        config: &dedupe::config::Config,
+        input_partitions: i32,
+    ) -> Self {
+        AdminTargets {
+            coordinator,
+            ledger,
+            id_source: config.worker.id_source.clone(),
+            partitioner: config.worker.input_partitioner,
+            input_partitions,
+            kafka: config.kafka.clone(),
+            dead_letter_topic: config.worker.dead_letter_topic.clone(),
+        }
+    }
 }
 
 /// The Fetch Metadata header a browser adds to say which site a request is sent for.
@@ -334,6 +357,7 @@ pub(crate) async fn admin_explain(
     };
     let ledger = t.ledger.clone();
     let id_source = t.id_source.clone();
+    let (kafka, dead_letter_topic) = (t.kafka.clone(), t.dead_letter_topic.clone());
     let answer = web::block(move || {
         let q = dedupe::explain::Question {
             id: &id,
@@ -345,7 +369,9 @@ pub(crate) async fn admin_explain(
             sent_at_ms: query.sent_at_ms,
             now_ms: dedupe::clock::now_ms(),
         };
-        dedupe::explain::explain(&ledger, &q)
+        dedupe::explain::explain(&ledger, &q).map(|answer| {
+            crate::explain_client::with_dead_letter(answer, &kafka, dead_letter_topic.as_deref())
+        })
     })
     .await;
     match answer {
