@@ -1,8 +1,10 @@
-//! The worker's admin endpoint, `POST /admin/snapshot`, against the real broker and the real
-//! binary: without a token, what a browser page can send (a cross-site form, a DNS name rebound to
+//! The worker's admin endpoints against the real broker and the real binary: every route, and
+//! every path under `/admin`, is behind the one guard, and no route is registered outside it;
+//! without a token, what a browser page can send (a cross-site form, a DNS name rebound to
 //! loopback) is refused; requests in a loop take at most one snapshot per
 //! `snapshots.min_interval_secs` (the default here), so the ledger's files and the worker's open
-//! descriptors stay flat; with a token, the bearer scheme is taken in any case.
+//! descriptors stay flat; with a token, the bearer scheme is taken in any case; `explain` answers
+//! from the running worker and from a stopped worker's ledger.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -387,4 +389,104 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap_or_else(|e| panic!("reading /proc/{pid}/fd: {e}"))
         .count()
+}
+
+/// The one admin guard, tried on every route the worker serves under `/admin`
+/// (`dedupe_cli::http::telemetry::ADMIN_ROUTES`) and on paths it does not serve: with a token set, a request
+/// without it or with a wrong one is refused (401); without a token, one with a hostile `Origin` or
+/// a foreign `Host` is refused (403). Authorized, each route is there (neither 404 nor 405), so
+/// the list is what the server serves; nothing a refused request asked for happened.
+#[test]
+fn every_admin_route_is_behind_the_one_guard() {
+    let probes = || {
+        let mut probes: Vec<(&str, String)> = dedupe_cli::http::telemetry::ADMIN_ROUTES
+            .iter()
+            .map(|(method, path)| (*method, path.replace("{id}", "6ba7b810-9dad-11d1-80b4-00c04fd430c8")))
+            .collect();
+        // Paths no route serves, and methods no route takes: the guard answers them first.
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+            probes.push((method, "/admin/not-a-route".into()));
+            probes.push((method, "/admin/".into()));
+        }
+        probes.push(("PUT", "/admin/snapshot".into()));
+        probes
+    };
+    let token = "t0ken-for-the-guard-test";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let (input, output) = TestTopic::pair("admin-guard", 1);
+    let mut with_token = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger"))
+        .env("DEDUPE_SNAPSHOTS_DIR", snapshots.to_str().unwrap())
+        .env("DEDUPE_ADMIN_TOKEN", token)
+        .start();
+    with_token.wait_ready(Duration::from_secs(60));
+    let addr = with_token.metrics_addr();
+    for (method, path) in probes() {
+        for headers in [
+            vec![],
+            vec![("Authorization", "Bearer wr0ng")],
+            vec![("Authorization", "Basic dDBrZW4=")],
+        ] {
+            let answer = kit::http::request(addr, method, &path, &headers, b"").unwrap();
+            assert_eq!(answer.status, 401, "{method} {path} with {headers:?}");
+        }
+    }
+    assert_eq!(snapshot_dirs(&snapshots), 0, "a refused request took a snapshot");
+    // Authorized, every listed route is served: the list is the server's.
+    let bearer = format!("Bearer {token}");
+    for (method, path) in dedupe_cli::http::telemetry::ADMIN_ROUTES {
+        let path = path.replace("{id}", "6ba7b810-9dad-11d1-80b4-00c04fd430c8");
+        let answer =
+            kit::http::request(addr, method, &path, &[("Authorization", &bearer)], b"").unwrap();
+        assert!(
+            ![401, 403, 404, 405].contains(&answer.status),
+            "{method} {path} authorized: {} {:?}",
+            answer.status,
+            answer.json()
+        );
+    }
+    with_token.stop_cleanly();
+
+    // Without a token: what a web page sends is refused on every route.
+    let (input, output) = TestTopic::pair("admin-guard-open", 1);
+    let mut open = DEDUPE
+        .worker(&input.name, &output.name, &dir.path().join("ledger-open"))
+        .start();
+    open.wait_ready(Duration::from_secs(60));
+    let foreign = format!("evil.example:{}", open.metrics_port);
+    for (method, path) in probes() {
+        for header in [
+            ("Origin", "https://evil.example"),
+            ("Sec-Fetch-Site", "cross-site"),
+            ("Host", foreign.as_str()),
+        ] {
+            let answer =
+                kit::http::request(open.metrics_addr(), method, &path, &[header], b"").unwrap();
+            assert_eq!(answer.status, 403, "{method} {path} with {header:?}");
+        }
+    }
+    open.stop_cleanly();
+}
+
+/// No admin route is registered outside the guarded scope: the binary's HTTP sources name an
+/// `/admin` path in a route or resource only inside `telemetry::admin_scope`, whose paths are
+/// relative.
+#[test]
+fn no_admin_route_is_registered_outside_the_guarded_scope() {
+    let http = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
+    for entry in std::fs::read_dir(&http).unwrap() {
+        let path = entry.unwrap().path();
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in source.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            let registers = ["route(\"/admin", "resource(\"/admin", "scope(\"/admin/"];
+            assert!(
+                !registers.iter().any(|r| code.contains(r)),
+                "{}:{}: an admin route outside telemetry::admin_scope, which the guard does not cover: {line}",
+                path.display(),
+                n + 1
+            );
+        }
+    }
 }

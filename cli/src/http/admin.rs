@@ -1,11 +1,16 @@
 //! The worker's admin endpoints and who may call them: `POST /admin/snapshot` (take a ledger
-//! snapshot now) and `GET /admin/ids/{id}` (explain one id) here, `POST /admin/forget` in
-//! [`super::forget_route`]; each admin request passes [`refusal`] first (see `authorize`).
+//! snapshot now) and `GET /admin/ids/{id}` (explain one id) here, `POST /admin/forget` and
+//! `DELETE /admin/ids/{id}` in [`super::forget_route`]. They are served in one scope
+//! (`super::telemetry::admin_scope`) behind one guard, [`guard`]: every request under `/admin`,
+//! to a route or not, passes it (see `authorize`) before any handler sees it.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{AUTHORIZATION, HOST, ORIGIN, RETRY_AFTER};
+use actix_web::middleware::Next;
 use actix_web::{web, HttpRequest, HttpResponse};
 use dedupe::config::{Secret, SecretMatcher, ENV_ADMIN_TOKEN};
 use dedupe::identity::{named_id, NamedId};
@@ -213,8 +218,28 @@ fn header(req: &HttpRequest, name: impl actix_web::http::header::AsHeaderName) -
     req.headers().get(name).map(|v| v.to_str().unwrap_or(""))
 }
 
+/// The admin scope's one guard: a request [`authorize`] refuses is answered here (logged,
+/// counted), and no handler runs.
+pub(crate) async fn guard(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let refused = match req.app_data::<web::Data<Admin>>() {
+        Some(admin) => refusal(req.request(), admin),
+        // An app without the admin state: nothing to authorize against.
+        None => Some(HttpResponse::ServiceUnavailable().json(json!({ "error": "no admin state" }))),
+    };
+    match refused {
+        Some(response) => Ok(req.into_response(response).map_into_right_body()),
+        None => next
+            .call(req)
+            .await
+            .map(ServiceResponse::map_into_left_body),
+    }
+}
+
 /// Lets an admin request through (`None`), or answers its refusal (logged, counted).
-pub(crate) fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
+fn refusal(req: &HttpRequest, admin: &Admin) -> Option<HttpResponse> {
     let peer = req.peer_addr().map(|a| a.ip());
     let listener = req.app_config().local_addr();
     let request = AdminRequest {
@@ -320,9 +345,6 @@ pub(crate) async fn admin_explain(
     admin: web::Data<Admin>,
     query: web::Query<ExplainQuery>,
 ) -> HttpResponse {
-    if let Some(refused) = refusal(&req, &admin) {
-        return refused;
-    }
     let id = match id_of(&req) {
         Ok(id) => id,
         Err(e) => return HttpResponse::BadRequest().json(json!({ "error": e })),
@@ -387,10 +409,7 @@ pub(crate) async fn admin_explain(
 }
 
 /// `POST /admin/snapshot`: takes a snapshot and answers with its directory.
-pub(crate) async fn admin_snapshot(req: HttpRequest, admin: web::Data<Admin>) -> HttpResponse {
-    if let Some(refused) = refusal(&req, &admin) {
-        return refused;
-    }
+pub(crate) async fn admin_snapshot(admin: web::Data<Admin>) -> HttpResponse {
     let (tx, rx) = tokio::sync::oneshot::channel();
     admin.targets.coordinator.do_send(TakeSnapshot {
         trigger: Trigger::Requested,

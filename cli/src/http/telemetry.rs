@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::from_fn;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use dedupe::config::{LogConfig, LogFormat, Secret};
 use dedupe::metrics as m;
@@ -49,9 +52,9 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves `/metrics`, `/healthz`, `/readyz` and the admin endpoints ([`admin`],
-/// [`forget_route`]) on `addr`, which is loopback unless configured otherwise. The admin
-/// endpoints need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is,
+/// Serves `/metrics`, `/healthz`, `/readyz` and the admin endpoints (in [`admin_scope`], behind
+/// its one guard) on `addr`, which is loopback unless configured
+/// otherwise. The admin endpoints need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is,
 /// a loopback client that is not a web page.
 pub fn serve(
     addr: SocketAddr,
@@ -66,17 +69,7 @@ pub fn serve(
         let health = health.clone();
         App::new()
             .app_data(admin.clone())
-            .route("/admin/snapshot", web::post().to(admin::admin_snapshot))
-            .route("/admin/ids/{id}", web::get().to(admin::admin_explain))
-            .route(
-                "/admin/ids/{id}",
-                web::delete().to(forget_route::admin_forget_one),
-            )
-            .service(
-                web::resource("/admin/forget")
-                    .app_data(web::JsonConfig::default().limit(forget_route::MAX_BODY_BYTES))
-                    .route(web::post().to(forget_route::admin_forget)),
-            )
+            .service(admin_scope())
             .route("/metrics", metrics_route(handle))
             .route(
                 "/healthz",
@@ -104,6 +97,40 @@ pub fn serve(
     .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?
     .run();
     Ok(server)
+}
+
+/// The admin routes, as [`admin_scope`] serves them: method and path. The route test sends each one
+/// unauthorized and expects a refusal; a route served outside the scope fails it.
+pub const ADMIN_ROUTES: &[(&str, &str)] = &[
+    ("POST", "/admin/snapshot"),
+    ("GET", "/admin/ids/{id}"),
+    ("DELETE", "/admin/ids/{id}"),
+    ("POST", "/admin/forget"),
+];
+
+/// Every admin route ([`ADMIN_ROUTES`]) in the scope `/admin`, behind [`admin::guard`].
+fn admin_scope() -> actix_web::Scope<
+    impl actix_web::dev::ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse<EitherBody<impl MessageBody>>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+> {
+    web::scope("/admin")
+        .wrap(from_fn(admin::guard))
+        .route("/snapshot", web::post().to(admin::admin_snapshot))
+        .route("/ids/{id}", web::get().to(admin::admin_explain))
+        .route(
+            "/ids/{id}",
+            web::delete().to(forget_route::admin_forget_one),
+        )
+        .service(
+            web::resource("/forget")
+                .app_data(web::JsonConfig::default().limit(forget_route::MAX_BODY_BYTES))
+                .route(web::post().to(forget_route::admin_forget)),
+        )
 }
 
 /// How long a client of the metrics listener may take to send its request's head.
