@@ -3,7 +3,8 @@
 //! - `static`: the coordinator assigns the configured partitions itself, once each is recovered.
 //! - `group`: the consumer subscribes to the input topic in the consumer group
 //!   (`group.protocol = "consumer"`, KIP-848: the broker's group coordinator assigns partitions,
-//!   incrementally), with static membership (`group.instance.id`). The rebalance callback runs on
+//!   incrementally); a static member (`group.instance.id`) when `worker.member_id` is set, else a
+//!   dynamic one, which leaves the group as it closes. The rebalance callback runs on
 //!   the poller thread of this module and hands each change to the [`Coordinator`]:
 //!   - **assigned**: before librdkafka assigns a partition its queue is split off (so no record of
 //!     it can reach the main queue), and right after, the partition is paused. It is resumed once
@@ -242,7 +243,7 @@ impl Membership {
         let mut client = exactly_once_reader(config, &w.group_id());
         client.set("queued.max.messages.kbytes", "32768");
         if w.assignment == Assignment::Group {
-            if let Some(id) = w.member_id() {
+            if let Some(id) = w.static_member_id() {
                 client.set("group.instance.id", id);
             }
         }
@@ -337,8 +338,10 @@ impl Membership {
             })
     }
 
-    /// Stops polling and closes the consumer (leaving the group: a static member keeps its
-    /// partitions for the session timeout, so a quick restart gets them back).
+    /// Stops polling and closes the consumer: its partitions are revoked (each one's batch in
+    /// flight committed or abandoned first), then it leaves the group. A dynamic member's
+    /// partitions go to the other members at once; a static member keeps them for the session
+    /// timeout, so that a quick restart gets them back.
     ///
     /// librdkafka's consumer close blocks until the group coordinator answers, which it cannot
     /// while the brokers are down: it runs on a thread of its own, and the caller (the

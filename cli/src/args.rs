@@ -244,6 +244,13 @@ pub struct HandoffBenchArgs {
     /// Where the bench's ledgers go (default: a temporary directory).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Stop the first worker with SIGKILL, not SIGTERM: the group moves its partition once the
+    /// session timeout passes.
+    #[arg(long)]
+    pub kill: bool,
+    /// Run both workers as static group members (--member-id), not dynamic ones (the default).
+    #[arg(long)]
+    pub static_members: bool,
     /// Print only the final JSON line on stdout (progress still goes to stderr).
     #[arg(long)]
     pub json: bool,
@@ -381,7 +388,9 @@ pub struct ConfigArgs {
     /// Who assigns partitions: static (this configuration) or group (Kafka's group coordinator).
     #[arg(long, value_name = "static|group")]
     pub assignment: Option<String>,
-    /// This worker's static group member id (group.instance.id); default: the host name.
+    /// This worker's static group member id (group.instance.id): a restart within the session
+    /// timeout keeps its partitions, a stop holds them until it passes. Default: none, a dynamic
+    /// member whose partitions move at once when it stops.
     #[arg(long, value_name = "ID")]
     pub member_id: Option<String>,
     /// Where /metrics, /healthz and /readyz are served.

@@ -329,18 +329,19 @@ fn bench_ledger(args: &LedgerBenchArgs) -> ExitCode {
 fn bench_handoff(args: &HandoffBenchArgs, config: &Config) -> anyhow::Result<String> {
     let tmp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_path_buf());
-    let result = dedupe_cli::bench::handoff::run(
-        config,
-        args.ids,
-        Duration::from_secs(args.span_secs),
-        args.value_bytes,
-        &dir,
-    )?;
+    let shape = dedupe_cli::bench::handoff::Shape {
+        ids: args.ids,
+        span: Duration::from_secs(args.span_secs),
+        value_bytes: args.value_bytes,
+        kill: args.kill,
+        static_members: args.static_members,
+    };
+    let result = dedupe_cli::bench::handoff::run(config, shape, &dir)?;
     let mut out = String::new();
     if !args.json {
         out.push_str(&format!(
-            "{} ids: ready {:.2} s after the assignment, window back in {:.2} s ({:.0} s before, {:.0} s after)\n",
-            result.ids, result.handover_ready_secs, result.window_restored_secs, result.window_before_secs, result.window_after_secs
+            "{} ids: first publish {:.2} s after the old owner's {} (assignment {:.2} s, ready {:.2} s after it), window back {:.2} s after the assignment ({:.0} s before, {:.0} s after)\n",
+            result.ids, result.stop_to_first_publish_secs, result.stop.to_uppercase(), result.assignment_secs, result.handover_ready_secs, result.window_restored_secs, result.window_before_secs, result.window_after_secs
         ));
     }
     out.push_str(&serde_json::to_string(&result)?);

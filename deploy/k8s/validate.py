@@ -7,8 +7,8 @@ supported version, 1.28, and the newest bundled one). Custom resources (Promethe
 ServiceMonitor, VolumeSnapshot, VolumeSnapshotClass, KEDA's ScaledObject) have no bundled schema:
 their required fields are checked here. Then the manifests are checked against each other and
 against the repository: PrometheusRule == deploy/prometheus/rules.yml, the workers take their
-partitions from the consumer group (`--assignment group`, `--member-id` the pod name, no static
-worker count), a ScaledObject scales a StatefulSet on the ConfigMap's group and input topic, grace
+partitions from the consumer group (`--assignment group`, dynamic members: no `--member-id`, no
+static worker count), a ScaledObject scales a StatefulSet on the ConfigMap's group and input topic, grace
 period > shutdown timeout, ConfigMap keys are documented configuration keys.
 
 Usage: validate.py [DIR]   (exit status 1 on any failure, with one line per failure)
@@ -162,11 +162,6 @@ def arg_value(args, flag):
     return None
 
 
-def field_path(env, var):
-    """The fieldRef path an env var of the container comes from, else None."""
-    return (((env.get(var) or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
-
-
 def check_cross(by_kind):
     cms = [c for c in by_kind.get("ConfigMap", []) if "dedupe.toml" in (c.get("data") or {})]
     if not cms:
@@ -206,12 +201,10 @@ def check_cross(by_kind):
                                                "DEDUPE_WORKER_WORKER_INDEX", "DEDUPE_WORKER_PARTITIONS")]
             if static:
                 fail(name, f"{c['name']}: {static} would fix the partitions the group assigns")
-            # The static member id (group.instance.id) is the pod name, stable across restarts:
-            # --member-id $(VAR), or DEDUPE_WORKER_MEMBER_ID, from fieldRef metadata.name.
-            member = arg_value(args, "--member-id")
-            var = member[2:-1] if member and member.startswith("$(") and member.endswith(")") else None
-            if field_path(env, var if member else "DEDUPE_WORKER_MEMBER_ID") != "metadata.name":
-                fail(name, f"{c['name']}: --member-id must be $(VAR) with VAR from fieldRef metadata.name, not {member!r}")
+            # Dynamic members: a stopped pod's partitions move at once instead of waiting, unserved,
+            # for the session timeout as a static member's (group.instance.id) do.
+            if arg_value(args, "--member-id") or "DEDUPE_WORKER_MEMBER_ID" in env:
+                fail(name, f"{c['name']}: a static member id holds a stopped pod's partitions for the session timeout; leave --member-id unset")
             sc = c.get("securityContext", {})
             if not sc.get("readOnlyRootFilesystem") or not pod.get("securityContext", {}).get("runAsNonRoot"):
                 fail(name, "must run as non-root with a read-only root filesystem")

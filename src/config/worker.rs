@@ -30,9 +30,11 @@ pub struct WorkerConfig {
     /// `partitions`, or `worker_index`/`worker_count`, or every partition) or `group` (Kafka's
     /// group coordinator, KIP-848; partitions move between workers as workers come and go).
     pub assignment: Assignment,
-    /// With `assignment = "group"`: this worker's `group.instance.id` (static membership), so a
-    /// worker that restarts within the session timeout gets its partitions back. Unset: the host
-    /// name (a StatefulSet pod's name).
+    /// With `assignment = "group"`, when set: this worker's `group.instance.id` (static
+    /// membership), so a worker that restarts within the session timeout gets its partitions back
+    /// without a move, and a stopped one keeps them, unserved, until the session timeout passes.
+    /// Unset (the default): a dynamic member, which leaves the group as it stops, so its
+    /// partitions move to the other workers at once.
     pub member_id: Option<String>,
     /// The id changelog: every output transaction also writes its new ids here, partition for
     /// partition, and a worker assigned a partition loads the partition's ids from it. Unset:
@@ -213,7 +215,14 @@ impl WorkerConfig {
         }
     }
 
-    /// The static member id: `member_id`, or the host name.
+    /// The static member id (`group.instance.id`): `member_id` when set; `None` for a dynamic
+    /// member.
+    pub fn static_member_id(&self) -> Option<&str> {
+        self.member_id.as_deref()
+    }
+
+    /// The name this worker goes by in the group's logs and as `rekey`'s transactional id:
+    /// `member_id`, or the host name.
     pub fn member_id(&self) -> Option<String> {
         self.member_id.clone().or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")

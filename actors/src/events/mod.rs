@@ -84,7 +84,7 @@ impl InputConsumerFailed<'_> {
     pub fn emit(&self) {
         metrics::counter!(m::ERRORS, m::LABEL_KIND => m::KIND_KAFKA).increment(1);
         if self.member_id_in_use() {
-            tracing::error!(event = "MemberIdInUse", error = %self.error, fatal = self.fatal, "Another member of the consumer group holds this worker's group.instance.id (worker.member_id, by default the host name): the previous instance of this worker has not left yet, or two workers were given one id and each needs its own (--member-id); starting a new consumer after a backoff.");
+            tracing::error!(event = "MemberIdInUse", error = %self.error, fatal = self.fatal, "Another member of the consumer group holds this worker's group.instance.id (worker.member_id): the previous instance of this worker has not left yet, or two workers were given one id and each needs its own (--member-id); starting a new consumer after a backoff.");
         } else {
             tracing::error!(event = "InputConsumerFailed", error = %self.error, fatal = self.fatal, "The input consumer failed; starting a new one after a backoff.");
         }

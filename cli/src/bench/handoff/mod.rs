@@ -6,12 +6,15 @@
 //!    been running that long, so that the window is a real span and not the seconds it took to
 //!    produce the ids);
 //! 2. worker A (`--assignment group`) publishes them all, and the window it reports is noted;
-//! 3. worker B, on an empty data directory, joins the group and A stops (SIGTERM), so the group
-//!    moves the partition to B while a trickle of new ids keeps arriving, and with it copies of
-//!    old ids (2,000 of A's, first seen all through the span), as a client's late retries would;
-//! 4. from B's assignment the bench times the first publish (`handover_ready_secs`) and the moment
-//!    B's window for the partition is back within 5% of A's, aged by the time since
-//!    (`window_restored_secs`);
+//! 3. worker B, on an empty data directory, joins the group and A stops (SIGTERM; SIGKILL with
+//!    `--kill`), so the group moves the partition to B while a trickle of new ids keeps arriving,
+//!    and with it copies of old ids (2,000 of A's, first seen all through the span), as a
+//!    client's late retries would. Both are dynamic members of the group (the default), or static
+//!    ones with `--static-members`;
+//! 4. from A's signal the bench times B's assignment (`assignment_secs`) and first publish
+//!    (`stop_to_first_publish_secs`: the user's figure, how long the partition was silent); from
+//!    B's assignment, the first publish (`handover_ready_secs`) and the moment B's window for the
+//!    partition is back within 5% of A's, aged by the time since (`window_restored_secs`);
 //! 5. once B has read the input to its end, the output B wrote is read: every copy of an old id
 //!    found there is a duplicate the move let through (`old_duplicates_published`).
 //!
@@ -38,10 +41,33 @@ use super::topics::BenchTopics;
 use traffic::{output_end, published_again, read_whole, send_again, trickle};
 use worker::{WindowSamples, Worker};
 
+/// What is moved, and how the old owner stops.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub ids: u64,
+    /// The span the ids' first-seen times are spread over.
+    pub span: Duration,
+    pub value_bytes: usize,
+    /// A is SIGKILLed instead of SIGTERMed: the group gives its partition away once the session
+    /// timeout passes.
+    pub kill: bool,
+    /// A and B are static members (`--member-id`): a stopped A keeps its partition until the
+    /// session timeout passes.
+    pub static_members: bool,
+}
+
 /// The bench's last line.
 #[derive(Debug, Serialize)]
 pub struct HandoffBench {
     pub ids: u64,
+    /// How A was stopped: `sigterm` or `sigkill`.
+    pub stop: &'static str,
+    /// A and B were static members of the group (`--member-id`), not dynamic ones.
+    pub static_members: bool,
+    /// From A's signal to B's first publish: how long the partition published nothing.
+    pub stop_to_first_publish_secs: f64,
+    /// From A's signal to B's assignment.
+    pub assignment_secs: f64,
     /// From B's assignment to B's first publish.
     pub handover_ready_secs: f64,
     /// From B's assignment until B's window is within 5% of what A's was (aged since).
@@ -91,13 +117,7 @@ pub struct Phase {
     pub what: &'static str,
 }
 
-pub fn run(
-    config: &Config,
-    ids: u64,
-    span: Duration,
-    value_bytes: usize,
-    work_dir: &Path,
-) -> anyhow::Result<HandoffBench> {
+pub fn run(config: &Config, shape: Shape, work_dir: &Path) -> anyhow::Result<HandoffBench> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let (input, output, group) = (
         format!("handoff-in-{id}"),
@@ -106,16 +126,7 @@ pub fn run(
     );
     let topics = BenchTopics::create(config, &[&input, &output], 1, &[])?;
     let dir = work_dir.join(format!("handoff-{id}"));
-    let result = measure(
-        config,
-        ids,
-        span,
-        value_bytes,
-        &dir,
-        &input,
-        &output,
-        &group,
-    );
+    let result = measure(config, shape, &dir, (&input, &output, &group));
     let _ = std::fs::remove_dir_all(&dir);
     let changelog = dedupe::changelog::default_topic(&output);
     let audit = dedupe::audit::default_topic(&output);
@@ -123,31 +134,17 @@ pub fn run(
     result
 }
 
-#[allow(clippy::too_many_arguments)]
 fn measure(
     config: &Config,
-    ids: u64,
-    span: Duration,
-    value_bytes: usize,
+    shape: Shape,
     work_dir: &Path,
-    input: &str,
-    output: &str,
-    group: &str,
+    (input, output, group): (&str, &str, &str),
 ) -> anyhow::Result<HandoffBench> {
-    let built = build_on_a(
-        config,
-        ids,
-        span,
-        value_bytes,
-        work_dir,
-        input,
-        output,
-        group,
-    )?;
+    let built = build_on_a(config, shape, work_dir, (input, output, group))?;
     let old: HashSet<String> = built.samples.iter().map(|(id, _)| id.clone()).collect();
     let window_before = built.window_before;
     let build_ids_per_sec = built.ids_per_sec;
-    let moved = hand_over(config, built, work_dir, input, output, group)?;
+    let moved = hand_over(config, shape, built, work_dir, (input, output, group))?;
     let b = moved.b;
     let handover_duration_secs = b.metric(m::HANDOVER_SECONDS, &[("partition", "0")]);
     let ids_loaded = b.metric(m::HANDOVER_IDS_LOADED, &[]);
@@ -164,9 +161,10 @@ fn measure(
         bail!("worker B exited with {b_exit:?} on SIGTERM");
     }
     let handover_ready_secs = moved.published.duration_since(moved.assigned).as_secs_f64();
+    let assignment_secs = moved.assigned.duration_since(moved.stopping).as_secs_f64();
     let phase = |name: &str| load_breakdown_secs.get(name).copied().unwrap_or(0.0);
     let phases = phase_table(
-        moved.assigned.duration_since(moved.stopping).as_secs_f64(),
+        assignment_secs,
         &load_breakdown_secs,
         handover_ready_secs - handover_duration_secs,
     );
@@ -175,7 +173,11 @@ fn measure(
     let mb = changelog_bytes as f64 / 1e6;
     let read_secs = phase(m::PHASE_FETCH) + phase(m::PHASE_DECODE);
     let result = HandoffBench {
-        ids,
+        ids: shape.ids,
+        stop: if shape.kill { "sigkill" } else { "sigterm" },
+        static_members: shape.static_members,
+        stop_to_first_publish_secs: moved.published.duration_since(moved.stopping).as_secs_f64(),
+        assignment_secs,
         handover_ready_secs,
         window_restored_secs: moved.restored.duration_since(moved.assigned).as_secs_f64(),
         window_before_secs: window_before,
@@ -183,8 +185,8 @@ fn measure(
         handover_duration_secs,
         ids_loaded,
         build_ids_per_sec,
-        span_secs: span.as_secs(),
-        value_bytes,
+        span_secs: shape.span.as_secs(),
+        value_bytes: shape.value_bytes,
         handover_window_secs: config.worker.handover_window().as_secs(),
         old_duplicates_sent,
         old_duplicates_published,
@@ -222,11 +224,10 @@ struct Moved {
 /// are sent again, and waits for B's first publish and for its window to come back.
 fn hand_over(
     config: &Config,
+    shape: Shape,
     built: Built,
     work_dir: &Path,
-    input: &str,
-    output: &str,
-    group: &str,
+    (input, output, group): (&str, &str, &str),
 ) -> anyhow::Result<Moved> {
     let a = built.worker;
     let mut b = Worker::start(
@@ -234,7 +235,7 @@ fn hand_over(
         input,
         output,
         group,
-        "handoff-b",
+        shape.static_members.then_some("handoff-b"),
         &work_dir.join("b"),
         &[],
     )?;
@@ -244,9 +245,13 @@ fn hand_over(
     })?;
     let trickler = trickle(config, input);
     let stopping = Instant::now();
-    let a_exit = a.terminate(Duration::from_secs(120))?;
-    if a_exit != Some(0) {
-        bail!("worker A exited with {a_exit:?} on SIGTERM");
+    if shape.kill {
+        a.signal(libc::SIGKILL, Duration::from_secs(30))?;
+    } else {
+        let a_exit = a.terminate(Duration::from_secs(120))?;
+        if a_exit != Some(0) {
+            bail!("worker A exited with {a_exit:?} on SIGTERM");
+        }
     }
     // What B writes starts where A's output ends; the old ids' copies go in after A stopped.
     let b_output_from = output_end(config, output)?;
@@ -306,7 +311,7 @@ fn phase_table(
         Phase {
             name: "assignment",
             secs: assignment_secs,
-            what: "from A's SIGTERM to B's assignment: A's last batch and leaving the group, the rebalance",
+            what: "from A's signal to B's assignment: A's last batch and leaving the group (or its session timing out), B's next heartbeat",
         },
         Phase {
             name: m::PHASE_FENCE,
@@ -354,8 +359,13 @@ fn phase_table(
 /// The phase table, on stderr: a slow run names its slow phase.
 fn print_phases(r: &HandoffBench) {
     eprintln!(
-        "bench: {} ids moved; B first published {:.2} s after its assignment",
-        r.ids, r.handover_ready_secs
+        "bench: {} ids moved; B first published {:.2} s after A's {} ({} members): assignment {:.2} s, then {:.2} s",
+        r.ids,
+        r.stop_to_first_publish_secs,
+        r.stop.to_uppercase(),
+        if r.static_members { "static" } else { "dynamic" },
+        r.assignment_secs,
+        r.handover_ready_secs
     );
     for p in &r.phases {
         eprintln!("bench:   {:<14} {:>7.2} s  {}", p.name, p.secs, p.what);
@@ -402,18 +412,19 @@ struct Built {
     samples: Vec<(String, i64)>,
 }
 
-/// Produces `ids` ids stamped over `span` and lets worker A publish them all.
-#[allow(clippy::too_many_arguments)]
+/// Produces `shape.ids` ids stamped over its span and lets worker A publish them all.
 fn build_on_a(
     config: &Config,
-    ids: u64,
-    span: Duration,
-    value_bytes: usize,
+    shape: Shape,
     work_dir: &Path,
-    input: &str,
-    output: &str,
-    group: &str,
+    (input, output, group): (&str, &str, &str),
 ) -> anyhow::Result<Built> {
+    let Shape {
+        ids,
+        span,
+        value_bytes,
+        ..
+    } = shape;
     eprintln!(
         "bench: producing {ids} ids to {input}, stamped over the last {} s",
         span.as_secs()
@@ -439,7 +450,7 @@ fn build_on_a(
         input,
         output,
         group,
-        "handoff-a",
+        shape.static_members.then_some("handoff-a"),
         &work_dir.join("a"),
         &[("DEDUPE_WORKER_BATCH_MAX_RECORDS", "16384")],
     )?;

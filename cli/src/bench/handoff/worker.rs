@@ -31,7 +31,7 @@ impl Worker {
         input: &str,
         output: &str,
         group: &str,
-        member: &str,
+        member: Option<&str>,
         dir: &Path,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Worker> {
@@ -48,7 +48,8 @@ impl Worker {
             "--output-topic",
             output,
         ])
-        .args(["--assignment", "group", "--member-id", member])
+        .args(["--assignment", "group"])
+        .args(member.map(|m| ["--member-id", m]).into_iter().flatten())
         .arg("--data-dir")
         .arg(dir)
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
@@ -94,17 +95,23 @@ impl Worker {
         }
     }
 
-    pub fn terminate(mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+    /// Sends SIGTERM and waits for the exit; its code.
+    pub fn terminate(self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        self.signal(libc::SIGTERM, timeout)
+    }
+
+    /// Sends `signal` and waits for the exit; its code (`None` when the signal ended it).
+    pub fn signal(mut self, signal: i32, timeout: Duration) -> anyhow::Result<Option<i32>> {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(self.child.id() as i32, signal) };
         let started = Instant::now();
         while started.elapsed() < timeout {
             if let Some(status) = self.child.try_wait()? {
                 return Ok(status.code());
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
-        bail!("a worker did not stop within {timeout:?} of SIGTERM")
+        bail!("a worker did not stop within {timeout:?} of signal {signal}")
     }
 }
 
