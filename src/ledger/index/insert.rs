@@ -2,12 +2,87 @@
 //! first bucket when that has room; a bucket with no room left is marked overflowed.
 
 use super::place::{fingerprint, BulkPlace, Place};
-use super::{IdIndex, FLAGS_BYTE, OVERFLOW, SLOTS, SLOT_BYTES};
+use super::{IdIndex, BUCKET_BYTES, FLAGS_BYTE, OVERFLOW, SLOTS, SLOT_BYTES};
 
 /// What one pass over a bucket found: its live slots, and its first free one.
 struct BucketScan {
     live: usize,
     free: Option<usize>,
+}
+
+/// What [`empty_slot`] found in a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Empty {
+    /// A slot holds the fingerprint with the tag: nothing to store.
+    Held,
+    /// Slot `i` is empty (its fingerprint is 0), the first such.
+    At(usize),
+    /// No slot is empty; a slot of a dead generation may still be free (see
+    /// [`IdIndex::scan`]).
+    None,
+}
+
+/// Bit `3 * i` set for each slot `i`: where a slot's tag byte is in a byte mask of the bucket.
+const SLOT_STARTS: u64 = {
+    let mut m = 0u64;
+    let mut i = 0;
+    while i < SLOTS {
+        m |= 1 << (i * SLOT_BYTES);
+        i += 1;
+    }
+    m
+};
+
+/// Whether a bucket holds `held` (a tag and a fingerprint) in any slot, else its first empty
+/// slot, read 16 bytes at a time: a byte mask of the bucket's zero bytes, and of the bytes equal
+/// to the tag and to each byte of the fingerprint. The same answer as a slot-by-slot reading of
+/// the held fingerprint and the first empty slot (the index's tests compare the two).
+pub(super) fn empty_slot(bucket: &[u8], held: (u8, u16)) -> Empty {
+    let (tag, f) = held;
+    let [lo, hi] = f.to_le_bytes();
+    let [zeros, tags, los, his] = byte_masks(bucket, [0, tag, lo, hi]);
+    if tags & (los >> 1) & (his >> 2) & SLOT_STARTS != 0 {
+        return Empty::Held;
+    }
+    let empty = (zeros >> 1) & (zeros >> 2) & SLOT_STARTS;
+    match empty {
+        0 => Empty::None,
+        e => Empty::At(e.trailing_zeros() as usize / SLOT_BYTES),
+    }
+}
+
+/// For each of `values`, the mask of the bucket's bytes equal to it (bit `j` for byte `j`).
+fn byte_masks(bucket: &[u8], values: [u8; 4]) -> [u64; 4] {
+    let bucket: &[u8; BUCKET_BYTES] = bucket
+        .try_into()
+        .expect("a bucket is BUCKET_BYTES long");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+        };
+        let mut masks = [0u64; 4];
+        for (k, chunk) in bucket.chunks_exact(16).enumerate() {
+            // SAFETY: SSE2 is part of x86_64; the load reads the 16 bytes of `chunk`, unaligned.
+            let v = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
+            for (mask, value) in masks.iter_mut().zip(values) {
+                // SAFETY: as above; these work on registers only.
+                let eq = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(value as i8))) };
+                *mask |= u64::from(eq as u16) << (16 * k);
+            }
+        }
+        masks
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut masks = [0u64; 4];
+        for (j, byte) in bucket.iter().enumerate() {
+            for (mask, value) in masks.iter_mut().zip(values) {
+                *mask |= u64::from(*byte == value) << j;
+            }
+        }
+        masks
+    }
 }
 
 impl IdIndex {
@@ -78,7 +153,16 @@ impl IdIndex {
         );
         let first = self.split_for_insert(buckets[0]);
         let f = fingerprints[0];
-        match self.scan(first, Some((tag, f))) {
+        // Most first buckets of a load have an empty slot: found without reading slot by slot.
+        let found = match empty_slot(self.bucket(first), (tag, f)) {
+            Empty::Held => None,
+            Empty::At(i) => Some(BucketScan {
+                live: 0,
+                free: Some(i),
+            }),
+            Empty::None => self.scan(first, Some((tag, f))),
+        };
+        match found {
             None => true,
             Some(BucketScan { free: Some(i), .. }) => {
                 self.put(first, i, tag, f);

@@ -333,3 +333,58 @@ fn ids_loaded_in_bulk_in_bucket_order_are_all_found_and_a_full_table_answers_unk
         assert_eq!(probe(&index, n), Probe::Unknown, "id {n}");
     }
 }
+
+/// The bucket reading of bulk inserts (`insert::empty_slot`, 16 bytes at a time) gives what a
+/// slot-by-slot reading gives, on random buckets: a held fingerprint anywhere, the first empty
+/// slot anywhere, none; tags and fingerprints drawn from a few values, so that they collide, and
+/// any flags byte.
+#[test]
+fn a_bulk_insert_reads_a_bucket_as_a_slot_by_slot_reading_does() {
+    use insert::{empty_slot, Empty};
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut seen = [0usize; 3];
+    for _ in 0..200_000 {
+        let mut bucket = [0u8; BUCKET_BYTES];
+        let empty_share = next() % 23;
+        for i in 0..SLOTS {
+            if next() % 22 >= empty_share {
+                let f = match next() % 3 {
+                    0 => (next() % 4 + 1) as u16,
+                    1 => ((next() % 4 + 1) << 8) as u16,
+                    _ => (next() % 0xffff + 1) as u16,
+                };
+                let [lo, hi] = f.to_le_bytes();
+                bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES]
+                    .copy_from_slice(&[(next() % 3) as u8, lo, hi]);
+            }
+        }
+        bucket[FLAGS_BYTE] = next() as u8;
+        let f = match next() % 2 {
+            0 => (next() % 4 + 1) as u16,
+            _ => ((next() % 4 + 1) << 8) as u16,
+        };
+        let held = ((next() % 3) as u8, f);
+        let slots: Vec<(u8, u16)> = (0..SLOTS).map(|i| IdIndex::slot(&bucket, i)).collect();
+        let expected = if slots.contains(&held) {
+            Empty::Held
+        } else {
+            match slots.iter().position(|&(_, f)| f == 0) {
+                Some(i) => Empty::At(i),
+                None => Empty::None,
+            }
+        };
+        assert_eq!(empty_slot(&bucket, held), expected, "{bucket:?} {held:?}");
+        seen[match expected {
+            Empty::Held => 0,
+            Empty::At(_) => 1,
+            Empty::None => 2,
+        }] += 1;
+    }
+    assert!(seen.iter().all(|&n| n > 1_000), "every answer drawn: {seen:?}");
+}
