@@ -223,6 +223,22 @@ def handoff(runs, readme: Callable[[dict], str], limit: float):
     return figure
 
 
+def moves(s: Source) -> Figure:
+    """The group's part of a move: from the old owner's signal to the new owner's assignment."""
+    term, static, kill = (s.result(n) for n in ("sigterm", "static", "sigkill"))
+    return Figure(
+        f"assignment {num(term['assignment_secs'])} s after a SIGTERM (first publish at "
+        f"{num(term['stop_to_first_publish_secs'])} s); static members {num(static['assignment_secs'])} s; "
+        f"after a SIGKILL {num(kill['assignment_secs'])} s",
+        met=term["assignment_secs"] <= 2 and all(
+            r["old_duplicates_published"] == 0 for r in (term, static, kill)),
+    )
+
+
+def move_secs(run: str) -> str:
+    return num(source("handoff-moves.json").result(run)["assignment_secs"])
+
+
 def ledger(with_baselines: bool, readme: Optional[Callable[[dict], str]] = None):
     def figure(s: Source) -> Figure:
         r = s.result()
@@ -550,6 +566,8 @@ ROWS = [
     Row("performance", "handoff, 200M ids over 24 h", "the same, 8-byte values", HANDOFF,
         "handoff-200m.json", "first publish ≤ 40 s; no old duplicate published",
         handoff("1", lambda r: f"({millions(r['ids'], 0)}: {num(r['handover_ready_secs'], 1)} s)", 40), run="1"),
+    Row("performance", "handoff, the group's part", "1M ids moved three ways: the old owner SIGTERMed (dynamic members, the default), SIGTERMed as a static member, SIGKILLed; the local broker's 6 s session and 1 s heartbeat", HANDOFF,
+        "handoff-moves.json", "SIGTERM to assignment ≤ 2 s; no old duplicate published", moves, run="sigterm"),
     Row("performance", "ledger, 10M ids", "random ids in 4096-id batches, 1% re-sent, against Segment's design and a HashSet in the same run", "the-ledger",
         "ledger.json", "≥ 1M ids/s; ≥ 5×; ≤ 20 bytes per id; peak RSS ≤ 2 GiB", ledger(True)),
     Row("performance", "ledger, 100M ids", "the same, the baselines on the first 10M ids", "the-ledger",
@@ -751,6 +769,12 @@ CLAIMS = [
           lambda: f"about {per_million()} s per million ids on the project's machine, so a partition "
           f"with 50M ids pauses about {whole(max(s for i, s in handover_runs() if i == 50e6))} s and one "
           f"with 200M about {whole(max(s for i, s in handover_runs() if i == 200e6))} s"),
+    Claim("docs/operations.md", "a SIGTERMed owner's move (handoff-moves.json)",
+          lambda: f"Measured on the local broker: {move_secs('sigterm')} s from SIGTERM to the new owner's assignment"),
+    Claim("docs/operations.md", "a static member's move (handoff-moves.json)",
+          lambda: f"session timeout ({move_secs('static')} s here)"),
+    Claim("docs/operations.md", "a SIGKILLed owner's move (handoff-moves.json)",
+          lambda: f"Measured on the local broker: {move_secs('sigkill')} s from SIGKILL to the new owner's assignment"),
     Claim("docs/operations.md", "the pause under Kafka's default request timeout (faults.json)",
           lambda: f"a paused node cost {whole(max(pause_medians()[1]))} s once in the test suite with 30 s"),
     Claim("docs/architecture.md", "the changelog's bytes per id, in the picture (handoff-50m.json)",
@@ -774,6 +798,10 @@ NOT_MEASURED = {
     ],
     "docs/operations.md": [
         ("(default 86400: **24 hours**", "the promise's default"),
+        ("for at most 15 s)", "explain's search of the dead-letter topic, a constant"),
+        ("5 s by Kafka's default, 1 s on the local broker", "the heartbeat settings: Kafka's and deploy/local/kafka.sh's"),
+        ("45 s by Kafka's default, 6 s on the local broker", "the session settings: Kafka's and deploy/local/kafka.sh's"),
+        ("45 s and 5 s by default", "the brokers' lower bounds, Kafka's defaults"),
         ("stays under it for 10 minutes", "the page's `for:`"),
         ("For 5,000 ids/s and the default promise", "the sizing example's rate"),
         ("the default configuration at 5,000 ids/s", "the ten-minute run's rate: the sizing example's"),
