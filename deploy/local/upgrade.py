@@ -222,7 +222,8 @@ topic = "{topic_in}"
         workers.append(Process(
             f"worker-{i}", run,
             {"DEDUPE_METRICS_ADDR": f"127.0.0.1:{port}"},
-            # Each its own static member, as the StatefulSet's pods are (their names).
+            # Each its own static member: a release before 0.14 takes the host name as its member
+            # id by default, the same for the three workers of one host.
             ["run", "--config", config, "--data-dir", os.path.join(run, f"ledger-{i}"),
              "--member-id", f"worker-{i}"],
             f"http://127.0.0.1:{port}/healthz"))
