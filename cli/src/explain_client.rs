@@ -43,9 +43,14 @@ pub fn with_dead_letter(
         .min()
         .unwrap_or_else(dedupe::clock::now_ms)
         .min(dedupe::clock::now_ms());
-    let searched =
-        dedupe::output::find_dead_letter(kafka, topic, &answer.ledger_key, since, Duration::from_secs(15))
-            .map_err(|e| e.to_string());
+    let searched = dedupe::output::find_dead_letter(
+        kafka,
+        topic,
+        &answer.ledger_key,
+        since,
+        Duration::from_secs(15),
+    )
+    .map_err(|e| e.to_string());
     dedupe::explain::with_dead_letter(answer, searched, topic)
 }
 

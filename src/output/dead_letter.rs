@@ -35,9 +35,11 @@ pub struct DeadLetterAt {
 }
 
 /// The dead letter in `topic` (read committed) whose ledger key is `key_hex` (as
-/// [`LedgerKey::hex`] writes it), looking at what was
-/// written since `since_ms` less [`SEARCH_BEFORE_MS`]; `None` when there is none. Fails if the
-/// topic's end is not reached within `timeout`.
+/// [`LedgerKey::hex`] writes it), looking at what was written since `since_ms` less
+/// [`SEARCH_BEFORE_MS`]; `None` when there is none. Fails if the topic's end is not reached in
+/// time: each of its steps (the topic's partitions, their offsets at that time, the reading) has
+/// a third of `timeout` (the reading's own metadata request up to 10 s more), so that an answer,
+/// or the reason there is none, comes within what an operator's request waits.
 pub fn find_dead_letter(
     kafka: &KafkaConfig,
     topic: &str,
@@ -45,9 +47,10 @@ pub fn find_dead_letter(
     since_ms: i64,
     timeout: Duration,
 ) -> Result<Option<DeadLetterAt>, ReadError> {
-    let start = offsets_since(kafka, topic, since_ms - SEARCH_BEFORE_MS, timeout)?;
+    let step = timeout / 3;
+    let start = offsets_since(kafka, topic, since_ms - SEARCH_BEFORE_MS, step)?;
     let mut found = None;
-    read_from(kafka, topic, true, &start, timeout, &mut |m| {
+    read_from(kafka, topic, true, &start, step, &mut |m| {
         if found.is_some() || header(m, HEADER_REFUSED_LEDGER_KEY) != Some(key_hex) {
             return;
         }

@@ -53,9 +53,7 @@ pub(super) fn empty_slot(bucket: &[u8], held: (u8, u16)) -> Empty {
 
 /// For each of `values`, the mask of the bucket's bytes equal to it (bit `j` for byte `j`).
 fn byte_masks(bucket: &[u8], values: [u8; 4]) -> [u64; 4] {
-    let bucket: &[u8; BUCKET_BYTES] = bucket
-        .try_into()
-        .expect("a bucket is BUCKET_BYTES long");
+    let bucket: &[u8; BUCKET_BYTES] = bucket.try_into().expect("a bucket is BUCKET_BYTES long");
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{
@@ -67,7 +65,8 @@ fn byte_masks(bucket: &[u8], values: [u8; 4]) -> [u64; 4] {
             let v = unsafe { _mm_loadu_si128(chunk.as_ptr().cast::<__m128i>()) };
             for (mask, value) in masks.iter_mut().zip(values) {
                 // SAFETY: as above; these work on registers only.
-                let eq = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(value as i8))) };
+                let eq =
+                    unsafe { _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(value as i8))) };
                 *mask |= u64::from(eq as u16) << (16 * k);
             }
         }

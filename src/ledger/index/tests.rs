@@ -360,8 +360,11 @@ fn a_bulk_insert_reads_a_bucket_as_a_slot_by_slot_reading_does() {
                     _ => (next() % 0xffff + 1) as u16,
                 };
                 let [lo, hi] = f.to_le_bytes();
-                bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES]
-                    .copy_from_slice(&[(next() % 3) as u8, lo, hi]);
+                bucket[i * SLOT_BYTES..i * SLOT_BYTES + SLOT_BYTES].copy_from_slice(&[
+                    (next() % 3) as u8,
+                    lo,
+                    hi,
+                ]);
             }
         }
         bucket[FLAGS_BYTE] = next() as u8;
@@ -386,5 +389,8 @@ fn a_bulk_insert_reads_a_bucket_as_a_slot_by_slot_reading_does() {
             Empty::None => 2,
         }] += 1;
     }
-    assert!(seen.iter().all(|&n| n > 1_000), "every answer drawn: {seen:?}");
+    assert!(
+        seen.iter().all(|&n| n > 1_000),
+        "every answer drawn: {seen:?}"
+    );
 }
