@@ -401,7 +401,12 @@ fn every_admin_route_is_behind_the_one_guard() {
     let probes = || {
         let mut probes: Vec<(&str, String)> = dedupe_cli::http::telemetry::ADMIN_ROUTES
             .iter()
-            .map(|(method, path)| (*method, path.replace("{id}", "6ba7b810-9dad-11d1-80b4-00c04fd430c8")))
+            .map(|(method, path)| {
+                (
+                    *method,
+                    path.replace("{id}", "6ba7b810-9dad-11d1-80b4-00c04fd430c8"),
+                )
+            })
             .collect();
         // Paths no route serves, and methods no route takes: the guard answers them first.
         for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
@@ -432,7 +437,11 @@ fn every_admin_route_is_behind_the_one_guard() {
             assert_eq!(answer.status, 401, "{method} {path} with {headers:?}");
         }
     }
-    assert_eq!(snapshot_dirs(&snapshots), 0, "a refused request took a snapshot");
+    assert_eq!(
+        snapshot_dirs(&snapshots),
+        0,
+        "a refused request took a snapshot"
+    );
     // Authorized, every listed route is served: the list is the server's.
     let bearer = format!("Bearer {token}");
     for (method, path) in dedupe_cli::http::telemetry::ADMIN_ROUTES {
