@@ -1,7 +1,7 @@
-//! The pipeline bench's baseline (`dedupe bench pipeline --passthrough`): every record copied
-//! with the same consumer, producer and transactions, without the ledger. Built only with the
-//! `passthrough` feature (which `dedupe-cli`'s `tools` enables); the image's binary has no such
-//! mode.
+//! The pipeline bench's baseline (`dedupe run --passthrough`, a hidden flag `dedupe bench
+//! pipeline` gives its baseline worker): every record copied with the same consumer, producer
+//! and transactions, without the ledger. Built only with the `passthrough` feature (which
+//! `dedupe-cli`'s `tools` enables); the image's binary has no such mode.
 
 use std::sync::Arc;
 
