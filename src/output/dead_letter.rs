@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
+use crate::identity::message_view;
 #[cfg(doc)]
 use crate::identity::LedgerKey;
 use crate::kafka::{client_config, read_from, KafkaConfig, ReadError};
@@ -98,11 +99,8 @@ fn offsets_since(
         .collect())
 }
 
-/// The text of header `name` of `m`, if it has one.
+/// The text of header `name` of `m`, if it has one, read as the worker reads a message's headers
+/// ([`message_view`]: a header named twice from its first occurrence).
 fn header<'m>(m: &'m rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<&'m str> {
-    m.headers()?
-        .iter()
-        .find(|h| h.key == name)
-        .and_then(|h| h.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
+    (message_view(m).header)(name).and_then(|v| std::str::from_utf8(v).ok())
 }

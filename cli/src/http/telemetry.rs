@@ -53,9 +53,9 @@ pub fn init_metrics() -> anyhow::Result<PrometheusHandle> {
 }
 
 /// Serves `/metrics`, `/healthz`, `/readyz` and the admin endpoints (in [`admin_scope`], behind
-/// its one guard) on `addr`, which is loopback unless configured
-/// otherwise. The admin endpoints need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is,
-/// a loopback client that is not a web page.
+/// its one guard) on `addr`, which is loopback unless configured otherwise. The admin endpoints
+/// need `Authorization: Bearer <DEDUPE_ADMIN_TOKEN>` when a token is set; when none is, a
+/// loopback client that is not a web page.
 pub fn serve(
     addr: SocketAddr,
     admin_token: Option<Secret>,
